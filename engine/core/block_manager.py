@@ -1,0 +1,158 @@
+"""Paged KV-cache block pool with chained-hash prefix caching.
+
+NOTE on the prefix cache:
+- A block is offered to the cache only once it is full and its KV has been computed. Its key is
+  xxh64(previous block's key || token ids), so a key names the whole prefix up to that block.
+- A hit is confirmed by comparing the stored token ids, so a hash collision costs a miss, never
+  wrong KV.
+- Freed blocks keep their key (lazy eviction): a later request with the same prefix takes them
+  back from the free pool. A key is dropped only when its block is handed out for new content.
+- Eviction order is LRU over freed blocks: free blocks sit in an ordered pool, the least
+  recently freed at the front, and fresh allocations take from the front. A request's blocks
+  are freed tail first, so the blocks of a shared prefix (its head) are the last to go.
+- At least the last token of a prompt is always computed (its logits give the first output
+  token), so a lookup never returns the block holding the last token.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+
+import xxhash
+
+from engine.core.request import Request
+
+_NO_PARENT = 0
+
+
+def chain_hash(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
+    return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + array("q", token_ids).tobytes())
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"BlockManager needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_keys: list[int | None] = [None] * num_blocks
+        self.block_parent_keys: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.key_to_block: dict[int, int] = {}
+        self.free_pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hits = 0  # blocks served from the cache
+        self.misses = 0  # full prompt blocks looked up and not found
+        self.evictions = 0  # cached blocks whose key was dropped to hold new content
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_pool)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_pool)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def lookup(self, request: Request) -> list[int]:
+        """Blocks holding the longest cached prefix of the request's tokens (no side effects)."""
+        if not self.enable_prefix_caching:
+            return []
+        size = self.block_size
+        tokens = request.token_ids
+        max_blocks = (len(tokens) - 1) // size  # the last token is always computed
+        self._extend_hashes(request, max_blocks)
+        hits: list[int] = []
+        for i in range(max_blocks):
+            block = self.key_to_block.get(request.block_hashes[i])
+            if block is None or self.block_tokens[block] != tuple(tokens[i * size : (i + 1) * size]):
+                break
+            hits.append(block)
+        return hits
+
+    def num_blocks_to_allocate(self, request: Request, num_tokens: int, hits: list[int] = ()) -> int:
+        """Free blocks consumed if the request's table grows to cover num_tokens (hits first)."""
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        fresh = self.blocks_for(num_tokens) - len(request.block_table) - len(hits)
+        return revived + max(fresh, 0)
+
+    def can_allocate(self, request: Request, num_tokens: int, hits: list[int] = ()) -> bool:
+        return self.num_blocks_to_allocate(request, num_tokens, hits) <= len(self.free_pool)
+
+    # ---- mutations -----------------------------------------------------------------------
+
+    def allocate(self, request: Request, num_tokens: int, hits: list[int] = ()) -> None:
+        """Grow the request's table to cover num_tokens, starting with the cache hits.
+
+        The caller checks can_allocate first; running out here is a scheduler bug.
+        """
+        table = request.block_table
+        if hits:
+            assert not table, "cache hits are taken only by a request with no blocks"
+            for block in hits:
+                if self.ref_counts[block] == 0:
+                    del self.free_pool[block]
+                self.ref_counts[block] += 1
+                table.append(block)
+            self.hits += len(hits)
+            request.num_registered_blocks = len(hits)
+        need = self.blocks_for(num_tokens) - len(table)
+        assert need <= len(self.free_pool), "allocate() without can_allocate()"
+        for _ in range(need):
+            block, _ = self.free_pool.popitem(last=False)
+            key = self.block_keys[block]
+            if key is not None:
+                if self.key_to_block.get(key) == block:
+                    del self.key_to_block[key]
+                self.block_keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
+                self.evictions += 1
+            self.ref_counts[block] = 1
+            table.append(block)
+
+    def record_lookup(self, request: Request, num_hits: int) -> None:
+        """Count misses for a lookup whose hits were taken (hits are counted by allocate)."""
+        if self.enable_prefix_caching:
+            self.misses += (request.num_tokens - 1) // self.block_size - num_hits
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; blocks nobody holds return to the pool, tail first."""
+        for block in reversed(request.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_pool[block] = None
+        request.block_table = []
+        request.num_registered_blocks = 0
+
+    def register_computed(self, request: Request) -> None:
+        """Offer the request's newly full, computed blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        full = request.num_computed_tokens // self.block_size
+        start = request.num_registered_blocks
+        if full <= start:
+            return
+        self._extend_hashes(request, full)
+        size = self.block_size
+        for i in range(start, full):
+            key = request.block_hashes[i]
+            block = request.block_table[i]
+            if key in self.key_to_block:
+                continue  # computed twice in one step by two requests: the first copy serves
+            self.key_to_block[key] = block
+            self.block_keys[block] = key
+            self.block_parent_keys[block] = request.block_hashes[i - 1] if i else _NO_PARENT
+            self.block_tokens[block] = tuple(request.token_ids[i * size : (i + 1) * size])
+        request.num_registered_blocks = full
+
+    def _extend_hashes(self, request: Request, num_blocks: int) -> None:
+        hashes = request.block_hashes
+        size = self.block_size
+        tokens = request.token_ids
+        for i in range(len(hashes), num_blocks):
+            hashes.append(chain_hash(hashes[i - 1] if i else _NO_PARENT, tokens[i * size : (i + 1) * size]))

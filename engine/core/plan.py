@@ -1,0 +1,98 @@
+"""The seam between the scheduler core and a backend: plain data, no tensors.
+
+A backend receives a StepPlan, computes (engine) or prices (simulator) it, and answers with a
+StepResult. The shape follows vLLM V1: per request the number of tokens scheduled this step,
+so a batch that mixes prefill chunks and decodes is expressible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheSpec:
+    num_blocks: int
+    block_size: int
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    token_ids are the tokens whose KV is computed this step (positions
+    num_computed_tokens .. num_computed_tokens + len(token_ids) - 1). block_table is the
+    request's live table: read it during execute(), do not keep it.
+    sample is False for a prefill chunk that does not reach the end of the known tokens:
+    the backend may skip its logits and its token is ignored.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_table: list[int]
+    sample: bool
+    sampling_params: SamplingParams
+    num_output_tokens: int  # tokens generated so far; with the seed, it keys seeded sampling
+    is_decode: bool
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in KV after this step: what attention reads."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What the step looked like when it was planned; one row of steps.csv."""
+
+    step: int
+    kind: str  # "prefill", "decode", "mixed" or "idle"
+    num_requests: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_waiting: int
+    num_running: int
+    num_free_blocks: int
+    num_preempted: int
+    prefix_hit_tokens: int
+
+
+@dataclass(slots=True)
+class StepPlan:
+    scheduled: list[ScheduledRequest]
+    stats: StepStats
+    preempted_ids: list[str] = field(default_factory=list)
+    # Requests that finished or were aborted since the previous plan: backends drop their state.
+    released_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_tokens(self) -> int:
+        return self.stats.num_prefill_tokens + self.stats.num_decode_tokens
+
+
+@dataclass(slots=True)
+class StepResult:
+    """token_ids is aligned with plan.scheduled; entries with sample=False are ignored."""
+
+    token_ids: list[int]
+    duration_s: float
+
+
+class Executor(Protocol):
+    def kv_cache_spec(self) -> KVCacheSpec: ...
+
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,89 @@
+"""A request's life in the scheduler: WAITING -> RUNNING -> FINISHED (with a reason).
+
+Preemption sends a RUNNING request back to WAITING with its KV dropped; it keeps its tokens
+(prompt and output so far) and recomputes them when admitted again.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from engine.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    EOS = "eos"
+    STOP = "stop"  # one of stop_token_ids
+    ABORTED = "aborted"
+
+
+class Request:
+    __slots__ = (
+        "request_id", "token_ids", "num_prompt_tokens", "sampling_params", "max_tokens",
+        "status", "finish_reason", "num_computed_tokens", "block_table", "block_hashes",
+        "num_registered_blocks", "num_cached_tokens", "num_preemptions", "num_recomputed_tokens",
+        "max_computed_tokens", "arrival_time", "first_scheduled_time", "first_token_time",
+        "finish_time",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float = 0.0,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then output
+        self.num_prompt_tokens = len(self.token_ids)
+        self.sampling_params = sampling_params
+        self.max_tokens = sampling_params.max_tokens  # the scheduler resolves None at admission
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.block_table: list[int] = []
+        # Chained hash of each full block of token_ids; a function of the tokens alone, so it
+        # survives preemption and is computed once per block.
+        self.block_hashes: list[int] = []
+        self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache, over all admissions
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0
+        self.max_computed_tokens = 0  # high-water mark: computing below it again is recompute
+        self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )

@@ -1,0 +1,59 @@
+"""Per-request sampling parameters, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How tokens are drawn for one request.
+
+    temperature == 0 means greedy. top_k == -1 and top_p == 1.0 disable those filters.
+    max_tokens None means "until max_model_len"; seed None means "the engine's own stream".
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    max_tokens: int | None = 64
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_number("temperature", self.temperature, (int, float))
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        _check_number("top_k", self.top_k, (int,))
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        _check_number("top_p", self.top_p, (int, float))
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens is not None:
+            _check_number("max_tokens", self.max_tokens, (int,))
+            if self.max_tokens < 1:
+                raise ValueError(f"SamplingParams.max_tokens must be >= 1 or None, got {self.max_tokens}")
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        stop = tuple(self.stop_token_ids)
+        for token in stop:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"SamplingParams.stop_token_ids must hold non-negative ints, got {token!r}")
+        object.__setattr__(self, "stop_token_ids", stop)
+        if self.seed is not None:
+            _check_number("seed", self.seed, (int,))
+            if not 0 <= self.seed < 2**63:
+                raise ValueError(f"SamplingParams.seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_number(field: str, value: object, types: tuple[type, ...]) -> None:
+    # bool is an int subclass; True as a temperature is almost certainly a bug in the caller.
+    if isinstance(value, bool) or not isinstance(value, types):
+        allowed = " or ".join(t.__name__ for t in types)
+        raise TypeError(f"SamplingParams.{field} must be {allowed}, got {type(value).__name__}")

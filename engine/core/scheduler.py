@@ -1,0 +1,258 @@
+"""The scheduler: queues, admission checks, step bookkeeping. Policies decide the batch.
+
+schedule() returns a StepPlan; the backend executes it; update() appends the sampled tokens,
+finishes requests and frees their blocks. Policies (engine/core/policies.py) differ only in
+how a step's batch is assembled.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from engine.core.block_manager import BlockManager
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
+from engine.core.request import FinishReason, Request, RequestStatus
+
+
+class Scheduler:
+    """Shared mechanism. Subclasses implement _build_step() and nothing else."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_spec: KVCacheSpec,
+        enable_prefix_caching: bool = True,
+        eos_token_id: int | None = None,
+    ) -> None:
+        self.config = config
+        self.block_manager = BlockManager(kv_spec.num_blocks, kv_spec.block_size, enable_prefix_caching)
+        self.eos_token_id = eos_token_id
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # oldest first; preemption takes from the end
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self._released: list[str] = []
+        self._step = 0
+        self.num_preemptions = 0
+
+    # ---- admission ---------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a request, or raise ValueError naming what is wrong with it (nothing else changes)."""
+        cfg = self.config
+        rid = request.request_id
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
+            raise ValueError(f"request {rid!r} was already scheduled once; submit a new Request")
+        if rid in self.requests:
+            raise ValueError(f"duplicate request id {rid!r}: a request with this id is still unfinished")
+        prompt_len = request.num_prompt_tokens
+        if prompt_len == 0:
+            raise ValueError(f"request {rid!r} has an empty prompt: at least one token is needed")
+        if prompt_len >= cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt of {prompt_len} tokens leaves no room to generate "
+                f"within max_model_len={cfg.max_model_len}"
+            )
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is None:
+            max_tokens = cfg.max_model_len - prompt_len
+        elif prompt_len + max_tokens > cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "
+                f"exceeds max_model_len={cfg.max_model_len}"
+            )
+        # The last sampled token is never written to the cache.
+        blocks_needed = self.block_manager.blocks_for(prompt_len + max_tokens - 1)
+        if blocks_needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"request {rid!r} needs {blocks_needed} KV blocks ({prompt_len} prompt + {max_tokens} "
+                f"output tokens) but the whole cache has {self.block_manager.num_blocks}"
+            )
+        request.max_tokens = max_tokens
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str, now: float = 0.0) -> bool:
+        """Finish a waiting or running request as ABORTED and free its blocks. False if unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, FinishReason.ABORTED, now)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- one step ----------------------------------------------------------------------
+
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        self._preempted: list[str] = []
+        self._hit_tokens = 0
+        scheduled = self._build_step()
+        prefill_tokens = decode_tokens = 0
+        for entry in scheduled:
+            if entry.is_decode:
+                decode_tokens += 1
+            else:
+                prefill_tokens += len(entry.token_ids)
+        for entry in scheduled:
+            request = self.requests[entry.request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        if not scheduled:
+            kind = "idle"
+        elif not decode_tokens:
+            kind = "prefill"
+        elif not prefill_tokens:
+            kind = "decode"
+        else:
+            kind = "mixed"
+        stats = StepStats(
+            step=self._step,
+            kind=kind,
+            num_requests=len(scheduled),
+            num_prefill_tokens=prefill_tokens,
+            num_decode_tokens=decode_tokens,
+            num_waiting=len(self.waiting),
+            num_running=len(self.running),
+            num_free_blocks=self.block_manager.num_free_blocks,
+            num_preempted=len(self._preempted),
+            prefix_hit_tokens=self._hit_tokens,
+        )
+        self._step += 1
+        released, self._released = self._released, []
+        return StepPlan(scheduled, stats, self._preempted, released)
+
+    def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
+        """Apply a step's results; returns the requests that finished in it."""
+        finished: list[Request] = []
+        block_manager = self.block_manager
+        eos = self.eos_token_id
+        for entry, token in zip(plan.scheduled, result.token_ids):
+            request = self.requests.get(entry.request_id)
+            if request is None:  # aborted while the step ran
+                continue
+            start = request.num_computed_tokens
+            end = start + len(entry.token_ids)
+            if start < request.max_computed_tokens:
+                request.num_recomputed_tokens += min(end, request.max_computed_tokens) - start
+            request.num_computed_tokens = end
+            if end > request.max_computed_tokens:
+                request.max_computed_tokens = end
+            block_manager.register_computed(request)
+            if not entry.sample:
+                continue
+            request.token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            params = request.sampling_params
+            if request.num_output_tokens >= request.max_tokens:
+                reason = FinishReason.LENGTH
+            elif token == eos and not params.ignore_eos:
+                reason = FinishReason.EOS
+            elif token in params.stop_token_ids:
+                reason = FinishReason.STOP
+            else:
+                continue
+            self._finish(request, reason, now)
+            finished.append(request)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    # ---- helpers for policies -------------------------------------------------------------
+
+    def _build_step(self) -> list[ScheduledRequest]:
+        raise NotImplementedError
+
+    def _schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], int]:
+        """Give running requests, oldest first, what they still need to compute, within budget.
+
+        A request that cannot get blocks preempts the youngest running request, itself last.
+        Returns the entries and the budget left.
+        """
+        bm = self.block_manager
+        running = self.running
+        scheduled: list[ScheduledRequest] = []
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            target = request.num_computed_tokens + num_new
+            while not bm.can_allocate(request, target):
+                victim = running.pop()
+                self._preempt(victim)
+                if victim is request:
+                    return scheduled, budget
+            bm.allocate(request, target)
+            scheduled.append(self._entry(request, num_new))
+            budget -= num_new
+            i += 1
+        return scheduled, budget
+
+    def _entry(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new_tokens
+        num_tokens = len(request.token_ids)
+        return ScheduledRequest(
+            request.request_id,
+            request.token_ids[start:end],
+            start,
+            request.block_table,
+            end == num_tokens,
+            request.sampling_params,
+            num_tokens - request.num_prompt_tokens,
+            num_new_tokens == 1 and end == num_tokens and num_tokens > request.num_prompt_tokens,
+        )
+
+    def _admit(self, request: Request, hits: list[int], num_tokens: int) -> None:
+        """Give a waiting request its cached prefix and blocks for num_tokens."""
+        bm = self.block_manager
+        bm.record_lookup(request, len(hits))
+        bm.allocate(request, num_tokens, hits)
+        cached = len(hits) * bm.block_size
+        request.num_computed_tokens = cached
+        request.num_cached_tokens += cached
+        self._hit_tokens += cached
+
+    def _preempt(self, request: Request) -> None:
+        """Drop the request's KV and send it to the front of the queue to be recomputed."""
+        self.block_manager.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self._preempted.append(request.request_id)
+
+    def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
+        self.block_manager.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = now
+        del self.requests[request.request_id]
+        self._released.append(request.request_id)
+
+
+def make_scheduler(
+    config: SchedulerConfig,
+    kv_spec: KVCacheSpec,
+    cache_config: CacheConfig | None = None,
+    eos_token_id: int | None = None,
+) -> Scheduler:
+    from engine.core.policies import POLICY_CLASSES
+
+    prefix = True if cache_config is None else cache_config.enable_prefix_caching
+    return POLICY_CLASSES[config.policy](config, kv_spec, prefix, eos_token_id)
