@@ -1,0 +1,63 @@
+"""Frozen configuration of the engine backend (model, precision, device, kernels).
+
+The scheduler's budgets and the KV-cache geometry live in engine.core.config; this file holds
+only what the real engine needs on top of them. The harness builds it from Hydra; LLM() from
+keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What model to run, where, and how.
+
+    model: a Hugging Face-format checkpoint directory (config.json + safetensors).
+    dtype: "auto" is float32 on CPU (bfloat16 matmuls on CPU are slow and lose the precision the
+        differential tests need) and the checkpoint's own dtype on CUDA.
+    device: "auto" is CUDA when available, else CPU.
+    attention_backend: "auto" resolves in engine.attention (flash_attn, then triton on CUDA;
+        torch everywhere else).
+    enforce_eager: disable CUDA-graph capture of decode steps (no effect on CPU).
+    gpu_memory_utilization: fraction of device memory the engine may hold (weights, activations
+        and the KV cache); the KV cache is sized to fill what is left.
+    seed: seeds the sampling stream of requests that bring no seed of their own.
+    """
+
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"EngineConfig.model must be a non-empty path string, got {self.model!r}")
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if not isinstance(self.enforce_eager, bool):
+            raise TypeError(f"EngineConfig.enforce_eager must be a bool, got {type(self.enforce_eager).__name__}")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be a number in (0, 1], got {util!r}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"EngineConfig.tensor_parallel_size must be an int >= 1, got {tp!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"EngineConfig.seed must be an int in [0, 2**63), got {seed!r}")
+
+
+def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"EngineConfig.{field} must be one of {allowed}, got {value!r}")
