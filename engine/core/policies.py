@@ -49,7 +49,7 @@ class NanoScheduler(Scheduler):
                 self._admit(request, hits, request.num_tokens)
             num_new = min(remaining, budget)
             budget -= num_new
-            scheduled.append(self._entry(request, num_new))
+            scheduled.append(self._entry(request, num_new, False))
             if num_new < remaining:
                 break  # a chunked prompt ends the prefill batch
             self.waiting.popleft()
@@ -95,7 +95,7 @@ class MixedScheduler(Scheduler):
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             running.append(request)
-            scheduled.append(self._entry(request, num_new))
+            scheduled.append(self._entry(request, num_new, False))
             budget -= num_new
         return scheduled
 

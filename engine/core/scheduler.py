@@ -100,17 +100,10 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> StepPlan:
         self._preempted: list[str] = []
         self._hit_tokens = 0
+        self._now = now
         scheduled = self._build_step()
-        prefill_tokens = decode_tokens = 0
-        for entry in scheduled:
-            if entry.is_decode:
-                decode_tokens += 1
-            else:
-                prefill_tokens += len(entry.token_ids)
-        for entry in scheduled:
-            request = self.requests[entry.request_id]
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
+        decode_tokens = sum(1 for entry in scheduled if entry.is_decode)
+        prefill_tokens = sum(len(entry.token_ids) for entry in scheduled) - decode_tokens
         if not scheduled:
             kind = "idle"
         elif not decode_tokens:
@@ -139,6 +132,7 @@ class Scheduler:
         """Apply a step's results; returns the requests that finished in it."""
         finished: list[Request] = []
         block_manager = self.block_manager
+        block_size = block_manager.block_size
         eos = self.eos_token_id
         for entry, token in zip(plan.scheduled, result.token_ids):
             request = self.requests.get(entry.request_id)
@@ -151,14 +145,15 @@ class Scheduler:
             request.num_computed_tokens = end
             if end > request.max_computed_tokens:
                 request.max_computed_tokens = end
-            block_manager.register_computed(request)
+            if end // block_size > request.num_registered_blocks:
+                block_manager.register_computed(request)
             if not entry.sample:
                 continue
             request.token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
             params = request.sampling_params
-            if request.num_output_tokens >= request.max_tokens:
+            if len(request.token_ids) - request.num_prompt_tokens >= request.max_tokens:
                 reason = FinishReason.LENGTH
             elif token == eos and not params.ignore_eos:
                 reason = FinishReason.EOS
@@ -184,25 +179,40 @@ class Scheduler:
         Returns the entries and the budget left.
         """
         bm = self.block_manager
+        block_size = bm.block_size
         running = self.running
         scheduled: list[ScheduledRequest] = []
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            target = request.num_computed_tokens + num_new
-            while not bm.can_allocate(request, target):
-                victim = running.pop()
-                self._preempt(victim)
-                if victim is request:
-                    return scheduled, budget
-            bm.allocate(request, target)
-            scheduled.append(self._entry(request, num_new))
+            tokens = request.token_ids
+            num_tokens = len(tokens)
+            computed = request.num_computed_tokens
+            num_new = num_tokens - computed
+            if num_new > budget:
+                num_new = budget
+            target = computed + num_new
+            # NOTE: most decode steps need no new block; skip the allocator for them (hot path).
+            if len(request.block_table) * block_size < target:
+                while not bm.can_allocate(request, target):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    if victim is request:
+                        return scheduled, budget
+                bm.allocate(request, target)
+            # A running request with its last token pending is decoding; one finishing a
+            # (re)prefill in chunks is not, unless only its last token is left, which costs the same.
+            prompt_len = request.num_prompt_tokens
+            scheduled.append(ScheduledRequest(
+                request.request_id, tokens[computed:target], computed, request.block_table,
+                target == num_tokens, request.sampling_params, num_tokens - prompt_len,
+                num_new == 1 and num_tokens > prompt_len,
+            ))  # inlined _entry(): this loop runs once per running request per step
             budget -= num_new
             i += 1
         return scheduled, budget
 
-    def _entry(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+    def _entry(self, request: Request, num_new_tokens: int, is_decode: bool) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new_tokens
         num_tokens = len(request.token_ids)
@@ -214,7 +224,7 @@ class Scheduler:
             end == num_tokens,
             request.sampling_params,
             num_tokens - request.num_prompt_tokens,
-            num_new_tokens == 1 and end == num_tokens and num_tokens > request.num_prompt_tokens,
+            is_decode,
         )
 
     def _admit(self, request: Request, hits: list[int], num_tokens: int) -> None:
@@ -226,6 +236,8 @@ class Scheduler:
         request.num_computed_tokens = cached
         request.num_cached_tokens += cached
         self._hit_tokens += cached
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = self._now
 
     def _preempt(self, request: Request) -> None:
         """Drop the request's KV and send it to the front of the queue to be recomputed."""
