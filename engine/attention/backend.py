@@ -1,0 +1,34 @@
+"""The interface every attention implementation provides (torch reference, Triton, flash-attn)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store the new K/V into the paged cache, then attend causally over the cache.
+
+        q [num_tokens, num_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim] (new tokens);
+        k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
+        1) write k, v at meta.slot_mapping (slots < 0 are padding and are not written);
+        2) query j of sequence i sits at position seq_len - query_len + j and attends to cache
+           positions 0..its own position of that sequence; GQA when num_heads > num_kv_heads.
+        Returns [num_tokens, num_heads, head_dim]; rows of padding tokens are unspecified.
+        """
+        ...

@@ -1,0 +1,44 @@
+"""Tensor-parallel placement of one model replica: which shard this process holds, and how
+partial results are combined across ranks.
+
+The collectives are plain functions handed in by whoever started the ranks (NCCL workers on
+GPUs, threads in tests); with size 1 they are never called. Keeping them as arguments rather
+than a process-global group lets several replicas live in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+Collective = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+    all_reduce: Collective | None = None  # elementwise sum over ranks, same shape out
+    all_gather: Collective | None = None  # concatenation over ranks (rank order) along the last dim
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"tp_size={self.size} must be >= 1")
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"tp_rank={self.rank} must be in [0, {self.size - 1}]")
+        if self.size > 1 and (self.all_reduce is None or self.all_gather is None):
+            raise ValueError(f"tp_size={self.size} needs both all_reduce and all_gather collectives")
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.size == 1 else self.all_reduce(x)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.size == 1 else self.all_gather(x)
+
+    def split(self, n: int, what: str) -> int:
+        """Per-rank share of a dimension that must divide evenly."""
+        if n % self.size:
+            raise ValueError(f"{what}={n} must be divisible by tp_size={self.size}")
+        return n // self.size

@@ -1,0 +1,136 @@
+"""Load a Hugging Face-format checkpoint directory into Qwen3ForCausalLM.
+
+Every checkpoint tensor goes through the weight_loader of the parameter it maps to, which takes
+this rank's shard; q/k/v and gate/up land in their fused parameters by shard id. Every
+parameter (every shard of a fused one) must be filled exactly by the checkpoint: anything
+missing, extra or mis-shaped is an error naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.registry import get_attention_backend
+from engine.layers.parallel import Collective, TensorParallel
+from engine.models.qwen3 import Qwen3ForCausalLM
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Tensors some checkpoints carry that the model derives itself.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_dtype(config: dict[str, Any], override: str | torch.dtype | None, config_path: Path) -> torch.dtype:
+    value = override if override not in (None, "auto") else config.get("torch_dtype") or config.get("dtype") or "float32"
+    if isinstance(value, torch.dtype):
+        if value not in _DTYPES.values():
+            raise ValueError(f"dtype={value} is not supported; expected one of {sorted(_DTYPES)}")
+        return value
+    if value not in _DTYPES:
+        where = "dtype" if override not in (None, "auto") else f"torch_dtype in {config_path}"
+        raise ValueError(f"{where}={value!r} is not supported; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[value]
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    attention_backend: str | AttentionBackend = "torch",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    all_reduce: Collective | None = None,
+    all_gather: Collective | None = None,
+) -> tuple[Qwen3ForCausalLM, Any]:
+    """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
+
+    dtype None or "auto" takes the config's torch_dtype; attention_backend is a registry name
+    ("auto", "torch", "triton", "flash_attn") or a backend object. For tp_size > 1 the model
+    holds rank tp_rank's shard and all_reduce/all_gather combine ranks.
+    """
+    from transformers import AutoConfig  # heavy import, only needed here
+
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model directory {root} does not exist")
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} is missing: not a Hugging Face model directory")
+    raw_config = json.loads(config_path.read_text())
+    torch_dtype = resolve_dtype(raw_config, dtype, config_path)
+    hf_config = AutoConfig.from_pretrained(root)
+    if isinstance(attention_backend, str):
+        attention_backend = get_attention_backend(attention_backend, device)
+    tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather)
+    model = Qwen3ForCausalLM(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
+    load_weights(model, root)
+    return model.eval(), hf_config
+
+
+def _weight_files(root: Path) -> list[Path]:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [root / n for n in names]
+        for f in files:
+            if not f.is_file():
+                raise FileNotFoundError(f"{f} is listed in {index} but missing")
+        return files
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {root}")
+    return files
+
+
+def _target(model: Qwen3ForCausalLM, hf_name: str) -> tuple[str, str | int | None]:
+    """HF tensor name -> (our parameter name, shard id)."""
+    parts = hf_name.split(".")
+    for i, part in enumerate(parts):
+        if part in model.packed_modules_mapping:
+            fused, shard_id = model.packed_modules_mapping[part]
+            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard_id
+    return hf_name, None
+
+
+def load_weights(model: Qwen3ForCausalLM, root: Path) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.arch.tie_word_embeddings
+    # Which (parameter, shard) pairs must be filled: one per HF tensor the model consumes.
+    expected: dict[tuple[str, str | int | None], str] = {}
+    for name, param in model.named_parameters():  # deduplicated: a tied head is the embedding
+        for hf_name in _hf_names(model, name):
+            expected[_target(model, hf_name)] = hf_name
+    seen: set[tuple[str, str | int | None]] = set()
+    for path in _weight_files(root):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for hf_name in f.keys():
+                if hf_name.endswith(_IGNORED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
+                    continue
+                key = _target(model, hf_name)
+                if key[0] not in params:
+                    raise ValueError(f"{path}: unexpected tensor {hf_name!r} (no such parameter in the model)")
+                param = params[key[0]]
+                try:
+                    param.weight_loader(param, f.get_tensor(hf_name), key[1])
+                except ValueError as e:
+                    raise ValueError(f"{path}: tensor {hf_name!r}: {e}") from None
+                seen.add(key)
+    missing = sorted(hf for key, hf in expected.items() if key not in seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(f"{root}: checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")
+
+
+def _hf_names(model: Qwen3ForCausalLM, param_name: str) -> list[str]:
+    """Inverse of _target: the HF tensors that together fill one of our parameters."""
+    names = [
+        param_name.replace(f".{fused}.", f".{hf}.")
+        for hf, (fused, _) in model.packed_modules_mapping.items()
+        if f".{fused}." in param_name
+    ]
+    return names or [param_name]

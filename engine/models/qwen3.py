@@ -1,0 +1,152 @@
+"""Qwen3 dense decoder over a paged KV cache; Qwen2 and Llama checkpoints run on the same code.
+
+The differences are switches in ModelArch (q/k norm, which projections carry a bias, tied LM
+head). Inputs are flat: all scheduled tokens of all sequences in one [num_tokens] batch, with
+their absolute positions; the attention metadata says which sequence each token belongs to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.layers.activation import SiluAndMul
+from engine.layers.attention import PagedAttention
+from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, default_weight_loader
+from engine.layers.norm import RMSNorm
+from engine.layers.parallel import TensorParallel
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.models.arch import ModelArch
+from engine.models.materialize import materialize_parameters
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, arch: ModelArch, backend: AttentionBackend, tp: TensorParallel):
+        super().__init__()
+        d = arch.head_dim
+        self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads, arch.qkv_bias, tp)
+        self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
+        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, arch.o_bias, tp)
+        self.q_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, backend)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata):
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        q = q.view(t, self.num_heads, d)  # [T, heads, head_dim]
+        k = k.view(t, self.num_kv_heads, d)  # [T, kv_heads, head_dim]
+        v = v.view(t, self.num_kv_heads, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))  # [T, hidden]
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, arch: ModelArch, tp: TensorParallel):
+        super().__init__()
+        i = arch.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(arch.hidden_size, [i, i], arch.mlp_bias, tp)
+        self.down_proj = RowParallelLinear(i, arch.hidden_size, arch.mlp_bias, tp)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, backend: AttentionBackend, tp: TensorParallel):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Qwen3Attention(arch, backend, tp)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = Qwen3MLP(arch, tp)
+
+    def forward(self, x, residual, cos, sin, kv_cache: KVCache, meta: AttentionMetadata):
+        # residual carries the un-normalised stream; the add is fused into the next norm
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, arch: ModelArch, backend: AttentionBackend, tp: TensorParallel):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, tp)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(arch, backend, tp) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class Qwen3ForCausalLM(nn.Module):
+    # HF projection name -> (our fused module, shard id) for the weight loader
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(
+        self,
+        hf_config: Any,
+        attention_backend: AttentionBackend,
+        tp: TensorParallel | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        """Parameters are allocated on `device` in `dtype` but left uninitialised (see loader)."""
+        super().__init__()
+        self.arch = arch = ModelArch.from_hf_config(hf_config)
+        self.tp = tp = tp or TensorParallel()
+        with torch.device("meta"):
+            self.model = Qwen3Model(arch, attention_backend, tp)
+            self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tp)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        materialize_parameters(self, device, dtype)
+        for p in self.parameters():
+            if not hasattr(p, "weight_loader"):
+                p.weight_loader = default_weight_loader
+        self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta, device)
+        first = self.model.layers[0].self_attn
+        self.num_layers, self.num_kv_heads, self.head_dim = arch.num_layers, first.num_kv_heads, arch.head_dim
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64, absolute position of each token in its sequence
+        kv_caches: list[KVCache],  # per layer (k_cache, v_cache), [num_blocks, block_size, kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Returns final-norm hidden states [T, hidden]; logits are computed separately."""
+        cos, sin = self.rotary_emb(positions)  # [T, head_dim / 2] each
+        x, residual = self.model.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, cos, sin, kv_cache, meta)
+        x, _ = self.model.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (only the rows to sample) -> [N, vocab] float32."""
+        return self.lm_head.compute_logits(hidden)
+
+    def make_kv_caches(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> list[KVCache]:
+        """Zeroed per-layer caches in the model's dtype and device, shaped for this rank."""
+        ref = self.lm_head.weight
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        make = lambda: torch.zeros(shape, dtype=dtype or ref.dtype, device=ref.device)  # noqa: E731
+        return [(make(), make()) for _ in range(self.num_layers)]

@@ -1,0 +1,33 @@
+"""Tiny random-weight checkpoints written once per test session (float32, a few hundred KB).
+
+Other engine tests (runner, LLM facade) use these fixtures too: treat the directories as
+read-only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.checkpoint import write_checkpoint
+
+
+def _write(tmp_path_factory: pytest.TempPathFactory, preset: str):
+    return write_checkpoint(preset, tmp_path_factory.mktemp(preset), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    """Qwen3 layout: q/k norm, tied embeddings, 2 layers, hidden 64, 4 heads / 2 kv heads."""
+    return _write(tmp_path_factory, "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    """Qwen2 layout: q/k/v bias, no q/k norm, untied LM head."""
+    return _write(tmp_path_factory, "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """Llama layout: no biases, no q/k norm, 8 heads of dim 8 over 2 kv heads, untied."""
+    return _write(tmp_path_factory, "tiny-llama")
