@@ -1,0 +1,202 @@
+"""Paged decode attention, one query token per sequence, split-KV (flash-decoding).
+
+Stage 1: one program per (sequence, KV head, split) walks its chunk of the context and keeps an
+online softmax for all query heads of that KV head at once (the GQA group rides in the M dimension
+of the dot products), so each K/V row is read from memory once per group. Stage 2 merges the
+splits' partial results by their log-sum-exp. With a single split, stage 1 writes the output itself.
+
+The split count only sets parallelism: each sequence's chunk length is derived in the kernel from
+its real length, so one launch shape serves every context length (what CUDA-graph replay needs).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.validation import (
+    check_cache_pair,
+    check_int_tensor,
+    check_last_dim_contiguous,
+    check_query,
+)
+
+# Shorter chunks than this cost more in the merge than they win in parallelism.
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Enough splits for about four programs per SM, none shorter than MIN_TOKENS_PER_SPLIT."""
+    programs = max(1, num_seqs * num_kv_heads)
+    if programs >= 2 * num_sms:
+        return 1
+    wanted = triton.cdiv(4 * num_sms, programs)
+    useful = max(1, triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT))
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, mid_o_ptr, mid_lse_ptr,
+    qk_scale, num_splits,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_cb, stride_cs, stride_ch,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, DIRECT: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_ok = g < GROUP
+    d_ok = d < HEAD_DIM
+    heads = kvh * GROUP + g
+    q = tl.load(  # [BLOCK_G, BLOCK_D]
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :], other=0.0,
+    )  # fmt: skip
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        pos_ok = pos < end
+        blk = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+        row = blk * stride_cb + (pos % PAGE) * stride_cs + kvh * stride_ch  # [BLOCK_N]
+        kv_mask = pos_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
+        s = tl.where(pos_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+
+    # An empty chunk (short sequence, or seq_len 0 for a padded row) leaves l == 0: it must
+    # produce zeros and a -inf weight, never 0/0.
+    has = l > 0
+    o = acc / tl.where(has, l, 1.0)[:, None]
+    if DIRECT:
+        dst = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        lse = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+        mid = (seq * NUM_HEADS + heads) * num_splits + split  # [BLOCK_G]
+        tl.store(mid_lse_ptr + mid, lse, mask=g_ok)
+        tl.store(
+            mid_o_ptr + mid[:, None] * HEAD_DIM + d[None, :], o,
+            mask=g_ok[:, None] & d_ok[None, :],
+        )  # fmt: skip
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_ok = s < num_splits
+    base = (seq * NUM_HEADS + head) * num_splits
+    lse = tl.load(mid_lse_ptr + base + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    o = tl.load(  # [BLOCK_S, BLOCK_D]
+        mid_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+        mask=s_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0,
+    )  # fmt: skip
+    den = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
+    dst = out_ptr + seq * stride_ot + head * stride_oh + d
+    tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the query token
+    scale: float,
+    *,
+    max_seq_len_hint: int | None = None,
+    num_splits: int | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Attention of each sequence's single query over cache positions 0..seq_len-1.
+
+    `max_seq_len_hint` (a host int, e.g. meta.max_seq_len or max_model_len for graph capture) only
+    picks the split count; by default the block table's capacity bounds it. Returns
+    [num_seqs, num_heads, head_dim] in q's dtype; sequences with seq_len 0 give zeros.
+    """
+    check_cache_pair(k_cache, v_cache)
+    group = check_query(q, k_cache)
+    num_seqs, num_heads, head_dim = q.shape
+    check_int_tensor("seq_lens", seq_lens, (num_seqs,))
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
+            f"got {tuple(block_tables.shape)}"
+        )
+    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
+    check_last_dim_contiguous("block_tables", block_tables)
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    _, page, num_kv_heads, _ = k_cache.shape
+    if num_splits is None:
+        hint = max_seq_len_hint if max_seq_len_hint is not None else block_tables.shape[1] * page
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, hint, _num_sms(q.device.index or 0))
+    if not 1 <= num_splits <= 1024:
+        raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
+    direct = num_splits == 1
+    if direct:
+        mid_o = mid_lse = out  # unused by the kernel
+    else:
+        mid_o = torch.empty(
+            (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        mid_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, mid_o, mid_lse,
+        scale * 1.4426950408889634, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, PAGE=page, DIRECT=direct,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if not direct:
+        _decode_merge_kernel[(num_seqs, num_heads)](
+            mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+        )  # fmt: skip
+    return out

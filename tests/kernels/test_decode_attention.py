@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels.reference import decode_attention_ref
+from tests.kernels.gpu import needs_cuda
+from tests.kernels.paged_batch import fresh_seed, make_paged_batch, rel_err
+
+pytestmark = needs_cuda
+
+
+def _boundary_lens(block_size: int, seed: int) -> list[int]:
+    """Lengths at and around block edges, a partly filled last block, and ragged random ones."""
+    rng = random.Random(seed)
+    bs = block_size
+    lens = [1, 2, bs - 1, bs, bs + 1, 2 * bs, 3 * bs - 1, 3 * bs + 1, 4 * bs]
+    return lens + [rng.randint(1, 12 * bs) for _ in range(3)] + [rng.randint(2000, 3000)]
+
+
+def _check(out, ref, seq_lens, seed):
+    assert not torch.isnan(out).any(), f"NaN in output (seed {seed})"
+    for i, s in enumerate(seq_lens):
+        if s == 0:
+            assert torch.equal(out[i], torch.zeros_like(out[i])), f"padded row {i} not zero"
+            continue
+        err = rel_err(out[i], ref[i])
+        assert err < 1e-2, f"seq {i} (len {s}) rel err {err:.3e} (seed {seed})"
+
+
+@pytest.mark.parametrize("gqa", [1, 2, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_decode_matches_reference(gqa, head_dim, block_size):
+    from kernels.decode_attention import paged_decode_attention
+
+    seed = fresh_seed()
+    seq_lens = _boundary_lens(block_size, seed)
+    num_kv_heads = 2
+    b = make_paged_batch(
+        seq_lens, [1] * len(seq_lens), num_heads=gqa * num_kv_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, block_size=block_size, dtype=torch.bfloat16, seed=seed,
+    )  # fmt: skip
+    scale = head_dim**-0.5
+    ref = decode_attention_ref(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, scale)
+    # auto split count, no split, and more splits than some sequences have tiles
+    for splits in (None, 1, 5, 48):
+        out = paged_decode_attention(
+            b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, scale,
+            max_seq_len_hint=b.max_seq_len, num_splits=splits,
+        )  # fmt: skip
+        _check(out, ref, seq_lens, f"{seed}, splits {splits}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(16, 8), (32, 8)])  # Qwen3-0.6B / 8B shapes
+def test_decode_qwen_shapes_and_padded_rows(dtype, num_heads, num_kv_heads):
+    from kernels.decode_attention import paged_decode_attention
+
+    seed = fresh_seed()
+    rng = random.Random(seed)
+    seq_lens = [rng.randint(1, 1500) for _ in range(24)] + [0, 0]  # two CUDA-graph padding rows
+    b = make_paged_batch(
+        seq_lens, [min(1, s) for s in seq_lens], num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=128, block_size=256, dtype=dtype, seed=seed,
+    )  # fmt: skip
+    q = torch.randn(len(seq_lens), num_heads, 128, device="cuda").to(dtype)
+    ref = decode_attention_ref(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 128**-0.5)
+    for splits in (None, 1, 7):
+        out = paged_decode_attention(
+            q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 128**-0.5, num_splits=splits
+        )
+        _check(out, ref, seq_lens, f"{seed}, splits {splits}")
+
+
+def test_choose_num_splits_fills_the_gpu_for_small_batches():
+    from kernels.decode_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
+
+    # one sequence, 8 KV heads, long context: many splits, each at least the minimum chunk
+    s = choose_num_splits(1, 8, 8192, 132)
+    assert s > 8 and 8192 / s >= MIN_TOKENS_PER_SPLIT
+    # a large batch already has enough programs: no split
+    assert choose_num_splits(256, 8, 8192, 132) == 1
+    # short contexts are not split below the minimum chunk
+    assert choose_num_splits(1, 8, 300, 132) == 2
