@@ -137,7 +137,8 @@ def paged_prefill_attention(
     check_last_dim_contiguous("block_tables", block_tables)
     if max_query_len < 0:
         raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
-    out = torch.empty_like(q)
+    # zeros, not empty: padded token rows beyond query_start_loc[-1] are never visited
+    out = torch.zeros_like(q)
     if num_seqs == 0 or max_query_len == 0 or q.shape[0] == 0:
         return out
     _, page, num_kv_heads, head_dim = k_cache.shape
