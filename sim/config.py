@@ -1,0 +1,46 @@
+"""SimConfig: how the simulator prices steps and sizes the KV cache. Hydra builds it at the entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COST_MODELS = ("roofline", "profiled")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """cost_model: "roofline" (from shapes and peaks) or "profiled" (fitted to profile_path, a
+    step-timing CSV written by the engine's profiler or coefficients saved by ProfiledCostModel).
+    vocab_size None: the model's. enforce_eager / max_cuda_graph_batch_size mirror the engine's
+    settings so the profiled model knows which decode steps replay a CUDA graph.
+    """
+
+    cost_model: str = "roofline"
+    profile_path: str | None = None
+    tp_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    activation_reserve_bytes: int | None = None
+    seed: int = 0
+    vocab_size: int | None = None
+    eos_token_id: int | None = None
+    enforce_eager: bool = False
+    max_cuda_graph_batch_size: int = 512
+
+    def __post_init__(self) -> None:
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"SimConfig.cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
+        if self.cost_model == "profiled" and not self.profile_path:
+            raise ValueError("SimConfig.profile_path must name a step-timing CSV when cost_model='profiled'")
+        for name, low in (("tp_size", 1), ("seed", 0), ("max_cuda_graph_batch_size", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"SimConfig.{name} must be an int >= {low}, got {value!r}")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
+            raise ValueError(f"SimConfig.gpu_memory_utilization must be in (0, 1], got {util!r}")
+        for name, low in (("activation_reserve_bytes", 0), ("vocab_size", 2), ("eos_token_id", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"SimConfig.{name} must be None or an int >= {low}, got {value!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise TypeError(f"SimConfig.enforce_eager must be a bool, got {type(self.enforce_eager).__name__}")

@@ -1,0 +1,34 @@
+"""Cost models price a step: the CostModel protocol and the factory that picks one from SimConfig.
+
+- RooflineCostModel (sim/roofline.py): from the model's shape and the hardware's peaks; needs no
+  measurement, so it is the uncalibrated prediction.
+- ProfiledCostModel (sim/profiled.py): fitted to the engine's measured step times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from engine.core.plan import StepPlan
+from sim.config import SimConfig
+from sim.profiled import ProfiledCostModel
+from sim.roofline import RooflineCostModel
+from sim.specs import HardwareSpec, ModelSpec
+
+
+class CostModel(Protocol):
+    def step_time(self, plan: StepPlan) -> float:
+        """Seconds the step takes."""
+
+
+def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
+                    graph_batch_sizes: Sequence[int] = ()) -> CostModel:
+    if sim.cost_model == "roofline":
+        return RooflineCostModel(model, hardware, sim.tp_size)
+    # NOTE: a profile is specific to the model, hardware and tp_size it was measured with; those
+    # arguments only choose the CSV, through the config that named it.
+    return ProfiledCostModel.load(sim.profile_path, graph_batch_sizes)
+
+
+__all__ = ["CostModel", "ProfiledCostModel", "RooflineCostModel", "make_cost_model"]

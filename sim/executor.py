@@ -1,0 +1,65 @@
+"""The simulated executor: prices each step with a cost model and makes up deterministic tokens.
+
+A sampled token is a hash of (seed, request id, position), so two requests never produce the same
+text by accident (prefix caching of generated text is not faked into hits), a preempted request
+regenerates the same tokens when recomputed, and a run is reproducible. The end-of-sequence token
+is never drawn: a simulator cannot know when a model would stop, so output lengths come from
+max_tokens (the workload's).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import xxhash
+
+from engine.core.plan import KVCacheSpec, StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from sim.cost_model import CostModel
+
+
+class SimExecutor:
+    def __init__(self, cost_model: CostModel, kv_spec: KVCacheSpec, vocab_size: int, seed: int = 0,
+                 eos_token_id: int | None = None) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
+            raise ValueError(f"eos_token_id must be in [0, vocab_size={vocab_size}) or None, got {eos_token_id!r}")
+        self.cost_model = cost_model
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.eos_token_id = eos_token_id
+        self._kv_spec = kv_spec
+        self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self._kv_spec
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        seeds = self._request_seeds
+        for request_id in plan.released_ids:
+            seeds.pop(request_id, None)
+        vocab = self.vocab_size
+        eos = self.eos_token_id
+        hash_int = xxhash.xxh64_intdigest
+        tokens = []
+        for entry in plan.scheduled:
+            if not entry.sample:
+                tokens.append(0)
+                continue
+            request_seed = seeds.get(entry.request_id)
+            if request_seed is None:
+                request_seed = seeds[entry.request_id] = hash_int(entry.request_id.encode(), self.seed)
+            # The token sampled this step lands at index context_len of the request's token ids.
+            position = entry.num_computed_tokens + len(entry.token_ids)
+            token = hash_int(position.to_bytes(8, "little"), request_seed) % vocab
+            if token == eos:
+                token = (token + 1) % vocab
+            tokens.append(token)
+        return StepResult(tokens, self.cost_model.step_time(plan))
+
+    def shutdown(self) -> None:
+        self._request_seeds.clear()

@@ -1,0 +1,76 @@
+"""Step features: the one description of a step shared by the profiler and the profiled cost model.
+
+The engine's profiler writes step_features(plan) plus the measured duration_s for each step it
+runs; ProfiledCostModel fits durations on those columns and predicts a simulated step from the
+same function, so a measured step and a predicted step are described identically.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from engine.core.plan import StepPlan
+
+FEATURE_COLUMNS = (
+    "num_prefill_tokens",       # new tokens of prefill chunks
+    "num_decode_tokens",        # decode entries (one token each)
+    "num_tokens",               # both of the above
+    "num_seqs",                 # scheduled requests
+    "num_sampled",              # rows that go through the LM head
+    "prefill_context_tokens",   # tokens already cached before each prefill chunk (prefix hits, earlier chunks)
+    "prefill_attention_pairs",  # causal (query, key) pairs of prefill chunks: sum n*c + n(n+1)/2
+    "decode_context_tokens",    # KV tokens read by decodes, their own new token included
+    "cuda_graph",               # 1 if the step runs as a captured CUDA graph (decode-only, batch fits)
+    "graph_batch_size",         # the batch the GPU really runs: padded to a captured size under a graph
+)
+
+
+def cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Batch sizes a nano-vllm-style runner captures: 1, 2, 4, 8, then every multiple of 16."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 0:
+        raise ValueError(f"max_batch_size must be an int >= 0 (0: no CUDA graphs), got {max_batch_size!r}")
+    sizes = [b for b in (1, 2, 4, 8) if b <= max_batch_size]
+    sizes += range(16, max_batch_size + 1, 16)
+    if max_batch_size and sizes[-1] != max_batch_size:
+        sizes.append(max_batch_size)  # a cap between multiples of 16 is captured too
+    return tuple(sizes)
+
+
+def step_features(plan: StepPlan, graph_batch_sizes: Sequence[int] = ()) -> dict[str, int]:
+    """Describe a step by FEATURE_COLUMNS.
+
+    graph_batch_sizes: sorted batch sizes captured as CUDA graphs (empty when running eager). A
+    decode-only step whose batch fits the largest runs as the graph of the next size up.
+    """
+    prefill_tokens = decode = sampled = prefill_context = pairs = decode_context = 0
+    for entry in plan.scheduled:
+        n = len(entry.token_ids)
+        c = entry.num_computed_tokens
+        if entry.is_decode:
+            decode += 1
+            decode_context += c + n
+        else:
+            prefill_tokens += n
+            prefill_context += c
+            pairs += n * c + n * (n + 1) // 2
+        if entry.sample:
+            sampled += 1
+    num_seqs = len(plan.scheduled)
+    graph = 0
+    batch = num_seqs
+    if not prefill_tokens and graph_batch_sizes and num_seqs <= graph_batch_sizes[-1]:
+        graph = 1
+        batch = graph_batch_sizes[bisect_left(graph_batch_sizes, num_seqs)]
+    return {
+        "num_prefill_tokens": prefill_tokens,
+        "num_decode_tokens": decode,
+        "num_tokens": prefill_tokens + decode,
+        "num_seqs": num_seqs,
+        "num_sampled": sampled,
+        "prefill_context_tokens": prefill_context,
+        "prefill_attention_pairs": pairs,
+        "decode_context_tokens": decode_context,
+        "cuda_graph": graph,
+        "graph_batch_size": batch,
+    }

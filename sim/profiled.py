@@ -1,0 +1,184 @@
+"""Profiled cost model: step times fitted to the engine's measured steps.
+
+Steps fall in three regimes that a GPU runs differently, each fitted on its own rows:
+- "prefill" (any prefill chunk, mixed steps included): piecewise-linear in num_tokens (memory-bound
+  for small chunks, compute-bound for large ones) + attention pairs + decode context + sequences;
+- "decode_graph" (decode-only, replayed CUDA graph): piecewise-linear in the padded graph batch,
+  whose cost steps with the captured sizes, + decode context tokens (KV reads);
+- "decode_eager": the same in the real batch size.
+Inside the measured range a prediction interpolates; outside it extrapolates the nearest segment
+and warns (ExtrapolationWarning), once per model instance and feature.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.core.plan import StepPlan
+from sim.features import step_features
+from sim.piecewise import PiecewiseLinearFit
+
+# regime -> (size feature, linear features)
+REGIMES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs")),
+    "decode_graph": ("graph_batch_size", ("decode_context_tokens",)),
+    "decode_eager": ("num_seqs", ("decode_context_tokens",)),
+}
+REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
+                    "decode_context_tokens", "duration_s")
+# Where a step's own regime was not profiled, the next one that was.
+_FALLBACK = {"prefill": ("prefill",), "decode_graph": ("decode_graph", "decode_eager", "prefill"),
+             "decode_eager": ("decode_eager", "decode_graph", "prefill")}
+_MIN_DURATION_S = 1e-6
+
+
+class ExtrapolationWarning(UserWarning):
+    """A step is priced outside the range of the profile it was fitted on."""
+
+
+def _regime(features: Mapping[str, float]) -> str:
+    if features["num_prefill_tokens"] > 0:
+        return "prefill"
+    return "decode_graph" if features["cuda_graph"] else "decode_eager"
+
+
+def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Check a step-timing table and derive the optional columns (cuda_graph, graph_batch_size, ...)."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"step-timing table lacks columns {missing}; write rows with sim.features.step_features")
+    df = df.copy()
+    if "num_tokens" not in df:
+        df["num_tokens"] = df["num_prefill_tokens"] + df["num_decode_tokens"]
+    if "cuda_graph" not in df:
+        df["cuda_graph"] = 0
+    df["cuda_graph"] = df["cuda_graph"].astype(int)
+    if "graph_batch_size" not in df:
+        df["graph_batch_size"] = df["num_seqs"]
+    if "prefill_attention_pairs" not in df:
+        # Exact only for one prefill chunk per step: n tokens after c cached ones.
+        chunks = df["num_seqs"] - df["num_decode_tokens"]
+        if (chunks > 1).any():
+            raise ValueError("step-timing table lacks prefill_attention_pairs and has steps with several prefill "
+                             "chunks, where it cannot be derived; write rows with sim.features.step_features")
+        n, c = df["num_prefill_tokens"], df["prefill_context_tokens"]
+        df["prefill_attention_pairs"] = n * c + n * (n + 1) // 2
+    return df
+
+
+class ProfiledCostModel:
+    def __init__(self, fits: Mapping[str, PiecewiseLinearFit], graph_batch_sizes: Sequence[int] = ()) -> None:
+        unknown = set(fits) - set(REGIMES)
+        if unknown:
+            raise ValueError(f"unknown regimes {sorted(unknown)}; known: {sorted(REGIMES)}")
+        if "prefill" not in fits:
+            raise ValueError("a profiled cost model needs prefill steps in its profile (regime 'prefill')")
+        self.fits = dict(fits)
+        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+        self._warned: set[tuple[str, str]] = set()
+
+    # ---- fitting and persistence --------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, df: pd.DataFrame, graph_batch_sizes: Sequence[int] = (), max_knots: int = 40,
+            min_support: int = 3) -> ProfiledCostModel:
+        """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s)."""
+        df = complete_columns(df)
+        regimes = df.apply(_regime, axis=1) if len(df) else pd.Series([], dtype=str)
+        fits = {}
+        for name, (size, linear) in REGIMES.items():
+            rows = df[regimes == name]
+            if len(rows):
+                fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
+                                                    rows["duration_s"].to_numpy(), size, max_knots,
+                                                    min_support)
+        return cls(fits, graph_batch_sizes)
+
+    @classmethod
+    def from_csv(cls, path: str | Path, graph_batch_sizes: Sequence[int] = ()) -> ProfiledCostModel:
+        """Fit on a measured step-timing CSV."""
+        return cls.fit(pd.read_csv(path), graph_batch_sizes)
+
+    def to_csv(self, path: str | Path) -> None:
+        """Save the fitted coefficients (long format: regime, kind, name, x, value)."""
+        rows = []
+        for regime, fit in self.fits.items():
+            rows += [(regime, "knot", fit.size_feature, k, v) for k, v in zip(fit.knots, fit.knot_values)]
+            rows += [(regime, "linear", f, 0.0, c) for f, c in zip(fit.linear_features, fit.linear_coefs)]
+            rows += [(regime, "range", f, lo, hi) for f, lo, hi in fit.ranges]
+        pd.DataFrame(rows, columns=["regime", "kind", "name", "x", "value"]).to_csv(path, index=False)
+
+    @classmethod
+    def load(cls, path: str | Path, graph_batch_sizes: Sequence[int] = ()) -> ProfiledCostModel:
+        """Read either saved coefficients (to_csv) or a measured step-timing table (fitted now)."""
+        df = pd.read_csv(path)
+        if "duration_s" in df.columns:
+            return cls.fit(df, graph_batch_sizes)
+        if not {"regime", "kind", "name", "x", "value"} <= set(df.columns):
+            raise ValueError(f"{path}: neither a step-timing table (needs duration_s) nor saved coefficients "
+                             "(needs regime, kind, name, x, value)")
+        fits = {}
+        for regime, part in df.groupby("regime", sort=False):
+            knots = part[part["kind"] == "knot"]
+            linear = part[part["kind"] == "linear"]
+            ranges = part[part["kind"] == "range"]
+            fits[regime] = PiecewiseLinearFit(
+                str(knots["name"].iloc[0]), tuple(knots["x"]), tuple(knots["value"]), tuple(linear["name"]),
+                tuple(linear["value"]), tuple(zip(ranges["name"], ranges["x"], ranges["value"])))
+        return cls(fits, graph_batch_sizes)
+
+    # ---- prediction -----------------------------------------------------------------------------
+
+    def step_time(self, plan: StepPlan) -> float:
+        return self.predict_features(step_features(plan, self.graph_batch_sizes))
+
+    def predict_features(self, features: Mapping[str, float]) -> float:
+        regime = _regime(features)
+        used = next(r for r in _FALLBACK[regime] if r in self.fits)
+        if used != regime:
+            self._warn_once(regime, "regime", f"no {regime!r} steps were profiled; pricing them as {used!r}")
+        fit = self.fits[used]
+        for name, value, lo, hi in fit.out_of_range(features):
+            self._warn_once(used, name, f"{used} step has {name}={value:g} outside the profiled range "
+                                        f"[{lo:g}, {hi:g}]; extrapolating")
+        return max(fit.predict(features), _MIN_DURATION_S)
+
+    def predict(self, df: pd.DataFrame) -> np.ndarray:
+        """Predicted duration_s for each row of a step-timing table."""
+        df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
+        return np.array([self.predict_features(row) for row in df.to_dict("records")])
+
+    def _warn_once(self, regime: str, name: str, message: str) -> None:
+        if (regime, name) not in self._warned:
+            self._warned.add((regime, name))
+            warnings.warn(message, ExtrapolationWarning, stacklevel=3)
+
+
+def relative_errors(model: ProfiledCostModel, df: pd.DataFrame) -> np.ndarray:
+    """(predicted - measured) / measured for each row."""
+    measured = df["duration_s"].to_numpy(dtype=float)
+    return (model.predict(df) - measured) / measured
+
+
+def holdout_validation(df: pd.DataFrame, test_fraction: float = 0.2, seed: int = 0,
+                       graph_batch_sizes: Sequence[int] = ()) -> tuple[ProfiledCostModel, pd.DataFrame]:
+    """Fit on a random (1 - test_fraction) of the rows; return the model and the held-out rows with
+    columns predicted_s and rel_error added."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    test = rng.random(len(df)) < test_fraction
+    model = ProfiledCostModel.fit(df[~test], graph_batch_sizes)
+    held_out = df[test].copy()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ExtrapolationWarning)
+        held_out["predicted_s"] = model.predict(held_out)
+    model._warned.clear()  # the caller's own predictions should still be warned about
+    held_out["rel_error"] = (held_out["predicted_s"] - held_out["duration_s"]) / held_out["duration_s"]
+    held_out.attrs["extrapolation_warnings"] = [str(w.message) for w in caught]
+    return model, held_out

@@ -1,0 +1,143 @@
+"""Roofline cost model: a step's time from the model's shape and the hardware's peaks.
+
+NOTE: a step is priced phase by phase, each phase taking max(compute time, memory time), and the
+phases are summed. Summing per-phase maxima (rather than taking one max of the totals) lets a
+decode step be memory-bound in attention while its large-batch MLP is compute-bound. Because
+every phase's time is at least its memory time and efficiencies are <= 1, a step can never beat
+(bytes it must read) / (peak bandwidth).
+
+Phases, per rank of a tensor-parallel group:
+- linear layers (q/k/v/o, gate/up/down): 2 * params FLOPs per token; weights read once per step
+  plus each token's activations in and out;
+- attention: 4 * heads * head_dim FLOPs per (query, key) pair (QK^T and PV), causal within a
+  prefill chunk and over the whole cached context; KV of the cached context read, new KV written;
+- LM head: only for sampled positions (a prefill chunk that does not finish its prompt samples
+  nothing); its weights, and float32 logits out;
+- TP communication: two all-reduces per layer plus one after the vocab-parallel embedding (ring:
+  2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each), and a
+  gather of the sampled logits;
+- fixed host overhead per step and per scheduled sequence.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from engine.core.plan import StepPlan
+from sim.specs import HardwareSpec, ModelSpec
+
+_LOGIT_BYTES = 4  # logits are computed in float32 for sampling
+_token_ids = attrgetter("token_ids")
+_num_computed = attrgetter("num_computed_tokens")
+_sample = attrgetter("sample")
+
+
+class RooflineCostModel:
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1) -> None:
+        model.check_tp(tp_size)
+        self.model = model
+        self.hardware = hardware
+        self.tp_size = tp_size
+        tp = tp_size
+        hw = hardware
+        dt = model.dtype_bytes
+        layers = model.num_layers
+        hidden = model.hidden_size
+        q_width = model.num_heads // tp * model.head_dim
+        kv_width = model.kv_heads_per_rank(tp) * model.head_dim
+        inter = model.intermediate_size // tp
+        vocab = model.vocab_size // tp
+        # Precomputed once: step_time() runs for every simulated step.
+        self._matmul_rate = hw.peak_flops * hw.matmul_efficiency
+        self._attention_rate = hw.peak_flops * hw.attention_efficiency
+        self._bandwidth = hw.mem_bandwidth * hw.bandwidth_efficiency
+        self._linear_flops_per_token = 2.0 * layers * model.layer_linear_params(tp)
+        self._linear_weight_bytes = float(layers * (model.layer_linear_params(tp) + 2 * hidden + 2 * model.head_dim)
+                                          * dt + hidden * dt)
+        # Activations in and out of each projection, the embedding row and the residual stream.
+        # qkv: hidden -> q + 2 kv; o: q -> hidden; gate/up: hidden -> 2 inter; down: inter -> hidden
+        per_layer_io = (hidden + q_width + 2 * kv_width) + (q_width + hidden) + (hidden + 2 * inter) + (inter + hidden)
+        self._activation_bytes_per_token = float((layers * per_layer_io + 2 * hidden) * dt)
+        self._attention_flops_per_pair = 4.0 * layers * (model.num_heads // tp) * model.head_dim
+        self._kv_bytes_per_token = float(model.kv_bytes_per_token_per_rank(tp))
+        self._lm_flops_per_row = 2.0 * hidden * vocab
+        self._lm_weight_bytes = float(model.lm_head_params(tp) * dt)
+        self._lm_bytes_per_row = float(hidden * dt + vocab * _LOGIT_BYTES)
+        self._step_overhead = hw.step_overhead_s
+        self._seq_overhead = hw.seq_overhead_s
+        # Tensor-parallel collectives.
+        link = hw.interconnect_bandwidth * hw.interconnect_efficiency
+        self._num_all_reduces = 2 * layers + 1 if tp > 1 else 0
+        self._all_reduce_s_per_token = 2.0 * (tp - 1) / tp * hidden * dt / link
+        self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * _LOGIT_BYTES / link
+        self._latency = hw.interconnect_latency_s
+
+    @property
+    def weight_bytes_read_per_step(self) -> float:
+        """Weights every step with a sampled token reads, per rank (the embedding is gathered, not read)."""
+        return self._linear_weight_bytes + self._lm_weight_bytes
+
+    def step_time(self, plan: StepPlan) -> float:
+        scheduled = plan.scheduled
+        num_seqs = len(scheduled)
+        # NOTE: the sums run in C (map + attrgetter); this is the simulator's hottest loop.
+        num_tokens = sum(map(len, map(_token_ids, scheduled)))
+        context = sum(map(_num_computed, scheduled))
+        num_sampled = sum(map(_sample, scheduled))
+        if num_tokens == num_seqs:
+            pairs = context + num_tokens  # one new token each: it sees its context and itself
+        else:
+            # query j (0-based) of a chunk after c cached tokens sees c + j + 1 keys
+            pairs = 0
+            for entry in scheduled:
+                n = len(entry.token_ids)
+                pairs += n * entry.num_computed_tokens + n * (n + 1) // 2
+        return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs)
+
+    def time_for(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
+                 num_seqs: int) -> float:
+        """Price a step from its totals.
+
+        context_tokens: KV tokens already in the cache that the step's requests attend to;
+        attention_pairs: (query, key) pairs over all requests, causal.
+        """
+        bw = self._bandwidth
+        linear = self._linear_flops_per_token * num_tokens / self._matmul_rate
+        memory = (self._linear_weight_bytes + self._activation_bytes_per_token * num_tokens) / bw
+        total = linear if linear > memory else memory
+        attention = self._attention_flops_per_pair * attention_pairs / self._attention_rate
+        memory = self._kv_bytes_per_token * (context_tokens + num_tokens) / bw
+        total += attention if attention > memory else memory
+        if num_sampled:
+            lm_head = self._lm_flops_per_row * num_sampled / self._matmul_rate
+            memory = (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw
+            total += lm_head if lm_head > memory else memory
+        if self._num_all_reduces:
+            total += self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
+            if num_sampled:
+                total += self._latency + self._gather_s_per_row * num_sampled
+        return total + self._step_overhead + self._seq_overhead * num_seqs
+
+    def phase_times(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
+                    num_seqs: int) -> dict[str, float]:
+        """Seconds per phase; their sum is time_for() (reports use it to explain a prediction).
+
+        time_for() repeats this arithmetic without building a dict: it runs once per step.
+        """
+        bw = self._bandwidth
+        linear = max(self._linear_flops_per_token * num_tokens / self._matmul_rate,
+                     (self._linear_weight_bytes + self._activation_bytes_per_token * num_tokens) / bw)
+        attention = max(self._attention_flops_per_pair * attention_pairs / self._attention_rate,
+                        self._kv_bytes_per_token * (context_tokens + num_tokens) / bw)
+        lm_head = 0.0
+        if num_sampled:
+            lm_head = max(self._lm_flops_per_row * num_sampled / self._matmul_rate,
+                          (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw)
+        comm = 0.0
+        if self._num_all_reduces:
+            comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
+            if num_sampled:
+                comm += self._latency + self._gather_s_per_row * num_sampled
+        overhead = self._step_overhead + self._seq_overhead * num_seqs
+        return {"linear": linear, "attention": attention, "lm_head": lm_head, "communication": comm,
+                "overhead": overhead}

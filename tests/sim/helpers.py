@@ -1,0 +1,42 @@
+"""Shared builders for simulator tests: specs from conf/, and step plans from (new, cached) counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from engine.core.sampling_params import SamplingParams
+from sim.specs import HardwareSpec, ModelSpec
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+_PARAMS = SamplingParams()
+
+
+def model(name: str) -> ModelSpec:
+    return ModelSpec(**yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()))
+
+
+def hardware(name: str) -> HardwareSpec:
+    return HardwareSpec(**yaml.safe_load((CONF / "hardware" / f"{name}.yaml").read_text()))
+
+
+def prefill(num_new: int, num_cached: int = 0, sample: bool = True, rid: str = "p") -> ScheduledRequest:
+    return ScheduledRequest(rid, [1] * num_new, num_cached, [], sample, _PARAMS, 0, False)
+
+
+def decode(context_before: int, rid: str = "d") -> ScheduledRequest:
+    """A decode of one token after context_before tokens already in the cache."""
+    return ScheduledRequest(rid, [1], context_before, [], True, _PARAMS, 1, True)
+
+
+def plan(*entries: ScheduledRequest) -> StepPlan:
+    prefill_tokens = sum(len(e.token_ids) for e in entries if not e.is_decode)
+    decodes = sum(1 for e in entries if e.is_decode)
+    stats = StepStats(0, "mixed", len(entries), prefill_tokens, decodes, 0, 0, 0, 0, 0)
+    return StepPlan(list(entries), stats)
+
+
+def decode_batch(contexts: list[int]) -> StepPlan:
+    return plan(*(decode(c, rid=f"d{i}") for i, c in enumerate(contexts)))

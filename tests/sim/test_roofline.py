@@ -1,0 +1,132 @@
+"""The roofline model respects physical bounds, is monotone, and models tensor parallelism."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.roofline import RooflineCostModel
+from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
+
+MODELS = ["qwen3_0_6b", "qwen3_8b", "qwen3_32b"]
+
+
+def _weights_read(spec):
+    # Every weight but an untied input embedding (a gather of a few rows) is read by a sampling step.
+    embedding = spec.vocab_size * spec.hidden_size * spec.dtype_bytes
+    return spec.weight_bytes - (0 if spec.tie_word_embeddings else embedding)
+
+
+def _linear_flops_per_token(spec):
+    per_layer = 2 * spec.hidden_size * spec.num_heads * spec.head_dim \
+        + 2 * spec.hidden_size * spec.num_kv_heads * spec.head_dim + 3 * spec.hidden_size * spec.intermediate_size
+    return 2 * spec.num_layers * per_layer
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("hw", ["h100", "a100"])
+@pytest.mark.parametrize("contexts", [[1], [100] * 8, [4000] * 64, list(range(1, 2048, 8))])
+def test_decode_never_beats_memory_bandwidth(name, hw, contexts):
+    spec, hardware_spec = model(name), hardware(hw)
+    cost = RooflineCostModel(spec, hardware_spec)
+    kv = spec.kv_bytes_per_token * sum(contexts)
+    assert cost.step_time(decode_batch(contexts)) >= (_weights_read(spec) + kv) / hardware_spec.mem_bandwidth
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("tokens, cached", [(16384, 0), (4096, 8192), (512, 0)])
+def test_prefill_never_beats_peak_flops(name, tokens, cached):
+    spec, hw = model(name), hardware("h100")
+    cost = RooflineCostModel(spec, hw)
+    pairs = tokens * cached + tokens * (tokens + 1) // 2
+    attention = 4 * spec.num_layers * spec.num_heads * spec.head_dim * pairs
+    lm_head = 2 * spec.hidden_size * spec.vocab_size
+    flops = _linear_flops_per_token(spec) * tokens + attention + lm_head
+    assert cost.step_time(plan(prefill(tokens, cached))) >= flops / hw.peak_flops
+
+
+def test_lm_head_only_for_sampled_positions():
+    cost = RooflineCostModel(model("qwen3_8b"), hardware("h100"))
+    sampled = cost.step_time(plan(prefill(1024, sample=True)))
+    chunk = cost.step_time(plan(prefill(1024, sample=False)))
+    assert cost.phase_times(1024, 0, 0, 0, 1)["lm_head"] == 0.0
+    assert sampled > chunk
+
+
+entries = st.lists(
+    st.one_of(st.tuples(st.just("d"), st.integers(0, 8192)),
+              st.tuples(st.just("p"), st.integers(1, 4096), st.integers(0, 8192))),
+    min_size=1, max_size=40)
+
+
+def _build(spec_list):
+    built = []
+    for i, item in enumerate(spec_list):
+        built.append(decode(item[1], rid=str(i)) if item[0] == "d" else prefill(item[1], item[2], rid=str(i)))
+    return built
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries, st.sampled_from(["d", "p", "grow_new", "grow_context"]), st.integers(1, 512))
+def test_more_work_is_never_cheaper(items, change, amount):
+    cost = RooflineCostModel(model("qwen3_0_6b"), hardware("h100"))
+    base = _build(items)
+    more = _build(items)
+    if change == "d":
+        more.append(decode(amount, rid="extra"))
+    elif change == "p":
+        more.append(prefill(amount, rid="extra"))
+    elif change == "grow_new":
+        more[0].token_ids = more[0].token_ids * (1 if more[0].is_decode else 2)
+    else:
+        more[0].num_computed_tokens += amount
+    assert cost.step_time(plan(*more)) >= cost.step_time(plan(*base))
+
+
+def test_tensor_parallel_splits_compute_and_adds_communication():
+    spec, hw = model("qwen3_8b"), hardware("h100")
+    one, two = RooflineCostModel(spec, hw, 1), RooflineCostModel(spec, hw, 2)
+    args = (16384, 1, 0, 16384 * 16385 // 2, 1)  # one large prefill: compute-bound
+    p1, p2 = one.phase_times(*args), two.phase_times(*args)
+    assert p2["linear"] == pytest.approx(p1["linear"] / 2, rel=1e-3)
+    assert p2["attention"] == pytest.approx(p1["attention"] / 2, rel=1e-3)
+    assert p1["communication"] == 0.0 and p2["communication"] > 0.0
+    # communication grows with the activations exchanged
+    assert two.phase_times(32, 1, 0, 32, 1)["communication"] < p2["communication"]
+    # ring all-reduce, by hand: 2 * 36 + 1 collectives of 16384 x 4096 bf16 activations
+    link = hw.interconnect_bandwidth * hw.interconnect_efficiency
+    ring = 73 * (hw.interconnect_latency_s + 2 * (1 / 2) * 16384 * 4096 * 2 / link)
+    gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 4 / link
+    assert p2["communication"] == pytest.approx(ring + gather)
+
+
+def test_decode_of_large_batch_is_bandwidth_bound_then_overhead_counts():
+    hw = dataclasses.replace(hardware("h100"), step_overhead_s=0.0, seq_overhead_s=0.0)
+    spec = model("qwen3_0_6b")
+    cost = RooflineCostModel(spec, hw)
+    contexts = [1000] * 256
+    kv = spec.kv_bytes_per_token * (sum(contexts) + len(contexts))
+    bw = hw.mem_bandwidth * hw.bandwidth_efficiency
+    # attention of a big decode batch is pure KV traffic
+    assert cost.phase_times(256, 256, sum(contexts), sum(c + 1 for c in contexts), 256)["attention"] == \
+        pytest.approx(kv / bw)
+    slow = dataclasses.replace(hw, step_overhead_s=1e-3, seq_overhead_s=1e-5)
+    extra = RooflineCostModel(spec, slow).step_time(decode_batch(contexts)) - cost.step_time(decode_batch(contexts))
+    assert extra == pytest.approx(1e-3 + 256e-5)
+
+
+def test_rejects_tp_size_that_does_not_divide_heads():
+    with pytest.raises(ValueError, match="tp_size=3"):
+        RooflineCostModel(model("qwen3_8b"), hardware("h100"), tp_size=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 20000), st.integers(0, 512), st.integers(0, 10**6), st.integers(0, 10**9), st.integers(1, 512),
+       st.sampled_from([1, 2, 4]))
+def test_step_time_is_the_sum_of_the_phases(tokens, sampled, context, pairs, seqs, tp):
+    cost = RooflineCostModel(model("qwen3_8b"), hardware("h100"), tp)
+    phases = cost.phase_times(tokens, sampled, context, pairs, seqs)
+    assert cost.time_for(tokens, sampled, context, pairs, seqs) == pytest.approx(sum(phases.values()), rel=1e-12)
