@@ -1,0 +1,213 @@
+"""The offline API: LLM(model_dir, **config).generate(prompts, sampling_params).
+
+    llm = LLM("/ckpt/tiny-qwen3", max_model_len=512, block_size=16)
+    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=16))
+    outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[1].error
+
+One scheduler lives as long as the LLM, so the prefix cache carries over between calls; each
+call serves its prompts to completion through the core's step loop on the wall clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import numbers
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.loop import RunResult, StepRecord, WallClock, run
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import make_scheduler
+from engine.executor import EngineExecutor
+from engine.outputs import RequestOutput, ThroughputMeter
+
+_CONFIGS = (EngineConfig, SchedulerConfig, CacheConfig)
+_FIELDS = {cls: {f.name for f in dataclasses.fields(cls)} - {"model"} for cls in _CONFIGS}
+
+
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """Route LLM() keyword arguments to EngineConfig, SchedulerConfig and CacheConfig."""
+    parts: tuple[dict, dict, dict] = ({}, {}, {})
+    for name, value in kwargs.items():
+        for part, cls in zip(parts, _CONFIGS):
+            if name in _FIELDS[cls]:
+                part[name] = value
+                break
+        else:
+            allowed = sorted(set().union(*_FIELDS.values()))
+            raise TypeError(f"LLM() got an unexpected keyword argument {name!r}; allowed: {', '.join(allowed)}")
+    return parts
+
+
+class LLM:
+    """A model served by the engine; see the module docstring. Keyword arguments are the fields
+    of EngineConfig (dtype, device, attention_backend, enforce_eager, gpu_memory_utilization,
+    tensor_parallel_size, seed), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
+    max_model_len, enable_chunked_prefill) and CacheConfig (block_size, num_blocks,
+    enable_prefix_caching). max_model_len defaults to the smaller of SchedulerConfig's default
+    and the model's max_position_embeddings; max_num_seqs to the smaller of its default and
+    max_num_batched_tokens.
+    """
+
+    def __init__(self, model: str | Path, **kwargs: Any) -> None:
+        engine_kw, scheduler_kw, cache_kw = split_kwargs(kwargs)
+        model = str(model)
+        max_positions = _max_position_embeddings(model)
+        if max_positions is not None:
+            if "max_model_len" not in scheduler_kw:
+                scheduler_kw["max_model_len"] = min(SchedulerConfig.max_model_len, max_positions)
+            elif _is_int(scheduler_kw["max_model_len"]) and scheduler_kw["max_model_len"] > max_positions:
+                raise ValueError(f"max_model_len={scheduler_kw['max_model_len']} exceeds the model's "
+                                 f"max_position_embeddings={max_positions}")
+        budget = scheduler_kw.get("max_num_batched_tokens")
+        if "max_num_seqs" not in scheduler_kw and _is_int(budget) and budget < SchedulerConfig.max_num_seqs:
+            scheduler_kw["max_num_seqs"] = max(budget, 1)  # a small budget alone should not be an error
+        self.engine_config = EngineConfig(model=model, **engine_kw)
+        self.scheduler_config = SchedulerConfig(**scheduler_kw)
+        self.cache_config = CacheConfig(**cache_kw)
+        self.executor = EngineExecutor(self.engine_config, self.scheduler_config, self.cache_config)
+        self.scheduler = make_scheduler(self.scheduler_config, self.executor.kv_cache_spec(), self.cache_config,
+                                        self.executor.eos_token_id)
+        self.last_run: RunResult | None = None  # steps and timings of the latest generate()
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        return self.executor.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[int] | list[str | list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt; returns one RequestOutput per prompt, in input order.
+
+        A prompt is a string (tokenized with the checkpoint's tokenizer) or a list of token ids.
+        A bad prompt (empty, wrong type, token ids outside [0, vocab_size), too long for
+        max_model_len) comes back with `error` set while the others are served. Raises ValueError
+        for an empty prompt list or a sampling_params list of the wrong length, TypeError for
+        arguments of the wrong type.
+        """
+        batch = _as_batch(prompts)
+        params = _per_prompt(sampling_params, len(batch))
+        outputs: list[RequestOutput] = []
+        requests: list[Request] = []
+        for prompt, sp in zip(batch, params):
+            rid = str(self._next_id)
+            self._next_id += 1
+            token_ids, error = self._encode(prompt)
+            outputs.append(RequestOutput(rid, prompt if isinstance(prompt, str) else None, token_ids, error=error))
+            if error is None:
+                requests.append(Request(rid, token_ids, self._with_eos_stops(sp)))
+        bar = tqdm(total=len(requests), desc="Generating", unit="req", dynamic_ncols=True, disable=not use_tqdm)
+        meter = ThroughputMeter()
+
+        def on_step(record: StepRecord, finished: list[Request]) -> None:
+            meter.add(record.stats, record.duration_s)
+            bar.set_postfix_str(meter.describe(), refresh=False)
+            bar.update(len(finished))
+
+        try:
+            result = run(self.scheduler, self.executor, requests, WallClock(), on_step)
+        except BaseException:
+            # Leave the scheduler clean for the next call: nothing of this one may linger.
+            for request in requests:
+                self.scheduler.abort(request.request_id)
+            raise
+        finally:
+            bar.close()
+        self.last_run = result
+        by_id = {out.request_id: out for out in outputs}
+        for rid, error in result.rejected.items():
+            by_id[rid].error = error
+        for request in result.requests:
+            out = by_id[request.request_id]
+            out.token_ids = request.output_token_ids
+            out.finish_reason = request.finish_reason.value if request.finish_reason else None
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            out.num_cached_tokens = request.num_cached_tokens
+            out.num_preemptions = request.num_preemptions
+        return outputs
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _encode(self, prompt: object) -> tuple[list[int], str | None]:
+        """Token ids of one prompt, or the reason it cannot be served."""
+        if isinstance(prompt, str):
+            if not prompt:
+                return [], "empty prompt: at least one token is needed"
+            token_ids = list(self.tokenizer.encode(prompt))
+        elif isinstance(prompt, (list, tuple)):
+            for i, token in enumerate(prompt):
+                if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                    return [], (f"prompt must be a str or a list of int token ids; element {i} is "
+                                f"{type(token).__name__}")
+            token_ids = [int(t) for t in prompt]
+        else:
+            return [], f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
+        if not token_ids:
+            return [], "empty prompt: at least one token is needed"
+        vocab = self.executor.vocab_size
+        bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < vocab), None)
+        if bad is not None:
+            return token_ids, (f"token id {token_ids[bad]} at position {bad} is outside the vocabulary "
+                               f"[0, {vocab})")
+        return token_ids, None
+
+    def _with_eos_stops(self, params: SamplingParams) -> SamplingParams:
+        # The scheduler stops on one eos id; the checkpoint's others become stop tokens.
+        extra = [t for t in self.executor.eos_token_ids[1:] if t not in params.stop_token_ids]
+        if params.ignore_eos or not extra:
+            return params
+        return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + tuple(extra))
+
+
+def _as_batch(prompts: object) -> list[object]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str, a list of token ids, or a list of those; got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("prompts is empty: generate() needs at least one prompt")
+    if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompts):
+        return [list(prompts)]  # one prompt given as token ids
+    return list(prompts)
+
+
+def _per_prompt(sampling_params: object, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got "
+                        f"{type(sampling_params).__name__}")
+    if len(sampling_params) != n:
+        raise ValueError(f"sampling_params has {len(sampling_params)} entries for {n} prompts; "
+                         "give one per prompt or a single SamplingParams")
+    for i, sp in enumerate(sampling_params):
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
+    return list(sampling_params)
+
+
+def _max_position_embeddings(model_dir: str) -> int | None:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None  # the loader reports the missing checkpoint
+    value = json.loads(path.read_text()).get("max_position_embeddings")
+    return value if isinstance(value, int) else None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
