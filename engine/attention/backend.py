@@ -26,6 +26,8 @@ class AttentionBackend(Protocol):
 
         q [num_tokens, num_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim] (new tokens);
         k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
+        v may be a non-contiguous view (a slice of the fused qkv output, unit stride on the last
+        dim); q and k are contiguous. Cache slots a sequence does not own may hold any bits.
         1) write k, v at meta.slot_mapping (slots < 0 are padding and are not written);
         2) query j of sequence i sits at position seq_len - query_len + j and attends to cache
            positions 0..its own position of that sequence; GQA when num_heads > num_kv_heads.

@@ -2,8 +2,10 @@
 
 Clarity over speed, but batched: the ragged queries are scattered into a padded
 [num_seqs, max_query_len] layout, each sequence's K/V is gathered from its block table, and one
-scaled_dot_product_attention call with an explicit causal mask does the rest. No host sync and
-no per-sequence Python loop except the boolean store, so it stays usable for whole benchmarks.
+scaled_dot_product_attention call with an explicit causal mask does the rest. There is no
+per-sequence Python loop, so it stays usable for whole benchmarks. It is eager-only: the store's
+boolean mask syncs with the host and the key count follows meta.max_seq_len, so a CUDA graph
+captured over it would replay stale shapes.
 """
 
 from __future__ import annotations

@@ -31,3 +31,15 @@ def tiny_qwen2_dir(tmp_path_factory):
 def tiny_llama_dir(tmp_path_factory):
     """Llama layout: no biases, no q/k norm, 8 heads of dim 8 over 2 kv heads, untied."""
     return _write(tmp_path_factory, "tiny-llama")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _single_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core runner OpenMP's
+    spinning threads slow each forward down by 10-50x; one thread keeps the suite fast."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
