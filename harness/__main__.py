@@ -1,0 +1,37 @@
+"""`python -m harness [overrides]`: the Hydra entry point (config groups in conf/ at the repo root).
+
+Examples:
+  python -m harness                                    # nano-vllm's bench, Qwen3-0.6B on a simulated H100
+  python -m harness experiment=preemption
+  python -m harness model=qwen3_8b scheduler=mixed workload=trace_azure_conv scheduler.max_num_seqs=128
+  python -m harness -m scheduler=nano,mixed hydra/launcher=joblib    # multirun, then python -m harness.report
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from harness.config import CONF_DIR
+from harness.convert import ConfigError
+from harness.workloads import TraceError
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    from harness.study import run_study
+
+    try:
+        run_study(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (ConfigError, TraceError) as error:
+        # A user mistake: one line naming the field, not a traceback.
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Capacity planning: the highest request rate a configuration serves within a latency SLO.
+
+For each configuration (each value of study.param, or the base config alone) the workload is
+replayed at Poisson (or gamma) rates chosen by bisection; a rate passes when the P<percentile>
+TTFT and TPOT are both within the SLO. The search starts between rate_low (default: a quarter of
+the offline throughput) and rate_high, where
+rate_high defaults to the offline request throughput of the same requests; while the upper rate
+still meets the SLO it is doubled, so the bracket always ends on a failing rate.
+
+NOTE: with a finite number of requests latency is not strictly monotone in the rate, so the
+answer is the boundary bisection converged to, reported with every probe it made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from harness.config import CapacityConfig, OutputConfig, RunConfig, StudyConfig, build_run_config
+from harness.convert import ConfigError
+from harness.metrics import percentile
+from harness.run import run_once
+from harness.sweep import point_configs
+
+
+def _with_rate(rc: RunConfig, arrival: str, rate: float | None) -> RunConfig:
+    return dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, arrival=arrival, rate=rate))
+
+
+def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: str = "") -> tuple[dict, list[dict]]:
+    """Bisect the rate for one configuration; returns (capacity row, probe rows)."""
+    if rc.workload.arrival not in ("poisson", "gamma"):
+        raise ConfigError(f"workload.arrival must be poisson or gamma for a capacity search, got {rc.workload.arrival!r}")
+    p = cap.percentile
+    probes: list[dict] = []
+
+    def probe(rate: float) -> bool:
+        outcome = run_once(_with_rate(rc, rc.workload.arrival, rate), progress, label=f"{label} rate={rate:.3g}")
+        ttft = percentile(outcome.requests, "ttft", p)
+        tpot = percentile(outcome.requests, "tpot", p)
+        ok = bool(ttft <= cap.ttft_slo_s and tpot <= cap.tpot_slo_s)
+        probes.append({"config": label, "rate": rate, f"ttft_p{p:g}_s": ttft, f"tpot_p{p:g}_s": tpot,
+                       "meets_slo": ok, "output_tok_s": outcome.summary["output_tok_s"],
+                       "request_s": outcome.summary["request_s"]})
+        return ok
+
+    offline = run_once(_with_rate(rc, "offline", None), progress, label=f"{label} offline")
+    high = cap.rate_high if cap.rate_high is not None else offline.summary["request_s"]
+    low = cap.rate_low if cap.rate_low is not None else 0.25 * offline.summary["request_s"]
+    capped = False
+    if high <= low:
+        raise ConfigError(f"study.capacity.rate_low={low} is not below the upper rate {high:.4g} req/s")
+    if not probe(low):
+        capacity = 0.0
+    else:
+        # The offline throughput underestimates the steady state (its tail runs small batches):
+        # double the upper rate until it fails the SLO, then bisect.
+        while probe(high):
+            low, high = high, 2.0 * high
+            if len(probes) >= cap.max_probes:
+                capped = True
+                break
+        while not capped and (high - low) / high > cap.rel_tol and len(probes) < cap.max_probes:
+            mid = 0.5 * (low + high)
+            if probe(mid):
+                low = mid
+            else:
+                high = mid
+        capacity = low
+    at = [r for r in probes if r["rate"] == capacity]
+    row = {
+        "config": label, "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s, "tpot_slo_s": cap.tpot_slo_s,
+        "percentile": p, "offline_request_s": offline.summary["request_s"], "num_probes": len(probes),
+        "capped_by_max_probes": capped,
+        f"ttft_p{p:g}_s_at_capacity": at[0][f"ttft_p{p:g}_s"] if at else np.nan,
+        f"tpot_p{p:g}_s_at_capacity": at[0][f"tpot_p{p:g}_s"] if at else np.nan,
+        "output_tok_s_at_capacity": at[0]["output_tok_s"] if at else np.nan,
+    }
+    return row, probes
+
+
+def run_capacity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    if study.param:
+        points = [(f"{study.param}={v}", rc) for v, rc in point_configs(cfg, study)]
+    else:
+        points = [("base", build_run_config(cfg))]
+    rows, probes = [], []
+    for label, rc in points:
+        row, point_probes = search(rc, study.capacity, output.progress, label)
+        rows.append(row)
+        probes.extend(point_probes)
+    table = pd.DataFrame(rows)
+    probe_table = pd.DataFrame(probes)
+    table.to_csv(out_dir / "capacity.csv", index=False)
+    probe_table.to_csv(out_dir / "capacity_probes.csv", index=False)
+    plot_capacity(table, probe_table, study.capacity, out_dir / "capacity.png")
+    return table
+
+
+def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    p = f"{cap.percentile:g}"
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, metric, slo in zip(axes, (f"ttft_p{p}_s", f"tpot_p{p}_s"), (cap.ttft_slo_s, cap.tpot_slo_s)):
+        for (label, part), (_, row) in zip(probes.groupby("config", sort=False), table.iterrows()):
+            part = part.sort_values("rate")
+            line, = ax.plot(part["rate"], part[metric], marker="o", label=f"{label}: {row['capacity_req_s']:.3g} req/s")
+            ax.axvline(row["capacity_req_s"], color=line.get_color(), ls=":", lw=1)
+        ax.axhline(slo, color="black", ls="--", lw=1, label="SLO")
+        ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(f"P{p} {metric.split('_')[0].upper()} (s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.savefig(path, dpi=110)

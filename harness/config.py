@@ -1,0 +1,162 @@
+"""The composed Hydra config, converted into frozen dataclasses before anything runs.
+
+Layout of the composed config (conf/config.yaml):
+  model, hardware      -> sim.specs.ModelSpec, HardwareSpec (the simulator prices with them)
+  scheduler, cache     -> engine.core SchedulerConfig, CacheConfig
+  workload             -> harness.workloads.WorkloadConfig
+  backend              -> name "sim" + SimConfig fields, or name "engine" + EngineConfig fields
+  study                -> StudyConfig: what to do with it (one run, a sweep, a capacity search, the bench)
+  output               -> OutputConfig
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from engine.core import CacheConfig, SchedulerConfig
+from harness.convert import ConfigError, to_dataclass
+from harness.workloads import WorkloadConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+BACKENDS = ("sim", "engine")
+STUDY_KINDS = ("single", "sweep", "capacity", "bench")
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """Highest Poisson rate whose P`percentile` TTFT and TPOT meet the SLO, by bisection."""
+
+    ttft_slo_s: float = 1.0
+    tpot_slo_s: float = 0.05
+    percentile: float = 90.0
+    # req/s; must meet the SLO, else the capacity is reported as 0. None: a quarter of the offline
+    # throughput (a very low rate is slow to simulate: every request runs alone).
+    rate_low: float | None = None
+    rate_high: float | None = None  # None: the offline request throughput (doubled while it passes)
+    rel_tol: float = 0.02  # stop when (high - low) / high is below this
+    max_probes: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_slo_s", "tpot_slo_s", "rate_low", "rel_tol"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"study.capacity.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.percentile <= 100:
+            raise ValueError(f"study.capacity.percentile must be in (0, 100], got {self.percentile}")
+        if self.rate_high is not None and self.rate_low is not None and not self.rate_high > self.rate_low:
+            raise ValueError(f"study.capacity.rate_high must be > rate_low={self.rate_low}, got {self.rate_high}")
+        if self.max_probes < 1:
+            raise ValueError(f"study.capacity.max_probes must be >= 1, got {self.max_probes}")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """kind: single (one run), sweep (one run per value of `param`), capacity (a rate search per
+    value of `param`, or once when param is null), bench (one run, printed like nano-vllm's bench).
+    param is a dotted config key (scheduler.max_num_batched_tokens) or a group name (hardware).
+    """
+
+    name: str = "run"
+    kind: str = "single"
+    param: str | None = None
+    values: tuple[Any, ...] = ()
+    metrics: tuple[str, ...] = ("output_tok_s", "ttft_p90_s", "tpot_p90_s", "preemptions")
+    log_x: bool = False
+    capacity: CapacityConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STUDY_KINDS:
+            raise ValueError(f"study.kind must be one of {STUDY_KINDS}, got {self.kind!r}")
+        if self.kind == "sweep" and (not self.param or not self.values):
+            raise ValueError("study.param and study.values must be set for a sweep (values: a non-empty list)")
+        if self.param and not self.values:
+            raise ValueError(f"study.values must list the values of study.param={self.param!r}")
+        if self.kind == "capacity" and self.capacity is None:
+            raise ValueError("study.capacity must be set (SLOs and search range) when study.kind=capacity")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    progress: bool = True  # tqdm bar per run
+    plots: bool = True  # PNGs for each run (a sweep always plots its curve)
+    point_outputs: bool = True  # a sweep writes each point's CSVs under points/
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs, validated; engine/ and sim/ only ever see these dataclasses."""
+
+    backend: str
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    workload: WorkloadConfig
+    model: Any  # sim.specs.ModelSpec
+    hardware: Any  # sim.specs.HardwareSpec
+    sim: Any = None  # sim.config.SimConfig when backend == "sim"
+    engine: Any = None  # engine.config.EngineConfig when backend == "engine"
+
+
+def section(cfg: DictConfig, key: str) -> Any:
+    """A resolved plain-Python copy of cfg[key]; missing mandatory values become ConfigError."""
+    if key not in cfg:
+        raise ConfigError(f"{key}: section missing from the config")
+    try:
+        node = cfg[key]
+        if not OmegaConf.is_config(node):
+            return node
+        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as error:
+        full_key = getattr(error, "full_key", None) or key
+        raise ConfigError(f"{full_key}: {str(error).splitlines()[0]}") from None
+
+
+def build_run_config(cfg: DictConfig) -> RunConfig:
+    from sim.config import SimConfig
+    from sim.specs import HardwareSpec, ModelSpec
+
+    backend = dict(section(cfg, "backend"))
+    name = backend.pop("name", None)
+    if name not in BACKENDS:
+        raise ConfigError(f"backend.name must be one of {BACKENDS}, got {name!r}")
+    sim_cfg = engine_cfg = None
+    if name == "sim":
+        if backend.get("profile_path"):
+            backend["profile_path"] = str(_resolve_path(backend["profile_path"]))
+        sim_cfg = to_dataclass(SimConfig, backend, "backend")
+    else:
+        from engine.config import EngineConfig
+
+        if isinstance(backend.get("model"), str):
+            backend["model"] = str(_resolve_path(backend["model"]))
+        engine_cfg = to_dataclass(EngineConfig, backend, "backend")
+    return RunConfig(
+        backend=name,
+        scheduler=to_dataclass(SchedulerConfig, section(cfg, "scheduler"), "scheduler"),
+        cache=to_dataclass(CacheConfig, section(cfg, "cache"), "cache"),
+        workload=to_dataclass(WorkloadConfig, section(cfg, "workload"), "workload"),
+        model=to_dataclass(ModelSpec, section(cfg, "model"), "model"),
+        hardware=to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware"),
+        sim=sim_cfg,
+        engine=engine_cfg,
+    )
+
+
+def build_study(cfg: DictConfig) -> tuple[StudyConfig, OutputConfig]:
+    return (
+        to_dataclass(StudyConfig, section(cfg, "study"), "study"),
+        to_dataclass(OutputConfig, section(cfg, "output"), "output"),
+    )
+
+
+def _resolve_path(value: str) -> Path:
+    """Relative paths are taken from the cwd when they exist there, else from the repository root."""
+    path = Path(value).expanduser()
+    if path.is_absolute() or path.exists():
+        return path.resolve() if path.exists() else path
+    candidate = REPO_ROOT / path
+    return candidate if candidate.exists() else path

@@ -1,0 +1,112 @@
+"""A run's result as pandas tables: one row per request, one per step, one summary row.
+
+Times are seconds on the run's clock (simulated or wall), measured from the start of the run.
+TTFT = first_token - arrival; TPOT = (finish - first_token) / (output_tokens - 1), undefined for
+one-token outputs; E2E = finish - arrival. Throughputs are token counts over the makespan (the
+clock when the last request finished).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from engine.core.loop import RunResult
+
+PERCENTILES = (50, 90, 99)
+
+REQUEST_COLUMNS = (
+    "request_id", "arrival", "first_scheduled", "first_token", "finish", "ttft", "tpot", "e2e",
+    "prompt_tokens", "output_tokens", "preemptions", "cached_tokens", "recomputed_tokens", "finish_reason",
+)
+STEP_COLUMNS = (
+    "step", "start", "duration", "kind", "requests", "prefill_tokens", "decode_tokens", "waiting", "running",
+    "free_blocks", "preempted", "prefix_hit_tokens",
+)
+
+
+def requests_frame(result: RunResult) -> pd.DataFrame:
+    reqs = result.requests
+    frame = pd.DataFrame({
+        "request_id": [r.request_id for r in reqs],
+        "arrival": np.array([r.arrival_time for r in reqs], dtype=float),
+        "first_scheduled": np.array([_nan(r.first_scheduled_time) for r in reqs], dtype=float),
+        "first_token": np.array([_nan(r.first_token_time) for r in reqs], dtype=float),
+        "finish": np.array([_nan(r.finish_time) for r in reqs], dtype=float),
+        "prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
+        "output_tokens": np.array([r.num_output_tokens for r in reqs], dtype=np.int64),
+        "preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
+        "cached_tokens": np.array([r.num_cached_tokens for r in reqs], dtype=np.int64),
+        "recomputed_tokens": np.array([r.num_recomputed_tokens for r in reqs], dtype=np.int64),
+        "finish_reason": [r.finish_reason.value if r.finish_reason else "" for r in reqs],
+    })
+    frame["ttft"] = frame["first_token"] - frame["arrival"]
+    decode_steps = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
+    frame["tpot"] = (frame["finish"] - frame["first_token"]) / decode_steps
+    frame["e2e"] = frame["finish"] - frame["arrival"]
+    return frame[list(REQUEST_COLUMNS)]
+
+
+def steps_frame(result: RunResult) -> pd.DataFrame:
+    steps = result.steps
+    stats = [s.stats for s in steps]
+    return pd.DataFrame({
+        "step": np.array([s.step for s in stats], dtype=np.int64),
+        "start": np.array([s.start_s for s in steps], dtype=float),
+        "duration": np.array([s.duration_s for s in steps], dtype=float),
+        "kind": [s.kind for s in stats],
+        "requests": np.array([s.num_requests for s in stats], dtype=np.int64),
+        "prefill_tokens": np.array([s.num_prefill_tokens for s in stats], dtype=np.int64),
+        "decode_tokens": np.array([s.num_decode_tokens for s in stats], dtype=np.int64),
+        "waiting": np.array([s.num_waiting for s in stats], dtype=np.int64),
+        "running": np.array([s.num_running for s in stats], dtype=np.int64),
+        "free_blocks": np.array([s.num_free_blocks for s in stats], dtype=np.int64),
+        "preempted": np.array([s.num_preempted for s in stats], dtype=np.int64),
+        "prefix_hit_tokens": np.array([s.prefix_hit_tokens for s in stats], dtype=np.int64),
+    }, columns=list(STEP_COLUMNS))
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, num_blocks: int,
+              extra: dict | None = None) -> dict:
+    """The summary row: throughput over the makespan, latency percentiles, cache behaviour."""
+    row: dict = dict(extra or {})
+    span = makespan_s if makespan_s > 0 else float("nan")
+    input_tokens = int(requests["prompt_tokens"].sum())
+    output_tokens = int(requests["output_tokens"].sum())
+    row.update(
+        num_requests=len(requests),
+        makespan_s=makespan_s,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        input_tok_s=input_tokens / span,
+        output_tok_s=output_tokens / span,
+        total_tok_s=(input_tokens + output_tokens) / span,
+        request_s=len(requests) / span,
+    )
+    for metric in ("ttft", "tpot", "e2e"):
+        values = requests[metric].dropna().to_numpy()
+        row[f"{metric}_mean_s"] = float(values.mean()) if len(values) else float("nan")
+        for p in PERCENTILES:
+            row[f"{metric}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else float("nan")
+    cached = int(requests["cached_tokens"].sum())
+    computed_prefill = int(steps["prefill_tokens"].sum())
+    row.update(
+        preemptions=int(requests["preemptions"].sum()),
+        recomputed_tokens=int(requests["recomputed_tokens"].sum()),
+        cached_tokens=cached,
+        # Of the tokens that needed KV at admission, the share the prefix cache supplied.
+        prefix_hit_rate=cached / (cached + computed_prefill) if cached + computed_prefill else 0.0,
+        num_blocks=num_blocks,
+        num_steps=len(steps),
+        mean_batch_requests=float(steps["requests"].mean()) if len(steps) else 0.0,
+    )
+    return row
+
+
+def percentile(requests: pd.DataFrame, metric: str, p: float) -> float:
+    values = requests[metric].dropna().to_numpy()
+    return float(np.percentile(values, p)) if len(values) else float("nan")
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value

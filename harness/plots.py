@@ -1,0 +1,79 @@
+"""PNG plots of a run and of a sweep.
+
+matplotlib.figure.Figure is used directly (no pyplot): it renders with Agg and keeps no global
+figure registry, so plotting works headless and in joblib workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+MAX_POINTS = 20000  # a timeline with more steps is thinned to about this many points
+
+
+def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path) -> None:
+    """KV-cache usage and queue depths over time."""
+    if len(steps) > MAX_POINTS:
+        steps = steps.iloc[:: len(steps) // MAX_POINTS + 1]
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    kv, queue = fig.subplots(2, 1, sharex=True)
+    time = steps["start"].to_numpy()
+    kv.plot(time, 100.0 * (1.0 - steps["free_blocks"].to_numpy() / num_blocks), lw=0.8)
+    kv.set_ylabel("KV cache used (%)")
+    kv.set_ylim(0, 105)
+    preempt = steps["preempted"].to_numpy() > 0
+    if preempt.any():
+        kv.scatter(time[preempt], np.full(preempt.sum(), 102.0), marker="|", color="tab:red", label="preemption")
+        kv.legend(loc="lower right")
+    queue.plot(time, steps["running"].to_numpy(), lw=0.8, label="running")
+    queue.plot(time, steps["waiting"].to_numpy(), lw=0.8, label="waiting")
+    queue.set_ylabel("requests")
+    queue.set_xlabel("time (s)")
+    queue.legend(loc="upper right")
+    fig.savefig(path, dpi=110)
+
+
+def plot_latency_cdfs(requests: pd.DataFrame, path: Path) -> None:
+    fig = Figure(figsize=(12, 3.8), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, metric, label in zip(axes, ("ttft", "tpot", "e2e"), ("TTFT", "TPOT", "end-to-end")):
+        values = np.sort(requests[metric].dropna().to_numpy())
+        if len(values):
+            ax.plot(values, np.arange(1, len(values) + 1) / len(values))
+        ax.set_xlabel(f"{label} (s)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of requests")
+    fig.savefig(path, dpi=110)
+
+
+def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path, log_x: bool = False,
+               group: str | None = None, xlabel: str | None = None) -> None:
+    """One panel per metric against x; one line per value of `group` when given."""
+    metrics = tuple(m for m in metrics if m in table.columns)
+    cols = min(3, max(1, len(metrics)))
+    rows = -(-len(metrics) // cols) if metrics else 1
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    numeric = pd.api.types.is_numeric_dtype(table[x])
+    groups = [(None, table)] if group is None else list(table.groupby(group, sort=False))
+    for ax, metric in zip(axes, metrics):
+        for name, part in groups:
+            xs = part[x].to_numpy() if numeric else np.arange(len(part))
+            ax.plot(xs, part[metric].to_numpy(), marker="o", label=None if name is None else str(name))
+        if not numeric:
+            ax.set_xticks(np.arange(len(table)), [str(v) for v in table[x]])
+        if log_x and numeric:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel or x)
+        ax.set_title(metric, fontsize=10)
+        ax.grid(alpha=0.3)
+        if group is not None:
+            ax.legend(fontsize=8)
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,96 @@
+"""Summaries as text, and `python -m harness.report DIR...`: many runs into one table and plot.
+
+The report walks each DIR for summary.csv files (single runs, Hydra multirun job folders, sweep
+points) and sweep.csv files, stacks their rows with the run folder as `run`, writes report.csv and
+report.png (chosen metrics per run) into --out, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+TABLE_COLUMNS = (
+    "output_tok_s", "total_tok_s", "request_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s",
+    "e2e_p90_s", "preemptions", "recomputed_tokens", "prefix_hit_rate", "num_blocks", "makespan_s",
+)
+REPORT_METRICS = ("output_tok_s", "ttft_p90_s", "tpot_p90_s", "preemptions")
+
+
+def format_summary(row: dict) -> str:
+    """The console summary of one run."""
+    lines = [
+        f"{row.get('backend', '?')} | model {row.get('model', '?')} | hardware {row.get('hardware', '?')} | "
+        f"policy {row.get('policy', '?')} | workload {row.get('workload', '?')}",
+        f"requests {row['num_requests']} served, {row.get('num_rejected', 0)} rejected, "
+        f"{row.get('num_clipped', 0)} clipped, {row.get('num_skipped', 0)} skipped | "
+        f"makespan {row['makespan_s']:.3f} s | {row['num_steps']} steps | {row['num_blocks']} KV blocks",
+        f"throughput  in {row['input_tok_s']:,.1f} tok/s | out {row['output_tok_s']:,.1f} tok/s | "
+        f"total {row['total_tok_s']:,.1f} tok/s | {row['request_s']:.3f} req/s",
+    ]
+    latency = pd.DataFrame(
+        {stat: [row[f"{m}_{stat}_s"] * 1e3 for m in ("ttft", "tpot", "e2e")] for stat in ("mean", "p50", "p90", "p99")},
+        index=["TTFT (ms)", "TPOT (ms)", "E2E (ms)"],
+    )
+    lines.append(latency.to_string(float_format=lambda v: f"{v:,.2f}"))
+    lines.append(
+        f"preemptions {row['preemptions']} | recomputed tokens {row['recomputed_tokens']} | "
+        f"prefix hit rate {100 * row['prefix_hit_rate']:.1f}% ({row['cached_tokens']} cached tokens)"
+    )
+    return "\n".join(lines)
+
+
+def format_table(table: pd.DataFrame, keys: list[str]) -> str:
+    columns = [c for c in keys + list(TABLE_COLUMNS) if c in table.columns]
+    return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def collect(dirs: list[Path]) -> pd.DataFrame:
+    frames = []
+    for root in dirs:
+        if not root.exists():
+            raise FileNotFoundError(f"{root}: no such run directory")
+        for path in sorted(root.rglob("summary.csv")):
+            frame = pd.read_csv(path)
+            frame.insert(0, "run", str(path.parent))
+            frames.append(frame)
+        for path in sorted(root.rglob("sweep.csv")):
+            frame = pd.read_csv(path)
+            frame.insert(0, "run", [f"{path.parent}[{p}={v}]" for p, v in zip(frame["param"], frame["value"])])
+            frames.append(frame.drop(columns=["param", "value"]))
+    if not frames:
+        raise FileNotFoundError(f"no summary.csv or sweep.csv under {[str(d) for d in dirs]}")
+    table = pd.concat(frames, ignore_index=True)
+    # A sweep's points are also written as points/*/summary.csv: keep one row per run folder.
+    return table.drop_duplicates(subset=[c for c in table.columns if c not in ("run", "wall_s")])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="run, multirun or experiment output folders")
+    parser.add_argument("--out", type=Path, default=Path("."), help="where report.csv and report.png go")
+    parser.add_argument("--metrics", nargs="+", default=list(REPORT_METRICS), help="columns to plot")
+    args = parser.parse_args(argv)
+    try:
+        table = collect(args.dirs)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "report.csv", index=False)
+    from harness.plots import plot_sweep
+
+    common = os.path.commonpath(list(table["run"])) if len(table) > 1 else ""
+    table["label"] = [os.path.relpath(r, common) if common else Path(r).name for r in table["run"]]
+    plot_sweep(table, "label", tuple(args.metrics), args.out / "report.png", xlabel="run")
+    print(format_table(table, ["label", "backend", "policy", "workload"]))
+    print(f"wrote {args.out / 'report.csv'} and {args.out / 'report.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

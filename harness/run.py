@@ -1,0 +1,108 @@
+"""One run: build the executor, the scheduler and the requests, drive the core loop, tabulate.
+
+The simulator runs on a SimulatedClock (time jumps by each step's priced duration), the engine on
+a WallClock (measured time). Outputs go to a directory: requests.csv, steps.csv, summary.csv and,
+unless disabled, timeline.png and latency_cdf.png.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from engine.core import Executor, make_scheduler
+from engine.core.loop import SimulatedClock, WallClock, run
+from harness.config import RunConfig
+from harness.convert import ConfigError
+from harness.metrics import requests_frame, steps_frame, summarize
+from harness.workloads import build_workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOutcome:
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    num_blocks: int
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def make_executor(rc: RunConfig) -> Executor:
+    if rc.backend == "sim":
+        from sim import build_sim_executor
+
+        return build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler)
+    from engine.executor import EngineExecutor
+
+    return EngineExecutor(rc.engine, rc.scheduler, rc.cache)
+
+
+def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = None, label: str = "") -> RunOutcome:
+    """Serve rc.workload to completion; executor overrides the configured backend (tests)."""
+    if executor is None:
+        try:
+            executor = make_executor(rc)
+        except (ValueError, TypeError) as error:
+            # The backend rejected the configuration (model does not fit, missing checkpoint, ...).
+            raise ConfigError(f"backend={rc.backend}: {error}") from None
+    try:
+        spec = executor.kv_cache_spec()
+        workload = build_workload(rc.workload, rc.scheduler.max_model_len, getattr(executor, "vocab_size", None))
+        scheduler = make_scheduler(rc.scheduler, spec, rc.cache, getattr(executor, "eos_token_id", None))
+        clock = WallClock() if rc.backend == "engine" else SimulatedClock()
+        total = len(workload.requests)
+        bar = tqdm(total=total, desc=label or rc.workload.name, unit="req", disable=not progress,
+                   mininterval=0.5, leave=False, dynamic_ncols=True)
+
+        def on_step(record, finished) -> None:
+            if finished:
+                bar.update(len(finished))
+
+        started = time.perf_counter()
+        with bar:
+            result = run(scheduler, executor, workload.requests, clock, on_step)
+        wall_s = time.perf_counter() - started
+    finally:
+        executor.shutdown()
+    if result.rejected:
+        first = next(iter(result.rejected.items()))
+        log.warning("%d of %d requests were rejected at admission, e.g. %s: %s",
+                    len(result.rejected), total, *first)
+    requests = requests_frame(result)
+    steps = steps_frame(result)
+    extra = {
+        "backend": rc.backend,
+        "model": getattr(rc.model, "name", ""),
+        "hardware": getattr(rc.hardware, "name", "") if rc.backend == "sim" else "measured",
+        "policy": rc.scheduler.policy,
+        "workload": rc.workload.name,
+        "num_submitted": total,
+        "num_rejected": len(result.rejected),
+        "num_clipped": workload.num_clipped,
+        "num_skipped": workload.num_skipped,
+        "wall_s": wall_s,
+    }
+    summary = summarize(requests, steps, result.makespan_s, spec.num_blocks, extra)
+    return RunOutcome(requests, steps, summary, spec.num_blocks, dict(result.rejected))
+
+
+def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcome.requests.to_csv(out_dir / "requests.csv", index=False)
+    outcome.steps.to_csv(out_dir / "steps.csv", index=False)
+    pd.DataFrame([outcome.summary]).to_csv(out_dir / "summary.csv", index=False)
+    if outcome.rejected:
+        pd.DataFrame({"request_id": list(outcome.rejected), "error": list(outcome.rejected.values())}).to_csv(
+            out_dir / "rejected.csv", index=False)
+    if plots:
+        from harness.plots import plot_latency_cdfs, plot_timeline
+
+        plot_timeline(outcome.steps, outcome.num_blocks, out_dir / "timeline.png")
+        plot_latency_cdfs(outcome.requests, out_dir / "latency_cdf.png")

@@ -1,0 +1,48 @@
+"""What one `python -m harness` invocation does with its config: a run, a sweep, a capacity search
+or the bench, writing everything into out_dir (Hydra's run directory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from harness.config import build_run_config, build_study
+from harness.report import format_summary, format_table
+from harness.run import run_once, write_outcome
+
+
+def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
+    """Run what cfg.study asks for; returns its table (one summary row per run or configuration)."""
+    study, output = build_study(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if study.kind == "sweep":
+        from harness.sweep import run_sweep
+
+        table = run_sweep(cfg, study, output, out_dir)
+        print(format_table(table, ["value"]))
+        print(f"outputs: {out_dir} (sweep.csv, sweep.png)")
+        return table
+    if study.kind == "capacity":
+        from harness.capacity import run_capacity
+
+        table = run_capacity(cfg, study, output, out_dir)
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"outputs: {out_dir} (capacity.csv, capacity_probes.csv, capacity.png)")
+        return table
+    rc = build_run_config(cfg)
+    outcome = run_once(rc, output.progress)
+    write_outcome(outcome, out_dir, output.plots)
+    print(format_summary(outcome.summary))
+    if study.kind == "bench":
+        print(bench_line(outcome.summary))
+    print(f"outputs: {out_dir}")
+    return pd.DataFrame([outcome.summary])
+
+
+def bench_line(row: dict) -> str:
+    """nano-vllm's bench figure: generated tokens over the time to serve the whole batch."""
+    clock = "simulated" if row["backend"] == "sim" else "wall"
+    return (f"bench: {row['output_tokens']} output tokens in {row['makespan_s']:.2f} s ({clock} time): "
+            f"{row['output_tok_s']:.2f} tok/s")

@@ -1,0 +1,113 @@
+"""Turn a WorkloadConfig into core Requests: lengths, arrivals, token ids, oversize handling.
+
+NOTE on oversize requests (prompt + output > max_model_len): "clip" keeps the output length
+(capped at max_model_len - 1) and truncates the prompt from its end, so a shared system prompt
+survives; "skip" drops the request. Either way the count is logged as a warning and reported in
+summary.csv (num_clipped, num_skipped): nothing is truncated silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core import Request, SamplingParams
+from harness.workloads.config import WorkloadConfig
+from harness.workloads.lengths import draw_arrivals, draw_lengths
+from harness.workloads.trace import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN, read_trace, resolve_trace_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Workload:
+    requests: list[Request]
+    num_clipped: int = 0  # prompts truncated to fit max_model_len
+    num_skipped: int = 0  # requests dropped because they did not fit
+    source: str = ""
+
+
+def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | None = None) -> Workload:
+    """Deterministic requests for cfg: same seed (and config), same lengths, times and token ids."""
+    len_seq, arrival_seq, token_seq, group_seq, seed_seq = np.random.SeedSequence(cfg.seed).spawn(5)
+    trace, source = _load_trace(cfg)
+    n = len(trace) if trace is not None else cfg.num_requests
+    len_rng = np.random.default_rng(len_seq)
+    prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
+    output = draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN))
+    arrival = draw_arrivals(cfg, n, np.random.default_rng(arrival_seq), _column(trace, ARRIVAL_COLUMN))
+
+    group = np.full(n, -1, dtype=np.int64)  # -1: no shared prefix
+    group_rng = np.random.default_rng(group_seq)
+    prefix_len = 0
+    prefixes = np.zeros((0, 0), dtype=np.int64)
+    bound = min(cfg.max_token_id, vocab_size) if vocab_size else cfg.max_token_id
+    if cfg.shared_prefix is not None:
+        sp = cfg.shared_prefix
+        prefix_len = sp.prefix_len
+        prefixes = group_rng.integers(0, bound, size=(sp.num_groups, prefix_len), dtype=np.int64)
+        in_group = group_rng.random(n) < sp.fraction
+        group = np.where(in_group, group_rng.integers(0, sp.num_groups, size=n), -1)
+        prompt = prompt + prefix_len
+
+    keep = np.ones(n, dtype=bool)
+    over = prompt + output > max_model_len
+    num_over = int(over.sum())
+    if num_over and cfg.oversize == "skip":
+        keep &= ~over
+        log.warning("workload %s: skipped %d of %d requests longer than max_model_len=%d",
+                    cfg.name, num_over, n, max_model_len)
+    elif num_over:
+        output = np.where(over, np.minimum(output, max_model_len - 1), output)
+        prompt = np.where(over, np.minimum(prompt, max_model_len - output), prompt)
+        log.warning("workload %s: clipped the prompts of %d of %d requests to fit max_model_len=%d",
+                    cfg.name, num_over, n, max_model_len)
+
+    # Token ids: one draw for every request's own tokens (those not from a shared group prefix).
+    own = np.where(group >= 0, np.maximum(prompt - prefix_len, 0), prompt)
+    flat = np.random.default_rng(token_seq).integers(0, bound, size=int(own.sum()), dtype=np.int64)
+    ends = np.cumsum(own)
+    seeds = np.random.default_rng(seed_seq).integers(0, 2**62, size=n)
+    # NOTE: ids come from one shared list of Python ints so that millions of prompt tokens cost
+    # a pointer each, not a fresh int object each.
+    pool = list(range(bound))
+    take = pool.__getitem__
+    prefix_lists = [list(map(take, row.tolist())) for row in prefixes]
+    requests: list[Request] = []
+    for i in np.flatnonzero(keep).tolist():
+        own_ids = list(map(take, flat[ends[i] - own[i] : ends[i]].tolist()))
+        g = int(group[i])
+        ids = prefix_lists[g][: int(prompt[i])] + own_ids if g >= 0 else own_ids
+        params = SamplingParams(
+            temperature=cfg.temperature, max_tokens=int(output[i]), ignore_eos=cfg.ignore_eos, seed=int(seeds[i])
+        )
+        rid = str(i + cfg.start_row) if trace is not None else str(i)
+        requests.append(Request(rid, ids, params, arrival_time=float(arrival[i])))
+    return Workload(
+        requests,
+        num_clipped=num_over if cfg.oversize == "clip" else 0,
+        num_skipped=num_over if cfg.oversize == "skip" else 0,
+        source=source,
+    )
+
+
+def _load_trace(cfg: WorkloadConfig):
+    if not cfg.uses_trace:
+        return None, "synthetic"
+    columns = []
+    if cfg.arrival == "trace":
+        columns.append(ARRIVAL_COLUMN)
+    if cfg.prompt_len.dist == "trace":
+        columns.append(PROMPT_COLUMN)
+    if cfg.output_len.dist == "trace":
+        columns.append(OUTPUT_COLUMN)
+    path = resolve_trace_path(cfg.trace_path, cfg.trace_dir)
+    return read_trace(path, columns, cfg.start_row, cfg.num_requests), str(path)
+
+
+def _column(trace, name: str) -> np.ndarray | None:
+    if trace is None or name not in trace:
+        return None
+    return trace[name].to_numpy()

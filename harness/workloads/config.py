@@ -1,0 +1,112 @@
+"""Frozen configuration of a workload: where lengths and arrival times come from, and how many.
+
+A workload is three independent choices, each drawn from its own seeded stream (so changing the
+arrival rate does not change the token ids):
+- lengths: prompt_len and output_len, each uniform, fixed, or read from a trace;
+- arrivals: offline (all at t=0), poisson or gamma at `rate` req/s, or the trace's own times;
+- token ids: uniform below max_token_id, optionally behind a shared system prompt (shared_prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LENGTH_DISTS = ("uniform", "fixed", "trace")
+ARRIVALS = ("offline", "poisson", "gamma", "trace")
+OVERSIZE = ("clip", "skip")
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    """uniform: integers in [low, high] inclusive; fixed: value; trace: the trace's column."""
+
+    dist: str = "uniform"
+    low: int | None = None
+    high: int | None = None
+    value: int | None = None
+
+    def validate(self, where: str) -> None:
+        if self.dist not in LENGTH_DISTS:
+            raise ValueError(f"{where}.dist must be one of {LENGTH_DISTS}, got {self.dist!r}")
+        if self.dist == "uniform":
+            if self.low is None or self.high is None or not 1 <= self.low <= self.high:
+                raise ValueError(f"{where} (uniform) needs 1 <= low <= high, got low={self.low}, high={self.high}")
+        if self.dist == "fixed" and (self.value is None or self.value < 1):
+            raise ValueError(f"{where}.value (fixed) must be an int >= 1, got {self.value}")
+
+
+@dataclass(frozen=True)
+class SharedPrefixConfig:
+    """A `fraction` of the requests start with one of `num_groups` system prompts of prefix_len tokens.
+
+    The group's prompt is prepended to the request's own prompt (drawn from prompt_len), so the
+    prompt grows by prefix_len tokens; the other requests get a fresh prefix of the same length,
+    which keeps the token load identical across fractions.
+    """
+
+    num_groups: int = 8
+    prefix_len: int = 1024
+    fraction: float = 1.0
+
+    def validate(self, where: str) -> None:
+        if self.num_groups < 1:
+            raise ValueError(f"{where}.num_groups must be >= 1, got {self.num_groups}")
+        if self.prefix_len < 1:
+            raise ValueError(f"{where}.prefix_len must be >= 1, got {self.prefix_len}")
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"{where}.fraction must be in [0, 1], got {self.fraction}")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    name: str = "bench"
+    num_requests: int | None = 256  # None: every row of the trace (after start_row)
+    seed: int = 0
+    prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig("uniform", 100, 1024))
+    output_len: LengthConfig = field(default_factory=lambda: LengthConfig("uniform", 100, 1024))
+    arrival: str = "offline"
+    rate: float | None = None  # req/s, for poisson and gamma
+    cv: float = 1.0  # gamma: coefficient of variation of inter-arrival times (1 = poisson, >1 bursty)
+    rate_scale: float = 1.0  # trace arrivals: times are divided by this (2 = twice the rate)
+    trace_path: str | None = None  # absolute, or relative to the cwd, or to trace_dir
+    trace_dir: str | None = None  # None: ../shared/traces beside the repository root
+    start_row: int = 0  # first trace row used (0-based, header excluded)
+    max_token_id: int = 10000  # token ids are drawn from [0, max_token_id) (capped by the vocab)
+    temperature: float = 0.6
+    ignore_eos: bool = True  # lengths come from the workload, not from a random EOS
+    oversize: str = "clip"  # requests longer than max_model_len: "clip" the prompt or "skip" them
+    shared_prefix: SharedPrefixConfig | None = None
+
+    def __post_init__(self) -> None:
+        where = "workload"
+        self.prompt_len.validate(f"{where}.prompt_len")
+        self.output_len.validate(f"{where}.output_len")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"{where}.num_requests must be >= 1 or null (whole trace), got {self.num_requests}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"{where}.arrival must be one of {ARRIVALS}, got {self.arrival!r}")
+        if self.arrival in ("poisson", "gamma") and (self.rate is None or not self.rate > 0):
+            raise ValueError(f"{where}.rate must be > 0 req/s for {self.arrival} arrivals, got {self.rate}")
+        if not self.cv > 0:
+            raise ValueError(f"{where}.cv must be > 0, got {self.cv}")
+        if not self.rate_scale > 0:
+            raise ValueError(f"{where}.rate_scale must be > 0, got {self.rate_scale}")
+        uses_trace = self.uses_trace
+        if uses_trace and not self.trace_path:
+            raise ValueError(f"{where}.trace_path is required when lengths or arrivals come from a trace")
+        if not uses_trace and self.num_requests is None:
+            raise ValueError(f"{where}.num_requests must be set for a synthetic workload (null only for traces)")
+        if self.start_row < 0:
+            raise ValueError(f"{where}.start_row must be >= 0, got {self.start_row}")
+        if self.max_token_id < 2:
+            raise ValueError(f"{where}.max_token_id must be >= 2, got {self.max_token_id}")
+        if not self.temperature >= 0:
+            raise ValueError(f"{where}.temperature must be >= 0, got {self.temperature}")
+        if self.oversize not in OVERSIZE:
+            raise ValueError(f"{where}.oversize must be one of {OVERSIZE}, got {self.oversize!r}")
+        if self.shared_prefix is not None:
+            self.shared_prefix.validate(f"{where}.shared_prefix")
+
+    @property
+    def uses_trace(self) -> bool:
+        return self.arrival == "trace" or "trace" in (self.prompt_len.dist, self.output_len.dist)
