@@ -8,11 +8,15 @@ how a step's batch is assembled.
 from __future__ import annotations
 
 from collections import deque
+from operator import attrgetter
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
+
+_IS_DECODE = attrgetter("is_decode")
+_TOKEN_IDS = attrgetter("token_ids")
 
 
 class Scheduler:
@@ -102,8 +106,8 @@ class Scheduler:
         self._hit_tokens = 0
         self._now = now
         scheduled = self._build_step()
-        decode_tokens = sum(1 for entry in scheduled if entry.is_decode)
-        prefill_tokens = sum(len(entry.token_ids) for entry in scheduled) - decode_tokens
+        decode_tokens = sum(map(_IS_DECODE, scheduled))
+        prefill_tokens = sum(map(len, map(_TOKEN_IDS, scheduled))) - decode_tokens
         if not scheduled:
             kind = "idle"
         elif not decode_tokens:
