@@ -39,6 +39,28 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def bench_graph(fn) -> float:
+    """Median milliseconds of one CUDA-graph replay of fn (L2 cleared before each): the GPU time
+    without Python launch overhead, which eager timing of small shapes mostly measures."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - an op that cannot be captured gets no graph time
+        print(f"capture failed: {exc}", flush=True)
+        return float("nan")
+    return bench(graph.replay)
+
+
+def both(fn) -> tuple[float, float]:
+    return bench(fn), bench_graph(fn)
+
+
 def copy_ceiling() -> float:
     x = torch.randn(2 * 1024**3 // 2, dtype=DTYPE, device="cuda")  # 2 GiB
     y = torch.empty_like(x)
@@ -101,32 +123,34 @@ def run_decode(rows, sweep, copy_bw, quick):
 
                 err = rel_err(tri(), sdpa().squeeze(2))
                 for impl, fn in (("triton", tri), ("torch_sdpa_dense", sdpa)):
-                    ms = bench(fn)
+                    ms, gms = both(fn)
                     rows.append(dict(
                         kernel="decode", impl=impl, model=model, batch=batch, q_len=1, ctx=ctx,
                         num_splits=splits if impl == "triton" else None, config="default",
-                        time_us=ms * 1e3, bytes=nbytes, gbps=nbytes / ms / 1e6,
-                        frac_of_copy=nbytes / (ms * 1e-3) / copy_bw, tflops=None,
+                        time_us=ms * 1e3, time_us_graph=gms * 1e3, bytes=nbytes,
+                        gbps_graph=nbytes / gms / 1e6, frac_of_copy=nbytes / (ms * 1e-3) / copy_bw,
+                        frac_of_copy_graph=nbytes / (gms * 1e-3) / copy_bw, tflops=None,
                         rel_err_vs_sdpa=err if impl == "triton" else None,
                     ))  # fmt: skip
                 if model == "qwen3-8b" and batch <= 16 and ctx >= 2048:
                     for ns in (1, 2, 4, 8, 16, 32, 64):
-                        ms = bench(lambda: tri(ns))
+                        ms = bench_graph(lambda: tri(ns))
                         sweep.append(dict(kernel="decode", model=model, batch=batch, ctx=ctx,
                                           num_splits=ns, config="default", time_us=ms * 1e3,
                                           frac_of_copy=nbytes / (ms * 1e-3) / copy_bw))  # fmt: skip
                 if model == "qwen3-8b" and batch in (1, 64) and ctx == 8192:
                     for bn, nw, st in ((32, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3)):
-                        ms = bench(lambda: tri(None, block_n=bn, num_warps=nw, num_stages=st))
+                        ms = bench_graph(lambda: tri(None, block_n=bn, num_warps=nw, num_stages=st))
                         sweep.append(dict(kernel="decode", model=model, batch=batch, ctx=ctx,
                                           num_splits=splits, config=f"bn{bn}_w{nw}_s{st}",
                                           time_us=ms * 1e3,
                                           frac_of_copy=nbytes / (ms * 1e-3) / copy_bw))  # fmt: skip
                 k_cache = v_cache = dk = dv = None  # free before the next shape
                 torch.cuda.empty_cache()
-                print(f"decode {model} b={batch} ctx={ctx}: {rows[-2]['time_us']:.1f}us "
-                      f"({rows[-2]['frac_of_copy']:.0%} of copy) vs sdpa {rows[-1]['time_us']:.1f}us "
-                      f"err {err:.1e}", flush=True)  # fmt: skip
+                print(f"decode {model} b={batch} ctx={ctx}: graph {rows[-2]['time_us_graph']:.1f}us "
+                      f"({rows[-2]['frac_of_copy_graph']:.0%} of copy) vs sdpa "
+                      f"{rows[-1]['time_us_graph']:.1f}us; eager {rows[-2]['time_us']:.1f} vs "
+                      f"{rows[-1]['time_us']:.1f}; splits {splits}, err {err:.1e}", flush=True)  # fmt: skip
 
 
 def prefill_flops(batch, q_len, ctx, nh):
@@ -170,25 +194,30 @@ def run_prefill(rows, sweep, copy_bw, mm_flops, quick):
 
             err = rel_err(tri(), sdpa().transpose(1, 2).reshape(-1, nh, HEAD_DIM))
             for impl, fn in (("triton", tri), ("torch_sdpa_dense", sdpa)):
-                ms = bench(fn)
+                ms, gms = both(fn)
                 rows.append(dict(
                     kernel="prefill", impl=impl, model=model, batch=batch, q_len=q_len, ctx=ctx,
-                    num_splits=None, config="default", time_us=ms * 1e3, bytes=nbytes,
-                    gbps=nbytes / ms / 1e6, frac_of_copy=nbytes / (ms * 1e-3) / copy_bw,
-                    tflops=flops / (ms * 1e-3) / 1e12,
+                    num_splits=None, config="default", time_us=ms * 1e3, time_us_graph=gms * 1e3,
+                    bytes=nbytes, gbps_graph=nbytes / gms / 1e6,
+                    frac_of_copy=nbytes / (ms * 1e-3) / copy_bw,
+                    frac_of_copy_graph=nbytes / (gms * 1e-3) / copy_bw,
+                    tflops=flops / (ms * 1e-3) / 1e12, tflops_graph=flops / (gms * 1e-3) / 1e12,
                     rel_err_vs_sdpa=err if impl == "triton" else None,
                 ))  # fmt: skip
-            if batch == 1 and q_len == ctx == 2048 or (batch, q_len, ctx) == (1, 512, 4096):
-                for bm, bn, nw, st in ((128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2),
-                                       (128, 64, 8, 3), (64, 128, 4, 2)):  # fmt: skip
-                    ms = bench(lambda: tri(block_m=bm, block_n=bn, num_warps=nw, num_stages=st))
+            if (batch, q_len) in ((1, 2048), (1, 512), (1, 8192)):
+                for bm, bn, nw, st in ((128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2),
+                                       (64, 32, 4, 2), (64, 128, 4, 2), (128, 64, 4, 3),
+                                       (128, 32, 4, 2)):  # fmt: skip
+                    ms = bench_graph(lambda: tri(block_m=bm, block_n=bn, num_warps=nw, num_stages=st))
                     sweep.append(dict(kernel="prefill", model=model, batch=batch, ctx=ctx,
                                       q_len=q_len, config=f"bm{bm}_bn{bn}_w{nw}_s{st}",
                                       time_us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12))  # fmt: skip
             k_cache = v_cache = dk = dv = None  # free before the next shape
             torch.cuda.empty_cache()
-            print(f"prefill {model} b={batch} q={q_len} ctx={ctx}: {rows[-2]['tflops']:.0f} TFLOP/s "
-                  f"({rows[-2]['tflops'] * 1e12 / mm_flops:.0%} of matmul) vs sdpa "
+            print(f"prefill {model} b={batch} q={q_len} ctx={ctx}: graph "
+                  f"{rows[-2]['tflops_graph']:.0f} TFLOP/s "
+                  f"({rows[-2]['tflops_graph'] * 1e12 / mm_flops:.0%} of matmul) vs sdpa "
+                  f"{rows[-1]['tflops_graph']:.0f}; eager {rows[-2]['tflops']:.0f} vs "
                   f"{rows[-1]['tflops']:.0f}, err {err:.1e}", flush=True)  # fmt: skip
 
 
@@ -202,20 +231,26 @@ def run_store(rows, copy_bw):
         v_cache = torch.empty_like(k_cache)
         slots = torch.randperm(num_blocks * BLOCK_SIZE, device="cuda")[:num_tokens]
         nbytes = 4 * k.numel() * 2  # read k and v, write both
-        ms = bench(lambda: store_kvcache(k, v, k_cache, v_cache, slots))
+        ms, gms = both(lambda: store_kvcache(k, v, k_cache, v_cache, slots))
         rows.append(dict(kernel="store_kvcache", impl="triton", model="kv8_d128", batch=num_tokens,
                          q_len=None, ctx=None, num_splits=None, config="default",
-                         time_us=ms * 1e3, bytes=nbytes, gbps=nbytes / ms / 1e6,
-                         frac_of_copy=nbytes / (ms * 1e-3) / copy_bw, tflops=None,
+                         time_us=ms * 1e3, time_us_graph=gms * 1e3, bytes=nbytes,
+                         gbps_graph=nbytes / gms / 1e6, frac_of_copy=nbytes / (ms * 1e-3) / copy_bw,
+                         frac_of_copy_graph=nbytes / (gms * 1e-3) / copy_bw, tflops=None,
                          rel_err_vs_sdpa=None))  # fmt: skip
+
+
+def _cell(x) -> str:
+    if isinstance(x, float):
+        return str(int(x)) if x.is_integer() and abs(x) >= 100 else f"{x:.3g}"
+    return str(x)
 
 
 def md_table(df: pd.DataFrame) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        cells = [f"{x:.3g}" if isinstance(x, float) else str(x) for x in r]
-        lines.append("| " + " | ".join(cells) + " |")
+    for r in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(x) for x in r) + " |")
     return "\n".join(lines)
 
 
@@ -248,15 +283,20 @@ def main() -> None:
     sw = pd.DataFrame(sweep)
     sw.to_csv(os.path.join(args.out, f"sweep_{args.tag}.csv"), index=False)
 
+    short = {"triton": "tri", "torch_sdpa_dense": "sdpa"}
     dec = res[res.kernel == "decode"].pivot_table(
-        index=["model", "batch", "ctx"], columns="impl", values=["time_us", "frac_of_copy"]
-    )
-    dec.columns = [f"{a}_{b}" for a, b in dec.columns]
+        index=["model", "batch", "ctx"], columns="impl",
+        values=["time_us_graph", "frac_of_copy_graph", "time_us"],
+    )  # fmt: skip
+    dec.columns = [f"{a}_{short[b]}" for a, b in dec.columns]
     pre = res[res.kernel == "prefill"].pivot_table(
-        index=["model", "batch", "q_len", "ctx"], columns="impl", values=["time_us", "tflops"]
-    )
-    pre.columns = [f"{a}_{b}" for a, b in pre.columns]
-    store = res[res.kernel == "store_kvcache"][["batch", "time_us", "gbps", "frac_of_copy"]]
+        index=["model", "batch", "q_len", "ctx"], columns="impl",
+        values=["time_us_graph", "tflops_graph", "time_us"],
+    )  # fmt: skip
+    pre.columns = [f"{a}_{short[b]}" for a, b in pre.columns]
+    store = res[res.kernel == "store_kvcache"][
+        ["batch", "time_us", "time_us_graph", "gbps_graph", "frac_of_copy_graph"]
+    ]
     with open(os.path.join(args.out, f"summary_{args.tag}.md"), "w") as f:
         f.write(f"# Attention kernel microbenchmarks ({args.tag})\n\n")
         f.write(f"- device: {props.name}, {props.multi_processor_count} SMs\n")
@@ -265,7 +305,10 @@ def main() -> None:
         f.write(f"- command: `PYTHONPATH=. python {' '.join(sys.argv)}`\n")
         f.write(f"- measured copy ceiling: {copy_bw / 1e12:.2f} TB/s (read + write); "
                 f"bf16 8192^3 matmul: {mm_flops / 1e12:.0f} TFLOP/s\n")  # fmt: skip
-        f.write("- bytes counted: K/V of the context once + q + out; time: do_bench median, L2 cleared\n\n")
+        f.write("- bytes counted: K/V of the context once + q + out; time: do_bench median, L2 "
+                "cleared before each call; `_graph` columns time one CUDA-graph replay (GPU time, "
+                "as the engine runs decode), plain `time_us` the eager call (Python launch "
+                "overhead included)\n\n")  # fmt: skip
         f.write("## Decode (bf16, head_dim 128, block 256)\n\n" + md_table(dec.reset_index()) + "\n\n")
         f.write("## Prefill\n\n" + md_table(pre.reset_index()) + "\n\n")
         f.write("## store_kvcache (tokens x 8 kv heads x 128)\n\n" + md_table(store) + "\n")

@@ -58,7 +58,7 @@ def test_prefill_matches_reference(gqa, head_dim, block_size):
     assert_close_per_seq(out, ref, b.query_start_loc, seed)
 
 
-@pytest.mark.parametrize("block_m,block_n,num_warps", [(64, 64, 4), (128, 128, 8), (64, 32, 4)])
+@pytest.mark.parametrize("block_m,block_n,num_warps", [(128, 64, 8), (128, 128, 8), (64, 32, 4)])
 def test_prefill_tile_shapes_agree(block_m, block_n, num_warps):
     from kernels.prefill_attention import paged_prefill_attention
 
