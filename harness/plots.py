@@ -63,10 +63,15 @@ def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path
     groups = [(None, table)] if group is None else list(table.groupby(group, sort=False))
     for ax, metric in zip(axes, metrics):
         for name, part in groups:
-            xs = part[x].to_numpy() if numeric else np.arange(len(part))
-            ax.plot(xs, part[metric].to_numpy(), marker="o", label=None if name is None else str(name))
+            if numeric:
+                ax.plot(part[x].to_numpy(), part[metric].to_numpy(), marker="o", label=None if name is None else str(name))
+            else:  # categories (policies, runs): bars
+                ax.bar(np.arange(len(part)), part[metric].to_numpy(), label=None if name is None else str(name))
         if not numeric:
-            ax.set_xticks(np.arange(len(table)), [str(v) for v in table[x]])
+            labels = [str(v) for v in table[x]]
+            long = max(map(len, labels), default=0) > 8
+            ax.set_xticks(np.arange(len(table)), labels, rotation=30 if long else 0, ha="right" if long else "center",
+                          fontsize=8 if long else 10)
         if log_x and numeric:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel or x)

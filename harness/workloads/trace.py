@@ -91,7 +91,7 @@ def _raise_first(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, 
     if bad.any():
         where = int(np.argmax(bad))
         value = frame[column].iloc[where]
-        raise TraceError(f"{path}, line {_line(frame.index[where])}, column {column!r}: {rule}, got {value!r}")
+        raise TraceError(f"{path}, line {_line(frame.index[where])}, column {column!r}: {rule}, got {value}")
 
 
 def _line(index: int) -> int:

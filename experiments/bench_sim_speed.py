@@ -1,0 +1,163 @@
+"""How fast the simulator runs: the issue's targets, measured on one core.
+
+  (a) the whole Azure conversation trace (19,366 requests, real arrival times), Qwen3-8B on an
+      H100, nano policy, max_model_len 16384 (the trace's longest request is 14,050 + decode
+      tokens): target under 30 s;
+  (b) nano-vllm's bench (256 offline requests, lengths uniform in [100, 1024]), Qwen3-0.6B on an
+      H100: target under 2 s.
+
+Each case is timed end to end in-process the way `python -m harness` runs it (build the executor
+and the requests, drive the core loop, tabulate requests and steps), without writing files or
+plots, pinned to one CPU core. Phases are reported separately. --profile adds a cProfile run of
+each case and splits its time between the scheduler core (engine/core), the simulator (sim/), the
+harness and the rest (numpy, pandas, ...), charging built-ins to the module that called them.
+
+  python experiments/bench_sim_speed.py [--repeats 3] [--profile] [--out experiments/results/sim_speed.csv]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core means one core, numpy included
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import pstats  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from engine.core import make_scheduler  # noqa: E402
+from engine.core.loop import SimulatedClock, run  # noqa: E402
+from harness.config import CONF_DIR, build_run_config  # noqa: E402
+from harness.metrics import requests_frame, steps_frame, summarize  # noqa: E402
+from harness.run import make_executor  # noqa: E402
+from harness.workloads import build_workload  # noqa: E402
+
+CASES = {
+    "azure_conv_qwen3_8b_h100": (
+        ["model=qwen3_8b", "hardware=h100", "workload=trace_azure_conv", "scheduler.max_model_len=16384"], 30.0),
+    "nano_bench_qwen3_0_6b_h100": (["model=qwen3_0_6b", "hardware=h100", "experiment=bench"], 2.0),
+}
+COMPONENTS = (("engine/core/", "core scheduler"), ("/sim/", "simulator"), ("/harness/", "harness"))
+
+
+def time_case(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    t0 = time.perf_counter()
+    rc = build_run_config(cfg)
+    executor = make_executor(rc)
+    spec = executor.kv_cache_spec()
+    workload = build_workload(rc.workload, rc.scheduler.max_model_len, executor.vocab_size)
+    scheduler = make_scheduler(rc.scheduler, spec, rc.cache, executor.eos_token_id)
+    t1 = time.perf_counter()
+    result = run(scheduler, executor, workload.requests, SimulatedClock())
+    t2 = time.perf_counter()
+    requests, steps = requests_frame(result), steps_frame(result)
+    summary = summarize(requests, steps, result.makespan_s, spec.num_blocks)
+    t3 = time.perf_counter()
+    return {
+        "requests": len(requests), "steps": len(steps), "simulated_makespan_s": result.makespan_s,
+        "output_tok_s": summary["output_tok_s"], "setup_s": t1 - t0, "loop_s": t2 - t1, "tables_s": t3 - t2,
+        "total_s": t3 - t0,
+    }
+
+
+def profile_case(overrides: list[str]) -> dict[str, float]:
+    profiler = cProfile.Profile()
+    profiler.runcall(time_case, overrides)
+    stats = pstats.Stats(profiler).stats
+    by_component: dict[str, float] = {}
+
+    def component(func) -> str:
+        filename = func[0].replace("\\", "/")
+        for marker, name in COMPONENTS:
+            if marker in filename:
+                return name
+        return "other (numpy, pandas, hydra, stdlib)"
+
+    for func, (_, _, tottime, _, callers) in stats.items():
+        if func[0] == "~" and callers:
+            # A built-in (len, list.append, xxhash...): charge it to whoever called it.
+            for caller, entry in callers.items():
+                name = component(caller)
+                by_component[name] = by_component.get(name, 0.0) + entry[2]
+        else:
+            by_component[component(func)] = by_component.get(component(func), 0.0) + tottime
+    return by_component
+
+
+def device() -> str:
+    model = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, 1 of {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="also split the time by component (cProfile)")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "sim_speed.csv")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    common = {
+        "device": device(), "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
+        "command": " ".join(["python experiments/bench_sim_speed.py", *map(shlex.quote, sys.argv[1:])]),
+    }
+    rows, profile_rows = [], []
+    for case in args.cases:
+        overrides, target = CASES[case]
+        runs = [time_case(overrides) for _ in range(args.repeats)]
+        totals = [r["total_s"] for r in runs]
+        best = min(runs, key=lambda r: r["total_s"])
+        row = {"case": case, "overrides": " ".join(overrides), **best, "total_median_s": statistics.median(totals),
+               "repeats": args.repeats, "target_s": target, "meets_target": statistics.median(totals) < target,
+               **common}
+        rows.append(row)
+        print(f"{case}: {row['requests']} requests, {row['steps']} steps, "
+              f"simulated {row['simulated_makespan_s']:.1f} s; "
+              f"wall min {min(totals):.2f} s, median {row['total_median_s']:.2f} s "
+              f"(setup {best['setup_s']:.2f}, loop {best['loop_s']:.2f}, tables {best['tables_s']:.2f}); "
+              f"target < {target:g} s: {'met' if row['meets_target'] else 'MISSED'}")
+        if args.profile:
+            split = profile_case(overrides)
+            total = sum(split.values())
+            for name, seconds in sorted(split.items(), key=lambda kv: -kv[1]):
+                profile_rows.append({"case": case, "component": name, "seconds": seconds, "share": seconds / total,
+                                     **common})
+                print(f"    {name:38s} {seconds:7.2f} s  {100 * seconds / total:5.1f}% (under cProfile)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out, index=False, float_format="%.4g")
+    if profile_rows:
+        pd.DataFrame(profile_rows).to_csv(args.out.with_name(args.out.stem + "_profile.csv"), index=False,
+                                          float_format="%.4g")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""Every config composes and converts; bad names and values fail with clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from engine.core import CacheConfig, SchedulerConfig
+from harness.config import CONF_DIR, REPO_ROOT, StudyConfig, build_run_config, build_study
+from harness.convert import ConfigError, to_dataclass
+from harness.sweep import point_configs
+from harness.workloads import WorkloadConfig
+from sim.config import SimConfig
+from sim.specs import HardwareSpec, ModelSpec
+from tests.harness.conftest import compose_config
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def test_experiment_list_covers_the_issue():
+    assert {"bench", "preemption", "prefix_cache", "chunked_prefill", "policy", "capacity"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_and_converts(name):
+    cfg = compose_config([f"experiment={name}"])
+    rc = build_run_config(cfg)
+    study, output = build_study(cfg)
+    assert isinstance(rc.scheduler, SchedulerConfig) and isinstance(rc.cache, CacheConfig)
+    assert isinstance(rc.workload, WorkloadConfig) and isinstance(rc.model, ModelSpec)
+    assert isinstance(rc.hardware, HardwareSpec) and isinstance(rc.sim, SimConfig)
+    assert isinstance(study, StudyConfig) and study.name == name
+    if study.param:
+        # Every sweep point converts too (a bad value must fail before the first run).
+        points = point_configs(cfg, study)
+        assert [value for value, _ in points] == list(study.values)
+
+
+@pytest.mark.parametrize("group", ["model", "hardware", "workload", "scheduler"])
+def test_every_group_option_converts(group):
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        rc = build_run_config(compose_config([f"{group}={path.stem}"]))
+        assert getattr(rc, group) is not None
+
+
+def test_defaults_are_the_documented_ones():
+    rc = build_run_config(compose_config([]))
+    assert rc.backend == "sim" and rc.model.name == "Qwen3-0.6B" and rc.hardware.name.startswith("H100")
+    assert rc.workload.name == "bench" and rc.scheduler.policy == "nano"
+
+
+def test_sweep_point_overrides_reach_the_dataclasses():
+    cfg = compose_config(["experiment=preemption"])
+    study, _ = build_study(cfg)
+    blocks = [rc.cache.num_blocks for _, rc in point_configs(cfg, study)]
+    assert blocks == list(study.values)
+
+
+def test_group_swap_in_a_sweep_loads_that_file():
+    cfg = compose_config(["experiment=capacity"])
+    study, _ = build_study(cfg)
+    names = [rc.hardware.name for _, rc in point_configs(cfg, study)]
+    assert len(set(names)) == len(study.values) == 3
+
+
+def test_unknown_config_name_is_a_hydra_error():
+    with pytest.raises(MissingConfigException, match="model/qwen9"):
+        compose_config(["model=qwen9"])
+    with pytest.raises(MissingConfigException, match="experiment/nope"):
+        compose_config(["experiment=nope"])
+
+
+def test_unknown_key_override_is_a_hydra_error():
+    with pytest.raises(ConfigCompositionException, match="scheduler.foo"):
+        compose_config(["scheduler.foo=1"])
+
+
+@pytest.mark.parametrize("override, field", [
+    ("scheduler.max_num_seqs=-1", "max_num_seqs"),
+    ("scheduler.max_num_seqs=abc", "scheduler.max_num_seqs"),
+    ("+scheduler.foo=1", "foo"),
+    ("cache.block_size=0", "block_size"),
+    ("workload.prompt_len.low=0", "workload.prompt_len"),
+    ("workload.arrival=sometimes", "workload.arrival"),
+    ("workload.oversize=truncate", "workload.oversize"),
+    ("model.num_layers=0", "num_layers"),
+    ("backend.cost_model=magic", "cost_model"),
+    ("backend.tp_size=1.5", "backend.tp_size"),
+])
+def test_bad_value_is_one_config_error_naming_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        build_run_config(compose_config([override]))
+
+
+def test_engine_backend_needs_a_model_path():
+    with pytest.raises(ConfigError, match=r"backend\.model"):
+        build_run_config(compose_config(["backend=engine"]))
+
+
+def test_bad_study_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="study.kind"):
+        build_study(compose_config(["study.kind=dance"]))
+    cfg = compose_config(["study.kind=sweep", "study.param=scheduler.nope", "study.values=[1]"])
+    study, _ = build_study(cfg)
+    with pytest.raises(ConfigError, match="scheduler.nope"):
+        point_configs(cfg, study)
+
+
+@dataclass(frozen=True)
+class _Inner:
+    size: int
+    ratio: float = 0.5
+
+
+@dataclass(frozen=True)
+class _Outer:
+    inner: _Inner
+    names: tuple[str, ...] = ()
+    limit: int | None = None
+
+
+def test_converter_checks_names_types_and_nesting():
+    out = to_dataclass(_Outer, {"inner": {"size": 3, "ratio": 1}, "names": ["a"], "limit": 8.0e3}, "x")
+    assert out == _Outer(_Inner(3, 1.0), ("a",), 8000) and isinstance(out.inner.ratio, float)
+    with pytest.raises(ConfigError, match=r"x\.inner: unknown field\(s\) \['sise'\]"):
+        to_dataclass(_Outer, {"inner": {"sise": 3}}, "x")
+    with pytest.raises(ConfigError, match=r"x\.inner: missing required field\(s\) \['size'\]"):
+        to_dataclass(_Outer, {"inner": {}}, "x")
+    with pytest.raises(ConfigError, match=r"x\.limit must be int or null"):
+        to_dataclass(_Outer, {"inner": {"size": 1}, "limit": "many"}, "x")
+    with pytest.raises(ConfigError, match=r"x\.inner\.size must be an int, got True"):
+        to_dataclass(_Outer, {"inner": {"size": True}}, "x")
+
+
+def _harness(args, cwd):
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_cli_bad_value_prints_one_line_and_exits_2(tmp_path):
+    result = _harness(["scheduler.max_num_seqs=-1"], tmp_path)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["error: scheduler: SchedulerConfig.max_num_seqs must be a positive int, got -1"]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_cli_unknown_group_option_names_the_options(tmp_path):
+    result = _harness(["model=qwen9"], tmp_path)
+    assert result.returncode == 1
+    assert "Could not find 'model/qwen9'" in result.stderr and "qwen3_8b" in result.stderr
+    assert "Traceback" not in result.stderr
