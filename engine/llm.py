@@ -121,6 +121,8 @@ class LLM:
             for request in requests:
                 self.scheduler.abort(request.request_id)
             raise
+        else:
+            bar.update(len(result.rejected))  # rejected at admission: done, though never stepped
         finally:
             bar.close()
         self.last_run = result

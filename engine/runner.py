@@ -163,11 +163,12 @@ class ModelRunner:
         positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + starts[seq_of_token]
         # Only the blocks that hold context matter; a chunked prompt's table may reach further.
         blocks_needed = (seq_lens + bs - 1) // bs
-        block_tables = np.zeros((n, int(blocks_needed.max())), np.int64)
-        for i, e in enumerate(entries):
-            count = int(blocks_needed[i])
-            assert len(e.block_table) >= count, f"request {e.request_id}: block table shorter than its context"
-            block_tables[i, :count] = e.block_table[:count]
+        counts = blocks_needed.tolist()
+        flat_tables = np.fromiter(chain.from_iterable(e.block_table[:c] for e, c in zip(entries, counts)),
+                                  np.int64, int(blocks_needed.sum()))
+        block_tables = np.zeros((n, int(blocks_needed.max())), np.int64)  # padded with block 0
+        # a boolean mask fills row-major, the order of flat_tables
+        block_tables[np.arange(block_tables.shape[1]) < blocks_needed[:, None]] = flat_tables
         slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
         sample_rows = [i for i, e in enumerate(entries) if e.sample]
         logits_indices = query_start_loc[1:][sample_rows] - 1

@@ -63,7 +63,7 @@ def _relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def test_runner_logits_match_hf_forward_for_prefill_and_decode(model_dir, hf_greedy):
-    llm = LLM(model_dir, block_size=4, num_blocks=64, max_model_len=64)
+    llm = LLM(model_dir, device="cpu", block_size=4, num_blocks=64, max_model_len=64)
     runner = llm.executor.runner
     prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[4]]
     tables = [list(range(16 * i + 15, 16 * i - 1, -1)) for i in range(3)]  # scattered, descending blocks
@@ -72,7 +72,8 @@ def test_runner_logits_match_hf_forward_for_prefill_and_decode(model_dir, hf_gre
         return StepPlan(entries, StepStats(0, "mixed", len(entries), 0, 0, 0, 0, 0, 0, 0))
 
     # prefill, logits at every position
-    entries = [ScheduledRequest(str(i), p, 0, t, True, GREEDY, 0, False) for i, (p, t) in enumerate(zip(prompts, tables))]
+    entries = [ScheduledRequest(str(i), p, 0, t, True, GREEDY, 0, False)
+               for i, (p, t) in enumerate(zip(prompts, tables))]
     with torch.inference_mode():
         inputs = runner.prepare(step(entries))
         logits = runner.model.compute_logits(runner.forward(inputs))  # [num_tokens, vocab]
@@ -110,7 +111,7 @@ SCENARIOS = {
 @pytest.mark.parametrize("policy", ["nano", "mixed"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_greedy_generate_matches_hf(model_dir, hf_greedy, policy, scenario):
-    llm = LLM(model_dir, policy=policy, max_model_len=64, **SCENARIOS[scenario])
+    llm = LLM(model_dir, device="cpu", policy=policy, max_model_len=64, **SCENARIOS[scenario])
     prompts = PREFIX_PROMPTS if scenario == "prefix" else PROMPTS
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [hf_greedy(p) for p in prompts]
@@ -133,7 +134,7 @@ def test_stop_token_ends_the_request_like_hf_eos(model_dir, hf_greedy):
     stop = hf_greedy(prompt)[5]  # a token the model produces on its own
     expected = hf_greedy(prompt, eos=stop)
     assert expected[-1] == stop and len(expected) <= 6
-    llm = LLM(model_dir, max_model_len=64, block_size=8)
+    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop_token_ids=(stop,))
     out = llm.generate([prompt, PROMPTS[0]], [params, GREEDY], use_tqdm=False)
     assert out[0].token_ids == expected and out[0].finish_reason == "stop"
@@ -142,7 +143,7 @@ def test_stop_token_ends_the_request_like_hf_eos(model_dir, hf_greedy):
 
 def test_checkpoint_eos_handling_matches_hf(model_dir, hf_greedy):
     # HF stops on any id in generation_config.eos_token_id; LLM.generate must do the same.
-    llm = LLM(model_dir, max_model_len=64, block_size=8)
+    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8)
     eos = list(llm.executor.eos_token_ids)
     assert len(eos) == 2
     params = SamplingParams(temperature=0.0, max_tokens=32)
@@ -153,12 +154,13 @@ def test_checkpoint_eos_handling_matches_hf(model_dir, hf_greedy):
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(model_dir):
-    llm = LLM(model_dir, max_model_len=64, block_size=8, seed=1)
+    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8, seed=1)
     mine = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=42, ignore_eos=True)
     other = SamplingParams(temperature=0.8, max_tokens=5, ignore_eos=True)
     alone = llm.generate([PROMPTS[2]], mine, use_tqdm=False)[0].token_ids
     crowded = llm.generate([PROMPTS[0], PROMPTS[2], PROMPTS[4]], [other, mine, other], use_tqdm=False)[1]
-    again = LLM(model_dir, max_model_len=64, block_size=4, seed=9).generate(PROMPTS[2], mine, use_tqdm=False)[0]
+    other_engine = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, seed=9)
+    again = other_engine.generate(PROMPTS[2], mine, use_tqdm=False)[0]
     assert crowded.token_ids == alone == again.token_ids
     different = llm.generate([PROMPTS[2]], SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=43,
                                                           ignore_eos=True), use_tqdm=False)[0]

@@ -17,7 +17,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3_dir):
-    return LLM(tiny_qwen3_dir, max_model_len=32, block_size=8, max_num_batched_tokens=64)
+    return LLM(tiny_qwen3_dir, device="cpu", max_model_len=32, block_size=8, max_num_batched_tokens=64)
 
 
 def test_prompt_forms_and_input_order(llm):
@@ -96,17 +96,17 @@ def test_bad_calls_raise(llm):
 
 def test_bad_configuration_raises(tiny_qwen3_dir):
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_len'"):
-        LLM(tiny_qwen3_dir, max_len=10)
+        LLM(tiny_qwen3_dir, device="cpu", max_len=10)
     with pytest.raises(ValueError, match="CacheConfig.block_size"):
-        LLM(tiny_qwen3_dir, block_size=0)
+        LLM(tiny_qwen3_dir, device="cpu", block_size=0)
     with pytest.raises(ValueError, match="EngineConfig.dtype"):
-        LLM(tiny_qwen3_dir, dtype="fp8")
+        LLM(tiny_qwen3_dir, device="cpu", dtype="fp8")
     with pytest.raises(ValueError, match="max_position_embeddings=2048"):
-        LLM(tiny_qwen3_dir, max_model_len=4096)
+        LLM(tiny_qwen3_dir, device="cpu", max_model_len=4096)
 
 
 def test_max_model_len_defaults_to_the_model_limit(tiny_qwen3_dir):
-    llm = LLM(tiny_qwen3_dir, num_blocks=16, block_size=256)
+    llm = LLM(tiny_qwen3_dir, device="cpu", num_blocks=16, block_size=256)
     assert llm.scheduler_config.max_model_len == 2048  # the checkpoint's max_position_embeddings
 
 
