@@ -24,8 +24,8 @@ from kernels.validation import (
     check_query,
 )
 
-# Shorter chunks than this cost more in the merge than they win in parallelism.
-MIN_TOKENS_PER_SPLIT = 256
+# One 64-token tile per split is still a win at batch 1 on H100 (experiments/kernels/NOTES.md).
+MIN_TOKENS_PER_SPLIT = 64
 MAX_SPLITS = 64
 
 

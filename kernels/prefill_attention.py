@@ -22,6 +22,8 @@ from kernels.validation import (
     check_query,
 )
 
+LONG_QUERY = 4096
+
 
 @triton.jit
 def _attend_tiles(
@@ -118,12 +120,16 @@ def paged_prefill_attention(
     max_query_len: int,
     scale: float,
     *,
-    block_m: int = 64,
-    block_n: int = 64,
-    num_warps: int = 4,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
     num_stages: int = 2,
 ) -> torch.Tensor:
-    """Causal attention of a varlen batch over the paged cache; returns [num_tokens, heads, dim]."""
+    """Causal attention of a varlen batch over the paged cache; returns [num_tokens, heads, dim].
+
+    Tile shape by default: 64x64 with 4 warps, 128x128 with 8 warps once max_query_len reaches
+    LONG_QUERY (the faster of the shapes swept on H100 at each length, see experiments/kernels).
+    """
     check_cache_pair(k_cache, v_cache)
     group = check_query(q, k_cache)
     num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
@@ -143,6 +149,10 @@ def paged_prefill_attention(
     if num_seqs == 0 or max_query_len == 0 or q.shape[0] == 0:
         return out
     _, page, num_kv_heads, head_dim = k_cache.shape
+    long = max_query_len >= LONG_QUERY
+    block_m = block_m or (128 if long else 64)
+    block_n = block_n or (128 if long else 64)
+    num_warps = num_warps or (8 if long else 4)
     block_m = max(block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))

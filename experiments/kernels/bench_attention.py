@@ -132,7 +132,7 @@ def run_decode(rows, sweep, copy_bw, quick):
                         frac_of_copy_graph=nbytes / (gms * 1e-3) / copy_bw, tflops=None,
                         rel_err_vs_sdpa=err if impl == "triton" else None,
                     ))  # fmt: skip
-                if model == "qwen3-8b" and batch <= 16 and ctx >= 2048:
+                if model == "qwen3-8b" and batch <= 16:
                     for ns in (1, 2, 4, 8, 16, 32, 64):
                         ms = bench_graph(lambda: tri(ns))
                         sweep.append(dict(kernel="decode", model=model, batch=batch, ctx=ctx,

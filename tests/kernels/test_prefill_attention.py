@@ -76,3 +76,23 @@ def test_prefill_tile_shapes_agree(block_m, block_n, num_warps):
         b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables, 128**-0.5
     )
     assert_close_per_seq(out, ref, b.query_start_loc, seed)
+
+
+def test_prefill_long_prompt_uses_large_tiles_correctly():
+    from kernels.prefill_attention import LONG_QUERY, paged_prefill_attention
+
+    seed = fresh_seed()
+    seq_lens, q_lens = [LONG_QUERY + 37, 300], [LONG_QUERY + 5, 300]  # long chunk after a prefix
+    b = make_paged_batch(
+        seq_lens, q_lens, num_heads=8, num_kv_heads=2, head_dim=128, block_size=256,
+        dtype=torch.bfloat16, seed=seed,
+    )  # fmt: skip
+    out = paged_prefill_attention(
+        b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables,
+        b.max_query_len, 128**-0.5,
+    )  # fmt: skip
+    ref = paged_attention_ref(
+        b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables, 128**-0.5
+    )
+    assert not torch.isnan(out).any(), f"NaN in output (seed {seed})"
+    assert_close_per_seq(out, ref, b.query_start_loc, seed)
