@@ -34,7 +34,8 @@ def _with_rate(rc: RunConfig, arrival: str, rate: float | None) -> RunConfig:
 def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: str = "") -> tuple[dict, list[dict]]:
     """Bisect the rate for one configuration; returns (capacity row, probe rows)."""
     if rc.workload.arrival not in ("poisson", "gamma"):
-        raise ConfigError(f"workload.arrival must be poisson or gamma for a capacity search, got {rc.workload.arrival!r}")
+        raise ConfigError("workload.arrival must be poisson or gamma for a capacity search, "
+                          f"got {rc.workload.arrival!r}")
     p = cap.percentile
     probes: list[dict] = []
 

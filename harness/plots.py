@@ -6,11 +6,14 @@ figure registry, so plotting works headless and in joblib workers.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
 
 MAX_POINTS = 20000  # a timeline with more steps is thinned to about this many points
 
@@ -54,6 +57,9 @@ def plot_latency_cdfs(requests: pd.DataFrame, path: Path) -> None:
 def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path, log_x: bool = False,
                group: str | None = None, xlabel: str | None = None) -> None:
     """One panel per metric against x; one line per value of `group` when given."""
+    unknown = [m for m in metrics if m not in table.columns]
+    if unknown:
+        log.warning("not plotting %s: not summary columns (see summary.csv for the names)", unknown)
     metrics = tuple(m for m in metrics if m in table.columns)
     cols = min(3, max(1, len(metrics)))
     rows = -(-len(metrics) // cols) if metrics else 1
@@ -63,10 +69,11 @@ def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path
     groups = [(None, table)] if group is None else list(table.groupby(group, sort=False))
     for ax, metric in zip(axes, metrics):
         for name, part in groups:
+            label = None if name is None else str(name)
             if numeric:
-                ax.plot(part[x].to_numpy(), part[metric].to_numpy(), marker="o", label=None if name is None else str(name))
+                ax.plot(part[x].to_numpy(), part[metric].to_numpy(), marker="o", label=label)
             else:  # categories (policies, runs): bars
-                ax.bar(np.arange(len(part)), part[metric].to_numpy(), label=None if name is None else str(name))
+                ax.bar(np.arange(len(part)), part[metric].to_numpy(), label=label)
         if not numeric:
             labels = [str(v) for v in table[x]]
             long = max(map(len, labels), default=0) > 8

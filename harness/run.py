@@ -79,7 +79,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
     steps = steps_frame(result)
     extra = {
         "backend": rc.backend,
-        "model": getattr(rc.model, "name", ""),
+        "model": getattr(rc.model, "name", "") if rc.backend == "sim" else Path(rc.engine.model).name,
         "hardware": getattr(rc.hardware, "name", "") if rc.backend == "sim" else "measured",
         "policy": rc.scheduler.policy,
         "workload": rc.workload.name,
