@@ -131,7 +131,11 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     else:
         from engine.config import EngineConfig
 
-        if isinstance(backend.get("model"), str):
+        from harness.checkpoints import default_checkpoint_dir
+
+        if backend.get("model") is None:
+            backend["model"] = str(default_checkpoint_dir(to_dataclass(ModelSpec, section(cfg, "model"), "model")))
+        elif isinstance(backend["model"], str):
             backend["model"] = str(_resolve_path(backend["model"]))
         engine_cfg = to_dataclass(EngineConfig, backend, "backend")
     return RunConfig(

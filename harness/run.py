@@ -40,7 +40,9 @@ def make_executor(rc: RunConfig) -> Executor:
 
         return build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler)
     from engine.executor import EngineExecutor
+    from harness.checkpoints import ensure_checkpoint
 
+    ensure_checkpoint(rc.engine.model, rc.model)
     return EngineExecutor(rc.engine, rc.scheduler, rc.cache)
 
 

@@ -96,9 +96,16 @@ def test_bad_value_is_one_config_error_naming_the_field(override, field):
         build_run_config(compose_config([override]))
 
 
-def test_engine_backend_needs_a_model_path():
-    with pytest.raises(ConfigError, match=r"backend\.model"):
-        build_run_config(compose_config(["backend=engine"]))
+def test_engine_backend_defaults_to_the_model_presets_checkpoint():
+    from harness.checkpoints import CHECKPOINT_ROOT
+
+    rc = build_run_config(compose_config(["backend=engine", "model=qwen3_8b"]))
+    assert rc.engine.model == str(CHECKPOINT_ROOT / "qwen3-8b")
+
+
+def test_engine_backend_without_preset_needs_a_model_path():
+    with pytest.raises(ConfigError, match=r"backend\.model.*no random-weight preset"):
+        build_run_config(compose_config(["backend=engine", "model.name=MyModel-7B"]))
 
 
 def test_bad_study_settings_are_config_errors():
