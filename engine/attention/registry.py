@@ -44,10 +44,17 @@ def _available(name: str) -> bool:
     return package is None or importlib.util.find_spec(package) is not None
 
 
-def get_attention_backend(name: str, device: torch.device | str | None = None) -> AttentionBackend:
+# flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens.
+FLASH_ATTN_PAGE_MULTIPLE = 256
+
+
+def get_attention_backend(
+    name: str, device: torch.device | str | None = None, block_size: int | None = None
+) -> AttentionBackend:
     """"auto" picks flash_attn, then triton, when the device is CUDA and they import; else torch.
 
-    device: where the model runs; None means CUDA if available.
+    device: where the model runs; None means CUDA if available. block_size: the KV block size, so
+    "auto" passes over flash_attn for blocks it cannot page (None: assume it can).
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend={name!r} is unknown; expected one of {ATTENTION_BACKENDS}")
@@ -58,6 +65,8 @@ def get_attention_backend(name: str, device: torch.device | str | None = None) -
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     if on_cuda:
         for candidate in ("flash_attn", "triton"):
+            if candidate == "flash_attn" and block_size is not None and block_size % FLASH_ATTN_PAGE_MULTIPLE:
+                continue
             if _available(candidate):
                 try:
                     return _FACTORIES[candidate]()

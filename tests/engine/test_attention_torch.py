@@ -168,3 +168,16 @@ def test_registry_names_the_missing_package():
         pytest.skip("flash_attn is installed here")
     with pytest.raises(ValueError, match="flash_attn"):
         get_attention_backend("flash_attn")
+
+
+def test_auto_passes_over_flash_attn_for_blocks_it_cannot_page(monkeypatch):
+    from types import SimpleNamespace
+
+    from engine.attention import registry
+
+    monkeypatch.setattr(registry, "_available", lambda name: True)
+    for name in ("flash_attn", "triton"):
+        monkeypatch.setitem(registry._FACTORIES, name, lambda name=name: SimpleNamespace(name=name))
+    assert get_attention_backend("auto", device="cuda", block_size=256).name == "flash_attn"
+    assert get_attention_backend("auto", device="cuda", block_size=16).name == "triton"
+    assert get_attention_backend("auto", device="cuda").name == "flash_attn"
