@@ -1,23 +1,39 @@
-"""EngineExecutor: the real model behind the core's Executor protocol (one process, one device).
+"""EngineExecutor: the real model behind the core's Executor protocol.
 
-It resolves device and dtype, loads the checkpoint, sizes and allocates the KV cache, and
-times each step on the wall clock (synchronising CUDA, so the time is the step's, not the
-launch's). Tensor parallelism (issue 5) will be a sibling executor with worker processes.
+It resolves device, dtype and attention backend, loads the checkpoint, sizes and allocates the
+KV cache (by profiling on CUDA), captures the decode CUDA graphs, and times each step on the
+wall clock (synchronising CUDA, so the time is the step's, not the launch's).
+
+With tensor_parallel_size > 1 this process is rank 0 on cuda:0 and drives one spawned worker
+process per other rank (engine.tp): every rank loads its shard, profiles, allocates the same
+number of blocks (the smallest any rank can hold) and captures the same graphs; each step's
+HostBatch goes to the workers before rank 0 runs it, and rank 0 alone samples.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 import torch
 
+from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import KVCacheSpec, StepPlan, StepResult
 from engine.loader import load_model
+from engine.models.arch import ModelArch
 from engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+# Backends whose decode path can be captured in a CUDA graph (no host syncs, no shapes taken
+# from tensor contents). The torch reference backend is not one of them.
+GRAPH_CAPTURABLE_BACKENDS = ("triton", "flash_attn")
+# How long rank 0 waits for a worker's answer, and torch.distributed's collective timeout.
+TP_TIMEOUT_S = 600.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,35 +69,113 @@ def read_eos_token_ids(model_dir: str | Path, hf_config) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 device: torch.device, attention_backend: str, group=None) -> ModelRunner:
+    """Load this rank's model (the whole model when group is None) and wrap it in a runner."""
+    tp = engine_config.tensor_parallel_size
+    model, hf_config = load_model(
+        engine_config.model,
+        dtype=resolve_dtype(engine_config.dtype, device),
+        device=str(device),
+        attention_backend=attention_backend,
+        tp_rank=group.rank if group else 0,
+        tp_size=tp,
+        all_reduce=group.all_reduce if group else None,
+        all_gather=group.all_gather if group else None,
+    )
+    return ModelRunner(model, hf_config, engine_config, scheduler_config, cache_config, device,
+                       driver=group is None or group.rank == 0)
+
+
+def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> None:
+    """Reject a tensor_parallel_size the model or the host cannot split over, before spawning."""
+    tp = engine_config.tensor_parallel_size
+    if device.type == "cuda" and tp > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible CUDA devices")
+    config_path = Path(engine_config.model) / "config.json"
+    if not config_path.is_file():
+        return  # the loader reports the missing checkpoint
+    arch = ModelArch.from_hf_config(json.loads(config_path.read_text()))
+    kv_ok = arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
+    if arch.num_heads % tp or arch.intermediate_size % tp or not kv_ok:
+        raise ValueError(
+            f"tensor_parallel_size={tp} must divide num_attention_heads={arch.num_heads} and "
+            f"intermediate_size={arch.intermediate_size}, and divide or be a multiple of "
+            f"num_key_value_heads={arch.num_kv_heads}"
+        )
+
+
 class EngineExecutor:
     def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig) -> None:
-        if engine_config.tensor_parallel_size != 1:
-            raise NotImplementedError(
-                f"tensor_parallel_size={engine_config.tensor_parallel_size}: this executor runs one device; "
-                "tensor parallelism needs the multi-process executor"
-            )
         self.config = engine_config
-        self.device = resolve_device(engine_config.device)
-        backend = engine_config.attention_backend
-        if backend == "auto" and self.device.type == "cpu":
-            backend = "torch"  # "auto" in the registry looks only at CUDA's presence, not at our device
-        model, hf_config = load_model(
-            engine_config.model,
-            dtype=resolve_dtype(engine_config.dtype, self.device),
-            device=str(self.device),
-            attention_backend=backend,
-        )
-        self.hf_config = hf_config
-        self.runner = ModelRunner(model, hf_config, engine_config, scheduler_config, cache_config, self.device)
-        self.runner.allocate_kv_cache(self.runner.determine_num_blocks())
+        self.runner: ModelRunner | None = None
+        self.workers = None
+        self.group = None
+        device = resolve_device(engine_config.device)
+        tp = engine_config.tensor_parallel_size
+        if tp > 1:
+            check_tensor_parallel(engine_config, device)
+            if device.type == "cuda":
+                device = torch.device("cuda", 0)
+        self.device = device
+        backend = get_attention_backend(engine_config.attention_backend, device)
+        self.attention_backend = backend.name
+        self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
+                                 and backend.name in GRAPH_CAPTURABLE_BACKENDS)
+        if device.type == "cuda" and not engine_config.enforce_eager and not self.uses_cuda_graphs:
+            log.warning("attention backend %r cannot be captured in a CUDA graph: decode steps run eagerly",
+                        backend.name)
+        try:
+            if tp > 1:
+                self._start_workers(scheduler_config, cache_config)
+            self.runner = build_runner(engine_config, scheduler_config, cache_config, device, backend.name, self.group)
+            if self.workers:
+                self.workers.replies("load")
+                self.workers.send("profile", self.uses_cuda_graphs)
+            num_blocks = self.runner.determine_num_blocks(graph_reserve=self.uses_cuda_graphs)
+            if self.workers:
+                num_blocks = min([num_blocks, *self.workers.replies("profile")])
+                self.workers.send("allocate", num_blocks)
+            self.runner.allocate_kv_cache(num_blocks)
+            if self.workers:
+                self.workers.replies("allocate")
+            if self.uses_cuda_graphs:
+                start = time.perf_counter()
+                if self.workers:
+                    self.workers.send("capture")
+                self.runner.capture_decode_graphs()
+                if self.workers:
+                    self.workers.replies("capture")
+                log.info("captured %d decode CUDA graphs (batch sizes up to %d) in %.1f s",
+                         len(self.runner.graphs.sizes), self.runner.graphs.max_batch, time.perf_counter() - start)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.hf_config = self.runner.hf_config
         self._spec = KVCacheSpec(self.runner.num_blocks, self.runner.block_size)
         self.vocab_size = self.runner.arch.vocab_size
-        self.eos_token_ids = read_eos_token_ids(engine_config.model, hf_config)
+        self.eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)
         self._tokenizer = None
         if not self.eos_token_ids and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+
+    def _start_workers(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        from engine.tp import DistGroup, Workers, free_port
+        from engine.tp.group import apply_safe_env
+        from engine.tp.workers import WorkerSpec
+
+        cfg = self.config
+        apply_safe_env()  # before the spawn: children inherit it
+        port = free_port()
+        backend = self.attention_backend
+        specs = [WorkerSpec(rank, cfg.tensor_parallel_size, port, cfg, scheduler_config, cache_config,
+                            self.device.type, backend, TP_TIMEOUT_S, torch.get_num_threads())
+                 for rank in range(1, cfg.tensor_parallel_size)]
+        self.workers = Workers(specs)
+        self.workers.replies("start")  # every worker imported its stack and is about to join
+        self.group = DistGroup(0, cfg.tensor_parallel_size, port, self.device, TP_TIMEOUT_S)
 
     @property
     def tokenizer(self):
@@ -99,16 +193,21 @@ class EngineExecutor:
         if self.runner is None:
             raise RuntimeError("EngineExecutor.execute() after shutdown()")
         start = time.perf_counter()
-        tokens = self.runner.execute(plan)
+        tokens = self.runner.execute(plan, self.workers.send_batch if self.workers else None)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepResult(tokens, time.perf_counter() - start)
 
     def shutdown(self) -> None:
-        """Release the KV cache and the weights; the executor cannot run steps afterwards."""
-        if self.runner is None:
-            return
-        self.runner.free_kv_cache()
-        self.runner = None
+        """Release the KV cache, the weights and the workers; no steps can run afterwards."""
+        if self.runner is not None:
+            self.runner.free_kv_cache()
+            self.runner = None
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+        if self.group is not None:
+            self.group.destroy()
+            self.group = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,23 +1,25 @@
 """The model runner: one StepPlan in, one sampled token per scheduled request out.
 
-Per step: build the flat input tensors and the attention metadata from the plan (numpy index
-arithmetic, no per-token Python loop), run the model over every scheduled token, compute logits
-only at the last token of the requests that sample, and sample.
+Per step: build the flat index arrays of the batch on the host (numpy, no per-token Python loop),
+upload them with one pinned, non-blocking copy per dtype, run the model over every scheduled
+token (a CUDA-graph replay for decode batches that have a graph, eagerly otherwise), compute
+logits only at the last token of the requests that sample, and sample.
 
 The runner owns the paged KV cache: one allocation [num_layers, 2, num_blocks, block_size,
-num_kv_heads, head_dim], handed to the model as per-layer (k_cache, v_cache) views.
+num_kv_heads, head_dim], handed to the model as per-layer (k_cache, v_cache) views. It keeps no
+per-request state: seeded draws are keyed by (seed, output index) in the sampler, so
+plan.released_ids needs no handling here.
 
-It keeps no per-request state: seeded draws are keyed by (seed, output index) in the sampler,
-so plan.released_ids needs no handling here.
-
-Hooks for the GPU path (issue 5): determine_num_blocks() is where KV sizing by profiling lives;
-forward() is the one place a CUDA-graph replay of decode-only steps would replace the eager call.
+Under tensor parallelism every rank holds a runner; rank 0 (the driver) builds each step's
+HostBatch, hands it to the other ranks, and alone samples.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import chain
+from typing import Callable
 
 import numpy as np
 import torch
@@ -25,10 +27,15 @@ import torch
 from engine.attention.metadata import AttentionMetadata
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.plan import ScheduledRequest, StepPlan, StepStats
-from engine.core.sampling_params import SamplingParams
+from engine.core.plan import StepPlan
+from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
+from engine.host_staging import HostStaging
+from engine.kv_sizing import MemoryProfile, num_kv_blocks, warmup_plans
 from engine.models.arch import ModelArch
 from engine.sampler import Sampler
+from engine.step_timing import StepTimer
+
+log = logging.getLogger(__name__)
 
 # Default KV-cache budget on CPU when CacheConfig.num_blocks is None. CPU runs are for
 # correctness and small experiments; a fixed budget keeps them from taking the host's memory.
@@ -36,12 +43,44 @@ CPU_KV_CACHE_BYTES = 512 * 1024**2
 
 
 @dataclass
+class HostBatch:
+    """A step's model inputs as host arrays: what the driver sends to the other TP ranks.
+
+    For a graph step (graph_size set) the rows are padded to graph_size: token 0, position 0,
+    slot -1, context length 0, and the block tables are max_blocks_per_seq wide.
+    """
+
+    input_ids: np.ndarray  # [rows] int64
+    positions: np.ndarray  # [rows] int64
+    slot_mapping: np.ndarray  # [rows] int64
+    logits_indices: np.ndarray  # [num_sampled] int64, row of hidden for each sampling request
+    seq_lens: np.ndarray  # [num_seqs or graph_size] int32
+    query_start_loc: np.ndarray  # [num_seqs or graph_size + 1] int32
+    block_tables: np.ndarray  # [num_seqs or graph_size, width] int32
+    max_query_len: int
+    max_seq_len: int
+    num_seqs: int  # real sequences (rows past it are graph padding)
+    graph_size: int | None
+    sample_rows: list[int]  # index into plan.scheduled of each sampling request
+
+    def int64_arrays(self) -> list[np.ndarray]:
+        # NOTE: this order is DecodeGraphs' buffer layout (ids, positions, slots, logits rows)
+        return [self.input_ids, self.positions, self.slot_mapping, self.logits_indices]
+
+    def int32_arrays(self) -> list[np.ndarray]:
+        # NOTE: DecodeGraphs' layout again (seq_lens, query_start_loc, block_tables)
+        return [self.seq_lens, self.query_start_loc, self.block_tables]
+
+
+@dataclass
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampled] int64, row of hidden for each sampling request
-    sample_rows: list[int]  # index into plan.scheduled of each sampling request
+    logits_indices: torch.Tensor  # [num_sampled] int64
+    sample_rows: list[int]
+    num_seqs: int = 0
+    graph_size: int | None = None
 
 
 class ModelRunner:
@@ -53,24 +92,31 @@ class ModelRunner:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         device: torch.device,
+        driver: bool = True,
     ) -> None:
         self.model = model
+        self.hf_config = hf_config
         self.arch = ModelArch.from_hf_config(hf_config)
         self.engine_config = engine_config
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.device = torch.device(device)
+        self.driver = driver  # samples; False on tensor-parallel ranks other than 0
         self.dtype = next(model.parameters()).dtype
         self.block_size = cache_config.block_size
         # NOTE: under tensor parallelism a rank holds only its share of the KV heads; the model knows
         # how many (it may replicate heads when there are fewer than ranks).
         self.num_kv_heads = getattr(model, "num_kv_heads", None) or max(
             1, self.arch.num_kv_heads // engine_config.tensor_parallel_size)
+        self.max_blocks_per_seq = -(-scheduler_config.max_model_len // self.block_size)
         self.sampler = Sampler(engine_config.seed, self.device)
-        self.staging = _HostStaging(self.device)
+        self.staging = HostStaging(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
+        self.memory_profile: MemoryProfile | None = None
+        self.graphs: DecodeGraphs | None = None
+        self.timer: StepTimer | None = None  # attach one to record per-step phase times
 
     # ---- KV cache --------------------------------------------------------------------------
 
@@ -80,59 +126,67 @@ class ModelRunner:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.arch.num_layers * self.block_size * self.num_kv_heads * self.arch.head_dim * elem
 
-    def determine_num_blocks(self) -> int:
-        """CacheConfig.num_blocks if set; else sized by profiling (CUDA) or a fixed budget (CPU)."""
+    def determine_num_blocks(self, graph_reserve: bool = False) -> int:
+        """CacheConfig.num_blocks if set; else sized by profiling (CUDA) or a fixed budget (CPU).
+
+        graph_reserve: keep room for the CUDA-graph pool (set when graphs will be captured).
+        """
         if self.cache_config.num_blocks is not None:
             return self.cache_config.num_blocks
         if self.device.type == "cuda":
-            return self._profile_num_blocks()
+            self.memory_profile = self.profile_memory(graph_reserve)
+            blocks = num_kv_blocks(self.memory_profile, self.engine_config.gpu_memory_utilization,
+                                   self.block_bytes, self.max_blocks_per_seq)
+            log.info("KV cache: %d blocks of %d tokens (%.2f GiB); %s", blocks, self.block_size,
+                     blocks * self.block_bytes / 1024**3,
+                     self.memory_profile.describe(self.engine_config.gpu_memory_utilization))
+            return blocks
         cfg = self.scheduler_config
-        per_seq = -(-cfg.max_model_len // self.block_size)
+        per_seq = self.max_blocks_per_seq
         # Every running sequence at full length, within the budget, but never less than one
         # full-length sequence (the scheduler would reject any request that cannot fit alone).
         return max(per_seq, min(per_seq * cfg.max_num_seqs, CPU_KV_CACHE_BYTES // self.block_bytes))
 
-    def _profile_num_blocks(self) -> int:
-        """Fill gpu_memory_utilization of the device, less the peak of a warm-up at the largest batch.
-
-        NOTE: a first version for issue 5 to refine. The warm-up runs a full-budget prefill
-        (max_num_batched_tokens tokens in sequences of up to max_model_len) and a full decode
-        batch (max_num_seqs rows of logits through the top-p path, the sampler's worst case),
-        over a temporary cache that holds one max-length sequence which all of them share.
-        """
-        cfg = self.scheduler_config
-        per_seq = -(-cfg.max_model_len // self.block_size)
+    def profile_memory(self, graph_reserve: bool) -> MemoryProfile:
+        """Run the largest prefill and decode steps over a temporary one-sequence cache and
+        measure what they allocate on top of the weights (see engine.kv_sizing)."""
+        dev = self.device
+        self.free_kv_cache()
+        torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.allocate_kv_cache(per_seq)
-        temp_bytes = self.kv_cache.numel() * self.kv_cache.element_size()
-        table = list(range(per_seq))
-        params = SamplingParams(temperature=1.0, top_p=0.9)
-        lengths, left = [], cfg.max_num_batched_tokens
-        while left > 0 and len(lengths) < cfg.max_num_seqs:
-            lengths.append(min(left, cfg.max_model_len))
-            left -= lengths[-1]
-        for step in ([[0] * n for n in lengths], [[0]] * cfg.max_num_seqs):
-            entries = [ScheduledRequest(f"warmup-{i}", ids, 0, table, True, params, 0, False)
-                       for i, ids in enumerate(step)]
-            self.execute(StepPlan(entries, StepStats(0, "prefill", len(entries), 0, 0, 0, 0, 0, 0, 0)))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - temp_bytes
+        weights = torch.cuda.memory_allocated(dev)
+        self.allocate_kv_cache(self.max_blocks_per_seq)
+        temp = torch.cuda.memory_allocated(dev) - weights
+        prefill, decode = warmup_plans(self.scheduler_config, self.block_size)
+        torch.cuda.reset_peak_memory_stats(dev)
+        with torch.inference_mode():
+            self.execute(prefill)
+            torch.cuda.synchronize(dev)
+            prefill_peak = torch.cuda.max_memory_allocated(dev)
+            # The decode forward alone bounds the graph pool; the sampler's sort comes after it.
+            base = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            self.forward(self.prepare(decode))
+            torch.cuda.synchronize(dev)
+            forward_peak = torch.cuda.max_memory_allocated(dev) - base
+            torch.cuda.reset_peak_memory_stats(dev)
+            self.execute(decode)
+            torch.cuda.synchronize(dev)
+            decode_peak = torch.cuda.max_memory_allocated(dev)
+        peak = max(prefill_peak, decode_peak) - weights - temp
         self.free_kv_cache()
         torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        non_torch = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.engine_config.gpu_memory_utilization - non_torch - peak
-        num_blocks = int(budget // self.block_bytes)
-        if num_blocks < per_seq:
-            raise ValueError(
-                f"gpu_memory_utilization={self.engine_config.gpu_memory_utilization} leaves room for "
-                f"{max(num_blocks, 0)} KV blocks, fewer than one max_model_len={cfg.max_model_len} "
-                f"sequence needs ({per_seq}); raise it or lower max_model_len / max_num_batched_tokens"
-            )
-        return num_blocks
+        free, total = torch.cuda.mem_get_info(dev)
+        return MemoryProfile(
+            total_bytes=total,
+            non_torch_bytes=max(0, total - free - torch.cuda.memory_reserved(dev)),
+            weights_bytes=weights,
+            peak_activation_bytes=max(peak, 0),
+            graph_reserve_bytes=forward_peak if graph_reserve else 0,
+        )
 
     def free_kv_cache(self) -> None:
+        self.graphs = None  # graphs hold the cache's addresses
         self.kv_caches = []
         self.kv_cache = None
         self.num_blocks = 0
@@ -146,9 +200,18 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.arch.num_layers)]
         self.num_blocks = num_blocks
 
+    def capture_decode_graphs(self, capture: bool = True) -> None:
+        """Decode graphs for batch sizes up to max_num_seqs over the allocated cache.
+        capture=False keeps the padded static-buffer path but runs it eagerly (tests on CPU)."""
+        if self.kv_cache is None:
+            raise RuntimeError("capture_decode_graphs() needs the KV cache: call allocate_kv_cache() first")
+        self.graphs = None
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
+                                   self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture)
+
     # ---- one step ----------------------------------------------------------------------------
 
-    def prepare(self, plan: StepPlan) -> ModelInputs:
+    def build_batch(self, plan: StepPlan) -> HostBatch:
         entries = plan.scheduled
         n = len(entries)
         bs = self.block_size
@@ -158,6 +221,7 @@ class ModelRunner:
         query_start_loc = np.zeros(n + 1, np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
+        graph_size = self.graphs.padded_size(n) if self.graphs is not None and num_tokens == n else None
         input_ids = np.fromiter(chain.from_iterable(e.token_ids for e in entries), np.int64, num_tokens)
         seq_of_token = np.repeat(np.arange(n), query_lens)  # [num_tokens]
         positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + starts[seq_of_token]
@@ -166,84 +230,95 @@ class ModelRunner:
         counts = blocks_needed.tolist()
         flat_tables = np.fromiter(chain.from_iterable(e.block_table[:c] for e, c in zip(entries, counts)),
                                   np.int64, int(blocks_needed.sum()))
-        block_tables = np.zeros((n, int(blocks_needed.max())), np.int64)  # padded with block 0
+        width = self.max_blocks_per_seq if graph_size else int(blocks_needed.max())
+        block_tables = np.zeros((graph_size or n, width), np.int32)  # padded with block 0
         # a boolean mask fills row-major, the order of flat_tables
-        block_tables[np.arange(block_tables.shape[1]) < blocks_needed[:, None]] = flat_tables
-        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
+        block_tables[:n][np.arange(width) < blocks_needed[:, None]] = flat_tables
+        slot_mapping = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
         sample_rows = [i for i, e in enumerate(entries) if e.sample]
         logits_indices = query_start_loc[1:][sample_rows] - 1
-        ids, pos, slots, logit_rows = self.staging.upload([input_ids, positions, slot_mapping, logits_indices],
-                                                          torch.int64)
-        qsl, lens, tables = self.staging.upload([query_start_loc, seq_lens, block_tables], torch.int32)
+        if graph_size:
+            pad = graph_size - n
+            input_ids = np.concatenate([input_ids, np.zeros(pad, np.int64)])
+            positions = np.concatenate([positions, np.zeros(pad, np.int64)])
+            slot_mapping = np.concatenate([slot_mapping, np.full(pad, -1, np.int64)])
+            seq_lens = np.concatenate([seq_lens, np.zeros(pad, np.int64)])
+            query_start_loc = np.arange(graph_size + 1)
+        return HostBatch(
+            input_ids, positions, slot_mapping, logits_indices, seq_lens.astype(np.int32),
+            query_start_loc.astype(np.int32), block_tables, max_query_len=int(query_lens.max()),
+            max_seq_len=int(seq_lens.max()), num_seqs=n, graph_size=graph_size, sample_rows=sample_rows,
+        )
+
+    def upload(self, batch: HostBatch) -> ModelInputs:
+        if batch.graph_size:
+            # straight into the static buffers the graphs read
+            self.staging.upload(batch.int64_arrays(), torch.int64, out=self.graphs.int64)
+            self.staging.upload(batch.int32_arrays(), torch.int32, out=self.graphs.int32)
+            ids, pos, meta = self.graphs.views(batch.graph_size)
+            k = len(batch.sample_rows)
+            rows = self.graphs.int64[3 * batch.graph_size: 3 * batch.graph_size + k]
+            return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs, batch.graph_size)
+        ids, pos, slots, rows = self.staging.upload(batch.int64_arrays(), torch.int64)
+        lens, qsl, tables = self.staging.upload(batch.int32_arrays(), torch.int32)
         meta = AttentionMetadata(
             slot_mapping=slots,
             query_start_loc=qsl,
             seq_lens=lens,
             block_tables=tables,
-            max_query_len=int(query_lens.max()),
-            max_seq_len=int(seq_lens.max()),
-            is_decode_only=bool((query_lens == 1).all()),
+            max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len,
+            is_decode_only=batch.max_query_len == 1,
         )
-        return ModelInputs(ids, pos, meta, logit_rows, sample_rows)
+        return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs)
+
+    def prepare(self, plan: StepPlan) -> ModelInputs:
+        return self.upload(self.build_batch(plan))
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+        if inputs.graph_size:
+            return self.graphs.run(inputs.graph_size, inputs.num_seqs)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> list[int]:
-        """Tokens aligned with plan.scheduled; -1 where an entry does not sample."""
-        inputs = self.prepare(plan)
+    def execute(self, plan: StepPlan, on_batch: Callable[[HostBatch], None] | None = None) -> list[int] | None:
+        """Tokens aligned with plan.scheduled; -1 where an entry does not sample (None on a
+        non-driver rank). on_batch sees the built batch first: the driver hands it to the other
+        tensor-parallel ranks there."""
+        if self.timer:
+            self.timer.mark()
+        batch = self.build_batch(plan)
+        if on_batch is not None:
+            on_batch(batch)
+        return self.execute_batch(batch, plan if self.driver else None)
+
+    @torch.inference_mode()
+    def execute_batch(self, batch: HostBatch, plan: StepPlan | None) -> list[int] | None:
+        """Run a built batch. plan is None on non-driver TP ranks: they take part in every
+        collective (the LM head's gather included) and return None."""
+        timer = self.timer
+        inputs = self.upload(batch)
+        if timer:
+            timer.mark()
         hidden = self.forward(inputs)
-        tokens = [-1] * len(plan.scheduled)
+        if timer:
+            timer.mark()
         if not inputs.sample_rows:
-            return tokens
+            if timer:
+                timer.finish()  # discarded: a step with nothing to sample is not a full record
+            return None if plan is None else [-1] * len(plan.scheduled)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampled, vocab]
+        if plan is None:
+            return None
+        tokens = [-1] * len(plan.scheduled)
         entries = [plan.scheduled[i] for i in inputs.sample_rows]
         sampled = self.sampler.sample(
             logits, [e.sampling_params for e in entries], [e.num_output_tokens for e in entries]
         )
         for row, token in zip(inputs.sample_rows, sampled.tolist()):
             tokens[row] = token
+        if timer:
+            timer.mark()
+            timer.finish(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
+                         graph_size=batch.graph_size or 0)
         return tokens
-
-
-class _HostStaging:
-    """Copies a step's index arrays to the device: one host buffer and one transfer per dtype.
-
-    On CUDA the host buffer is pinned and reused, and the copy is non-blocking; an event
-    recorded after each copy guards the buffer against being refilled while a copy is in flight.
-    On CPU the "upload" is a fresh tensor per step (callers may keep a step's inputs).
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.pinned = device.type == "cuda"
-        self._buffers: dict[torch.dtype, torch.Tensor] = {}
-        self._events: dict[torch.dtype, torch.cuda.Event] = {}
-
-    def upload(self, arrays: list[np.ndarray], dtype: torch.dtype) -> list[torch.Tensor]:
-        sizes = [a.size for a in arrays]
-        total = sum(sizes)
-        if self.pinned:
-            host = self._pinned(dtype, total)
-        else:
-            host = torch.empty(total, dtype=dtype)
-        np.concatenate([a.ravel() for a in arrays], out=host.numpy())
-        if self.pinned:
-            flat = host.to(self.device, non_blocking=True)
-            event = self._events.setdefault(dtype, torch.cuda.Event())
-            event.record()
-        else:
-            flat = host
-        return [part.view(a.shape) for part, a in zip(flat.split(sizes), arrays)]
-
-    def _pinned(self, dtype: torch.dtype, size: int) -> torch.Tensor:
-        event = self._events.get(dtype)
-        if event is not None:
-            event.synchronize()  # the previous copy out of this buffer has finished
-        buffer = self._buffers.get(dtype)
-        if buffer is None or buffer.numel() < size:
-            buffer = torch.empty(max(size, 2 * (0 if buffer is None else buffer.numel()), 4096),
-                                 dtype=dtype, pin_memory=True)
-            self._buffers[dtype] = buffer
-        return buffer[:size]

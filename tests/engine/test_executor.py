@@ -68,8 +68,3 @@ def test_shutdown_releases_and_blocks_further_steps(tiny_qwen3_dir):
     executor.shutdown()  # idempotent
     with pytest.raises(RuntimeError, match="after shutdown"):
         executor.execute(None)
-
-
-def test_tensor_parallel_needs_the_multiprocess_executor(tiny_qwen3_dir):
-    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2"):
-        _executor(tiny_qwen3_dir, tensor_parallel_size=2)

@@ -1,0 +1,125 @@
+"""CUDA graphs of the decode forward, one per batch size, replayed with padding.
+
+A decode step of n sequences replays the graph of the smallest captured size bs >= n. The
+graphs read their inputs from static device buffers, which the runner fills with one host copy
+per dtype (engine.runner.HostBatch is laid out to match: see `views`). Rows n..bs-1 are padding:
+token 0 at position 0, cache slot -1 (the store kernel skips it) and context length 0 (the decode
+kernel gives zeros for it and reads no cache). Their hidden states are never used.
+
+Sizes follow nano-vllm: 1, 2, 4, 8, then multiples of 16 up to max_num_seqs (capped at
+MAX_GRAPH_BATCH); every graph shares one memory pool, and the largest is captured first so the
+pool is sized by it. Larger batches, prefill and mixed steps run eagerly.
+
+With capture=False nothing is captured: "replay" runs the model over the same static buffers
+eagerly. CPU tests use it to check the padding and buffer layout without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+MAX_GRAPH_BATCH = 512
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, 32, 48, ... up to min(max_num_seqs, MAX_GRAPH_BATCH), which is always included."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    top = min(max_num_seqs, MAX_GRAPH_BATCH)
+    sizes = [s for s in (1, 2, 4, 8) if s <= top] + list(range(16, top + 1, 16))
+    if sizes[-1] != top:
+        sizes.append(top)
+    return sizes
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        sizes: list[int],
+        max_blocks_per_seq: int,
+        max_seq_len: int,
+        device: torch.device,
+        capture: bool = True,
+    ) -> None:
+        if capture and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sizes = sorted(sizes)
+        self.max_batch = self.sizes[-1]
+        self.max_blocks_per_seq = max_blocks_per_seq
+        # NOTE: the decode kernel picks its split count from this host int at capture time; the
+        # longest context a replay may see keeps long contexts parallel at small batch sizes.
+        self.max_seq_len = max_seq_len
+        self.device = device
+        self.captured = capture
+        n = self.max_batch
+        # int64: input_ids, positions, slot_mapping of a graph, then the step's logits rows
+        self.int64 = torch.zeros(4 * n, dtype=torch.int64, device=device)
+        # int32: seq_lens, query_start_loc, block_tables [bs, max_blocks_per_seq]
+        self.int32 = torch.zeros(2 * n + 1 + n * max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if capture:
+            self._capture()
+
+    def padded_size(self, num_seqs: int) -> int | None:
+        """The graph that serves a decode batch of num_seqs rows, None if it is too large."""
+        if num_seqs > self.max_batch:
+            return None
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
+    def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """(input_ids, positions, metadata) of graph bs, as views into the static buffers."""
+        w = self.max_blocks_per_seq
+        meta = AttentionMetadata(
+            slot_mapping=self.int64[2 * bs: 3 * bs],
+            query_start_loc=self.int32[bs: 2 * bs + 1],
+            seq_lens=self.int32[:bs],
+            block_tables=self.int32[2 * bs + 1: 2 * bs + 1 + bs * w].view(bs, w),
+            max_query_len=1,
+            max_seq_len=self.max_seq_len,
+            is_decode_only=True,
+        )
+        return self.int64[:bs], self.int64[bs: 2 * bs], meta
+
+    def run(self, bs: int, num_seqs: int) -> torch.Tensor:  # [num_seqs, hidden]
+        """Replay graph bs over what the runner staged in the buffers; real rows only."""
+        if self.captured:
+            self.graphs[bs].replay()
+            return self.outputs[bs][:num_seqs]
+        ids, positions, meta = self.views(bs)
+        return self.model(ids, positions, self.kv_caches, meta)[:num_seqs]
+
+    def _set_padding(self, bs: int) -> None:
+        ids, positions, meta = self.views(bs)
+        ids.zero_()
+        positions.zero_()
+        meta.slot_mapping.fill_(-1)  # the warm-up and capture runs must not write the cache
+        meta.seq_lens.zero_()
+        meta.query_start_loc.copy_(torch.arange(bs + 1, dtype=torch.int32, device=self.device))
+        meta.block_tables.zero_()
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = None
+        for bs in reversed(self.sizes):
+            self._set_padding(bs)
+            ids, positions, meta = self.views(bs)
+            # Eager run first: lazy initialisation (kernel compilation, library handles, NCCL
+            # communicators) must not happen inside the capture.
+            self.model(ids, positions, self.kv_caches, meta)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = self.model(ids, positions, self.kv_caches, meta)
+            if pool is None:
+                pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)

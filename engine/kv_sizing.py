@@ -1,0 +1,76 @@
+"""How many KV-cache blocks fit on a device, from a measured memory profile.
+
+    usable = total * gpu_memory_utilization
+    kv     = usable - non_torch - weights - peak_activations - graph_reserve
+    blocks = kv // block_bytes
+
+non_torch is device memory held outside PyTorch's allocator (CUDA context, NCCL buffers, other
+processes): it is part of what the engine uses, so it counts against the utilisation too.
+peak_activations is what a warm-up at the largest batch (a full prefill budget, a full decode
+batch through the sampler's costliest path) allocated on top of the weights. graph_reserve is
+set aside for the CUDA-graph memory pool, which is captured after the cache is allocated; one
+pool serves every captured batch size and the largest is captured first, so the decode
+forward's own peak at the largest batch bounds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.core.config import SchedulerConfig
+from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from engine.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    total_bytes: int  # device memory as the driver reports it
+    non_torch_bytes: int  # held outside PyTorch's allocator
+    weights_bytes: int  # allocated before the warm-up: parameters, rotary tables
+    peak_activation_bytes: int  # warm-up peak above the weights (temporary warm-up cache excluded)
+    graph_reserve_bytes: int  # set aside for the CUDA-graph pool (0 when no graphs are captured)
+
+    def kv_budget_bytes(self, utilization: float) -> float:
+        used = self.non_torch_bytes + self.weights_bytes + self.peak_activation_bytes + self.graph_reserve_bytes
+        return self.total_bytes * utilization - used
+
+    def describe(self, utilization: float) -> str:
+        gib = 1024**3
+        return (f"total {self.total_bytes / gib:.2f} GiB x {utilization} = {self.total_bytes * utilization / gib:.2f} "
+                f"GiB usable; non-torch {self.non_torch_bytes / gib:.2f}, weights {self.weights_bytes / gib:.2f}, "
+                f"peak activations {self.peak_activation_bytes / gib:.2f}, graph reserve "
+                f"{self.graph_reserve_bytes / gib:.2f} GiB; KV cache {self.kv_budget_bytes(utilization) / gib:.2f} GiB")
+
+
+def num_kv_blocks(profile: MemoryProfile, utilization: float, block_bytes: int, min_blocks: int) -> int:
+    """Blocks that fit the profile's KV budget; ValueError when fewer than min_blocks (one
+    max_model_len sequence) fit, since the scheduler could then never admit a long request."""
+    if block_bytes <= 0:
+        raise ValueError(f"block_bytes must be > 0, got {block_bytes}")
+    blocks = int(max(profile.kv_budget_bytes(utilization), 0) // block_bytes)
+    if blocks < min_blocks:
+        raise ValueError(
+            f"gpu_memory_utilization={utilization} leaves room for {blocks} KV blocks, fewer than one "
+            f"max_model_len sequence needs ({min_blocks}): {profile.describe(utilization)}. Raise "
+            "gpu_memory_utilization, or lower max_model_len / max_num_batched_tokens / max_num_seqs"
+        )
+    return blocks
+
+
+def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, StepPlan]:
+    """The two largest steps the scheduler can produce: a prefill of max_num_batched_tokens
+    tokens (sequences of up to max_model_len) and a decode of max_num_seqs rows sampled with
+    top-p (the sampler's sort path). Every sequence shares one table of blocks 0..n-1, so a
+    cache of one max_model_len sequence serves the warm-up."""
+    table = list(range(-(-config.max_model_len // block_size)))
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    lengths, left = [], config.max_num_batched_tokens
+    while left > 0 and len(lengths) < config.max_num_seqs:
+        lengths.append(min(left, config.max_model_len))
+        left -= lengths[-1]
+    prefill = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True, params, 0, False)
+               for i, n in enumerate(lengths)]
+    decode = [ScheduledRequest(f"warmup-{i}", [0], 0, table, True, params, 0, True)
+              for i in range(config.max_num_seqs)]
+    return (StepPlan(prefill, StepStats(0, "prefill", len(prefill), sum(lengths), 0, 0, 0, 0, 0, 0)),
+            StepPlan(decode, StepStats(0, "decode", len(decode), 0, len(decode), 0, 0, 0, 0, 0)))

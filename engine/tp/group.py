@@ -1,0 +1,63 @@
+"""One process's membership in the tensor-parallel group, and the collectives the model uses.
+
+NOTE: torch.distributed keeps its default process group in process-global state; DistGroup is
+the one place that touches it, and refuses to start while another group is live in the same
+process (one tensor-parallel engine per process at a time; a new one may start after shutdown).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+# NVLink multicast (NVLS) can take a shared host's GPUs out of service: keep it off in NCCL,
+# PyTorch's symmetric memory and NVSHMEM, in this process and in every worker it spawns.
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def apply_safe_env() -> None:
+    os.environ.update(SAFE_NCCL_ENV)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it: no hard-coded port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class DistGroup:
+    def __init__(self, rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> None:
+        if dist.is_initialized():
+            raise RuntimeError("a torch.distributed process group is already live in this process: "
+                               "shut the other tensor-parallel engine down first")
+        apply_safe_env()
+        self.rank, self.size, self.device = rank, size, device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL binds each rank's communicator to the current device
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (callers hand in a fresh tensor)."""
+        dist.all_reduce(x)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenation over ranks, in rank order, along the last dim."""
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

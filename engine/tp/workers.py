@@ -1,0 +1,120 @@
+"""Ranks 1..size-1 of a tensor-parallel engine, each in a spawned process, driven by rank 0.
+
+Rank 0 talks to each worker over its own multiprocessing Pipe (pickled messages, no shared
+memory): control messages ("profile", "allocate", "capture") are answered, "step" messages (a
+HostBatch of plain numpy arrays, cheap to pickle) are not, so a step costs one send per worker.
+A worker that fails reports its traceback on the pipe and exits.
+
+Shutdown sends "shutdown", joins each worker with a timeout, then terminates and kills what is
+left. A weakref finalizer runs the same at interpreter exit if shutdown() was never called, and
+the workers are daemonic, so none outlives the engine's process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core.config import CacheConfig, SchedulerConfig
+
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    size: int
+    port: int
+    engine_config: EngineConfig
+    scheduler_config: SchedulerConfig
+    cache_config: CacheConfig
+    device_type: str  # "cuda" (rank r on cuda:r) or "cpu"
+    attention_backend: str  # resolved by rank 0, so every rank runs the same one
+    timeout_s: float
+    num_threads: int  # torch intra-op threads (CPU runs)
+
+
+class WorkerError(RuntimeError):
+    """A tensor-parallel worker failed; the message carries its traceback."""
+
+
+class Workers:
+    def __init__(self, specs: list[WorkerSpec]) -> None:
+        from engine.tp.worker_main import worker_main
+
+        ctx = mp.get_context("spawn")
+        self.timeout_s = max(s.timeout_s for s in specs)
+        self.procs: list[mp.Process] = []
+        self.conns = []
+        for spec in specs:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(spec, child), name=f"tp-rank-{spec.rank}", daemon=True)
+            proc.start()
+            child.close()  # the worker holds the other end; EOF here then means it died
+            self.procs.append(proc)
+            self.conns.append(parent)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        for conn in self.conns:
+            conn.send((kind, payload))
+
+    def replies(self, what: str) -> list[Any]:
+        """One answer per worker to the last control message (raises WorkerError on a failure)."""
+        return [self._receive(rank, conn, what) for rank, conn in enumerate(self.conns, start=1)]
+
+    def send_batch(self, batch: Any) -> None:
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+            # A worker only speaks unasked when it failed; a dead one would leave rank 0 waiting
+            # in the step's first collective until the timeout, so fail here instead.
+            if conn.poll() or not proc.is_alive():
+                self._receive(rank, conn, "step")
+            conn.send(("step", batch))
+
+    def _receive(self, rank: int, conn, what: str) -> Any:
+        deadline = time.monotonic() + self.timeout_s
+        proc = self.procs[rank - 1]
+        while not conn.poll(0.1):
+            if not proc.is_alive() and not conn.poll():
+                raise WorkerError(f"tensor-parallel rank {rank} exited (code {proc.exitcode}) during {what!r}")
+            if time.monotonic() > deadline:
+                raise WorkerError(f"tensor-parallel rank {rank} gave no answer to {what!r} in {self.timeout_s:.0f} s")
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            proc.join(1.0)
+            raise WorkerError(f"tensor-parallel rank {rank} exited (code {proc.exitcode}) during {what!r}") from None
+        if kind == "error":
+            raise WorkerError(f"tensor-parallel rank {rank} failed during {what!r}:\n{payload}")
+        return payload
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return any(p.is_alive() for p in self.procs)
+
+
+def _stop(procs: list[mp.Process], conns: list) -> None:
+    for conn in conns:
+        try:
+            conn.send(("shutdown", None))
+        except (OSError, ValueError):
+            pass  # already gone
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()

@@ -1,0 +1,68 @@
+"""bench.csv + steps.csv (from bench_engine.py) -> bench.md: throughput table and step profile.
+
+    PYTHONPATH=. python experiments/engine/summarize.py experiments/engine/results_h100
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+PHASES = ("prepare", "forward", "sample")
+
+
+def _table(frame: pd.DataFrame) -> str:
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in frame.iterrows():
+        cells = [f"{v:,.3g}" if isinstance(v, float) and abs(v) < 10 else
+                 f"{v:,.0f}" if isinstance(v, float) else str(v) for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def profile(steps: pd.DataFrame) -> pd.DataFrame:
+    """Mean microseconds per step by kind: host time per phase, device time per phase, between steps."""
+    rows = []
+    for (preset, variant, kind), group in steps.groupby(["preset", "variant", "kind"], sort=False):
+        row = {"preset": preset, "variant": variant, "kind": kind, "steps": len(group),
+               "mean_batch": group.num_requests.mean(), "step_us": 1e6 * group.duration_s.mean(),
+               "between_steps_us": 1e6 * group.gap_s.mean()}
+        for side in ("host", "gpu"):
+            for phase in PHASES:
+                col = f"{side}_{phase}_s"
+                if col in group:
+                    row[f"{side}_{phase}_us"] = 1e6 * group[col].mean()
+        row["total_s"] = group.duration_s.sum() + group.gap_s.sum()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main(out_dir: str) -> None:
+    out = Path(out_dir)
+    bench = pd.read_csv(out / "bench.csv")
+    steps = pd.read_csv(out / "steps.csv")
+    head = bench.iloc[0]
+    md = [f"# Engine bench ({head.device})", "",
+          f"- date (UTC): {head.date_utc}", f"- command(s): " + "; ".join(f"`{c}`" for c in bench.command.unique()),
+          "- workload: nano-vllm's bench (256 requests, seed 0, prompt/output lengths uniform in [100, 1024], "
+          "token ids < 10,000, temperature 0.6, ignore_eos, max_model_len 4096), after one warm-up generate",
+          "- output tok/s = generated tokens / wall time of generate(); prefill and decode rates are tokens "
+          "over the summed durations of the steps that did prefill / decode",
+          "", "## Throughput", "",
+          _table(bench[["preset", "variant", "attention_backend", "cuda_graphs", "num_kv_blocks", "output_tokens",
+                        "wall_s", "output_tok_s", "prefill_tok_s", "decode_tok_s", "fraction_of_bound",
+                        "startup_s"]]),
+          "", "## Where a step's time goes (mean microseconds per step)", "",
+          "host_* = Python wall time per phase (prepare: index arrays + upload; forward: eager launches or the "
+          "graph replay call; sample: logits, sampler, wait for the ids), gpu_* = CUDA-event time over the same "
+          "phases, between_steps = scheduler and loop (wall time between two steps).", "",
+          _table(profile(steps))]
+    (out / "bench.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,99 @@
+"""KV-cache sizing: the arithmetic on injected memory numbers (CPU), the warm-up steps, and on
+CUDA the profile of a real model, checked against what the engine then actually holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.core.config import SchedulerConfig
+from engine.kv_sizing import MemoryProfile, num_kv_blocks, warmup_plans
+
+GIB = 1024**3
+
+
+def _profile(**overrides) -> MemoryProfile:
+    values = dict(total_bytes=80 * GIB, non_torch_bytes=GIB // 2, weights_bytes=16 * GIB,
+                  peak_activation_bytes=3 * GIB, graph_reserve_bytes=GIB // 4)
+    values.update(overrides)
+    return MemoryProfile(**values)
+
+
+@pytest.mark.parametrize("utilization", [0.5, 0.9, 1.0])
+def test_blocks_fill_what_the_utilisation_leaves(utilization):
+    profile = _profile()
+    block_bytes = 2 * 36 * 256 * 8 * 128 * 2  # Qwen3-8B shape, block of 256 tokens, bf16
+    blocks = num_kv_blocks(profile, utilization, block_bytes, min_blocks=1)
+    used = profile.non_torch_bytes + profile.weights_bytes + profile.peak_activation_bytes + profile.graph_reserve_bytes
+    # the largest count that fits: one more block would exceed the budget
+    assert used + blocks * block_bytes <= profile.total_bytes * utilization
+    assert used + (blocks + 1) * block_bytes > profile.total_bytes * utilization
+
+
+def test_every_term_reduces_the_budget():
+    block_bytes = 1 << 20
+    base = num_kv_blocks(_profile(), 0.9, block_bytes, 1)
+    for field in ("non_torch_bytes", "weights_bytes", "peak_activation_bytes", "graph_reserve_bytes"):
+        grown = num_kv_blocks(_profile(**{field: getattr(_profile(), field) + 64 * block_bytes}), 0.9, block_bytes, 1)
+        assert grown == base - 64, field
+
+
+def test_too_little_memory_names_the_setting():
+    profile = _profile(weights_bytes=70 * GIB)
+    with pytest.raises(ValueError, match="gpu_memory_utilization=0.5"):
+        num_kv_blocks(profile, 0.5, 1 << 20, min_blocks=16)  # budget negative
+    tight = _profile()
+    fits = num_kv_blocks(tight, 0.9, 1 << 20, min_blocks=1)
+    assert num_kv_blocks(tight, 0.9, 1 << 20, min_blocks=fits) == fits
+    with pytest.raises(ValueError, match="max_model_len"):
+        num_kv_blocks(tight, 0.9, 1 << 20, min_blocks=fits + 1)
+
+
+@pytest.mark.parametrize("budget,max_len,max_seqs", [(16384, 4096, 512), (1000, 300, 4), (64, 64, 64)])
+def test_warmup_plans_are_the_largest_steps(budget, max_len, max_seqs):
+    config = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len)
+    prefill, decode = warmup_plans(config, block_size=16)
+    lengths = [len(e.token_ids) for e in prefill.scheduled]
+    assert sum(lengths) == min(budget, max_len * max_seqs) and max(lengths) <= max_len
+    assert len(lengths) <= max_seqs
+    assert len(decode.scheduled) == max_seqs and all(len(e.token_ids) == 1 for e in decode.scheduled)
+    for e in prefill.scheduled + decode.scheduled:
+        # one shared table covers a max_model_len sequence, so a one-sequence cache serves all
+        assert len(e.block_table) * 16 >= e.context_len and len(e.block_table) == -(-max_len // 16)
+        assert e.sample and e.sampling_params.top_p < 1.0  # the sampler's costliest path
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
+    from engine.checkpoint import write_checkpoint
+    from engine.core.plan import StepPlan
+    from engine.executor import EngineExecutor
+    from engine.config import EngineConfig
+    from engine.core.config import CacheConfig
+
+    model_dir = write_checkpoint("qwen3-0.6b", tmp_path / "m", dtype="bfloat16")
+    utilization = 0.5
+    sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048)
+    executor = EngineExecutor(EngineConfig(model=str(model_dir), gpu_memory_utilization=utilization),
+                              sched, CacheConfig(block_size=256))
+    try:
+        runner = executor.runner
+        profile = runner.memory_profile
+        assert profile is not None and executor.uses_cuda_graphs
+        assert profile.weights_bytes > 1e9  # 0.6B parameters in bf16 (embeddings tied)
+        assert 0 < profile.peak_activation_bytes < 8 * GIB and profile.graph_reserve_bytes > 0
+        assert executor.kv_cache_spec().num_blocks == num_kv_blocks(profile, utilization, runner.block_bytes, 8)
+        # the largest steps again, over the real cache and with the graphs captured: still within the share
+        prefill, decode = warmup_plans(sched, 256)
+        torch.cuda.reset_peak_memory_stats()
+        for plan in (prefill, decode):
+            executor.execute(StepPlan(plan.scheduled, plan.stats))
+        free, total = torch.cuda.mem_get_info()
+        print(f"held {(total - free) / GIB:.2f} of {total / GIB:.2f} GiB; {profile.describe(utilization)}")
+        assert total - free <= total * utilization + GIB  # slack: allocator rounding and fragmentation
+    finally:
+        executor.shutdown()
