@@ -25,7 +25,7 @@ from harness.workloads import WorkloadConfig
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 BACKENDS = ("sim", "engine")
-STUDY_KINDS = ("single", "sweep", "capacity", "bench")
+STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class CapacityConfig:
 @dataclass(frozen=True)
 class StudyConfig:
     """kind: single (one run), sweep (one run per value of `param`), capacity (a rate search per
-    value of `param`, or once when param is null), bench (one run, printed like nano-vllm's bench).
+    value of `param`, or once when param is null), bench (one run, printed like nano-vllm's bench),
+    compare (engine vs simulator on one workload: harness.compare, settings in the compare section).
     param is a dotted config key (scheduler.max_num_batched_tokens) or a group name (hardware).
     """
 

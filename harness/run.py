@@ -2,7 +2,8 @@
 
 The simulator runs on a SimulatedClock (time jumps by each step's priced duration), the engine on
 a WallClock (measured time). Outputs go to a directory: requests.csv, steps.csv, summary.csv and,
-unless disabled, timeline.png and latency_cdf.png.
+unless disabled, timeline.png and latency_cdf.png. Engine runs (and runs asked to record) also
+carry each step's features, schedule fingerprint and host time in steps.csv (harness.recording).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from engine.core.loop import SimulatedClock, WallClock, run
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.metrics import requests_frame, steps_frame, summarize
+from harness.recording import StepRecorder, graph_sizes_of
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ class RunOutcome:
     summary: dict
     num_blocks: int
     rejected: dict[str, str] = field(default_factory=dict)
+    graph_batch_sizes: tuple[int, ...] = ()  # CUDA-graph decode sizes the backend ran with
 
 
 def make_executor(rc: RunConfig) -> Executor:
@@ -46,8 +49,10 @@ def make_executor(rc: RunConfig) -> Executor:
     return EngineExecutor(rc.engine, rc.scheduler, rc.cache)
 
 
-def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = None, label: str = "") -> RunOutcome:
-    """Serve rc.workload to completion; executor overrides the configured backend (tests)."""
+def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = None, label: str = "",
+             record: bool | None = None) -> RunOutcome:
+    """Serve rc.workload to completion; executor overrides the configured backend (tests).
+    record: add step features, schedule hashes (and host times) to steps; None: engine runs only."""
     if executor is None:
         try:
             executor = make_executor(rc)
@@ -58,7 +63,10 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         spec = executor.kv_cache_spec()
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, getattr(executor, "vocab_size", None))
         scheduler = make_scheduler(rc.scheduler, spec, rc.cache, getattr(executor, "eos_token_id", None))
-        clock = WallClock() if rc.backend == "engine" else SimulatedClock()
+        wall = rc.backend == "engine"
+        clock = WallClock() if wall else SimulatedClock()
+        graph_sizes = graph_sizes_of(executor, rc)
+        recorder = StepRecorder(graph_sizes, wall) if (wall if record is None else record) else None
         total = len(workload.requests)
         bar = tqdm(total=total, desc=label or rc.workload.name, unit="req", disable=not progress,
                    mininterval=0.5, leave=False, dynamic_ncols=True)
@@ -68,8 +76,11 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
                 bar.update(len(finished))
 
         started = time.perf_counter()
+        loop_executor = executor
+        if recorder is not None:
+            loop_executor, clock = recorder.wrap(executor, clock)
         with bar:
-            result = run(scheduler, executor, workload.requests, clock, on_step)
+            result = run(scheduler, loop_executor, workload.requests, clock, on_step)
         wall_s = time.perf_counter() - started
     finally:
         executor.shutdown()
@@ -79,6 +90,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
                     len(result.rejected), total, *first)
     requests = requests_frame(result)
     steps = steps_frame(result)
+    if recorder is not None:
+        steps = pd.concat([steps, recorder.frame()], axis=1)
     extra = {
         "backend": rc.backend,
         "model": getattr(rc.model, "name", "") if rc.backend == "sim" else Path(rc.engine.model).name,
@@ -92,7 +105,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         "wall_s": wall_s,
     }
     summary = summarize(requests, steps, result.makespan_s, spec.num_blocks, extra)
-    return RunOutcome(requests, steps, summary, spec.num_blocks, dict(result.rejected))
+    return RunOutcome(requests, steps, summary, spec.num_blocks, dict(result.rejected), graph_sizes)
 
 
 def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True) -> None:

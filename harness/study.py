@@ -31,6 +31,12 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print(f"outputs: {out_dir} (capacity.csv, capacity_probes.csv, capacity.png)")
         return table
+    if study.kind == "compare":
+        from harness.compare import run_compare
+
+        table = run_compare(cfg, study, output, out_dir)
+        print(f"outputs: {out_dir} (compare.csv, compare.md, compare_*.csv, compare_*.png, engine/, sim_*/)")
+        return table
     rc = build_run_config(cfg)
     outcome = run_once(rc, output.progress)
     write_outcome(outcome, out_dir, output.plots)

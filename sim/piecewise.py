@@ -1,9 +1,11 @@
 """A piecewise-linear function of one size variable plus linear terms, fitted by least squares.
 
 duration ~= f(size) + sum_i coef_i * feature_i, with f linear between knots (hat basis), so
-inside the measured sizes a prediction interpolates between measured shapes. The fit minimises
-relative error (rows weighted by 1 / duration) because short decode steps matter as much as long
-prefills. Outside the measured range of any input the caller is told (see out_of_range).
+inside the measured sizes a prediction interpolates between measured shapes. By default the fit
+minimises relative error (rows weighted by 1 / duration) because short decode steps matter as much
+as long prefills; relative=False fits plain least squares, whose prediction is unbiased in the
+mean (what a sum of many noisy small times, such as host overheads, needs). Outside the measured
+range of any input the caller is told (see out_of_range).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ class PiecewiseLinearFit:
 
     @classmethod
     def fit(cls, x: np.ndarray, features: Mapping[str, np.ndarray], y: np.ndarray, size_feature: str,
-            max_knots: int = 40, min_support: int = 3) -> PiecewiseLinearFit:
+            max_knots: int = 40, min_support: int = 3, relative: bool = True) -> PiecewiseLinearFit:
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
         if len(y) == 0:
             raise ValueError(f"no rows to fit for {size_feature!r}")
-        if not np.all(y > 0):
+        if not np.all(y > 0) and relative:
             raise ValueError("duration_s must be > 0 in every profiled row")
         knots = _choose_knots(x, max_knots, min_support)
         ranges = [(size_feature, float(x.min()), float(x.max()))]
@@ -47,7 +49,7 @@ class PiecewiseLinearFit:
         a = np.column_stack(columns)
         scale = np.abs(a).max(axis=0)
         scale[scale == 0] = 1.0
-        weights = 1.0 / y
+        weights = 1.0 / y if relative else np.ones_like(y)
         coef, *_ = np.linalg.lstsq(a / scale * weights[:, None], y * weights, rcond=None)
         coef = coef / scale
         n = len(knots)

@@ -8,6 +8,13 @@ Steps fall in three regimes that a GPU runs differently, each fitted on its own 
 - "decode_eager": the same in the real batch size.
 Inside the measured range a prediction interpolates; outside it extrapolates the nearest segment
 and warns (ExtrapolationWarning), once per model instance and feature.
+
+Host time: duration_s in a step-timing table is what the executor measured for execute(); on a
+wall clock the loop also spends time between steps (the scheduler's schedule() and update(),
+admissions). Where a table has a host_s column (real engine runs recorded by the harness), a
+fourth fit, "host", prices that time (piecewise-linear in num_seqs + prefill tokens, plain least
+squares: the clock needs its mean), and step_time() adds it, so the simulated clock follows the
+engine's wall clock. predict() of a table stays comparable with its duration_s: the executor's part.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ REGIMES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
                     "decode_context_tokens", "duration_s")
+# Host time between steps: size feature, linear features (see the module docstring).
+HOST_REGIME = "host"
+HOST_FIT = ("num_seqs", ("num_prefill_tokens",))
+HOST_MAX_KNOTS = 8
 # Where a step's own regime was not profiled, the next one that was.
 _FALLBACK = {"prefill": ("prefill",), "decode_graph": ("decode_graph", "decode_eager", "prefill"),
              "decode_eager": ("decode_eager", "decode_graph", "prefill")}
@@ -73,7 +84,7 @@ def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 class ProfiledCostModel:
     def __init__(self, fits: Mapping[str, PiecewiseLinearFit], graph_batch_sizes: Sequence[int] = ()) -> None:
-        unknown = set(fits) - set(REGIMES)
+        unknown = set(fits) - set(REGIMES) - {HOST_REGIME}
         if unknown:
             raise ValueError(f"unknown regimes {sorted(unknown)}; known: {sorted(REGIMES)}")
         if "prefill" not in fits:
@@ -89,14 +100,21 @@ class ProfiledCostModel:
             min_support: int = 3) -> ProfiledCostModel:
         """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s)."""
         df = complete_columns(df)
-        regimes = df.apply(_regime, axis=1) if len(df) else pd.Series([], dtype=str)
+        timed = df[df["duration_s"].notna()]
+        regimes = timed.apply(_regime, axis=1) if len(timed) else pd.Series([], dtype=str)
         fits = {}
         for name, (size, linear) in REGIMES.items():
-            rows = df[regimes == name]
+            rows = timed[regimes == name]
             if len(rows):
                 fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                     rows["duration_s"].to_numpy(), size, max_knots,
                                                     min_support)
+        if "host_s" in df.columns and df["host_s"].notna().any():
+            rows = df[df["host_s"].notna()]
+            size, linear = HOST_FIT
+            fits[HOST_REGIME] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
+                                                       rows["host_s"].to_numpy(), size, HOST_MAX_KNOTS,
+                                                       min_support, relative=False)
         return cls(fits, graph_batch_sizes)
 
     @classmethod
@@ -134,10 +152,26 @@ class ProfiledCostModel:
 
     # ---- prediction -----------------------------------------------------------------------------
 
+    @property
+    def has_host(self) -> bool:
+        return HOST_REGIME in self.fits
+
     def step_time(self, plan: StepPlan) -> float:
-        return self.predict_features(step_features(plan, self.graph_batch_sizes))
+        features = step_features(plan, self.graph_batch_sizes)
+        return self.predict_features(features) + self.host_time(features)
+
+    def host_time(self, features: Mapping[str, float]) -> float:
+        """Wall time the loop spends around the step (0 when the profile has no host_s)."""
+        fit = self.fits.get(HOST_REGIME)
+        if fit is None:
+            return 0.0
+        for name, value, lo, hi in fit.out_of_range(features):
+            self._warn_once(HOST_REGIME, name, f"host time of a step with {name}={value:g} outside the "
+                                               f"profiled range [{lo:g}, {hi:g}]; extrapolating")
+        return max(fit.predict(features), 0.0)
 
     def predict_features(self, features: Mapping[str, float]) -> float:
+        """The executor's part of the step (comparable with a table's duration_s)."""
         regime = _regime(features)
         used = next(r for r in _FALLBACK[regime] if r in self.fits)
         if used != regime:
@@ -148,10 +182,15 @@ class ProfiledCostModel:
                                         f"[{lo:g}, {hi:g}]; extrapolating")
         return max(fit.predict(features), _MIN_DURATION_S)
 
-    def predict(self, df: pd.DataFrame) -> np.ndarray:
-        """Predicted duration_s for each row of a step-timing table."""
+    def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
+        """Predicted duration_s for each row of a step-timing table; with include_host, plus the
+        host time (the whole loop step, what step_time() returns)."""
         df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
-        return np.array([self.predict_features(row) for row in df.to_dict("records")])
+        rows = df.to_dict("records")
+        predicted = np.array([self.predict_features(row) for row in rows])
+        if include_host:
+            predicted += np.array([self.host_time(row) for row in rows])
+        return predicted
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:
         if (regime, name) not in self._warned:

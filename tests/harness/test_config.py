@@ -32,7 +32,15 @@ def test_experiment_composes_and_converts(name):
     study, output = build_study(cfg)
     assert isinstance(rc.scheduler, SchedulerConfig) and isinstance(rc.cache, CacheConfig)
     assert isinstance(rc.workload, WorkloadConfig) and isinstance(rc.model, ModelSpec)
-    assert isinstance(rc.hardware, HardwareSpec) and isinstance(rc.sim, SimConfig)
+    assert isinstance(rc.hardware, HardwareSpec)
+    if study.kind == "compare":  # the engine first, then the simulator with its settings
+        from harness.compare import CompareConfig
+        from harness.config import section
+
+        assert rc.backend == "engine" and isinstance(to_dataclass(CompareConfig, section(cfg, "compare"), "compare"),
+                                                     CompareConfig)
+    else:
+        assert isinstance(rc.sim, SimConfig)
     assert isinstance(study, StudyConfig) and study.name == name
     if study.param:
         # Every sweep point converts too (a bad value must fail before the first run).

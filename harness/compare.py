@@ -1,0 +1,251 @@
+"""`python -m harness experiment=compare`: one workload served by the engine and by the simulator
+with the same KV block count, and how far the simulation is from the measurement.
+
+The engine runs first (it sizes its KV cache; every step is recorded with its features, schedule
+fingerprint and host time), then the simulator once per cost model with cache.num_blocks and the
+CUDA-graph sizes the engine had. The profiled model's calibration is compare.profile_path (saved
+coefficients or a step-timing table, e.g. under experiments/calibration/), or, when null, a quick
+profile of the engine's own executor taken just before the run (harness.profiling). With
+compare.engine_dir the engine side is read from a saved run (a previous comparison's engine/
+folder) instead: the simulation side and the report need no GPU.
+
+Outputs in the run directory: engine/ and sim_<cost model>/ (each run's requests.csv, steps.csv,
+summary.csv, plots); compare.csv (metrics x runs, relative errors, replay rows);
+compare_schedule.csv; compare_steps.csv (the replay: each engine step measured vs predicted);
+compare_targets.csv; compare.md (all of it as text); compare_metrics.png, compare_steps.png,
+compare_latency.png; profile.csv and profile_model.csv when profiled inline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from harness import compare_tables as tables
+from harness.config import OutputConfig, RunConfig, StudyConfig, _resolve_path, build_run_config, section
+from harness.convert import ConfigError, to_dataclass
+from harness.run import RunOutcome, make_executor, run_once, write_outcome
+
+log = logging.getLogger(__name__)
+COST_MODELS = ("profiled", "roofline")
+GRIDS = ("quick", "full")
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    cost_models: tuple[str, ...] = COST_MODELS
+    profile_path: str | None = None  # null: profile the engine first (grid below) and fit on that
+    grid: str = "quick"  # inline profile: quick (seconds) or full (harness.profiling.ProfileGrid())
+    engine_dir: str | None = None  # a saved engine run to compare against, instead of running the engine
+    throughput_tol: float = 0.05
+    latency_tol: float = 0.10
+
+    def __post_init__(self) -> None:
+        bad = [c for c in self.cost_models if c not in COST_MODELS]
+        if bad or not self.cost_models:
+            raise ValueError(f"compare.cost_models must be a non-empty subset of {COST_MODELS}, got {self.cost_models}")
+        if self.grid not in GRIDS:
+            raise ValueError(f"compare.grid must be one of {GRIDS}, got {self.grid!r}")
+        if self.engine_dir and not self.profile_path and "profiled" in self.cost_models:
+            raise ValueError("compare.profile_path must be set with compare.engine_dir (no engine to profile)")
+        for name in ("throughput_tol", "latency_tol"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"compare.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
+class EngineSide:
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    meta: dict  # num_blocks, graph_batch_sizes, device, ...
+
+
+@dataclass
+class CompareResult:
+    table: pd.DataFrame
+    schedule: pd.DataFrame
+    replayed: pd.DataFrame
+    targets: pd.DataFrame
+    report: str
+
+
+class KeepAlive:
+    """An executor whose shutdown() does nothing: several runs share one loaded engine."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def kv_cache_spec(self):
+        return self.inner.kv_cache_spec()
+
+    def execute(self, plan):
+        return self.inner.execute(plan)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def engine_meta(executor, outcome: RunOutcome) -> dict:
+    runner = getattr(executor, "runner", None)
+    device = str(getattr(executor, "device", "?"))
+    try:
+        import torch
+
+        if device.startswith("cuda"):
+            device = torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001 (metadata only)
+        pass
+    config = getattr(executor, "config", None)
+    return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_batch_sizes), "device": device,
+            "dtype": str(getattr(runner, "dtype", "?")), "engine_config": dataclasses.asdict(config) if config else {}}
+
+
+def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool, plots: bool,
+                    executor=None) -> tuple[EngineSide, str | None]:
+    """Run (or load) the engine; returns it and the profile path to use (fitted inline if needed)."""
+    if cc.engine_dir:
+        folder = _resolve_path(cc.engine_dir)
+        meta = json.loads((folder / "engine.json").read_text())
+        side = EngineSide(pd.read_csv(folder / "requests.csv"), pd.read_csv(folder / "steps.csv"),
+                          pd.read_csv(folder / "summary.csv").iloc[0].to_dict(), meta)
+        return side, cc.profile_path
+    if rc.backend != "engine":
+        raise ConfigError(f"backend must be engine for a comparison (or set compare.engine_dir), got {rc.backend}")
+    if executor is None:
+        try:
+            executor = make_executor(rc)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"backend=engine: {error}") from None
+    profile_path = cc.profile_path
+    try:
+        if profile_path is None and "profiled" in cc.cost_models:
+            profile_path = str(profile_inline(executor, rc, cc, out_dir))
+        outcome = run_once(rc, progress, executor=executor, label="engine", record=True)
+    except BaseException:
+        executor.shutdown()
+        raise
+    meta = engine_meta(executor, outcome)
+    meta.update(workload=dataclasses.asdict(rc.workload), scheduler=dataclasses.asdict(rc.scheduler),
+                cache=dataclasses.asdict(rc.cache))
+    write_outcome(outcome, out_dir / "engine", plots)
+    (out_dir / "engine" / "engine.json").write_text(json.dumps(meta, indent=1, default=str))
+    return EngineSide(outcome.requests, outcome.steps, outcome.summary, meta), profile_path
+
+
+def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) -> Path:
+    from harness.calibration import fit_calibration
+    from harness.profiling import ProfileGrid, profile_executor
+    from harness.recording import graph_sizes_of
+
+    sizes = graph_sizes_of(executor, rc)
+    grid = ProfileGrid.quick() if cc.grid == "quick" else ProfileGrid()
+    profile = profile_executor(executor, rc.scheduler, grid, sizes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    profile.to_csv(out_dir / "profile.csv", index=False)
+    fit_calibration(profile, None, sizes).to_csv(out_dir / "profile_model.csv")
+    return out_dir / "profile_model.csv"
+
+
+def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:
+    from sim.config import SimConfig
+    from sim.features import cuda_graph_batch_sizes
+
+    sizes = tuple(meta["graph_batch_sizes"])
+    top = max(sizes) if sizes else 0
+    tp = (meta.get("engine_config") or {}).get("tensor_parallel_size", 1)
+    sim = SimConfig(cost_model=cost_model, profile_path=str(_resolve_path(profile_path)) if cost_model == "profiled"
+                    else None, tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512)
+    if sizes and cuda_graph_batch_sizes(min(top, rc.scheduler.max_num_seqs)) != sizes:
+        log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", sizes)
+    cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
+    return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
+
+
+def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = False, plots: bool = True,
+            executor=None) -> CompareResult:
+    from sim.cost_model import make_cost_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine, profile_path = run_engine_side(rc, cc, out_dir, progress, plots, executor)
+    summaries = {"engine": engine.summary}
+    requests = {"engine": engine.requests}
+    sim_steps, predictors = {}, {}
+    for name in cc.cost_models:
+        sim_rc = sim_run_config(rc, name, profile_path, engine.meta)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outcome = run_once(sim_rc, progress, label=f"sim {name}", record=True)
+            predictors[name] = make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim,
+                                               tuple(engine.meta["graph_batch_sizes"]))
+        for w in caught:
+            log.warning("sim %s: %s", name, w.message)
+        write_outcome(outcome, out_dir / f"sim_{name}", plots)
+        summaries[f"sim_{name}"] = outcome.summary
+        requests[f"sim_{name}"] = outcome.requests
+        sim_steps[f"sim_{name}"] = outcome.steps
+    table = tables.metrics_table(summaries)
+    schedule = tables.schedule_table(engine.steps, sim_steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the sims already reported extrapolation
+        replayed = tables.replay(engine.steps, predictors)
+    table = pd.concat([table, pd.DataFrame(tables.replay_rows(replayed, list(cc.cost_models)))], ignore_index=True)
+    offline = rc.workload.arrival == "offline"
+    targets = tables.targets(table, schedule, offline, cc.throughput_tol, cc.latency_tol)
+    report = format_report(rc, engine, profile_path, offline, table, schedule, targets)
+    table.to_csv(out_dir / "compare.csv", index=False)
+    schedule.to_csv(out_dir / "compare_schedule.csv", index=False)
+    replayed.to_csv(out_dir / "compare_steps.csv", index=False)
+    targets.to_csv(out_dir / "compare_targets.csv", index=False)
+    (out_dir / "compare.md").write_text(report)
+    if plots:
+        from harness import compare_plots
+
+        runs = list(summaries)
+        compare_plots.plot_metrics(table, runs, out_dir / "compare_metrics.png")
+        compare_plots.plot_steps(replayed, list(cc.cost_models), out_dir / "compare_steps.png")
+        compare_plots.plot_latency(requests, out_dir / "compare_latency.png")
+    return CompareResult(table, schedule, replayed, targets, report)
+
+
+def format_report(rc: RunConfig, engine: EngineSide, profile_path, offline: bool, table: pd.DataFrame,
+                  schedule: pd.DataFrame, targets: pd.DataFrame) -> str:
+    meta = engine.meta
+    lines = [f"# Simulated vs measured: {rc.workload.name} ({'offline' if offline else rc.workload.arrival} arrivals)",
+             "", f"- engine: {engine.summary.get('model', '?')} on {meta.get('device', '?')}, "
+                 f"{meta['num_blocks']} KV blocks of {rc.cache.block_size} tokens, CUDA-graph sizes "
+                 f"{'none (eager)' if not meta['graph_batch_sizes'] else max(meta['graph_batch_sizes'])}",
+             f"- simulator: model {rc.model.name}, hardware {rc.hardware.name}, same block count; profiled "
+             f"calibration {profile_path}",
+             f"- scheduler: {rc.scheduler.policy}, max_num_seqs {rc.scheduler.max_num_seqs}, "
+             f"max_num_batched_tokens {rc.scheduler.max_num_batched_tokens}", "", "## Schedules", ""]
+    for _, row in schedule.iterrows():
+        if row["schedule_identical"]:
+            lines.append(f"- {row['run']}: schedule_identical: True ({row['engine_steps']} steps, step by step)")
+        else:
+            lines.append(f"- {row['run']}: schedule_identical: False; first divergent step {row['first_divergent_step']} "
+                         f"(engine t={row['engine_time_at_divergence_s']:.3f} s, sim t="
+                         f"{row['sim_time_at_divergence_s']:.3f} s); {row['identical_steps']} of "
+                         f"{row['engine_steps']} engine steps identical ({row['sim_steps']} sim steps)")
+    if offline and not schedule["schedule_identical"].all():
+        lines.append("- WARNING: offline schedules should be identical; the difference is a bug to report")
+    lines += ["", "## Metrics (err = (sim - engine) / engine)", "", tables.markdown(table), "",
+              "## Targets", "", tables.markdown(targets), ""]
+    return "\n".join(lines)
+
+
+def run_compare(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    cc = to_dataclass(CompareConfig, section(cfg, "compare"), "compare")
+    result = compare(build_run_config(cfg), cc, out_dir, output.progress, output.plots)
+    print(result.report)
+    return result.table

@@ -1,0 +1,119 @@
+"""Per-step records beyond StepStats: the step's features, a fingerprint of its schedule, and on a
+wall clock the host time the loop spent around it.
+
+StepRecorder wraps the executor and the clock handed to the core loop. The loop calls execute()
+exactly once per StepRecord it appends, so row i of frame() is step i of RunResult.steps.
+
+Columns:
+- sim.features.FEATURE_COLUMNS of the plan (graph_batch_sizes: the CUDA-graph sizes the backend
+  captured, so the features say which steps replayed a graph);
+- schedule_hash: a digest of (request id, first position, new tokens, sample) per scheduled entry
+  and the preempted ids. Two runs made the same decisions at step i iff their hashes agree;
+- host_s (wall clock only): time since the previous execute() returned (update, admissions,
+  this step's schedule), less the time the clock slept waiting for an arrival, plus what this
+  execute() took beyond the duration the executor reported. So on a wall clock
+  sum(duration + host_s) + time asleep = the time the last execute() returned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pandas as pd
+import xxhash
+
+from engine.core.plan import KVCacheSpec, StepPlan, StepResult
+from sim.features import FEATURE_COLUMNS, cuda_graph_batch_sizes, step_features
+
+
+def schedule_hash(plan: StepPlan) -> str:
+    digest = xxhash.xxh64()
+    for e in plan.scheduled:
+        digest.update(f"{e.request_id}:{e.num_computed_tokens}:{len(e.token_ids)}:{int(e.sample)};".encode())
+    digest.update(("|" + ",".join(plan.preempted_ids)).encode())
+    return digest.hexdigest()
+
+
+def graph_sizes_of(executor, rc) -> tuple[int, ...]:
+    """The decode batch sizes that run as CUDA graphs: what the engine captured, or what the
+    simulator's config says it would."""
+    if rc.backend == "sim":
+        if rc.sim.enforce_eager:
+            return ()
+        return cuda_graph_batch_sizes(min(rc.sim.max_cuda_graph_batch_size, rc.scheduler.max_num_seqs))
+    graphs = getattr(getattr(executor, "runner", None), "graphs", None)
+    # A DecodeGraphs built with capture=False (CPU) runs eagerly: no graph is replayed.
+    if graphs is None or not getattr(graphs, "captured", True):
+        return ()
+    return tuple(sorted(graphs.sizes))
+
+
+class _RecordingClock:
+    def __init__(self, inner, recorder: StepRecorder) -> None:
+        self._inner = inner
+        self._recorder = recorder
+
+    def now(self) -> float:
+        return self._inner.now()
+
+    def advance(self, duration_s: float) -> None:
+        self._inner.advance(duration_s)
+
+    def wait_until(self, t: float) -> None:
+        start = time.perf_counter()
+        self._inner.wait_until(t)
+        self._recorder.asleep_s += time.perf_counter() - start
+
+
+class _RecordingExecutor:
+    def __init__(self, inner, recorder: StepRecorder) -> None:
+        self._inner = inner
+        self._recorder = recorder
+
+    def __getattr__(self, name: str):
+        # eos_token_id, vocab_size, runner, ...: the wrapped executor's
+        return getattr(self._inner, name)
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self._inner.kv_cache_spec()
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        rec = self._recorder
+        entered = time.perf_counter()
+        result = self._inner.execute(plan)
+        left = time.perf_counter()
+        row = step_features(plan, rec.graph_batch_sizes)
+        row["schedule_hash"] = schedule_hash(plan)
+        if rec.wall:
+            gap = entered - rec._last_exit - (rec.asleep_s - rec._asleep_at_exit)
+            row["host_s"] = gap + (left - entered - result.duration_s)
+        rec.rows.append(row)
+        # The bookkeeping above counts as host time of the next step, like the rest of the loop.
+        rec._last_exit = left
+        rec._asleep_at_exit = rec.asleep_s
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+
+class StepRecorder:
+    def __init__(self, graph_batch_sizes: Sequence[int] = (), wall: bool = False) -> None:
+        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+        self.wall = wall
+        self.rows: list[dict] = []
+        self.asleep_s = 0.0
+        self._last_exit = time.perf_counter()
+        self._asleep_at_exit = 0.0
+
+    def wrap(self, executor, clock):
+        """(executor, clock) to hand to engine.core.loop.run in place of the originals. Call it
+        right before run(): the first step's host time counts from here."""
+        self._last_exit = time.perf_counter()
+        self._asleep_at_exit = self.asleep_s
+        return _RecordingExecutor(executor, self), _RecordingClock(clock, self)
+
+    def frame(self) -> pd.DataFrame:
+        columns = list(FEATURE_COLUMNS) + ["schedule_hash"] + (["host_s"] if self.wall else [])
+        return pd.DataFrame(self.rows, columns=columns)

@@ -1,0 +1,164 @@
+"""The comparison's parts on their own: schedule diffing, step recording, profiling plans, fitting."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
+from engine.core.loop import WallClock, run
+from engine.core.plan import KVCacheSpec, StepResult
+from harness.calibration import validate
+from harness.compare import CompareConfig
+from harness.compare_tables import roofline_step_times, schedule_table
+from harness.profiling import ProfileGrid, build_plan, profile_executor
+from harness.recording import StepRecorder
+from sim.features import cuda_graph_batch_sizes, step_features
+from sim.roofline import RooflineCostModel
+from tests.core.fakes import FakeExecutor
+from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
+from tests.sim.test_profiled import GRAPH, true_time
+
+
+def _steps(hashes, start=None):
+    return pd.DataFrame({"schedule_hash": hashes, "start": start if start is not None else np.arange(len(hashes)) * 0.1,
+                         "preempted": np.zeros(len(hashes), dtype=int)})
+
+
+@pytest.mark.parametrize("sim, first", [
+    (list("abcd"), -1),
+    (list("abxd"), 2),
+    (list("abc"), 3),        # a prefix of the engine's: they part where the shorter one ends
+    (list("abcde"), 4),
+    (list("zbcd"), 0),
+])
+def test_schedule_table_finds_the_first_divergent_step(sim, first):
+    row = schedule_table(_steps(list("abcd")), {"sim_x": _steps(sim, np.arange(len(sim)) * 0.2)}).iloc[0]
+    assert row["first_divergent_step"] == first
+    assert row["schedule_identical"] == (first == -1)
+    if 0 <= first < 4:
+        assert row["engine_time_at_divergence_s"] == pytest.approx(0.1 * first)
+    if 0 <= first < len(sim):
+        assert row["sim_time_at_divergence_s"] == pytest.approx(0.2 * first)
+
+
+class SleepyExecutor(FakeExecutor):
+    """Really takes its time, and reports it, as the engine does."""
+
+    def execute(self, plan):
+        start = time.perf_counter()
+        result = super().execute(plan)
+        time.sleep(0.002)
+        return StepResult(result.token_ids, time.perf_counter() - start)
+
+
+def test_recorded_host_time_and_sleep_account_for_the_wall_clock():
+    sched = make_scheduler(SchedulerConfig(max_model_len=256), KVCacheSpec(64, 16), CacheConfig(16, 64), None)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    requests = [Request(f"r{i}", list(range(1, 30)), params, arrival_time=0.04 * i) for i in range(4)]
+    recorder = StepRecorder((), wall=True)
+    executor, clock = recorder.wrap(SleepyExecutor(64, 16), WallClock())
+    result = run(sched, executor, requests, clock)
+    frame = recorder.frame()
+    durations = np.array([s.duration_s for s in result.steps])
+    assert len(frame) == len(result.steps) and (frame["host_s"] >= 0).all()
+    assert recorder.asleep_s > 0.05  # the requests arrive 40 ms apart and each takes ~10 ms
+    accounted = durations.sum() + frame["host_s"].sum() + recorder.asleep_s
+    assert 0 <= result.makespan_s - accounted < 0.01
+    assert frame["num_decode_tokens"].sum() == sum(s.stats.num_decode_tokens for s in result.steps)
+
+
+def test_roofline_from_features_equals_its_step_time():
+    roof = RooflineCostModel(model("qwen3_0_6b"), hardware("h100"))
+    plans = [decode_batch([100, 2000, 37]), plan(prefill(500, 0, rid="a"), prefill(300, 1200, rid="b")),
+             plan(prefill(64, 256), decode(900, rid="d1"), decode(10, rid="d2")), plan(prefill(200, 0, sample=False))]
+    features = pd.DataFrame([step_features(p, GRAPH) for p in plans])
+    assert roofline_step_times(roof, features) == pytest.approx([roof.step_time(p) for p in plans], rel=1e-12)
+
+
+def test_profile_plans_respect_budgets_and_use_disjoint_blocks():
+    sched = SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=1024)
+    spec = KVCacheSpec(num_blocks=200, block_size=16)
+    rng = np.random.default_rng(0)
+    built = 0
+    for _, kind, entries in ProfileGrid().shapes(sched, rng):
+        step = build_plan(entries, spec, sched, rng, vocab_size=500)
+        if step is None:
+            continue
+        built += 1
+        blocks = [b for e in step.scheduled for b in e.block_table]
+        assert len(blocks) == len(set(blocks)) and max(blocks) < spec.num_blocks
+        assert len(step.scheduled) <= sched.max_num_seqs and step.num_tokens <= sched.max_num_batched_tokens
+        for e in step.scheduled:
+            assert len(e.block_table) * 16 >= e.context_len and e.context_len <= sched.max_model_len
+            assert max(e.token_ids) < 500
+            assert not (e.is_decode and (kind == "prefill" or len(e.token_ids) != 1))
+    assert built > 50
+    assert build_plan([(1, 5000, True)], spec, sched, rng, 500) is None  # more blocks than the pool
+
+
+class GraphRunner:
+    graphs = object()  # stands for captured graphs
+
+
+class GraphExecutor(FakeExecutor):
+    """Records whether graphs were held when each step ran."""
+
+    def __init__(self):
+        super().__init__(4000, 16)
+        self.runner = GraphRunner()
+        self.with_graphs = []
+
+    def execute(self, plan):
+        self.with_graphs.append(self.runner.graphs is not None)
+        return super().execute(plan)
+
+
+def test_profile_times_decodes_with_and_without_graphs():
+    grid = ProfileGrid(prefill_tokens=(64,), prefill_seqs=(1,), prefill_contexts=(0,), decode_batches=(4, 8),
+                       decode_contexts=(100,), eager_decode_batches=(8,), mixed_prefill_tokens=(), num_random=0,
+                       warmup=1, repeats=3, min_repeats=3)
+    executor = GraphExecutor()
+    sizes = cuda_graph_batch_sizes(16)
+    rows = profile_executor(executor, SchedulerConfig(max_model_len=1024), grid, sizes)
+    assert list(rows["kind"]) == ["prefill", "decode", "decode", "decode"]
+    assert list(rows["cuda_graph"]) == [0, 1, 1, 0]  # batch 8 also eager
+    assert list(rows["num_seqs"]) == [1, 4, 8, 8]
+    assert executor.with_graphs[-4:] == [False] * 4 and executor.runner.graphs is not None  # restored
+    assert (rows["repeats"] == 3).all() and len(executor.plans) == 4 * (1 + 3)
+    fake = 1e-3 * (1 + rows["num_tokens"] / 1000)  # FakeExecutor's reported duration
+    assert rows["duration_s"].to_numpy() == pytest.approx(fake.to_numpy())
+
+
+@pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")  # random shapes may poke out of the grid
+def test_validation_of_a_noiseless_law_has_small_held_out_errors():
+    rng = np.random.default_rng(1)
+    rows = []
+    sched = SchedulerConfig()
+    for shape_set, _, entries in ProfileGrid().shapes(sched, rng):
+        step = build_plan(entries, KVCacheSpec(100000, 16), sched, rng, 1000)
+        if step is not None:
+            f = step_features(step, GRAPH)
+            rows.append({**f, "set": shape_set, "duration_s": true_time(f)})
+    profile = pd.DataFrame(rows)
+    real = profile[profile["set"] == "random"].drop(columns=["set"]).rename(columns={"duration_s": "duration"})
+    real = real.assign(host_s=1e-4 + 1e-6 * real["num_seqs"], step=np.arange(len(real)))
+    fitted, table = validate(profile, real, GRAPH)
+    assert set(table["set"]) == {"grid_split", "random_shapes", "real_steps"}
+    overall = table[table["regime"] == "all"].set_index("set")
+    assert (overall["median_abs_rel_error"] < 0.02).all()
+    assert fitted.has_host
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"cost_models": ("exact",)}, "compare.cost_models"),
+    ({"grid": "huge"}, "compare.grid"),
+    ({"engine_dir": "x"}, "compare.profile_path"),
+    ({"throughput_tol": 0}, "compare.throughput_tol"),
+])
+def test_compare_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        CompareConfig(**kwargs)
