@@ -83,13 +83,14 @@ class _RecordingExecutor:
         entered = time.perf_counter()
         result = self._inner.execute(plan)
         left = time.perf_counter()
-        row = step_features(plan, rec.graph_batch_sizes)
-        row["schedule_hash"] = schedule_hash(plan)
+        # NOTE: features and hashes are computed in frame(), after the run, so that recording adds
+        # next to nothing to the host time it measures. Keeping the plan is safe: the scheduler
+        # builds new entries (token_ids are slices) and a new preempted list every step.
+        host = None
         if rec.wall:
             gap = entered - rec._last_exit - (rec.asleep_s - rec._asleep_at_exit)
-            row["host_s"] = gap + (left - entered - result.duration_s)
-        rec.rows.append(row)
-        # The bookkeeping above counts as host time of the next step, like the rest of the loop.
+            host = gap + (left - entered - result.duration_s)
+        rec.steps.append((plan, host))
         rec._last_exit = left
         rec._asleep_at_exit = rec.asleep_s
         return result
@@ -102,7 +103,7 @@ class StepRecorder:
     def __init__(self, graph_batch_sizes: Sequence[int] = (), wall: bool = False) -> None:
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
         self.wall = wall
-        self.rows: list[dict] = []
+        self.steps: list[tuple[StepPlan, float | None]] = []
         self.asleep_s = 0.0
         self._last_exit = time.perf_counter()
         self._asleep_at_exit = 0.0
@@ -115,5 +116,12 @@ class StepRecorder:
         return _RecordingExecutor(executor, self), _RecordingClock(clock, self)
 
     def frame(self) -> pd.DataFrame:
+        rows = []
+        for plan, host in self.steps:
+            row = step_features(plan, self.graph_batch_sizes)
+            row["schedule_hash"] = schedule_hash(plan)
+            if self.wall:
+                row["host_s"] = host
+            rows.append(row)
         columns = list(FEATURE_COLUMNS) + ["schedule_hash"] + (["host_s"] if self.wall else [])
-        return pd.DataFrame(self.rows, columns=columns)
+        return pd.DataFrame(rows, columns=columns)

@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", default="h100", help="conf/hardware name for the roofline model")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--grid", choices=("full", "quick"), default="full")
+    parser.add_argument("--num-random", type=int, default=None, help="random held-out shapes (default: the grid's)")
+    parser.add_argument("--max-seconds-per-shape", type=float, default=None)
     parser.add_argument("--device", default="auto", help="backend.device (cpu for a dry run)")
     parser.add_argument("--calibration-requests", type=int, default=512)
     parser.add_argument("--workloads", nargs="*", default=["bench", "poisson", "azure"],
@@ -103,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         grid = ProfileGrid() if args.grid == "full" else ProfileGrid.quick()
+        if args.num_random is not None:
+            grid = dataclasses.replace(grid, num_random=args.num_random)
+        if args.max_seconds_per_shape is not None:
+            grid = dataclasses.replace(grid, max_seconds_per_shape=args.max_seconds_per_shape)
         profile = profile_executor(executor, rc.scheduler, grid, sizes)
         profile.to_csv(out / "profile.csv", index=False)
         stage_done("profile", t0, rows=len(profile), grid=dataclasses.asdict(grid))
