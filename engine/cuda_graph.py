@@ -21,6 +21,7 @@ import bisect
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.host_staging import segment_offsets
 
 MAX_GRAPH_BATCH = 512
 
@@ -60,10 +61,11 @@ class DecodeGraphs:
         self.device = device
         self.captured = capture
         n = self.max_batch
-        # int64: input_ids, positions, slot_mapping of a graph, then the step's logits rows
-        self.int64 = torch.zeros(4 * n, dtype=torch.int64, device=device)
-        # int32: seq_lens, query_start_loc, block_tables [bs, max_blocks_per_seq]
-        self.int32 = torch.zeros(2 * n + 1 + n * max_blocks_per_seq, dtype=torch.int32, device=device)
+        # int64: input_ids, positions, slot_mapping of a graph, then the step's logits rows;
+        # int32: seq_lens, query_start_loc, block_tables [bs, max_blocks_per_seq]. Laid out as
+        # HostStaging lays out a batch, so one copy per dtype fills them.
+        self.int64 = torch.zeros(self._offsets64(n, n)[1], dtype=torch.int64, device=device)
+        self.int32 = torch.zeros(self._offsets32(n)[1], dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -78,16 +80,29 @@ class DecodeGraphs:
     def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """(input_ids, positions, metadata) of graph bs, as views into the static buffers."""
         w = self.max_blocks_per_seq
+        (ids, pos, slots, _), _ = self._offsets64(bs, 0)
+        (lens, qsl, tables), _ = self._offsets32(bs)
         meta = AttentionMetadata(
-            slot_mapping=self.int64[2 * bs: 3 * bs],
-            query_start_loc=self.int32[bs: 2 * bs + 1],
-            seq_lens=self.int32[:bs],
-            block_tables=self.int32[2 * bs + 1: 2 * bs + 1 + bs * w].view(bs, w),
+            slot_mapping=self.int64[slots: slots + bs],
+            query_start_loc=self.int32[qsl: qsl + bs + 1],
+            seq_lens=self.int32[lens: lens + bs],
+            block_tables=self.int32[tables: tables + bs * w].view(bs, w),
             max_query_len=1,
             max_seq_len=self.max_seq_len,
             is_decode_only=True,
         )
-        return self.int64[:bs], self.int64[bs: 2 * bs], meta
+        return self.int64[ids: ids + bs], self.int64[pos: pos + bs], meta
+
+    def logits_rows(self, bs: int, num_sampled: int) -> torch.Tensor:
+        """The step's logits row indices, staged after graph bs's int64 inputs."""
+        (*_, start), _ = self._offsets64(bs, num_sampled)
+        return self.int64[start: start + num_sampled]
+
+    def _offsets64(self, bs: int, num_sampled: int) -> tuple[list[int], int]:
+        return segment_offsets([bs, bs, bs, num_sampled], 8)
+
+    def _offsets32(self, bs: int) -> tuple[list[int], int]:
+        return segment_offsets([bs, bs + 1, bs * self.max_blocks_per_seq], 4)
 
     def run(self, bs: int, num_seqs: int) -> torch.Tensor:  # [num_seqs, hidden]
         """Replay graph bs over what the runner staged in the buffers; real rows only."""

@@ -1,5 +1,9 @@
 """Copies a step's index arrays to the device: one host buffer and one transfer per dtype.
 
+Each array starts on a 16-byte boundary of the buffer: Triton specialises its kernels on the
+alignment of pointer arguments, so an array whose offset moved with the batch size would make a
+kernel recompile in the middle of a run.
+
 On CUDA the host buffer is pinned and reused, and the copy is non-blocking; an event recorded
 after each copy guards the buffer against being refilled while a copy is in flight. On CPU the
 "upload" is a fresh tensor per step (callers may keep a step's inputs).
@@ -9,6 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+ALIGN_BYTES = 16
+
+
+def segment_offsets(sizes: list[int], itemsize: int) -> tuple[list[int], int]:
+    """Start of each array (in elements) when each starts 16-byte aligned, and the total length."""
+    step = max(1, ALIGN_BYTES // itemsize)
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // step) * step
+    return offsets, end
 
 
 class HostStaging:
@@ -24,9 +40,11 @@ class HostStaging:
         out: a device buffer to copy into (from its start) instead of a fresh tensor.
         """
         sizes = [a.size for a in arrays]
-        total = sum(sizes)
+        offsets, total = segment_offsets(sizes, torch.empty((), dtype=dtype).element_size())
         host = self._pinned(dtype, total) if self.pinned else torch.empty(total, dtype=dtype)
-        np.concatenate([a.ravel() for a in arrays], out=host.numpy())
+        view = host.numpy()
+        for a, start in zip(arrays, offsets):
+            view[start: start + a.size] = a.ravel()
         if out is not None:
             if out.numel() < total:
                 raise ValueError(f"staging buffer holds {out.numel()} values, the batch needs {total}")
@@ -39,7 +57,7 @@ class HostStaging:
         if self.pinned:
             event = self._events.setdefault(dtype, torch.cuda.Event())
             event.record()
-        return [part.view(a.shape) for part, a in zip(flat.split(sizes), arrays)]
+        return [flat[start: start + a.size].view(a.shape) for a, start in zip(arrays, offsets)]
 
     def _pinned(self, dtype: torch.dtype, size: int) -> torch.Tensor:
         event = self._events.get(dtype)

@@ -57,20 +57,28 @@ def num_kv_blocks(profile: MemoryProfile, utilization: float, block_bytes: int, 
     return blocks
 
 
-def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, StepPlan]:
-    """The two largest steps the scheduler can produce: a prefill of max_num_batched_tokens
-    tokens (sequences of up to max_model_len) and a decode of max_num_seqs rows sampled with
-    top-p (the sampler's sort path). Every sequence shares one table of blocks 0..n-1, so a
+def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, StepPlan, StepPlan]:
+    """The largest steps the scheduler can produce: a prefill of max_num_batched_tokens tokens in
+    sequences of up to max_model_len, the same budget over as many short sequences as
+    max_num_seqs allows (kernels pick other tile shapes for short queries: compiling them here
+    keeps compilation out of the first real steps), and a decode of max_num_seqs rows sampled
+    with top-p (the sampler's sort path). Every sequence shares one table of blocks 0..n-1, so a
     cache of one max_model_len sequence serves the warm-up."""
     table = list(range(-(-config.max_model_len // block_size)))
     params = SamplingParams(temperature=1.0, top_p=0.9)
-    lengths, left = [], config.max_num_batched_tokens
-    while left > 0 and len(lengths) < config.max_num_seqs:
-        lengths.append(min(left, config.max_model_len))
+    budget, max_len, max_seqs = config.max_num_batched_tokens, config.max_model_len, config.max_num_seqs
+    lengths, left = [], budget
+    while left > 0 and len(lengths) < max_seqs:
+        lengths.append(min(left, max_len))
         left -= lengths[-1]
-    prefill = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True, params, 0, False)
-               for i, n in enumerate(lengths)]
-    decode = [ScheduledRequest(f"warmup-{i}", [0], 0, table, True, params, 0, True)
-              for i in range(config.max_num_seqs)]
-    return (StepPlan(prefill, StepStats(0, "prefill", len(prefill), sum(lengths), 0, 0, 0, 0, 0, 0)),
-            StepPlan(decode, StepStats(0, "decode", len(decode), 0, len(decode), 0, 0, 0, 0, 0)))
+    short = max(2, min(max_len, budget // max_seqs))
+    short_lengths = [short] * max(1, min(max_seqs, budget // short))
+
+    def plan(lens: list[int], kind: str) -> StepPlan:
+        entries = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True, params, 0, kind == "decode")
+                   for i, n in enumerate(lens)]
+        tokens = sum(lens)
+        return StepPlan(entries, StepStats(0, kind, len(entries), 0 if kind == "decode" else tokens,
+                                           tokens if kind == "decode" else 0, 0, 0, 0, 0, 0))
+
+    return plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan([1] * max_seqs, "decode")

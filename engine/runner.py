@@ -83,6 +83,10 @@ class ModelInputs:
     graph_size: int | None = None
 
 
+def _num_computed(entry) -> int:
+    return entry.num_computed_tokens
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -157,10 +161,11 @@ class ModelRunner:
         weights = torch.cuda.memory_allocated(dev)
         self.allocate_kv_cache(self.max_blocks_per_seq)
         temp = torch.cuda.memory_allocated(dev) - weights
-        prefill, decode = warmup_plans(self.scheduler_config, self.block_size)
+        prefill, short_prefill, decode = warmup_plans(self.scheduler_config, self.block_size)
         torch.cuda.reset_peak_memory_stats(dev)
         with torch.inference_mode():
             self.execute(prefill)
+            self.execute(short_prefill)
             torch.cuda.synchronize(dev)
             prefill_peak = torch.cuda.max_memory_allocated(dev)
             # The decode forward alone bounds the graph pool; the sampler's sort comes after it.
@@ -215,35 +220,48 @@ class ModelRunner:
         entries = plan.scheduled
         n = len(entries)
         bs = self.block_size
-        query_lens = np.fromiter((len(e.token_ids) for e in entries), np.int64, n)
-        starts = np.fromiter((e.num_computed_tokens for e in entries), np.int64, n)
+        # NOTE: map/chain over plain lists iterate in C; per-entry generators cost ~3x more.
+        token_lists = [e.token_ids for e in entries]
+        tables = [e.block_table for e in entries]
+        query_lens = np.fromiter(map(len, token_lists), np.int64, n)
+        starts = np.fromiter(map(_num_computed, entries), np.int64, n)
         seq_lens = starts + query_lens
         query_start_loc = np.zeros(n + 1, np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
-        graph_size = self.graphs.padded_size(n) if self.graphs is not None and num_tokens == n else None
-        input_ids = np.fromiter(chain.from_iterable(e.token_ids for e in entries), np.int64, num_tokens)
-        seq_of_token = np.repeat(np.arange(n), query_lens)  # [num_tokens]
-        positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + starts[seq_of_token]
+        decode_only = num_tokens == n
+        graph_size = self.graphs.padded_size(n) if self.graphs is not None and decode_only else None
+        rows = graph_size or n  # graph steps carry padding rows past n
+        input_ids = np.zeros(max(rows, num_tokens), np.int64)
+        input_ids[:num_tokens] = np.fromiter(chain.from_iterable(token_lists), np.int64, num_tokens)
+        if decode_only:
+            seq_of_token, positions = np.arange(n), starts
+        else:
+            seq_of_token = np.repeat(np.arange(n), query_lens)  # [num_tokens]
+            positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + starts[seq_of_token]
         # Only the blocks that hold context matter; a chunked prompt's table may reach further.
         blocks_needed = (seq_lens + bs - 1) // bs
-        counts = blocks_needed.tolist()
-        flat_tables = np.fromiter(chain.from_iterable(e.block_table[:c] for e, c in zip(entries, counts)),
-                                  np.int64, int(blocks_needed.sum()))
-        width = self.max_blocks_per_seq if graph_size else int(blocks_needed.max())
-        block_tables = np.zeros((graph_size or n, width), np.int32)  # padded with block 0
+        total_blocks = int(blocks_needed.sum())
+        if sum(map(len, tables)) == total_blocks:  # the usual case: tables hold exactly the context
+            flat_tables = np.fromiter(chain.from_iterable(tables), np.int64, total_blocks)
+        else:
+            flat_tables = np.fromiter(chain.from_iterable(t[:c] for t, c in zip(tables, blocks_needed.tolist())),
+                                      np.int64, total_blocks)
+        # NOTE: a fixed width for graphs; otherwise a multiple of 16, so that the Triton kernels,
+        # which specialise on their integer arguments (the table's row stride among them), are
+        # not recompiled in the middle of a run when the widest table changes.
+        width = self.max_blocks_per_seq if graph_size else -(-int(blocks_needed.max()) // 16) * 16
+        block_tables = np.zeros((rows, width), np.int32)  # padded with block 0
         # a boolean mask fills row-major, the order of flat_tables
         block_tables[:n][np.arange(width) < blocks_needed[:, None]] = flat_tables
-        slot_mapping = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        slot_mapping = np.full(rows if decode_only else num_tokens, -1, np.int64)
+        slot_mapping[:num_tokens] = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
         sample_rows = [i for i, e in enumerate(entries) if e.sample]
         logits_indices = query_start_loc[1:][sample_rows] - 1
         if graph_size:
-            pad = graph_size - n
-            input_ids = np.concatenate([input_ids, np.zeros(pad, np.int64)])
-            positions = np.concatenate([positions, np.zeros(pad, np.int64)])
-            slot_mapping = np.concatenate([slot_mapping, np.full(pad, -1, np.int64)])
-            seq_lens = np.concatenate([seq_lens, np.zeros(pad, np.int64)])
-            query_start_loc = np.arange(graph_size + 1)
+            positions = np.concatenate([positions, np.zeros(rows - n, np.int64)])
+            seq_lens = np.concatenate([seq_lens, np.zeros(rows - n, np.int64)])
+            query_start_loc = np.arange(rows + 1)
         return HostBatch(
             input_ids, positions, slot_mapping, logits_indices, seq_lens.astype(np.int32),
             query_start_loc.astype(np.int32), block_tables, max_query_len=int(query_lens.max()),
@@ -256,8 +274,7 @@ class ModelRunner:
             self.staging.upload(batch.int64_arrays(), torch.int64, out=self.graphs.int64)
             self.staging.upload(batch.int32_arrays(), torch.int32, out=self.graphs.int32)
             ids, pos, meta = self.graphs.views(batch.graph_size)
-            k = len(batch.sample_rows)
-            rows = self.graphs.int64[3 * batch.graph_size: 3 * batch.graph_size + k]
+            rows = self.graphs.logits_rows(batch.graph_size, len(batch.sample_rows))
             return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs, batch.graph_size)
         ids, pos, slots, rows = self.staging.upload(batch.int64_arrays(), torch.int64)
         lens, qsl, tables = self.staging.upload(batch.int32_arrays(), torch.int32)

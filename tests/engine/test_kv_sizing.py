@@ -52,12 +52,16 @@ def test_too_little_memory_names_the_setting():
 @pytest.mark.parametrize("budget,max_len,max_seqs", [(16384, 4096, 512), (1000, 300, 4), (64, 64, 64)])
 def test_warmup_plans_are_the_largest_steps(budget, max_len, max_seqs):
     config = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len)
-    prefill, decode = warmup_plans(config, block_size=16)
+    prefill, short, decode = warmup_plans(config, block_size=16)
     lengths = [len(e.token_ids) for e in prefill.scheduled]
     assert sum(lengths) == min(budget, max_len * max_seqs) and max(lengths) <= max_len
     assert len(lengths) <= max_seqs
-    assert len(decode.scheduled) == max_seqs and all(len(e.token_ids) == 1 for e in decode.scheduled)
-    for e in prefill.scheduled + decode.scheduled:
+    short_lengths = [len(e.token_ids) for e in short.scheduled]
+    assert len(short_lengths) <= max_seqs and sum(short_lengths) <= max(budget, 2)
+    assert 2 <= min(short_lengths) and max(short_lengths) <= min(lengths[0], max(2, budget // max_seqs))
+    assert not any(e.is_decode for e in prefill.scheduled + short.scheduled)
+    assert len(decode.scheduled) == max_seqs and all(len(e.token_ids) == 1 and e.is_decode for e in decode.scheduled)
+    for e in prefill.scheduled + short.scheduled + decode.scheduled:
         # one shared table covers a max_model_len sequence, so a one-sequence cache serves all
         assert len(e.block_table) * 16 >= e.context_len and len(e.block_table) == -(-max_len // 16)
         assert e.sample and e.sampling_params.top_p < 1.0  # the sampler's costliest path
@@ -88,9 +92,8 @@ def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
         assert 0 < profile.peak_activation_bytes < 8 * GIB and profile.graph_reserve_bytes > 0
         assert executor.kv_cache_spec().num_blocks == num_kv_blocks(profile, utilization, runner.block_bytes, 8)
         # the largest steps again, over the real cache and with the graphs captured: still within the share
-        prefill, decode = warmup_plans(sched, 256)
         torch.cuda.reset_peak_memory_stats()
-        for plan in (prefill, decode):
+        for plan in warmup_plans(sched, 256):
             executor.execute(StepPlan(plan.scheduled, plan.stats))
         free, total = torch.cuda.mem_get_info()
         print(f"held {(total - free) / GIB:.2f} of {total / GIB:.2f} GiB; {profile.describe(utilization)}")

@@ -88,8 +88,9 @@ def test_tp2_matches_tp1_bfloat16(tmp_path_factory):
         margins = _margins(llm1, [p + w for p, w in zip(prompts, want)], [len(p) for p in prompts])
     finally:
         llm1.shutdown()
-    got, _ = _generate(model_dir, prompts, 2)
     got_eager, _ = _generate(model_dir, prompts, 2, enforce_eager=True)
+    _report("tp_bfloat16_eager", {"free_running_identical_eager": sum(a == b for a, b in zip(want, got_eager))})
+    got, _ = _generate(model_dir, prompts, 2)
     # teacher-forced: TP=2's next token after each prefix of TP=1's output
     prefixes = [p + w[:j] for p, w in zip(prompts, want) for j in range(NUM_TOKENS)]
     llm2 = LLM(model_dir, tensor_parallel_size=2, **ENGINE)
