@@ -50,10 +50,10 @@ class ProfileGrid:
     mixed_decodes: tuple[int, ...] = (8, 64, 256)
     mixed_context: int = 1024
     num_random: int = 60
-    warmup: int = 2
+    warmup: int = 1  # the first execution of a shape compiles any new kernel specialisation
     repeats: int = 5
     min_repeats: int = 3
-    max_seconds_per_shape: float = 1.0
+    max_seconds_per_shape: float = 0.5
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -71,8 +71,10 @@ class ProfileGrid:
                    mixed_prefill_tokens=(32, 128), mixed_decodes=(4,), mixed_context=64, num_random=8,
                    warmup=1, repeats=3, min_repeats=2, max_seconds_per_shape=0.2)
 
-    def shapes(self, sched: SchedulerConfig, rng: np.random.Generator) -> Iterator[tuple[str, str, list[Entry]]]:
-        """(set, kind, entries): set "grid" or "random"; kind prefill, decode or mixed."""
+    def shapes(self, sched: SchedulerConfig, rng: np.random.Generator,
+               kv: KVCacheSpec | None = None) -> Iterator[tuple[str, str, list[Entry]]]:
+        """(set, kind, entries): set "grid" or "random"; kind prefill, decode or mixed. kv: random
+        decode batches draw contexts that fit this pool (grid shapes that do not fit are skipped)."""
         top = sched.max_model_len - 2  # room for the new token and the one sampled after it
         for tokens in self.prefill_tokens:
             for seqs in self.prefill_seqs:
@@ -94,7 +96,10 @@ class ProfileGrid:
             entries: list[Entry] = []
             if kind == "decode":
                 batch = int(rng.integers(1, sched.max_num_seqs + 1))
-                entries += [(1, int(c), True) for c in rng.integers(16, top, size=batch)]
+                longest = top if kv is None else min(top, (kv.num_blocks // batch) * kv.block_size - 1)
+                if longest <= 16:
+                    continue
+                entries += [(1, int(c), True) for c in rng.integers(16, longest, size=batch)]
             elif kind == "mixed":  # decodes as the grid's mixed steps have them, in number and context
                 batch = int(rng.integers(1, max(self.mixed_decodes, default=1) + 1))
                 entries += [(1, c, True) for c in _spread(rng, self.mixed_context, batch, top)]
@@ -171,7 +176,7 @@ def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graph_
     vocab = executor.vocab_size
     graph_batch_sizes = tuple(sorted(graph_batch_sizes))
     rows = []
-    for shape_set, kind, entries in list(grid.shapes(sched, rng)):
+    for shape_set, kind, entries in list(grid.shapes(sched, rng, spec)):
         plan = build_plan(entries, spec, sched, rng, vocab)
         if plan is None:
             continue

@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", choices=("full", "quick"), default="full")
     parser.add_argument("--num-random", type=int, default=None, help="random held-out shapes (default: the grid's)")
     parser.add_argument("--max-seconds-per-shape", type=float, default=None)
+    parser.add_argument("--prefill-tokens", type=int, nargs="+", default=None, help="grid: total prefill tokens")
+    parser.add_argument("--prefill-contexts", type=int, nargs="+", default=None, help="grid: cached tokens per chunk")
+    parser.add_argument("--eager-bench", action="store_true",
+                        help="also compare the bench with CUDA graphs bypassed (decode_eager regime)")
     parser.add_argument("--device", default="auto", help="backend.device (cpu for a dry run)")
     parser.add_argument("--calibration-requests", type=int, default=512)
     parser.add_argument("--workloads", nargs="*", default=["bench", "poisson", "azure"],
@@ -109,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             grid = dataclasses.replace(grid, num_random=args.num_random)
         if args.max_seconds_per_shape is not None:
             grid = dataclasses.replace(grid, max_seconds_per_shape=args.max_seconds_per_shape)
+        if args.prefill_tokens:
+            grid = dataclasses.replace(grid, prefill_tokens=tuple(args.prefill_tokens))
+        if args.prefill_contexts:
+            grid = dataclasses.replace(grid, prefill_contexts=tuple(args.prefill_contexts))
         profile = profile_executor(executor, rc.scheduler, grid, sizes)
         profile.to_csv(out / "profile.csv", index=False)
         stage_done("profile", t0, rows=len(profile), grid=dataclasses.asdict(grid))
@@ -152,6 +160,17 @@ def main(argv: list[str] | None = None) -> int:
                 bench_request_s = float(result.table.set_index("metric").loc["request_s", "engine"])
             print(result.report, flush=True)
             stage_done(f"compare_{name}", t0, overrides=extra)
+        if args.eager_bench and "bench" in args.workloads and time_left():
+            from harness.profiling import graphs_bypassed
+
+            t0 = time.perf_counter()
+            extra = ["workload=bench", f"workload.num_requests={args.bench_requests}"]
+            # the shared engine with its graphs set aside: it reports no graph sizes, so the
+            # simulator prices decodes as eager too
+            with graphs_bypassed(executor):
+                result = compare(run_config(base, extra), cc, out / "compare_bench_eager", executor=shared)
+            print(result.report, flush=True)
+            stage_done("compare_bench_eager", t0, overrides=extra + ["(CUDA graphs bypassed)"])
     finally:
         executor.shutdown()
     return 0

@@ -12,9 +12,10 @@ MODEL=$1; shift
 START=$(date +%s)
 case $MODEL in
   qwen3_0_6b) PRESET=qwen3-0.6b; CK=/tmp/q06
-              ARGS="--poisson-requests 512 --azure-requests 600 --azure-rate-scale 4";;
+              ARGS="--poisson-requests 512 --azure-requests 600 --azure-rate-scale 4 --eager-bench";;
   qwen3_8b)   PRESET=qwen3-8b; CK=/tmp/q8
-              ARGS="--poisson-requests 256 --azure-requests 300 --azure-rate-scale 2 --num-random 40";;
+              ARGS="--poisson-requests 256 --azure-requests 300 --azure-rate-scale 2 --num-random 30
+                    --prefill-tokens 16 64 256 1024 2048 4096 8192 16384 --prefill-contexts 0 1024";;
   tiny)       PRESET=tiny-qwen3; CK=/tmp/tiny-qwen3  # a CPU dry run of this script
               ARGS="--hardware cpu --device cpu --grid quick --calibration-requests 24 --bench-requests 16
                     --poisson-requests 16 --azure-requests 30 --azure-rate-scale 20 --extra scheduler.max_model_len=512
