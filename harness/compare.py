@@ -116,8 +116,18 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
     """Run (or load) the engine; returns it and the profile path to use (fitted inline if needed)."""
     if cc.engine_dir:
         folder = _resolve_path(cc.engine_dir)
+        from harness.calibration import with_seeded_rows
+
         meta = json.loads((folder / "engine.json").read_text())
-        side = EngineSide(pd.read_csv(folder / "requests.csv"), pd.read_csv(folder / "steps.csv"),
+        for name in ("workload", "scheduler"):
+            ours = json.loads(json.dumps(dataclasses.asdict(getattr(rc, name))))
+            if name in meta and meta[name] != ours:
+                differ = sorted(k for k in ours if ours[k] != meta[name].get(k))
+                raise ConfigError(f"compare.engine_dir: the saved engine run had another {name} config "
+                                  f"({', '.join(f'{name}.{k}={meta[name].get(k)!r}' for k in differ)}); "
+                                  "pass the same overrides")
+        steps = with_seeded_rows(pd.read_csv(folder / "steps.csv"), meta["workload"]["temperature"])
+        side = EngineSide(pd.read_csv(folder / "requests.csv"), steps,
                           pd.read_csv(folder / "summary.csv").iloc[0].to_dict(), meta)
         return side, cc.profile_path
     if rc.backend != "engine":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sim.profiled import HOST_STALL_S
 from sim.roofline import RooflineCostModel
 
 METRICS = (
@@ -107,6 +108,12 @@ def replay_rows(steps: pd.DataFrame, names: list[str]) -> list[dict]:
         busy[f"sim_{name}"] = float(steps[f"predicted_{name}_s"].sum())
         busy[f"err_sim_{name}"] = rel_error(busy[f"sim_{name}"], busy["engine"])
     rows.append(busy)
+    # Host stalls (garbage-collector pauses) are in the engine's clock; no cost model predicts them.
+    stalls = steps["measured_host_s"][steps["measured_host_s"] > HOST_STALL_S]
+    rows.append({"metric": "engine_host_stalls", "engine": float(len(stalls)),
+                 **{f"sim_{n}": 0.0 for n in names}, **{f"err_sim_{n}": np.nan for n in names}})
+    rows.append({"metric": "engine_host_stall_s", "engine": float(stalls.sum()),
+                 **{f"sim_{n}": 0.0 for n in names}, **{f"err_sim_{n}": np.nan for n in names}})
     for stat in REPLAY_STATS:
         row = {"metric": f"replay_step_abs_err_{stat}", "engine": 0.0}
         for name in names:

@@ -2,10 +2,12 @@
 
 Each shape is a StepPlan built directly (no scheduler): every scheduled entry gets blocks of its
 own in the KV pool (disjoint block tables, as a real batch has), random token ids, and the
-workloads' sampling parameters. A shape is executed `warmup` times, then timed `repeats` times
+workloads' sampling parameters (temperature 0.6 and a seed per request: seeded rows cost the
+sampler a generator each, a host cost a profile without seeds misses). A shape is executed `warmup` times, then timed `repeats` times
 (fewer when a shape is slow: at most max_seconds_per_shape once min_repeats are in); the row
-holds sim.features.step_features of the plan and the median of the executor's own reported
-durations (EngineExecutor synchronises, so that is the step's time on the device).
+holds sim.features.step_features of the plan and the mean of the executor's own reported
+durations (EngineExecutor synchronises, so that is the step's time on the device), repeats more
+than STALL x the median left out.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
 (batch x mean context, contexts spread over [mean/2, 3 mean/2]), mixed steps (one prefill chunk
@@ -31,8 +33,9 @@ from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
 from sim.features import step_features
 
-PARAMS = SamplingParams(temperature=0.6, ignore_eos=True)  # the workloads' default
+TEMPERATURE = 0.6  # the workloads' default; like theirs, every request carries its own seed
 MAX_TOKEN_ID = 10000
+STALL = 3.0
 
 Entry = tuple[int, int, bool]  # (new tokens, cached tokens before them, is_decode)
 
@@ -137,7 +140,8 @@ def build_plan(entries: list[Entry], spec: KVCacheSpec, sched: SchedulerConfig,
         table = list(range(next_block, next_block + need))
         next_block += need
         tokens = rng.integers(0, min(vocab_size, MAX_TOKEN_ID), size=n).tolist()
-        scheduled.append(ScheduledRequest(f"profile-{i}", tokens, cached, table, True, PARAMS,
+        params = SamplingParams(temperature=TEMPERATURE, ignore_eos=True, seed=int(rng.integers(2**62)))
+        scheduled.append(ScheduledRequest(f"profile-{i}", tokens, cached, table, True, params,
                                           1 if is_decode else 0, is_decode))
     kind = "mixed" if prefill and decodes else ("prefill" if prefill else "decode")
     stats = StepStats(0, kind, len(scheduled), prefill, decodes, 0, len(scheduled), spec.num_blocks - next_block, 0, 0)
@@ -187,7 +191,11 @@ def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graph_
             with graphs_bypassed(executor) if not graphs and graph_batch_sizes else contextlib.nullcontext():
                 durations = time_plan(executor, plan, grid)
             row = step_features(plan, graph_batch_sizes if graphs else ())
-            row.update(set=shape_set, kind=kind, duration_s=statistics.median(durations),
+            median = statistics.median(durations)
+            # The mean, as the clock sums step times (host-bound steps vary a lot between repeats);
+            # a repeat beyond STALL x the median is a collector pause, not the shape's cost.
+            kept = [d for d in durations if d <= STALL * median]
+            row.update(set=shape_set, kind=kind, duration_s=sum(kept) / len(kept), duration_median_s=median,
                        duration_min_s=min(durations), duration_max_s=max(durations), repeats=len(durations))
             rows.append(row)
             if progress is not None:

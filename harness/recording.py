@@ -83,14 +83,15 @@ class _RecordingExecutor:
         entered = time.perf_counter()
         result = self._inner.execute(plan)
         left = time.perf_counter()
-        # NOTE: features and hashes are computed in frame(), after the run, so that recording adds
-        # next to nothing to the host time it measures. Keeping the plan is safe: the scheduler
-        # builds new entries (token_ids are slices) and a new preempted list every step.
+        # NOTE: the row is built now and the plan let go: keeping every step's entries alive for the
+        # whole run made the garbage collector's full passes long (0.2-0.4 s stalls on the engine's
+        # clock). A row is ints and one string, which the collector stops tracking. Building it
+        # counts as host time of the next step, like the rest of the loop.
         host = None
         if rec.wall:
             gap = entered - rec._last_exit - (rec.asleep_s - rec._asleep_at_exit)
             host = gap + (left - entered - result.duration_s)
-        rec.steps.append((plan, host))
+        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), host))
         rec._last_exit = left
         rec._asleep_at_exit = rec.asleep_s
         return result
@@ -103,7 +104,7 @@ class StepRecorder:
     def __init__(self, graph_batch_sizes: Sequence[int] = (), wall: bool = False) -> None:
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
         self.wall = wall
-        self.steps: list[tuple[StepPlan, float | None]] = []
+        self.rows: list[tuple] = []  # FEATURE_COLUMNS values, schedule hash, host time
         self.asleep_s = 0.0
         self._last_exit = time.perf_counter()
         self._asleep_at_exit = 0.0
@@ -116,12 +117,5 @@ class StepRecorder:
         return _RecordingExecutor(executor, self), _RecordingClock(clock, self)
 
     def frame(self) -> pd.DataFrame:
-        rows = []
-        for plan, host in self.steps:
-            row = step_features(plan, self.graph_batch_sizes)
-            row["schedule_hash"] = schedule_hash(plan)
-            if self.wall:
-                row["host_s"] = host
-            rows.append(row)
-        columns = list(FEATURE_COLUMNS) + ["schedule_hash"] + (["host_s"] if self.wall else [])
-        return pd.DataFrame(rows, columns=columns)
+        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s"])
+        return frame if self.wall else frame.drop(columns=["host_s"])

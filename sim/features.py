@@ -18,6 +18,8 @@ FEATURE_COLUMNS = (
     "num_tokens",               # both of the above
     "num_seqs",                 # scheduled requests
     "num_sampled",              # rows that go through the LM head
+    "num_seeded",               # of those, rows sampled with a per-request seed (the sampler draws their noise
+                                # from a generator of their own: a fixed host cost per row)
     "prefill_context_tokens",   # tokens already cached before each prefill chunk (prefix hits, earlier chunks)
     "prefill_attention_pairs",  # causal (query, key) pairs of prefill chunks: sum n*c + n(n+1)/2
     "decode_context_tokens",    # KV tokens read by decodes, their own new token included
@@ -43,7 +45,7 @@ def step_features(plan: StepPlan, graph_batch_sizes: Sequence[int] = ()) -> dict
     graph_batch_sizes: sorted batch sizes captured as CUDA graphs (empty when running eager). A
     decode-only step whose batch fits the largest runs as the graph of the next size up.
     """
-    prefill_tokens = decode = sampled = prefill_context = pairs = decode_context = 0
+    prefill_tokens = decode = sampled = seeded = prefill_context = pairs = decode_context = 0
     for entry in plan.scheduled:
         n = len(entry.token_ids)
         c = entry.num_computed_tokens
@@ -56,6 +58,9 @@ def step_features(plan: StepPlan, graph_batch_sizes: Sequence[int] = ()) -> dict
             pairs += n * c + n * (n + 1) // 2
         if entry.sample:
             sampled += 1
+            params = entry.sampling_params
+            if params.seed is not None and params.temperature != 0.0:
+                seeded += 1
     num_seqs = len(plan.scheduled)
     graph = 0
     batch = num_seqs
@@ -68,6 +73,7 @@ def step_features(plan: StepPlan, graph_batch_sizes: Sequence[int] = ()) -> dict
         "num_tokens": prefill_tokens + decode,
         "num_seqs": num_seqs,
         "num_sampled": sampled,
+        "num_seeded": seeded,
         "prefill_context_tokens": prefill_context,
         "prefill_attention_pairs": pairs,
         "decode_context_tokens": decode_context,

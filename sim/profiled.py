@@ -12,9 +12,10 @@ and warns (ExtrapolationWarning), once per model instance and feature.
 Host time: duration_s in a step-timing table is what the executor measured for execute(); on a
 wall clock the loop also spends time between steps (the scheduler's schedule() and update(),
 admissions). Where a table has a host_s column (real engine runs recorded by the harness), a
-fourth fit, "host", prices that time (piecewise-linear in num_seqs + prefill tokens, plain least
-squares: the clock needs its mean), and step_time() adds it, so the simulated clock follows the
-engine's wall clock. predict() of a table stays comparable with its duration_s: the executor's part.
+fourth fit, "host", prices that time (linear in num_seqs and prefill tokens, plain least squares:
+the clock needs its mean; stalls above HOST_STALL_S are left out), and step_time() adds it, so the
+simulated clock follows the engine's wall clock. predict() of a table stays comparable with its
+duration_s: the executor's part.
 """
 
 from __future__ import annotations
@@ -31,17 +32,22 @@ from sim.features import step_features
 from sim.piecewise import PiecewiseLinearFit
 
 # regime -> (size feature, linear features)
+# num_seeded: rows sampled with a per-request seed cost a generator each on the host (a profile
+# sampled without seeds leaves the column at 0, and a constant column is not fitted).
 REGIMES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs")),
-    "decode_graph": ("graph_batch_size", ("decode_context_tokens",)),
-    "decode_eager": ("num_seqs", ("decode_context_tokens",)),
+    "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs", "num_seeded")),
+    "decode_graph": ("graph_batch_size", ("decode_context_tokens", "num_seeded")),
+    "decode_eager": ("num_seqs", ("decode_context_tokens", "num_seeded")),
 }
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
                     "decode_context_tokens", "duration_s")
 # Host time between steps: size feature, linear features (see the module docstring).
 HOST_REGIME = "host"
 HOST_FIT = ("num_seqs", ("num_prefill_tokens",))
-HOST_MAX_KNOTS = 8
+HOST_MAX_KNOTS = 2  # linear in num_seqs: the scheduler's work is per request
+# A host time above this is a stall (a garbage-collector pause of the Python process: 0.2-0.4 s,
+# a few per run), not the step's own work; such rows are left out of the host fit.
+HOST_STALL_S = 0.05
 # Where a step's own regime was not profiled, the next one that was.
 _FALLBACK = {"prefill": ("prefill",), "decode_graph": ("decode_graph", "decode_eager", "prefill"),
              "decode_eager": ("decode_eager", "decode_graph", "prefill")}
@@ -71,6 +77,8 @@ def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
     df["cuda_graph"] = df["cuda_graph"].astype(int)
     if "graph_batch_size" not in df:
         df["graph_batch_size"] = df["num_seqs"]
+    # tables (or rows, when tables are stacked) written before the column existed sampled without seeds
+    df["num_seeded"] = df["num_seeded"].fillna(0).astype(int) if "num_seeded" in df else 0
     if "prefill_attention_pairs" not in df:
         # Exact only for one prefill chunk per step: n tokens after c cached ones.
         chunks = df["num_seqs"] - df["num_decode_tokens"]
@@ -109,8 +117,8 @@ class ProfiledCostModel:
                 fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                     rows["duration_s"].to_numpy(), size, max_knots,
                                                     min_support)
-        if "host_s" in df.columns and df["host_s"].notna().any():
-            rows = df[df["host_s"].notna()]
+        if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
+            rows = df[df["host_s"] <= HOST_STALL_S]
             size, linear = HOST_FIT
             fits[HOST_REGIME] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                        rows["host_s"].to_numpy(), size, HOST_MAX_KNOTS,

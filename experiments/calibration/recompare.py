@@ -1,0 +1,56 @@
+"""Compare again, without a GPU: the engine runs saved by calibrate_and_compare.py against the
+simulator with another calibration (e.g. one refitted by refit.py).
+
+  PYTHONPATH=. python experiments/calibration/recompare.py experiments/calibration/qwen3_0_6b_h100 \
+      --profile experiments/calibration/qwen3_0_6b_h100/refit/model.csv --out .../refit
+
+For each compare_<name>/ of the folder, the workload overrides recorded in meta.json are composed
+again (the saved engine.json must match them: harness.compare checks) and harness.compare runs with
+compare.engine_dir = that folder's engine/ run. The simulator side is deterministic, so the same
+command always writes the same tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from harness.compare import CompareConfig, compare  # noqa: E402
+from harness.config import CONF_DIR, build_run_config  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--profile", type=Path, required=True, help="calibration for the profiled model")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plots", action="store_true", help="also each run's timeline and latency plots")
+    args = parser.parse_args(argv)
+    meta = json.loads((args.folder / "meta.json").read_text())
+    base = [o for o in meta["overrides"] if not o.startswith("backend.")] + ["backend=sim"]
+    for stage, info in meta["stages"].items():
+        engine_dir = args.folder / stage / "engine"
+        if not stage.startswith("compare_") or not engine_dir.is_dir():
+            continue
+        extra = [o for o in info["overrides"] if "=" in o]
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            rc = build_run_config(compose(config_name="config", overrides=base + extra))
+        cc = CompareConfig(profile_path=str(args.profile), engine_dir=str(engine_dir))
+        result = compare(rc, cc, args.out / stage, plots=True)
+        print(f"== {stage}: {' '.join(extra)}")
+        print(result.report.split("## Metrics")[0].split("## Schedules")[1].strip())
+        table = result.table.set_index("metric")
+        print(table.loc[["output_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "replay_busy_s",
+                         "replay_step_abs_err_median"]].to_string(float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
