@@ -7,15 +7,17 @@
 non_torch is device memory held outside PyTorch's allocator (CUDA context, NCCL buffers, other
 processes): it is part of what the engine uses, so it counts against the utilisation too.
 peak_activations is what a warm-up at the largest batch (a full prefill budget, a full decode
-batch through the sampler's costliest path) allocated on top of the weights. graph_reserve is
-set aside for the CUDA-graph memory pool, which is captured after the cache is allocated; one
-pool serves every captured batch size and the largest is captured first, so the decode
-forward's own peak at the largest batch bounds it.
+batch through the sampler's costliest path) made the allocator reserve on top of the weights.
+graph_reserve is set aside for the CUDA-graph memory pool, which is captured after the cache
+is allocated; one pool serves every captured batch size and the largest is captured first, so
+the decode forward's own peak at the largest batch bounds it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from engine.core.config import SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
@@ -26,8 +28,8 @@ from engine.core.sampling_params import SamplingParams
 class MemoryProfile:
     total_bytes: int  # device memory as the driver reports it
     non_torch_bytes: int  # held outside PyTorch's allocator
-    weights_bytes: int  # allocated before the warm-up: parameters, rotary tables
-    peak_activation_bytes: int  # warm-up peak above the weights (temporary warm-up cache excluded)
+    weights_bytes: int  # held before the warm-up: parameters, rotary tables
+    peak_activation_bytes: int  # warm-up's reserved memory above the weights (temporary cache excluded)
     graph_reserve_bytes: int  # set aside for the CUDA-graph pool (0 when no graphs are captured)
 
     def kv_budget_bytes(self, utilization: float) -> float:
@@ -82,3 +84,46 @@ def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, St
                                            tokens if kind == "decode" else 0, 0, 0, 0, 0, 0))
 
     return plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan([1] * max_seqs, "decode")
+
+
+def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
+    """Run the largest steps (warmup_plans) on a ModelRunner, over a temporary one-sequence
+    cache, and measure what they take on top of the weights. The runner's cache is freed.
+
+    NOTE: activations are counted as the allocator's reserved memory, not its allocated
+    peak: freed blocks stay cached and do not always fit the next request, and on the first
+    H100 runs the engine held ~3 GiB more than the allocated peak predicted.
+    """
+    dev = runner.device
+    runner.free_kv_cache()
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    weights = torch.cuda.memory_allocated(dev)
+    base = torch.cuda.memory_reserved(dev)
+    runner.allocate_kv_cache(runner.max_blocks_per_seq)
+    temp = torch.cuda.memory_reserved(dev) - base
+    prefill, short_prefill, decode = warmup_plans(runner.scheduler_config, runner.block_size)
+    with torch.inference_mode():
+        runner.execute(prefill)
+        runner.execute(short_prefill)
+        # The decode forward alone bounds the graph pool; the sampler's sort comes after it.
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        runner.forward(runner.prepare(decode))
+        torch.cuda.synchronize(dev)
+        forward_peak = torch.cuda.max_memory_allocated(dev) - before
+        runner.execute(decode)
+        torch.cuda.synchronize(dev)
+    # reserved memory only grows until empty_cache(): now it is the warm-up's whole footprint
+    peak = torch.cuda.memory_reserved(dev) - base - temp
+    runner.free_kv_cache()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(dev)
+    return MemoryProfile(
+        total_bytes=total,
+        non_torch_bytes=max(0, total - free - torch.cuda.memory_reserved(dev)),
+        weights_bytes=max(weights, base),  # the allocator's rounding counted with them
+        peak_activation_bytes=max(peak, 0),
+        graph_reserve_bytes=forward_peak if graph_reserve else 0,
+    )

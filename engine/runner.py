@@ -30,7 +30,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
 from engine.host_staging import HostStaging
-from engine.kv_sizing import MemoryProfile, num_kv_blocks, warmup_plans
+from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory
 from engine.models.arch import ModelArch
 from engine.sampler import Sampler
 from engine.step_timing import StepTimer
@@ -138,7 +138,7 @@ class ModelRunner:
         if self.cache_config.num_blocks is not None:
             return self.cache_config.num_blocks
         if self.device.type == "cuda":
-            self.memory_profile = self.profile_memory(graph_reserve)
+            self.memory_profile = profile_memory(self, graph_reserve)
             blocks = num_kv_blocks(self.memory_profile, self.engine_config.gpu_memory_utilization,
                                    self.block_bytes, self.max_blocks_per_seq)
             log.info("KV cache: %d blocks of %d tokens (%.2f GiB); %s", blocks, self.block_size,
@@ -150,45 +150,6 @@ class ModelRunner:
         # Every running sequence at full length, within the budget, but never less than one
         # full-length sequence (the scheduler would reject any request that cannot fit alone).
         return max(per_seq, min(per_seq * cfg.max_num_seqs, CPU_KV_CACHE_BYTES // self.block_bytes))
-
-    def profile_memory(self, graph_reserve: bool) -> MemoryProfile:
-        """Run the largest prefill and decode steps over a temporary one-sequence cache and
-        measure what they allocate on top of the weights (see engine.kv_sizing)."""
-        dev = self.device
-        self.free_kv_cache()
-        torch.cuda.synchronize(dev)
-        torch.cuda.empty_cache()
-        weights = torch.cuda.memory_allocated(dev)
-        self.allocate_kv_cache(self.max_blocks_per_seq)
-        temp = torch.cuda.memory_allocated(dev) - weights
-        prefill, short_prefill, decode = warmup_plans(self.scheduler_config, self.block_size)
-        torch.cuda.reset_peak_memory_stats(dev)
-        with torch.inference_mode():
-            self.execute(prefill)
-            self.execute(short_prefill)
-            torch.cuda.synchronize(dev)
-            prefill_peak = torch.cuda.max_memory_allocated(dev)
-            # The decode forward alone bounds the graph pool; the sampler's sort comes after it.
-            base = torch.cuda.memory_allocated(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            self.forward(self.prepare(decode))
-            torch.cuda.synchronize(dev)
-            forward_peak = torch.cuda.max_memory_allocated(dev) - base
-            torch.cuda.reset_peak_memory_stats(dev)
-            self.execute(decode)
-            torch.cuda.synchronize(dev)
-            decode_peak = torch.cuda.max_memory_allocated(dev)
-        peak = max(prefill_peak, decode_peak) - weights - temp
-        self.free_kv_cache()
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(dev)
-        return MemoryProfile(
-            total_bytes=total,
-            non_torch_bytes=max(0, total - free - torch.cuda.memory_reserved(dev)),
-            weights_bytes=weights,
-            peak_activation_bytes=max(peak, 0),
-            graph_reserve_bytes=forward_peak if graph_reserve else 0,
-        )
 
     def free_kv_cache(self) -> None:
         self.graphs = None  # graphs hold the cache's addresses

@@ -79,6 +79,10 @@ def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
     from engine.config import EngineConfig
     from engine.core.config import CacheConfig
 
+    import gc
+
+    gc.collect()  # tensors of earlier tests in this process would count as this engine's weights
+    torch.cuda.empty_cache()
     model_dir = write_checkpoint("qwen3-0.6b", tmp_path / "m", dtype="bfloat16")
     utilization = 0.5
     sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048)
