@@ -119,7 +119,7 @@ class EngineExecutor:
             if device.type == "cuda":
                 device = torch.device("cuda", 0)
         self.device = device
-        backend = get_attention_backend(engine_config.attention_backend, device)
+        backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size)
         self.attention_backend = backend.name
         self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
                                  and backend.name in GRAPH_CAPTURABLE_BACKENDS)
