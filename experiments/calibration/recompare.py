@@ -31,13 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--profile", type=Path, required=True, help="calibration for the profiled model")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--plots", action="store_true", help="also each run's timeline and latency plots")
+    parser.add_argument("--only", nargs="*", default=None, help="compare_<name> stages to redo (default: all)")
     args = parser.parse_args(argv)
     meta = json.loads((args.folder / "meta.json").read_text())
     base = [o for o in meta["overrides"] if not o.startswith("backend.")] + ["backend=sim"]
     for stage, info in meta["stages"].items():
         engine_dir = args.folder / stage / "engine"
         if not stage.startswith("compare_") or not engine_dir.is_dir():
+            continue
+        if args.only is not None and stage not in args.only:
             continue
         extra = [o for o in info["overrides"] if "=" in o]
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -3,8 +3,8 @@
   PYTHONPATH=. python experiments/calibration/refit.py experiments/calibration/qwen3_0_6b_h100 --out DIR
 
 Reads profile.csv (the grid and random shapes), calibration/steps.csv (the calibration run's
-recorded steps) and meta.json (the engine's CUDA-graph sizes) from the folder; writes model.csv
-and validation.csv (harness.calibration.validate) to --out. Steps recorded before the num_seeded
+recorded steps; with --extra-steps, other recorded runs too) and meta.json (the engine's CUDA-graph
+sizes) from the folder; writes model.csv and validation.csv (harness.calibration.validate) to --out. Steps recorded before the num_seeded
 feature existed get it from the workload's temperature (--temperature: every harness request
 carries a seed, so with temperature > 0 every sampled row was seeded).
 """
@@ -28,11 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path, help="a calibrate_and_compare.py output folder")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--temperature", type=float, default=0.6, help="the calibration workload's temperature")
+    parser.add_argument("--extra-steps", type=Path, nargs="*", default=[],
+                        help="steps.csv of other recorded engine runs to fit on too (e.g. other workloads)")
     args = parser.parse_args(argv)
     meta = json.loads((args.folder / "meta.json").read_text())
     sizes = tuple(meta["graph_batch_sizes"])
     profile = pd.read_csv(args.folder / "profile.csv")
-    steps = with_seeded_rows(pd.read_csv(args.folder / "calibration" / "steps.csv"), args.temperature)
+    runs = [args.folder / "calibration" / "steps.csv", *args.extra_steps]
+    steps = pd.concat([with_seeded_rows(pd.read_csv(path), args.temperature) for path in runs], ignore_index=True)
     model, validation = validate(profile, steps, sizes)
     args.out.mkdir(parents=True, exist_ok=True)
     model.to_csv(args.out / "model.csv")
