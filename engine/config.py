@@ -12,6 +12,7 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+FUSED_KERNELS = ("off", "triton")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class EngineConfig:
     gpu_memory_utilization: fraction of device memory the engine may hold (weights, activations
         and the KV cache); the KV cache is sized to fill what is left.
     seed: seeds the sampling stream of requests that bring no seed of their own.
+    fused_kernels: "off" runs the layers' and the sampler's torch ops (the reference); "triton"
+        runs fused Triton kernels instead on CUDA (RMSNorm with the residual add, q/k norm with
+        the rotary embedding, SiLU-and-mul, one-pass Gumbel-max sampling). No effect on CPU.
     """
 
     model: str
@@ -38,6 +42,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     seed: int = 0
+    fused_kernels: str = "off"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -45,6 +50,7 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("fused_kernels", self.fused_kernels, FUSED_KERNELS)
         if not isinstance(self.enforce_eager, bool):
             raise TypeError(f"EngineConfig.enforce_eager must be a bool, got {type(self.enforce_eager).__name__}")
         util = self.gpu_memory_utilization

@@ -31,6 +31,7 @@ from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
 from engine.host_staging import HostStaging
 from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory
+from engine.layers.fused import set_fused_kernels
 from engine.models.arch import ModelArch
 from engine.sampler import Sampler
 from engine.step_timing import StepTimer
@@ -113,7 +114,9 @@ class ModelRunner:
         self.num_kv_heads = getattr(model, "num_kv_heads", None) or max(
             1, self.arch.num_kv_heads // engine_config.tensor_parallel_size)
         self.max_blocks_per_seq = -(-scheduler_config.max_model_len // self.block_size)
-        self.sampler = Sampler(engine_config.seed, self.device)
+        # before any graph capture: graphs replay whichever elementwise kernels the layers use
+        set_fused_kernels(model, engine_config.fused_kernels, self.device)
+        self.sampler = Sampler(engine_config.seed, self.device, engine_config.fused_kernels)
         self.staging = HostStaging(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.fused import UsesFusedKernels
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(nn.Module, UsesFusedKernels):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.fused_kernels = None
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in float32 whatever the model dtype; scaled by the weight in the model dtype.
@@ -22,6 +25,12 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x [..., dim]. With residual: returns (norm(x + residual), x + residual)."""
+        fused = self.fused_kernels
+        if fused is not None and fused.applies(x):
+            # one kernel: reads x (and residual) once, writes the norm (and the new residual)
+            if residual is None:
+                return fused.rms_norm(x, self.weight, self.eps)
+            return fused.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         x = x + residual

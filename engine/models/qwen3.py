@@ -17,6 +17,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from engine.layers.fused import UsesFusedKernels, set_fused_kernels
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, default_weight_loader
 from engine.layers.norm import RMSNorm
 from engine.layers.parallel import TensorParallel
@@ -27,9 +28,11 @@ from engine.models.materialize import materialize_parameters
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
-class Qwen3Attention(nn.Module):
+class Qwen3Attention(nn.Module, UsesFusedKernels):
     def __init__(self, arch: ModelArch, backend: AttentionBackend, tp: TensorParallel):
         super().__init__()
+        self.fused_kernels = None  # engine.layers.fused: q/k norm + rotary in one kernel
+        self.eps = arch.rms_norm_eps
         d = arch.head_dim
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads, arch.qkv_bias, tp)
         self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
@@ -44,9 +47,15 @@ class Qwen3Attention(nn.Module):
         q = q.view(t, self.num_heads, d)  # [T, heads, head_dim]
         k = k.view(t, self.num_kv_heads, d)  # [T, kv_heads, head_dim]
         v = v.view(t, self.num_kv_heads, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        fused = self.fused_kernels
+        if fused is not None and fused.applies(q):
+            # norm + rotation of q and k in place, in the qkv buffer (the views stay strided)
+            norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+            fused.qk_norm_rope_(q, k, cos, sin, *norms, self.eps)
+        else:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return self.o_proj(self.attn(q, k, v, kv_cache, meta))  # [T, hidden]
 
 
@@ -139,6 +148,11 @@ class Qwen3ForCausalLM(nn.Module):
             x, residual = layer(x, residual, cos, sin, kv_cache, meta)
         x, _ = self.model.norm(x, residual)
         return x
+
+    def set_fused_kernels(self, mode: str, allow_cpu: bool = False) -> int:
+        """Elementwise kernels of every layer: "off" (torch ops) or "triton" (fused, CUDA tensors
+        only unless allow_cpu). Call before capturing CUDA graphs. Returns the fused layer count."""
+        return set_fused_kernels(self, mode, self.lm_head.weight.device, allow_cpu)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows to sample) -> [N, vocab] float32."""

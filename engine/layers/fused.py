@@ -1,0 +1,66 @@
+"""Which elementwise kernels the decoder layers run: their own torch ops (the reference, and the
+default) or the fused Triton kernels of kernels/ (rmsnorm, activation, rotary).
+
+A layer that can use a fused kernel holds `fused_kernels`: None for the torch path, or a
+FusedKernels whose `applies(x)` says whether this input may take the fused path (CUDA tensors;
+CPU tensors too when allow_cpu is set, which only makes sense under TRITON_INTERPRET=1 and is
+how the CPU tests exercise the wiring). `set_fused_kernels(model, mode, device)` sets it on every
+such layer of a model; the runner calls it once, before any CUDA graph is captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+FUSED_KERNEL_MODES = ("off", "triton")
+
+
+@dataclass(frozen=True)
+class FusedKernels:
+    rms_norm: Callable[..., torch.Tensor]  # kernels.rmsnorm.rms_norm
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # kernels.rmsnorm.add_rms_norm
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # kernels.activation.silu_and_mul
+    qk_norm_rope_: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # kernels.rotary.qk_norm_rope_
+    allow_cpu: bool = False
+
+    def applies(self, x: torch.Tensor) -> bool:
+        return x.is_cuda or self.allow_cpu
+
+
+class UsesFusedKernels:
+    """Mixin of the layers that have a fused path; None keeps their torch ops."""
+
+    fused_kernels: FusedKernels | None = None
+
+
+def load_fused_kernels(mode: str, allow_cpu: bool = False) -> FusedKernels | None:
+    if mode not in FUSED_KERNEL_MODES:
+        raise ValueError(f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {mode!r}")
+    if mode == "off":
+        return None
+    # Triton is imported only here: CPU-only installs without it never reach this line.
+    from kernels.activation import silu_and_mul
+    from kernels.rmsnorm import add_rms_norm, rms_norm
+    from kernels.rotary import qk_norm_rope_
+
+    return FusedKernels(rms_norm, add_rms_norm, silu_and_mul, qk_norm_rope_, allow_cpu)
+
+
+def set_fused_kernels(model: nn.Module, mode: str, device: torch.device | str, allow_cpu: bool = False) -> int:
+    """Point every fused-capable layer of `model` at the kernels of `mode` ("off" | "triton").
+
+    On a CPU device the torch path is kept (Triton is not even imported) unless allow_cpu.
+    Returns the number of layers that will use fused kernels.
+    """
+    if mode not in FUSED_KERNEL_MODES:
+        raise ValueError(f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {mode!r}")
+    on_cpu = torch.device(device).type != "cuda"
+    kernels = None if on_cpu and not allow_cpu else load_fused_kernels(mode, allow_cpu)
+    layers = [m for m in model.modules() if isinstance(m, UsesFusedKernels)]
+    for layer in layers:
+        layer.fused_kernels = kernels
+    return len(layers) if kernels is not None else 0
