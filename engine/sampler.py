@@ -1,48 +1,89 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds.
 
 Sampling is Gumbel-max: the token is argmax(logits / T - log E) with E ~ Exp(1) per vocabulary
-entry, which draws from softmax(logits / T) exactly and needs no softmax or multinomial. Filters
-set the logits they remove to -inf. The order follows Hugging Face's logits processors:
-temperature, then top-k, then top-p on the renormalised remainder.
+entry, which draws from softmax(logits / T) exactly and needs no softmax or multinomial. Top-k and
+top-p become one cutoff logit per row (engine/sampler_filters.py); entries below it are excluded.
 
-NOTE: a request with a seed draws its noise from a generator seeded by (seed, index of the
-token being sampled). The draw is therefore a function of the request alone: the same whatever
-batch it shares, wherever it sits in it, and after a preemption (the recomputed request samples
-its next token with the same index). No per-request state has to be kept or released. Requests
-without a seed share the sampler's own stream, seeded once by EngineConfig.seed.
+NOTE: a request with a seed draws its noise from a counter-based hash keyed by (seed, index of
+the token being sampled) (engine/sampler_noise.py). The draw is therefore a function of the
+request alone: the same whatever batch it shares, wherever it sits in it, and after a preemption
+(the recomputed request samples its next token with the same index). All seeded rows of a batch
+are drawn in one pass, and no per-request state has to be kept or released. Requests without a
+seed share the sampler's own stream, seeded once by EngineConfig.seed.
+
+Two paths. The torch path (the reference, and the default) computes the hash as integer tensor
+ops. The kernel path (fused_kernels="triton", CUDA) samples every row in one Triton pass over
+the logits (kernels/sampling.py). Unseeded rows get hash keys from a numpy stream seeded by
+EngineConfig.seed, except on the torch path on CUDA, where torch's generator draws their noise.
+
+Host work per step is kept off the device's critical path: the per-row parameters are turned
+into device tensors once per batch composition (decode batches keep theirs for many steps), and
+what changes every step (the seeded rows' keys) goes up in one pinned, non-blocking copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.core.sampling_params import SamplingParams
+from engine.host_staging import HostStaging
+from engine.sampler_filters import FilterGroup, FilterPlan, cutoffs, plan_filters
+from engine.sampler_noise import key_words, keys_for, log_exponential, seed_for
 
-_MASK64 = (1 << 64) - 1
+__all__ = ["Sampler", "seed_for"]
+
+FUSED_KERNEL_MODES = ("off", "triton")
 # Exp(1) draws are clamped away from 0 so that -log(E) stays finite (-inf logits stay -inf).
 _TINY = 1e-20
 
 
-def seed_for(seed: int, index: int) -> int:
-    """A well-mixed 63-bit generator seed for draw `index` of a request seeded with `seed`.
+@dataclass
+class _Rows:
+    """What a batch composition (its list of SamplingParams) needs, on the host and the device."""
 
-    splitmix64 finaliser: nearby (seed, index) pairs give unrelated streams.
-    """
-    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) >> 1
+    params: list[SamplingParams]  # held, so identity comparison with the next step is sound
+    vocab: int
+    all_greedy: bool
+    seeded_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [S]
+    seeds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # [S]
+    num_unseeded: int = 0  # rows sampled from the engine's stream
+    inv_temp: torch.Tensor | None = None  # [N] float32; greedy rows: 1 (torch path) or 0 (kernel)
+    greedy_rows: torch.Tensor | None = None  # [G] int64, torch path, None when G == 0
+    seeded_index: torch.Tensor | None = None  # [S] int64, torch path
+    groups: list[FilterGroup] = field(default_factory=list)
 
 
 class Sampler:
     """Draws one token per row of a logits batch."""
 
-    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu", fused_kernels: str = "off",
+                 *, allow_cpu_kernels: bool = False) -> None:
+        """allow_cpu_kernels: take the kernel path for CPU tensors too (tests under TRITON_INTERPRET=1)."""
+        if fused_kernels not in FUSED_KERNEL_MODES:
+            raise ValueError(f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {fused_kernels!r}")
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        self.rng = np.random.default_rng(seed)
+        self.staging = HostStaging(self.device)
+        self._rows: _Rows | None = None
+        self._gumbel_argmax = None
+        if fused_kernels == "triton" and (self.device.type == "cuda" or allow_cpu_kernels):
+            from kernels.sampling import gumbel_argmax
+
+            self._gumbel_argmax = gumbel_argmax
+        # NOTE: on the CPU the hash is cheaper than torch's exponential_ (~0.6x), on CUDA far
+        # dearer as ~25 separate integer passes; there unseeded rows keep torch's generator
+        # unless the kernel computes the hash in registers.
+        self.hash_every_row = self._gumbel_argmax is not None or self.device.type != "cuda"
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self._gumbel_argmax is not None
 
     @torch.inference_mode()
     def sample(
@@ -51,63 +92,93 @@ class Sampler:
         params: Sequence[SamplingParams],
         output_indices: Sequence[int],  # per row: how many tokens the request has generated so far
     ) -> torch.Tensor:  # [num_rows] int64
-        num_rows = logits.shape[0]
+        num_rows, vocab = logits.shape
         if num_rows != len(params) or num_rows != len(output_indices):
             raise ValueError(f"Sampler.sample: {num_rows} logits rows, {len(params)} params, "
                              f"{len(output_indices)} output indices")
-        greedy_tokens = logits.argmax(dim=-1)
-        if all(p.temperature == 0.0 for p in params):
-            return greedy_tokens
-        device = logits.device
-        # Greedy rows go through the random path with T = 1 and are overwritten at the end.
-        temperature = torch.tensor([p.temperature or 1.0 for p in params], dtype=torch.float32, device=device)
-        scores = logits.float() / temperature[:, None]  # [num_rows, vocab]
-        top_k = [p.top_k for p in params]
-        top_p = [p.top_p for p in params]
-        if any(p < 1.0 for p in top_p):
-            scores = _top_k_top_p(scores, top_k, top_p)
-        elif any(k != -1 for k in top_k):
-            scores = _top_k(scores, top_k)
-        noise = self._exponential_noise(scores.shape, params, output_indices, device)
-        sampled = (scores - noise.log_()).argmax(dim=-1)
-        greedy_rows = torch.tensor([p.temperature == 0.0 for p in params], device=device)
-        return torch.where(greedy_rows, greedy_tokens, sampled)
+        rows = self._composition(params, vocab)
+        if rows.all_greedy:
+            return logits.argmax(dim=-1)
+        words = self._upload_keys(rows, num_rows, output_indices)  # [2, S or N] int32
+        cutoff = cutoffs(logits, rows.groups)  # [N] float32 or None
+        if self._gumbel_argmax is not None:
+            return self._gumbel_argmax(logits, rows.inv_temp, words, cutoff)
+        scores = logits * rows.inv_temp[:, None]  # [N, vocab]
+        if cutoff is not None:
+            scores.masked_fill_(logits < cutoff[:, None], float("-inf"))
+        log_e = None  # [N, vocab]: log of the Exp(1) noise
+        if self.hash_every_row:
+            log_e = log_exponential(words, vocab)
+        elif rows.num_unseeded:
+            log_e = torch.empty_like(scores).exponential_(generator=self.generator).clamp_min_(_TINY).log_()
+        elif len(rows.seeded_rows):
+            seeded = log_exponential(words, vocab)  # [S, vocab]
+            if log_e is None and len(rows.seeded_rows) == num_rows:
+                log_e = seeded
+            else:
+                if log_e is None:
+                    log_e = torch.zeros_like(scores)
+                log_e.index_copy_(0, rows.seeded_index, seeded)
+        if log_e is not None:
+            if rows.greedy_rows is not None:
+                log_e.index_fill_(0, rows.greedy_rows, 0.0)  # no noise: the argmax of the logits
+            scores.sub_(log_e)
+        return scores.argmax(dim=-1)
 
-    def _exponential_noise(self, shape, params, output_indices, device) -> torch.Tensor:
-        noise = torch.empty(shape, dtype=torch.float32, device=device)  # [num_rows, vocab]
-        noise.exponential_(generator=self.generator)
-        for row, p in enumerate(params):
-            if p.seed is not None and p.temperature != 0.0:
-                # NOTE: only seeded rows pay for a generator of their own (a few microseconds each).
-                gen = torch.Generator(device=device)
-                gen.manual_seed(seed_for(p.seed, output_indices[row]))
-                noise[row].exponential_(generator=gen)
-        return noise.clamp_min_(_TINY)
+    def _upload_keys(self, rows: _Rows, num_rows: int, output_indices: Sequence[int]) -> torch.Tensor | None:
+        """This step's noise keys as int32 words: [2, N] when every row is hashed, else [2, S] (seeded rows)."""
+        seeded = rows.seeded_rows
+        keys = None
+        if len(seeded):
+            indices = np.asarray(output_indices, dtype=np.int64)[seeded]
+            keys = keys_for(rows.seeds, indices)
+        if self.hash_every_row:
+            every = self.rng.integers(0, 2**64, size=num_rows, dtype=np.uint64)  # unseeded rows' keys
+            if keys is not None:
+                every[seeded] = keys
+            keys = every
+        if keys is None:
+            return None  # torch path, no seeded row: no keys this step
+        return self.staging.upload([key_words(keys)], torch.int32)[0]
 
+    def _composition(self, params: Sequence[SamplingParams], vocab: int) -> _Rows:
+        """The cached _Rows of this batch composition, rebuilt only when a row's params change."""
+        last = self._rows
+        # NOTE: list equality checks identity first, so the common case (the same request objects
+        # step after step) costs a pointer comparison per row.
+        if last is not None and last.vocab == vocab and last.params == list(params):
+            return last
+        self._rows = rows = self._build(list(params), vocab)
+        return rows
 
-def _top_k(scores: torch.Tensor, top_k: list[int]) -> torch.Tensor:
-    """Keep each row's k highest scores (ties with the k-th are kept too); -1 keeps all."""
-    vocab = scores.shape[-1]
-    ks = torch.tensor([vocab if k == -1 else min(k, vocab) for k in top_k], device=scores.device)
-    kth = scores.topk(int(ks.max()), dim=-1).values  # [num_rows, k_max], descending
-    threshold = kth.gather(1, (ks - 1)[:, None])  # [num_rows, 1]
-    return scores.masked_fill(scores < threshold, float("-inf"))
-
-
-def _top_k_top_p(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Top-k, then the smallest set of top tokens whose renormalised mass reaches p.
-
-    A token is kept while the mass of the tokens ranked strictly above it is below p, so the
-    most likely token always survives.
-    """
-    vocab = scores.shape[-1]
-    sorted_scores, order = scores.sort(dim=-1, descending=True)  # [num_rows, vocab]
-    ks = torch.tensor([vocab if k == -1 else min(k, vocab) for k in top_k], device=scores.device)
-    ranks = torch.arange(vocab, device=scores.device)
-    sorted_scores = sorted_scores.masked_fill(ranks[None, :] >= ks[:, None], float("-inf"))
-    probs = sorted_scores.softmax(dim=-1)
-    mass_above = probs.cumsum(dim=-1) - probs
-    # p == 1 disables the filter: a float cumsum can reach 1 before the tail and cut it.
-    ps = torch.tensor([p if p < 1.0 else 2.0 for p in top_p], dtype=torch.float32, device=scores.device)
-    sorted_scores = sorted_scores.masked_fill(mass_above >= ps[:, None], float("-inf"))
-    return torch.full_like(scores, float("-inf")).scatter_(1, order, sorted_scores)
+    def _build(self, params: list[SamplingParams], vocab: int) -> _Rows:
+        n = len(params)
+        temperature = np.fromiter((p.temperature for p in params), np.float64, n)
+        greedy = temperature == 0.0
+        if greedy.all():
+            return _Rows(params, vocab, all_greedy=True)
+        kernel = self._gumbel_argmax is not None
+        inv_temp = np.where(greedy, 0.0 if kernel else 1.0, 1.0 / np.where(greedy, 1.0, temperature))
+        seeds = [p.seed for p in params]
+        seeded_rows = np.flatnonzero(np.fromiter((s is not None for s in seeds), bool, n) & ~greedy)
+        plans: list[FilterPlan] = plan_filters(
+            np.fromiter((p.top_k for p in params), np.int64, n), np.fromiter((p.top_p for p in params), np.float64, n),
+            inv_temp, ~greedy, vocab)
+        # one copy per dtype: the per-row floats, then every index array
+        floats = [inv_temp.astype(np.float32)]
+        for plan in plans:
+            floats += [plan.inv_temp] + ([plan.top_p] if plan.top_p is not None else [])
+        greedy_rows = np.flatnonzero(greedy)
+        ints = [greedy_rows, seeded_rows] + [a for plan in plans for a in (plan.rows, plan.top_k)]
+        f32 = iter(self.staging.upload(floats, torch.float32))
+        i64 = iter(self.staging.upload([a.astype(np.int64) for a in ints], torch.int64))
+        rows = _Rows(params, vocab, all_greedy=False, seeded_rows=seeded_rows,
+                     seeds=np.array([seeds[i] for i in seeded_rows.tolist()], dtype=np.uint64),
+                     num_unseeded=int((~greedy).sum()) - len(seeded_rows), inv_temp=next(f32))
+        device_greedy, rows.seeded_index = next(i64), next(i64)
+        rows.greedy_rows = device_greedy if len(greedy_rows) and not kernel else None
+        for plan in plans:
+            plan_inv, plan_p = next(f32), (next(f32) if plan.top_p is not None else None)
+            plan_rows, plan_k = next(i64), next(i64)
+            rows.groups.append(FilterGroup(None if plan.all_rows else plan_rows, plan_k, plan_p, plan_inv, plan.width))
+        return rows

@@ -1,0 +1,92 @@
+"""Gumbel-max sampling of every row of a logits batch in one pass over the vocabulary.
+
+One program per row streams its logits once: masks entries below the row's cutoff (top-k/top-p,
+computed beforehand), scales by 1/T, adds Gumbel noise g = -log(-log(u)) with u a counter-based
+hash of (the row's 64-bit key, vocabulary index), and keeps a running argmax. The hash is the one
+defined in engine/sampler_noise.py (`hash32`), so a row's draw depends only on its key: seeded
+requests draw the same token whatever batch they are in. A row with inverse temperature 0 is
+greedy: plain argmax of its (masked) logits, no noise. Ties go to the lowest index, as
+torch.argmax does.
+
+The unfused torch path makes ~6 full-vocabulary float32 passes and builds the noise with ~25
+integer ops per element; this reads the logits once. No host syncs, no allocation but the output.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+
+
+@triton.jit
+def _mix(x):
+    # x uint32: two-multiply xorshift finaliser; right shifts of unsigned values are logical
+    x ^= x >> 16
+    x *= 0x21F0AAAD
+    x ^= x >> 15
+    x *= 0x735A2D97
+    x ^= x >> 15
+    return x
+
+
+@triton.jit
+def _gumbel_argmax_kernel(
+    logits_ptr, stride_row, inv_temp_ptr, words_ptr, stride_words, cutoff_ptr, out_ptr, vocab,
+    HAS_CUTOFF: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    inv_t = tl.load(inv_temp_ptr + row)
+    k0 = tl.load(words_ptr + row).to(tl.uint32, bitcast=True)
+    k1 = tl.load(words_ptr + stride_words + row).to(tl.uint32, bitcast=True)
+    greedy = inv_t == 0.0
+    base = logits_ptr + row.to(tl.int64) * stride_row
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, vocab, BLOCK):
+        v = start + tl.arange(0, BLOCK)
+        mask = v < vocab
+        x = tl.load(base + v, mask=mask, other=float("-inf")).to(tl.float32)
+        if HAS_CUTOFF:
+            x = tl.where(x < tl.load(cutoff_ptr + row), float("-inf"), x)
+        h = _mix(_mix(v.to(tl.uint32) ^ k0) ^ k1)
+        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        gumbel = -tl.log(-tl.log(u))
+        score = tl.where(greedy, x, x * inv_t + gumbel)
+        # strict >: each lane keeps the first index of its best value
+        take = score > best
+        best = tl.where(take, score, best)
+        best_idx = tl.where(take, v, best_idx)
+    top = tl.max(best, axis=0)
+    first = tl.min(tl.where(best == top, best_idx, vocab), axis=0)
+    tl.store(out_ptr + row, first.to(tl.int64))
+
+
+def gumbel_argmax(
+    logits: torch.Tensor,  # [rows, vocab] float32 (any row stride, contiguous rows)
+    inv_temperature: torch.Tensor,  # [rows] float32; 0 = greedy
+    key_words: torch.Tensor,  # [2, rows] int32: low and high words of each row's 64-bit key
+    cutoff: torch.Tensor | None = None,  # [rows] float32: logits below it are excluded
+) -> torch.Tensor:  # [rows] int64
+    """argmax over v of logits[r, v] * inv_t[r] + gumbel(key[r], v), or plain argmax where inv_t is 0."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [rows, vocab] with a contiguous last dim, got {tuple(logits.shape)}")
+    rows, vocab = logits.shape
+    if inv_temperature.shape != (rows,) or inv_temperature.dtype != torch.float32:
+        raise ValueError(f"inv_temperature must be float32 [{rows}], got {inv_temperature.dtype} "
+                         f"{tuple(inv_temperature.shape)}")
+    if key_words.shape != (2, rows) or key_words.dtype != torch.int32 or key_words.stride(1) != 1:
+        raise ValueError(f"key_words must be int32 [2, {rows}] with contiguous rows, got {key_words.dtype} "
+                         f"{tuple(key_words.shape)}")
+    if cutoff is not None and (cutoff.shape != (rows,) or cutoff.dtype != torch.float32):
+        raise ValueError(f"cutoff must be float32 [{rows}], got {cutoff.dtype} {tuple(cutoff.shape)}")
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        _gumbel_argmax_kernel[(rows,)](
+            logits, logits.stride(0), inv_temperature, key_words, key_words.stride(0),
+            cutoff if cutoff is not None else inv_temperature, out, vocab,
+            HAS_CUTOFF=cutoff is not None, BLOCK=BLOCK, num_warps=4,
+        )
+    return out
