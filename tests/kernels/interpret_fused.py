@@ -1,0 +1,105 @@
+"""The fused kernels run by Triton's interpreter on CPU float32 tensors: the kernel checks of
+fused_cases, the model with the real kernels wired in (against its torch path), and the sampler's
+kernel path held to the CPU sampler's properties.
+
+Not collected by default (the file name does not start with test_): test_fused_interpreter.py
+runs it in a subprocess with TRITON_INTERPRET=1, which Triton reads when a kernel is decorated,
+i.e. before kernels/ is first imported. Directly:
+
+    TRITON_INTERPRET=1 python -m pytest tests/kernels/interpret_fused.py -q -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.kernels import fused_cases as cases
+from tests.kernels.paged_batch import fresh_seed
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # -inf * 0 in greedy rows, discarded by tl.where
+]
+F32 = torch.float32
+
+@pytest.mark.parametrize("hidden", [100, 1024, 2560, 4096])
+def test_norms(hidden):
+    cases.check_rms_norm("cpu", F32, 5, hidden, fresh_seed())
+    cases.check_add_rms_norm("cpu", F32, 3, hidden, fresh_seed())
+
+
+@pytest.mark.parametrize("heads, head_dim", [(16, 128), (3, 64)])
+def test_per_head_norm(heads, head_dim):
+    cases.check_per_head_rms_norm("cpu", F32, 4, heads, head_dim, fresh_seed())
+
+
+@pytest.mark.parametrize("inter", [17, 1000, 3072])
+def test_silu_and_mul(inter):
+    cases.check_silu_and_mul("cpu", F32, 3, inter, fresh_seed())
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(16, 8, 128), (14, 2, 64), (5, 5, 64)])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope(heads, kv_heads, head_dim, with_norm):
+    cases.check_qk_norm_rope("cpu", F32, 6, heads, kv_heads, head_dim, with_norm, fresh_seed())
+
+
+@pytest.mark.parametrize("rows, vocab", [(2, 1000), (9, 3001), (24, 5000)])
+@pytest.mark.parametrize("with_cutoff", [False, True])
+def test_gumbel_argmax(rows, vocab, with_cutoff):
+    cases.check_gumbel_argmax("cpu", rows, vocab, with_cutoff, fresh_seed())
+
+
+# ---- the model with the real kernels ------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen2", "tiny-llama"])
+def test_model_with_fused_kernels_matches_torch_path(preset, tmp_path):
+    from engine.checkpoint import write_checkpoint
+    from engine.loader import load_model
+    from tests.engine.fused_model_checks import count_calls, prefill_then_decode
+
+    model, _ = load_model(write_checkpoint(preset, tmp_path / preset, seed=0), dtype="float32")
+    expected = prefill_then_decode(model, "cpu")
+    assert model.set_fused_kernels("triton", allow_cpu=True) > 0
+    calls = count_calls(model)
+    got = prefill_then_decode(model, "cpu")
+    assert calls["qk_norm_rope_"] == calls["silu_and_mul"] == 2 * model.arch.num_layers
+    for ours, ref in zip(got, expected):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
+# ---- the sampler's kernel path ------------------------------------------------------------
+
+
+def _kernel_sampler(seed: int):
+    from engine.sampler import Sampler
+
+    sampler = Sampler(seed, "cpu", "triton", allow_cpu_kernels=True)
+    assert sampler.uses_kernel
+    return sampler
+
+
+@pytest.mark.parametrize("check", ["greedy_beside_random", "seeded_independent_of_batch",
+                                   "unseeded_follow_engine_seed", "top_k_top_p_allowed"])
+def test_sampler_kernel_path(check):
+    from tests.engine import sampler_checks
+
+    getattr(sampler_checks, f"check_{check}")(_kernel_sampler, "cpu")
+
+
+def test_sampler_kernel_path_distributions():
+    from tests.engine import sampler_checks
+
+    sampler_checks.check_temperature_frequencies(_kernel_sampler, "cpu", n=600)
+    sampler_checks.check_top_k_keeps_the_k_best(_kernel_sampler, "cpu", n=300)
+
+
+def test_sampler_kernel_path_matches_torch_path_for_seeded_rows():
+    from engine.sampler import Sampler
+    from tests.engine import sampler_checks
+
+    sampler_checks.check_seeded_rows_match(_kernel_sampler, lambda seed: Sampler(seed), "cpu")
