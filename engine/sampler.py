@@ -99,7 +99,7 @@ class Sampler:
         rows = self._composition(params, vocab)
         if rows.all_greedy:
             return logits.argmax(dim=-1)
-        words = self._upload_keys(rows, num_rows, output_indices)  # [2, S or N] int32
+        words = self._upload_keys(rows, num_rows, output_indices)  # [S or N, 2] int32
         cutoff = cutoffs(logits, rows.groups)  # [N] float32 or None
         if self._gumbel_argmax is not None:
             return self._gumbel_argmax(logits, rows.inv_temp, words, cutoff)
@@ -126,7 +126,7 @@ class Sampler:
         return scores.argmax(dim=-1)
 
     def _upload_keys(self, rows: _Rows, num_rows: int, output_indices: Sequence[int]) -> torch.Tensor | None:
-        """This step's noise keys as int32 words: [2, N] when every row is hashed, else [2, S] (seeded rows)."""
+        """This step's noise keys as int32 words: [N, 2] when every row is hashed, else [S, 2] (seeded rows)."""
         seeded = rows.seeded_rows
         keys = None
         if len(seeded):

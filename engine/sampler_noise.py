@@ -48,9 +48,10 @@ def keys_for(seeds: np.ndarray, indices: np.ndarray) -> np.ndarray:
 
 
 def key_words(keys: np.ndarray) -> np.ndarray:
-    """[n] uint64 keys -> [2, n] int32: (low words, high words), bit for bit."""
+    """[n] uint64 keys -> [n, 2] int32: (low word, high word) per key, bit for bit."""
     keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    return np.stack([(keys & np.uint64(MASK32)).astype(np.uint32), (keys >> np.uint64(32)).astype(np.uint32)]).view(np.int32)
+    # little-endian uint64 -> its two uint32 halves, low first
+    return keys.astype("<u8").view("<u4").reshape(-1, 2).view(np.int32)
 
 
 def _mix(x: int) -> int:
@@ -77,18 +78,18 @@ def _mix_(x: torch.Tensor, tmp: torch.Tensor) -> None:
 
 
 def hash_bits(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """words [2, rows] int32 -> [rows, vocab] int32 holding hash32(v, key_row)'s bits."""
+    """words [rows, 2] int32 -> [rows, vocab] int32 holding hash32(v, key_row)'s bits."""
     v = torch.arange(vocab, dtype=torch.int32, device=words.device)
-    x = v[None, :] ^ words[0][:, None]  # [rows, vocab]
+    x = v[None, :] ^ words[:, :1]  # [rows, vocab]
     tmp = torch.empty_like(x)
     _mix_(x, tmp)
-    x ^= words[1][:, None]
+    x ^= words[:, 1:]
     _mix_(x, tmp)
     return x
 
 
 def log_exponential(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """words [2, rows] int32 -> log E [rows, vocab] float32 with E = -log(u) ~ Exp(1)."""
+    """words [rows, 2] int32 -> log E [rows, vocab] float32 with E = -log(u) ~ Exp(1)."""
     bits = hash_bits(words, vocab)
     torch.bitwise_right_shift(bits, 32 - UNIFORM_BITS, out=bits)
     bits &= (1 << UNIFORM_BITS) - 1

@@ -8,6 +8,10 @@ requests draw the same token whatever batch they are in. A row with inverse temp
 greedy: plain argmax of its (masked) logits, no noise. Ties go to the lowest index, as
 torch.argmax does.
 
+NOTE: no integer argument depends on the batch (the keys are [rows, 2], so their row stride is
+the constant 2): Triton specialises kernels on integer arguments, and a batch-sized one would
+compile new variants in the middle of a run as the batch size changes.
+
 The unfused torch path makes ~6 full-vocabulary float32 passes and builds the noise with ~25
 integer ops per element; this reads the logits once. No host syncs, no allocation but the output.
 """
@@ -34,13 +38,13 @@ def _mix(x):
 
 @triton.jit
 def _gumbel_argmax_kernel(
-    logits_ptr, stride_row, inv_temp_ptr, words_ptr, stride_words, cutoff_ptr, out_ptr, vocab,
+    logits_ptr, stride_row, inv_temp_ptr, words_ptr, cutoff_ptr, out_ptr, vocab,
     HAS_CUTOFF: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     inv_t = tl.load(inv_temp_ptr + row)
-    k0 = tl.load(words_ptr + row).to(tl.uint32, bitcast=True)
-    k1 = tl.load(words_ptr + stride_words + row).to(tl.uint32, bitcast=True)
+    k0 = tl.load(words_ptr + 2 * row).to(tl.uint32, bitcast=True)
+    k1 = tl.load(words_ptr + 2 * row + 1).to(tl.uint32, bitcast=True)
     greedy = inv_t == 0.0
     base = logits_ptr + row.to(tl.int64) * stride_row
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -67,7 +71,7 @@ def _gumbel_argmax_kernel(
 def gumbel_argmax(
     logits: torch.Tensor,  # [rows, vocab] float32 (any row stride, contiguous rows)
     inv_temperature: torch.Tensor,  # [rows] float32; 0 = greedy
-    key_words: torch.Tensor,  # [2, rows] int32: low and high words of each row's 64-bit key
+    key_words: torch.Tensor,  # [rows, 2] int32: low and high word of each row's 64-bit key
     cutoff: torch.Tensor | None = None,  # [rows] float32: logits below it are excluded
 ) -> torch.Tensor:  # [rows] int64
     """argmax over v of logits[r, v] * inv_t[r] + gumbel(key[r], v), or plain argmax where inv_t is 0."""
@@ -77,15 +81,15 @@ def gumbel_argmax(
     if inv_temperature.shape != (rows,) or inv_temperature.dtype != torch.float32:
         raise ValueError(f"inv_temperature must be float32 [{rows}], got {inv_temperature.dtype} "
                          f"{tuple(inv_temperature.shape)}")
-    if key_words.shape != (2, rows) or key_words.dtype != torch.int32 or key_words.stride(1) != 1:
-        raise ValueError(f"key_words must be int32 [2, {rows}] with contiguous rows, got {key_words.dtype} "
+    if key_words.shape != (rows, 2) or key_words.dtype != torch.int32 or not key_words.is_contiguous():
+        raise ValueError(f"key_words must be a contiguous int32 [{rows}, 2], got {key_words.dtype} "
                          f"{tuple(key_words.shape)}")
     if cutoff is not None and (cutoff.shape != (rows,) or cutoff.dtype != torch.float32):
         raise ValueError(f"cutoff must be float32 [{rows}], got {cutoff.dtype} {tuple(cutoff.shape)}")
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
         _gumbel_argmax_kernel[(rows,)](
-            logits, logits.stride(0), inv_temperature, key_words, key_words.stride(0),
+            logits, logits.stride(0), inv_temperature, key_words,
             cutoff if cutoff is not None else inv_temperature, out, vocab,
             HAS_CUTOFF=cutoff is not None, BLOCK=BLOCK, num_warps=4,
         )
