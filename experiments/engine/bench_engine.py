@@ -12,7 +12,8 @@ nano-vllm's requests carry none. Output tokens/s = generated tokens / wall time 
 Variants: default (auto backend: triton on CUDA without flash-attn, CUDA graphs), eager (CUDA
 graphs off), torch (the reference attention backend, hence eager), compiled (default plus
 torch.compile on the RMSNorm and SiluAndMul modules: an experiment on elementwise fusion, not an
-engine feature).
+engine feature), fused (default plus EngineConfig.fused_kernels="triton": the fused Triton norm,
+rotary, SiLU and sampling kernels), fused_eager (fused without CUDA graphs).
 
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
 Step phases come from engine.step_timing (host time per phase, device time by CUDA events); the
@@ -45,6 +46,8 @@ VARIANTS = {
     "eager": {"enforce_eager": True},
     "torch": {"attention_backend": "torch"},
     "compiled": {},
+    "fused": {"fused_kernels": "triton"},
+    "fused_eager": {"fused_kernels": "triton", "enforce_eager": True},
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.
