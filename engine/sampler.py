@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.config import FUSED_KERNELS as FUSED_KERNEL_MODES
 from engine.core.sampling_params import SamplingParams
 from engine.host_staging import HostStaging
 from engine.sampler_filters import FilterGroup, FilterPlan, cutoffs, plan_filters
@@ -36,7 +37,6 @@ from engine.sampler_noise import key_words, keys_for, log_exponential, seed_for
 
 __all__ = ["Sampler", "seed_for"]
 
-FUSED_KERNEL_MODES = ("off", "triton")
 # Exp(1) draws are clamped away from 0 so that -log(E) stays finite (-inf logits stay -inf).
 _TINY = 1e-20
 
@@ -106,24 +106,27 @@ class Sampler:
         scores = logits * rows.inv_temp[:, None]  # [N, vocab]
         if cutoff is not None:
             scores.masked_fill_(logits < cutoff[:, None], float("-inf"))
-        log_e = None  # [N, vocab]: log of the Exp(1) noise
+        log_e = self._log_noise(rows, words, scores)  # [N, vocab]
+        if rows.greedy_rows is not None:
+            log_e.index_fill_(0, rows.greedy_rows, 0.0)  # no noise: the argmax of the logits
+        return scores.sub_(log_e).argmax(dim=-1)
+
+    def _log_noise(self, rows: _Rows, words: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        """log E [N, vocab], E ~ Exp(1): hashed for every row, or torch's generator for the
+        unseeded rows with the hash written over the seeded ones (torch path on CUDA)."""
+        num_rows, vocab = scores.shape
         if self.hash_every_row:
-            log_e = log_exponential(words, vocab)
-        elif rows.num_unseeded:
+            return log_exponential(words, vocab)
+        if not len(rows.seeded_rows):
+            return torch.empty_like(scores).exponential_(generator=self.generator).clamp_min_(_TINY).log_()
+        seeded = log_exponential(words, vocab)  # [S, vocab]
+        if len(rows.seeded_rows) == num_rows:
+            return seeded
+        if rows.num_unseeded:
             log_e = torch.empty_like(scores).exponential_(generator=self.generator).clamp_min_(_TINY).log_()
-        elif len(rows.seeded_rows):
-            seeded = log_exponential(words, vocab)  # [S, vocab]
-            if log_e is None and len(rows.seeded_rows) == num_rows:
-                log_e = seeded
-            else:
-                if log_e is None:
-                    log_e = torch.zeros_like(scores)
-                log_e.index_copy_(0, rows.seeded_index, seeded)
-        if log_e is not None:
-            if rows.greedy_rows is not None:
-                log_e.index_fill_(0, rows.greedy_rows, 0.0)  # no noise: the argmax of the logits
-            scores.sub_(log_e)
-        return scores.argmax(dim=-1)
+        else:
+            log_e = torch.zeros_like(scores)  # the other rows are greedy
+        return log_e.index_copy_(0, rows.seeded_index, seeded)
 
     def _upload_keys(self, rows: _Rows, num_rows: int, output_indices: Sequence[int]) -> torch.Tensor | None:
         """This step's noise keys as int32 words: [N, 2] when every row is hashed, else [S, 2] (seeded rows)."""

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-FUSED_KERNEL_MODES = ("off", "triton")
+from engine.config import FUSED_KERNELS as FUSED_KERNEL_MODES
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,10 @@ class FusedKernels:
 
 
 class UsesFusedKernels:
-    """Mixin of the layers that have a fused path; None keeps their torch ops."""
+    """Marks the layers that have a fused path. Each sets `self.fused_kernels = None` (its torch
+    ops) in __init__; set_fused_kernels replaces it."""
 
-    fused_kernels: FusedKernels | None = None
+    fused_kernels: FusedKernels | None
 
 
 def load_fused_kernels(mode: str, allow_cpu: bool = False) -> FusedKernels | None:

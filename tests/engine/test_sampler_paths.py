@@ -13,6 +13,7 @@ import engine.sampler_filters as filters
 from engine.core.sampling_params import SamplingParams
 from engine.sampler import Sampler
 from engine.sampler_noise import MASK32, hash32, hash_bits, key_words, keys_for, log_exponential, seed_for
+from tests.engine import sampler_checks as checks
 
 
 def test_vectorised_keys_equal_the_scalar_definition():
@@ -95,3 +96,23 @@ def test_topk_and_sort_groups_give_the_same_cutoffs(seed, monkeypatch):
     sorted_groups = Sampler()._composition(params, vocab).groups
     assert [g.width for g in sorted_groups] == [vocab]
     assert torch.equal(filters.cutoffs(logits, sorted_groups), by_topk)
+
+
+def _generator_path(seed: int) -> Sampler:
+    """The torch path as it runs on CUDA: unseeded rows drawn from torch's generator, the hash
+    written over the seeded rows only."""
+    sampler = Sampler(seed)
+    sampler.hash_every_row = False
+    return sampler
+
+
+@pytest.mark.parametrize("check", [checks.check_greedy_beside_random, checks.check_seeded_independent_of_batch,
+                                   checks.check_unseeded_follow_engine_seed, checks.check_temperature_frequencies,
+                                   checks.check_top_k_top_p_allowed, checks.check_top_k_keeps_the_k_best],
+                         ids=lambda c: c.__name__)
+def test_generator_noise_path(check):
+    check(_generator_path, "cpu")
+
+
+def test_generator_path_draws_seeded_rows_like_the_hash_path():
+    checks.check_seeded_rows_match(_generator_path, Sampler, "cpu")
