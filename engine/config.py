@@ -29,9 +29,10 @@ class EngineConfig:
     gpu_memory_utilization: fraction of device memory the engine may hold (weights, activations
         and the KV cache); the KV cache is sized to fill what is left.
     seed: seeds the sampling stream of requests that bring no seed of their own.
-    fused_kernels: "off" runs the layers' and the sampler's torch ops (the reference); "triton"
-        runs fused Triton kernels instead on CUDA (RMSNorm with the residual add, q/k norm with
-        the rotary embedding, SiLU-and-mul, one-pass Gumbel-max sampling). No effect on CPU.
+    fused_kernels: "triton" (default) runs fused Triton kernels on CUDA (RMSNorm with the residual
+        add, q/k norm with the rotary embedding, SiLU-and-mul, one-pass Gumbel-max sampling);
+        "off" runs the layers' and the sampler's torch ops (the reference). No effect on CPU.
+        Verified and measured on H100 in experiments/fused/h100_run1/ (10.5k -> 15.9k tok/s).
     """
 
     model: str
@@ -42,7 +43,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     seed: int = 0
-    fused_kernels: str = "off"
+    fused_kernels: str = "triton"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

@@ -9,7 +9,10 @@ max_model_len 4096; one short generate first as warm-up. The requests come from 
 bench workload (harness.workloads, WorkloadConfig defaults) with the per-request seeds dropped, as
 nano-vllm's requests carry none. Output tokens/s = generated tokens / wall time of generate().
 
-Variants: default (auto backend: triton on CUDA without flash-attn, CUDA graphs), eager (CUDA
+Variants are deltas over EngineConfig's defaults at the commit that ran them (fused_kernels
+became "triton" by default after experiments/fused/h100_run1; earlier results ran it "off").
+Variants: default (auto backend: triton on CUDA without flash-attn, CUDA graphs), unfused
+(fused_kernels="off": the layers' and sampler's torch ops), eager (CUDA
 graphs off), torch (the reference attention backend, hence eager), compiled (default plus
 torch.compile on the RMSNorm and SiluAndMul modules: an experiment on elementwise fusion, not an
 engine feature), fused (default plus EngineConfig.fused_kernels="triton": the fused Triton norm,
@@ -43,6 +46,7 @@ from harness.workloads import WorkloadConfig, build_workload
 
 VARIANTS = {
     "default": {},
+    "unfused": {"fused_kernels": "off"},
     "eager": {"enforce_eager": True},
     "torch": {"attention_backend": "torch"},
     "compiled": {},

@@ -23,7 +23,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_engine_config_validates_fused_kernels():
-    assert EngineConfig(model="m").fused_kernels == "off"
+    assert EngineConfig(model="m").fused_kernels == "triton"
     assert EngineConfig(model="m", fused_kernels="triton").fused_kernels == "triton"
     with pytest.raises(ValueError, match="fused_kernels"):
         EngineConfig(model="m", fused_kernels="on")
