@@ -87,6 +87,19 @@ def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                        driver=group is None or group.rank == 0)
 
 
+def check_max_model_len(engine_config: EngineConfig, scheduler_config: SchedulerConfig) -> None:
+    """Reject a max_model_len beyond the positions the model was built for, before loading it."""
+    config_path = Path(engine_config.model) / "config.json"
+    if not config_path.is_file():
+        return  # the loader reports the missing checkpoint
+    max_positions = json.loads(config_path.read_text()).get("max_position_embeddings")
+    if max_positions is not None and scheduler_config.max_model_len > max_positions:
+        raise ValueError(
+            f"max_model_len={scheduler_config.max_model_len} exceeds the model's max_position_embeddings="
+            f"{max_positions} ({config_path}); set max_model_len <= {max_positions}"
+        )
+
+
 def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> None:
     """Reject a tensor_parallel_size the model or the host cannot split over, before spawning."""
     tp = engine_config.tensor_parallel_size
@@ -108,6 +121,7 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
 class EngineExecutor:
     def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig) -> None:
+        check_max_model_len(engine_config, scheduler_config)
         self.config = engine_config
         self.runner: ModelRunner | None = None
         self.workers = None

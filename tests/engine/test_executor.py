@@ -68,3 +68,10 @@ def test_shutdown_releases_and_blocks_further_steps(tiny_qwen3_dir):
     executor.shutdown()  # idempotent
     with pytest.raises(RuntimeError, match="after shutdown"):
         executor.execute(None)
+
+
+def test_max_model_len_beyond_the_models_positions_is_refused(tiny_qwen3_dir):
+    # tiny-qwen3 is built for 2048 positions: a longer max_model_len would index past its rotary table.
+    with pytest.raises(ValueError, match="max_model_len=4096 exceeds the model's max_position_embeddings=2048"):
+        EngineExecutor(EngineConfig(model=str(tiny_qwen3_dir), device="cpu"),
+                       SchedulerConfig(max_model_len=4096), CacheConfig(block_size=16))
