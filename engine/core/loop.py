@@ -68,7 +68,7 @@ class StepRecord:
 
 @dataclass
 class RunResult:
-    requests: list[Request]  # finished (or rejected) requests, in submission order
+    requests: list[Request]  # finished requests, in submission order (rejected ones are in `rejected`)
     steps: list[StepRecord]
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> error message
     makespan_s: float = 0.0
