@@ -1,10 +1,21 @@
-"""Triton kernels for the engine's attention path, and pure-torch references for their tests.
+"""Triton kernels for the engine's GPU path, and pure-torch float32 references for their tests.
 
-Modules (import them directly; this package imports nothing so that `kernels.reference` works on
+Modules (import them directly; this package imports nothing so that the references work on
 machines without Triton):
 
+Attention over the paged KV cache (`engine/attention/triton_backend.py`):
 - `kernels.store_kvcache`: scatter new K/V rows into the paged cache.
 - `kernels.decode_attention`: split-KV (flash-decoding) paged attention, one query per sequence.
 - `kernels.prefill_attention`: causal varlen attention whose keys come from the paged cache.
 - `kernels.reference`: float32 torch versions of the three, used as ground truth.
+
+Fused elementwise kernels and sampling (`EngineConfig.fused_kernels="triton"`, CUDA only):
+- `kernels.rmsnorm`: RMSNorm over rows or per head, optionally fused with the residual add.
+- `kernels.activation`: SiLU(gate) * up of the fused gate/up projection.
+- `kernels.rotary`: Qwen3's per-head q/k RMSNorm and the rotary embedding, in place.
+- `kernels.sampling`: Gumbel-max sampling of a logits batch in one pass (temperature, cutoff,
+  counter-hash noise shared with `engine/sampler_noise.py`).
+- `kernels.elementwise_reference`: float32 torch versions of rmsnorm, activation and rotary.
+
+`kernels.validation` holds the host-side argument checks the wrappers share.
 """

@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from kernels.validation import (
+    LOG2E,
+    check_block_tables,
     check_cache_pair,
     check_int_tensor,
-    check_last_dim_contiguous,
     check_query,
 )
 
@@ -159,13 +160,7 @@ def paged_decode_attention(
     group = check_query(q, k_cache)
     num_seqs, num_heads, head_dim = q.shape
     check_int_tensor("seq_lens", seq_lens, (num_seqs,))
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(
-            f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
-            f"got {tuple(block_tables.shape)}"
-        )
-    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
-    check_last_dim_contiguous("block_tables", block_tables)
+    check_block_tables(block_tables, num_seqs)
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
@@ -186,7 +181,7 @@ def paged_decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, mid_o, mid_lse,
-        scale * 1.4426950408889634, num_splits,
+        scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),

@@ -16,9 +16,10 @@ import triton
 import triton.language as tl
 
 from kernels.validation import (
+    LOG2E,
+    check_block_tables,
     check_cache_pair,
     check_int_tensor,
-    check_last_dim_contiguous,
     check_query,
 )
 
@@ -105,8 +106,7 @@ def _prefill_kernel(
     )  # fmt: skip
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
-    o_rows = (q_start + tok).to(tl.int64)
-    dst = out_ptr + o_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    dst = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
@@ -135,13 +135,7 @@ def paged_prefill_attention(
     num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     check_int_tensor("seq_lens", seq_lens, (num_seqs,))
     check_int_tensor("query_start_loc", query_start_loc, (num_seqs + 1,))
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(
-            f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
-            f"got {tuple(block_tables.shape)}"
-        )
-    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
-    check_last_dim_contiguous("block_tables", block_tables)
+    check_block_tables(block_tables, num_seqs)
     if max_query_len < 0:
         raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
     # zeros, not empty: padded token rows beyond query_start_loc[-1] are never visited
@@ -158,7 +152,7 @@ def paged_prefill_attention(
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
-        scale * 1.4426950408889634, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page,

@@ -7,6 +7,9 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+# The attention kernels take exp2 of scores pre-multiplied by scale * log2(e) (cheaper than exp).
+LOG2E = 1.4426950408889634
+
 
 def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
     if t.stride(-1) != 1:
@@ -60,3 +63,14 @@ def check_int_tensor(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name}.dtype must be int32 or int64, got {t.dtype}")
+
+
+def check_block_tables(block_tables: torch.Tensor, num_seqs: int) -> None:
+    """[num_seqs, max_blocks_per_seq] int32/int64; rows are read at stride(0), entries contiguous."""
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
+            f"got {tuple(block_tables.shape)}"
+        )
+    check_int_tensor("block_tables", block_tables, tuple(block_tables.shape))
+    check_last_dim_contiguous("block_tables", block_tables)

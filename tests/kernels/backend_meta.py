@@ -1,22 +1,13 @@
-"""AttentionMetadata for backend tests."""
+"""AttentionMetadata for backend tests, built from a PagedBatch."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
+from engine.attention.metadata import AttentionMetadata
 from tests.kernels.paged_batch import PagedBatch
 
 
-def make_meta(**fields):
-    try:  # the engine's own type once it exists; the backends only read these attributes
-        from engine.attention.metadata import AttentionMetadata
-    except ImportError:
-        return SimpleNamespace(**fields)
-    return AttentionMetadata(**fields)
-
-
-def meta_for(batch: PagedBatch, is_decode_only: bool):
-    return make_meta(
+def meta_for(batch: PagedBatch, is_decode_only: bool) -> AttentionMetadata:
+    return AttentionMetadata(
         slot_mapping=batch.slot_mapping,
         query_start_loc=batch.query_start_loc,
         seq_lens=batch.seq_lens,

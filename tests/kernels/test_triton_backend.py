@@ -5,8 +5,9 @@ import random
 import pytest
 import torch
 
+from engine.attention.metadata import AttentionMetadata
 from kernels.reference import paged_attention_ref
-from tests.kernels.backend_meta import make_meta, meta_for
+from tests.kernels.backend_meta import meta_for
 from tests.kernels.gpu import needs_cuda
 from tests.kernels.paged_batch import assert_close_per_seq, fresh_seed, make_paged_batch
 
@@ -78,7 +79,7 @@ def test_decode_is_cuda_graph_capturable_and_replays_new_inputs():
         static["block_tables"][:real, : b.block_tables.shape[1]] = b.block_tables
         return b
 
-    meta = make_meta(
+    meta = AttentionMetadata(
         slot_mapping=static["slot_mapping"],
         query_start_loc=static["query_start_loc"],
         seq_lens=static["seq_lens"],
