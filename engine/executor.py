@@ -87,16 +87,24 @@ def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                        driver=group is None or group.rank == 0)
 
 
+def read_model_config(model_dir: str | Path) -> dict | None:
+    """The checkpoint's config.json as a dict; None when it is missing (the loader reports that)."""
+    config_path = Path(model_dir) / "config.json"
+    return json.loads(config_path.read_text()) if config_path.is_file() else None
+
+
+def max_position_embeddings(model_dir: str | Path) -> int | None:
+    value = (read_model_config(model_dir) or {}).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def check_max_model_len(engine_config: EngineConfig, scheduler_config: SchedulerConfig) -> None:
     """Reject a max_model_len beyond the positions the model was built for, before loading it."""
-    config_path = Path(engine_config.model) / "config.json"
-    if not config_path.is_file():
-        return  # the loader reports the missing checkpoint
-    max_positions = json.loads(config_path.read_text()).get("max_position_embeddings")
+    max_positions = max_position_embeddings(engine_config.model)
     if max_positions is not None and scheduler_config.max_model_len > max_positions:
         raise ValueError(
             f"max_model_len={scheduler_config.max_model_len} exceeds the model's max_position_embeddings="
-            f"{max_positions} ({config_path}); set max_model_len <= {max_positions}"
+            f"{max_positions} ({Path(engine_config.model) / 'config.json'}); set max_model_len <= {max_positions}"
         )
 
 
@@ -105,10 +113,10 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
     tp = engine_config.tensor_parallel_size
     if device.type == "cuda" and tp > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible CUDA devices")
-    config_path = Path(engine_config.model) / "config.json"
-    if not config_path.is_file():
-        return  # the loader reports the missing checkpoint
-    arch = ModelArch.from_hf_config(json.loads(config_path.read_text()))
+    config = read_model_config(engine_config.model)
+    if config is None:
+        return
+    arch = ModelArch.from_hf_config(config)
     kv_ok = arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
     if arch.num_heads % tp or arch.intermediate_size % tp or not kv_ok:
         raise ValueError(

@@ -11,7 +11,6 @@ call serves its prompts to completion through the core's step loop on the wall c
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from engine.core.loop import RunResult, StepRecord, WallClock, run
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import make_scheduler
-from engine.executor import EngineExecutor
+from engine.executor import EngineExecutor, max_position_embeddings
 from engine.outputs import RequestOutput, ThroughputMeter
 
 _CONFIGS = (EngineConfig, SchedulerConfig, CacheConfig)
@@ -58,13 +57,10 @@ class LLM:
     def __init__(self, model: str | Path, **kwargs: Any) -> None:
         engine_kw, scheduler_kw, cache_kw = split_kwargs(kwargs)
         model = str(model)
-        max_positions = _max_position_embeddings(model)
-        if max_positions is not None:
-            if "max_model_len" not in scheduler_kw:
-                scheduler_kw["max_model_len"] = min(SchedulerConfig.max_model_len, max_positions)
-            elif _is_int(scheduler_kw["max_model_len"]) and scheduler_kw["max_model_len"] > max_positions:
-                raise ValueError(f"max_model_len={scheduler_kw['max_model_len']} exceeds the model's "
-                                 f"max_position_embeddings={max_positions}")
+        max_positions = max_position_embeddings(model)
+        # a larger explicit max_model_len is refused by EngineExecutor, for every caller
+        if max_positions is not None and "max_model_len" not in scheduler_kw:
+            scheduler_kw["max_model_len"] = min(SchedulerConfig.max_model_len, max_positions)
         budget = scheduler_kw.get("max_num_batched_tokens")
         if "max_num_seqs" not in scheduler_kw and _is_int(budget) and budget < SchedulerConfig.max_num_seqs:
             scheduler_kw["max_num_seqs"] = max(budget, 1)  # a small budget alone should not be an error
@@ -201,14 +197,6 @@ def _per_prompt(sampling_params: object, n: int) -> list[SamplingParams]:
         if not isinstance(sp, SamplingParams):
             raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
     return list(sampling_params)
-
-
-def _max_position_embeddings(model_dir: str) -> int | None:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None  # the loader reports the missing checkpoint
-    value = json.loads(path.read_text()).get("max_position_embeddings")
-    return value if isinstance(value, int) else None
 
 
 def _is_int(value: object) -> bool:
