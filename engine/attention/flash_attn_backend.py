@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention.registry import FLASH_ATTN_PAGE_MULTIPLE
 from kernels.store_kvcache import store_kvcache
-
-# flash-attn 2 rejects paged caches whose block size is not a multiple of this.
-FLASH_ATTN_PAGE_MULTIPLE = 256
 
 
 class FlashAttnBackend:

@@ -9,8 +9,7 @@ from typing import Callable
 import torch
 
 from engine.attention.backend import AttentionBackend
-
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+from engine.config import ATTENTION_BACKENDS
 
 
 def _torch() -> AttentionBackend:
