@@ -95,10 +95,6 @@ class Workers:
     def close(self) -> None:
         self._finalizer()
 
-    @property
-    def alive(self) -> bool:
-        return any(p.is_alive() for p in self.procs)
-
 
 def _stop(procs: list[mp.Process], conns: list) -> None:
     for conn in conns:
