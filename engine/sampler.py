@@ -118,15 +118,17 @@ class Sampler:
         if self.hash_every_row:
             return log_exponential(words, vocab)
         if not len(rows.seeded_rows):
-            return torch.empty_like(scores).exponential_(generator=self.generator).clamp_min_(_TINY).log_()
+            return self._generator_noise(scores)
         seeded = log_exponential(words, vocab)  # [S, vocab]
         if len(rows.seeded_rows) == num_rows:
             return seeded
-        if rows.num_unseeded:
-            log_e = torch.empty_like(scores).exponential_(generator=self.generator).clamp_min_(_TINY).log_()
-        else:
-            log_e = torch.zeros_like(scores)  # the other rows are greedy
+        # the other rows are unseeded (the generator draws them) or all greedy (no noise)
+        log_e = self._generator_noise(scores) if rows.num_unseeded else torch.zeros_like(scores)
         return log_e.index_copy_(0, rows.seeded_index, seeded)
+
+    def _generator_noise(self, scores: torch.Tensor) -> torch.Tensor:
+        """log E [N, vocab] drawn from the sampler's own torch generator."""
+        return torch.empty_like(scores).exponential_(generator=self.generator).clamp_min_(_TINY).log_()
 
     def _upload_keys(self, rows: _Rows, num_rows: int, output_indices: Sequence[int]) -> torch.Tensor | None:
         """This step's noise keys as int32 words: [N, 2] when every row is hashed, else [S, 2] (seeded rows)."""
