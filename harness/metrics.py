@@ -84,10 +84,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, nu
         request_s=len(requests) / span,
     )
     for metric in ("ttft", "tpot", "e2e"):
-        values = requests[metric].dropna().to_numpy()
-        row[f"{metric}_mean_s"] = float(values.mean()) if len(values) else float("nan")
+        row[f"{metric}_mean_s"] = float(requests[metric].mean())  # NaN when no request has the metric
         for p in PERCENTILES:
-            row[f"{metric}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else float("nan")
+            row[f"{metric}_p{p}_s"] = percentile(requests, metric, p)
     cached = int(requests["cached_tokens"].sum())
     computed_prefill = int(steps["prefill_tokens"].sum())
     row.update(
