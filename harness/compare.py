@@ -220,11 +220,12 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
     (out_dir / "compare.md").write_text(report)
     if plots:
         from harness import compare_plots
+        from harness.plots import plot_latency_cdfs
 
         runs = list(summaries)
         compare_plots.plot_metrics(table, runs, out_dir / "compare_metrics.png")
         compare_plots.plot_steps(replayed, list(cc.cost_models), out_dir / "compare_steps.png")
-        compare_plots.plot_latency(requests, out_dir / "compare_latency.png")
+        plot_latency_cdfs(requests, out_dir / "compare_latency.png")
     return CompareResult(table, schedule, replayed, targets, report)
 
 

@@ -1,4 +1,5 @@
-"""PNG plots of a comparison: metrics side by side, per-step predicted vs measured, latency CDFs."""
+"""PNG plots of a comparison: metrics side by side and per-step predicted vs measured (latency CDFs:
+harness.plots.plot_latency_cdfs)."""
 
 from __future__ import annotations
 
@@ -64,18 +65,3 @@ def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path) -> None:
     hist.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
 
-
-def plot_latency(requests: dict[str, pd.DataFrame], path: Path) -> None:
-    """TTFT, TPOT and end-to-end CDFs, one line per run."""
-    fig = Figure(figsize=(12, 3.8), layout="constrained")
-    axes = fig.subplots(1, 3)
-    for ax, metric in zip(axes, ("ttft", "tpot", "e2e")):
-        for run, frame in requests.items():
-            values = np.sort(frame[metric].dropna().to_numpy())
-            if len(values):
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=run)
-        ax.set_xlabel(f"{metric.upper()} (s)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("fraction of requests")
-    axes[0].legend(fontsize=8)
-    fig.savefig(path, dpi=110)

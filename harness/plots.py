@@ -40,17 +40,22 @@ def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def plot_latency_cdfs(requests: pd.DataFrame, path: Path) -> None:
+def plot_latency_cdfs(requests: pd.DataFrame | dict[str, pd.DataFrame], path: Path) -> None:
+    """TTFT, TPOT and end-to-end CDFs of one run's requests, or of several runs (name -> requests), one line each."""
+    runs = requests if isinstance(requests, dict) else {None: requests}
     fig = Figure(figsize=(12, 3.8), layout="constrained")
     axes = fig.subplots(1, 3)
     for ax, metric, label in zip(axes, ("ttft", "tpot", "e2e"), ("TTFT", "TPOT", "end-to-end")):
-        values = np.sort(requests[metric].dropna().to_numpy())
-        if len(values):
-            ax.plot(values, np.arange(1, len(values) + 1) / len(values))
+        for run, frame in runs.items():
+            values = np.sort(frame[metric].dropna().to_numpy())
+            if len(values):
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=run)
         ax.set_xlabel(f"{label} (s)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of requests")
+    if len(runs) > 1:
+        axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
 
 
