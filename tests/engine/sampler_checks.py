@@ -1,7 +1,7 @@
 """Sampler properties as plain functions of a sampler factory, so that every sampling path is held
 to the same checks: the torch path on CUDA and the Triton kernel path (tests/engine/
 test_sampler_gpu.py), and the kernel path on CPU under TRITON_INTERPRET=1 (tests/kernels/
-interpret_fused.py). The CPU torch path has its own tests in test_sampler.py.
+interpret_fused.py), and the CPU paths (test_sampler.py, test_sampler_paths.py).
 
 make(seed) returns a Sampler; logits are built on `device`.
 """

@@ -1,8 +1,8 @@
-"""Sampler: greedy, temperature, seeds, and the top-k / top-p support (property-tested)."""
+"""Sampler on its CPU path (hash noise for every row): the shared checks of sampler_checks.py, plus
+greedy, temperature, seed mixing and the top-k / top-p support (property-tested)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engine.core.sampling_params import SamplingParams
 from engine.sampler import Sampler, seed_for
+from tests.engine import sampler_checks as checks
 
 VOCAB = 1000
 
@@ -19,44 +20,18 @@ def _logits(rows: int, vocab: int = VOCAB, seed: int = 0, scale: float = 1.0) ->
     return torch.randn(rows, vocab, generator=gen) * scale
 
 
-def test_greedy_is_argmax_even_beside_random_rows():
+@pytest.mark.parametrize("check", [checks.check_greedy_beside_random, checks.check_seeded_independent_of_batch,
+                                   checks.check_unseeded_follow_engine_seed, checks.check_temperature_frequencies,
+                                   checks.check_top_k_top_p_allowed, checks.check_top_k_keeps_the_k_best],
+                         ids=lambda c: c.__name__)
+def test_hash_noise_path(check):
+    check(Sampler, "cpu")
+
+
+def test_an_all_greedy_batch_is_argmax():
     logits = _logits(6, scale=3.0)
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=3)] * 3
-    tokens = Sampler(seed=1).sample(logits, params, [0] * 6)
-    expected = logits.argmax(dim=-1)
-    assert torch.equal(tokens[0::2], expected[0::2])
-    all_greedy = Sampler(seed=1).sample(logits, [SamplingParams(temperature=0.0)] * 6, [0] * 6)
-    assert torch.equal(all_greedy, expected)
-
-
-def test_seeded_draw_independent_of_batch_and_position():
-    # A flat distribution, so that the draw really depends on the noise.
-    target = _logits(1, seed=5, scale=0.1)[0]
-    mine = SamplingParams(temperature=1.0, top_k=50, seed=1234)
-    others = [SamplingParams(temperature=0.7, top_p=0.5), SamplingParams(temperature=0.0),
-              SamplingParams(temperature=1.3, seed=99), SamplingParams(temperature=1.0)]
-    draws = []
-    for index in range(40):
-        alone = Sampler(seed=0).sample(target[None], [mine], [index]).item()
-        # Another engine seed, other rows around it (one of them switching on the top-p path),
-        # and the request in a different slot.
-        batch = torch.cat([_logits(2, seed=index), target[None], _logits(2, seed=index + 100)])
-        params = others[:2] + [mine] + others[2:]
-        in_batch = Sampler(seed=77).sample(batch, params, [3, 0, index, 8, 1])[2].item()
-        assert alone == in_batch
-        draws.append(alone)
-    # The index keys the draw: a seed that always gave one token would pass the above trivially.
-    assert len(set(draws)) > 10
-
-
-def test_unseeded_rows_follow_the_engine_seed():
-    logits = _logits(8, scale=0.1)
-    params = [SamplingParams(temperature=1.0)] * 8
-    first = Sampler(seed=5).sample(logits, params, [0] * 8)
-    again = Sampler(seed=5).sample(logits, params, [0] * 8)
-    other = Sampler(seed=6).sample(logits, params, [0] * 8)
-    assert torch.equal(first, again)
-    assert not torch.equal(first, other)
+    tokens = Sampler(seed=1).sample(logits, [SamplingParams(temperature=0.0)] * 6, [0] * 6)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
 
 
 def test_seed_mixing_separates_neighbours():
@@ -76,23 +51,6 @@ def test_temperature_reshapes_the_distribution(temperature, expected):
     assert abs(frequency - expected) < 0.03  # > 4 standard deviations at n = 4000
 
 
-def _allowed(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> set[int]:
-    """The tokens top-k then top-p may keep, computed in float64; ties are resolved permissively."""
-    scaled = logits.astype(np.float64) / temperature
-    vocab = len(scaled)
-    k = vocab if top_k == -1 else min(top_k, vocab)
-    kth = np.sort(scaled)[::-1][k - 1]
-    kept = np.flatnonzero(scaled >= kth)
-    probs = np.exp(scaled[kept] - scaled[kept].max())
-    probs /= probs.sum()
-    allowed = set()
-    for i, token in enumerate(kept):
-        mass_above = probs[probs > probs[i]].sum()
-        if top_p >= 1.0 or mass_above < top_p + 1e-5:
-            allowed.add(int(token))
-    return allowed
-
-
 @settings(max_examples=150, deadline=None)
 @given(
     logits=st.lists(st.floats(-20, 20, allow_nan=False), min_size=2, max_size=40),
@@ -103,7 +61,7 @@ def _allowed(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -
 )
 def test_top_k_top_p_never_leave_the_allowed_set(logits, temperature, top_k, top_p, seed):
     row = torch.tensor(logits, dtype=torch.float32)
-    allowed = _allowed(row.numpy(), temperature, top_k, top_p)
+    allowed = checks.allowed_tokens(row.numpy(), temperature, top_k, top_p)
     n = 64
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * n
     # Half the rows seeded, so both noise sources are checked.
@@ -119,14 +77,6 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
     by_p = Sampler().sample(logits, [SamplingParams(temperature=2.0, top_p=1e-6)] * 16, list(range(16)))
     assert torch.equal(by_k, argmax)
     assert torch.equal(by_p, argmax)
-
-
-def test_top_k_keeps_the_k_best():
-    logits = _logits(1, seed=3, scale=0.01)[0]  # nearly flat: without the filter, any token
-    best = set(logits.topk(5).indices.tolist())
-    n = 2000
-    tokens = Sampler(seed=2).sample(logits.expand(n, -1), [SamplingParams(top_k=5)] * n, [0] * n)
-    assert set(tokens.tolist()) == best  # all five are drawn, nothing else
 
 
 def test_mismatched_lengths_raise():
