@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from sim.profiled import ExtrapolationWarning, ProfiledCostModel, complete_columns
+from sim.profiled import ExtrapolationWarning, ProfiledCostModel, table_regimes
 
 VALIDATION_SETS = ("grid_split", "random_shapes", "real_steps")
 
@@ -33,13 +33,6 @@ def real_step_table(steps: pd.DataFrame) -> pd.DataFrame:
     table = steps.rename(columns={"duration": "duration_s"})
     keep = [c for c in table.columns if c not in ("kind",)]
     return table[keep]
-
-
-def regimes(table: pd.DataFrame) -> pd.Series:
-    table = complete_columns(table)
-    prefill = table["num_prefill_tokens"] > 0
-    graph = table["cuda_graph"].astype(bool)
-    return pd.Series(np.where(prefill, "prefill", np.where(graph, "decode_graph", "decode_eager")), index=table.index)
 
 
 def with_seeded_rows(steps: pd.DataFrame, temperature: float) -> pd.DataFrame:
@@ -76,7 +69,7 @@ def error_rows(label: str, table: pd.DataFrame, predicted: np.ndarray, measured:
     rel = (predicted - measured) / measured
     groups = [("all", np.ones(len(table), dtype=bool))]
     if len(table):
-        reg = regimes(table).to_numpy()
+        reg = table_regimes(table).to_numpy()
         groups += [(r, reg == r) for r in ("prefill", "decode_graph", "decode_eager") if (reg == r).any()]
     rows = []
     for regime, mask in groups:
