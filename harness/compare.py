@@ -169,14 +169,13 @@ def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) ->
 
 def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:
     from sim.config import SimConfig
-    from sim.features import cuda_graph_batch_sizes
 
     sizes = tuple(meta["graph_batch_sizes"])
     top = max(sizes) if sizes else 0
     tp = (meta.get("engine_config") or {}).get("tensor_parallel_size", 1)
     sim = SimConfig(cost_model=cost_model, profile_path=str(_resolve_path(profile_path)) if cost_model == "profiled"
                     else None, tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512)
-    if sizes and cuda_graph_batch_sizes(min(top, rc.scheduler.max_num_seqs)) != sizes:
+    if sizes and sim.graph_batch_sizes(rc.scheduler.max_num_seqs) != sizes:
         log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", sizes)
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)

@@ -24,7 +24,7 @@ import pandas as pd
 import xxhash
 
 from engine.core.plan import KVCacheSpec, StepPlan, StepResult
-from sim.features import FEATURE_COLUMNS, cuda_graph_batch_sizes, step_features
+from sim.features import FEATURE_COLUMNS, step_features
 
 
 def schedule_hash(plan: StepPlan) -> str:
@@ -39,9 +39,7 @@ def graph_sizes_of(executor, rc) -> tuple[int, ...]:
     """The decode batch sizes that run as CUDA graphs: what the engine captured, or what the
     simulator's config says it would."""
     if rc.backend == "sim":
-        if rc.sim.enforce_eager:
-            return ()
-        return cuda_graph_batch_sizes(min(rc.sim.max_cuda_graph_batch_size, rc.scheduler.max_num_seqs))
+        return rc.sim.graph_batch_sizes(rc.scheduler.max_num_seqs)
     graphs = getattr(getattr(executor, "runner", None), "graphs", None)
     # A DecodeGraphs built with capture=False (CPU) runs eagerly: no graph is replayed.
     if graphs is None or not getattr(graphs, "captured", True):

@@ -22,9 +22,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         num_blocks = plan_num_blocks(model, hardware, cache.block_size, sim.gpu_memory_utilization,
                                      sim.activation_reserve_bytes, sim.tp_size, scheduler.max_num_batched_tokens,
                                      scheduler.max_num_seqs)
-    graph_sizes = () if sim.enforce_eager else cuda_graph_batch_sizes(
-        min(sim.max_cuda_graph_batch_size, scheduler.max_num_seqs))
-    cost_model = make_cost_model(model, hardware, sim, graph_sizes)
+    cost_model = make_cost_model(model, hardware, sim, sim.graph_batch_sizes(scheduler.max_num_seqs))
     vocab_size = model.vocab_size if sim.vocab_size is None else sim.vocab_size
     return SimExecutor(cost_model, KVCacheSpec(num_blocks, cache.block_size), vocab_size, sim.seed, sim.eos_token_id)
 

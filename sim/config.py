@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.features import cuda_graph_batch_sizes
+
 COST_MODELS = ("roofline", "profiled")
 
 
@@ -44,3 +46,10 @@ class SimConfig:
                 raise ValueError(f"SimConfig.{name} must be None or an int >= {low}, got {value!r}")
         if not isinstance(self.enforce_eager, bool):
             raise TypeError(f"SimConfig.enforce_eager must be a bool, got {type(self.enforce_eager).__name__}")
+
+    def graph_batch_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
+        """The decode batch sizes the simulated engine replays as CUDA graphs (none when eager): it
+        captures up to max_cuda_graph_batch_size, but never beyond the scheduler's max_num_seqs."""
+        if self.enforce_eager:
+            return ()
+        return cuda_graph_batch_sizes(min(self.max_cuda_graph_batch_size, max_num_seqs))

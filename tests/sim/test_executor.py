@@ -144,3 +144,9 @@ def test_build_sim_executor_honours_explicit_blocks_and_profiles(tmp_path):
         SimConfig(cost_model="profiled")
     with pytest.raises(ValueError, match="cost_model"):
         SimConfig(cost_model="vidur")
+
+
+def test_graph_sizes_follow_the_engine_settings_and_the_running_cap():
+    assert SimConfig().graph_batch_sizes(40) == (1, 2, 4, 8, 16, 32, 40)  # no graph beyond max_num_seqs
+    assert SimConfig(max_cuda_graph_batch_size=24).graph_batch_sizes(512) == (1, 2, 4, 8, 16, 24)
+    assert SimConfig(enforce_eager=True).graph_batch_sizes(512) == ()
