@@ -68,7 +68,7 @@ def write_checkpoint(
         stale.unlink()
     specs = hf_tensor_shapes(ModelArch.from_hf_config(config))
     torch_dtype, _ = _DTYPES[dtype_name]
-    elem = torch.empty((), dtype=torch_dtype).element_size()
+    elem = torch_dtype.itemsize
     shards = _plan_shards(specs, elem, max_shard_bytes)
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
@@ -128,7 +128,7 @@ def _is_norm(name: str) -> bool:
 def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype_name: str, seed: int) -> None:
     """The safetensors layout written by hand: u64 header length, JSON header, raw bytes."""
     torch_dtype, st_dtype = _DTYPES[dtype_name]
-    elem = torch.empty((), dtype=torch_dtype).element_size()
+    elem = torch_dtype.itemsize
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in tensors:

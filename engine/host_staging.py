@@ -40,7 +40,7 @@ class HostStaging:
         out: a device buffer to copy into (from its start) instead of a fresh tensor.
         """
         sizes = [a.size for a in arrays]
-        offsets, total = segment_offsets(sizes, torch.empty((), dtype=dtype).element_size())
+        offsets, total = segment_offsets(sizes, dtype.itemsize)
         host = self._pinned(dtype, total) if self.pinned else torch.empty(total, dtype=dtype)
         view = host.numpy()
         for a, start in zip(arrays, offsets):

@@ -130,7 +130,7 @@ class ModelRunner:
     @property
     def block_bytes(self) -> int:
         """Bytes of K and V for one block over all layers."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = self.dtype.itemsize
         return 2 * self.arch.num_layers * self.block_size * self.num_kv_heads * self.arch.head_dim * elem
 
     def determine_num_blocks(self, graph_reserve: bool = False) -> int:
