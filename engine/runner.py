@@ -174,7 +174,7 @@ class ModelRunner:
         capture=False keeps the padded static-buffer path but runs it eagerly (tests on CPU)."""
         if self.kv_cache is None:
             raise RuntimeError("capture_decode_graphs() needs the KV cache: call allocate_kv_cache() first")
-        self.graphs = None
+        self.graphs = None  # release the old graphs' memory pool before capturing the new ones
         self.graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
                                    self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture)
 

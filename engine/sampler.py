@@ -11,9 +11,9 @@ request alone: the same whatever batch it shares, wherever it sits in it, and af
 are drawn in one pass, and no per-request state has to be kept or released. Requests without a
 seed share the sampler's own stream, seeded once by EngineConfig.seed.
 
-Two paths. The torch path (the reference, and the default) computes the hash as integer tensor
-ops. The kernel path (fused_kernels="triton", CUDA) samples every row in one Triton pass over
-the logits (kernels/sampling.py). Unseeded rows get hash keys from a numpy stream seeded by
+Two paths. The torch path (the reference; on CPU, and on CUDA with fused_kernels="off") computes
+the hash as integer tensor ops. The kernel path (fused_kernels="triton", the engine's default, on
+CUDA) samples every row in one Triton pass over the logits (kernels/sampling.py). Unseeded rows get hash keys from a numpy stream seeded by
 EngineConfig.seed, except on the torch path on CUDA, where torch's generator draws their noise.
 
 Host work per step is kept off the device's critical path: the per-row parameters are turned

@@ -1,5 +1,6 @@
-"""Which elementwise kernels the decoder layers run: their own torch ops (the reference, and the
-default) or the fused Triton kernels of kernels/ (rmsnorm, activation, rotary).
+"""Which elementwise kernels the decoder layers run: their own torch ops (the reference, and what a
+layer runs until set_fused_kernels says otherwise) or the fused Triton kernels of kernels/
+(rmsnorm, activation, rotary).
 
 A layer that can use a fused kernel holds `fused_kernels`: None for the torch path, or a
 FusedKernels whose `applies(x)` says whether this input may take the fused path (CUDA tensors;
