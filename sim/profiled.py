@@ -133,11 +133,6 @@ class ProfiledCostModel:
                                                        min_support, relative=False)
         return cls(fits, graph_batch_sizes)
 
-    @classmethod
-    def from_csv(cls, path: str | Path, graph_batch_sizes: Sequence[int] = ()) -> ProfiledCostModel:
-        """Fit on a measured step-timing CSV."""
-        return cls.fit(pd.read_csv(path), graph_batch_sizes)
-
     def to_csv(self, path: str | Path) -> None:
         """Save the fitted coefficients (long format: regime, kind, name, x, value)."""
         rows = []
@@ -150,7 +145,10 @@ class ProfiledCostModel:
     @classmethod
     def load(cls, path: str | Path, graph_batch_sizes: Sequence[int] = ()) -> ProfiledCostModel:
         """Read either saved coefficients (to_csv) or a measured step-timing table (fitted now)."""
-        df = pd.read_csv(path)
+        try:
+            df = pd.read_csv(path)
+        except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+            raise ValueError(f"{path}: not a readable CSV file ({str(error).strip()})") from None
         if "duration_s" in df.columns:
             return cls.fit(df, graph_batch_sizes)
         if not {"regime", "kind", "name", "x", "value"} <= set(df.columns):

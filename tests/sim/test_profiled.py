@@ -126,6 +126,9 @@ def test_table_errors_name_the_missing_columns(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="neither"):
         ProfiledCostModel.load(tmp_path / "x.csv")
+    (tmp_path / "ragged.csv").write_text("a\n1\n1,2,3\n")
+    with pytest.raises(ValueError, match="ragged.csv: not a readable CSV"):
+        ProfiledCostModel.load(tmp_path / "ragged.csv")
     decode_only = profile()
     with pytest.raises(ValueError, match="prefill"):
         ProfiledCostModel.fit(decode_only[decode_only["num_prefill_tokens"] == 0])
