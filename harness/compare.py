@@ -29,7 +29,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from harness import compare_tables as tables
-from harness.config import OutputConfig, RunConfig, StudyConfig, _resolve_path, build_run_config, section
+from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
 
@@ -115,9 +115,11 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
                     executor=None) -> tuple[EngineSide, str | None]:
     """Run (or load) the engine; returns it and the profile path to use (fitted inline if needed)."""
     if cc.engine_dir:
-        folder = _resolve_path(cc.engine_dir)
         from harness.calibration import with_seeded_rows
 
+        folder = Path(cc.engine_dir)
+        if not (folder / "engine.json").is_file():
+            raise ConfigError(f"compare.engine_dir: {folder} has no engine.json (expected a comparison's engine/ folder)")
         meta = json.loads((folder / "engine.json").read_text())
         for name in ("workload", "scheduler"):
             ours = json.loads(json.dumps(dataclasses.asdict(getattr(rc, name))))
@@ -173,8 +175,8 @@ def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, met
     sizes = tuple(meta["graph_batch_sizes"])
     top = max(sizes) if sizes else 0
     tp = (meta.get("engine_config") or {}).get("tensor_parallel_size", 1)
-    sim = SimConfig(cost_model=cost_model, profile_path=str(_resolve_path(profile_path)) if cost_model == "profiled"
-                    else None, tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512)
+    sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
+                    tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512)
     if sizes and sim.graph_batch_sizes(rc.scheduler.max_num_seqs) != sizes:
         log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", sizes)
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
@@ -185,6 +187,9 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
             executor=None) -> CompareResult:
     from sim.cost_model import make_cost_model
 
+    # Paths are checked before the engine runs for minutes, not when the simulator needs them.
+    cc = dataclasses.replace(cc, profile_path=existing_path(cc.profile_path, "compare.profile_path"),
+                             engine_dir=existing_path(cc.engine_dir, "compare.engine_dir"))
     out_dir.mkdir(parents=True, exist_ok=True)
     engine, profile_path = run_engine_side(rc, cc, out_dir, progress, plots, executor)
     summaries = {"engine": engine.summary}

@@ -127,7 +127,7 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     sim_cfg = engine_cfg = None
     if name == "sim":
         if backend.get("profile_path"):
-            backend["profile_path"] = str(_resolve_path(backend["profile_path"]))
+            backend["profile_path"] = existing_path(backend["profile_path"], "backend.profile_path")
         sim_cfg = to_dataclass(SimConfig, backend, "backend")
     else:
         from engine.config import EngineConfig
@@ -156,6 +156,16 @@ def build_study(cfg: DictConfig) -> tuple[StudyConfig, OutputConfig]:
         to_dataclass(StudyConfig, section(cfg, "study"), "study"),
         to_dataclass(OutputConfig, section(cfg, "output"), "output"),
     )
+
+
+def existing_path(value: str | None, field: str) -> str | None:
+    """value resolved as _resolve_path does; a ConfigError naming field when nothing is there."""
+    if value is None:
+        return None
+    path = _resolve_path(value)
+    if not path.exists():
+        raise ConfigError(f"{field}: no such file or folder {value!r} (relative paths: from the cwd or the repository)")
+    return str(path)
 
 
 def _resolve_path(value: str) -> Path:

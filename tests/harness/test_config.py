@@ -98,6 +98,7 @@ def test_unknown_key_override_is_a_hydra_error():
     ("model.num_layers=0", "num_layers"),
     ("backend.cost_model=magic", "cost_model"),
     ("backend.tp_size=1.5", "backend.tp_size"),
+    ("backend.profile_path=no/such/profile.csv", "backend.profile_path"),
 ])
 def test_bad_value_is_one_config_error_naming_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
