@@ -39,9 +39,7 @@ class UsesFusedKernels:
     fused_kernels: FusedKernels | None
 
 
-def load_fused_kernels(mode: str, allow_cpu: bool = False) -> FusedKernels | None:
-    if mode not in FUSED_KERNEL_MODES:
-        raise ValueError(f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {mode!r}")
+def _load_fused_kernels(mode: str, allow_cpu: bool) -> FusedKernels | None:
     if mode == "off":
         return None
     # Triton is imported only here: CPU-only installs without it never reach this line.
@@ -61,7 +59,7 @@ def set_fused_kernels(model: nn.Module, mode: str, device: torch.device | str, a
     if mode not in FUSED_KERNEL_MODES:
         raise ValueError(f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {mode!r}")
     on_cpu = torch.device(device).type != "cuda"
-    kernels = None if on_cpu and not allow_cpu else load_fused_kernels(mode, allow_cpu)
+    kernels = None if on_cpu and not allow_cpu else _load_fused_kernels(mode, allow_cpu)
     layers = [m for m in model.modules() if isinstance(m, UsesFusedKernels)]
     for layer in layers:
         layer.fused_kernels = kernels
