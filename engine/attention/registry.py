@@ -53,11 +53,16 @@ def get_attention_backend(
     """"auto" picks flash_attn, then triton, when the device is CUDA and they import; else torch.
 
     device: where the model runs; None means CUDA if available. block_size: the KV block size, so
-    "auto" passes over flash_attn for blocks it cannot page (None: assume it can).
+    that "auto" passes over flash_attn for blocks it cannot page and an explicit "flash_attn" is
+    refused for them (None: assume it can page them).
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend={name!r} is unknown; expected one of {ATTENTION_BACKENDS}")
     if name != "auto":
+        if name == "flash_attn" and block_size is not None and block_size % FLASH_ATTN_PAGE_MULTIPLE:
+            # refused here, before a model is loaded, rather than at the first forward
+            raise ValueError(f"attention_backend='flash_attn' needs block_size to be a multiple of "
+                             f"{FLASH_ATTN_PAGE_MULTIPLE} (flash-attn's paged KV limit), got {block_size}")
         if not _available(name):
             raise ValueError(f"attention_backend={name!r} needs the {_REQUIRED_PACKAGE[name]!r} package")
         return _FACTORIES[name]()

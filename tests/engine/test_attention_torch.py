@@ -181,3 +181,15 @@ def test_auto_passes_over_flash_attn_for_blocks_it_cannot_page(monkeypatch):
     assert get_attention_backend("auto", device="cuda", block_size=256).name == "flash_attn"
     assert get_attention_backend("auto", device="cuda", block_size=16).name == "triton"
     assert get_attention_backend("auto", device="cuda").name == "flash_attn"
+
+
+def test_explicit_flash_attn_refuses_blocks_it_cannot_page(monkeypatch):
+    from types import SimpleNamespace
+
+    from engine.attention import registry
+
+    monkeypatch.setattr(registry, "_available", lambda name: True)
+    monkeypatch.setitem(registry._FACTORIES, "flash_attn", lambda: SimpleNamespace(name="flash_attn"))
+    with pytest.raises(ValueError, match="block_size to be a multiple of 256.*got 16"):
+        get_attention_backend("flash_attn", device="cuda", block_size=16)
+    assert get_attention_backend("flash_attn", device="cuda", block_size=512).name == "flash_attn"
