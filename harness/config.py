@@ -77,6 +77,8 @@ class StudyConfig:
             raise ValueError("study.param and study.values must be set for a sweep (values: a non-empty list)")
         if self.param and not self.values:
             raise ValueError(f"study.values must list the values of study.param={self.param!r}")
+        if self.param and self.kind not in ("sweep", "capacity"):
+            raise ValueError(f"study.param is only used by study.kind=sweep or capacity, got kind={self.kind!r}")
         if self.kind == "capacity" and self.capacity is None:
             raise ValueError("study.capacity must be set (SLOs and search range) when study.kind=capacity")
 

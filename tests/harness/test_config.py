@@ -68,6 +68,14 @@ def test_sweep_point_overrides_reach_the_dataclasses():
     assert blocks == list(study.values)
 
 
+def test_sweep_point_keeps_the_other_overrides():
+    cfg = compose_config(["scheduler.max_num_seqs=64", "study.kind=sweep", "study.param=workload.num_requests",
+                          "study.values=[8]"])
+    study, _ = build_study(cfg)
+    [(value, rc)] = point_configs(cfg, study)
+    assert value == 8 and rc.workload.num_requests == 8 and rc.scheduler.max_num_seqs == 64
+
+
 def test_group_swap_in_a_sweep_loads_that_file():
     cfg = compose_config(["experiment=capacity"])
     study, _ = build_study(cfg)
@@ -120,6 +128,8 @@ def test_engine_backend_without_preset_needs_a_model_path():
 def test_bad_study_settings_are_config_errors():
     with pytest.raises(ConfigError, match="study.kind"):
         build_study(compose_config(["study.kind=dance"]))
+    with pytest.raises(ConfigError, match="study.param is only used by"):  # a single run would ignore it
+        build_study(compose_config(["study.param=cache.num_blocks", "study.values=[64]"]))
     cfg = compose_config(["study.kind=sweep", "study.param=scheduler.nope", "study.values=[1]"])
     study, _ = build_study(cfg)
     with pytest.raises(ConfigError, match="scheduler.nope"):
