@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -146,9 +144,3 @@ def test_bench_prints_output_tokens_over_simulated_time(tmp_path, capsys):
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("bench:")]
     assert line == [f"bench: {row['output_tokens']} output tokens in {row['makespan_s']:.2f} s (simulated time): "
                     f"{row['output_tokens'] / row['makespan_s']:.2f} tok/s"]
-
-
-def test_replacing_the_workload_keeps_other_settings():
-    rc = build_run_config(compose_config(["scheduler.max_num_seqs=64"]))
-    changed = dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, num_requests=8))
-    assert changed.scheduler.max_num_seqs == 64 and changed.workload.num_requests == 8
