@@ -72,11 +72,6 @@ class RooflineCostModel:
         self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * _LOGIT_BYTES / link
         self._latency = hw.interconnect_latency_s
 
-    @property
-    def weight_bytes_read_per_step(self) -> float:
-        """Weights every step with a sampled token reads, per rank (the embedding is gathered, not read)."""
-        return self._linear_weight_bytes + self._lm_weight_bytes
-
     def step_time(self, plan: StepPlan) -> float:
         scheduled = plan.scheduled
         num_seqs = len(scheduled)

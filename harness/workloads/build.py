@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from engine.core import Request, SamplingParams
 from harness.workloads.config import WorkloadConfig
@@ -26,13 +27,12 @@ class Workload:
     requests: list[Request]
     num_clipped: int = 0  # prompts truncated to fit max_model_len
     num_skipped: int = 0  # requests dropped because they did not fit
-    source: str = ""
 
 
 def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | None = None) -> Workload:
     """Deterministic requests for cfg: same seed (and config), same lengths, times and token ids."""
     len_seq, arrival_seq, token_seq, group_seq, seed_seq = np.random.SeedSequence(cfg.seed).spawn(5)
-    trace, source = _load_trace(cfg)
+    trace = _load_trace(cfg)
     n = len(trace) if trace is not None else cfg.num_requests
     len_rng = np.random.default_rng(len_seq)
     prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
@@ -89,13 +89,12 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         requests,
         num_clipped=num_over if cfg.oversize == "clip" else 0,
         num_skipped=num_over if cfg.oversize == "skip" else 0,
-        source=source,
     )
 
 
-def _load_trace(cfg: WorkloadConfig):
+def _load_trace(cfg: WorkloadConfig) -> pd.DataFrame | None:
     if not cfg.uses_trace:
-        return None, "synthetic"
+        return None
     columns = []
     if cfg.arrival == "trace":
         columns.append(ARRIVAL_COLUMN)
@@ -104,7 +103,7 @@ def _load_trace(cfg: WorkloadConfig):
     if cfg.output_len.dist == "trace":
         columns.append(OUTPUT_COLUMN)
     path = resolve_trace_path(cfg.trace_path, cfg.trace_dir)
-    return read_trace(path, columns, cfg.start_row, cfg.num_requests), str(path)
+    return read_trace(path, columns, cfg.start_row, cfg.num_requests)
 
 
 def _column(trace, name: str) -> np.ndarray | None:
