@@ -53,5 +53,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"CacheConfig.block_size must be a positive int, got {self.block_size!r}")
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
+        if self.num_blocks is not None and (
+            isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
+        ):
             raise ValueError(f"CacheConfig.num_blocks must be a positive int or None, got {self.num_blocks!r}")

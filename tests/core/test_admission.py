@@ -144,3 +144,14 @@ def test_sampling_params_type_errors():
 def test_scheduler_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"block_size": 0}, "block_size must be a positive int"),
+    ({"block_size": True}, "block_size must be a positive int"),
+    ({"num_blocks": True}, "num_blocks must be a positive int or None"),
+    ({"num_blocks": 0}, "num_blocks must be a positive int or None"),
+])
+def test_cache_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CacheConfig(**kwargs)
