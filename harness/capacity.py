@@ -50,6 +50,11 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         return ok
 
     offline = run_once(_with_rate(rc, "offline", None), progress, label=f"{label} offline")
+    if not offline.summary["num_requests"]:
+        # No throughput to start the bracket from (it would be NaN); say why instead.
+        rid, error = next(iter(offline.rejected.items()), ("?", "no request served"))
+        raise ConfigError(f"capacity search {label}: all {offline.summary['num_submitted']} requests were rejected "
+                          f"at admission (e.g. {rid}: {error})")
     high = cap.rate_high if cap.rate_high is not None else offline.summary["request_s"]
     low = cap.rate_low if cap.rate_low is not None else 0.25 * offline.summary["request_s"]
     capped = False

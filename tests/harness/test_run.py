@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.config import build_run_config
+from harness.convert import ConfigError
 from harness.report import collect
 from harness.report import main as report_main
 from harness.run import run_once
@@ -144,3 +145,11 @@ def test_bench_prints_output_tokens_over_simulated_time(tmp_path, capsys):
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("bench:")]
     assert line == [f"bench: {row['output_tokens']} output tokens in {row['makespan_s']:.2f} s (simulated time): "
                     f"{row['output_tokens'] / row['makespan_s']:.2f} tok/s"]
+
+
+def test_capacity_search_with_nothing_served_is_a_config_error(tmp_path):
+    # one block holds no request: the offline throughput that starts the bracket does not exist
+    cfg = compose_config(["workload=poisson", "workload.num_requests=5", "cache.num_blocks=1", "study.kind=capacity",
+                          "+study.capacity={}", "output.plots=false"])
+    with pytest.raises(ConfigError, match="all 5 requests were rejected at admission"):
+        run_study(cfg, tmp_path)
