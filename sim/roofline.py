@@ -52,8 +52,7 @@ class RooflineCostModel:
         self._attention_rate = hw.peak_flops * hw.attention_efficiency
         self._bandwidth = hw.mem_bandwidth * hw.bandwidth_efficiency
         self._linear_flops_per_token = 2.0 * layers * model.layer_linear_params(tp)
-        self._linear_weight_bytes = float(layers * (model.layer_linear_params(tp) + 2 * hidden + 2 * model.head_dim)
-                                          * dt + hidden * dt)
+        self._linear_weight_bytes = float(model.body_params_per_rank(tp) * dt)
         # Activations in and out of each projection, the embedding row and the residual stream.
         # qkv: hidden -> q + 2 kv; o: q -> hidden; gate/up: hidden -> 2 inter; down: inter -> hidden
         per_layer_io = (hidden + q_width + 2 * kv_width) + (q_width + hidden) + (hidden + 2 * inter) + (inter + hidden)

@@ -106,11 +106,14 @@ class ModelSpec:
     def lm_head_params(self, tp_size: int = 1) -> int:
         return self.vocab_size // tp_size * self.hidden_size
 
+    def body_params_per_rank(self, tp_size: int = 1) -> int:
+        """Everything but the embedding and the LM head: the layers and the final norm."""
+        return self.num_layers * (self.layer_linear_params(tp_size) + self._layer_norm_params()) + self.hidden_size
+
     def num_params_per_rank(self, tp_size: int = 1) -> int:
         embed = self.lm_head_params(tp_size)
         lm_head = 0 if self.tie_word_embeddings else embed
-        layers = self.num_layers * (self.layer_linear_params(tp_size) + self._layer_norm_params())
-        return embed + lm_head + layers + self.hidden_size
+        return embed + lm_head + self.body_params_per_rank(tp_size)
 
     def weight_bytes_per_rank(self, tp_size: int = 1) -> int:
         return self.num_params_per_rank(tp_size) * self.dtype_bytes
