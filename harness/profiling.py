@@ -174,7 +174,8 @@ def graphs_bypassed(executor) -> Iterator[None]:
 
 def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graph_batch_sizes=(),
                      progress=None) -> pd.DataFrame:
-    """One row per timed shape: step features, duration_s (median) and how it was measured."""
+    """One row per timed shape: step features, duration_s (mean of the repeats, stalls left out) and
+    how it was measured."""
     rng = np.random.default_rng(grid.seed)
     spec = executor.kv_cache_spec()
     vocab = executor.vocab_size
