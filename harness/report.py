@@ -1,7 +1,8 @@
 """Summaries as text, and `python -m harness.report DIR...`: many runs into one table and plot.
 
 The report walks each DIR for summary.csv files (single runs, Hydra multirun job folders, sweep
-points) and sweep.csv files, stacks their rows with the run folder as `run`, writes report.csv and
+points) and sweep.csv files (of sweeps that wrote no points), stacks their rows with the run folder
+as `run`, writes report.csv and
 report.png (chosen metrics per run) into --out, and prints the table.
 """
 
@@ -50,23 +51,30 @@ def format_table(table: pd.DataFrame, keys: list[str]) -> str:
 
 
 def collect(dirs: list[Path]) -> pd.DataFrame:
-    frames = []
+    """One row per run under dirs. A sweep whose points were written (points/*/summary.csv) is read
+    from those; its sweep.csv only when it kept no point outputs. A folder given twice counts once."""
+    summaries: dict[Path, Path] = {}  # resolved -> as found (run labels keep the user's spelling)
+    sweeps: dict[Path, Path] = {}
     for root in dirs:
         if not root.exists():
             raise FileNotFoundError(f"{root}: no such run directory")
         for path in sorted(root.rglob("summary.csv")):
-            frame = pd.read_csv(path)
-            frame.insert(0, "run", str(path.parent))
-            frames.append(frame)
+            summaries.setdefault(path.resolve(), path)
         for path in sorted(root.rglob("sweep.csv")):
-            frame = pd.read_csv(path)
-            frame.insert(0, "run", [f"{path.parent}[{p}={v}]" for p, v in zip(frame["param"], frame["value"])])
-            frames.append(frame.drop(columns=["param", "value"]))
+            if not (path.parent / "points").is_dir():
+                sweeps.setdefault(path.resolve(), path)
+    frames = []
+    for path in summaries.values():
+        frame = pd.read_csv(path)
+        frame.insert(0, "run", str(path.parent))
+        frames.append(frame)
+    for path in sweeps.values():
+        frame = pd.read_csv(path)
+        frame.insert(0, "run", [f"{path.parent}[{p}={v}]" for p, v in zip(frame["param"], frame["value"])])
+        frames.append(frame.drop(columns=["param", "value"]))
     if not frames:
         raise FileNotFoundError(f"no summary.csv or sweep.csv under {[str(d) for d in dirs]}")
-    table = pd.concat(frames, ignore_index=True)
-    # A sweep's points are also written as points/*/summary.csv: keep one row per run folder.
-    return table.drop_duplicates(subset=[c for c in table.columns if c not in ("run", "wall_s")])
+    return pd.concat(frames, ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:

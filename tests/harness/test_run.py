@@ -111,6 +111,8 @@ def test_sweep_writes_one_row_per_value_and_a_curve(tmp_path):
     assert len(pd.read_csv(tmp_path / "sweep.csv")) == 3
     assert sorted(p.name for p in (tmp_path / "points").iterdir()) == ["num_blocks=24", "num_blocks=400",
                                                                         "num_blocks=48"]
+    # the report reads the points' summaries, not the same runs again from sweep.csv
+    assert sorted(collect([tmp_path])["num_blocks"]) == [24, 48, 400]
 
 
 def test_capacity_search_brackets_the_slo(tmp_path):
@@ -134,6 +136,7 @@ def test_report_collects_runs(default_run, tmp_path):
     run_study(compose_config(["scheduler=mixed", "output.plots=false"]), other)
     table = collect([out, other])
     assert sorted(table["policy"]) == ["mixed", "nano"]
+    assert len(collect([out, out])) == 1  # a folder given twice counts once
     assert report_main([str(out), str(other), "--out", str(tmp_path / "report")]) == 0
     assert len(pd.read_csv(tmp_path / "report" / "report.csv")) == 2
     assert (tmp_path / "report" / "report.png").stat().st_size > 0
@@ -153,3 +156,15 @@ def test_capacity_search_with_nothing_served_is_a_config_error(tmp_path):
                           "+study.capacity={}", "output.plots=false"])
     with pytest.raises(ConfigError, match="all 5 requests were rejected at admission"):
         run_study(cfg, tmp_path)
+
+
+def test_report_keeps_identical_runs_and_sweeps_without_points(tmp_path):
+    quick = ["workload.num_requests=8", "output.plots=false"]
+    for name in ("a", "b"):  # the same configuration twice: two runs, two rows
+        run_study(compose_config(quick), tmp_path / name)
+    sweep = ["study.kind=sweep", "study.param=scheduler.policy", "study.values=[nano,mixed]", "output.point_outputs=false"]
+    run_study(compose_config(quick + sweep), tmp_path / "sweep")
+    table = collect([tmp_path])
+    assert len(table) == 4
+    assert sorted(table["run"].str.rsplit("/", n=1).str[-1]) == ["a", "b", "sweep[scheduler.policy=mixed]",
+                                                                 "sweep[scheduler.policy=nano]"]
