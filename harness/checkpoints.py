@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from harness.config import REPO_ROOT
 from harness.convert import ConfigError
 
 log = logging.getLogger(__name__)
-CHECKPOINT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+CHECKPOINT_ROOT = REPO_ROOT / "checkpoints"
 
 
 def preset_for(model_spec) -> str:
