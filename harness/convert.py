@@ -56,14 +56,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is typing.Union or origin is types.UnionType:
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return coerce(value, arg, where)
-            except ConfigError as error:
-                errors.append(error)
+            except ConfigError:
+                pass  # try the next member; the error below names them all
         allowed = " or ".join(_type_name(a) for a in args)
         raise ConfigError(f"{where} must be {allowed}, got {value!r}")
     if origin is typing.Literal:
