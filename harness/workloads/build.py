@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from engine.core import Request, SamplingParams
+from harness.convert import ConfigError
 from harness.workloads.config import WorkloadConfig
 from harness.workloads.lengths import draw_arrivals, draw_lengths
 from harness.workloads.trace import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN, read_trace, resolve_trace_path
@@ -60,6 +61,9 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         log.warning("workload %s: skipped %d of %d requests longer than max_model_len=%d",
                     cfg.name, num_over, n, max_model_len)
     elif num_over:
+        if max_model_len < 2:
+            raise ConfigError(f"scheduler.max_model_len={max_model_len} leaves no room for a prompt token and an "
+                              f"output token: {num_over} requests cannot be clipped to fit (it must be >= 2)")
         output = np.where(over, np.minimum(output, max_model_len - 1), output)
         prompt = np.where(over, np.minimum(prompt, max_model_len - output), prompt)
         log.warning("workload %s: clipped the prompts of %d of %d requests to fit max_model_len=%d",

@@ -167,3 +167,10 @@ def test_workload_config_rejects_bad_values():
         WorkloadConfig(num_requests=None)
     with pytest.raises(ValueError, match="workload.shared_prefix.fraction"):
         WorkloadConfig(shared_prefix=SharedPrefixConfig(fraction=1.5))
+
+
+def test_clipping_into_a_one_token_context_is_a_config_error():
+    from harness.convert import ConfigError
+
+    with pytest.raises(ConfigError, match="scheduler.max_model_len=1 leaves no room"):
+        build_workload(WorkloadConfig(num_requests=3), max_model_len=1)
