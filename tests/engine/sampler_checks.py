@@ -114,3 +114,8 @@ def check_seeded_rows_match(make_a: MakeSampler, make_b: MakeSampler, device: st
     a = make_a(0).sample(logits, params, list(range(n)))
     b = make_b(1).sample(logits, params, list(range(n)))
     assert (a == b).float().mean().item() >= 0.99
+
+
+# Every sampler path (CPU hash noise, CPU generator noise, GPU kernel) is held to all of these.
+PATH_CHECKS = [check_greedy_beside_random, check_seeded_independent_of_batch, check_unseeded_follow_engine_seed,
+               check_temperature_frequencies, check_top_k_top_p_allowed, check_top_k_keeps_the_k_best]

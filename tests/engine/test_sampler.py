@@ -20,9 +20,7 @@ def _logits(rows: int, vocab: int = VOCAB, seed: int = 0, scale: float = 1.0) ->
     return torch.randn(rows, vocab, generator=gen) * scale
 
 
-@pytest.mark.parametrize("check", [checks.check_greedy_beside_random, checks.check_seeded_independent_of_batch,
-                                   checks.check_unseeded_follow_engine_seed, checks.check_temperature_frequencies,
-                                   checks.check_top_k_top_p_allowed, checks.check_top_k_keeps_the_k_best],
+@pytest.mark.parametrize("check", checks.PATH_CHECKS,
                          ids=lambda c: c.__name__)
 def test_hash_noise_path(check):
     check(Sampler, "cpu")

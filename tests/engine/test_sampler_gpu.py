@@ -20,9 +20,7 @@ pytestmark = [
 ]
 
 MODES = ["off", "triton"]
-CHECKS = [checks.check_greedy_beside_random, checks.check_seeded_independent_of_batch,
-          checks.check_unseeded_follow_engine_seed, checks.check_temperature_frequencies,
-          checks.check_top_k_top_p_allowed, checks.check_top_k_keeps_the_k_best]
+CHECKS = checks.PATH_CHECKS
 
 
 def _factory(mode: str):

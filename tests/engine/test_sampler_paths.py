@@ -106,9 +106,7 @@ def _generator_path(seed: int) -> Sampler:
     return sampler
 
 
-@pytest.mark.parametrize("check", [checks.check_greedy_beside_random, checks.check_seeded_independent_of_batch,
-                                   checks.check_unseeded_follow_engine_seed, checks.check_temperature_frequencies,
-                                   checks.check_top_k_top_p_allowed, checks.check_top_k_keeps_the_k_best],
+@pytest.mark.parametrize("check", checks.PATH_CHECKS,
                          ids=lambda c: c.__name__)
 def test_generator_noise_path(check):
     check(_generator_path, "cpu")

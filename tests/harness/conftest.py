@@ -18,3 +18,13 @@ def compose_config(overrides: list[str]):
 @pytest.fixture
 def composed():
     return compose_config
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny-qwen3 checkpoint for the engine-backed harness tests (written once per session)."""
+    from engine.checkpoint import write_checkpoint
+
+    out = tmp_path_factory.mktemp("tiny-qwen3")
+    write_checkpoint("tiny-qwen3", out)
+    return out

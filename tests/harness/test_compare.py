@@ -24,15 +24,6 @@ TINY = ["model=tiny", "hardware=cpu", "backend.device=cpu", "workload.num_reques
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    from engine.checkpoint import write_checkpoint
-
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    write_checkpoint("tiny-qwen3", out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def offline(tiny_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare-offline")
     run_study(compose_config(["experiment=compare", f"backend.model={tiny_checkpoint}", *TINY]), out)

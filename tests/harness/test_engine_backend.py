@@ -15,15 +15,6 @@ STEP_DECISIONS = ["kind", "requests", "prefill_tokens", "decode_tokens", "waitin
                   "preempted", "prefix_hit_tokens"]
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    from engine.checkpoint import write_checkpoint
-
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    write_checkpoint("tiny-qwen3", out)
-    return out
-
-
 def test_engine_and_sim_runs_share_the_schedule(tiny_checkpoint):
     # Small blocks and a small cache so that the offline batch preempts.
     common = ["model=tiny", "workload.num_requests=12", "workload.prompt_len.high=160", "workload.output_len.high=48",
