@@ -129,11 +129,18 @@ class BlockManager:
         request.block_table = []
         request.num_registered_blocks = 0
 
-    def register_computed(self, request: Request) -> None:
-        """Offer the request's newly full, computed blocks to the prefix cache."""
+    def register_computed(self, request: Request, num_known_tokens: int | None = None) -> None:
+        """Offer the request's newly full, computed blocks to the prefix cache.
+
+        num_known_tokens: only the first this many tokens are real (the rest are placeholders of
+        sampled tokens not yet known): a block that reaches past them waits.
+        """
         if not self.enable_prefix_caching:
             return
-        full = request.num_computed_tokens // self.block_size
+        computed = request.num_computed_tokens
+        if num_known_tokens is not None and num_known_tokens < computed:
+            computed = num_known_tokens
+        full = computed // self.block_size
         start = request.num_registered_blocks
         if full <= start:
             return

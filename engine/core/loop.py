@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.core.plan import Executor, StepStats
+from engine.core.plan import Executor, PendingStep, StepPlan, StepResult, StepStats
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 
@@ -61,9 +61,10 @@ class WallClock:
 
 @dataclass(slots=True)
 class StepRecord:
-    start_s: float
+    start_s: float  # clock time when the step was planned
     duration_s: float
     stats: StepStats
+    idle_s: float | None = None  # overlapped steps: the device's wait for this step (StepResult.idle_s)
 
 
 @dataclass
@@ -84,13 +85,27 @@ def run(
     """Serve requests (sorted by arrival_time) to completion.
 
     A request that fails admission is recorded in RunResult.rejected with its error; the others
-    are served as if it had never arrived.
+    are served as if it had never arrived. With an executor whose overlaps_steps is True, step
+    N+1 is planned and submitted before step N's tokens are read (engine.core.scheduler says
+    what that changes); otherwise each step is executed and applied before the next is planned.
     """
     pending = sorted(requests, key=lambda r: r.arrival_time)
     order = {r.request_id: i for i, r in enumerate(pending)}
     result = RunResult(requests=[], steps=[])
     next_arrival = 0
     done: list[Request] = []
+    overlap = bool(getattr(executor, "overlaps_steps", False))
+    in_flight: tuple[StepPlan, PendingStep, float] | None = None
+
+    def complete(plan: StepPlan, step_result: StepResult, start: float) -> None:
+        clock.advance(step_result.duration_s)
+        finished = scheduler.update(plan, step_result, clock.now())
+        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
+        result.steps.append(record)
+        done.extend(finished)
+        if on_step is not None:
+            on_step(record, finished)
+
     while next_arrival < len(pending) or scheduler.has_unfinished():
         now = clock.now()
         while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
@@ -101,22 +116,31 @@ def run(
             except ValueError as error:
                 result.rejected[request.request_id] = str(error)
         if not scheduler.has_unfinished():
-            if next_arrival < len(pending):
+            if in_flight is not None:  # it only computes tokens of requests that already stopped
+                complete(in_flight[0], in_flight[1].result(), in_flight[2])
+                in_flight = None
+            elif next_arrival < len(pending):
                 clock.wait_until(pending[next_arrival].arrival_time)
             continue
         plan = scheduler.schedule(now)
         if plan.is_empty:
+            if in_flight is not None:
+                # everything runnable waits on the step in flight (its tokens, its freed blocks)
+                complete(in_flight[0], in_flight[1].result(), in_flight[2])
+                in_flight = None
+                continue
             # NOTE: an empty plan with work queued means the core is stuck; fail loudly, never spin.
             raise RuntimeError(f"scheduler produced an empty step with {scheduler.num_waiting} waiting and "
                                f"{scheduler.num_running} running requests")
-        step_result = executor.execute(plan)
-        clock.advance(step_result.duration_s)
-        finished = scheduler.update(plan, step_result, clock.now())
-        record = StepRecord(now, step_result.duration_s, plan.stats)
-        result.steps.append(record)
-        done.extend(finished)
-        if on_step is not None:
-            on_step(record, finished)
+        if overlap:
+            submitted = executor.submit(plan)
+            if in_flight is not None:
+                complete(in_flight[0], in_flight[1].result(), in_flight[2])
+            in_flight = (plan, submitted, now)
+        else:
+            complete(plan, executor.execute(plan), now)
+    if in_flight is not None:
+        complete(in_flight[0], in_flight[1].result(), in_flight[2])
     done.sort(key=lambda r: order[r.request_id])
     result.requests = done
     result.makespan_s = clock.now()

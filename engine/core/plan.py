@@ -84,13 +84,30 @@ class StepPlan:
 
 @dataclass(slots=True)
 class StepResult:
-    """token_ids is aligned with plan.scheduled; entries with sample=False are ignored."""
+    """token_ids is aligned with plan.scheduled; entries with sample=False are ignored.
+
+    idle_s: set by executors that overlap steps (submit()): how long the device sat idle
+    waiting for this step to be submitted, after the previous step ended. duration_s then runs
+    from when the step could start to when it ended, so a run's sum(idle_s + duration_s) is its
+    span on the device.
+    """
 
     token_ids: list[int]
     duration_s: float
+    idle_s: float | None = None
+
+
+class PendingStep(Protocol):
+    def result(self) -> StepResult:
+        """Wait for the step and return its tokens (once)."""
 
 
 class Executor(Protocol):
+    """execute() runs a step to completion. An executor whose overlaps_steps is True also has
+    submit(plan) -> PendingStep, which returns once the step is queued; the loop then plans the
+    next step while this one runs, and the next plan's decode entries may carry
+    engine.core.scheduler.PLACEHOLDER for the token this step samples."""
+
     def kv_cache_spec(self) -> KVCacheSpec: ...
 
     def execute(self, plan: StepPlan) -> StepResult: ...

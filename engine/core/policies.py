@@ -35,6 +35,8 @@ class NanoScheduler(Scheduler):
         scheduled: list[ScheduledRequest] = []
         while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             request = self.waiting[0]
+            if request.num_pending_tokens:
+                break  # preempted with its last token still being sampled (overlapped loop only)
             fresh = not request.block_table
             if fresh:
                 hits = bm.lookup(request)
@@ -82,6 +84,8 @@ class MixedScheduler(Scheduler):
             return scheduled  # NOTE: admitting now would only feed the next preemption
         while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             request = self.waiting[0]
+            if request.num_pending_tokens:
+                break  # preempted with its last token still being sampled (overlapped loop only)
             hits = bm.lookup(request)
             cached = len(hits) * bm.block_size
             num_new = request.num_tokens - cached

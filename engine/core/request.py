@@ -30,7 +30,7 @@ class Request:
         "status", "finish_reason", "num_computed_tokens", "block_table", "block_hashes",
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "num_recomputed_tokens",
         "max_computed_tokens", "arrival_time", "first_scheduled_time", "first_token_time",
-        "finish_time",
+        "finish_time", "num_pending_tokens",
     )
 
     def __init__(
@@ -47,7 +47,9 @@ class Request:
         self.max_tokens = sampling_params.max_tokens  # the scheduler resolves None at admission
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
-        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache (or in a planned step)
+        # Trailing entries of token_ids that are placeholders for tokens a planned step will sample.
+        self.num_pending_tokens = 0
         self.block_table: list[int] = []
         # Chained hash of each full block of token_ids; a function of the tokens alone, so it
         # survives preemption and is computed once per block.

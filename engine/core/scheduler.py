@@ -1,8 +1,16 @@
 """The scheduler: queues, admission checks, step bookkeeping. Policies decide the batch.
 
-schedule() returns a StepPlan; the backend executes it; update() appends the sampled tokens,
-finishes requests and frees their blocks. Policies (engine/core/policies.py) differ only in
-how a step's batch is assembled.
+schedule() returns a StepPlan and books it at once: the scheduled tokens count as computed, each
+sampling request gets a PLACEHOLDER token, and a request that thereby reaches max_tokens leaves
+the running set and frees its blocks. update() later writes the sampled tokens over the
+placeholders and finishes requests on EOS or stop tokens (and on length, booked earlier).
+
+Because a step is fully booked when it is planned, the next step can be planned before this
+one's tokens are known (overlapped, "async" scheduling, engine.core.loop): its decode entries then
+carry the placeholder, which the backend replaces with the token it sampled on the device. With
+ignore_eos and no stop tokens the schedule is the same either way; a request that stops on EOS
+is in the next step already, which computes one token that is thrown away. Policies
+(engine/core/policies.py) differ only in how a step's batch is assembled.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 
+# The token of a sampling entry until update() knows it (token ids are never negative).
+PLACEHOLDER = -1
 _IS_DECODE = attrgetter("is_decode")
 _TOKEN_IDS = attrgetter("token_ids")
 
@@ -35,6 +45,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first; preemption takes from the end
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        # Booked to reach max_tokens in a planned step, blocks already freed; update() finishes them.
+        self.finishing: dict[str, Request] = {}
         self._released: list[str] = []
         self._step = 0
         self.num_preemptions = 0
@@ -83,7 +95,7 @@ class Scheduler:
             return False
         if request in self.running:
             self.running.remove(request)
-        else:
+        elif self.finishing.pop(request_id, None) is None:
             self.waiting.remove(request)
         self._finish(request, FinishReason.ABORTED, now)
         return True
@@ -106,6 +118,7 @@ class Scheduler:
         self._hit_tokens = 0
         self._now = now
         scheduled = self._build_step()
+        self._book(scheduled)
         decode_tokens = sum(map(_IS_DECODE, scheduled))
         prefill_tokens = sum(map(len, map(_TOKEN_IDS, scheduled))) - decode_tokens
         if not scheduled:
@@ -132,17 +145,16 @@ class Scheduler:
         released, self._released = self._released, []
         return StepPlan(scheduled, stats, self._preempted, released)
 
-    def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
-        """Apply a step's results; returns the requests that finished in it."""
-        finished: list[Request] = []
+    def _book(self, scheduled: list[ScheduledRequest]) -> None:
+        """Count a planned step as done: computed tokens, cache registration, placeholders,
+        length finishes. Nothing here needs the sampled token values."""
         block_manager = self.block_manager
         block_size = block_manager.block_size
-        eos = self.eos_token_id
-        for entry, token in zip(plan.scheduled, result.token_ids):
-            request = self.requests.get(entry.request_id)
-            if request is None:  # aborted while the step ran
-                continue
-            start = request.num_computed_tokens
+        requests = self.requests
+        leaving = False
+        for entry in scheduled:
+            request = requests[entry.request_id]
+            start = entry.num_computed_tokens
             end = start + len(entry.token_ids)
             if start < request.max_computed_tokens:
                 request.num_recomputed_tokens += min(end, request.max_computed_tokens) - start
@@ -150,24 +162,60 @@ class Scheduler:
             if end > request.max_computed_tokens:
                 request.max_computed_tokens = end
             if end // block_size > request.num_registered_blocks:
-                block_manager.register_computed(request)
+                block_manager.register_computed(request, len(request.token_ids) - request.num_pending_tokens)
             if not entry.sample:
                 continue
-            request.token_ids.append(token)
+            request.token_ids.append(PLACEHOLDER)
+            request.num_pending_tokens += 1
+            if len(request.token_ids) - request.num_prompt_tokens >= request.max_tokens:
+                block_manager.free(request)  # the step already holds its KV slots: safe to reuse after it
+                self.finishing[request.request_id] = request
+                leaving = True
+        if leaving:
+            finishing = self.finishing
+            self.running = [r for r in self.running if r.request_id not in finishing]
+
+    def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
+        """Write a step's sampled tokens over its placeholders; returns the requests that finished."""
+        finished: list[Request] = []
+        eos = self.eos_token_id
+        block_manager = self.block_manager
+        block_size = block_manager.block_size
+        any_stopped = False
+        for entry, token in zip(plan.scheduled, result.token_ids):
+            if not entry.sample:
+                continue
+            request = self.requests.get(entry.request_id)
+            if request is None:  # aborted, or stopped on EOS in an earlier step
+                continue
+            index = entry.num_computed_tokens + len(entry.token_ids)
+            request.token_ids[index] = token
+            request.num_pending_tokens -= 1
             if request.first_token_time is None:
                 request.first_token_time = now
             params = request.sampling_params
-            if len(request.token_ids) - request.num_prompt_tokens >= request.max_tokens:
+            if index - request.num_prompt_tokens + 1 >= request.max_tokens:
                 reason = FinishReason.LENGTH
             elif token == eos and not params.ignore_eos:
                 reason = FinishReason.EOS
             elif token in params.stop_token_ids:
                 reason = FinishReason.STOP
             else:
+                # the token just written may complete a computed block that _book() could not hash
+                if request.block_table and request.num_computed_tokens // block_size > request.num_registered_blocks:
+                    block_manager.register_computed(request, len(request.token_ids) - request.num_pending_tokens)
                 continue
+            if self.finishing.pop(request.request_id, None) is None:
+                any_stopped = True
+                if request.status is RequestStatus.WAITING:
+                    self.waiting.remove(request)  # preempted while its token was pending
+            if len(request.token_ids) > index + 1:
+                del request.token_ids[index + 1:]  # a later step's placeholder: its token is dropped
+                request.num_computed_tokens = min(request.num_computed_tokens, index + 1)
+            request.num_pending_tokens = 0
             self._finish(request, reason, now)
             finished.append(request)
-        if finished:
+        if any_stopped:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
 

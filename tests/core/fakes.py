@@ -34,3 +34,47 @@ class FakeExecutor:
 
     def shutdown(self) -> None:
         pass
+
+
+class _Done:
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+        self.taken = False
+
+    def result(self) -> StepResult:
+        assert not self.taken, "a pending step's result is read once"
+        self.taken = True
+        return self._result
+
+
+class OverlappingFakeExecutor(FakeExecutor):
+    """The fake behind the overlapped loop: submit() stands in for a device that samples a step's
+    tokens while the host plans the next one. A placeholder input must be the token that the
+    previous submitted step sampled at that very position; the fake substitutes it, as the
+    engine does on the device, and fails loudly on any other placeholder."""
+
+    overlaps_steps = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._sampled_last_step: dict[str, tuple[int, int]] = {}  # request id -> (position, token)
+        self._pending: _Done | None = None
+
+    def submit(self, plan: StepPlan) -> _Done:
+        from engine.core.scheduler import PLACEHOLDER
+
+        assert self._pending is None or self._pending.taken or len(self.plans) >= 1
+        for entry in plan.scheduled:
+            for offset, token in enumerate(entry.token_ids):
+                if token != PLACEHOLDER:
+                    continue
+                position = entry.num_computed_tokens + offset
+                assert offset == len(entry.token_ids) - 1, "a placeholder is only ever an entry's last token"
+                sampled = self._sampled_last_step.get(entry.request_id)
+                assert sampled is not None and sampled[0] == position, (
+                    f"placeholder of {entry.request_id} at {position} was not sampled by the previous step")
+        result = self.execute(plan)
+        self._sampled_last_step = {e.request_id: (e.context_len, t)
+                                   for e, t in zip(plan.scheduled, result.token_ids) if e.sample}
+        self._pending = _Done(result)
+        return self._pending
