@@ -13,6 +13,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 FUSED_KERNELS = ("off", "triton")
+ASYNC_SCHEDULING = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,11 @@ class EngineConfig:
         add, q/k norm with the rotary embedding, SiLU-and-mul, one-pass Gumbel-max sampling);
         "off" runs the layers' and the sampler's torch ops (the reference). No effect on CPU.
         Verified and measured on H100 in experiments/fused/h100_run1/ (10.5k -> 15.9k tok/s).
+    async_scheduling: "on" plans and queues step N+1 while step N runs on the device, so the
+        scheduler and the input preparation are off the device's critical path
+        (engine.core.loop, engine.overlap); "auto" (default) turns it on on CUDA with
+        tensor_parallel_size 1; "off" runs each step to completion first. A request stopped by
+        EOS or a stop token then computes one more token, which is discarded.
     """
 
     model: str
@@ -44,6 +50,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     fused_kernels: str = "triton"
+    async_scheduling: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -52,6 +59,7 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("fused_kernels", self.fused_kernels, FUSED_KERNELS)
+        _check_choice("async_scheduling", self.async_scheduling, ASYNC_SCHEDULING)
         if not isinstance(self.enforce_eager, bool):
             raise TypeError(f"EngineConfig.enforce_eager must be a bool, got {type(self.enforce_eager).__name__}")
         util = self.gpu_memory_utilization
@@ -60,6 +68,9 @@ class EngineConfig:
         tp = self.tensor_parallel_size
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"EngineConfig.tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if self.async_scheduling == "on" and tp > 1:
+            raise ValueError("EngineConfig.async_scheduling='on' needs tensor_parallel_size=1 (the other ranks "
+                             f"would need the sampled ids before each step), got tensor_parallel_size={tp}")
         seed = self.seed
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"EngineConfig.seed must be an int in [0, 2**63), got {seed!r}")

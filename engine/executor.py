@@ -143,6 +143,9 @@ class EngineExecutor:
         self.device = device
         backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size)
         self.attention_backend = backend.name
+        # steps overlapped by the core loop (engine.overlap): it looks for this attribute
+        self.overlaps_steps = engine_config.async_scheduling == "on" or (
+            engine_config.async_scheduling == "auto" and device.type == "cuda" and tp == 1)
         self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
                                  and backend.name in GRAPH_CAPTURABLE_BACKENDS)
         if device.type == "cuda" and not engine_config.enforce_eager and not self.uses_cuda_graphs:
@@ -219,6 +222,13 @@ class EngineExecutor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepResult(tokens, time.perf_counter() - start)
+
+    def submit(self, plan: StepPlan):
+        """Queue the step and return a PendingTokens (engine.overlap); the loop uses this when
+        overlaps_steps is True."""
+        if self.runner is None:
+            raise RuntimeError("EngineExecutor.submit() after shutdown()")
+        return self.runner.submit(plan)
 
     def shutdown(self) -> None:
         """Release the KV cache, the weights and the workers; no steps can run afterwards."""

@@ -47,7 +47,7 @@ def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
 class LLM:
     """A model served by the engine; see the module docstring. Keyword arguments are the fields
     of EngineConfig (dtype, device, attention_backend, enforce_eager, gpu_memory_utilization,
-    tensor_parallel_size, seed, fused_kernels), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
+    tensor_parallel_size, seed, fused_kernels, async_scheduling), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
     max_model_len, enable_chunked_prefill) and CacheConfig (block_size, num_blocks,
     enable_prefix_caching). max_model_len defaults to the smaller of SchedulerConfig's default
     and the model's max_position_embeddings; max_num_seqs to the smaller of its default and

@@ -17,6 +17,7 @@ HostBatch, hands it to the other ranks, and alone samples.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from itertools import chain
 from typing import Callable
@@ -33,6 +34,7 @@ from engine.host_staging import HostStaging
 from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory
 from engine.layers.fused import set_fused_kernels
 from engine.models.arch import ModelArch
+from engine.overlap import DeviceClock, PendingTokens, placeholder_sources, wall_pending
 from engine.sampler import Sampler
 from engine.step_timing import StepTimer
 
@@ -124,6 +126,13 @@ class ModelRunner:
         self.memory_profile: MemoryProfile | None = None
         self.graphs: DecodeGraphs | None = None
         self.timer: StepTimer | None = None  # attach one to record per-step phase times
+        # overlapped steps (submit()): the previous step's sampled ids, and each sampling
+        # request's row in them; two pinned buffers the ids come back through, used in turn
+        self._last_sampled: torch.Tensor | None = None
+        self._last_sampled_rows: dict[str, int] = {}
+        self._device_clock = DeviceClock(self.device.type == "cuda")
+        self._host_ids: list[torch.Tensor] = []
+        self._host_ids_turn = 0
 
     # ---- KV cache --------------------------------------------------------------------------
 
@@ -303,3 +312,67 @@ class ModelRunner:
             timer.finish(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
                          graph_size=batch.graph_size or 0)
         return tokens
+
+    @torch.inference_mode()
+    def submit(self, plan: StepPlan) -> PendingTokens:
+        """Queue a step on the device and return at once (engine.overlap). Its placeholder inputs
+        take the ids the previously submitted step sampled. Driver rank, no tensor parallelism."""
+        timer = self.timer
+        if timer:
+            timer.mark()
+        started = time.perf_counter()
+        batch = self.build_batch(plan)
+        placeholders = placeholder_sources(plan, batch.query_start_loc, batch.input_ids, self._last_sampled_rows)
+        cuda = self.device.type == "cuda"
+        start = None
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        inputs = self.upload(batch)
+        if placeholders is not None:
+            rows, sources = self.staging.upload(list(placeholders), torch.int64)
+            inputs.input_ids.index_copy_(0, rows, self._last_sampled.index_select(0, sources))
+        if timer:
+            timer.mark()
+        hidden = self.forward(inputs)
+        if timer:
+            timer.mark()
+        sampled = None
+        self._last_sampled_rows = {}
+        if inputs.sample_rows:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            entries = [plan.scheduled[i] for i in inputs.sample_rows]
+            sampled = self.sampler.sample(logits, [e.sampling_params for e in entries],
+                                          [e.num_output_tokens for e in entries])
+            self._last_sampled_rows = {e.request_id: k for k, e in enumerate(entries)}
+        self._last_sampled = sampled
+        on_done = None
+        if timer:
+            timer.mark()
+            marks = timer.detach()
+            fields = dict(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
+                          graph_size=batch.graph_size or 0)
+            on_done = lambda: timer.record(*marks, **fields)  # noqa: E731 - once the events are complete
+        if not cuda:
+            pending = wall_pending(self._device_clock, started, len(plan.scheduled), inputs.sample_rows, sampled)
+            pending.on_done = on_done
+            return pending
+        host_ids = None
+        if sampled is not None:
+            host_ids = self._host_ids_buffer()[: sampled.numel()]
+            host_ids.copy_(sampled, non_blocking=True)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        clock = self._device_clock
+        pending = PendingTokens(len(plan.scheduled), inputs.sample_rows, host_ids, start, end, clock.last_end,
+                                on_done=on_done)
+        clock.last_end = end
+        return pending
+
+    def _host_ids_buffer(self) -> torch.Tensor:
+        # NOTE: two suffice: step N+2 is submitted only after step N's ids were read
+        if not self._host_ids:
+            size = self.scheduler_config.max_num_seqs
+            self._host_ids = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._host_ids_turn ^= 1
+        return self._host_ids[self._host_ids_turn]

@@ -1,7 +1,8 @@
 """Where a step's time goes, phase by phase, on the host and on the device.
 
 Phases: prepare (host index arrays and their upload), forward (the model, eager or a graph
-replay), sample (logits, sampler, and the wait for the sampled ids). Host times are wall time
+replay), sample (logits, sampler, and the wait for the sampled ids; with overlapped steps the
+sampler's launches only, as the wait happens later). Host times are wall time
 spent in Python per phase; device times come from CUDA events at the same boundaries, so no
 extra synchronisation is added (the step already waits for its sampled ids at the end).
 Off by default: the runner calls a timer only when one is attached.
@@ -33,8 +34,16 @@ class StepTimer:
 
     def finish(self, **fields: float | int | bool) -> None:
         """Close the step: one record with host_<phase>_s, gpu_<phase>_s and the given fields."""
-        host, events = self._host, self._events
+        self.record(*self.detach(), **fields)
+
+    def detach(self) -> tuple[list[float], list[torch.cuda.Event]]:
+        """This step's marks, taken out so the next step can start marking before this one ends
+        (overlapped steps); pass them to record() once the step is done."""
+        marks = (self._host, self._events)
         self._host, self._events = [], []
+        return marks
+
+    def record(self, host: list[float], events: list[torch.cuda.Event], **fields: float | int | bool) -> None:
         if len(host) != len(PHASES) + 1:
             return  # a step that ended early (nothing sampled) is not a full record
         record: dict[str, float | int | bool] = dict(fields)

@@ -7,7 +7,9 @@ sampler a generator each, a host cost a profile without seeds misses). A shape i
 (fewer when a shape is slow: at most max_seconds_per_shape once min_repeats are in); the row
 holds sim.features.step_features of the plan and the mean of the executor's own reported
 durations (EngineExecutor synchronises, so that is the step's time on the device), repeats more
-than STALL x the median left out.
+than STALL x the median left out. An executor that overlaps steps (async scheduling) is timed as
+it serves: each repeat is submitted before the previous one's result is read, and its duration is
+its span on the device (engine.overlap), so host work it hides is not counted.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
 (batch x mean context, contexts spread over [mean/2, 3 mean/2]), mixed steps (one prefill chunk
@@ -153,10 +155,19 @@ def time_plan(executor, plan: StepPlan, grid: ProfileGrid) -> list[float]:
         executor.execute(plan)
     durations: list[float] = []
     started = time.perf_counter()
+    pending = executor.submit(plan) if getattr(executor, "overlaps_steps", False) else None
     while len(durations) < grid.repeats:
-        durations.append(executor.execute(plan).duration_s)
+        if pending is None:
+            durations.append(executor.execute(plan).duration_s)
+        else:
+            last = len(durations) + 1 >= grid.repeats
+            following = None if last else executor.submit(plan)
+            durations.append(pending.result().duration_s)
+            pending = following
         if len(durations) >= grid.min_repeats and time.perf_counter() - started > grid.max_seconds_per_shape:
             break
+    if pending is not None:
+        pending.result()  # the device must be done with it before the next shape's blocks are reused
     return durations
 
 

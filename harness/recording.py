@@ -13,6 +13,9 @@ Columns:
   this step's schedule), less the time the clock slept waiting for an arrival, plus what this
   execute() took beyond the duration the executor reported. So on a wall clock
   sum(duration + host_s) + time asleep = the time the last execute() returned.
+  With overlapped steps (submit()), host_s is the executor's idle_s, the time the device waited
+  for the step after the previous one ended, less the sleep in that gap: the host time that was
+  not hidden behind the device.
 """
 
 from __future__ import annotations
@@ -94,8 +97,34 @@ class _RecordingExecutor:
         rec._asleep_at_exit = rec.asleep_s
         return result
 
+    def submit(self, plan: StepPlan):
+        """Overlapped steps: the row is built now, its host_s filled in when the result is read."""
+        rec = self._recorder
+        asleep_before = rec.asleep_s - rec._asleep_at_exit
+        pending = self._inner.submit(plan)
+        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), None))
+        return _RecordedPending(pending, rec, len(rec.rows) - 1, asleep_before)
+
     def shutdown(self) -> None:
         self._inner.shutdown()
+
+
+class _RecordedPending:
+    def __init__(self, inner, recorder: StepRecorder, row: int, asleep_s: float) -> None:
+        self._inner = inner
+        self._recorder = recorder
+        self._row = row
+        self._asleep_s = asleep_s
+
+    def result(self) -> StepResult:
+        rec = self._recorder
+        result = self._inner.result()
+        if rec.wall:
+            # the device's idle gap before the step, less the loop's sleep for arrivals in it
+            host = max(0.0, (result.idle_s or 0.0) - self._asleep_s)
+            rec.rows[self._row] = (*rec.rows[self._row][:-1], host)
+        rec._asleep_at_exit = rec.asleep_s
+        return result
 
 
 class StepRecorder:

@@ -16,7 +16,9 @@ Variants: default (auto backend: triton on CUDA without flash-attn, CUDA graphs)
 graphs off), torch (the reference attention backend, hence eager), compiled (default plus
 torch.compile on the RMSNorm and SiluAndMul modules: an experiment on elementwise fusion, not an
 engine feature), fused (default plus EngineConfig.fused_kernels="triton": the fused Triton norm,
-rotary, SiLU and sampling kernels), fused_eager (fused without CUDA graphs).
+rotary, SiLU and sampling kernels), fused_eager (fused without CUDA graphs), sync
+(async_scheduling="off": each step runs to completion before the next is planned; the default
+overlaps them on CUDA).
 
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
 Step phases come from engine.step_timing (host time per phase, device time by CUDA events); the
@@ -52,6 +54,7 @@ VARIANTS = {
     "compiled": {},
     "fused": {"fused_kernels": "triton"},
     "fused_eager": {"fused_kernels": "triton", "enforce_eager": True},
+    "sync": {"async_scheduling": "off"},
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.
@@ -103,9 +106,12 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
         raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
     executor.runner.timer = None
     run = llm.last_run
-    steps = pd.DataFrame([{**dataclasses.asdict(r.stats), "start_s": r.start_s, "duration_s": r.duration_s}
-                          for r in run.steps])
-    steps["gap_s"] = (steps.start_s.shift(-1) - (steps.start_s + steps.duration_s)).fillna(0.0)
+    steps = pd.DataFrame([{**dataclasses.asdict(r.stats), "start_s": r.start_s, "duration_s": r.duration_s,
+                           "idle_s": r.idle_s} for r in run.steps])
+    if executor.overlaps_steps:  # the device's own idle time before each step (CUDA events)
+        steps["gap_s"] = steps.idle_s.shift(-1).fillna(0.0)
+    else:
+        steps["gap_s"] = (steps.start_s.shift(-1) - (steps.start_s + steps.duration_s)).fillna(0.0)
     if timer is not None and len(timer.records) == len(steps):
         steps = pd.concat([steps, pd.DataFrame(timer.records)], axis=1)
     steps.insert(0, "variant", variant)
@@ -116,7 +122,8 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
     row = {
         "device": device_name, "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "preset": args.preset, "variant": variant, "attention_backend": executor.attention_backend,
-        "cuda_graphs": executor.uses_cuda_graphs, "num_kv_blocks": executor.kv_cache_spec().num_blocks,
+        "cuda_graphs": executor.uses_cuda_graphs, "async_scheduling": executor.overlaps_steps,
+        "num_kv_blocks": executor.kv_cache_spec().num_blocks,
         "block_size": executor.kv_cache_spec().block_size, "requests": len(prompts),
         "prompt_tokens": sum(map(len, prompts)), "output_tokens": out_tokens, "wall_s": wall,
         "output_tok_s": out_tokens / wall,

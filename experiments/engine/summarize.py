@@ -52,13 +52,16 @@ def main(out_dir: str) -> None:
           "- output tok/s = generated tokens / wall time of generate(); prefill and decode rates are tokens "
           "over the summed durations of the steps that did prefill / decode",
           "", "## Throughput", "",
-          _table(bench[["preset", "variant", "attention_backend", "cuda_graphs", "num_kv_blocks", "output_tokens",
+          _table(bench[["preset", "variant", "attention_backend", "cuda_graphs",
+                        *(["async_scheduling"] if "async_scheduling" in bench else []), "num_kv_blocks", "output_tokens",
                         "wall_s", "output_tok_s", "prefill_tok_s", "decode_tok_s", "fraction_of_bound",
                         "startup_s"]]),
           "", "## Where a step's time goes (mean microseconds per step)", "",
           "host_* = Python wall time per phase (prepare: index arrays + upload; forward: eager launches or the "
           "graph replay call; sample: logits, sampler, wait for the ids), gpu_* = CUDA-event time over the same "
-          "phases, between_steps = scheduler and loop (wall time between two steps).", "",
+          "phases, between_steps = scheduler and loop (wall time between two steps; with async scheduling, "
+          "the device's idle time before the next step, from CUDA events, and step_us is the step's span on "
+          "the device).", "",
           _table(profile(steps))]
     (out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -108,10 +108,13 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
 @pytest.mark.parametrize("policy", ["nano", "mixed"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_greedy_generate_matches_hf(model_dir, hf_greedy, policy, scenario):
-    llm = LLM(model_dir, device="cpu", policy=policy, max_model_len=64, **SCENARIOS[scenario])
+def test_greedy_generate_matches_hf(model_dir, hf_greedy, policy, scenario, async_scheduling):
+    llm = LLM(model_dir, device="cpu", policy=policy, max_model_len=64, async_scheduling=async_scheduling,
+              **SCENARIOS[scenario])
+    assert llm.executor.overlaps_steps == (async_scheduling == "on")
     prompts = PREFIX_PROMPTS if scenario == "prefix" else PROMPTS
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [hf_greedy(p) for p in prompts]
@@ -129,21 +132,23 @@ def test_greedy_generate_matches_hf(model_dir, hf_greedy, policy, scenario):
         assert sum(o.num_preemptions for o in outputs) == llm.scheduler.num_preemptions
 
 
-def test_stop_token_ends_the_request_like_hf_eos(model_dir, hf_greedy):
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_stop_token_ends_the_request_like_hf_eos(model_dir, hf_greedy, async_scheduling):
     prompt = PROMPTS[2]
     stop = hf_greedy(prompt)[5]  # a token the model produces on its own
     expected = hf_greedy(prompt, eos=stop)
     assert expected[-1] == stop and len(expected) <= 6
-    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8)
+    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8, async_scheduling=async_scheduling)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop_token_ids=(stop,))
     out = llm.generate([prompt, PROMPTS[0]], [params, GREEDY], use_tqdm=False)
     assert out[0].token_ids == expected and out[0].finish_reason == "stop"
     assert out[1].token_ids == hf_greedy(PROMPTS[0])
 
 
-def test_checkpoint_eos_handling_matches_hf(model_dir, hf_greedy):
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_checkpoint_eos_handling_matches_hf(model_dir, hf_greedy, async_scheduling):
     # HF stops on any id in generation_config.eos_token_id; LLM.generate must do the same.
-    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8)
+    llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8, async_scheduling=async_scheduling)
     eos = list(llm.executor.eos_token_ids)
     assert len(eos) == 2
     params = SamplingParams(temperature=0.0, max_tokens=32)
@@ -174,3 +179,13 @@ def test_cuda_greedy_matches_hf(model_dir, hf_greedy):
               block_size=4, max_num_batched_tokens=8, max_num_seqs=4, policy="mixed")
     outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [hf_greedy(p) for p in PROMPTS]
+
+
+def test_overlapped_steps_sample_the_same_seeded_tokens(model_dir):
+    # the sampler keys a seeded draw by the token's index; placeholders must not shift it
+    params = [SamplingParams(temperature=1.0, top_k=50, max_tokens=10, seed=s, ignore_eos=True) for s in range(6)]
+    plain = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, num_blocks=14, async_scheduling="off")
+    overlapped = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, num_blocks=14, async_scheduling="on")
+    expected = [o.token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)]
+    assert [o.token_ids for o in overlapped.generate(PROMPTS, params, use_tqdm=False)] == expected
+    assert overlapped.scheduler.num_preemptions > 0

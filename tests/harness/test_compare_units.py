@@ -71,6 +71,47 @@ def test_recorded_host_time_and_sleep_account_for_the_wall_clock():
     assert frame["num_decode_tokens"].sum() == sum(s.stats.num_decode_tokens for s in result.steps)
 
 
+class QueuedDevice(FakeExecutor):
+    """Overlapped steps on a pretend device: each step occupies it 3 ms from the later of its
+    submission and the previous step's end; result() sleeps until the step's end."""
+
+    overlaps_steps = True
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.free_at: float | None = None
+
+    def submit(self, plan):
+        now = time.perf_counter()
+        start = now if self.free_at is None else max(now, self.free_at)
+        idle = 0.0 if self.free_at is None else start - self.free_at
+        self.free_at = end = start + 0.003
+        tokens = super().execute(plan).token_ids
+
+        class Pending:
+            def result(self):
+                time.sleep(max(0.0, end - time.perf_counter()))
+                return StepResult(tokens, end - start, idle)
+
+        return Pending()
+
+
+def test_recorded_host_time_of_overlapped_steps_is_the_device_idle_time_less_sleep():
+    sched = make_scheduler(SchedulerConfig(max_model_len=256), KVCacheSpec(64, 16), CacheConfig(16, 64), None)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    requests = [Request(f"r{i}", list(range(1, 30)), params, arrival_time=0.04 * i) for i in range(4)]
+    recorder = StepRecorder((), wall=True)
+    executor, clock = recorder.wrap(QueuedDevice(64, 16), WallClock())
+    result = run(sched, executor, requests, clock)
+    frame = recorder.frame()
+    assert len(frame) == len(result.steps) and (frame["host_s"] >= 0).all()
+    assert recorder.asleep_s > 0.05
+    accounted = sum(s.duration_s for s in result.steps) + frame["host_s"].sum() + recorder.asleep_s
+    assert 0 <= result.makespan_s - accounted < 0.01
+    # back-to-back decode steps were queued before the device finished the previous one
+    assert (frame["host_s"] < 1e-3).mean() > 0.5
+
+
 def test_roofline_from_features_equals_its_step_time():
     roof = RooflineCostModel(model("qwen3_0_6b"), hardware("h100"))
     plans = [decode_batch([100, 2000, 37]), plan(prefill(500, 0, rid="a"), prefill(300, 1200, rid="b")),
