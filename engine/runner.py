@@ -297,7 +297,7 @@ class ModelRunner:
             if timer:
                 timer.finish()  # discarded: a step with nothing to sample is not a full record
             return None if plan is None else [-1] * len(plan.scheduled)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampled, vocab]
+        logits = self.model.compute_logits(hidden[inputs.logits_indices], upcast=False)  # [num_sampled, vocab]
         if plan is None:
             return None
         tokens = [-1] * len(plan.scheduled)
@@ -340,7 +340,7 @@ class ModelRunner:
         sampled = None
         self._last_sampled_rows = {}
         if inputs.sample_rows:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            logits = self.model.compute_logits(hidden[inputs.logits_indices], upcast=False)
             entries = [plan.scheduled[i] for i in inputs.sample_rows]
             sampled = self.sampler.sample(logits, [e.sampling_params for e in entries],
                                           [e.num_output_tokens for e in entries])

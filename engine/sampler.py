@@ -88,7 +88,7 @@ class Sampler:
     @torch.inference_mode()
     def sample(
         self,
-        logits: torch.Tensor,  # [num_rows, vocab] float32
+        logits: torch.Tensor,  # [num_rows, vocab] float32 (or the model's dtype: upcast here if needed)
         params: Sequence[SamplingParams],
         output_indices: Sequence[int],  # per row: how many tokens the request has generated so far
     ) -> torch.Tensor:  # [num_rows] int64
@@ -98,7 +98,11 @@ class Sampler:
                              f"{len(output_indices)} output indices")
         rows = self._composition(params, vocab)
         if rows.all_greedy:
-            return logits.argmax(dim=-1)
+            return logits.argmax(dim=-1)  # exact in any dtype: an upcast changes no value
+        if self._gumbel_argmax is None or rows.groups:
+            # NOTE: the kernel reads any float dtype as float32 itself; the top-k/top-p cutoffs and
+            # the torch path compute in the logits' dtype, so they get float32 (the reference)
+            logits = logits.float()
         words = self._upload_keys(rows, num_rows, output_indices)  # [S or N, 2] int32
         cutoff = cutoffs(logits, rows.groups)  # [N] float32 or None
         if self._gumbel_argmax is not None:

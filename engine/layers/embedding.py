@@ -42,7 +42,7 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden [N, hidden] -> logits [N, vocab] float32
-        logits = self.tp.gather(F.linear(hidden, self.weight))
-        return logits[:, : self.num_embeddings].float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        # hidden [N, hidden] -> logits [N, vocab]: float32, or the weights' dtype without upcast
+        logits = self.tp.gather(F.linear(hidden, self.weight))[:, : self.num_embeddings]
+        return logits.float() if upcast else logits

@@ -154,9 +154,10 @@ class Qwen3ForCausalLM(nn.Module):
         only unless allow_cpu). Call before capturing CUDA graphs. Returns the fused layer count."""
         return set_fused_kernels(self, mode, self.lm_head.weight.device, allow_cpu)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] (only the rows to sample) -> [N, vocab] float32."""
-        return self.lm_head.compute_logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden [N, hidden] (only the rows to sample) -> [N, vocab] float32; with upcast=False
+        in the model's dtype (the sampler reads those itself: a full-vocabulary pass saved)."""
+        return self.lm_head.compute_logits(hidden, upcast)
 
     def make_kv_caches(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> list[KVCache]:
         """Zeroed per-layer caches in the model's dtype and device, shaped for this rank."""

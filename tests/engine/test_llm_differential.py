@@ -88,7 +88,7 @@ def test_runner_logits_match_hf_forward_for_prefill_and_decode(model_dir, hf_gre
                for i, (p, t, tok) in enumerate(zip(prompts, tables, next_tokens))]
     seen = []
     compute_logits = runner.model.compute_logits
-    runner.model.compute_logits = lambda hidden: seen.append(hidden.shape[0]) or compute_logits(hidden)
+    runner.model.compute_logits = lambda hidden, **kw: seen.append(hidden.shape[0]) or compute_logits(hidden, **kw)
     try:
         tokens = runner.execute(step(decodes))
     finally:

@@ -116,12 +116,14 @@ def check_qk_norm_rope(device: str, dtype: torch.dtype, tokens: int, heads: int,
     assert torch.equal(qkv[:, q_size + kv_size:], v_before), f"{what}: v was written"
 
 
-def check_gumbel_argmax(device: str, rows: int, vocab: int, with_cutoff: bool, seed: int) -> None:
+def check_gumbel_argmax(device: str, rows: int, vocab: int, with_cutoff: bool, seed: int,
+                        dtype: torch.dtype = torch.float32) -> None:
     """The kernel against the torch formula of engine.sampler_noise with the same keys.
 
     Rows whose reference winner leads the runner-up by a clear margin must match exactly (the
     kernel's float32 log may differ from torch's in the last bit); most rows have one. Greedy
     rows (inverse temperature 0) must be torch.argmax exactly, ties to the lowest index included.
+    dtype: what the kernel reads (the logits are multiples of 1/8 in [-5, 5), exact in bfloat16).
     """
     from engine.sampler_noise import key_words, log_exponential
     from kernels.sampling import gumbel_argmax
@@ -138,7 +140,7 @@ def check_gumbel_argmax(device: str, rows: int, vocab: int, with_cutoff: bool, s
     if with_cutoff:
         cutoff = logits.kthvalue(vocab - 5, dim=-1).values  # ~5+ survivors per row
         cutoff[1::4] = float("-inf")
-    out = gumbel_argmax(logits, inv_t, words, cutoff)
+    out = gumbel_argmax(logits.to(dtype), inv_t, words, cutoff)
     assert out.dtype == torch.int64 and out.shape == (rows,)
     greedy = inv_t == 0
     masked = logits if cutoff is None else logits.masked_fill(logits < cutoff[:, None], float("-inf"))

@@ -18,3 +18,10 @@ pytestmark = needs_cuda
 @pytest.mark.parametrize("with_cutoff", [False, True])
 def test_gumbel_argmax(rows, vocab, with_cutoff):
     cases.check_gumbel_argmax("cuda", rows, vocab, with_cutoff, fresh_seed())
+
+
+@pytest.mark.parametrize("rows", [3, 256])
+def test_gumbel_argmax_reads_bfloat16_logits(rows):
+    import torch
+
+    cases.check_gumbel_argmax("cuda", rows, 151936, False, fresh_seed(), dtype=torch.bfloat16)
