@@ -108,6 +108,7 @@ def engine_meta(executor, outcome: RunOutcome) -> dict:
         pass
     config = getattr(executor, "config", None)
     return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_batch_sizes), "device": device,
+            "async_scheduling": bool(getattr(executor, "overlaps_steps", False)),
             "dtype": str(getattr(runner, "dtype", "?")), "engine_config": dataclasses.asdict(config) if config else {}}
 
 
@@ -175,8 +176,10 @@ def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, met
     sizes = tuple(meta["graph_batch_sizes"])
     top = max(sizes) if sizes else 0
     tp = (meta.get("engine_config") or {}).get("tensor_parallel_size", 1)
+    # runs saved before async scheduling existed ran their steps one at a time
     sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
-                    tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512)
+                    tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512,
+                    async_scheduling=bool(meta.get("async_scheduling", False)))
     if sizes and sim.graph_batch_sizes(rc.scheduler.max_num_seqs) != sizes:
         log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", sizes)
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))

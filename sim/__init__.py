@@ -24,7 +24,8 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
                                      scheduler.max_num_seqs)
     cost_model = make_cost_model(model, hardware, sim, sim.graph_batch_sizes(scheduler.max_num_seqs))
     vocab_size = model.vocab_size if sim.vocab_size is None else sim.vocab_size
-    return SimExecutor(cost_model, KVCacheSpec(num_blocks, cache.block_size), vocab_size, sim.seed, sim.eos_token_id)
+    return SimExecutor(cost_model, KVCacheSpec(num_blocks, cache.block_size), vocab_size, sim.seed, sim.eos_token_id,
+                       sim.async_scheduling)
 
 
 __all__ = [

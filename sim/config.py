@@ -15,6 +15,9 @@ class SimConfig:
     step-timing CSV written by the engine's profiler or coefficients saved by ProfiledCostModel).
     vocab_size None: the model's. enforce_eager / max_cuda_graph_batch_size mirror the engine's
     settings so the profiled model knows which decode steps replay a CUDA graph.
+    async_scheduling mirrors the engine's (on by default on CUDA): the loop plans step N+1 while
+    step N runs, so a request that arrives during step N is admitted one step later than with
+    steps run one at a time, and a request that stops on EOS computes one discarded token.
     """
 
     cost_model: str = "roofline"
@@ -27,6 +30,7 @@ class SimConfig:
     eos_token_id: int | None = None
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int = 512
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.cost_model not in COST_MODELS:
@@ -44,8 +48,9 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"SimConfig.{name} must be None or an int >= {low}, got {value!r}")
-        if not isinstance(self.enforce_eager, bool):
-            raise TypeError(f"SimConfig.enforce_eager must be a bool, got {type(self.enforce_eager).__name__}")
+        for name in ("enforce_eager", "async_scheduling"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"SimConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}")
 
     def graph_batch_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
         """The decode batch sizes the simulated engine replays as CUDA graphs (none when eager): it

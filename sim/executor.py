@@ -5,6 +5,9 @@ text by accident (prefix caching of generated text is not faked into hits), a pr
 regenerates the same tokens when recomputed, and a run is reproducible. The end-of-sequence token
 is never drawn: a simulator cannot know when a model would stop, so output lengths come from
 max_tokens (the workload's).
+
+With overlaps_steps (SimConfig.async_scheduling) the core loop plans each step before the
+previous one's tokens are read, as the engine does on CUDA; submit() prices the step at once.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
 
 class SimExecutor:
     def __init__(self, cost_model: CostModel, kv_spec: KVCacheSpec, vocab_size: int, seed: int = 0,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, overlaps_steps: bool = False) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
             raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
@@ -34,6 +37,7 @@ class SimExecutor:
         self.eos_token_id = eos_token_id
         self._kv_spec = kv_spec
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
+        self.overlaps_steps = overlaps_steps
 
     def kv_cache_spec(self) -> KVCacheSpec:
         return self._kv_spec
@@ -61,5 +65,20 @@ class SimExecutor:
             tokens.append(token)
         return StepResult(tokens, self.cost_model.step_time(plan))
 
+    def submit(self, plan: StepPlan) -> _Priced:
+        return _Priced(self.execute(plan))
+
     def shutdown(self) -> None:
         self._request_seeds.clear()
+
+
+class _Priced:
+    """A simulated step is priced when submitted; the loop reads it one step later."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+
+    def result(self) -> StepResult:
+        return self._result

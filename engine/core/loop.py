@@ -61,7 +61,7 @@ class WallClock:
 
 @dataclass(slots=True)
 class StepRecord:
-    start_s: float  # clock time when the step was planned
+    start_s: float  # when the step was planned (overlapped steps: when it began, its end less its duration)
     duration_s: float
     stats: StepStats
     idle_s: float | None = None  # overlapped steps: the device's wait for this step (StepResult.idle_s)
@@ -97,9 +97,12 @@ def run(
     overlap = bool(getattr(executor, "overlaps_steps", False))
     in_flight: tuple[StepPlan, PendingStep, float] | None = None
 
-    def complete(plan: StepPlan, step_result: StepResult, start: float) -> None:
+    def complete(plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
         clock.advance(step_result.duration_s)
-        finished = scheduler.update(plan, step_result, clock.now())
+        end = clock.now()
+        finished = scheduler.update(plan, step_result, end)
+        # an overlapped step was planned while its predecessor ran: it started when it ended, less its duration
+        start = end - step_result.duration_s if overlap else planned_at
         record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
         result.steps.append(record)
         done.extend(finished)

@@ -150,3 +150,19 @@ def test_graph_sizes_follow_the_engine_settings_and_the_running_cap():
     assert SimConfig().graph_batch_sizes(40) == (1, 2, 4, 8, 16, 32, 40)  # no graph beyond max_num_seqs
     assert SimConfig(max_cuda_graph_batch_size=24).graph_batch_sizes(512) == (1, 2, 4, 8, 16, 24)
     assert SimConfig(enforce_eager=True).graph_batch_sizes(512) == ()
+
+
+def test_overlapped_simulation_schedules_offline_work_like_the_plain_one():
+    spec, hw = model("tiny"), hardware("cpu")
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
+    runs = {}
+    for overlap in (False, True):
+        executor = build_sim_executor(spec, hw, SimConfig(async_scheduling=overlap), CacheConfig(16, 40), config)
+        assert executor.overlaps_steps is overlap
+        scheduler = make_scheduler(config, executor.kv_cache_spec())
+        runs[overlap] = run(scheduler, executor, _workload(20, 120, 60, seed=5, rate=None), SimulatedClock())
+    plain, overlapped = runs[False], runs[True]
+    assert [(s.stats, s.duration_s) for s in overlapped.steps] == [(s.stats, s.duration_s) for s in plain.steps]
+    assert overlapped.makespan_s == pytest.approx(plain.makespan_s)
+    assert [r.finish_time for r in overlapped.requests] == pytest.approx([r.finish_time for r in plain.requests])
+    assert sum(s.stats.num_preempted for s in plain.steps) > 0  # 40 blocks: the schedule is not trivial
