@@ -8,7 +8,10 @@ captured once).
 Stages, each written as soon as it is done (a stage is skipped once --deadline-s has passed):
 1. profile.csv: harness.profiling over the grid (rows "grid") and random shapes (rows "random");
 2. calibration/: a real run of a calibration workload (bench lengths, seed 1, short outputs, so
-   decode batches span 1..max_num_seqs), steps recorded with host times;
+   decode batches span 1..max_num_seqs), steps recorded with host times; then
+   calibration_online/: an online one, a later window of the Azure conversation trace (rows from
+   --online-calibration-start, which no target uses), so that the fit sees the small prefills
+   and ragged decodes that arrivals make, as they run in the serving loop;
 3. model.csv (fitted: executor time on the grid, host time on the calibration steps) and
    validation.csv (held-out errors: grid split, random shapes, the calibration run's steps);
 4. compare_<workload>/: harness.compare against model.csv: bench (nano-vllm's, offline), poisson
@@ -32,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from harness.calibration import validate  # noqa: E402
@@ -73,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--azure-rate-scale", type=float, default=1.0)
     parser.add_argument("--trace-dir", default=None, help="folder of azure_conv_2023.csv (default ../shared/traces)")
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    parser.add_argument("--online-calibration-start", type=int, default=10_000,
+                        help="first Azure trace row of the online calibration run (its rows: --azure-requests)")
+    parser.add_argument("--no-online-calibration", action="store_true")
     parser.add_argument("--deadline-s", type=float, default=450.0, help="start no stage after this many seconds")
     parser.add_argument("--git-commit", default="unknown")
     args = parser.parse_args(argv)
@@ -127,9 +134,20 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_once(run_config(base, calibration), False, executor=shared, record=True)
         write_outcome(outcome, out / "calibration", plots=False)
         stage_done("calibration_run", t0, overrides=calibration, steps=len(outcome.steps))
+        real_steps = outcome.steps
+        if not args.no_online_calibration:
+            t0 = time.perf_counter()
+            online = ["workload=trace_azure_conv", f"workload.start_row={args.online_calibration_start}",
+                      f"workload.num_requests={args.azure_requests}", f"workload.rate_scale={args.azure_rate_scale}"]
+            if args.trace_dir:
+                online.append(f"workload.trace_dir={args.trace_dir}")
+            online_outcome = run_once(run_config(base, online), False, executor=shared, record=True)
+            write_outcome(online_outcome, out / "calibration_online", plots=False)
+            real_steps = pd.concat([outcome.steps, online_outcome.steps], ignore_index=True)
+            stage_done("calibration_online_run", t0, overrides=online, steps=len(online_outcome.steps))
 
         t0 = time.perf_counter()
-        model, validation = validate(profile, outcome.steps, sizes)
+        model, validation = validate(profile, real_steps, sizes)
         model.to_csv(out / "model.csv")
         validation.to_csv(out / "validation.csv", index=False)
         print(validation.to_string(index=False, float_format=lambda v: f"{v:.4f}"), flush=True)
