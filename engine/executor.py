@@ -143,6 +143,7 @@ class EngineExecutor:
         self.device = device
         backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size)
         self.attention_backend = backend.name
+        self._spin_cycles_per_s: float | None = None  # hold_device's calibration
         # steps overlapped by the core loop (engine.overlap): it looks for this attribute
         self.overlaps_steps = engine_config.async_scheduling == "on" or (
             engine_config.async_scheduling == "auto" and device.type == "cuda" and tp == 1)
@@ -222,6 +223,22 @@ class EngineExecutor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepResult(tokens, time.perf_counter() - start)
+
+    def hold_device(self, seconds: float) -> bool:
+        """Queue a spin of about `seconds` on the device and return True (False on CPU, where
+        nothing is queued). Profiling uses it to time a step's device work alone: launched
+        behind the spin, the step's kernels are all queued before the device reaches them."""
+        if self.device.type != "cuda":
+            return False
+        if self._spin_cycles_per_s is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(10_000_000)
+            end.record()
+            end.synchronize()
+            self._spin_cycles_per_s = 10_000_000 / (start.elapsed_time(end) / 1e3)
+        torch.cuda._sleep(int(seconds * self._spin_cycles_per_s))
+        return True
 
     def submit(self, plan: StepPlan):
         """Queue the step and return a PendingTokens (engine.overlap); the loop uses this when

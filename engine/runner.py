@@ -321,6 +321,9 @@ class ModelRunner:
         if timer:
             timer.mark()
         started = time.perf_counter()
+        if plan.stats.step == 0:  # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
+            self._device_clock.last_end = None
+            self._device_clock.last_return = None
         batch = self.build_batch(plan)
         placeholders = placeholder_sources(plan, batch.query_start_loc, batch.input_ids, self._last_sampled_rows)
         cuda = self.device.type == "cuda"

@@ -6,7 +6,8 @@ measured time, `host_s` = the loop's time around it).
 
 The fit uses the grid rows and the real steps for the executor's time (a real run has what a grid
 of repeated shapes lacks: ragged batches that change every step, the loop between them), and the
-real steps' host_s for the host time. The random shapes are never fitted. Validation sets
+real steps' host_s for the host time. A profile of an engine that overlaps steps (it has launch_s)
+takes the executor's time from the grid alone: see fit_calibration. The random shapes are never fitted. Validation sets
 (validation table, one row per set and regime):
 - grid_split: a random 20% of the grid, predicted by a model fitted on the other 80% (+ real steps);
 - random_shapes: the random shapes (ragged, off-grid sizes), by the final model;
@@ -27,12 +28,19 @@ VALIDATION_SETS = ("grid_split", "random_shapes", "real_steps")
 
 
 def real_step_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """A recorded run's steps.csv as a step-timing table (duration_s = the executor's time)."""
+    """A recorded run's steps.csv as a step-timing table (duration_s = the executor's time), with
+    previous_duration_s: the measured duration of the step before (NaN for a run's first step),
+    which the profiled model's overlap pricing reads."""
     if "num_tokens" not in steps.columns:
         raise ValueError("steps table has no step features: record the run (engine runs record by default)")
     table = steps.rename(columns={"duration": "duration_s"})
     keep = [c for c in table.columns if c not in ("kind",)]
-    return table[keep]
+    table = table[keep].copy()
+    previous = table["duration_s"].shift(1)
+    if "step" in table.columns:
+        previous = previous.where(table["step"] != 0)
+    table["previous_duration_s"] = previous
+    return table
 
 
 def with_seeded_rows(steps: pd.DataFrame, temperature: float) -> pd.DataFrame:
@@ -57,7 +65,13 @@ def fit_calibration(profile: pd.DataFrame, real_steps: pd.DataFrame | None = Non
     grid = grid.drop(columns=["host_s"], errors="ignore")
     if real_steps is None or not len(real_steps):
         return ProfiledCostModel.fit(grid, graph_batch_sizes)
-    real = real_step_table(real_steps)
+    real = real_step_table(real_steps).drop(columns=["previous_duration_s"])
+    if "launch_s" in grid.columns:
+        # NOTE: an overlapping engine's profile: the grid measured each shape as the engine serves
+        # it, and what a real step's predecessor hid of it is priced separately (sim.profiled), so
+        # the real steps' durations (hidden part already taken off) would fit the wrong quantity.
+        return ProfiledCostModel.fit(pd.concat([grid, real.assign(duration_s=np.nan)], ignore_index=True),
+                                     graph_batch_sizes)
     first = ProfiledCostModel.fit(grid, graph_batch_sizes)
     stalled = real["duration_s"].to_numpy() > STALL_FACTOR * _quiet(first.predict, real)
     real = real.assign(duration_s=real["duration_s"].where(~stalled))

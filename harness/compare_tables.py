@@ -89,6 +89,8 @@ def replay(engine_steps: pd.DataFrame, predictors: dict[str, object]) -> pd.Data
                         "measured_execute_s": steps["duration"], "measured_host_s": host})
     out["measured_s"] = out["measured_execute_s"] + out["measured_host_s"]
     table = steps.rename(columns={"duration": "duration_s"})
+    # the measured predecessor of each step: what it hid of an overlapped eager step (sim.profiled)
+    table["previous_duration_s"] = table["duration_s"].shift(1).where(table["step"] != 0)
     for name, model in predictors.items():
         if isinstance(model, RooflineCostModel):
             predicted = roofline_step_times(model, table)

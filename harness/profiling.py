@@ -9,7 +9,10 @@ holds sim.features.step_features of the plan and the mean of the executor's own 
 durations (EngineExecutor synchronises, so that is the step's time on the device), repeats more
 than STALL x the median left out. An executor that overlaps steps (async scheduling) is timed as
 it serves: each repeat is submitted before the previous one's result is read, and its duration is
-its span on the device (engine.overlap), so host work it hides is not counted.
+its span on the device (engine.overlap), so host work it hides is not counted; such rows also
+carry launch_s (host time of submit()) and gpu_s (the span with the device held busy until the
+step was fully queued: its device time alone), from which sim.profiled prices how much of a
+launch-bound step (an eager prefill) the step before it hides.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
 (batch x mean context, contexts spread over [mean/2, 3 mean/2]), mixed steps (one prefill chunk
@@ -155,20 +158,57 @@ def time_plan(executor, plan: StepPlan, grid: ProfileGrid) -> list[float]:
         executor.execute(plan)
     durations: list[float] = []
     started = time.perf_counter()
-    pending = executor.submit(plan) if getattr(executor, "overlaps_steps", False) else None
     while len(durations) < grid.repeats:
-        if pending is None:
-            durations.append(executor.execute(plan).duration_s)
-        else:
-            last = len(durations) + 1 >= grid.repeats
-            following = None if last else executor.submit(plan)
-            durations.append(pending.result().duration_s)
-            pending = following
+        durations.append(executor.execute(plan).duration_s)
+        if len(durations) >= grid.min_repeats and time.perf_counter() - started > grid.max_seconds_per_shape:
+            break
+    return durations
+
+
+@dataclass
+class OverlappedTiming:
+    durations: list[float]  # spans of repeats submitted back to back
+    launch_s: float  # mean host time of one submit(): building, uploading and launching the step
+    gpu_s: float | None  # mean span with the device held busy until every launch was queued
+
+
+def time_plan_overlapped(executor, plan: StepPlan, grid: ProfileGrid) -> OverlappedTiming:
+    """Time a shape as an overlapping executor serves it: each repeat submitted before the
+    previous one's result is read. Also the two things that decide how much of a launch-bound
+    step the previous step hides (sim.profiled): the host time of submit() and, where the
+    executor can hold its device (hold_device), the device time alone."""
+    for _ in range(grid.warmup):
+        executor.execute(plan)
+    durations: list[float] = []
+    launches: list[float] = []
+    started = time.perf_counter()
+
+    def submit():
+        t = time.perf_counter()
+        pending = executor.submit(plan)
+        launches.append(time.perf_counter() - t)
+        return pending
+
+    pending = submit()
+    while len(durations) < grid.repeats:
+        last = len(durations) + 1 >= grid.repeats
+        following = None if last else submit()
+        durations.append(pending.result().duration_s)
+        pending = following
         if len(durations) >= grid.min_repeats and time.perf_counter() - started > grid.max_seconds_per_shape:
             break
     if pending is not None:
         pending.result()  # the device must be done with it before the next shape's blocks are reused
-    return durations
+    launch = statistics.median(launches)
+    gpu = None
+    hold = getattr(executor, "hold_device", None)
+    # the hold must outlast the launches, so that the step's work queues up behind it
+    if hold is not None and hold(2 * launch + 0.005):
+        spans = [executor.submit(plan).result().duration_s]
+        hold(2 * launch + 0.005)
+        spans.append(executor.submit(plan).result().duration_s)
+        gpu = min(spans)
+    return OverlappedTiming(durations, launch, gpu)
 
 
 @contextlib.contextmanager
@@ -200,15 +240,22 @@ def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graph_
         if kind == "decode" and graph_batch_sizes and (shape_set == "random" or len(entries) in grid.eager_decode_batches):
             modes.append(False)
         for graphs in modes:
+            extra = {}
             with graphs_bypassed(executor) if not graphs and graph_batch_sizes else contextlib.nullcontext():
-                durations = time_plan(executor, plan, grid)
+                if getattr(executor, "overlaps_steps", False):
+                    timing = time_plan_overlapped(executor, plan, grid)
+                    durations = timing.durations
+                    extra = {"launch_s": timing.launch_s, "gpu_s": timing.gpu_s}
+                else:
+                    durations = time_plan(executor, plan, grid)
             row = step_features(plan, graph_batch_sizes if graphs else ())
             median = statistics.median(durations)
             # The mean, as the clock sums step times (host-bound steps vary a lot between repeats);
             # a repeat beyond STALL x the median is a collector pause, not the shape's cost.
             kept = [d for d in durations if d <= STALL * median]
             row.update(set=shape_set, kind=kind, duration_s=sum(kept) / len(kept), duration_median_s=median,
-                       duration_min_s=min(durations), duration_max_s=max(durations), repeats=len(durations))
+                       duration_min_s=min(durations), duration_max_s=max(durations), repeats=len(durations),
+                       **extra)
             rows.append(row)
             if progress is not None:
                 progress(len(rows), row)

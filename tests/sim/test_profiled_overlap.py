@@ -1,0 +1,85 @@
+"""Overlap pricing of the profiled model (async scheduling): an eager, launch-bound step is partly
+hidden behind the step before it; a device-bound one is not; nothing is hidden at a run's start."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.features import step_features
+from sim.profiled import ProfiledCostModel
+from tests.sim.helpers import decode_batch, plan, prefill
+from tests.sim.test_profiled import GRAPH, grid_plans, true_time
+
+LAUNCH_PREFILL = 0.005  # host time to launch an eager prefill: longer than a small one's kernels
+LAUNCH_DECODE = 0.001
+
+
+def overlapping_profile() -> pd.DataFrame:
+    rows = []
+    for p in grid_plans():
+        f = step_features(p, GRAPH)
+        gpu = true_time(f)
+        launch = LAUNCH_PREFILL if f["num_prefill_tokens"] else LAUNCH_DECODE
+        # repeats submitted back to back: a step takes the longer of its launches and its kernels
+        rows.append({**f, "duration_s": max(gpu, launch), "launch_s": launch, "gpu_s": gpu})
+    return pd.DataFrame(rows)
+
+
+def at_step(p, step):
+    return dataclasses.replace(p, stats=dataclasses.replace(p.stats, step=step))
+
+
+@pytest.fixture(scope="module")
+def model():
+    fitted = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
+    assert fitted.prices_overlap
+    return fitted
+
+
+def test_a_launch_bound_prefill_hides_behind_the_decode_before_it(model):
+    small = plan(prefill(300))
+    decode = decode_batch([1000] * 50)
+    alone = model.step_time(at_step(small, 0))
+    assert alone == pytest.approx(LAUNCH_PREFILL, rel=0.02)
+    decode_time = model.step_time(at_step(decode, 1))
+    after = model.step_time(at_step(small, 2))
+    gpu = true_time(step_features(small, GRAPH))
+    free = decode_time - LAUNCH_DECODE  # host time left free while the decode ran
+    assert after == pytest.approx(max(gpu, LAUNCH_PREFILL - free), rel=0.02)
+    assert gpu < after < alone
+
+
+def test_a_device_bound_prefill_is_not_shortened(model):
+    big = plan(prefill(16384))
+    gpu = true_time(step_features(big, GRAPH))
+    assert gpu > LAUNCH_PREFILL
+    model.step_time(at_step(decode_batch([3000] * 200), 1))
+    assert model.step_time(at_step(big, 2)) == pytest.approx(gpu, rel=0.02)
+
+
+def test_back_to_back_prefills_hide_nothing(model):
+    # the host spent the whole previous (launch-bound) step launching it
+    small = plan(prefill(300))
+    first = model.step_time(at_step(small, 0))
+    assert model.step_time(at_step(small, 2)) == pytest.approx(first, rel=0.02)
+
+
+def test_table_prediction_uses_each_rows_measured_predecessor(model, tmp_path):
+    steps = [decode_batch([3000] * 200), plan(prefill(300)), decode_batch([2000] * 100), plan(prefill(500))]
+    table = pd.DataFrame([step_features(p, GRAPH) for p in steps])
+    measured = np.array([0.012, 0.011, 0.006, 0.016])
+    table = table.assign(duration_s=measured, previous_duration_s=np.r_[np.nan, measured[:-1]])
+    predicted = model.predict(table)
+    for i in (1, 3):
+        gpu = true_time(table.iloc[i])
+        assert predicted[i] == pytest.approx(max(gpu, LAUNCH_PREFILL - (measured[i - 1] - LAUNCH_DECODE)), rel=0.02)
+    alone = model.predict(table.drop(columns=["previous_duration_s"]))
+    assert alone[1] == pytest.approx(LAUNCH_PREFILL, rel=0.02) and predicted[1] < alone[1]
+    # the overlap fits survive a save and load
+    model.to_csv(tmp_path / "coef.csv")
+    loaded = ProfiledCostModel.load(tmp_path / "coef.csv", GRAPH)
+    assert loaded.prices_overlap and np.allclose(loaded.predict(table), predicted, rtol=1e-9)
