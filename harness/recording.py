@@ -15,7 +15,8 @@ Columns:
   sum(duration + host_s) + time asleep = the time the last execute() returned.
   With overlapped steps (submit()), host_s is the executor's idle_s, the time the device waited
   for the step after the previous one ended, less the sleep in that gap: the host time that was
-  not hidden behind the device.
+  not hidden behind the device; and launch_s, the host time of the submit() call (building,
+  uploading and launching the step), which sim.profiled fits the launch time of eager steps on.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class _RecordingExecutor:
         if rec.wall:
             gap = entered - rec._last_exit - (rec.asleep_s - rec._asleep_at_exit)
             host = gap + (left - entered - result.duration_s)
-        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), host))
+        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), host, None))
         rec._last_exit = left
         rec._asleep_at_exit = rec.asleep_s
         return result
@@ -101,8 +102,10 @@ class _RecordingExecutor:
         """Overlapped steps: the row is built now, its host_s filled in when the result is read."""
         rec = self._recorder
         asleep_before = rec.asleep_s - rec._asleep_at_exit
+        submitted = time.perf_counter()
         pending = self._inner.submit(plan)
-        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), None))
+        launch = time.perf_counter() - submitted
+        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), None, launch))
         return _RecordedPending(pending, rec, len(rec.rows) - 1, asleep_before)
 
     def shutdown(self) -> None:
@@ -122,7 +125,7 @@ class _RecordedPending:
         if rec.wall:
             # the device's idle gap before the step, less the loop's sleep for arrivals in it
             host = max(0.0, (result.idle_s or 0.0) - self._asleep_s)
-            rec.rows[self._row] = (*rec.rows[self._row][:-1], host)
+            rec.rows[self._row] = (*rec.rows[self._row][:-2], host, rec.rows[self._row][-1])
         rec._asleep_at_exit = rec.asleep_s
         return result
 
@@ -144,5 +147,9 @@ class StepRecorder:
         return _RecordingExecutor(executor, self), _RecordingClock(clock, self)
 
     def frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s"])
-        return frame if self.wall else frame.drop(columns=["host_s"])
+        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s", "launch_s"])
+        if not self.wall:
+            frame = frame.drop(columns=["host_s"])
+        if frame["launch_s"].isna().all():  # steps not overlapped: nothing was launched ahead
+            frame = frame.drop(columns=["launch_s"])
+        return frame

@@ -21,10 +21,13 @@ Overlapped steps (async scheduling): the engine launches step N+1 from the host 
 still runs step N, so an eager step whose launches take longer than its device work (a small
 prefill: ~20 ms of Python launches for Qwen3-0.6B against ~2 ms of kernels) is partly hidden
 behind the step before it. A profile of an overlapping engine (harness.profiling) measures, per
-shape, launch_s (host time of submit()) and gpu_s (device time alone); then two more fits per
-regime, "launch:<regime>" and "gpu:<regime>", and step_time() prices an eager step as
-max(gpu, duration - hidden) with hidden = min(max(0, launch - gpu), the host time left free
-during the previous step = its priced duration less its own launch time). predict() does the
+shape, launch_s (host time of submit()) and gpu_s (device time alone), and a real run records
+launch_s of every step; then two more fits per regime, "launch:<regime>" and "gpu:<regime>", and
+step_time() prices an eager step as max(gpu, duration - hidden) with hidden = min(max(0, launch -
+gpu), the host time left free during the previous step = its priced duration less its own launch
+time less launch_delay_s, the loop's own work before it launches the next step: reading the
+previous result, update(), schedule(), building the batch; fitted on real steps,
+harness.calibration). predict() does the
 same for a table in step order when it has a previous_duration_s column (the measured duration
 of each row's predecessor), and otherwise prices each step alone.
 """
@@ -125,6 +128,7 @@ class ProfiledCostModel:
         self._warned: set[tuple[str, str]] = set()
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
+        self.launch_delay_s = 0.0  # see the module docstring
 
     # ---- fitting and persistence --------------------------------------------------------------
 
@@ -166,6 +170,8 @@ class ProfiledCostModel:
             rows += [(regime, "knot", fit.size_feature, k, v) for k, v in zip(fit.knots, fit.knot_values)]
             rows += [(regime, "linear", f, 0.0, c) for f, c in zip(fit.linear_features, fit.linear_coefs)]
             rows += [(regime, "range", f, lo, hi) for f, lo, hi in fit.ranges]
+        if self.prices_overlap:
+            rows.append(("overlap", "constant", "launch_delay_s", 0.0, self.launch_delay_s))
         pd.DataFrame(rows, columns=["regime", "kind", "name", "x", "value"]).to_csv(path, index=False)
 
     @classmethod
@@ -181,6 +187,8 @@ class ProfiledCostModel:
             raise ValueError(f"{path}: neither a step-timing table (needs duration_s) nor saved coefficients "
                              "(needs regime, kind, name, x, value)")
         fits = {}
+        constants = df[df["kind"] == "constant"]
+        df = df[df["kind"] != "constant"]
         for regime, part in df.groupby("regime", sort=False):
             knots = part[part["kind"] == "knot"]
             linear = part[part["kind"] == "linear"]
@@ -188,7 +196,11 @@ class ProfiledCostModel:
             fits[regime] = PiecewiseLinearFit(
                 str(knots["name"].iloc[0]), tuple(knots["x"]), tuple(knots["value"]), tuple(linear["name"]),
                 tuple(linear["value"]), tuple(zip(ranges["name"], ranges["x"], ranges["value"])))
-        return cls(fits, graph_batch_sizes)
+        model = cls(fits, graph_batch_sizes)
+        for _, row in constants.iterrows():
+            if row["name"] == "launch_delay_s":
+                model.launch_delay_s = float(row["value"])
+        return model
 
     # ---- prediction -----------------------------------------------------------------------------
 
@@ -218,7 +230,7 @@ class ProfiledCostModel:
             return duration
         gpu = self._part("gpu", features)
         hideable = max(0.0, self._part("launch", features) - gpu)
-        free = max(0.0, previous[0] - previous[1])
+        free = max(0.0, previous[0] - previous[1] - self.launch_delay_s)
         return max(gpu, duration - min(hideable, free), _MIN_DURATION_S)
 
     def _part(self, part: str, features: Mapping[str, float]) -> float:
