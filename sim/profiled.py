@@ -23,13 +23,13 @@ prefill: ~20 ms of Python launches for Qwen3-0.6B against ~2 ms of kernels) is p
 behind the step before it. A profile of an overlapping engine (harness.profiling) measures, per
 shape, launch_s (host time of submit()) and gpu_s (device time alone), and a real run records
 launch_s of every step; then two more fits per regime, "launch:<regime>" and "gpu:<regime>", and
-step_time() prices an eager step as max(gpu, duration - hidden) with hidden = min(max(0, launch -
+step_time() prices an eager step as max(gpu, launch - hidden) with hidden = min(max(0, launch -
 gpu), the host time left free during the previous step = its priced duration less its own launch
 time less launch_delay_s, the loop's own work before it launches the next step: reading the
 previous result, update(), schedule(), building the batch; fitted on real steps,
 harness.calibration). predict() does the
-same for a table in step order when it has a previous_duration_s column (the measured duration
-of each row's predecessor), and otherwise prices each step alone.
+same for a table in step order with its previous_duration_s column (the measured duration of each
+row's predecessor; without it each step is priced alone).
 """
 
 from __future__ import annotations
@@ -224,14 +224,17 @@ class ProfiledCostModel:
 
     def overlapped(self, features: Mapping[str, float], duration: float,
                    previous: tuple[float, float] | None) -> float:
-        """An eager step's duration less what the previous step (its duration, its launch time)
-        hides of its launches; other steps unchanged."""
-        if previous is None or _regime(features) not in EAGER_REGIMES:
+        """An eager step: the longer of its device time and its launch time, less what the
+        previous step (its duration, its launch time) hides of the launches. Other steps (CUDA
+        graphs, launched in one call) keep the grid's duration."""
+        if _regime(features) not in EAGER_REGIMES:
             return duration
-        gpu = self._part("gpu", features)
-        hideable = max(0.0, self._part("launch", features) - gpu)
-        free = max(0.0, previous[0] - previous[1] - self.launch_delay_s)
-        return max(gpu, duration - min(hideable, free), _MIN_DURATION_S)
+        gpu, launch = self._part("gpu", features), self._part("launch", features)
+        hidden = 0.0
+        if previous is not None:
+            free = max(0.0, previous[0] - previous[1] - self.launch_delay_s)
+            hidden = min(max(0.0, launch - gpu), free)
+        return max(gpu, launch - hidden, _MIN_DURATION_S)
 
     def _part(self, part: str, features: Mapping[str, float]) -> float:
         regime = _regime(features)
@@ -267,12 +270,12 @@ class ProfiledCostModel:
         df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
         rows = df.to_dict("records")
         predicted = np.array([self.predict_features(row) for row in rows])
-        if self.prices_overlap and "previous_duration_s" in df.columns and len(rows):
+        if self.prices_overlap:
             launches = [self._part("launch", row) for row in rows]
-            for i in range(1, len(rows)):
-                before = rows[i]["previous_duration_s"]
-                if before == before:  # not NaN
-                    predicted[i] = self.overlapped(rows[i], predicted[i], (before, launches[i - 1]))
+            for i, row in enumerate(rows):
+                before = row.get("previous_duration_s", float("nan")) if i else float("nan")
+                previous = (before, launches[i - 1]) if before == before else None  # NaN: priced alone
+                predicted[i] = self.overlapped(row, predicted[i], previous)
         if include_host:
             predicted += np.array([self.host_time(row) for row in rows])
         return predicted
