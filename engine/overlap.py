@@ -9,7 +9,11 @@ recorded after it.
 
 Timing comes from CUDA events around each step's device work: duration_s runs from when the step
 could start on the device (its first queued work, or the previous step's end if later) to its
-end, and idle_s is the gap before it, when the device had nothing queued. On CPU, where queuing
+end, and idle_s is the gap before it, when the device had nothing queued. ready_age_s says how
+long before result() returned the ids were on the host (the end event, mapped to the host's
+clock through an anchor event taken at the runner's first submit()): the loop reads step N only after it
+has launched step N+1, which for an eager prefill takes tens of milliseconds of Python, and the
+tokens should not be stamped late by that. On CPU, where queuing
 is executing, duration_s is the wall time of submit() and idle_s the wall time since the
 previous submit() returned.
 """
@@ -53,6 +57,17 @@ class DeviceClock:
     cuda: bool
     last_end: torch.cuda.Event | None = None
     last_return: float | None = None  # CPU: when the previous submit() returned
+    # an event completed at a known perf_counter() time: maps later events to the host's clock
+    anchor: torch.cuda.Event | None = None
+    anchor_wall: float = 0.0
+
+    def set_anchor(self) -> None:
+        """Call with nothing queued on the device; once is enough (the two clocks drift by parts
+        per million)."""
+        self.anchor = torch.cuda.Event(enable_timing=True)
+        self.anchor.record()
+        self.anchor.synchronize()
+        self.anchor_wall = time.perf_counter()
 
 
 @dataclass
@@ -67,6 +82,7 @@ class PendingTokens:
     previous_end: torch.cuda.Event | None
     wall_duration_s: float = 0.0
     wall_idle_s: float | None = None
+    clock: DeviceClock | None = None  # for the ready time of the ids (its anchor)
     on_done: object = None  # callable run once the step's events are complete (the step timer)
     _taken: bool = field(default=False, repr=False)
 
@@ -75,10 +91,15 @@ class PendingTokens:
             raise RuntimeError("PendingTokens.result() called twice for one step")
         self._taken = True
         tokens = [-1] * self.num_entries
+        age = 0.0
         if self.end is not None:
             self.end.synchronize()
             duration = self.start.elapsed_time(self.end) / 1e3
             idle = 0.0 if self.previous_end is None else max(0.0, self.previous_end.elapsed_time(self.start) / 1e3)
+            clock = self.clock
+            if clock is not None and clock.anchor is not None:
+                ready = clock.anchor_wall + clock.anchor.elapsed_time(self.end) / 1e3
+                age = max(0.0, time.perf_counter() - ready)
         else:
             duration, idle = self.wall_duration_s, self.wall_idle_s
         if self.host_ids is not None:
@@ -86,7 +107,7 @@ class PendingTokens:
                 tokens[row] = token
         if self.on_done is not None:
             self.on_done()
-        return StepResult(tokens, duration, idle)
+        return StepResult(tokens, duration, idle, age)
 
 
 def wall_pending(clock: DeviceClock, started: float, num_entries: int, sample_rows: list[int],

@@ -324,6 +324,8 @@ class ModelRunner:
         if plan.stats.step == 0:  # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
             self._device_clock.last_end = None
             self._device_clock.last_return = None
+        if self.device.type == "cuda" and self._device_clock.anchor is None:
+            self._device_clock.set_anchor()  # once: the first submit() finds the device idle (loading synchronised)
         batch = self.build_batch(plan)
         placeholders = placeholder_sources(plan, batch.query_start_loc, batch.input_ids, self._last_sampled_rows)
         cuda = self.device.type == "cuda"
@@ -368,7 +370,7 @@ class ModelRunner:
         end.record()
         clock = self._device_clock
         pending = PendingTokens(len(plan.scheduled), inputs.sample_rows, host_ids, start, end, clock.last_end,
-                                on_done=on_done)
+                                on_done=on_done, clock=clock)
         clock.last_end = end
         return pending
 

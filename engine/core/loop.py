@@ -99,7 +99,7 @@ def run(
 
     def complete(plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
         clock.advance(step_result.duration_s)
-        end = clock.now()
+        end = clock.now() - step_result.ready_age_s
         finished = scheduler.update(plan, step_result, end)
         # an overlapped step was planned while its predecessor ran: it started when it ended, less its duration
         start = end - step_result.duration_s if overlap else planned_at

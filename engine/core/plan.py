@@ -95,6 +95,10 @@ class StepResult:
     token_ids: list[int]
     duration_s: float
     idle_s: float | None = None
+    # Overlapped steps on a wall clock: how long ago (when result() returned) the tokens became
+    # ready on the host. The loop stamps them with that time, as a server streaming them from
+    # another thread would, not with the later moment its single thread got round to reading them.
+    ready_age_s: float = 0.0
 
 
 class PendingStep(Protocol):
