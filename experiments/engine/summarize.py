@@ -46,7 +46,7 @@ def main(out_dir: str) -> None:
     steps = pd.read_csv(out / "steps.csv")
     head = bench.iloc[0]
     md = [f"# Engine bench ({head.device})", "",
-          f"- date (UTC): {head.date_utc}", f"- command(s): " + "; ".join(f"`{c}`" for c in bench.command.unique()),
+          f"- date (UTC): {head.date_utc}", "- command(s): " + "; ".join(f"`{c}`" for c in bench.command.unique()),
           "- workload: nano-vllm's bench (256 requests, seed 0, prompt/output lengths uniform in [100, 1024], "
           "token ids < 10,000, temperature 0.6, ignore_eos, max_model_len 4096), after one warm-up generate",
           "- output tok/s = generated tokens / wall time of generate(); prefill and decode rates are tokens "
