@@ -189,6 +189,8 @@ class Scheduler:
             if request is None:  # aborted, or stopped on EOS in an earlier step
                 continue
             index = entry.num_computed_tokens + len(entry.token_ids)
+            if index >= len(request.token_ids) or request.token_ids[index] != PLACEHOLDER:
+                continue  # a stale step of a stopped request whose id a new request took
             request.token_ids[index] = token
             request.num_pending_tokens -= 1
             if request.first_token_time is None:

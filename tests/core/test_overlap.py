@@ -93,3 +93,22 @@ def test_a_request_stopped_by_eos_computes_one_discarded_token_in_the_overlapped
     assert [len(p.scheduled) for p in executor.plans] == [1, 1]
     assert executor.plans[1].scheduled[0].token_ids == [PLACEHOLDER]
     assert len(result.steps) == 2
+
+
+def test_a_stale_step_never_writes_into_a_new_request_that_reused_the_id():
+    from engine.core import KVCacheSpec
+    from engine.core.plan import StepResult
+
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    scheduler = make_scheduler(config, KVCacheSpec(16, 4), eos_token_id=EOS)
+    scheduler.add(Request("a", [1, 2, 3], SamplingParams(max_tokens=10)))
+    prefill = scheduler.schedule()
+    decode = scheduler.schedule()  # planned before the prefill's token is known
+    assert decode.scheduled[0].token_ids == [PLACEHOLDER]
+    (stopped,) = scheduler.update(prefill, StepResult([EOS], 0.0))
+    assert stopped.finish_reason.value == "eos" and stopped.token_ids == [1, 2, 3, EOS]
+    reused = Request("a", [5, 6], SamplingParams(max_tokens=4))
+    scheduler.add(reused)
+    assert scheduler.update(decode, StepResult([99], 0.0)) == []
+    assert reused.token_ids == [5, 6] and stopped.token_ids == [1, 2, 3, EOS]
+    assert scheduler.block_manager.num_free_blocks == 16
