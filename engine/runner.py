@@ -301,10 +301,7 @@ class ModelRunner:
         if plan is None:
             return None
         tokens = [-1] * len(plan.scheduled)
-        entries = [plan.scheduled[i] for i in inputs.sample_rows]
-        sampled = self.sampler.sample(
-            logits, [e.sampling_params for e in entries], [e.num_output_tokens for e in entries]
-        )
+        sampled, _ = self._sample(plan, inputs.sample_rows, logits)
         for row, token in zip(inputs.sample_rows, sampled.tolist()):
             tokens[row] = token
         if timer:
@@ -312,6 +309,12 @@ class ModelRunner:
             timer.finish(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
                          graph_size=batch.graph_size or 0)
         return tokens
+
+    def _sample(self, plan: StepPlan, sample_rows: list[int], logits: torch.Tensor):
+        """(sampled ids on the device [num_sampled], the entries they belong to)."""
+        entries = [plan.scheduled[i] for i in sample_rows]
+        params = [e.sampling_params for e in entries]
+        return self.sampler.sample(logits, params, [e.num_output_tokens for e in entries]), entries
 
     @torch.inference_mode()
     def submit(self, plan: StepPlan) -> PendingTokens:
@@ -346,9 +349,7 @@ class ModelRunner:
         self._last_sampled_rows = {}
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices], upcast=False)
-            entries = [plan.scheduled[i] for i in inputs.sample_rows]
-            sampled = self.sampler.sample(logits, [e.sampling_params for e in entries],
-                                          [e.num_output_tokens for e in entries])
+            sampled, entries = self._sample(plan, inputs.sample_rows, logits)
             self._last_sampled_rows = {e.request_id: k for k, e in enumerate(entries)}
         self._last_sampled = sampled
         on_done = None

@@ -210,15 +210,14 @@ class ProfiledCostModel:
 
     @property
     def prices_overlap(self) -> bool:
-        return all(f"{part}:{regime}" in self.fits for part in OVERLAP_PARTS for regime in ("prefill",))
+        return all(f"{part}:prefill" in self.fits for part in OVERLAP_PARTS)
 
     def step_time(self, plan: StepPlan) -> float:
         features = step_features(plan, self.graph_batch_sizes)
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
-            previous, self._previous = (self._previous if plan.stats.step else None), None
-            duration = self.overlapped(features, duration, previous)
+            duration = self.overlapped(features, duration, self._previous if plan.stats.step else None)
             self._previous = (duration, self._part("launch", features))
         return duration + self.host_time(features)
 
