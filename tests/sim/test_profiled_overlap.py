@@ -83,3 +83,28 @@ def test_table_prediction_uses_each_rows_measured_predecessor(model, tmp_path):
     model.to_csv(tmp_path / "coef.csv")
     loaded = ProfiledCostModel.load(tmp_path / "coef.csv", GRAPH)
     assert loaded.prices_overlap and np.allclose(loaded.predict(table), predicted, rtol=1e-9)
+
+
+def test_the_loop_delay_before_a_launch_is_recovered_from_real_steps():
+    from harness.calibration import fit_launch_delay
+
+    model = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
+    steps = [decode_batch([1000 + 40 * i] * (20 + 5 * i)) if i % 2 == 0 else plan(prefill(100 + 37 * i))
+             for i in range(12)]
+    table = pd.DataFrame([step_features(p, GRAPH) for p in steps])
+    rows = table.to_dict("records")
+    model.launch_delay_s = 0.0015  # what the "engine" had
+    measured = []
+    for i, row in enumerate(rows):
+        alone = model.predict_features(row)
+        previous = (measured[-1], model._part("launch", rows[i - 1])) if i else None
+        measured.append(model.overlapped(row, alone, previous))
+    real = table.assign(duration_s=measured, previous_duration_s=[np.nan] + measured[:-1])
+    model.launch_delay_s = 0.0
+    assert fit_launch_delay(model, real) == pytest.approx(0.0015)
+    # with nothing hidden in the measurements, the fitted delay leaves the host no free time
+    no_overlap = real.assign(duration_s=[model.overlapped(r, model.predict_features(r), None) for r in rows])
+    no_overlap = no_overlap.assign(previous_duration_s=[np.nan] + list(no_overlap["duration_s"][:-1]))
+    model.launch_delay_s = fit_launch_delay(model, no_overlap)
+    assert model.launch_delay_s > 0.0015
+    assert model.predict(no_overlap) == pytest.approx(no_overlap["duration_s"].to_numpy(), rel=1e-9)
