@@ -175,6 +175,11 @@ class EngineExecutor:
                     self.workers.replies("capture")
                 log.info("captured %d decode CUDA graphs (batch sizes up to %d) in %.1f s",
                          len(self.runner.graphs.sizes), self.runner.graphs.max_batch, time.perf_counter() - start)
+            # a given block count skipped the profiling steps that compile the kernels
+            if device.type == "cuda" and cache_config.num_blocks is not None and not self.workers:
+                if not self.runner.warm_up():
+                    log.warning("cache of %d blocks is smaller than one max_model_len sequence: no warm-up; "
+                                "the first steps will include kernel compilation", num_blocks)
         except BaseException:
             self.shutdown()
             raise

@@ -31,7 +31,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
 from engine.host_staging import HostStaging
-from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory
+from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory, warmup_plans
 from engine.layers.fused import set_fused_kernels
 from engine.models.arch import ModelArch
 from engine.overlap import DeviceClock, PendingTokens, placeholder_sources, wall_pending
@@ -162,6 +162,21 @@ class ModelRunner:
         # Every running sequence at full length, within the budget, but never less than one
         # full-length sequence (the scheduler would reject any request that cannot fit alone).
         return max(per_seq, min(per_seq * cfg.max_num_seqs, CPU_KV_CACHE_BYTES // self.block_bytes))
+
+    def warm_up(self) -> bool:
+        """Run the largest steps (kv_sizing.warmup_plans) once over the allocated cache, so that
+        kernel compilation and first-use costs land here, not in a measured run's first steps
+        (2.7 s on the first step of an H100 run with a pinned block count). Profiling does this
+        when it sizes the cache; call it when the block count was given. Needs a cache of at
+        least one max_model_len sequence (the plans share blocks 0..n-1); False when smaller."""
+        if self.kv_cache is None or self.num_blocks < self.max_blocks_per_seq:
+            return False
+        with torch.inference_mode():
+            for plan in warmup_plans(self.scheduler_config, self.block_size):
+                self.execute(plan)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return True
 
     def free_kv_cache(self) -> None:
         self.graphs = None  # graphs hold the cache's addresses

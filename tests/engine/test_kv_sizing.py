@@ -104,3 +104,17 @@ def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
         assert total - free <= total * utilization + GIB  # slack: allocator rounding and fragmentation
     finally:
         executor.shutdown()
+
+
+def test_warm_up_runs_over_a_given_cache_and_leaves_no_trace(tiny_qwen3_dir):
+    from engine import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+    fresh = LLM(tiny_qwen3_dir, device="cpu", max_model_len=64, block_size=8, num_blocks=16, max_num_seqs=4)
+    expected = [o.token_ids for o in fresh.generate(prompts, greedy, use_tqdm=False)]
+    warmed = LLM(tiny_qwen3_dir, device="cpu", max_model_len=64, block_size=8, num_blocks=16, max_num_seqs=4)
+    assert warmed.executor.runner.warm_up()  # 16 blocks hold one 64-token sequence
+    assert [o.token_ids for o in warmed.generate(prompts, greedy, use_tqdm=False)] == expected
+    small = LLM(tiny_qwen3_dir, device="cpu", max_model_len=64, block_size=8, num_blocks=4, max_num_seqs=4)
+    assert not small.executor.runner.warm_up()
