@@ -54,7 +54,6 @@ def placeholder_sources(plan: StepPlan, query_start_loc: np.ndarray, input_ids: 
 class DeviceClock:
     """End of the previous step on the device, to measure the next step's idle gap against."""
 
-    cuda: bool
     last_end: torch.cuda.Event | None = None
     last_return: float | None = None  # CPU: when the previous submit() returned
     # an event completed at a known perf_counter() time: maps later events to the host's clock

@@ -130,7 +130,7 @@ class ModelRunner:
         # request's row in them; two pinned buffers the ids come back through, used in turn
         self._last_sampled: torch.Tensor | None = None
         self._last_sampled_rows: dict[str, int] = {}
-        self._device_clock = DeviceClock(self.device.type == "cuda")
+        self._device_clock = DeviceClock()
         self._host_ids: list[torch.Tensor] = []
         self._host_ids_turn = 0
 
