@@ -26,7 +26,7 @@ class EngineConfig:
     device: "auto" is CUDA when available, else CPU.
     attention_backend: "auto" resolves in engine.attention (flash_attn, then triton on CUDA;
         torch everywhere else).
-    enforce_eager: disable CUDA-graph capture of decode steps (no effect on CPU).
+    enforce_eager: disable CUDA-graph capture (no effect on CPU).
     gpu_memory_utilization: fraction of device memory the engine may hold (weights, activations
         and the KV cache); the KV cache is sized to fill what is left.
     seed: seeds the sampling stream of requests that bring no seed of their own.
@@ -39,6 +39,10 @@ class EngineConfig:
         (engine.core.loop, engine.overlap); "auto" (default) turns it on on CUDA with
         tensor_parallel_size 1; "off" runs each step to completion first. A request stopped by
         EOS or a stop token then computes one more token, which is discarded.
+    prefill_graph_tokens: prefill and mixed steps of up to this many tokens replay CUDA graphs
+        captured at the sizes of engine.core.graph_sizes (padded; Triton attention only, none
+        with enforce_eager); 0 runs them eagerly, where a small one is bound by its Python
+        launches (engine.prefill_graphs). Capped by max_num_batched_tokens.
     """
 
     model: str
@@ -51,6 +55,7 @@ class EngineConfig:
     seed: int = 0
     fused_kernels: str = "triton"
     async_scheduling: str = "auto"
+    prefill_graph_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -71,6 +76,9 @@ class EngineConfig:
         if self.async_scheduling == "on" and tp > 1:
             raise ValueError("EngineConfig.async_scheduling='on' needs tensor_parallel_size=1 (the other ranks "
                              f"would need the sampled ids before each step), got tensor_parallel_size={tp}")
+        pg = self.prefill_graph_tokens
+        if isinstance(pg, bool) or not isinstance(pg, int) or pg < 0:
+            raise ValueError(f"EngineConfig.prefill_graph_tokens must be an int >= 0 (0: eager prefill), got {pg!r}")
         seed = self.seed
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"EngineConfig.seed must be an int in [0, 2**63), got {seed!r}")

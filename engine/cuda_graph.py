@@ -8,7 +8,8 @@ kernel gives zeros for it and reads no cache). Their hidden states are never use
 
 Sizes follow nano-vllm: 1, 2, 4, 8, then multiples of 16 up to max_num_seqs (capped at
 MAX_GRAPH_BATCH); every graph shares one memory pool, and the largest is captured first so the
-pool is sized by it. Larger batches, prefill and mixed steps run eagerly.
+pool is sized by it. Larger batches run eagerly; prefill and mixed steps have graphs of their own
+(engine.prefill_graphs), captured first into the same pool.
 
 With capture=False nothing is captured: "replay" runs the model over the same static buffers
 eagerly. CPU tests use it to check the padding and buffer layout without a GPU.
@@ -47,6 +48,7 @@ class DecodeGraphs:
         max_seq_len: int,
         device: torch.device,
         capture: bool = True,
+        pool=None,  # a graph memory pool to capture into (the prefill graphs'), else a new one
     ) -> None:
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
@@ -69,7 +71,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
-            self._capture()
+            self._capture(pool)
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The graph that serves a decode batch of num_seqs rows, None if it is too large."""
@@ -122,8 +124,7 @@ class DecodeGraphs:
         meta.block_tables.zero_()
 
     @torch.inference_mode()
-    def _capture(self) -> None:
-        pool = None
+    def _capture(self, pool) -> None:
         for bs in reversed(self.sizes):
             self._set_padding(bs)
             ids, positions, meta = self.views(bs)

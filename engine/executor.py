@@ -149,6 +149,9 @@ class EngineExecutor:
             engine_config.async_scheduling == "auto" and device.type == "cuda" and tp == 1)
         self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
                                  and backend.name in GRAPH_CAPTURABLE_BACKENDS)
+        # prefill graphs need the Triton prefill kernel's tile maps (engine.prefill_graphs)
+        self.prefill_graph_tokens = engine_config.prefill_graph_tokens if (
+            self.uses_cuda_graphs and backend.name == "triton") else 0
         if device.type == "cuda" and not engine_config.enforce_eager and not self.uses_cuda_graphs:
             log.warning("attention backend %r cannot be captured in a CUDA graph: decode steps run eagerly",
                         backend.name)
@@ -169,12 +172,17 @@ class EngineExecutor:
             if self.uses_cuda_graphs:
                 start = time.perf_counter()
                 if self.workers:
-                    self.workers.send("capture")
+                    self.workers.send("capture", self.prefill_graph_tokens)
+                if self.prefill_graph_tokens:
+                    self.runner.capture_prefill_graphs(self.prefill_graph_tokens)
                 self.runner.capture_decode_graphs()
                 if self.workers:
                     self.workers.replies("capture")
-                log.info("captured %d decode CUDA graphs (batch sizes up to %d) in %.1f s",
-                         len(self.runner.graphs.sizes), self.runner.graphs.max_batch, time.perf_counter() - start)
+                prefill = self.runner.prefill_graphs
+                log.info("captured %d decode CUDA graphs (batch sizes up to %d) and %d prefill graphs (up to %d "
+                         "tokens) in %.1f s", len(self.runner.graphs.sizes), self.runner.graphs.max_batch,
+                         len(prefill.sizes) if prefill else 0, prefill.max_tokens if prefill else 0,
+                         time.perf_counter() - start)
             # a given block count skipped the profiling steps that compile the kernels
             if device.type == "cuda" and cache_config.num_blocks is not None and not self.workers:
                 if not self.runner.warm_up():

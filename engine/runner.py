@@ -2,7 +2,8 @@
 
 Per step: build the flat index arrays of the batch on the host (numpy, no per-token Python loop),
 upload them with one pinned, non-blocking copy per dtype, run the model over every scheduled
-token (a CUDA-graph replay for decode batches that have a graph, eagerly otherwise), compute
+token (a CUDA-graph replay for decode batches and for prefill or mixed steps that have a graph,
+eagerly otherwise), compute
 logits only at the last token of the requests that sample, and sample.
 
 The runner owns the paged KV cache: one allocation [num_layers, 2, num_blocks, block_size,
@@ -28,6 +29,7 @@ import torch
 from engine.attention.metadata import AttentionMetadata
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.graph_sizes import prefill_graph_sizes
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
 from engine.host_staging import HostStaging
@@ -35,8 +37,10 @@ from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory, warmu
 from engine.layers.fused import set_fused_kernels
 from engine.models.arch import ModelArch
 from engine.overlap import DeviceClock, PendingTokens, placeholder_sources, wall_pending
+from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
 from engine.step_timing import StepTimer
+from kernels.prefill_tiles import query_tiles
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +53,10 @@ CPU_KV_CACHE_BYTES = 512 * 1024**2
 class HostBatch:
     """A step's model inputs as host arrays: what the driver sends to the other TP ranks.
 
-    For a graph step (graph_size set) the rows are padded to graph_size: token 0, position 0,
-    slot -1, context length 0, and the block tables are max_blocks_per_seq wide.
+    For a decode graph step (graph_size set) the rows are padded to graph_size: token 0, position
+    0, slot -1, context length 0, and the block tables are max_blocks_per_seq wide. For a prefill
+    graph step (prefill_graph set) token rows are padded so to prefill_graph and sequence rows to
+    the graph's sequence count (no query tokens, context 0), and a tile map comes along.
     """
 
     input_ids: np.ndarray  # [rows] int64
@@ -65,14 +71,19 @@ class HostBatch:
     num_seqs: int  # real sequences (rows past it are graph padding)
     graph_size: int | None
     sample_rows: list[int]  # index into plan.scheduled of each sampling request
+    prefill_graph: int | None = None
+    tile_seq: np.ndarray | None = None  # [graph's tile count] int32 (kernels.prefill_tiles)
+    tile_start: np.ndarray | None = None
 
     def int64_arrays(self) -> list[np.ndarray]:
         # NOTE: this order is DecodeGraphs' buffer layout (ids, positions, slots, logits rows)
         return [self.input_ids, self.positions, self.slot_mapping, self.logits_indices]
 
     def int32_arrays(self) -> list[np.ndarray]:
-        # NOTE: DecodeGraphs' layout again (seq_lens, query_start_loc, block_tables)
-        return [self.seq_lens, self.query_start_loc, self.block_tables]
+        # NOTE: DecodeGraphs' layout again (seq_lens, query_start_loc, block_tables), then
+        # PrefillGraphs' tile map
+        arrays = [self.seq_lens, self.query_start_loc, self.block_tables]
+        return arrays if self.tile_seq is None else [*arrays, self.tile_seq, self.tile_start]
 
 
 @dataclass
@@ -84,6 +95,7 @@ class ModelInputs:
     sample_rows: list[int]
     num_seqs: int = 0
     graph_size: int | None = None
+    prefill_graph: int | None = None
 
 
 def _num_computed(entry) -> int:
@@ -125,6 +137,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.memory_profile: MemoryProfile | None = None
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.timer: StepTimer | None = None  # attach one to record per-step phase times
         # overlapped steps (submit()): the previous step's sampled ids, and each sampling
         # request's row in them; two pinned buffers the ids come back through, used in turn
@@ -179,7 +192,7 @@ class ModelRunner:
         return True
 
     def free_kv_cache(self) -> None:
-        self.graphs = None  # graphs hold the cache's addresses
+        self.graphs = self.prefill_graphs = None  # graphs hold the cache's addresses
         self.kv_caches = []
         self.kv_cache = None
         self.num_blocks = 0
@@ -199,8 +212,28 @@ class ModelRunner:
         if self.kv_cache is None:
             raise RuntimeError("capture_decode_graphs() needs the KV cache: call allocate_kv_cache() first")
         self.graphs = None  # release the old graphs' memory pool before capturing the new ones
+        # into the prefill graphs' pool where they were captured first: one pool for all
+        pool = self.prefill_graphs.pool if self.prefill_graphs is not None else None
         self.graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
-                                   self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture)
+                                   self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture,
+                                   pool)
+
+    def capture_prefill_graphs(self, max_tokens: int, capture: bool = True) -> None:
+        """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.prefill_graphs);
+        call before capture_decode_graphs, which then shares their memory pool. Needs an
+        attention backend that reads tile maps (Triton; the torch backend ignores them, which
+        serves capture=False on CPU)."""
+        if self.kv_cache is None:
+            raise RuntimeError("capture_prefill_graphs() needs the KV cache: call allocate_kv_cache() first")
+        self.graphs = self.prefill_graphs = None
+        sizes = prefill_graph_sizes(min(max_tokens, self.scheduler_config.max_num_batched_tokens))
+        if not sizes:
+            return
+        attn = self.model.model.layers[0].self_attn
+        self.prefill_graphs = PrefillGraphs(
+            self.model, self.kv_caches, sizes, self.scheduler_config.max_num_seqs, self.max_blocks_per_seq,
+            self.scheduler_config.max_model_len, attn.num_heads // attn.num_kv_heads, self.device, capture)
+        self.prefill_graphs.capture()
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -219,8 +252,13 @@ class ModelRunner:
         num_tokens = int(query_start_loc[-1])
         decode_only = num_tokens == n
         graph_size = self.graphs.padded_size(n) if self.graphs is not None and decode_only else None
-        rows = graph_size or n  # graph steps carry padding rows past n
-        input_ids = np.zeros(max(rows, num_tokens), np.int64)
+        prefill_graph = None
+        if self.prefill_graphs is not None and not decode_only:
+            prefill_graph = self.prefill_graphs.padded_size(num_tokens)
+        # graph steps carry padding rows past the step's tokens and sequences
+        token_rows = graph_size or prefill_graph or num_tokens
+        seq_rows = graph_size or (self.prefill_graphs.seqs(prefill_graph) if prefill_graph else n)
+        input_ids = np.zeros(token_rows, np.int64)
         input_ids[:num_tokens] = np.fromiter(chain.from_iterable(token_lists), np.int64, num_tokens)
         if decode_only:
             seq_of_token, positions = np.arange(n), starts
@@ -238,22 +276,32 @@ class ModelRunner:
         # NOTE: a fixed width for graphs; otherwise a multiple of 16, so that the Triton kernels,
         # which specialise on their integer arguments (the table's row stride among them), are
         # not recompiled in the middle of a run when the widest table changes.
-        width = self.max_blocks_per_seq if graph_size else -(-int(blocks_needed.max()) // 16) * 16
-        block_tables = np.zeros((rows, width), np.int32)  # padded with block 0
+        width = self.max_blocks_per_seq if graph_size or prefill_graph else -(-int(blocks_needed.max()) // 16) * 16
+        block_tables = np.zeros((seq_rows, width), np.int32)  # padded with block 0
         # a boolean mask fills row-major, the order of flat_tables
         block_tables[:n][np.arange(width) < blocks_needed[:, None]] = flat_tables
-        slot_mapping = np.full(rows if decode_only else num_tokens, -1, np.int64)
+        slot_mapping = np.full(token_rows, -1, np.int64)
         slot_mapping[:num_tokens] = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
         sample_rows = [i for i, e in enumerate(entries) if e.sample]
         logits_indices = query_start_loc[1:][sample_rows] - 1
-        if graph_size:
-            positions = np.concatenate([positions, np.zeros(rows - n, np.int64)])
-            seq_lens = np.concatenate([seq_lens, np.zeros(rows - n, np.int64)])
-            query_start_loc = np.arange(rows + 1)
+        max_query_len, max_seq_len = int(query_lens.max()), int(seq_lens.max())
+        tile_seq = tile_start = None
+        if prefill_graph:
+            graphs = self.prefill_graphs
+            tile_seq, tile_start = query_tiles(query_lens, seq_lens, graphs.block_q(prefill_graph),
+                                               graphs.num_tiles(prefill_graph))
+            query_start_loc = np.concatenate([query_start_loc, np.full(seq_rows - n, num_tokens)])
+        elif graph_size:
+            query_start_loc = np.arange(seq_rows + 1)
+        if token_rows > num_tokens:
+            positions = np.concatenate([positions, np.zeros(token_rows - num_tokens, np.int64)])
+        if seq_rows > n:
+            seq_lens = np.concatenate([seq_lens, np.zeros(seq_rows - n, np.int64)])
         return HostBatch(
             input_ids, positions, slot_mapping, logits_indices, seq_lens.astype(np.int32),
-            query_start_loc.astype(np.int32), block_tables, max_query_len=int(query_lens.max()),
-            max_seq_len=int(seq_lens.max()), num_seqs=n, graph_size=graph_size, sample_rows=sample_rows,
+            query_start_loc.astype(np.int32), block_tables, max_query_len=max_query_len,
+            max_seq_len=max_seq_len, num_seqs=n, graph_size=graph_size, sample_rows=sample_rows,
+            prefill_graph=prefill_graph, tile_seq=tile_seq, tile_start=tile_start,
         )
 
     def upload(self, batch: HostBatch) -> ModelInputs:
@@ -264,6 +312,14 @@ class ModelRunner:
             ids, pos, meta = self.graphs.views(batch.graph_size)
             rows = self.graphs.logits_rows(batch.graph_size, len(batch.sample_rows))
             return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs, batch.graph_size)
+        if batch.prefill_graph:
+            graphs = self.prefill_graphs
+            self.staging.upload(batch.int64_arrays(), torch.int64, out=graphs.int64)
+            self.staging.upload(batch.int32_arrays(), torch.int32, out=graphs.int32)
+            ids, pos, meta = graphs.views(batch.prefill_graph)
+            rows = graphs.logits_rows(batch.prefill_graph, len(batch.sample_rows))
+            return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs,
+                               prefill_graph=batch.prefill_graph)
         ids, pos, slots, rows = self.staging.upload(batch.int64_arrays(), torch.int64)
         lens, qsl, tables = self.staging.upload(batch.int32_arrays(), torch.int32)
         meta = AttentionMetadata(
@@ -283,6 +339,8 @@ class ModelRunner:
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
         if inputs.graph_size:
             return self.graphs.run(inputs.graph_size, inputs.num_seqs)
+        if inputs.prefill_graph:
+            return self.prefill_graphs.run(inputs.prefill_graph)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
 
     @torch.inference_mode()
@@ -322,7 +380,7 @@ class ModelRunner:
         if timer:
             timer.mark()
             timer.finish(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
-                         graph_size=batch.graph_size or 0)
+                         graph_size=batch.graph_size or batch.prefill_graph or 0)
         return tokens
 
     def _sample(self, plan: StepPlan, sample_rows: list[int], logits: torch.Tensor):
@@ -372,7 +430,7 @@ class ModelRunner:
             timer.mark()
             marks = timer.detach()
             fields = dict(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
-                          graph_size=batch.graph_size or 0)
+                          graph_size=batch.graph_size or batch.prefill_graph or 0)
             on_done = lambda: timer.record(*marks, **fields)  # noqa: E731 - once the events are complete
         if not cuda:
             pending = wall_pending(self._device_clock, started, len(plan.scheduled), inputs.sample_rows, sampled)

@@ -213,14 +213,15 @@ def time_plan_overlapped(executor, plan: StepPlan, grid: ProfileGrid) -> Overlap
 
 @contextlib.contextmanager
 def graphs_bypassed(executor) -> Iterator[None]:
-    """Run decode steps eagerly on an executor that captured CUDA graphs (the runner replays a
-    graph only while it holds them)."""
+    """Run steps eagerly on an executor that captured CUDA graphs (the runner replays a graph
+    only while it holds them), decode and prefill graphs alike."""
     runner = executor.runner
-    graphs, runner.graphs = runner.graphs, None
+    held = runner.graphs, runner.prefill_graphs
+    runner.graphs = runner.prefill_graphs = None
     try:
         yield
     finally:
-        runner.graphs = graphs
+        runner.graphs, runner.prefill_graphs = held
 
 
 def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graph_batch_sizes=(),

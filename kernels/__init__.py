@@ -7,6 +7,7 @@ Attention over the paged KV cache (`engine/attention/triton_backend.py`):
 - `kernels.store_kvcache`: scatter new K/V rows into the paged cache.
 - `kernels.decode_attention`: split-KV (flash-decoding) paged attention, one query per sequence.
 - `kernels.prefill_attention`: causal varlen attention whose keys come from the paged cache.
+- `kernels.prefill_tiles`: its tile shapes and fixed-size tile maps (host side, no Triton).
 - `kernels.reference`: float32 torch versions of the three, used as ground truth.
 
 Fused elementwise kernels and sampling (`EngineConfig.fused_kernels="triton"`, CUDA only):

@@ -7,6 +7,9 @@ k_cache/v_cache (the new ones were stored there first by store_kvcache).
 One program per (sequence, KV head, query tile). The tile's M rows are BLOCK_Q tokens times the
 GQA group's query heads, so K/V tiles are loaded once per group. Keys that every row may see are
 processed without a mask; only the last few key tiles (the causal diagonal) pay for it.
+
+With a tile map (kernels.prefill_tiles) the grid is (map entries, KV heads) instead, fixed in
+size, so that a CUDA graph can capture it: each program reads its (sequence, first token).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from kernels.validation import (
     check_int_tensor,
     check_query,
 )
+from kernels.prefill_tiles import LONG_QUERY, tile_shape
 
-LONG_QUERY = 4096
+__all__ = ["LONG_QUERY", "paged_prefill_attention"]
 
 
 @triton.jit
@@ -60,14 +64,20 @@ def _attend_tiles(
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
-    qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch,
+    tile_seq_ptr, tile_start_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, TILE_MAP: tl.constexpr,
 ):  # fmt: skip
-    seq = tl.program_id(0)
+    if TILE_MAP:
+        seq = tl.load(tile_seq_ptr + tl.program_id(0))
+        if seq < 0:  # padding of the map
+            return
+        t0 = tl.load(tile_start_ptr + tl.program_id(0))
+    else:
+        seq = tl.program_id(0)
+        # NOTE: later query tiles see more keys; launching them first shortens the tail of the grid
+        t0 = (tl.num_programs(2) - 1 - tl.program_id(2)) * BLOCK_Q
     kvh = tl.program_id(1)
-    # NOTE: later query tiles see more keys; launching them first shortens the tail of the grid
-    t0 = (tl.num_programs(2) - 1 - tl.program_id(2)) * BLOCK_Q
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if t0 >= q_len:
@@ -124,11 +134,15 @@ def paged_prefill_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 2,
+    tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen batch over the paged cache; returns [num_tokens, heads, dim].
 
     Tile shape by default: 64x64 with 4 warps, 128x128 with 8 warps once max_query_len reaches
     LONG_QUERY (the faster of the shapes swept on H100 at each length, see experiments/kernels).
+    tiles: a tile map (tile_seq, tile_start) [n] int32 of kernels.prefill_tiles.query_tiles, built
+    with the tile that max_query_len selects (tile_shape); the grid is then fixed by n, not by the
+    batch's contents (CUDA graphs). max_query_len need only bound the real queries then.
     """
     check_cache_pair(k_cache, v_cache)
     group = check_query(q, k_cache)
@@ -143,19 +157,29 @@ def paged_prefill_attention(
     if num_seqs == 0 or max_query_len == 0 or q.shape[0] == 0:
         return out
     _, page, num_kv_heads, head_dim = k_cache.shape
-    long = max_query_len >= LONG_QUERY
-    block_m = block_m or (128 if long else 64)
-    block_n = block_n or (128 if long else 64)
-    num_warps = num_warps or (8 if long else 4)
-    block_m = max(block_m, triton.next_power_of_2(group))
+    default = tile_shape(group, max_query_len)
+    if tiles is not None:
+        if block_m or block_n or num_warps:
+            raise ValueError("a tile map is built for the default tile shape: do not pass block_m, block_n or num_warps")
+        tile_seq, tile_start = tiles
+        check_int_tensor("tile_seq", tile_seq, (tile_seq.numel(),))
+        check_int_tensor("tile_start", tile_start, (tile_seq.numel(),))
+        if tile_seq.numel() == 0:
+            return out
+        grid = (tile_seq.shape[0], num_kv_heads)
+    block_m = max(block_m or default.block_m, triton.next_power_of_2(group))
+    block_n = block_n or default.block_n
+    num_warps = num_warps or default.num_warps
     block_q = block_m // group
-    grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
+    if tiles is None:
+        tile_seq = tile_start = seq_lens  # not read
+        grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
+        q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables, tile_seq, tile_start,
         scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page, TILE_MAP=tiles is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

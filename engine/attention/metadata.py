@@ -22,6 +22,10 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     is_decode_only: bool  # every sequence has query length 1
+    # A prefill CUDA graph's fixed-size work split for the Triton prefill kernel
+    # (kernels.prefill_tiles): [n] int32 each, None outside prefill graphs.
+    tile_seq: torch.Tensor | None = None
+    tile_start: torch.Tensor | None = None
 
 
 def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: int) -> np.ndarray:

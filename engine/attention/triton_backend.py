@@ -17,6 +17,9 @@ class TritonAttentionBackend:
     from meta.max_seq_len (a host int): when capturing, pass the longest context the graph will
     replay (e.g. max_model_len) so long contexts still get enough parallelism; any context length
     is computed correctly whatever the split count.
+
+    Other batches go to the prefill kernel; with a tile map in the metadata (prefill CUDA graphs,
+    engine.prefill_graphs) its grid is fixed too, and those steps can be captured as well.
     """
 
     name = "triton"
@@ -51,4 +54,5 @@ class TritonAttentionBackend:
             meta.block_tables,
             meta.max_query_len,
             scale,
+            tiles=None if meta.tile_seq is None else (meta.tile_seq, meta.tile_start),
         )

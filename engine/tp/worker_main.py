@@ -32,7 +32,9 @@ def worker_main(spec, conn) -> None:
             elif kind == "allocate":
                 runner.allocate_kv_cache(payload)
                 conn.send(("ok", None))
-            elif kind == "capture":
+            elif kind == "capture":  # payload: the prefill graphs' largest token count (0: none)
+                if payload:
+                    runner.capture_prefill_graphs(payload)
                 runner.capture_decode_graphs()
                 conn.send(("ok", None))
             elif kind == "shutdown":

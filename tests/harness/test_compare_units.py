@@ -140,6 +140,7 @@ def test_profile_plans_respect_budgets_and_use_disjoint_blocks():
 
 class GraphRunner:
     graphs = object()  # stands for captured graphs
+    prefill_graphs = None
 
 
 class GraphExecutor(FakeExecutor):

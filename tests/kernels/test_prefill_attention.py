@@ -96,3 +96,39 @@ def test_prefill_long_prompt_uses_large_tiles_correctly():
     )
     assert not torch.isnan(out).any(), f"NaN in output (seed {seed})"
     assert_close_per_seq(out, ref, b.query_start_loc, seed)
+
+
+@pytest.mark.parametrize("gqa", [1, 2, 4])
+@pytest.mark.parametrize("long", [False, True])
+def test_prefill_with_a_padded_tile_map_matches_reference(gqa, long):
+    """The CUDA-graph form (engine.prefill_graphs): the grid is a fixed-length tile map with padding
+    entries, the batch has padding sequence rows (no queries) and padding token rows past the last
+    query; the tile shape follows the graph's token count, not the batch's longest query."""
+    import numpy as np
+
+    from kernels.prefill_attention import LONG_QUERY, paged_prefill_attention
+    from kernels.prefill_tiles import max_tiles, query_tiles, tile_shape
+
+    seed = fresh_seed()
+    seq_lens, q_lens = _mixed_batch(16, seed)
+    pad_seqs, pad_tokens = 3, 40
+    b = make_paged_batch(
+        seq_lens, q_lens, num_heads=gqa * 2, num_kv_heads=2, head_dim=128, block_size=16,
+        dtype=torch.bfloat16, seed=seed,
+    )  # fmt: skip
+    num_tokens = sum(q_lens)
+    graph_tokens = LONG_QUERY if long else num_tokens + pad_tokens
+    block_q = tile_shape(gqa, graph_tokens).block_q
+    length = max_tiles(graph_tokens, len(q_lens) + pad_seqs, block_q)
+    tile_seq, tile_start = query_tiles(np.array(q_lens), np.array(seq_lens), block_q, length)
+    tiles = (torch.from_numpy(tile_seq).cuda(), torch.from_numpy(tile_start).cuda())
+    q = torch.cat([b.q, torch.randn(pad_tokens, *b.q.shape[1:], device="cuda").to(b.q.dtype)])
+    qsl = torch.cat([b.query_start_loc, torch.full((pad_seqs,), num_tokens, dtype=torch.int32, device="cuda")])
+    lens = torch.cat([b.seq_lens, torch.zeros(pad_seqs, dtype=torch.int32, device="cuda")])
+    tables = torch.cat([b.block_tables, torch.zeros(pad_seqs, b.block_tables.shape[1], dtype=torch.int32,
+                                                    device="cuda")])
+    out = paged_prefill_attention(q, b.k_cache, b.v_cache, qsl, lens, tables, graph_tokens, 128**-0.5, tiles=tiles)
+    ref = paged_attention_ref(b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables, 128**-0.5)
+    assert not torch.isnan(out).any(), f"NaN in output (seed {seed})"
+    assert_close_per_seq(out[:num_tokens], ref, b.query_start_loc, seed)
+    assert (out[num_tokens:] == 0).all()  # padding token rows are never visited
