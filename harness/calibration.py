@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from sim.profiled import ExtrapolationWarning, ProfiledCostModel, table_regimes
+from sim.profiled import EAGER_REGIMES, REGIMES, ExtrapolationWarning, ProfiledCostModel, table_regimes
 
 VALIDATION_SETS = ("grid_split", "random_shapes", "real_steps")
 
@@ -55,7 +55,7 @@ STALL_FACTOR = 2.0  # a real step slower than this multiple of the grid's predic
 
 
 def fit_calibration(profile: pd.DataFrame, real_steps: pd.DataFrame | None = None,
-                    graph_batch_sizes=()) -> ProfiledCostModel:
+                    graphs=()) -> ProfiledCostModel:
     """Executor time from the profile's grid rows and the real steps; host time from the real steps.
 
     NOTE: a real step can stall (a garbage-collector pause inside execute()): one such row weighs
@@ -64,7 +64,7 @@ def fit_calibration(profile: pd.DataFrame, real_steps: pd.DataFrame | None = Non
     grid = profile[profile["set"] == "grid"] if "set" in profile.columns else profile
     grid = grid.drop(columns=["host_s"], errors="ignore")
     if real_steps is None or not len(real_steps):
-        return ProfiledCostModel.fit(grid, graph_batch_sizes)
+        return ProfiledCostModel.fit(grid, graphs)
     real = real_step_table(real_steps).drop(columns=["previous_duration_s"])
     if "launch_s" in grid.columns:
         # NOTE: an overlapping engine's profile: the grid measured each shape as the engine serves
@@ -74,13 +74,13 @@ def fit_calibration(profile: pd.DataFrame, real_steps: pd.DataFrame | None = Non
         # new batch compositions, the collector); the loop's delay before a launch from the real
         # eager steps' durations after their measured predecessors.
         model = ProfiledCostModel.fit(pd.concat([grid, real.assign(duration_s=np.nan)], ignore_index=True),
-                                      graph_batch_sizes)
+                                      graphs)
         model.launch_delay_s = fit_launch_delay(model, real_step_table(real_steps))
         return model
-    first = ProfiledCostModel.fit(grid, graph_batch_sizes)
+    first = ProfiledCostModel.fit(grid, graphs)
     stalled = real["duration_s"].to_numpy() > STALL_FACTOR * _quiet(first.predict, real)
     real = real.assign(duration_s=real["duration_s"].where(~stalled))
-    return ProfiledCostModel.fit(pd.concat([grid, real], ignore_index=True), graph_batch_sizes)
+    return ProfiledCostModel.fit(pd.concat([grid, real], ignore_index=True), graphs)
 
 
 LAUNCH_DELAYS_S = tuple(np.round(np.r_[np.arange(0, 0.005, 0.00025), np.arange(0.005, 0.03, 0.001), 1.0], 5))
@@ -89,7 +89,7 @@ LAUNCH_DELAYS_S = tuple(np.round(np.r_[np.arange(0, 0.005, 0.00025), np.arange(0
 def fit_launch_delay(model: ProfiledCostModel, real: pd.DataFrame) -> float:
     """The launch delay (sim.profiled) whose pricing of the real eager steps, each after its measured
     predecessor, sums closest to their measured time (1 s: nothing is hidden)."""
-    eager = (table_regimes(real) != "decode_graph") & real["previous_duration_s"].notna()
+    eager = table_regimes(real).isin(EAGER_REGIMES) & real["previous_duration_s"].notna()
     if not eager.any() or not model.prices_overlap:
         return 0.0
     measured = real.loc[eager, "duration_s"].sum()
@@ -108,7 +108,7 @@ def error_rows(label: str, table: pd.DataFrame, predicted: np.ndarray, measured:
     groups = [("all", np.ones(len(table), dtype=bool))]
     if len(table):
         reg = table_regimes(table).to_numpy()
-        groups += [(r, reg == r) for r in ("prefill", "decode_graph", "decode_eager") if (reg == r).any()]
+        groups += [(r, reg == r) for r in REGIMES if (reg == r).any()]
     rows = []
     for regime, mask in groups:
         if not mask.any():
@@ -122,16 +122,16 @@ def error_rows(label: str, table: pd.DataFrame, predicted: np.ndarray, measured:
     return rows
 
 
-def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graph_batch_sizes=(),
+def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
              seed: int = 0) -> tuple[ProfiledCostModel, pd.DataFrame]:
     """The calibrated model and its held-out errors (see the module docstring)."""
-    model = fit_calibration(profile, real_steps, graph_batch_sizes)
+    model = fit_calibration(profile, real_steps, graphs)
     grid = profile[profile["set"] == "grid"].reset_index(drop=True)
     real = real_step_table(real_steps).reset_index(drop=True) if real_steps is not None else grid.iloc[:0]
     rng = np.random.default_rng(seed)
     rows = []
     held = rng.random(len(grid)) < 0.2
-    partial = fit_calibration(grid[~held], real, graph_batch_sizes)
+    partial = fit_calibration(grid[~held], real, graphs)
     test = grid[held]
     rows += error_rows("grid_split", test, _quiet(partial.predict, test), test["duration_s"].to_numpy())
     random = profile[profile["set"] == "random"]
@@ -139,7 +139,7 @@ def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graph_batch
         rows += error_rows("random_shapes", random, _quiet(model.predict, random), random["duration_s"].to_numpy())
     if len(real) >= 2:
         held = rng.random(len(real)) < 0.5
-        partial = fit_calibration(grid, real[~held], graph_batch_sizes)
+        partial = fit_calibration(grid, real[~held], graphs)
         test = real[held]
         rows += error_rows("real_steps", test, _quiet(partial.predict, test), test["duration_s"].to_numpy())
     return model, pd.DataFrame(rows)

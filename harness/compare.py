@@ -29,6 +29,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from harness import compare_tables as tables
+from sim.features import GraphSizes
 from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
@@ -65,7 +66,7 @@ class EngineSide:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
-    meta: dict  # num_blocks, graph_batch_sizes, device, ...
+    meta: dict  # num_blocks, graph_batch_sizes, prefill_graph_sizes, device, ...
 
 
 @dataclass
@@ -107,7 +108,8 @@ def engine_meta(executor, outcome: RunOutcome) -> dict:
     except Exception:  # noqa: BLE001 (metadata only)
         pass
     config = getattr(executor, "config", None)
-    return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_batch_sizes), "device": device,
+    return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_sizes.decode),
+            "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": device,
             "async_scheduling": bool(getattr(executor, "overlaps_steps", False)),
             "dtype": str(getattr(runner, "dtype", "?")), "engine_config": dataclasses.asdict(config) if config else {}}
 
@@ -170,18 +172,30 @@ def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) ->
     return out_dir / "profile_model.csv"
 
 
+def engine_graph_sizes(meta: dict) -> GraphSizes:
+    """The CUDA graphs a saved engine run replayed (runs saved before prefill graphs had none)."""
+    return GraphSizes(tuple(meta["graph_batch_sizes"]), tuple(meta.get("prefill_graph_sizes", ())))
+
+
+def describe(graphs: GraphSizes) -> str:
+    if not graphs:
+        return "none (eager)"
+    decode = f"decode up to {graphs.decode[-1]} sequences" if graphs.decode else "no decode"
+    return decode + (f", prefill up to {graphs.prefill[-1]} tokens" if graphs.prefill else ", prefill eager")
+
+
 def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:
     from sim.config import SimConfig
 
-    sizes = tuple(meta["graph_batch_sizes"])
-    top = max(sizes) if sizes else 0
+    graphs = engine_graph_sizes(meta)
     tp = (meta.get("engine_config") or {}).get("tensor_parallel_size", 1)
     # runs saved before async scheduling existed ran their steps one at a time
     sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
-                    tp_size=tp, enforce_eager=not sizes, max_cuda_graph_batch_size=top or 512,
+                    tp_size=tp, enforce_eager=not graphs, max_cuda_graph_batch_size=max(graphs.decode, default=512),
+                    prefill_graph_tokens=max(graphs.prefill, default=0),
                     async_scheduling=bool(meta.get("async_scheduling", False)))
-    if sizes and sim.graph_batch_sizes(rc.scheduler.max_num_seqs) != sizes:
-        log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", sizes)
+    if graphs and sim.graph_sizes(rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens) != graphs:
+        log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", graphs)
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
 
@@ -203,8 +217,7 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             outcome = run_once(sim_rc, progress, label=f"sim {name}", record=True)
-            predictors[name] = make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim,
-                                               tuple(engine.meta["graph_batch_sizes"]))
+            predictors[name] = make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim, engine_graph_sizes(engine.meta))
         for w in caught:
             log.warning("sim %s: %s", name, w.message)
         write_outcome(outcome, out_dir / f"sim_{name}", plots)
@@ -239,10 +252,10 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
 def format_report(rc: RunConfig, engine: EngineSide, profile_path, offline: bool, table: pd.DataFrame,
                   schedule: pd.DataFrame, targets: pd.DataFrame) -> str:
     meta = engine.meta
+    graphs = engine_graph_sizes(meta)
     lines = [f"# Simulated vs measured: {rc.workload.name} ({'offline' if offline else rc.workload.arrival} arrivals)",
              "", f"- engine: {engine.summary.get('model', '?')} on {meta.get('device', '?')}, "
-                 f"{meta['num_blocks']} KV blocks of {rc.cache.block_size} tokens, CUDA-graph sizes "
-                 f"{'none (eager)' if not meta['graph_batch_sizes'] else max(meta['graph_batch_sizes'])}",
+                 f"{meta['num_blocks']} KV blocks of {rc.cache.block_size} tokens, CUDA graphs: {describe(graphs)}",
              f"- simulator: model {rc.model.name}, hardware {rc.hardware.name}, same block count; profiled "
              f"calibration {profile_path}",
              f"- scheduler: {rc.scheduler.policy}, max_num_seqs {rc.scheduler.max_num_seqs}, "

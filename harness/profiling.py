@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +36,7 @@ import pandas as pd
 from engine.core.config import SchedulerConfig
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
-from sim.features import step_features
+from sim.features import GraphSizes, as_graph_sizes, step_features
 
 TEMPERATURE = 0.6  # the workloads' default; like theirs, every request carries its own seed
 MAX_TOKEN_ID = 10000
@@ -224,32 +224,32 @@ def graphs_bypassed(executor) -> Iterator[None]:
         runner.graphs, runner.prefill_graphs = held
 
 
-def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graph_batch_sizes=(),
+def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graphs: GraphSizes | Sequence[int] = (),
                      progress=None) -> pd.DataFrame:
     """One row per timed shape: step features, duration_s (mean of the repeats, stalls left out) and
     how it was measured."""
     rng = np.random.default_rng(grid.seed)
     spec = executor.kv_cache_spec()
     vocab = executor.vocab_size
-    graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+    graphs = as_graph_sizes(graphs)
     rows = []
     for shape_set, kind, entries in list(grid.shapes(sched, rng, spec)):
         plan = build_plan(entries, spec, sched, rng, vocab)
         if plan is None:
             continue
-        modes = [bool(graph_batch_sizes)]
-        if kind == "decode" and graph_batch_sizes and (shape_set == "random" or len(entries) in grid.eager_decode_batches):
+        modes = [bool(graphs)]
+        if kind == "decode" and graphs.decode and (shape_set == "random" or len(entries) in grid.eager_decode_batches):
             modes.append(False)
-        for graphs in modes:
+        for with_graphs in modes:
             extra = {}
-            with graphs_bypassed(executor) if not graphs and graph_batch_sizes else contextlib.nullcontext():
+            with graphs_bypassed(executor) if not with_graphs and graphs else contextlib.nullcontext():
                 if getattr(executor, "overlaps_steps", False):
                     timing = time_plan_overlapped(executor, plan, grid)
                     durations = timing.durations
                     extra = {"launch_s": timing.launch_s, "gpu_s": timing.gpu_s}
                 else:
                     durations = time_plan(executor, plan, grid)
-            row = step_features(plan, graph_batch_sizes if graphs else ())
+            row = step_features(plan, graphs if with_graphs else ())
             median = statistics.median(durations)
             # The mean, as the clock sums step times (host-bound steps vary a lot between repeats);
             # a repeat beyond STALL x the median is a collector pause, not the shape's cost.

@@ -5,8 +5,8 @@ StepRecorder wraps the executor and the clock handed to the core loop. The loop 
 exactly once per StepRecord it appends, so row i of frame() is step i of RunResult.steps.
 
 Columns:
-- sim.features.FEATURE_COLUMNS of the plan (graph_batch_sizes: the CUDA-graph sizes the backend
-  captured, so the features say which steps replayed a graph);
+- sim.features.FEATURE_COLUMNS of the plan (graphs: the CUDA-graph sizes the backend captured,
+  so the features say which steps replayed a graph);
 - schedule_hash: a digest of (request id, first position, new tokens, sample) per scheduled entry
   and the preempted ids. Two runs made the same decisions at step i iff their hashes agree;
 - host_s (wall clock only): time since the previous execute() returned (update, admissions,
@@ -28,7 +28,7 @@ import pandas as pd
 import xxhash
 
 from engine.core.plan import KVCacheSpec, StepPlan, StepResult
-from sim.features import FEATURE_COLUMNS, step_features
+from sim.features import FEATURE_COLUMNS, GraphSizes, as_graph_sizes, step_features
 
 
 def schedule_hash(plan: StepPlan) -> str:
@@ -39,16 +39,18 @@ def schedule_hash(plan: StepPlan) -> str:
     return digest.hexdigest()
 
 
-def graph_sizes_of(executor, rc) -> tuple[int, ...]:
-    """The decode batch sizes that run as CUDA graphs: what the engine captured, or what the
-    simulator's config says it would."""
+def graph_sizes_of(executor, rc) -> GraphSizes:
+    """The steps that run as CUDA graphs: what the engine captured, or what the simulator's config
+    says it would."""
     if rc.backend == "sim":
-        return rc.sim.graph_batch_sizes(rc.scheduler.max_num_seqs)
-    graphs = getattr(getattr(executor, "runner", None), "graphs", None)
-    # A DecodeGraphs built with capture=False (CPU) runs eagerly: no graph is replayed.
-    if graphs is None or not getattr(graphs, "captured", True):
-        return ()
-    return tuple(sorted(graphs.sizes))
+        return rc.sim.graph_sizes(rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+    runner = getattr(executor, "runner", None)
+
+    def captured(graphs) -> tuple[int, ...]:
+        # graphs built with capture=False (CPU) run eagerly: no graph is replayed
+        return tuple(graphs.sizes) if graphs is not None and getattr(graphs, "captured", True) else ()
+
+    return GraphSizes(captured(getattr(runner, "graphs", None)), captured(getattr(runner, "prefill_graphs", None)))
 
 
 class _RecordingClock:
@@ -93,7 +95,7 @@ class _RecordingExecutor:
         if rec.wall:
             gap = entered - rec._last_exit - (rec.asleep_s - rec._asleep_at_exit)
             host = gap + (left - entered - result.duration_s)
-        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), host, None))
+        rec.rows.append((*step_features(plan, rec.graphs).values(), schedule_hash(plan), host, None))
         rec._last_exit = left
         rec._asleep_at_exit = rec.asleep_s
         return result
@@ -105,7 +107,7 @@ class _RecordingExecutor:
         submitted = time.perf_counter()
         pending = self._inner.submit(plan)
         launch = time.perf_counter() - submitted
-        rec.rows.append((*step_features(plan, rec.graph_batch_sizes).values(), schedule_hash(plan), None, launch))
+        rec.rows.append((*step_features(plan, rec.graphs).values(), schedule_hash(plan), None, launch))
         return _RecordedPending(pending, rec, len(rec.rows) - 1, asleep_before)
 
     def shutdown(self) -> None:
@@ -131,8 +133,8 @@ class _RecordedPending:
 
 
 class StepRecorder:
-    def __init__(self, graph_batch_sizes: Sequence[int] = (), wall: bool = False) -> None:
-        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+    def __init__(self, graphs: GraphSizes | Sequence[int] = (), wall: bool = False) -> None:
+        self.graphs = as_graph_sizes(graphs)
         self.wall = wall
         self.rows: list[tuple] = []  # FEATURE_COLUMNS values, schedule hash, host time
         self.asleep_s = 0.0

@@ -23,6 +23,7 @@ from harness.convert import ConfigError
 from harness.metrics import requests_frame, steps_frame, summarize
 from harness.recording import StepRecorder, graph_sizes_of
 from harness.workloads import build_workload
+from sim.features import GraphSizes
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class RunOutcome:
     summary: dict
     num_blocks: int
     rejected: dict[str, str] = field(default_factory=dict)
-    graph_batch_sizes: tuple[int, ...] = ()  # CUDA-graph decode sizes the backend ran with
+    graph_sizes: GraphSizes = GraphSizes()  # the CUDA graphs the backend ran with
 
 
 def make_executor(rc: RunConfig) -> Executor:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.features import cuda_graph_batch_sizes
+from engine.core.graph_sizes import prefill_graph_sizes
+from sim.features import GraphSizes, cuda_graph_batch_sizes
 
 COST_MODELS = ("roofline", "profiled")
 
@@ -13,8 +14,8 @@ COST_MODELS = ("roofline", "profiled")
 class SimConfig:
     """cost_model: "roofline" (from shapes and peaks) or "profiled" (fitted to profile_path, a
     step-timing CSV written by the engine's profiler or coefficients saved by ProfiledCostModel).
-    vocab_size None: the model's. enforce_eager / max_cuda_graph_batch_size mirror the engine's
-    settings so the profiled model knows which decode steps replay a CUDA graph.
+    vocab_size None: the model's. enforce_eager / max_cuda_graph_batch_size / prefill_graph_tokens
+    mirror the engine's settings so the profiled model knows which steps replay a CUDA graph.
     async_scheduling mirrors the engine's (on by default on CUDA): the loop plans step N+1 while
     step N runs, so a request that arrives during step N is admitted one step later than with
     steps run one at a time, and a request that stops on EOS computes one discarded token.
@@ -30,6 +31,7 @@ class SimConfig:
     eos_token_id: int | None = None
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int = 512
+    prefill_graph_tokens: int = 4096
     async_scheduling: bool = True
 
     def __post_init__(self) -> None:
@@ -37,7 +39,7 @@ class SimConfig:
             raise ValueError(f"SimConfig.cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
         if self.cost_model == "profiled" and not self.profile_path:
             raise ValueError("SimConfig.profile_path must name a step-timing CSV when cost_model='profiled'")
-        for name, low in (("tp_size", 1), ("seed", 0), ("max_cuda_graph_batch_size", 0)):
+        for name, low in (("tp_size", 1), ("seed", 0), ("max_cuda_graph_batch_size", 0), ("prefill_graph_tokens", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"SimConfig.{name} must be an int >= {low}, got {value!r}")
@@ -58,3 +60,11 @@ class SimConfig:
         if self.enforce_eager:
             return ()
         return cuda_graph_batch_sizes(min(self.max_cuda_graph_batch_size, max_num_seqs))
+
+    def graph_sizes(self, max_num_seqs: int, max_num_batched_tokens: int) -> GraphSizes:
+        """Every step shape the simulated engine replays as a CUDA graph: the decode batch sizes
+        above and the prefill token counts up to prefill_graph_tokens (capped by the budget)."""
+        if self.enforce_eager:
+            return GraphSizes()
+        prefill = prefill_graph_sizes(min(self.prefill_graph_tokens, max_num_batched_tokens))
+        return GraphSizes(self.graph_batch_sizes(max_num_seqs), prefill)

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from engine.core.plan import StepPlan
 from sim.config import SimConfig
+from sim.features import GraphSizes
 from sim.profiled import ProfiledCostModel
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
@@ -23,12 +24,12 @@ class CostModel(Protocol):
 
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
-                    graph_batch_sizes: Sequence[int] = ()) -> CostModel:
+                    graphs: GraphSizes | Sequence[int] = ()) -> CostModel:
     if sim.cost_model == "roofline":
         return RooflineCostModel(model, hardware, sim.tp_size)
     # NOTE: a profile is specific to the model, hardware and tp_size it was measured with; those
     # arguments only choose the CSV, through the config that named it.
-    return ProfiledCostModel.load(sim.profile_path, graph_batch_sizes)
+    return ProfiledCostModel.load(sim.profile_path, graphs)
 
 
 __all__ = ["CostModel", "ProfiledCostModel", "RooflineCostModel", "make_cost_model"]

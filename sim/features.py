@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from engine.core.graph_sizes import padded_size
 from engine.core.plan import StepPlan
 
 FEATURE_COLUMNS = (
@@ -23,9 +25,32 @@ FEATURE_COLUMNS = (
     "prefill_context_tokens",   # tokens already cached before each prefill chunk (prefix hits, earlier chunks)
     "prefill_attention_pairs",  # causal (query, key) pairs of prefill chunks: sum n*c + n(n+1)/2
     "decode_context_tokens",    # KV tokens read by decodes, their own new token included
-    "cuda_graph",               # 1 if the step runs as a captured CUDA graph (decode-only, batch fits)
-    "graph_batch_size",         # the batch the GPU really runs: padded to a captured size under a graph
+    "cuda_graph",               # 1 if the step runs as a captured CUDA graph (see GraphSizes)
+    "graph_batch_size",         # the rows the GPU really runs: under a graph, padded to its captured size
+                                # (sequences of a decode step, tokens of a prefill or mixed step)
 )
+
+
+@dataclass(frozen=True)
+class GraphSizes:
+    """The steps the engine replays as CUDA graphs: decode-only steps of up to decode[-1] sequences
+    (padded to the next of these batch sizes) and other steps of up to prefill[-1] tokens (padded
+    to the next of these token counts, engine.core.graph_sizes). Empty: eager."""
+
+    decode: tuple[int, ...] = ()
+    prefill: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decode", tuple(sorted(self.decode)))
+        object.__setattr__(self, "prefill", tuple(sorted(self.prefill)))
+
+    def __bool__(self) -> bool:
+        return bool(self.decode or self.prefill)
+
+
+def as_graph_sizes(sizes: GraphSizes | Sequence[int]) -> GraphSizes:
+    """GraphSizes as given, or from a plain sequence of decode batch sizes (no prefill graphs)."""
+    return sizes if isinstance(sizes, GraphSizes) else GraphSizes(decode=tuple(sizes))
 
 
 def cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -39,12 +64,15 @@ def cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def step_features(plan: StepPlan, graph_batch_sizes: Sequence[int] = ()) -> dict[str, int]:
+def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> dict[str, int]:
     """Describe a step by FEATURE_COLUMNS.
 
-    graph_batch_sizes: sorted batch sizes captured as CUDA graphs (empty when running eager). A
-    decode-only step whose batch fits the largest runs as the graph of the next size up.
+    graphs: what the engine captured (GraphSizes; a plain sequence: decode batch sizes only;
+    empty when running eager). A decode-only step whose batch fits the largest decode graph runs
+    as the graph of the next size up; another step whose tokens fit the largest prefill graph
+    likewise.
     """
+    graphs = as_graph_sizes(graphs)
     prefill_tokens = decode = sampled = seeded = prefill_context = pairs = decode_context = 0
     for entry in plan.scheduled:
         n = len(entry.token_ids)
@@ -64,9 +92,12 @@ def step_features(plan: StepPlan, graph_batch_sizes: Sequence[int] = ()) -> dict
     num_seqs = len(plan.scheduled)
     graph = 0
     batch = num_seqs
-    if not prefill_tokens and graph_batch_sizes and num_seqs <= graph_batch_sizes[-1]:
+    if not prefill_tokens and graphs.decode and num_seqs <= graphs.decode[-1]:
         graph = 1
-        batch = graph_batch_sizes[bisect_left(graph_batch_sizes, num_seqs)]
+        batch = graphs.decode[bisect_left(graphs.decode, num_seqs)]
+    elif prefill_tokens and (padded := padded_size(graphs.prefill, prefill_tokens + decode)) is not None:
+        graph = 1
+        batch = padded
     return {
         "num_prefill_tokens": prefill_tokens,
         "num_decode_tokens": decode,

@@ -1,8 +1,10 @@
 """Profiled cost model: step times fitted to the engine's measured steps.
 
-Steps fall in three regimes that a GPU runs differently, each fitted on its own rows:
-- "prefill" (any prefill chunk, mixed steps included): piecewise-linear in num_tokens (memory-bound
-  for small chunks, compute-bound for large ones) + attention pairs + decode context + sequences;
+Steps fall in four regimes that a GPU runs differently, each fitted on its own rows:
+- "prefill" (any prefill chunk, mixed steps included, run eagerly): piecewise-linear in num_tokens
+  (memory-bound for small chunks, compute-bound for large ones) + attention pairs + decode context
+  + sequences;
+- "prefill_graph" (the same, replayed as a CUDA graph): the same fit in the padded token count;
 - "decode_graph" (decode-only, replayed CUDA graph): piecewise-linear in the padded graph batch,
   whose cost steps with the captured sizes, + decode context tokens (KV reads);
 - "decode_eager": the same in the real batch size.
@@ -42,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from engine.core.plan import StepPlan
-from sim.features import step_features
+from sim.features import GraphSizes, as_graph_sizes, step_features
 from sim.piecewise import PiecewiseLinearFit
 
 # regime -> (size feature, linear features)
@@ -50,6 +52,8 @@ from sim.piecewise import PiecewiseLinearFit
 # sampled without seeds leaves the column at 0, and a constant column is not fitted).
 REGIMES: dict[str, tuple[str, tuple[str, ...]]] = {
     "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs", "num_seeded")),
+    "prefill_graph": ("graph_batch_size", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs",
+                                           "num_seeded")),
     "decode_graph": ("graph_batch_size", ("decode_context_tokens", "num_seeded")),
     "decode_eager": ("num_seqs", ("decode_context_tokens", "num_seeded")),
 }
@@ -63,8 +67,9 @@ HOST_MAX_KNOTS = 2  # linear in num_seqs: the scheduler's work is per request
 # a few per run), not the step's own work; such rows are left out of the host fit.
 HOST_STALL_S = 0.05
 # Where a step's own regime was not profiled, the next one that was.
-_FALLBACK = {"prefill": ("prefill",), "decode_graph": ("decode_graph", "decode_eager", "prefill"),
-             "decode_eager": ("decode_eager", "decode_graph", "prefill")}
+_FALLBACK = {"prefill": ("prefill", "prefill_graph"), "prefill_graph": ("prefill_graph", "prefill"),
+             "decode_graph": ("decode_graph", "decode_eager", "prefill", "prefill_graph"),
+             "decode_eager": ("decode_eager", "decode_graph", "prefill", "prefill_graph")}
 _MIN_DURATION_S = 1e-6
 # Overlap fits: "<part>:<regime>" of the columns launch_s and gpu_s of an overlapping profile.
 OVERLAP_PARTS = {"launch": "launch_s", "gpu": "gpu_s"}
@@ -78,7 +83,7 @@ class ExtrapolationWarning(UserWarning):
 
 def _regime(features: Mapping[str, float]) -> str:
     if features["num_prefill_tokens"] > 0:
-        return "prefill"
+        return "prefill_graph" if features["cuda_graph"] else "prefill"
     return "decode_graph" if features["cuda_graph"] else "decode_eager"
 
 
@@ -87,7 +92,8 @@ def table_regimes(df: pd.DataFrame) -> pd.Series:
     df = complete_columns(df)
     prefill = df["num_prefill_tokens"].to_numpy() > 0
     graph = df["cuda_graph"].to_numpy().astype(bool)
-    return pd.Series(np.where(prefill, "prefill", np.where(graph, "decode_graph", "decode_eager")), index=df.index)
+    kind = np.where(prefill, np.where(graph, "prefill_graph", "prefill"), np.where(graph, "decode_graph", "decode_eager"))
+    return pd.Series(kind, index=df.index)
 
 
 def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
@@ -117,14 +123,14 @@ def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 
 class ProfiledCostModel:
-    def __init__(self, fits: Mapping[str, PiecewiseLinearFit], graph_batch_sizes: Sequence[int] = ()) -> None:
+    def __init__(self, fits: Mapping[str, PiecewiseLinearFit], graphs: GraphSizes | Sequence[int] = ()) -> None:
         unknown = set(fits) - set(REGIMES) - {HOST_REGIME} - set(OVERLAP_REGIMES)
         if unknown:
             raise ValueError(f"unknown regimes {sorted(unknown)}; known: {sorted(REGIMES)}")
-        if "prefill" not in fits:
-            raise ValueError("a profiled cost model needs prefill steps in its profile (regime 'prefill')")
+        if "prefill" not in fits and "prefill_graph" not in fits:
+            raise ValueError("a profiled cost model needs prefill steps in its profile (regime 'prefill' or 'prefill_graph')")
         self.fits = dict(fits)
-        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+        self.graphs = as_graph_sizes(graphs)  # which steps the engine replays as CUDA graphs
         self._warned: set[tuple[str, str]] = set()
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
@@ -133,7 +139,7 @@ class ProfiledCostModel:
     # ---- fitting and persistence --------------------------------------------------------------
 
     @classmethod
-    def fit(cls, df: pd.DataFrame, graph_batch_sizes: Sequence[int] = (), max_knots: int = 40,
+    def fit(cls, df: pd.DataFrame, graphs: GraphSizes | Sequence[int] = (), max_knots: int = 40,
             min_support: int = 3) -> ProfiledCostModel:
         """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s)."""
         df = complete_columns(df)
@@ -161,7 +167,7 @@ class ProfiledCostModel:
             fits[HOST_REGIME] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                        rows["host_s"].to_numpy(), size, HOST_MAX_KNOTS,
                                                        min_support, relative=False)
-        return cls(fits, graph_batch_sizes)
+        return cls(fits, graphs)
 
     def to_csv(self, path: str | Path) -> None:
         """Save the fitted coefficients (long format: regime, kind, name, x, value)."""
@@ -175,14 +181,14 @@ class ProfiledCostModel:
         pd.DataFrame(rows, columns=["regime", "kind", "name", "x", "value"]).to_csv(path, index=False)
 
     @classmethod
-    def load(cls, path: str | Path, graph_batch_sizes: Sequence[int] = ()) -> ProfiledCostModel:
+    def load(cls, path: str | Path, graphs: GraphSizes | Sequence[int] = ()) -> ProfiledCostModel:
         """Read either saved coefficients (to_csv) or a measured step-timing table (fitted now)."""
         try:
             df = pd.read_csv(path)
         except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
             raise ValueError(f"{path}: not a readable CSV file ({str(error).strip()})") from None
         if "duration_s" in df.columns:
-            return cls.fit(df, graph_batch_sizes)
+            return cls.fit(df, graphs)
         if not {"regime", "kind", "name", "x", "value"} <= set(df.columns):
             raise ValueError(f"{path}: neither a step-timing table (needs duration_s) nor saved coefficients "
                              "(needs regime, kind, name, x, value)")
@@ -196,7 +202,7 @@ class ProfiledCostModel:
             fits[regime] = PiecewiseLinearFit(
                 str(knots["name"].iloc[0]), tuple(knots["x"]), tuple(knots["value"]), tuple(linear["name"]),
                 tuple(linear["value"]), tuple(zip(ranges["name"], ranges["x"], ranges["value"])))
-        model = cls(fits, graph_batch_sizes)
+        model = cls(fits, graphs)
         for _, row in constants.iterrows():
             if row["name"] == "launch_delay_s":
                 model.launch_delay_s = float(row["value"])
@@ -210,10 +216,10 @@ class ProfiledCostModel:
 
     @property
     def prices_overlap(self) -> bool:
-        return all(f"{part}:prefill" in self.fits for part in OVERLAP_PARTS)
+        return all(f"{part}:prefill" in self.fits or f"{part}:prefill_graph" in self.fits for part in OVERLAP_PARTS)
 
     def step_time(self, plan: StepPlan) -> float:
-        features = step_features(plan, self.graph_batch_sizes)
+        features = step_features(plan, self.graphs)
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
@@ -292,14 +298,14 @@ def relative_errors(model: ProfiledCostModel, df: pd.DataFrame) -> np.ndarray:
 
 
 def holdout_validation(df: pd.DataFrame, test_fraction: float = 0.2, seed: int = 0,
-                       graph_batch_sizes: Sequence[int] = ()) -> tuple[ProfiledCostModel, pd.DataFrame]:
+                       graphs: GraphSizes | Sequence[int] = ()) -> tuple[ProfiledCostModel, pd.DataFrame]:
     """Fit on a random (1 - test_fraction) of the rows; return the model and the held-out rows with
     columns predicted_s and rel_error added."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     rng = np.random.default_rng(seed)
     test = rng.random(len(df)) < test_fraction
-    model = ProfiledCostModel.fit(df[~test], graph_batch_sizes)
+    model = ProfiledCostModel.fit(df[~test], graphs)
     held_out = df[test].copy()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ExtrapolationWarning)

@@ -107,12 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     executor = make_executor(rc)
     import torch
 
+    sizes = graph_sizes_of(executor, rc)
     meta.update(torch=torch.__version__, device=torch.cuda.get_device_name() if executor.device.type == "cuda" else "cpu",
-                num_blocks=executor.kv_cache_spec().num_blocks, graph_batch_sizes=list(graph_sizes_of(executor, rc)),
+                num_blocks=executor.kv_cache_spec().num_blocks, graph_batch_sizes=list(sizes.decode),
+                prefill_graph_sizes=list(sizes.prefill),
                 engine_config=dataclasses.asdict(rc.engine), scheduler=dataclasses.asdict(rc.scheduler))
     stage_done("load", t0)
     shared = KeepAlive(executor)
-    sizes = graph_sizes_of(executor, rc)
     try:
         t0 = time.perf_counter()
         grid = ProfileGrid() if args.grid == "full" else ProfileGrid.quick()

@@ -21,6 +21,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.calibration import validate, with_seeded_rows  # noqa: E402
+from harness.compare import engine_graph_sizes  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="steps.csv of other recorded engine runs to fit on too (e.g. other workloads)")
     args = parser.parse_args(argv)
     meta = json.loads((args.folder / "meta.json").read_text())
-    sizes = tuple(meta["graph_batch_sizes"])
+    sizes = engine_graph_sizes(meta)
     profile = pd.read_csv(args.folder / "profile.csv")
     runs = [args.folder / "calibration" / "steps.csv", *args.extra_steps]
     steps = pd.concat([with_seeded_rows(pd.read_csv(path), args.temperature) for path in runs], ignore_index=True)

@@ -75,7 +75,7 @@ def test_predicts_unmeasured_steps_inside_the_range_without_warning(step):
 
 def test_noisy_fit_is_close_on_held_out_steps():
     model, held_out = holdout_validation(profile(noise=0.01, seed=1), test_fraction=0.3, seed=2,
-                                         graph_batch_sizes=GRAPH)
+                                         graphs=GRAPH)
     fit = model.fits["prefill"]
     coefs = dict(zip(fit.linear_features, fit.linear_coefs))
     assert coefs["prefill_attention_pairs"] == pytest.approx(TRUE_LINEAR["prefill_attention_pairs"], rel=0.1)

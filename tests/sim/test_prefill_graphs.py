@@ -1,0 +1,73 @@
+"""Prefill CUDA graphs on the simulator's side: which steps the features mark as graph replays and
+at what padded size, the "prefill_graph" regime of the profiled model (tests/harness/test_compare_graphs.py: the sizes a
+comparison reads back from a saved engine run)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+
+from engine.core.graph_sizes import prefill_graph_sizes
+from sim.config import SimConfig
+from sim.features import GraphSizes, cuda_graph_batch_sizes, step_features
+from sim.profiled import ProfiledCostModel, table_regimes
+from tests.sim.helpers import decode, decode_batch, plan, prefill
+
+GRAPHS = GraphSizes(cuda_graph_batch_sizes(256), prefill_graph_sizes(4096))
+
+
+@pytest.mark.parametrize("tokens, padded", [(1, 16), (16, 16), (17, 32), (300, 512), (513, 768), (4000, 4096)])
+def test_a_prefill_within_the_largest_graph_replays_the_next_size(tokens, padded):
+    f = step_features(plan(prefill(tokens, 100)), GRAPHS)
+    assert (f["cuda_graph"], f["graph_batch_size"], f["num_tokens"]) == (1, padded, tokens)
+
+
+def test_mixed_steps_pad_their_decode_rows_too_and_large_steps_stay_eager():
+    mixed = plan(prefill(500, 0, rid="p"), *(decode(300 + i, rid=f"d{i}") for i in range(20)))
+    f = step_features(mixed, GRAPHS)
+    assert (f["cuda_graph"], f["graph_batch_size"]) == (1, 768)  # 520 tokens
+    big = step_features(plan(prefill(4097, 0)), GRAPHS)
+    assert (big["cuda_graph"], big["graph_batch_size"]) == (0, 1)
+    # no prefill graphs (a plain sequence means decode sizes only): prefill eager, decode unchanged
+    assert step_features(plan(prefill(100, 0)), cuda_graph_batch_sizes(256))["cuda_graph"] == 0
+    d = step_features(decode_batch([100] * 5), GRAPHS)
+    assert (d["cuda_graph"], d["graph_batch_size"]) == (1, 8)
+
+
+def test_sim_config_mirrors_the_engine_graph_sizes():
+    sizes = SimConfig().graph_sizes(max_num_seqs=64, max_num_batched_tokens=2048)
+    assert sizes.prefill == prefill_graph_sizes(2048) and sizes.decode == cuda_graph_batch_sizes(64)
+    assert SimConfig(prefill_graph_tokens=0).graph_sizes(64, 8192).prefill == ()
+    assert not SimConfig(enforce_eager=True).graph_sizes(64, 8192)
+    with pytest.raises(ValueError, match="prefill_graph_tokens"):
+        SimConfig(prefill_graph_tokens=-1)
+
+
+def _time(f):
+    # a graph replay costs its padded tokens and no launches; an eager prefill pays 20 ms of launches
+    if f["cuda_graph"]:
+        return 1e-3 + 2e-6 * f["graph_batch_size"]
+    return max(0.02, 2e-6 * f["num_tokens"])
+
+
+def test_the_profiled_model_prices_graph_prefills_by_their_padded_size():
+    plans = [plan(prefill(t, 0)) for t in (16, 64, 200, 512, 700, 1024, 2000, 3000, 4096, 6000, 8192, 16384)]
+    rows = [{**step_features(p, GRAPHS), "kind": "prefill"} for p in plans]
+    rows += [{**step_features(decode_batch([500] * b), GRAPHS), "kind": "decode"} for b in (1, 8, 64, 256)]
+    table = pd.DataFrame([{**r, "duration_s": _time(r)} for r in rows])
+    assert set(table_regimes(table)) == {"prefill", "prefill_graph", "decode_graph"}
+    model = ProfiledCostModel.fit(table, GRAPHS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tokens in (100, 513, 2500):  # padded to 128, 768, 2560
+            f = step_features(plan(prefill(tokens, 0)), GRAPHS)
+            # 5%: nine graph rows fit a knotted curve and four linear terms; unpadded is 20% off at 513
+            assert model.step_time(plan(prefill(tokens, 0))) == pytest.approx(_time(f), rel=0.05)
+        assert model.step_time(plan(prefill(7000, 0))) == pytest.approx(0.02, rel=0.02)  # eager: launch-bound
+    # the same profile read by a simulator that assumes no prefill graphs prices them eagerly
+    eager = ProfiledCostModel.fit(table, GRAPHS.decode)
+    with pytest.warns(UserWarning, match="prefill_graph"):
+        eager.fits.pop("prefill")
+        eager.step_time(plan(prefill(100, 0)))
