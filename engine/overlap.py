@@ -11,7 +11,7 @@ Timing comes from CUDA events around each step's device work: duration_s runs fr
 could start on the device (its first queued work, or the previous step's end if later) to its
 end, and idle_s is the gap before it, when the device had nothing queued. ready_age_s says how
 long before result() returned the ids were on the host (the end event, mapped to the host's
-clock through an anchor event taken at the runner's first submit()): the loop reads step N only after it
+clock through an anchor event taken whenever submit() finds the device idle): the loop reads step N only after it
 has launched step N+1, which for an eager prefill takes tens of milliseconds of Python, and the
 tokens should not be stamped late by that. On CPU, where queuing
 is executing, duration_s is the wall time of submit() and idle_s the wall time since the
@@ -61,8 +61,7 @@ class DeviceClock:
     anchor_wall: float = 0.0
 
     def set_anchor(self) -> None:
-        """Call with nothing queued on the device; once is enough (the two clocks drift by parts
-        per million)."""
+        """Call with nothing queued on the device (the runner does whenever it finds it idle)."""
         self.anchor = torch.cuda.Event(enable_timing=True)
         self.anchor.record()
         self.anchor.synchronize()

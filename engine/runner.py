@@ -400,8 +400,11 @@ class ModelRunner:
         if plan.stats.step == 0:  # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
             self._device_clock.last_end = None
             self._device_clock.last_return = None
-        if self.device.type == "cuda" and self._device_clock.anchor is None:
-            self._device_clock.set_anchor()  # once: the first submit() finds the device idle (loading synchronised)
+        clock = self._device_clock
+        # NOTE: re-anchored whenever the device has nothing queued (a profiling spin counts as
+        # queued): the GPU timer and the host clock drift apart (experiments/prefill_graphs/README.md)
+        if self.device.type == "cuda" and torch.cuda.current_stream(self.device).query():
+            clock.set_anchor()
         batch = self.build_batch(plan)
         placeholders = placeholder_sources(plan, batch.query_start_loc, batch.input_ids, self._last_sampled_rows)
         cuda = self.device.type == "cuda"
