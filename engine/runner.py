@@ -55,7 +55,7 @@ class HostBatch:
 
     For a decode graph step (graph_size set) the rows are padded to graph_size: token 0, position
     0, slot -1, context length 0, and the block tables are max_blocks_per_seq wide. For a prefill
-    graph step (prefill_graph set) token rows are padded so to prefill_graph and sequence rows to
+    graph step (prefill_graph set) token rows are padded to prefill_graph and sequence rows to
     the graph's sequence count (no query tokens, context 0), and a tile map comes along.
     """
 
@@ -225,6 +225,7 @@ class ModelRunner:
         serves capture=False on CPU)."""
         if self.kv_cache is None:
             raise RuntimeError("capture_prefill_graphs() needs the KV cache: call allocate_kv_cache() first")
+        # the decode graphs go too: they live in the old prefill graphs' pool
         self.graphs = self.prefill_graphs = None
         sizes = prefill_graph_sizes(min(max_tokens, self.scheduler_config.max_num_batched_tokens))
         if not sizes:
