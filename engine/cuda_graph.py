@@ -123,19 +123,27 @@ class DecodeGraphs:
         meta.query_start_loc.copy_(torch.arange(bs + 1, dtype=torch.int32, device=self.device))
         meta.block_tables.zero_()
 
-    @torch.inference_mode()
     def _capture(self, pool) -> None:
-        for bs in reversed(self.sizes):
-            self._set_padding(bs)
-            ids, positions, meta = self.views(bs)
-            # Eager run first: lazy initialisation (kernel compilation, library handles, NCCL
-            # communicators) must not happen inside the capture.
-            self.model(ids, positions, self.kv_caches, meta)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model(ids, positions, self.kv_caches, meta)
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize(self.device)
+        capture_sizes(self, pool)
+
+
+@torch.inference_mode()
+def capture_sizes(graphs, pool=None):
+    """Capture the forward of every size of `graphs` (DecodeGraphs or PrefillGraphs: sizes,
+    views(), _set_padding(), model, kv_caches, device; filled: graphs, outputs), largest first so
+    that it sizes the memory pool, into `pool` or a new one. Returns the pool."""
+    for size in reversed(graphs.sizes):
+        graphs._set_padding(size)
+        ids, positions, meta = graphs.views(size)
+        # Eager run first: lazy initialisation (kernel compilation, library handles, NCCL
+        # communicators) must not happen inside the capture.
+        graphs.model(ids, positions, graphs.kv_caches, meta)
+        torch.cuda.synchronize(graphs.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            graphs.outputs[size] = graphs.model(ids, positions, graphs.kv_caches, meta)
+        if pool is None:
+            pool = graph.pool()
+        graphs.graphs[size] = graph
+    torch.cuda.synchronize(graphs.device)
+    return pool

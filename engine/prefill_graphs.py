@@ -24,6 +24,7 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.core.graph_sizes import padded_size
+from engine.cuda_graph import capture_sizes
 from engine.host_staging import segment_offsets
 from kernels.prefill_tiles import max_tiles, tile_shape
 
@@ -127,22 +128,7 @@ class PrefillGraphs:
         meta.tile_seq.fill_(-1)
         meta.tile_start.zero_()
 
-    @torch.inference_mode()
     def capture(self, pool=None) -> None:
-        """Capture every size, largest first (it sizes the pool), into `pool` or a new one."""
-        if not self.captured:
-            return
-        for size in reversed(self.sizes):
-            self._set_padding(size)
-            ids, positions, meta = self.views(size)
-            # eager first: kernel compilation and library handles must not happen in the capture
-            self.model(ids, positions, self.kv_caches, meta)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self.model(ids, positions, self.kv_caches, meta)
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[size] = graph
-        self.pool = pool
-        torch.cuda.synchronize(self.device)
+        """Capture every size (engine.cuda_graph.capture_sizes) into `pool` or a new one."""
+        if self.captured:
+            self.pool = capture_sizes(self, pool)
