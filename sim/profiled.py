@@ -87,6 +87,16 @@ def _regime(features: Mapping[str, float]) -> str:
     return "decode_graph" if features["cuda_graph"] else "decode_eager"
 
 
+def _as_regime(features: Mapping[str, float], regime: str, used: str) -> Mapping[str, float]:
+    """A step priced by another regime's fit. The two prefill fits differ only in their size (the
+    padded token count of a graph, the token count of an eager step): the step brings the tokens
+    its GPU really runs to either (an eager step's graph_batch_size is its sequence count)."""
+    if {regime, used} != {"prefill", "prefill_graph"}:
+        return features
+    tokens = features["graph_batch_size"] if regime == "prefill_graph" else features["num_tokens"]
+    return {**features, "num_tokens": tokens, "graph_batch_size": tokens}
+
+
 def table_regimes(df: pd.DataFrame) -> pd.Series:
     """_regime of every row of a step-timing table, vectorised (tables of real runs have 10^5 rows)."""
     df = complete_columns(df)
@@ -262,6 +272,7 @@ class ProfiledCostModel:
         used = next(r for r in _FALLBACK[regime] if r in self.fits)
         if used != regime:
             self._warn_once(regime, "regime", f"no {regime!r} steps were profiled; pricing them as {used!r}")
+            features = _as_regime(features, regime, used)
         fit = self.fits[used]
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(used, name, f"{used} step has {name}={value:g} outside the profiled range "

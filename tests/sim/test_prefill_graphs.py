@@ -66,8 +66,11 @@ def test_the_profiled_model_prices_graph_prefills_by_their_padded_size():
             # 5%: nine graph rows fit a knotted curve and four linear terms; unpadded is 20% off at 513
             assert model.step_time(plan(prefill(tokens, 0))) == pytest.approx(_time(f), rel=0.05)
         assert model.step_time(plan(prefill(7000, 0))) == pytest.approx(0.02, rel=0.02)  # eager: launch-bound
-    # the same profile read by a simulator that assumes no prefill graphs prices them eagerly
-    eager = ProfiledCostModel.fit(table, GRAPHS.decode)
-    with pytest.warns(UserWarning, match="prefill_graph"):
-        eager.fits.pop("prefill")
-        eager.step_time(plan(prefill(100, 0)))
+    # a profile of graph prefills only, read by a simulator without prefill graphs, still prices
+    # its eager prefills, from the graph fit, and says so
+    graphs_only = ProfiledCostModel.fit(table[table_regimes(table) != "prefill"], GRAPHS.decode)
+    assert "prefill" not in graphs_only.fits
+    with pytest.warns(UserWarning, match="pricing them as 'prefill_graph'"):
+        eager_price = graphs_only.step_time(plan(prefill(3000, 0)))
+    # by its 3,000 tokens (the graph law, unpadded), not by its one sequence
+    assert eager_price == pytest.approx(1e-3 + 2e-6 * 3000, rel=0.05)
