@@ -43,6 +43,9 @@ class EngineConfig:
         captured at the sizes of engine.core.graph_sizes (padded; Triton attention only, none
         with enforce_eager); 0 runs them eagerly, where a small one is bound by its Python
         launches (engine.prefill_graphs). Capped by max_num_batched_tokens.
+    balanced_decode: decode steps cut long contexts into pieces of the batch's mean context for the
+        Triton decode kernel (kernels.decode_split), so that a ragged batch costs what an even one
+        of the same total does; False cuts every sequence into the same number of pieces.
     """
 
     model: str
@@ -56,6 +59,7 @@ class EngineConfig:
     fused_kernels: str = "triton"
     async_scheduling: str = "auto"
     prefill_graph_tokens: int = 4096
+    balanced_decode: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -79,6 +83,8 @@ class EngineConfig:
         pg = self.prefill_graph_tokens
         if isinstance(pg, bool) or not isinstance(pg, int) or pg < 0:
             raise ValueError(f"EngineConfig.prefill_graph_tokens must be an int >= 0 (0: eager prefill), got {pg!r}")
+        if not isinstance(self.balanced_decode, bool):
+            raise TypeError(f"EngineConfig.balanced_decode must be a bool, got {type(self.balanced_decode).__name__}")
         seed = self.seed
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"EngineConfig.seed must be an int in [0, 2**63), got {seed!r}")

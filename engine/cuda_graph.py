@@ -49,6 +49,7 @@ class DecodeGraphs:
         device: torch.device,
         capture: bool = True,
         pool=None,  # a graph memory pool to capture into (the prefill graphs'), else a new one
+        balanced: bool = False,  # the steps pass the decode kernel a fair share (HostBatch.decode_chunk)
     ) -> None:
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
@@ -62,10 +63,11 @@ class DecodeGraphs:
         self.max_seq_len = max_seq_len
         self.device = device
         self.captured = capture
+        self.balanced = balanced
         n = self.max_batch
         # int64: input_ids, positions, slot_mapping of a graph, then the step's logits rows;
-        # int32: seq_lens, query_start_loc, block_tables [bs, max_blocks_per_seq]. Laid out as
-        # HostStaging lays out a batch, so one copy per dtype fills them.
+        # int32: seq_lens, query_start_loc, block_tables [bs, max_blocks_per_seq], the decode
+        # chunk. Laid out as HostStaging lays out a batch, so one copy per dtype fills them.
         self.int64 = torch.zeros(self._offsets64(n, n)[1], dtype=torch.int64, device=device)
         self.int32 = torch.zeros(self._offsets32(n)[1], dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -83,7 +85,7 @@ class DecodeGraphs:
         """(input_ids, positions, metadata) of graph bs, as views into the static buffers."""
         w = self.max_blocks_per_seq
         (ids, pos, slots, _), _ = self._offsets64(bs, 0)
-        (lens, qsl, tables), _ = self._offsets32(bs)
+        (lens, qsl, tables, chunk), _ = self._offsets32(bs)
         meta = AttentionMetadata(
             slot_mapping=self.int64[slots: slots + bs],
             query_start_loc=self.int32[qsl: qsl + bs + 1],
@@ -92,6 +94,7 @@ class DecodeGraphs:
             max_query_len=1,
             max_seq_len=self.max_seq_len,
             is_decode_only=True,
+            decode_chunk=self.int32[chunk: chunk + 1] if self.balanced else None,
         )
         return self.int64[ids: ids + bs], self.int64[pos: pos + bs], meta
 
@@ -104,7 +107,7 @@ class DecodeGraphs:
         return segment_offsets([bs, bs, bs, num_sampled], 8)
 
     def _offsets32(self, bs: int) -> tuple[list[int], int]:
-        return segment_offsets([bs, bs + 1, bs * self.max_blocks_per_seq], 4)
+        return segment_offsets([bs, bs + 1, bs * self.max_blocks_per_seq, 1], 4)
 
     def run(self, bs: int, num_seqs: int) -> torch.Tensor:  # [num_seqs, hidden]
         """Replay graph bs over what the runner staged in the buffers; real rows only."""
@@ -122,6 +125,8 @@ class DecodeGraphs:
         meta.seq_lens.zero_()
         meta.query_start_loc.copy_(torch.arange(bs + 1, dtype=torch.int32, device=self.device))
         meta.block_tables.zero_()
+        if meta.decode_chunk is not None:
+            meta.decode_chunk.zero_()  # the kernel takes the even rule's chunk when larger
 
     def _capture(self, pool) -> None:
         capture_sizes(self, pool)

@@ -40,6 +40,7 @@ from engine.overlap import DeviceClock, PendingTokens, placeholder_sources, wall
 from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
 from engine.step_timing import StepTimer
+from kernels.decode_split import balanced_chunk
 from kernels.prefill_tiles import query_tiles
 
 log = logging.getLogger(__name__)
@@ -74,15 +75,18 @@ class HostBatch:
     prefill_graph: int | None = None
     tile_seq: np.ndarray | None = None  # [graph's tile count] int32 (kernels.prefill_tiles)
     tile_start: np.ndarray | None = None
+    decode_chunk: np.ndarray | None = None  # [1] int32, decode steps on CUDA (kernels.decode_split)
 
     def int64_arrays(self) -> list[np.ndarray]:
         # NOTE: this order is DecodeGraphs' buffer layout (ids, positions, slots, logits rows)
         return [self.input_ids, self.positions, self.slot_mapping, self.logits_indices]
 
     def int32_arrays(self) -> list[np.ndarray]:
-        # NOTE: DecodeGraphs' layout again (seq_lens, query_start_loc, block_tables), then
-        # PrefillGraphs' tile map
+        # NOTE: DecodeGraphs' layout again (seq_lens, query_start_loc, block_tables, decode
+        # chunk), PrefillGraphs' (the same three, then the tile map)
         arrays = [self.seq_lens, self.query_start_loc, self.block_tables]
+        if self.decode_chunk is not None:
+            arrays.append(self.decode_chunk)
         return arrays if self.tile_seq is None else [*arrays, self.tile_seq, self.tile_start]
 
 
@@ -128,6 +132,11 @@ class ModelRunner:
         self.num_kv_heads = getattr(model, "num_kv_heads", None) or max(
             1, self.arch.num_kv_heads // engine_config.tensor_parallel_size)
         self.max_blocks_per_seq = -(-scheduler_config.max_model_len // self.block_size)
+        # Decode steps tell the Triton decode kernel their fair share of keys per program, so
+        # that a ragged batch costs what an even one of the same total does (kernels.decode_split).
+        # Read when graphs are captured.
+        self.balance_decode = engine_config.balanced_decode and self.device.type == "cuda"
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.balance_decode else 0
         # before any graph capture: graphs replay whichever elementwise kernels the layers use
         set_fused_kernels(model, engine_config.fused_kernels, self.device)
         self.sampler = Sampler(engine_config.seed, self.device, engine_config.fused_kernels)
@@ -216,7 +225,7 @@ class ModelRunner:
         pool = self.prefill_graphs.pool if self.prefill_graphs is not None else None
         self.graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
                                    self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture,
-                                   pool)
+                                   pool, self.balance_decode)
 
     def capture_prefill_graphs(self, max_tokens: int, capture: bool = True) -> None:
         """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.prefill_graphs);
@@ -296,13 +305,16 @@ class ModelRunner:
             query_start_loc = np.arange(seq_rows + 1)
         if token_rows > num_tokens:
             positions = np.concatenate([positions, np.zeros(token_rows - num_tokens, np.int64)])
+        decode_chunk = None
+        if decode_only and self.balance_decode:
+            decode_chunk = np.array([balanced_chunk(seq_lens, self.num_kv_heads, self.num_sms)], np.int32)
         if seq_rows > n:
             seq_lens = np.concatenate([seq_lens, np.zeros(seq_rows - n, np.int64)])
         return HostBatch(
             input_ids, positions, slot_mapping, logits_indices, seq_lens.astype(np.int32),
             query_start_loc.astype(np.int32), block_tables, max_query_len=max_query_len,
             max_seq_len=max_seq_len, num_seqs=n, graph_size=graph_size, sample_rows=sample_rows,
-            prefill_graph=prefill_graph, tile_seq=tile_seq, tile_start=tile_start,
+            prefill_graph=prefill_graph, tile_seq=tile_seq, tile_start=tile_start, decode_chunk=decode_chunk,
         )
 
     def upload(self, batch: HostBatch) -> ModelInputs:
@@ -322,7 +334,7 @@ class ModelRunner:
             return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs,
                                prefill_graph=batch.prefill_graph)
         ids, pos, slots, rows = self.staging.upload(batch.int64_arrays(), torch.int64)
-        lens, qsl, tables = self.staging.upload(batch.int32_arrays(), torch.int32)
+        lens, qsl, tables, *chunk = self.staging.upload(batch.int32_arrays(), torch.int32)
         meta = AttentionMetadata(
             slot_mapping=slots,
             query_start_loc=qsl,
@@ -331,6 +343,7 @@ class ModelRunner:
             max_query_len=batch.max_query_len,
             max_seq_len=batch.max_seq_len,
             is_decode_only=batch.max_query_len == 1,
+            decode_chunk=chunk[0] if chunk else None,
         )
         return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs)
 

@@ -6,7 +6,10 @@ of the dot products), so each K/V row is read from memory once per group. Stage 
 splits' partial results by their log-sum-exp. With a single split, stage 1 writes the output itself.
 
 The split count only sets parallelism: each sequence's chunk length is derived in the kernel from
-its real length, so one launch shape serves every context length (what CUDA-graph replay needs).
+its real length (and, when the step passes one, the batch's fair share of keys per program:
+kernels.decode_split says why), so one launch shape serves every batch of its size (what CUDA-graph
+replay needs). A sequence that fits one program is written directly and skips the merge; the
+programs a sequence does not need return at once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.decode_split import choose_num_splits
 from kernels.validation import (
     LOG2E,
     check_block_tables,
@@ -25,9 +29,7 @@ from kernels.validation import (
     check_query,
 )
 
-# One 64-token tile per split is still a win at batch 1 on H100 (experiments/kernels/NOTES.md).
-MIN_TOKENS_PER_SPLIT = 64
-MAX_SPLITS = 64
+__all__ = ["choose_num_splits", "paged_decode_attention"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,32 +37,48 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Enough splits for about four programs per SM, none shorter than MIN_TOKENS_PER_SPLIT."""
-    programs = max(1, num_seqs * num_kv_heads)
-    if programs >= 2 * num_sms:
-        return 1
-    wanted = triton.cdiv(4 * num_sms, programs)
-    useful = max(1, triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT))
-    return max(1, min(wanted, useful, MAX_SPLITS))
-
-
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, mid_o_ptr, mid_lse_ptr,
+    out_ptr, mid_o_ptr, mid_lse_ptr, chunk_ptr,
     qk_scale, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE: tl.constexpr, DIRECT: tl.constexpr,
+    PAGE: tl.constexpr, HAS_CHUNK: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    chunk, used = _chunk_of(seq_len, chunk_ptr, num_splits, BLOCK_N, HAS_CHUNK)
+    if split < used:
+        _decode_split_body(
+            q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+            qk_scale, num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+            stride_cb, stride_cs, stride_ch, seq, kvh, split, seq_len, chunk, used,
+            NUM_HEADS, GROUP, BLOCK_G, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE,
+        )  # fmt: skip
+
+
+@triton.jit
+def _chunk_of(seq_len, chunk_ptr, num_splits, BLOCK_N: tl.constexpr, HAS_CHUNK: tl.constexpr):
+    """(keys per program, programs used) of one sequence: kernels.decode_split.split_chunks."""
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
+    if HAS_CHUNK:
+        chunk = tl.maximum(chunk, tl.load(chunk_ptr))
+    return chunk, tl.maximum(tl.cdiv(seq_len, chunk), 1)
+
+
+@triton.jit
+def _decode_split_body(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+    qk_scale, num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_cb, stride_cs, stride_ch, seq, kvh, split, seq_len, chunk, used,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+):  # fmt: skip
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -95,11 +113,10 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
 
-    # An empty chunk (short sequence, or seq_len 0 for a padded row) leaves l == 0: it must
-    # produce zeros and a -inf weight, never 0/0.
+    # seq_len 0 (a padded row) leaves l == 0: it must produce zeros, never 0/0.
     has = l > 0
     o = acc / tl.where(has, l, 1.0)[:, None]
-    if DIRECT:
+    if used == 1:
         dst = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     else:
@@ -114,14 +131,27 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+    mid_o_ptr, mid_lse_ptr, out_ptr, seq_lens_ptr, chunk_ptr, num_splits, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_CHUNK: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    _, used = _chunk_of(seq_len, chunk_ptr, num_splits, BLOCK_N, HAS_CHUNK)
+    if used > 1:  # one program wrote the output itself
+        _merge_body(mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh, seq, head, used,
+                    NUM_HEADS, HEAD_DIM, BLOCK_D, BLOCK_S)
+
+
+@triton.jit
+def _merge_body(
+    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh, seq, head, used,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    s_ok = s < num_splits
+    s_ok = s < used
     base = (seq * NUM_HEADS + head) * num_splits
     lse = tl.load(mid_lse_ptr + base + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
     m = tl.max(lse, 0)
@@ -146,6 +176,7 @@ def paged_decode_attention(
     *,
     max_seq_len_hint: int | None = None,
     num_splits: int | None = None,
+    split_chunk: torch.Tensor | None = None,
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -153,7 +184,9 @@ def paged_decode_attention(
     """Attention of each sequence's single query over cache positions 0..seq_len-1.
 
     `max_seq_len_hint` (a host int, e.g. meta.max_seq_len or max_model_len for graph capture) only
-    picks the split count; by default the block table's capacity bounds it. Returns
+    picks the split count; by default the block table's capacity bounds it. `split_chunk`: a
+    1-element int32 device tensor, the batch's fair share of keys per program
+    (kernels.decode_split.balanced_chunk); None cuts every sequence into even pieces. Returns
     [num_seqs, num_heads, head_dim] in q's dtype; sequences with seq_len 0 give zeros.
     """
     check_cache_pair(k_cache, v_cache)
@@ -165,9 +198,12 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     _, page, num_kv_heads, _ = k_cache.shape
+    has_chunk = split_chunk is not None
+    if has_chunk:
+        check_int_tensor("split_chunk", split_chunk, (1,))
     if num_splits is None:
         hint = max_seq_len_hint if max_seq_len_hint is not None else block_tables.shape[1] * page
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, hint, _num_sms(q.device.index or 0))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, hint, _num_sms(q.device.index or 0), has_chunk)
     if not 1 <= num_splits <= 1024:
         raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
     direct = num_splits == 1
@@ -181,17 +217,17 @@ def paged_decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, mid_o, mid_lse,
-        scale * LOG2E, num_splits,
+        split_chunk if has_chunk else seq_lens, scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, PAGE=page, DIRECT=direct,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, PAGE=page, HAS_CHUNK=has_chunk,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct:
         _decode_merge_kernel[(num_seqs, num_heads)](
-            mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+            mid_o, mid_lse, out, seq_lens, split_chunk if has_chunk else seq_lens, num_splits,
+            out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_N=block_n, HAS_CHUNK=has_chunk, num_warps=4,
         )  # fmt: skip
     return out

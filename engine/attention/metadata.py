@@ -26,6 +26,9 @@ class AttentionMetadata:
     # (kernels.prefill_tiles): [n] int32 each, None outside prefill graphs.
     tile_seq: torch.Tensor | None = None
     tile_start: torch.Tensor | None = None
+    # A decode step's fair share of keys per program of the Triton decode kernel
+    # (kernels.decode_split.balanced_chunk): [1] int32; None cuts sequences evenly.
+    decode_chunk: torch.Tensor | None = None
 
 
 def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: int) -> np.ndarray:

@@ -44,6 +44,7 @@ class TritonAttentionBackend:
                 meta.seq_lens,
                 scale,
                 max_seq_len_hint=meta.max_seq_len,
+                split_chunk=meta.decode_chunk,
             )
         return paged_prefill_attention(
             q,

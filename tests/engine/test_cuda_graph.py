@@ -13,6 +13,7 @@ from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
 from engine.cuda_graph import MAX_GRAPH_BATCH, graph_batch_sizes
 from engine.executor import build_runner
+from kernels.decode_split import balanced_chunk
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -123,6 +124,24 @@ def test_inputs_are_16_byte_aligned_and_graph_buffers_match_the_staging_layout(t
     assert graph_meta.seq_lens.tolist() == batch.seq_lens.tolist()
     assert inputs.logits_indices.tolist() == batch.logits_indices.tolist() == list(range(7))
     assert batch.slot_mapping[7:].tolist() == [-1] and batch.seq_lens[7:].tolist() == [0]
+
+
+def test_decode_steps_carry_their_fair_share_to_the_kernel(tiny_qwen3_dir):
+    runner = _runner(tiny_qwen3_dir, "cpu", "torch", "float32", max_num_seqs=24)
+    runner.balance_decode, runner.num_sms = True, 4  # as on a GPU (the torch backend ignores it)
+    rng = np.random.default_rng(5)
+    prefill, decode = _decode_batch(rng, 7, 4, 64, runner.num_blocks)
+    lens = runner.build_batch(decode).seq_lens
+    fair = balanced_chunk(lens, runner.num_kv_heads, 4)
+    assert runner.build_batch(prefill).decode_chunk is None
+    assert runner.prepare(decode).meta.decode_chunk.tolist() == [fair]  # eager decode step
+    runner.capture_decode_graphs(capture=False)
+    inputs = runner.prepare(decode)
+    assert inputs.graph_size == 8 and runner.build_batch(decode).seq_lens[7] == 0
+    _, _, graph_meta = runner.graphs.views(inputs.graph_size)
+    # after the block tables, where the graph's kernels read it
+    assert graph_meta.decode_chunk.tolist() == [fair]
+    assert graph_meta.seq_lens.tolist() == runner.build_batch(decode).seq_lens.tolist()
 
 
 def test_larger_batches_and_prefill_stay_eager(tiny_qwen3_dir):

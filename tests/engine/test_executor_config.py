@@ -42,6 +42,8 @@ def test_invalid_model_and_flag_types():
         EngineConfig(model="")
     with pytest.raises(TypeError, match="enforce_eager must be a bool"):
         EngineConfig(model="/ckpt", enforce_eager="yes")
+    with pytest.raises(TypeError, match="balanced_decode must be a bool"):
+        EngineConfig(model="/ckpt", balanced_decode="no")
 
 
 def test_config_is_frozen():

@@ -103,3 +103,32 @@ def test_sampler_kernel_path_matches_torch_path_for_seeded_rows():
     from tests.engine import sampler_checks
 
     sampler_checks.check_seeded_rows_match(_kernel_sampler, lambda seed: Sampler(seed), "cpu")
+
+
+# ---- the decode attention kernel's work split -----------------------------------------------
+
+
+@pytest.mark.parametrize("splits", [None, 1, 3, 8])
+def test_decode_attention_with_balanced_chunks(splits, monkeypatch):
+    """Every chunk rule walks every key once (kernels.decode_split): sequences a single program
+    covers are written directly, others merged, unused programs return, padding rows give zeros."""
+    import numpy as np
+
+    from kernels import decode_attention
+    from kernels.decode_split import balanced_chunk
+    from kernels.reference import decode_attention_ref
+    from tests.kernels.paged_batch import make_paged_batch
+
+    seed = fresh_seed()
+    lens = [1, 15, 64, 65, 100, 300, 513, 0]
+    b = make_paged_batch(lens, [min(1, n) for n in lens], num_heads=4, num_kv_heads=2, head_dim=32,
+                         block_size=16, dtype=F32, seed=seed, device="cpu")
+    q = torch.randn(len(lens), 4, 32, generator=torch.Generator().manual_seed(seed))
+    ref = decode_attention_ref(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 32**-0.5)
+    monkeypatch.setattr(decode_attention, "_num_sms", lambda index: 4)  # splits follow the SM count; no GPU here
+    for chunk in (None, 0, 64, 128, balanced_chunk(np.array(lens), 2, 4), 4096):
+        out = decode_attention.paged_decode_attention(
+            q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 32**-0.5, num_splits=splits,
+            split_chunk=None if chunk is None else torch.tensor([chunk], dtype=torch.int32))
+        assert torch.equal(out[-1], torch.zeros_like(out[-1])), (seed, chunk)
+        torch.testing.assert_close(out[:-1], ref[:-1], rtol=1e-4, atol=1e-4, msg=f"seed {seed}, chunk {chunk}")

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
+from kernels.decode_split import balanced_chunk
 from kernels.reference import decode_attention_ref
 from tests.kernels.gpu import needs_cuda
 from tests.kernels.paged_batch import fresh_seed, make_paged_batch, rel_err
@@ -73,15 +75,12 @@ def test_decode_qwen_shapes_and_padded_rows(dtype, num_heads, num_kv_heads):
             q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 128**-0.5, num_splits=splits
         )
         _check(out, ref, seq_lens, f"{seed}, splits {splits}")
-
-
-def test_choose_num_splits_fills_the_gpu_for_small_batches():
-    from kernels.decode_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
-
-    # one sequence, 8 KV heads, long context: many splits, each at least the minimum chunk
-    s = choose_num_splits(1, 8, 8192, 132)
-    assert s > 8 and 8192 / s >= MIN_TOKENS_PER_SPLIT
-    # a large batch already has enough programs: no split
-    assert choose_num_splits(256, 8, 8192, 132) == 1
-    # short contexts are not split below the minimum chunk
-    assert choose_num_splits(1, 8, 300, 132) == -(-300 // MIN_TOKENS_PER_SPLIT)
+    # balanced chunks (kernels.decode_split): the fair share of this batch, one below the even
+    # rule's chunk (ignored), and one that leaves most sequences whole
+    fair = balanced_chunk(np.array(seq_lens), num_kv_heads, 132)
+    for splits, chunk in ((None, fair), (8, fair), (8, 0), (4, 1024), (16, 64)):
+        out = paged_decode_attention(
+            q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 128**-0.5, num_splits=splits,
+            split_chunk=torch.tensor([chunk], dtype=torch.int32, device="cuda"),
+        )  # fmt: skip
+        _check(out, ref, seq_lens, f"{seed}, splits {splits}, chunk {chunk}")

@@ -1,0 +1,141 @@
+"""Does a ragged decode batch cost more than an even one with the same total context?
+
+Served decode steps of Qwen3-0.6B at batch 33-64 ran 10-13% slower than the profiled grid
+predicted (calibration run 4), while the grid's batches have nearly even contexts. With
+max_model_len 4096 the captured graphs of those batches use one split (>= 2 programs per SM), so
+each (sequence, KV head) program walks its whole context and the longest sequence can hold the
+step. This probe times the decode kernel on even and ragged batches of equal total context, for
+the split count the kernel picks and for split counts that cap a program's walk at C keys
+(S = max(picked, ceil(4096 / C))), for the balanced chunks of kernels.decode_split (the batch's
+fair share per program; launches with room for ceil(4096 / BALANCE_CHUNK) splits, or for 8), and
+with --ckpt the whole graph decode step of the model with EngineConfig.balanced_decode off and on.
+
+    PYTHONPATH=. python experiments/kernels/decode_balance.py --out $OUT/balance [--ckpt /tmp/q06]
+
+Writes kernel.csv (and step.csv with --ckpt) and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import triton
+
+import kernels.decode_attention as decode
+from experiments.kernels.bench_attention import bench_graph
+from kernels.decode_split import balanced_chunk
+
+MAX_MODEL_LEN, BLOCK_SIZE, HEAD_DIM, MEAN_CONTEXT = 4096, 256, 128, 1000
+BATCHES = (8, 16, 32, 48, 64, 96, 128, 256, 512)
+CAPS = (256, 512, 1024)
+
+
+def contexts(kind: str, batch: int, rng: np.random.Generator) -> list[int]:
+    """Context lengths with mean MEAN_CONTEXT: even, uniform ragged, or a few long ones."""
+    if kind == "even":
+        return [MEAN_CONTEXT] * batch
+    if kind == "ragged":
+        return [int(c) for c in rng.integers(100, 2 * MEAN_CONTEXT - 100 + 1, size=batch)]
+    long = max(1, batch // 10)  # "tail": a tenth of the batch at 3,700, the rest shorter
+    short = (MEAN_CONTEXT * batch - 3700 * long) // (batch - long) if batch > long else MEAN_CONTEXT
+    return [3700] * long + [max(16, short)] * (batch - long)
+
+
+def split_variants(batch: int, num_kv_heads: int, sms: int) -> dict[str, tuple[int, bool]]:
+    """name -> (split count, balanced chunk or not)"""
+    picked = decode.choose_num_splits(batch, num_kv_heads, MAX_MODEL_LEN, sms)
+    out = {"picked": (picked, False)}
+    for cap in CAPS:
+        out[f"cap{cap}"] = (min(64, max(picked, triton.cdiv(MAX_MODEL_LEN, cap))), False)
+    out["balanced"] = (decode.choose_num_splits(batch, num_kv_heads, MAX_MODEL_LEN, sms, True), True)
+    out["balanced_s8"] = (max(8, out["balanced"][0]), True)
+    return out
+
+
+def kernel_rows(num_heads: int, num_kv_heads: int, rng: np.random.Generator) -> list[dict]:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch in BATCHES:
+        for kind in ("even", "ragged", "tail"):
+            lens = contexts(kind, batch, rng)
+            blocks_per_seq = triton.cdiv(MAX_MODEL_LEN, BLOCK_SIZE)
+            num_blocks = sum(triton.cdiv(c, BLOCK_SIZE) for c in lens)
+            shape = (num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+            k_cache = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+            v_cache = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+            perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
+            tables = torch.zeros((batch, blocks_per_seq), dtype=torch.int32, device="cuda")
+            at = 0
+            for i, c in enumerate(lens):
+                n = triton.cdiv(c, BLOCK_SIZE)
+                tables[i, :n] = perm[at:at + n]
+                at += n
+            seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            q = torch.randn((batch, num_heads, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
+            fair = balanced_chunk(np.array(lens), num_kv_heads, sms)
+            chunk = torch.tensor([fair], dtype=torch.int32, device="cuda")
+            for name, (splits, balanced) in split_variants(batch, num_kv_heads, sms).items():
+                ms = bench_graph(lambda s=splits, c=chunk if balanced else None: decode.paged_decode_attention(
+                    q, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5, num_splits=s, split_chunk=c))
+                rows.append({"batch": batch, "contexts": kind, "total_context": sum(lens),
+                             "max_context": max(lens), "variant": name, "splits": splits,
+                             "chunk": fair if balanced else None, "us": 1e3 * ms})
+            del k_cache, v_cache
+    return rows
+
+
+def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
+    """Whole graph decode steps, balanced_decode off and on: even vs ragged batches."""
+    import statistics
+
+    from engine.config import EngineConfig
+    from engine.core.config import CacheConfig, SchedulerConfig
+    from engine.executor import EngineExecutor
+    from harness.profiling import ProfileGrid, build_plan, time_plan_overlapped
+
+    sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=MAX_MODEL_LEN)
+    grid = ProfileGrid(warmup=2, repeats=12, min_repeats=12, max_seconds_per_shape=5.0)
+    shapes = [(b, k, contexts(k, b, rng)) for b in (16, 32, 48, 64, 96, 128, 256) for k in ("even", "ragged", "tail")]
+    rows = []
+    for variant in ("even", "balanced"):
+        config = EngineConfig(model=ckpt, balanced_decode=variant == "balanced")
+        executor = EngineExecutor(config, sched, CacheConfig(block_size=BLOCK_SIZE, num_blocks=1500))
+        try:
+            spec = executor.kv_cache_spec()
+            for batch, kind, lens in shapes:
+                plan = build_plan([(1, c, True) for c in lens], spec, sched, np.random.default_rng(0), executor.vocab_size)
+                if plan is None:
+                    continue
+                t = time_plan_overlapped(executor, plan, grid)
+                rows.append({"variant": variant, "batch": batch, "contexts": kind, "total_context": sum(lens),
+                             "max_context": max(lens), "span_ms": 1e3 * statistics.median(t.durations),
+                             "gpu_ms": None if t.gpu_s is None else 1e3 * t.gpu_s})
+        finally:
+            executor.shutdown()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--ckpt", default=None, help="checkpoint folder: also time whole graph decode steps")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    kernel = pd.DataFrame(kernel_rows(16, 8, rng))
+    kernel.to_csv(out / "kernel.csv", index=False)
+    wide = kernel.pivot_table(index=["batch", "contexts"], columns="variant", values="us")
+    print(wide.round(1).to_string(), flush=True)
+    if args.ckpt:
+        step = pd.DataFrame(step_rows(args.ckpt, rng))
+        step.to_csv(out / "step.csv", index=False)
+        print(step.pivot_table(index=["batch", "contexts"], columns="variant", values="gpu_ms").round(3).to_string())
+
+
+if __name__ == "__main__":
+    main()
