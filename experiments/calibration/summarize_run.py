@@ -1,8 +1,9 @@
 """Tables of a calibration run (run 3: async engine, overlap-priced profiled model; run 4: the
-same with prefill CUDA graphs), from its folders.
+same with prefill CUDA graphs; run 5: the same with balanced decode splits), from its folders.
 
   PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run3 > experiments/calibration/results_run3.md
   PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run4 > experiments/calibration/results_run4.md
+  PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run5 > experiments/calibration/results_run5.md
 
 Nothing is measured here. Per model: simulated vs measured on each target workload, the held-out
 errors of the fit, then where the run has them (qwen3_8b_repeat/) the engine's own repeatability:
