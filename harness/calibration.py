@@ -22,7 +22,14 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from sim.profiled import EAGER_REGIMES, REGIMES, ExtrapolationWarning, ProfiledCostModel, table_regimes
+from sim.profiled import (
+    EAGER_REGIMES,
+    REGIMES,
+    ExtrapolationWarning,
+    ProfiledCostModel,
+    priced_measurement,
+    table_regimes,
+)
 
 VALIDATION_SETS = ("grid_split", "random_shapes", "real_steps")
 
@@ -133,15 +140,15 @@ def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
     held = rng.random(len(grid)) < 0.2
     partial = fit_calibration(grid[~held], real, graphs)
     test = grid[held]
-    rows += error_rows("grid_split", test, _quiet(partial.predict, test), test["duration_s"].to_numpy())
+    rows += error_rows("grid_split", test, _quiet(partial.predict, test), priced_measurement(test))
     random = profile[profile["set"] == "random"]
     if len(random):
-        rows += error_rows("random_shapes", random, _quiet(model.predict, random), random["duration_s"].to_numpy())
+        rows += error_rows("random_shapes", random, _quiet(model.predict, random), priced_measurement(random))
     if len(real) >= 2:
         held = rng.random(len(real)) < 0.5
         partial = fit_calibration(grid, real[~held], graphs)
         test = real[held]
-        rows += error_rows("real_steps", test, _quiet(partial.predict, test), test["duration_s"].to_numpy())
+        rows += error_rows("real_steps", test, _quiet(partial.predict, test), priced_measurement(test))
     return model, pd.DataFrame(rows)
 
 

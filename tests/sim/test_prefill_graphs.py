@@ -1,18 +1,19 @@
 """Prefill CUDA graphs on the simulator's side: which steps the features mark as graph replays and
-at what padded size, the "prefill_graph" regime of the profiled model (tests/harness/test_compare_graphs.py: the sizes a
+at what padded size, the "prefill_graph" regime of the profiled model, priced by device time (tests/harness/test_compare_graphs.py: the sizes a
 comparison reads back from a saved engine run)."""
 
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from engine.core.graph_sizes import prefill_graph_sizes
 from sim.config import SimConfig
 from sim.features import GraphSizes, cuda_graph_batch_sizes, step_features
-from sim.profiled import ProfiledCostModel, table_regimes
+from sim.profiled import ProfiledCostModel, priced_measurement, relative_errors, table_regimes
 from tests.sim.helpers import decode, decode_batch, plan, prefill
 
 GRAPHS = GraphSizes(cuda_graph_batch_sizes(256), prefill_graph_sizes(4096))
@@ -74,3 +75,31 @@ def test_the_profiled_model_prices_graph_prefills_by_their_padded_size():
         eager_price = graphs_only.step_time(plan(prefill(3000, 0)))
     # by its 3,000 tokens (the graph law, unpadded), not by its one sequence
     assert eager_price == pytest.approx(1e-3 + 2e-6 * 3000, rel=0.05)
+
+
+def test_graph_prefills_are_priced_by_device_time_and_graph_decodes_by_their_span():
+    # back-to-back repeats of a graph prefill run 8% above its device time (the clock drops under
+    # sustained compute); a graph decode's span carries 0.2 ms of host work beyond its device time
+    plans = [plan(prefill(t, 0)) for t in (16, 64, 200, 512, 700, 1024, 2000, 3000, 4096, 6000, 8192, 16384)]
+    plans += [decode_batch([500] * b) for b in (1, 8, 64, 256)]
+    rows = []
+    for p in plans:
+        f = step_features(p, GRAPHS)
+        size = f["graph_batch_size"] if f["cuda_graph"] else f["num_tokens"]
+        gpu = 1e-3 + 2e-6 * size + 1e-5 * f["num_seqs"]
+        span = gpu * 1.08 if f["num_prefill_tokens"] else gpu + 2e-4
+        rows.append({**f, "duration_s": span if f["cuda_graph"] else max(gpu, 0.02), "gpu_s": gpu,
+                     "launch_s": 0.02 if not f["cuda_graph"] else 1e-3})
+    table = pd.DataFrame(rows)
+    model = ProfiledCostModel.fit(table, GRAPHS)
+    assert model.prices_overlap
+    device = table_regimes(table).eq("prefill_graph").to_numpy()
+    # what is priced: device time for graph prefills, the span for everything else
+    np.testing.assert_allclose(priced_measurement(table), np.where(device, table["gpu_s"], table["duration_s"]))
+    np.testing.assert_allclose(relative_errors(model, table), 0.0, atol=0.03)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        padded = step_features(plan(prefill(1000, 0)), GRAPHS)["graph_batch_size"]
+        assert model.step_time(plan(prefill(1000, 0))) == pytest.approx(1e-3 + 2e-6 * padded + 1e-5, rel=0.02)
+        decode = decode_batch([500] * 64)
+        assert model.step_time(decode) == pytest.approx(1e-3 + 2e-6 * 64 + 64e-5 + 2e-4, rel=0.02)
