@@ -6,6 +6,10 @@ Per model folder of a run (h100_run2/<model>): the held-out errors of the fit (v
 then per workload the comparison against the engine (compare.csv, compare_schedule.csv) for the
 profiled model (calibrated on the grid and the offline calibration run), the roofline model, and
 the profiled model refitted leaving that workload out (lowo/<workload>/, lowo.sh).
+
+The step table needs the runs' compare_steps.csv, which the tree no longer keeps for runs 1-4
+(README: what the run folders keep); `git checkout 69a90b0 -- experiments/calibration/h100_run2`
+brings them back.
 """
 
 from __future__ import annotations
