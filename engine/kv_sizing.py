@@ -59,13 +59,16 @@ def num_kv_blocks(profile: MemoryProfile, utilization: float, block_bytes: int, 
     return blocks
 
 
-def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, StepPlan, StepPlan]:
+def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, StepPlan, StepPlan, StepPlan]:
     """The largest steps the scheduler can produce: a prefill of max_num_batched_tokens tokens in
     sequences of up to max_model_len, the same budget over as many short sequences as
     max_num_seqs allows (kernels pick other tile shapes for short queries: compiling them here
     keeps compilation out of the first real steps), and a decode of max_num_seqs rows sampled
-    with top-p (the sampler's sort path). Every sequence shares one table of blocks 0..n-1, so a
-    cache of one max_model_len sequence serves the warm-up."""
+    with top-p (the sampler's sort path); then the same decode sampled by temperature alone with a
+    seed per row, the sampler kernel's other variant (without it, a bench's first step compiled
+    it: 0.47 s instead of 0.036 s on an H100, experiments/calibration/first_step_probe.py). Every
+    sequence shares one table of blocks 0..n-1, so a cache of one max_model_len sequence serves
+    the warm-up."""
     table = list(range(-(-config.max_model_len // block_size)))
     params = SamplingParams(temperature=1.0, top_p=0.9)
     budget, max_len, max_seqs = config.max_num_batched_tokens, config.max_model_len, config.max_num_seqs
@@ -76,14 +79,16 @@ def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, St
     short = max(2, min(max_len, budget // max_seqs))
     short_lengths = [short] * max(1, min(max_seqs, budget // short))
 
-    def plan(lens: list[int], kind: str) -> StepPlan:
-        entries = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True, params, 0, kind == "decode")
+    def plan(lens: list[int], kind: str, seeded: bool = False) -> StepPlan:
+        entries = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True,
+                                    SamplingParams(temperature=0.7, seed=i) if seeded else params, 0, kind == "decode")
                    for i, n in enumerate(lens)]
         tokens = sum(lens)
         return StepPlan(entries, StepStats(0, kind, len(entries), 0 if kind == "decode" else tokens,
                                            tokens if kind == "decode" else 0, 0, 0, 0, 0, 0))
 
-    return plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan([1] * max_seqs, "decode")
+    decode = [1] * max_seqs
+    return plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan(decode, "decode"), plan(decode, "decode", True)
 
 
 def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
@@ -102,7 +107,7 @@ def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
     base = torch.cuda.memory_reserved(dev)
     runner.allocate_kv_cache(runner.max_blocks_per_seq)
     temp = torch.cuda.memory_reserved(dev) - base
-    prefill, short_prefill, decode = warmup_plans(runner.scheduler_config, runner.block_size)
+    prefill, short_prefill, decode, seeded_decode = warmup_plans(runner.scheduler_config, runner.block_size)
     with torch.inference_mode():
         runner.execute(prefill)
         runner.execute(short_prefill)
@@ -114,6 +119,7 @@ def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
         torch.cuda.synchronize(dev)
         forward_peak = torch.cuda.max_memory_allocated(dev) - before
         runner.execute(decode)
+        runner.execute(seeded_decode)
         torch.cuda.synchronize(dev)
     # reserved memory only grows until empty_cache(): now it is the warm-up's whole footprint
     peak = torch.cuda.memory_reserved(dev) - base - temp

@@ -1,10 +1,12 @@
 """Tables of a calibration run (run 3: async engine, overlap-priced profiled model; run 4: the
-same with prefill CUDA graphs; run 5: the same with balanced decode splits), from its folders.
+same with prefill CUDA graphs; run 5: the same with balanced decode splits; run 6: the same with
+prefill graphs priced by device time), from its folders.
 
   PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run3 > experiments/calibration/results_run3.md
   PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run4 > experiments/calibration/results_run4.md
   PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run5 > experiments/calibration/results_run5.md
   PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run5 repriced > experiments/calibration/results_run5_repriced.md
+  PYTHONPATH=. python experiments/calibration/summarize_run.py h100_run6 > experiments/calibration/results_run6.md
 
 A second argument reads each model's <sub-folder>/ instead: the same engine runs compared again
 without a GPU (refit.py for validation.csv, recompare.py for compare_*/) after a change of the

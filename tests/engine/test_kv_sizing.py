@@ -52,7 +52,7 @@ def test_too_little_memory_names_the_setting():
 @pytest.mark.parametrize("budget,max_len,max_seqs", [(16384, 4096, 512), (1000, 300, 4), (64, 64, 64)])
 def test_warmup_plans_are_the_largest_steps(budget, max_len, max_seqs):
     config = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len)
-    prefill, short, decode = warmup_plans(config, block_size=16)
+    prefill, short, decode, seeded = warmup_plans(config, block_size=16)
     lengths = [len(e.token_ids) for e in prefill.scheduled]
     assert sum(lengths) == min(budget, max_len * max_seqs) and max(lengths) <= max_len
     assert len(lengths) <= max_seqs
@@ -65,6 +65,10 @@ def test_warmup_plans_are_the_largest_steps(budget, max_len, max_seqs):
         # one shared table covers a max_model_len sequence, so a one-sequence cache serves all
         assert len(e.block_table) * 16 >= e.context_len and len(e.block_table) == -(-max_len // 16)
         assert e.sample and e.sampling_params.top_p < 1.0  # the sampler's costliest path
+    # and the sampler kernel's other variant: temperature alone, a seed per row
+    assert [len(e.token_ids) for e in seeded.scheduled] == [1] * max_seqs
+    params = [e.sampling_params for e in seeded.scheduled]
+    assert all(p.temperature > 0 and p.top_p == 1.0 and p.top_k == -1 and p.seed is not None for p in params)
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
