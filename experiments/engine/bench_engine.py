@@ -55,6 +55,7 @@ VARIANTS = {
     "fused": {"fused_kernels": "triton"},
     "fused_eager": {"fused_kernels": "triton", "enforce_eager": True},
     "sync": {"async_scheduling": "off"},
+    "even_decode": {"balanced_decode": False},  # kernels.decode_split's even rule
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.
