@@ -7,7 +7,7 @@ programs, each walking at most `chunk` keys. Two rules set the chunk:
 - even: chunk = L / S, rounded up to whole tiles. Every sequence is cut into the same number
   of pieces, so in a ragged batch the longest sequence's programs are the longest: with one
   split (batch >= 33 on an H100 with 8 KV heads) a tenth of the batch at 3,700 keys and the
-  rest at 700 made the kernel 63-67% slower than an even batch of the same total
+  rest at 700 made the kernel 66-75% slower than an even batch of the same total
   (experiments/kernels/decode_balance.py, H100).
 - balanced: the step also passes the batch's fair share of keys per program (balanced_chunk),
   and chunk = max(fair share, L / S). Long sequences are cut into pieces of about the fair
