@@ -4,7 +4,8 @@ Steps fall in four regimes that a GPU runs differently, each fitted on its own r
 - "prefill" (any prefill chunk, mixed steps included, run eagerly): piecewise-linear in num_tokens
   (memory-bound for small chunks, compute-bound for large ones) + attention pairs + decode context
   + sequences;
-- "prefill_graph" (the same, replayed as a CUDA graph): the same fit in the padded token count;
+- "prefill_graph" (the same, replayed as a CUDA graph): the same fit in the padded token count,
+  priced by the device-time fit where the profile has one (DEVICE_PRICED_REGIMES says why);
 - "decode_graph" (decode-only, replayed CUDA graph): piecewise-linear in the padded graph batch,
   whose cost steps with the captured sizes, + decode context tokens (KV reads);
 - "decode_eager": the same in the real batch size.
@@ -29,7 +30,7 @@ step_time() prices an eager step as max(gpu, launch - hidden) with hidden = min(
 gpu), the host time left free during the previous step = its priced duration less its own launch
 time less launch_delay_s, the loop's own work before it launches the next step: reading the
 previous result, update(), schedule(), building the batch; fitted on real steps,
-harness.calibration). predict() does the
+harness.calibration); a prefill graph step as its gpu time. predict() does the
 same for a table in step order with its previous_duration_s column (the measured duration of each
 row's predecessor; without it each step is priced alone).
 """
