@@ -18,7 +18,7 @@ admissions). Where a table has a host_s column (real engine runs recorded by the
 fourth fit, "host", prices that time (linear in num_seqs and prefill tokens, plain least squares:
 the clock needs its mean; stalls above HOST_STALL_S are left out), and step_time() adds it, so the
 simulated clock follows the engine's wall clock. predict() of a table stays comparable with its
-duration_s: the executor's part.
+duration_s, the executor's part (gpu_s for device-priced rows: priced_measurement).
 
 Overlapped steps (async scheduling): the engine launches step N+1 from the host while the device
 still runs step N, so an eager step whose launches take longer than its device work (a small
