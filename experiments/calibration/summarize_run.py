@@ -69,25 +69,33 @@ def validation() -> str:
     return table(["model", "held-out set", "steps", "median abs err", "P90 abs err", "error of the sum"], rows)
 
 
-def repeatability() -> str:
+# Earlier runs whose engine code was the same as this run's: their engine runs are repeats too.
+SAME_ENGINE = {"h100_run6": ("h100_run5",)}
+
+
+def repeatability(folder: str) -> str:
+    """The model's online engine percentiles over this run, its repeats (<folder>_repeat/, one
+    device call after the calibration call) and SAME_ENGINE runs, against this run's simulator."""
     rows = []
+    repeats = sorted(p.name.rsplit("_r", 1)[1] for p in (HERE / f"{folder}_repeat").glob("compare_poisson_r*")
+                     if p.is_dir())
     for workload in ("poisson", "azure"):
-        runs = {"calibration call": HERE / "qwen3_8b" / f"compare_{workload}"}
-        runs.update({f"repeat {r}": HERE / "qwen3_8b_repeat" / f"compare_{workload}_r{r}" for r in (1, 2)})
-        values = {}
-        for name, path in runs.items():
-            frame = pd.read_csv(path / "compare.csv").set_index("metric")
-            values[name] = frame.loc[list(METRICS), "engine"]
-            sim = frame.loc[list(METRICS), "sim_profiled"]
+        runs = {"calibration call": HERE / folder / f"compare_{workload}"}
+        runs.update({f"{other.replace('h100_run', 'run ')} call": ROOT / other / folder / f"compare_{workload}"
+                     for other in SAME_ENGINE.get(HERE.name, ())})
+        runs.update({f"repeat {r}": HERE / f"{folder}_repeat" / f"compare_{workload}_r{r}" for r in repeats})
+        values = {name: pd.read_csv(path / "compare.csv").set_index("metric").loc[list(METRICS), "engine"]
+                  for name, path in runs.items()}
+        sim = pd.read_csv(runs["calibration call"] / "compare.csv").set_index("metric").loc[list(METRICS), "sim_profiled"]
         engine = pd.DataFrame(values)
         for metric in METRICS:
             spread = engine.loc[metric].max() / engine.loc[metric].min() - 1
             scale = 1e3 if metric != "output_tok_s" else 1.0
-            fmt = (lambda v: f"{v * scale:.1f}") if scale != 1 else (lambda v: f"{v:,.0f}")
+            fmt = (lambda v: f"{v * scale:.2f}") if scale != 1 else (lambda v: f"{v:,.0f}")
             rows.append([workload, metric, *[fmt(v) for v in engine.loc[metric]], f"{100 * spread:.0f}%",
                          fmt(sim[metric]), pct(sim[metric] / engine.loc[metric].mean() - 1)])
-    return table(["workload", "metric (ms or tok/s)", *["engine: calibration call", "engine: repeat 1",
-                  "engine: repeat 2"], "engine max/min - 1", "sim (profiled)", "sim vs engine mean"], rows)
+    return table(["workload", "metric (ms or tok/s)", *[f"engine: {name}" for name in runs],
+                  "engine max/min - 1", "sim (profiled)", "sim vs engine mean"], rows)
 
 
 def main() -> None:
@@ -104,12 +112,13 @@ def main() -> None:
     print(comparison() + "\n")
     print("## Held-out error of the fit, per step\n")
     print(validation() + "\n")
-    if not (HERE / "qwen3_8b_repeat").is_dir():
-        return
-    print("## Qwen3-8B: the engine's own run-to-run spread on the online workloads\n")
-    print("Same workload, seeds and fitted model, the engine in a fresh process each time "
-          "(`repeat_h100.sh`, one device call after the calibration call; the simulated runs are deterministic).\n")
-    print(repeatability())
+    for label, folder in MODELS.items():
+        if not (HERE / f"{folder}_repeat").is_dir():
+            continue
+        print(f"## {label}: the engine's own run-to-run spread on the online workloads\n")
+        print("Same workload, seeds and fitted model, the engine in a fresh process each time "
+              "(`repeat_h100.sh`, one device call after the calibration call; the simulated runs are deterministic).\n")
+        print(repeatability(folder) + "\n")
 
 
 if __name__ == "__main__":
