@@ -81,7 +81,8 @@ EAGER_REGIMES = ("prefill", "decode_eager")
 # device at full power, and its clock drops, while a served prefill runs between decode steps.
 # Calibration run 5 (H100), summed over the online runs' prefill graph steps: the span fit priced
 # Qwen3-8B's 9-11% above what they took, the device-time fit 3-6%; decode graph steps are the
-# other way round (span within 1-3%, device time 3-5% under), so they keep the span.
+# other way round (span 0-3% under, device time 1-5% under), so they keep the span
+# (experiments/calibration/price_check.py).
 DEVICE_PRICED_REGIMES = ("prefill_graph",)
 
 
