@@ -45,24 +45,25 @@ def contexts(kind: str, batch: int, rng: np.random.Generator) -> list[int]:
     return [3700] * long + [max(16, short)] * (batch - long)
 
 
-def split_variants(batch: int, num_kv_heads: int, sms: int) -> dict[str, tuple[int, bool]]:
+def split_variants(batch: int, num_kv_heads: int, sms: int, max_model_len: int) -> dict[str, tuple[int, bool]]:
     """name -> (split count, balanced chunk or not)"""
-    picked = decode.choose_num_splits(batch, num_kv_heads, MAX_MODEL_LEN, sms)
+    picked = decode.choose_num_splits(batch, num_kv_heads, max_model_len, sms)
     out = {"picked": (picked, False)}
     for cap in CAPS:
-        out[f"cap{cap}"] = (min(64, max(picked, triton.cdiv(MAX_MODEL_LEN, cap))), False)
-    out["balanced"] = (decode.choose_num_splits(batch, num_kv_heads, MAX_MODEL_LEN, sms, True), True)
+        out[f"cap{cap}"] = (min(64, max(picked, triton.cdiv(max_model_len, cap))), False)
+    out["balanced"] = (decode.choose_num_splits(batch, num_kv_heads, max_model_len, sms, True), True)
     out["balanced_s8"] = (max(8, out["balanced"][0]), True)
     return out
 
 
-def kernel_rows(num_heads: int, num_kv_heads: int, rng: np.random.Generator) -> list[dict]:
+def kernel_rows(num_heads: int, num_kv_heads: int, rng: np.random.Generator,
+                max_model_len: int = MAX_MODEL_LEN) -> list[dict]:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch in BATCHES:
         for kind in ("even", "ragged", "tail"):
             lens = contexts(kind, batch, rng)
-            blocks_per_seq = triton.cdiv(MAX_MODEL_LEN, BLOCK_SIZE)
+            blocks_per_seq = triton.cdiv(max_model_len, BLOCK_SIZE)
             num_blocks = sum(triton.cdiv(c, BLOCK_SIZE) for c in lens)
             shape = (num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
             k_cache = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
@@ -78,7 +79,7 @@ def kernel_rows(num_heads: int, num_kv_heads: int, rng: np.random.Generator) -> 
             q = torch.randn((batch, num_heads, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
             fair = balanced_chunk(np.array(lens), num_kv_heads, sms)
             chunk = torch.tensor([fair], dtype=torch.int32, device="cuda")
-            for name, (splits, balanced) in split_variants(batch, num_kv_heads, sms).items():
+            for name, (splits, balanced) in split_variants(batch, num_kv_heads, sms, max_model_len).items():
                 ms = bench_graph(lambda s=splits, c=chunk if balanced else None: decode.paged_decode_attention(
                     q, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5, num_splits=s, split_chunk=c))
                 rows.append({"batch": batch, "contexts": kind, "total_context": sum(lens),
@@ -123,12 +124,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--ckpt", default=None, help="checkpoint folder: also time whole graph decode steps")
+    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
+                        help="the launch's room (graphs capture for it); contexts stay as they are")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    kernel = pd.DataFrame(kernel_rows(16, 8, rng))
-    kernel.to_csv(out / "kernel.csv", index=False)
+    kernel = pd.DataFrame(kernel_rows(16, 8, rng, args.max_model_len))
+    name = "kernel.csv" if args.max_model_len == MAX_MODEL_LEN else f"kernel_max_model_len_{args.max_model_len}.csv"
+    kernel.to_csv(out / name, index=False)
     wide = kernel.pivot_table(index=["batch", "contexts"], columns="variant", values="us")
     print(wide.round(1).to_string(), flush=True)
     if args.ckpt:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kernels.decode_split import (
     BALANCE_CHUNK,
+    MAX_BALANCE_PROGRAMS,
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
     balanced_chunk,
@@ -71,6 +72,16 @@ def test_small_batches_fill_the_gpu_as_before():
     assert choose_num_splits(256, 8, 8192, 132, balanced=True) == 8192 // BALANCE_CHUNK
     # short contexts are not split below the minimum chunk
     assert choose_num_splits(1, 8, 300, 132) == -(-300 // MIN_TOKENS_PER_SPLIT)
+
+
+def test_the_launch_room_for_long_models_is_bounded():
+    # max_model_len 40,960: room for 40 pieces would launch 164k programs at batch 512, mostly idle
+    for batch in (48, 64, 256, 512):
+        splits = choose_num_splits(batch, KV_HEADS, 40960, H100_SMS, balanced=True)
+        assert splits * batch * KV_HEADS <= max(MAX_BALANCE_PROGRAMS, 4 * H100_SMS)
+        assert splits >= min(40960 // BALANCE_CHUNK, MAX_BALANCE_PROGRAMS // (batch * KV_HEADS))
+    # a 4,096-token model keeps its room at every batch size up to 512
+    assert all(choose_num_splits(b, KV_HEADS, 4096, H100_SMS, balanced=True) >= 4 for b in (33, 128, 512))
 
 
 def test_padding_rows_and_empty_batches():
