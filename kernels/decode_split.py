@@ -30,7 +30,7 @@ BALANCE_CHUNK = 1024
 MAX_BALANCE_PROGRAMS = 16384
 
 
-def _cdiv(a: int, b: int) -> int:
+def _cdiv(a, b):  # ints or numpy arrays
     return -(-a // b)
 
 
@@ -66,5 +66,5 @@ def split_chunks(seq_lens: np.ndarray, num_splits: int, chunk: int | None, block
     """Keys per program of each sequence, as the kernel derives them (chunk None: the even rule).
     Sequence i uses ceil(seq_lens[i] / result[i]) programs, at least one."""
     lens = np.asarray(seq_lens, dtype=np.int64)
-    even = np.maximum(block_n, -(-(-(-lens // num_splits)) // block_n) * block_n)
+    even = np.maximum(block_n, _cdiv(_cdiv(lens, num_splits), block_n) * block_n)
     return even if chunk is None else np.maximum(even, chunk)

@@ -1,6 +1,6 @@
 """The fused kernels run by Triton's interpreter on CPU float32 tensors: the kernel checks of
-fused_cases, the model with the real kernels wired in (against its torch path), and the sampler's
-kernel path held to the CPU sampler's properties.
+fused_cases, the model with the real kernels wired in (against its torch path), the sampler's
+kernel path held to the CPU sampler's properties, and the decode attention kernel's work split.
 
 Not collected by default (the file name does not start with test_): test_fused_interpreter.py
 runs it in a subprocess with TRITON_INTERPRET=1, which Triton reads when a kernel is decorated,
