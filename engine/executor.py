@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 # Backends whose decode path can be captured in a CUDA graph (no host syncs, no shapes taken
 # from tensor contents). The torch reference backend is not one of them.
-GRAPH_CAPTURABLE_BACKENDS = ("triton", "flash_attn")
 # How long rank 0 waits for a worker's answer, and torch.distributed's collective timeout.
 TP_TIMEOUT_S = 600.0
 
@@ -69,15 +68,29 @@ def read_eos_token_ids(model_dir: str | Path, hf_config) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def engine_dtype(engine_config: EngineConfig, device: torch.device) -> torch.dtype | None:
+    """The dtype the model will run in: the configured one, else the checkpoint's (None: unreadable,
+    the loader reports why)."""
+    dtype = resolve_dtype(engine_config.dtype, device)
+    if dtype is not None:
+        return dtype
+    config = read_model_config(engine_config.model) or {}
+    name = config.get("torch_dtype") or config.get("dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
 def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 device: torch.device, attention_backend: str, group=None) -> ModelRunner:
-    """Load this rank's model (the whole model when group is None) and wrap it in a runner."""
+                 device: torch.device, group=None) -> ModelRunner:
+    """Load this rank's model (the whole model when group is None) and wrap it in a runner. Every
+    rank resolves engine_config.attention_backend from the same inputs, so all run the same one."""
     tp = engine_config.tensor_parallel_size
+    backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size,
+                                    engine_dtype(engine_config, device))
     model, hf_config = load_model(
         engine_config.model,
         dtype=resolve_dtype(engine_config.dtype, device),
         device=str(device),
-        attention_backend=attention_backend,
+        attention_backend=backend,
         tp_rank=group.rank if group else 0,
         tp_size=tp,
         all_reduce=group.all_reduce if group else None,
@@ -141,24 +154,24 @@ class EngineExecutor:
             if device.type == "cuda":
                 device = torch.device("cuda", 0)
         self.device = device
-        backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size)
+        backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size,
+                                        engine_dtype(engine_config, device))
         self.attention_backend = backend.name
         self._spin_cycles_per_s: float | None = None  # hold_device's calibration
         # steps overlapped by the core loop (engine.overlap): it looks for this attribute
         self.overlaps_steps = engine_config.async_scheduling == "on" or (
             engine_config.async_scheduling == "auto" and device.type == "cuda" and tp == 1)
         self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
-                                 and backend.name in GRAPH_CAPTURABLE_BACKENDS)
-        # prefill graphs need the Triton prefill kernel's tile maps (engine.prefill_graphs)
+                                 and backend.captures_decode())
         self.prefill_graph_tokens = engine_config.prefill_graph_tokens if (
-            self.uses_cuda_graphs and backend.name == "triton") else 0
+            self.uses_cuda_graphs and backend.captures_prefill()) else 0
         if device.type == "cuda" and not engine_config.enforce_eager and not self.uses_cuda_graphs:
             log.warning("attention backend %r cannot be captured in a CUDA graph: decode steps run eagerly",
                         backend.name)
         try:
             if tp > 1:
                 self._start_workers(scheduler_config, cache_config)
-            self.runner = build_runner(engine_config, scheduler_config, cache_config, device, backend.name, self.group)
+            self.runner = build_runner(engine_config, scheduler_config, cache_config, device, self.group)
             if self.workers:
                 self.workers.replies("load")
                 self.workers.send("profile", self.uses_cuda_graphs)
@@ -208,9 +221,8 @@ class EngineExecutor:
         cfg = self.config
         apply_safe_env()  # before the spawn: children inherit it
         port = free_port()
-        backend = self.attention_backend
         specs = [WorkerSpec(rank, cfg.tensor_parallel_size, port, cfg, scheduler_config, cache_config,
-                            self.device.type, backend, TP_TIMEOUT_S, torch.get_num_threads())
+                            self.device.type, TP_TIMEOUT_S, torch.get_num_threads())
                  for rank in range(1, cfg.tensor_parallel_size)]
         self.workers = Workers(specs)
         self.workers.replies("start")  # every worker imported its stack and is about to join

@@ -72,7 +72,7 @@ class PrefillGraphs:
         return min(size, self.max_num_seqs)
 
     def block_q(self, size: int) -> int:
-        return tile_shape(self.group, size).block_q
+        return tile_shape(self.group, size, self.kv_caches[0][0].element_size()).block_q
 
     def num_tiles(self, size: int) -> int:
         return max_tiles(size, self.seqs(size), self.block_q(size))

@@ -157,7 +157,7 @@ def paged_prefill_attention(
     if num_seqs == 0 or max_query_len == 0 or q.shape[0] == 0:
         return out
     _, page, num_kv_heads, head_dim = k_cache.shape
-    default = tile_shape(group, max_query_len)
+    default = tile_shape(group, max_query_len, q.element_size())
     if tiles is not None:
         if block_m or block_n or num_warps:
             raise ValueError("a tile map is built for the default tile shape: do not pass block_m, block_n or num_warps")

@@ -12,6 +12,14 @@ from engine.attention.metadata import AttentionMetadata
 class AttentionBackend(Protocol):
     name: str
 
+    def captures_decode(self) -> bool:
+        """Decode steps can be captured in a CUDA graph (no host syncs, grid fixed by the batch)."""
+        ...
+
+    def captures_prefill(self) -> bool:
+        """Prefill and mixed steps can be captured too (engine.prefill_graphs' padded tile maps)."""
+        ...
+
     def forward(
         self,
         q: torch.Tensor,

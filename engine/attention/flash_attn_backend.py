@@ -1,33 +1,82 @@
-"""Attention backend on the flash-attn package (FlashAttention-2 paged-KV entry points).
+"""Attention backend on flash-attn: FlashAttention-4 (`flash_attn.cute`, CuTe DSL, Hopper and
+newer) where it imports, else FlashAttention-2's paged-KV entry points.
 
-Prefill: flash_attn_varlen_func with block_table reads keys straight from the paged cache (its
-causal mask is aligned bottom-right, i.e. query j of a sequence sits at seq_len - q_len + j, which
-is this project's convention). Decode: flash_attn_with_kvcache, one query per sequence. New K/V
-are written first by the project's store kernel so padded slots (< 0) are skipped the same way
-as in the Triton backend.
+Both read keys straight from the paged cache through the block table, with the causal mask
+aligned bottom-right (query j of a sequence sits at seq_len - q_len + j: this project's
+convention). New K/V are written first by the project's store kernel, so padded slots (< 0) are
+skipped as in the Triton backend.
+
+FA4 on SM90 takes the block table as `page_table` with per-sequence key counts in `seqused_k`
+(not with cu_seqlens_k), any page size, float16/bfloat16 only, and no split-KV (num_splits=1):
+a decode step gets one program per (sequence, KV head group), which is why `auto` can route
+small decode batches with long contexts to the Triton split-KV kernel instead
+(engine.attention.registry). Pages past a sequence's keys are read and masked, so they must hold
+finite values: the model allocates its cache zeroed.
+FA2 reads the cache only in pages of a multiple of 256 tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from engine.attention.registry import FLASH_ATTN_PAGE_MULTIPLE
-from kernels.store_kvcache import store_kvcache
+# flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens.
+FA2_PAGE_MULTIPLE = 256
+FA4_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def import_fa4() -> Callable | None:
+    """FA4's varlen entry point, or None where flash_attn.cute does not import."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except ImportError:  # also a missing CuTe DSL or CUDA runtime under it
+        return None
+    return flash_attn_varlen_func
+
+
+def import_fa2() -> tuple[Callable, Callable] | None:
+    try:
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return flash_attn_varlen_func, flash_attn_with_kvcache
+
+
+def flash_attn_problem(block_size: int | None, dtype: torch.dtype | None) -> str | None:
+    """Why the flash_attn backend cannot serve this cache, or None if it can (or nothing is known)."""
+    if import_fa4() is not None:
+        if dtype is not None and dtype not in FA4_DTYPES:
+            return f"FlashAttention-4 computes in float16 or bfloat16 only, got {dtype}"
+        return None
+    if import_fa2() is None:
+        return "the flash-attn package is not installed (pip install '.[flash]' for FlashAttention-4)"
+    if block_size is not None and block_size % FA2_PAGE_MULTIPLE:
+        return (f"flash-attn 2 needs block_size to be a multiple of {FA2_PAGE_MULTIPLE} "
+                f"(its paged KV limit), got {block_size}")
+    return None
 
 
 class FlashAttnBackend:
     name = "flash_attn"
 
     def __init__(self) -> None:
-        try:
-            from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
-        except ImportError as exc:
-            raise ImportError(
-                "attention backend 'flash_attn' needs the flash-attn package "
-                "(pip install flash-attn); use 'triton' or 'torch' instead"
-            ) from exc
-        self._varlen = flash_attn_varlen_func
-        self._with_kvcache = flash_attn_with_kvcache
+        self._fa4 = import_fa4()
+        self._fa2 = None if self._fa4 is not None else import_fa2()
+        if self._fa4 is None and self._fa2 is None:
+            raise ImportError("attention backend 'flash_attn' needs flash-attn: pip install '.[flash]' "
+                              "(FlashAttention-4) or flash-attn 2; use 'triton' or 'torch' instead")
+        self.version = 4 if self._fa4 is not None else 2
+        from kernels.store_kvcache import store_kvcache  # Triton: imported only where it runs
+
+        self._store = store_kvcache
+
+    def captures_decode(self) -> bool:
+        return True
+
+    def captures_prefill(self) -> bool:
+        # prefill graphs replay a fixed grid over a tile map, which only the Triton kernel reads
+        return False
 
     def forward(
         self,
@@ -39,38 +88,45 @@ class FlashAttnBackend:
         meta,  # engine.attention.metadata.AttentionMetadata
         scale: float,
     ) -> torch.Tensor:
-        block_size = k_cache.shape[1]
-        if block_size % FLASH_ATTN_PAGE_MULTIPLE != 0:
-            raise ValueError(
-                f"block_size must be a multiple of {FLASH_ATTN_PAGE_MULTIPLE} for the flash_attn "
-                f"backend (flash-attn's paged KV limit), got {block_size}"
-            )
-        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
-        if meta.is_decode_only:
-            out = self._with_kvcache(
-                q.unsqueeze(1),  # [num_seqs, 1, num_heads, head_dim]
-                k_cache,
-                v_cache,
-                cache_seqlens=meta.seq_lens,
-                block_table=meta.block_tables,
-                softmax_scale=scale,
-                causal=True,
-            )
-            return out.squeeze(1)
-        # cu_seqlens_k from the per-sequence context lengths, on device (prefill runs eagerly)
-        cu_seqlens_k = torch.zeros(
-            meta.seq_lens.shape[0] + 1, dtype=torch.int32, device=meta.seq_lens.device
-        )
-        cu_seqlens_k[1:] = torch.cumsum(meta.seq_lens, dim=0)
-        return self._varlen(
+        if self._fa4 is not None and q.dtype not in FA4_DTYPES:
+            raise ValueError(f"attention backend 'flash_attn': FlashAttention-4 computes in float16 or "
+                             f"bfloat16 only, got {q.dtype}")
+        if self._fa4 is None and k_cache.shape[1] % FA2_PAGE_MULTIPLE:
+            raise ValueError(f"attention backend 'flash_attn': flash-attn 2 needs block_size to be a "
+                             f"multiple of {FA2_PAGE_MULTIPLE}, got {k_cache.shape[1]}")
+        self._store(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self._fa4 is not None:
+            return self._forward_fa4(q, k_cache, v_cache, meta, scale)
+        return self._forward_fa2(q, k_cache, v_cache, meta, scale)
+
+    def _forward_fa4(self, q, k_cache, v_cache, meta, scale) -> torch.Tensor:
+        out, _ = self._fa4(
             q,
             k_cache,
             v_cache,
             cu_seqlens_q=meta.query_start_loc,
-            cu_seqlens_k=cu_seqlens_k,
+            seqused_k=meta.seq_lens,
             max_seqlen_q=meta.max_query_len,
-            max_seqlen_k=meta.max_seq_len,
+            page_table=meta.block_tables,
             softmax_scale=scale,
             causal=True,
-            block_table=meta.block_tables,
+            num_splits=1,  # SM90: "SplitKV not supported"
+        )
+        return out  # [num_tokens, num_heads, head_dim]
+
+    def _forward_fa2(self, q, k_cache, v_cache, meta, scale) -> torch.Tensor:
+        varlen, with_kvcache = self._fa2
+        if meta.is_decode_only:
+            out = with_kvcache(
+                q.unsqueeze(1),  # [num_seqs, 1, num_heads, head_dim]
+                k_cache, v_cache, cache_seqlens=meta.seq_lens, block_table=meta.block_tables,
+                softmax_scale=scale, causal=True,
+            )
+            return out.squeeze(1)
+        cu_seqlens_k = torch.zeros(meta.seq_lens.shape[0] + 1, dtype=torch.int32, device=meta.seq_lens.device)
+        cu_seqlens_k[1:] = torch.cumsum(meta.seq_lens, dim=0)
+        return varlen(
+            q, k_cache, v_cache, cu_seqlens_q=meta.query_start_loc, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len, softmax_scale=scale,
+            causal=True, block_table=meta.block_tables,
         )

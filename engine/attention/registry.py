@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from engine.attention.backend import AttentionBackend
+from engine.attention.flash_attn_backend import flash_attn_problem
 from engine.config import ATTENTION_BACKENDS
 
 
@@ -35,45 +36,42 @@ _FACTORIES: dict[str, Callable[[], AttentionBackend]] = {
     "triton": _triton,
     "flash_attn": _flash_attn,
 }
-_REQUIRED_PACKAGE = {"triton": "triton", "flash_attn": "flash_attn"}
 
 
-def _available(name: str) -> bool:
-    package = _REQUIRED_PACKAGE.get(name)
-    return package is None or importlib.util.find_spec(package) is not None
-
-
-# flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens.
-FLASH_ATTN_PAGE_MULTIPLE = 256
+def _problem(name: str, block_size: int | None, dtype: torch.dtype | None) -> str | None:
+    """Why backend `name` cannot serve this cache here, or None."""
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        return "the 'triton' package is not installed"
+    if name == "flash_attn":
+        return flash_attn_problem(block_size, dtype)
+    return None
 
 
 def get_attention_backend(
-    name: str, device: torch.device | str | None = None, block_size: int | None = None
+    name: str, device: torch.device | str | None = None, block_size: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
-    """"auto" picks flash_attn, then triton, when the device is CUDA and they import; else torch.
+    """"auto" on CUDA routes each phase to what was measured fastest for it
+    (engine.attention.phases: flash-attn for eager prefills, Triton for decodes and prefill
+    graphs) when both run here, else the one that does (flash_attn, then triton); elsewhere torch.
 
-    device: where the model runs; None means CUDA if available. block_size: the KV block size, so
-    that "auto" passes over flash_attn for blocks it cannot page and an explicit "flash_attn" is
-    refused for them (None: assume it can page them).
+    device: where the model runs; None means CUDA if available. block_size and dtype: the KV
+    cache's, so that "auto" passes over a backend that cannot serve it and an explicit name is
+    refused for it before a model is loaded (None: not known, assume it can).
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend={name!r} is unknown; expected one of {ATTENTION_BACKENDS}")
     if name != "auto":
-        if name == "flash_attn" and block_size is not None and block_size % FLASH_ATTN_PAGE_MULTIPLE:
-            # refused here, before a model is loaded, rather than at the first forward
-            raise ValueError(f"attention_backend='flash_attn' needs block_size to be a multiple of "
-                             f"{FLASH_ATTN_PAGE_MULTIPLE} (flash-attn's paged KV limit), got {block_size}")
-        if not _available(name):
-            raise ValueError(f"attention_backend={name!r} needs the {_REQUIRED_PACKAGE[name]!r} package")
+        problem = _problem(name, block_size, dtype)
+        if problem:
+            raise ValueError(f"attention_backend={name!r}: {problem}")
         return _FACTORIES[name]()
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
-    if on_cuda:
-        for candidate in ("flash_attn", "triton"):
-            if candidate == "flash_attn" and block_size is not None and block_size % FLASH_ATTN_PAGE_MULTIPLE:
-                continue
-            if _available(candidate):
-                try:
-                    return _FACTORIES[candidate]()
-                except ImportError:
-                    continue  # wrapper not written yet or a broken install: fall through
-    return _FACTORIES["torch"]()
+    if not on_cuda:
+        return _FACTORIES["torch"]()
+    usable = [n for n in ("flash_attn", "triton") if _problem(n, block_size, dtype) is None]
+    if usable == ["flash_attn", "triton"]:
+        from engine.attention.phases import PhaseRoutedBackend
+
+        return PhaseRoutedBackend(_FACTORIES["flash_attn"](), _FACTORIES["triton"]())
+    return _FACTORIES[usable[0] if usable else "torch"]()

@@ -31,6 +31,12 @@ def store_kv(
 class TorchAttentionBackend:
     name = "torch"
 
+    def captures_decode(self) -> bool:
+        return False
+
+    def captures_prefill(self) -> bool:
+        return False
+
     def forward(
         self,
         q: torch.Tensor,

@@ -24,6 +24,12 @@ class TritonAttentionBackend:
 
     name = "triton"
 
+    def captures_decode(self) -> bool:
+        return True
+
+    def captures_prefill(self) -> bool:
+        return True
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]

@@ -20,8 +20,7 @@ def worker_main(spec, conn) -> None:
         device = torch.device("cuda", spec.rank) if spec.device_type == "cuda" else torch.device("cpu")
         conn.send(("hello", None))
         group = DistGroup(spec.rank, spec.size, spec.port, device, spec.timeout_s)
-        runner = build_runner(spec.engine_config, spec.scheduler_config, spec.cache_config, device,
-                              spec.attention_backend, group)
+        runner = build_runner(spec.engine_config, spec.scheduler_config, spec.cache_config, device, group)
         conn.send(("ready", None))
         while True:
             kind, payload = conn.recv()

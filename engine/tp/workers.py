@@ -33,7 +33,6 @@ class WorkerSpec:
     scheduler_config: SchedulerConfig
     cache_config: CacheConfig
     device_type: str  # "cuda" (rank r on cuda:r) or "cpu"
-    attention_backend: str  # resolved by rank 0, so every rank runs the same one
     timeout_s: float
     num_threads: int  # torch intra-op threads (CPU runs)
 

@@ -56,6 +56,8 @@ VARIANTS = {
     "fused_eager": {"fused_kernels": "triton", "enforce_eager": True},
     "sync": {"async_scheduling": "off"},
     "even_decode": {"balanced_decode": False},  # kernels.decode_split's even rule
+    "triton": {"attention_backend": "triton"},
+    "flash_attn": {"attention_backend": "flash_attn"},
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.

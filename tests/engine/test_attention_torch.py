@@ -166,30 +166,54 @@ def test_registry_names_the_missing_package():
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash_attn is installed here")
-    with pytest.raises(ValueError, match="flash_attn"):
+    with pytest.raises(ValueError, match="attention_backend='flash_attn'.*flash-attn"):
         get_attention_backend("flash_attn")
 
 
-def test_auto_passes_over_flash_attn_for_blocks_it_cannot_page(monkeypatch):
+def _fake_backends(monkeypatch, problems: dict[str, str | None]):
     from types import SimpleNamespace
 
     from engine.attention import registry
 
-    monkeypatch.setattr(registry, "_available", lambda name: True)
+    monkeypatch.setattr(registry, "_problem", lambda name, block_size, dtype: problems.get(name))
     for name in ("flash_attn", "triton"):
         monkeypatch.setitem(registry._FACTORIES, name, lambda name=name: SimpleNamespace(name=name))
-    assert get_attention_backend("auto", device="cuda", block_size=256).name == "flash_attn"
-    assert get_attention_backend("auto", device="cuda", block_size=16).name == "triton"
-    assert get_attention_backend("auto", device="cuda").name == "flash_attn"
 
 
-def test_explicit_flash_attn_refuses_blocks_it_cannot_page(monkeypatch):
-    from types import SimpleNamespace
+def test_auto_routes_phases_when_both_gpu_backends_serve_the_cache(monkeypatch):
+    _fake_backends(monkeypatch, {})
+    backend = get_attention_backend("auto", device="cuda", block_size=256, dtype=torch.bfloat16)
+    assert backend.name == "flash_attn+triton"
+    assert (backend.flash.name, backend.triton.name) == ("flash_attn", "triton")
+    assert backend.captures_decode() and backend.captures_prefill()
 
-    from engine.attention import registry
 
-    monkeypatch.setattr(registry, "_available", lambda name: True)
-    monkeypatch.setitem(registry._FACTORIES, "flash_attn", lambda: SimpleNamespace(name="flash_attn"))
-    with pytest.raises(ValueError, match="block_size to be a multiple of 256.*got 16"):
-        get_attention_backend("flash_attn", device="cuda", block_size=16)
-    assert get_attention_backend("flash_attn", device="cuda", block_size=512).name == "flash_attn"
+@pytest.mark.parametrize("problems, want", [
+    ({"flash_attn": "float32"}, "triton"),
+    ({"triton": "missing"}, "flash_attn"),
+    ({"flash_attn": "missing", "triton": "missing"}, "torch"),
+])
+def test_auto_passes_over_a_backend_that_cannot_serve_the_cache(monkeypatch, problems, want):
+    _fake_backends(monkeypatch, problems)
+    assert get_attention_backend("auto", device="cuda", block_size=16, dtype=torch.float32).name == want
+
+
+def test_explicit_backend_is_refused_with_the_reason(monkeypatch):
+    _fake_backends(monkeypatch, {"flash_attn": "FlashAttention-4 computes in float16 or bfloat16 only"})
+    with pytest.raises(ValueError, match="attention_backend='flash_attn': FlashAttention-4 computes in float16"):
+        get_attention_backend("flash_attn", device="cuda", block_size=16, dtype=torch.float32)
+    assert get_attention_backend("triton", device="cuda").name == "triton"
+
+
+def test_flash_attn_problem_names_dtype_and_page_limits(monkeypatch):
+    from engine.attention import flash_attn_backend as fa
+
+    monkeypatch.setattr(fa, "import_fa4", lambda: object())
+    assert "float16 or bfloat16" in fa.flash_attn_problem(16, torch.float32)
+    assert fa.flash_attn_problem(16, torch.bfloat16) is None  # FA4 pages any block size
+    monkeypatch.setattr(fa, "import_fa4", lambda: None)
+    monkeypatch.setattr(fa, "import_fa2", lambda: (object(), object()))
+    assert "multiple of 256" in fa.flash_attn_problem(16, torch.bfloat16)
+    assert fa.flash_attn_problem(512, torch.float32) is None
+    monkeypatch.setattr(fa, "import_fa2", lambda: None)
+    assert "not installed" in fa.flash_attn_problem(512, torch.bfloat16)

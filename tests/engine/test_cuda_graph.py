@@ -50,7 +50,8 @@ def _runner(model_dir, device, backend, dtype, max_num_seqs=24, max_len=64, bloc
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(2048, max_num_seqs),
                             max_model_len=max_len)
     cache = CacheConfig(block_size=block_size, num_blocks=max_num_seqs * (max_len // block_size) + 8)
-    runner = build_runner(EngineConfig(model=str(model_dir), dtype=dtype), sched, cache, torch.device(device), backend)
+    runner = build_runner(EngineConfig(model=str(model_dir), dtype=dtype, attention_backend=backend), sched, cache,
+                          torch.device(device))
     runner.allocate_kv_cache(cache.num_blocks)
     return runner
 

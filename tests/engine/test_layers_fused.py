@@ -98,8 +98,8 @@ def test_fused_graph_replay_matches_fused_eager_on_cuda(qwen3_0_6b_dir):
 
     sched = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=768)
     cache = CacheConfig(block_size=256, num_blocks=64 * 3 + 8)
-    config = EngineConfig(model=str(qwen3_0_6b_dir), fused_kernels="triton")
-    runner = build_runner(config, sched, cache, torch.device("cuda"), "triton")
+    config = EngineConfig(model=str(qwen3_0_6b_dir), fused_kernels="triton", attention_backend="triton")
+    runner = build_runner(config, sched, cache, torch.device("cuda"))
     assert runner.sampler.uses_kernel
     assert all(m.fused_kernels is not None for m in runner.model.modules() if isinstance(m, UsesFusedKernels))
     runner.allocate_kv_cache(cache.num_blocks)

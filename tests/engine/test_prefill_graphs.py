@@ -96,7 +96,8 @@ def _mixed_step(rng, n, block_size, max_len, num_blocks, max_tokens):
 def _runner(model_dir, device, backend, dtype, max_num_seqs=16, max_len=96, block_size=4, max_tokens=512):
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, max_model_len=max_len)
     cache = CacheConfig(block_size=block_size, num_blocks=max_num_seqs * (max_len // block_size) + 8)
-    runner = build_runner(EngineConfig(model=str(model_dir), dtype=dtype), sched, cache, torch.device(device), backend)
+    runner = build_runner(EngineConfig(model=str(model_dir), dtype=dtype, attention_backend=backend), sched, cache,
+                          torch.device(device))
     runner.allocate_kv_cache(cache.num_blocks)
     return runner
 
@@ -178,12 +179,14 @@ def test_prefill_graph_buffers_match_the_staging_layout(tiny_qwen3_dir):
         assert t.data_ptr() % 16 == 0
 
 
-def test_graph_buffers_hold_every_size(tiny_qwen3_dir):
-    # with 4096 tokens the tile doubles, so 3840 tokens need more tiles than 4096 do
-    runner = _runner(tiny_qwen3_dir, "cpu", "torch", "float32", max_num_seqs=64, max_tokens=4096)
+@pytest.mark.parametrize("dtype, tile_doubles", [("bfloat16", True), ("float32", False)])
+def test_graph_buffers_hold_every_size(tiny_qwen3_dir, dtype, tile_doubles):
+    # with 4096 tokens of 2-byte elements the tile doubles, so 3840 tokens need more tiles than
+    # 4096 do; 4-byte elements keep the small tile (its shared memory fits the GPU)
+    runner = _runner(tiny_qwen3_dir, "cpu", "torch", dtype, max_num_seqs=64, max_tokens=4096)
     runner.capture_prefill_graphs(4096, capture=False)
     graphs = runner.prefill_graphs
-    assert graphs.num_tiles(3840) > graphs.num_tiles(4096)
+    assert (graphs.num_tiles(3840) > graphs.num_tiles(4096)) == tile_doubles
     for size in graphs.sizes:
         _, _, meta = graphs.views(size)
         assert meta.tile_start.numel() == meta.tile_seq.numel() == graphs.num_tiles(size)
@@ -225,3 +228,17 @@ def test_prefill_graph_replay_matches_eager_on_cuda(tmp_path_factory):
         # bf16 after 28 layers: GEMMs over a padded M round differently; a tile or padding bug is O(1)
         assert err < 3e-2, (n, err)
         assert graph_changed == eager_changed == slots, n
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("max_query_len", [1, 600, 4095, 4096, 40960])
+def test_prefill_tile_fits_shared_memory_for_every_element_size(group, max_query_len):
+    """Q plus two pipeline stages of K and V tiles at head_dim 128 stay within Hopper's 227 KiB per
+    block for 2- and 4-byte elements (float32's large tile needed 320 KiB and failed to launch)."""
+    from kernels.prefill_tiles import tile_shape
+
+    for element_bytes in (2, 4):
+        t = tile_shape(group, max_query_len, element_bytes)
+        shared = (t.block_m + 2 * 2 * t.block_n) * 128 * element_bytes
+        assert shared <= 227 * 1024, (t, element_bytes)
+        assert t.block_q * group == t.block_m

@@ -132,3 +132,4 @@ def test_prefill_with_a_padded_tile_map_matches_reference(gqa, long):
     assert not torch.isnan(out).any(), f"NaN in output (seed {seed})"
     assert_close_per_seq(out[:num_tokens], ref, b.query_start_loc, seed)
     assert (out[num_tokens:] == 0).all()  # padding token rows are never visited
+
