@@ -217,3 +217,21 @@ def test_flash_attn_problem_names_dtype_and_page_limits(monkeypatch):
     assert fa.flash_attn_problem(512, torch.float32) is None
     monkeypatch.setattr(fa, "import_fa2", lambda: None)
     assert "not installed" in fa.flash_attn_problem(512, torch.bfloat16)
+
+
+@pytest.mark.parametrize("decode, tiles, tokens, max_q, max_s, want", [
+    (True, False, 256, 1, 4096, "triton"),            # decode: Triton's split-KV
+    (False, True, 4096, 4096, 12288, "triton"),       # a prefill graph reads a tile map
+    (False, False, 15000, 1024, 1024, "triton"),      # many short prompts, no context
+    (False, False, 2048, 2048, 8192, "flash_attn"),   # a long prompt's later chunk
+    (False, False, 8192, 512, 2560, "flash_attn"),
+])
+def test_phase_routing_follows_the_measured_crossover(decode, tiles, tokens, max_q, max_s, want):
+    from types import SimpleNamespace
+
+    from engine.attention.phases import PhaseRoutedBackend
+
+    backend = PhaseRoutedBackend(SimpleNamespace(name="flash_attn"), SimpleNamespace(name="triton"))
+    meta = SimpleNamespace(is_decode_only=decode, tile_seq=object() if tiles else None,
+                           max_query_len=max_q, max_seq_len=max_s)
+    assert backend.pick(torch.empty(tokens, 16, 1), meta).name == want
