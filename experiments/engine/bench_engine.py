@@ -58,6 +58,7 @@ VARIANTS = {
     "even_decode": {"balanced_decode": False},  # kernels.decode_split's even rule
     "triton": {"attention_backend": "triton"},
     "flash_attn": {"attention_backend": "flash_attn"},
+    "tp2": {"tensor_parallel_size": 2},
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.

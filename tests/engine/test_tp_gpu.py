@@ -2,10 +2,11 @@
 
 float32: free-running greedy tokens must be identical. bfloat16: the all-reduce adds a rounding
 of each rank's partial sum, so the two engines' logits differ by bf16 noise and greedy decoding
-can part at a near-tie, after which the texts differ by construction. So bf16 is checked
-teacher-forced: TP=2 predicts the next token after every prefix of TP=1's own greedy output, and
-every disagreement must sit at a near-tie of TP=1's logits (top-2 margin under a tenth of the
-logits' standard deviation); free-running agreement is reported.
+can part at a near-tie, after which the texts differ by construction (random weights give
+near-flat logits, so near-ties are common). So bf16 is checked teacher-forced: TP=2 predicts the
+next token after every prefix of TP=1's own greedy output, and at every position TP=2's token
+must sit within bf16 rounding of TP=1's largest logit (TP1_ROUNDING of the row's largest
+magnitude); free-running agreement is only reported.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ pytestmark = [pytest.mark.gpu,
 
 NUM_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+# bf16 keeps 8 significant bits (2^-8 relative); the sum of two ranks' rounded partials and the
+# rounded LM-head input allow a few of those
+TP1_ROUNDING = 2.0**-6
 ENGINE = dict(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=8192, gpu_memory_utilization=0.5)
 
 
@@ -47,8 +51,8 @@ def _generate(model_dir, prompts, tp, **kw):
         llm.shutdown()
 
 
-def _margins(llm, sequences, prompt_lens):
-    """Top-1 minus top-2 logit (and the row's std) of TP=1 at each generated position."""
+def _tp1_logits(llm, sequences, prompt_lens):
+    """TP=1's float32 logits [generated positions, vocab] of each sequence, on the CPU."""
     runner = llm.executor.runner
     out = []
     with torch.inference_mode():
@@ -56,10 +60,18 @@ def _margins(llm, sequences, prompt_lens):
             table = list(range(-(-len(seq) // runner.block_size)))
             entry = ScheduledRequest("m", seq, 0, table, True, GREEDY, 0, False)
             plan = StepPlan([entry], StepStats(0, "prefill", 1, len(seq), 0, 0, 0, 0, 0, 0))
-            logits = runner.model.compute_logits(runner.forward(runner.prepare(plan)))[plen - 1: len(seq) - 1]
-            top2 = logits.topk(2, dim=-1).values
-            out.append(((top2[:, 0] - top2[:, 1]) / logits.std(dim=-1)).tolist())
+            out.append(runner.model.compute_logits(runner.forward(runner.prepare(plan)))[plen - 1: len(seq) - 1].cpu())
     return out
+
+
+def _gaps(logits: torch.Tensor, tokens: list[int]) -> tuple[list[float], list[float]]:
+    """Per position: TP=1's largest logit minus its logit of `tokens`, relative to the row's largest
+    magnitude, and the top-2 margin in standard deviations."""
+    top2 = logits.topk(2, dim=-1).values
+    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    gap = (top2[:, 0] - chosen) / logits.abs().max(dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]) / logits.std(dim=-1)
+    return gap.tolist(), margin.tolist()
 
 
 def _report(name, payload):
@@ -85,11 +97,10 @@ def test_tp2_matches_tp1_bfloat16(tmp_path_factory):
     llm1 = LLM(model_dir, tensor_parallel_size=1, **ENGINE)
     try:
         want = [o.token_ids for o in llm1.generate(prompts, GREEDY, use_tqdm=False)]
-        margins = _margins(llm1, [p + w for p, w in zip(prompts, want)], [len(p) for p in prompts])
+        logits = _tp1_logits(llm1, [p + w for p, w in zip(prompts, want)], [len(p) for p in prompts])
     finally:
         llm1.shutdown()
     got_eager, _ = _generate(model_dir, prompts, 2, enforce_eager=True)
-    _report("tp_bfloat16_eager", {"free_running_identical_eager": sum(a == b for a, b in zip(want, got_eager))})
     got, _ = _generate(model_dir, prompts, 2)
     # teacher-forced: TP=2's next token after each prefix of TP=1's output
     prefixes = [p + w[:j] for p, w in zip(prompts, want) for j in range(NUM_TOKENS)]
@@ -99,24 +110,24 @@ def test_tp2_matches_tp1_bfloat16(tmp_path_factory):
                                                          use_tqdm=False)]
     finally:
         llm2.shutdown()
+    gaps, margins = [], []
+    for i, row in enumerate(logits):
+        g, m = _gaps(row, forced[i * NUM_TOKENS:(i + 1) * NUM_TOKENS])
+        gaps += g
+        margins += m
     expected = [t for w in want for t in w]
-    flat_margins = [m for row in margins for m in row]
     disagree = [i for i, (a, b) in enumerate(zip(forced, expected)) if a != b]
 
     def common(a, b):
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
 
     _report("tp_bfloat16", {
-        "prompts": len(prompts), "tokens_each": NUM_TOKENS,
+        "prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
+        "teacher_forced_positions": len(expected), "teacher_forced_disagreements": len(disagree),
+        "largest_gap_relative": max(gaps), "gaps_at_disagreements": [gaps[i] for i in disagree],
+        "margins_at_disagreements": [margins[i] for i in disagree], "median_margin": float(np.median(margins)),
         "free_running_identical_graphs": sum(a == b for a, b in zip(want, got)),
         "free_running_identical_eager": sum(a == b for a, b in zip(want, got_eager)),
         "common_prefix_graphs": [common(a, b) for a, b in zip(want, got)],
-        "teacher_forced_positions": len(expected), "teacher_forced_disagreements": len(disagree),
-        "margins_at_disagreements": [flat_margins[i] for i in disagree],
-        "median_margin": float(np.median(flat_margins)),
     })
-    assert len(disagree) <= 0.05 * len(expected)
-    assert all(flat_margins[i] < 0.1 for i in disagree)
-    # free running, the first token comes from the prefill alone: it may differ only at a near-tie
-    for w, g, m in zip(want, got, margins):
-        assert g[0] == w[0] or m[0] < 0.1
+    assert max(gaps) <= TP1_ROUNDING, (max(gaps), [gaps[i] for i in disagree])
