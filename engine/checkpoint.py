@@ -155,12 +155,16 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], d
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write a random-weight Hugging Face checkpoint.")
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument("--preset", required=True, metavar="{" + ",".join(PRESETS) + "}")
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: the preset's")
     parser.add_argument("--max-shard-gb", type=float, default=DEFAULT_MAX_SHARD_BYTES / 1024**3)
     args = parser.parse_args(argv)
+    try:
+        preset_config(args.preset)
+    except ValueError as error:
+        parser.error(str(error))  # one line that names the preset's spelling or the known ones
     t0 = time.perf_counter()
     out = write_checkpoint(args.preset, args.out, args.seed, args.dtype, int(args.max_shard_gb * 1024**3))
     size = sum(p.stat().st_size for p in out.glob("*.safetensors"))

@@ -13,14 +13,16 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from engine.core.model_shapes import TOKENIZER_VOCAB_SIZE
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
 # Total tokenizer size (learned + special + reserved). Tiny checkpoints use exactly this as their
-# vocab_size so that every id a model can emit decodes to something.
-TOKENIZER_SIZE = 512
+# vocab_size so that every id a model can emit decodes to something (engine.core.model_shapes).
+TOKENIZER_SIZE = TOKENIZER_VOCAB_SIZE
 
 # ChatML, the format of Qwen's chat models, written from scratch.
 CHAT_TEMPLATE = (

@@ -3,7 +3,7 @@
 Examples:
   python -m harness                                    # nano-vllm's bench, Qwen3-0.6B on a simulated H100
   python -m harness experiment=preemption
-  python -m harness model=qwen3_8b scheduler=mixed workload=trace_azure_conv scheduler.max_num_seqs=128
+  python -m harness model=qwen3-8b scheduler=mixed workload=trace_azure_conv scheduler.max_num_seqs=128
   python -m harness -m scheduler=nano,mixed hydra/launcher=joblib    # multirun, then python -m harness.report
 """
 

@@ -1,6 +1,6 @@
 """Random-weight checkpoints for the engine backend when no checkpoint folder is given.
 
-`backend=engine model=qwen3_0_6b` with backend.model left null serves a checkpoint of that model's
+`backend=engine model=qwen3-0.6b` with backend.model left null serves a checkpoint of that model's
 published shape with random weights (real speed, no hub): written once, on first use, to
 checkpoints/<preset>/ under the repository root (git-ignored), then reused.
 """
@@ -18,16 +18,24 @@ CHECKPOINT_ROOT = REPO_ROOT / "checkpoints"
 
 
 def preset_for(model_spec) -> str:
-    """The checkpoint preset named like the model config (ModelSpec.name 'Qwen3-0.6B' -> 'qwen3-0.6b')."""
-    from engine.models.presets import PRESETS
+    """The checkpoint preset of the model config: its name, when the spec is that preset's shape."""
+    from engine.core.model_shapes import MODEL_SHAPES
+    from sim.specs import ModelSpec
 
-    preset = model_spec.name.lower()
-    if preset not in PRESETS:
+    shape = MODEL_SHAPES.get(model_spec.name)
+    if shape is None:
         raise ConfigError(
             f"backend.model: no checkpoint folder given and model {model_spec.name!r} has no random-weight "
-            f"preset (known: {sorted(PRESETS)}); pass backend.model=DIR"
+            f"preset (known: {sorted(MODEL_SHAPES)}); pass backend.model=DIR"
         )
-    return preset
+    preset_spec = ModelSpec.from_shape(shape)
+    changed = sorted(k for k, v in vars(model_spec).items() if getattr(preset_spec, k) != v)
+    if changed:
+        raise ConfigError(
+            f"backend.model: no checkpoint folder given, and the {shape.name} checkpoint would not have the "
+            f"overridden model field(s) {changed}; pass backend.model=DIR or drop the overrides"
+        )
+    return shape.name
 
 
 def default_checkpoint_dir(model_spec) -> Path:
@@ -37,7 +45,7 @@ def default_checkpoint_dir(model_spec) -> Path:
 def ensure_checkpoint(model_dir: str, model_spec) -> None:
     """Write the default checkpoint if model_dir is the model's default folder and is still empty."""
     path = Path(model_dir)
-    if path != default_checkpoint_dir(model_spec) or (path / "config.json").exists():
+    if path != CHECKPOINT_ROOT / model_spec.name or (path / "config.json").exists():
         return
     from engine.checkpoint import write_checkpoint
 

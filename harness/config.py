@@ -118,9 +118,26 @@ def section(cfg: DictConfig, key: str) -> Any:
         raise ConfigError(f"{full_key}: {str(error).splitlines()[0]}") from None
 
 
+def model_spec(data: Any) -> Any:
+    """The model section as a sim.specs.ModelSpec: the named preset's fields, then the section's own."""
+    from sim.specs import ModelSpec, preset_fields
+
+    if not isinstance(data, dict):
+        return to_dataclass(ModelSpec, data, "model")  # which names the problem
+    own = dict(data)
+    preset = own.pop("preset", None)
+    if preset is None:
+        return to_dataclass(ModelSpec, own, "model")
+    try:
+        base = preset_fields(preset)
+    except ValueError as error:
+        raise ConfigError(f"model.preset: {error}") from None
+    return to_dataclass(ModelSpec, {**base, **own}, "model")
+
+
 def build_run_config(cfg: DictConfig) -> RunConfig:
     from sim.config import SimConfig
-    from sim.specs import HardwareSpec, ModelSpec
+    from sim.specs import HardwareSpec
 
     backend = dict(section(cfg, "backend"))
     name = backend.pop("name", None)
@@ -137,7 +154,7 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         from harness.checkpoints import default_checkpoint_dir
 
         if backend.get("model") is None:
-            backend["model"] = str(default_checkpoint_dir(to_dataclass(ModelSpec, section(cfg, "model"), "model")))
+            backend["model"] = str(default_checkpoint_dir(model_spec(section(cfg, "model"))))
         elif isinstance(backend["model"], str):
             backend["model"] = str(_resolve_path(backend["model"]))
         engine_cfg = to_dataclass(EngineConfig, backend, "backend")
@@ -146,7 +163,7 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         scheduler=to_dataclass(SchedulerConfig, section(cfg, "scheduler"), "scheduler"),
         cache=to_dataclass(CacheConfig, section(cfg, "cache"), "cache"),
         workload=to_dataclass(WorkloadConfig, section(cfg, "workload"), "workload"),
-        model=to_dataclass(ModelSpec, section(cfg, "model"), "model"),
+        model=model_spec(section(cfg, "model")),
         hardware=to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware"),
         sim=sim_cfg,
         engine=engine_cfg,

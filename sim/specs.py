@@ -1,7 +1,8 @@
 """Model shape and hardware figures: everything the cost models and the memory planner know.
 
-Both are frozen dataclasses whose fields are exactly the keys of conf/model/*.yaml and
-conf/hardware/*.yaml. Per-rank quantities take the tensor-parallel size as an argument; the
+Both are frozen dataclasses. HardwareSpec's fields are exactly the keys of conf/hardware/*.yaml;
+a ModelSpec comes from a named model of engine.core.model_shapes (conf/model/<name>.yaml names
+it as `preset` and may override any ModelSpec field). Per-rank quantities take the tensor-parallel size as an argument; the
 sharding follows Megatron-style TP as nano-vllm does it: attention heads, MLP columns and the
 vocabulary are split across ranks, norms are replicated, and KV heads are replicated when there
 are fewer of them than ranks.
@@ -9,10 +10,11 @@ are fewer of them than ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
+from engine.core.model_shapes import DTYPE_BYTES as _DTYPE_BYTES
+from engine.core.model_shapes import ModelShape, model_shape
 
 
 def _check_positive(owner: str, name: str, value: Any, types: tuple[type, ...]) -> None:
@@ -47,6 +49,12 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention")
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape) -> ModelSpec:
+        """The simulator's view of a named model: its shape and the width of its weights."""
+        shared = {f.name for f in fields(cls)} - {"dtype_bytes"}
+        return cls(dtype_bytes=shape.dtype_bytes, **{name: getattr(shape, name) for name in shared})
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelSpec:
@@ -133,6 +141,12 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         return self.kv_bytes_per_token_per_rank(1)
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """The ModelSpec fields of the model named `name` in engine.core.model_shapes, as a dict a
+    config can override; ValueError names the model's spelling or the known models."""
+    return asdict(ModelSpec.from_shape(model_shape(name)))
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def test_recorded_host_time_of_overlapped_steps_is_the_device_idle_time_less_sle
 
 
 def test_roofline_from_features_equals_its_step_time():
-    roof = RooflineCostModel(model("qwen3_0_6b"), hardware("h100"))
+    roof = RooflineCostModel(model("qwen3-0.6b"), hardware("h100"))
     plans = [decode_batch([100, 2000, 37]), plan(prefill(500, 0, rid="a"), prefill(300, 1200, rid="b")),
              plan(prefill(64, 256), decode(900, rid="d1"), decode(10, rid="d2")), plan(prefill(200, 0, sample=False))]
     features = pd.DataFrame([step_features(p, GRAPH) for p in plans])

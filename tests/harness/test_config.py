@@ -57,7 +57,7 @@ def test_every_group_option_converts(group):
 
 def test_defaults_are_the_documented_ones():
     rc = build_run_config(compose_config([]))
-    assert rc.backend == "sim" and rc.model.name == "Qwen3-0.6B" and rc.hardware.name.startswith("H100")
+    assert rc.backend == "sim" and rc.model.name == "qwen3-0.6b" and rc.hardware.name.startswith("H100")
     assert rc.workload.name == "bench" and rc.scheduler.policy == "nano"
 
 
@@ -103,7 +103,7 @@ def test_unknown_key_override_is_a_hydra_error():
     ("workload.prompt_len.low=0", "workload.prompt_len"),
     ("workload.arrival=sometimes", "workload.arrival"),
     ("workload.oversize=truncate", "workload.oversize"),
-    ("model.num_layers=0", "num_layers"),
+    ("+model.num_layers=0", "num_layers"),
     ("backend.cost_model=magic", "cost_model"),
     ("backend.tp_size=1.5", "backend.tp_size"),
     ("backend.profile_path=no/such/profile.csv", "backend.profile_path"),
@@ -116,13 +116,13 @@ def test_bad_value_is_one_config_error_naming_the_field(override, field):
 def test_engine_backend_defaults_to_the_model_presets_checkpoint():
     from harness.checkpoints import CHECKPOINT_ROOT
 
-    rc = build_run_config(compose_config(["backend=engine", "model=qwen3_8b"]))
+    rc = build_run_config(compose_config(["backend=engine", "model=qwen3-8b"]))
     assert rc.engine.model == str(CHECKPOINT_ROOT / "qwen3-8b")
 
 
 def test_engine_backend_without_preset_needs_a_model_path():
     with pytest.raises(ConfigError, match=r"backend\.model.*no random-weight preset"):
-        build_run_config(compose_config(["backend=engine", "model.name=MyModel-7B"]))
+        build_run_config(compose_config(["backend=engine", "+model.name=MyModel-7B"]))
 
 
 def test_bad_study_settings_are_config_errors():
@@ -179,5 +179,5 @@ def test_cli_bad_value_prints_one_line_and_exits_2(tmp_path):
 def test_cli_unknown_group_option_names_the_options(tmp_path):
     result = _harness(["model=qwen9"], tmp_path)
     assert result.returncode == 1
-    assert "Could not find 'model/qwen9'" in result.stderr and "qwen3_8b" in result.stderr
+    assert "Could not find 'model/qwen9'" in result.stderr and "qwen3-8b" in result.stderr
     assert "Traceback" not in result.stderr

@@ -1,4 +1,4 @@
-"""Shared builders for simulator tests: specs from conf/, and step plans from (new, cached) counts."""
+"""Shared builders for simulator tests: specs of named models and conf/hardware, and step plans from (new, cached) counts."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from engine.core.model_shapes import model_shape
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
 from sim.specs import HardwareSpec, ModelSpec
@@ -15,7 +16,7 @@ _PARAMS = SamplingParams()
 
 
 def model(name: str) -> ModelSpec:
-    return ModelSpec(**yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()))
+    return ModelSpec.from_shape(model_shape(name))
 
 
 def hardware(name: str) -> HardwareSpec:

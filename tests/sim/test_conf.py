@@ -1,4 +1,5 @@
-"""Every conf/model and conf/hardware YAML loads into its spec, with exactly the spec's fields."""
+"""Every conf/hardware YAML loads into its spec; every conf/model YAML names one model of
+engine.core.model_shapes, under that model's one spelling."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import dataclasses
 import pytest
 import yaml
 
-from sim.specs import HardwareSpec, ModelSpec
+from engine.core.model_shapes import MODEL_SHAPES, RENAMED
+from sim.specs import HardwareSpec, ModelSpec, preset_fields
 from tests.sim.helpers import CONF
 
 MODEL_FILES = sorted((CONF / "model").glob("*.yaml"))
@@ -15,26 +17,46 @@ HARDWARE_FILES = sorted((CONF / "hardware").glob("*.yaml"))
 
 
 def test_expected_files_exist():
-    assert {p.stem for p in MODEL_FILES} >= {"qwen3_0_6b", "qwen3_4b", "qwen3_8b", "qwen3_32b", "tiny"}
     assert {p.stem for p in HARDWARE_FILES} >= {"h100", "h200", "a100", "cpu"}
 
 
-@pytest.mark.parametrize("path", MODEL_FILES + HARDWARE_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_yaml_has_exactly_the_spec_fields_and_loads(path):
-    cls = ModelSpec if path.parent.name == "model" else HardwareSpec
+def test_every_model_has_a_conf_file_and_every_conf_file_a_model():
+    assert {p.stem for p in MODEL_FILES} == set(MODEL_SHAPES) | set(RENAMED)
+    assert not set(MODEL_SHAPES) & set(RENAMED)
+
+
+@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
+def test_model_yaml_names_its_own_preset_and_repeats_no_number(path):
+    # The other spelling's files name themselves too, so that composing one reaches the error
+    # that names the model's spelling.
+    assert yaml.safe_load(path.read_text()) == {"preset": path.stem}
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_hardware_yaml_has_exactly_the_spec_fields_and_loads(path):
     data = yaml.safe_load(path.read_text())
-    assert set(data) == {f.name for f in dataclasses.fields(cls)}
-    spec = cls(**data)
+    assert set(data) == {f.name for f in dataclasses.fields(HardwareSpec)}
+    spec = HardwareSpec(**data)
     for key, value in data.items():
         assert getattr(spec, key) == value  # no key was silently coerced from a string
 
 
-@pytest.mark.parametrize("stem, preset", [
-    ("qwen3_0_6b", "qwen3-0.6b"), ("qwen3_4b", "qwen3-4b"), ("qwen3_8b", "qwen3-8b"), ("qwen3_32b", "qwen3-32b"),
-    ("tiny", "tiny-qwen3"),
-])
-def test_model_yaml_matches_engine_checkpoint_preset(stem, preset):
-    presets = pytest.importorskip("engine.models.presets")
-    spec = ModelSpec(**yaml.safe_load((CONF / "model" / f"{stem}.yaml").read_text()))
-    from_preset = ModelSpec.from_hf_config(presets.preset_config(preset), name=spec.name)
-    assert from_preset == spec
+@pytest.mark.parametrize("name", sorted(MODEL_SHAPES))
+def test_model_spec_carries_every_shape_field_of_its_model(name):
+    shape = MODEL_SHAPES[name]
+    spec = ModelSpec.from_shape(shape)
+    for f in dataclasses.fields(ModelSpec):
+        expected = shape.dtype_bytes if f.name == "dtype_bytes" else getattr(shape, f.name)
+        assert getattr(spec, f.name) == expected, f.name
+    assert preset_fields(name) == dataclasses.asdict(spec)
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_other_spelling_is_an_error_naming_the_model(old, new):
+    with pytest.raises(ValueError, match=f"model '{old}' is spelled '{new}'"):
+        preset_fields(old)
+
+
+def test_unknown_model_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"'qwen9' is unknown; expected one of \[.*'tiny-llama'"):
+        preset_fields("qwen9")

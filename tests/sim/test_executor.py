@@ -28,7 +28,7 @@ class Recording:
 
 
 def _executor(seed=0, vocab=151936, eos=None):
-    return SimExecutor(RooflineCostModel(model("qwen3_0_6b"), hardware("h100")), KVCacheSpec(100, 16), vocab, seed, eos)
+    return SimExecutor(RooflineCostModel(model("qwen3-0.6b"), hardware("h100")), KVCacheSpec(100, 16), vocab, seed, eos)
 
 
 def _decodes(rids, context):
@@ -62,7 +62,7 @@ def test_never_samples_eos_and_skips_unsampled_chunks():
     tokens = executor.execute(_decodes([f"r{i}" for i in range(64)], 10)).token_ids
     assert tokens == [1] * 64
     result = _executor().execute(plan(prefill(100, sample=False), decode(7)))
-    assert result.duration_s == RooflineCostModel(model("qwen3_0_6b"), hardware("h100")).step_time(
+    assert result.duration_s == RooflineCostModel(model("qwen3-0.6b"), hardware("h100")).step_time(
         plan(prefill(100, sample=False), decode(7)))
 
 
@@ -89,7 +89,7 @@ def _workload(n, max_prompt, max_output, seed, rate=None):
 @pytest.mark.parametrize("policy", ["nano", "mixed"])
 @pytest.mark.parametrize("num_blocks", [None, 12])  # planned (plenty), or tight enough to preempt
 def test_core_loop_on_the_simulator_finishes_every_request(policy, num_blocks):
-    spec, hw = model("tiny"), hardware("cpu")
+    spec, hw = model("tiny-qwen3"), hardware("cpu")
     scheduler_config = SchedulerConfig(policy=policy, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512)
     cache = CacheConfig(block_size=16, num_blocks=num_blocks)
     # 1% of a laptop's memory and no reserve: still thousands of blocks of this tiny model
@@ -116,7 +116,7 @@ def test_core_loop_on_the_simulator_finishes_every_request(policy, num_blocks):
 
 def test_bench_prediction_respects_the_memory_bound():
     # nano-vllm's bench shape, scaled down: Qwen3-0.6B on H100, prompts and outputs in [100, 1024]
-    spec, hw = model("qwen3_0_6b"), hardware("h100")
+    spec, hw = model("qwen3-0.6b"), hardware("h100")
     config = SchedulerConfig(max_num_seqs=512, max_num_batched_tokens=16384, max_model_len=4096)
     cache = CacheConfig(block_size=256)
     executor = build_sim_executor(spec, hw, SimConfig(), cache, config)
@@ -132,7 +132,7 @@ def test_bench_prediction_respects_the_memory_bound():
 
 
 def test_build_sim_executor_honours_explicit_blocks_and_profiles(tmp_path):
-    spec, hw = model("qwen3_0_6b"), hardware("h100")
+    spec, hw = model("qwen3-0.6b"), hardware("h100")
     profile().to_csv(tmp_path / "steps.csv", index=False)
     sim = SimConfig(cost_model="profiled", profile_path=str(tmp_path / "steps.csv"), seed=3, vocab_size=1000)
     executor = build_sim_executor(spec, hw, sim, CacheConfig(block_size=16, num_blocks=77), SchedulerConfig())
@@ -153,7 +153,7 @@ def test_graph_sizes_follow_the_engine_settings_and_the_running_cap():
 
 
 def test_overlapped_simulation_schedules_offline_work_like_the_plain_one():
-    spec, hw = model("tiny"), hardware("cpu")
+    spec, hw = model("tiny-qwen3"), hardware("cpu")
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
     runs = {}
     for overlap in (False, True):

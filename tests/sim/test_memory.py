@@ -22,11 +22,11 @@ def test_qwen3_8b_on_h100_by_hand():
     reserve = 2 * 10**9
     expected = int((mem * 0.9 - weights - reserve) // block)
     assert expected == 1540  # 58.13 GB left for KV / 37.7 MB per block
-    assert plan_num_blocks(model("qwen3_8b"), hardware("h100"), 256, 0.9, reserve) == expected
+    assert plan_num_blocks(model("qwen3-8b"), hardware("h100"), 256, 0.9, reserve) == expected
 
 
 def test_tensor_parallel_halves_weights_and_kv_per_rank():
-    spec, hw = model("qwen3_8b"), hardware("h100")
+    spec, hw = model("qwen3-8b"), hardware("h100")
     one = plan_num_blocks(spec, hw, 256, 0.9, 0)
     two = plan_num_blocks(spec, hw, 256, 0.9, 0, tp_size=2)
     free_two = hw.mem_bytes * 0.9 - spec.weight_bytes_per_rank(2)
@@ -35,7 +35,7 @@ def test_tensor_parallel_halves_weights_and_kv_per_rank():
 
 
 def test_default_activation_reserve_grows_with_the_token_budget():
-    spec, hw = model("qwen3_0_6b"), hardware("h100")
+    spec, hw = model("qwen3-0.6b"), hardware("h100")
     small = estimate_activation_bytes(spec, 2048, 256)
     large = estimate_activation_bytes(spec, 16384, 256)
     assert RUNTIME_RESERVE_BYTES < small < large
@@ -48,8 +48,8 @@ def test_default_activation_reserve_grows_with_the_token_budget():
 
 def test_weights_that_do_not_fit_raise_with_the_numbers():
     tiny_gpu = dataclasses.replace(hardware("h100"), name="tiny-gpu", mem_bytes=16 * 2**30)
-    with pytest.raises(ValueError, match=r"Qwen3-32B does not fit on tiny-gpu .* 65\.\d\d GB weights"):
-        plan_num_blocks(model("qwen3_32b"), tiny_gpu, 256)
+    with pytest.raises(ValueError, match=r"qwen3-32b does not fit on tiny-gpu .* 65\.\d\d GB weights"):
+        plan_num_blocks(model("qwen3-32b"), tiny_gpu, 256)
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -59,4 +59,4 @@ def test_weights_that_do_not_fit_raise_with_the_numbers():
 def test_bad_arguments_name_the_field(kwargs, field):
     args = {"block_size": 256, **kwargs}
     with pytest.raises(ValueError, match=field):
-        plan_num_blocks(model("qwen3_8b"), hardware("h100"), **args)
+        plan_num_blocks(model("qwen3-8b"), hardware("h100"), **args)

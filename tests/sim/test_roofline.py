@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sim.roofline import RooflineCostModel
 from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
 
-MODELS = ["qwen3_0_6b", "qwen3_8b", "qwen3_32b"]
+MODELS = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b"]
 
 
 def _weights_read(spec):
@@ -49,7 +49,7 @@ def test_prefill_never_beats_peak_flops(name, tokens, cached):
 
 
 def test_lm_head_only_for_sampled_positions():
-    cost = RooflineCostModel(model("qwen3_8b"), hardware("h100"))
+    cost = RooflineCostModel(model("qwen3-8b"), hardware("h100"))
     sampled = cost.step_time(plan(prefill(1024, sample=True)))
     chunk = cost.step_time(plan(prefill(1024, sample=False)))
     assert cost.phase_times(1024, 0, 0, 0, 1)["lm_head"] == 0.0
@@ -72,7 +72,7 @@ def _build(spec_list):
 @settings(max_examples=60, deadline=None)
 @given(entries, st.sampled_from(["d", "p", "grow_new", "grow_context"]), st.integers(1, 512))
 def test_more_work_is_never_cheaper(items, change, amount):
-    cost = RooflineCostModel(model("qwen3_0_6b"), hardware("h100"))
+    cost = RooflineCostModel(model("qwen3-0.6b"), hardware("h100"))
     base = _build(items)
     more = _build(items)
     if change == "d":
@@ -87,7 +87,7 @@ def test_more_work_is_never_cheaper(items, change, amount):
 
 
 def test_tensor_parallel_splits_compute_and_adds_communication():
-    spec, hw = model("qwen3_8b"), hardware("h100")
+    spec, hw = model("qwen3-8b"), hardware("h100")
     one, two = RooflineCostModel(spec, hw, 1), RooflineCostModel(spec, hw, 2)
     args = (16384, 1, 0, 16384 * 16385 // 2, 1)  # one large prefill: compute-bound
     p1, p2 = one.phase_times(*args), two.phase_times(*args)
@@ -105,7 +105,7 @@ def test_tensor_parallel_splits_compute_and_adds_communication():
 
 def test_decode_of_large_batch_is_bandwidth_bound_then_overhead_counts():
     hw = dataclasses.replace(hardware("h100"), step_overhead_s=0.0, seq_overhead_s=0.0)
-    spec = model("qwen3_0_6b")
+    spec = model("qwen3-0.6b")
     cost = RooflineCostModel(spec, hw)
     contexts = [1000] * 256
     kv = spec.kv_bytes_per_token * (sum(contexts) + len(contexts))
@@ -120,13 +120,13 @@ def test_decode_of_large_batch_is_bandwidth_bound_then_overhead_counts():
 
 def test_rejects_tp_size_that_does_not_divide_heads():
     with pytest.raises(ValueError, match="tp_size=3"):
-        RooflineCostModel(model("qwen3_8b"), hardware("h100"), tp_size=3)
+        RooflineCostModel(model("qwen3-8b"), hardware("h100"), tp_size=3)
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 20000), st.integers(0, 512), st.integers(0, 10**6), st.integers(0, 10**9), st.integers(1, 512),
        st.sampled_from([1, 2, 4]))
 def test_step_time_is_the_sum_of_the_phases(tokens, sampled, context, pairs, seqs, tp):
-    cost = RooflineCostModel(model("qwen3_8b"), hardware("h100"), tp)
+    cost = RooflineCostModel(model("qwen3-8b"), hardware("h100"), tp)
     phases = cost.phase_times(tokens, sampled, context, pairs, seqs)
     assert cost.time_for(tokens, sampled, context, pairs, seqs) == pytest.approx(sum(phases.values()), rel=1e-12)

@@ -13,8 +13,8 @@ QWEN3_8B_HF = {
 
 
 def test_from_hf_config_reads_qwen3_shape():
-    spec = ModelSpec.from_hf_config(QWEN3_8B_HF, name="Qwen3-8B")
-    assert spec == model("qwen3_8b")
+    spec = ModelSpec.from_hf_config(QWEN3_8B_HF, name="qwen3-8b")
+    assert spec == model("qwen3-8b")
 
 
 def test_from_hf_config_defaults_head_dim_and_kv_heads_and_reads_dtype_key():
@@ -31,7 +31,7 @@ def test_from_hf_config_rejects_incomplete_config():
 
 @pytest.mark.parametrize("name, total, non_embedding", [
     # Qwen's model cards: 0.6B (0.44B non-embedding), 8.2B (6.95B), 32.8B (31.2B)
-    ("qwen3_0_6b", 0.6e9, 0.44e9), ("qwen3_8b", 8.2e9, 6.95e9), ("qwen3_32b", 32.8e9, 31.2e9),
+    ("qwen3-0.6b", 0.6e9, 0.44e9), ("qwen3-8b", 8.2e9, 6.95e9), ("qwen3-32b", 32.8e9, 31.2e9),
 ])
 def test_parameter_counts_match_published_sizes(name, total, non_embedding):
     spec = model(name)
@@ -42,7 +42,7 @@ def test_parameter_counts_match_published_sizes(name, total, non_embedding):
 
 
 def test_kv_bytes_per_token_and_tensor_parallel_shares():
-    spec = model("qwen3_8b")
+    spec = model("qwen3-8b")
     assert spec.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
     assert spec.kv_bytes_per_token_per_rank(2) == spec.kv_bytes_per_token // 2
     # 16 ranks > 8 KV heads: each rank keeps one (replicated) head
@@ -57,7 +57,7 @@ def test_kv_bytes_per_token_and_tensor_parallel_shares():
 @pytest.mark.parametrize("tp", [3, 0])
 def test_check_tp_rejects_uneven_or_nonpositive_sharding(tp):
     with pytest.raises(ValueError, match="tp_size"):
-        model("qwen3_8b").check_tp(tp)
+        model("qwen3-8b").check_tp(tp)
 
 
 def test_model_spec_validates_fields():
