@@ -50,8 +50,8 @@ from harness.workloads import build_workload  # noqa: E402
 
 CASES = {
     "azure_conv_qwen3_8b_h100": (
-        ["model=qwen3_8b", "hardware=h100", "workload=trace_azure_conv", "scheduler.max_model_len=16384"], 30.0),
-    "nano_bench_qwen3_0_6b_h100": (["model=qwen3_0_6b", "hardware=h100", "experiment=bench"], 2.0),
+        ["model=qwen3-8b", "hardware=h100", "workload=trace_azure_conv", "scheduler.max_model_len=16384"], 30.0),
+    "nano_bench_qwen3_0_6b_h100": (["model=qwen3-0.6b", "hardware=h100", "experiment=bench"], 2.0),
 }
 COMPONENTS = (("engine/core/", "core scheduler"), ("/sim/", "simulator"), ("/harness/", "harness"))
 

@@ -2,8 +2,8 @@
 target workloads, with one loaded engine (one process: the model is loaded and its graphs
 captured once).
 
-  PYTHONPATH=. python experiments/calibration/calibrate_and_compare.py --model qwen3_0_6b \
-      --checkpoint /tmp/q06 --out OUT/qwen3_0_6b_h100 [--grid full] [--workloads bench poisson azure]
+  PYTHONPATH=. python experiments/calibration/calibrate_and_compare.py --model qwen3-0.6b \
+      --checkpoint /tmp/q06 --out OUT/qwen3-0.6b_h100 [--grid full] [--workloads bench poisson azure]
 
 Stages, each written as soon as it is done (a stage is skipped once --deadline-s has passed):
 1. profile.csv: harness.profiling over the grid (rows "grid") and random shapes (rows "random");
@@ -55,7 +55,7 @@ def run_config(base: list[str], extra: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="conf/model name (the simulator's spec), e.g. qwen3_0_6b")
+    parser.add_argument("--model", required=True, help="conf/model name (the simulator's spec), e.g. qwen3-0.6b")
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder the engine loads")
     parser.add_argument("--hardware", default="h100", help="conf/hardware name for the roofline model")
     parser.add_argument("--out", type=Path, required=True)

@@ -2,17 +2,17 @@
 # How repeatable is the engine's own measurement? The online comparisons of a calibration run
 # again (same workload, same seeds, same fitted model.csv), REPEATS times each, on a fresh process
 # per run. Carry .whl and .traces like run_h100.sh.
-#   OUT=$OUT REPEATS=2 bash experiments/calibration/repeat_h100.sh qwen3_8b experiments/calibration/h100_run3/qwen3_8b
+#   OUT=$OUT REPEATS=2 bash experiments/calibration/repeat_h100.sh qwen3-8b experiments/calibration/h100_run3/qwen3_8b
 set -u
 OUT=${OUT:?set OUT}
 MODEL=$1; RUN=$2; REPEATS=${REPEATS:-2}
 case $MODEL in
-  qwen3_0_6b) PRESET=qwen3-0.6b; CK=/tmp/q06;;
-  qwen3_8b) PRESET=qwen3-8b; CK=/tmp/q8;;
+  qwen3-0.6b) CK=/tmp/q06;;
+  qwen3-8b) CK=/tmp/q8;;
 esac
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
-[ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$PRESET" --out "$CK" --dtype bfloat16 > /dev/null
+[ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$MODEL" --out "$CK" --dtype bfloat16 > /dev/null
 overrides() {  # the stage's workload overrides, from the calibration run's meta.json
   python3 -c "import json,sys; print(' '.join(json.load(open('$RUN/meta.json'))['stages']['$1']['overrides']))"
 }
