@@ -154,7 +154,9 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], d
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write a random-weight Hugging Face checkpoint.")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.checkpoint", description="Write a random-weight Hugging Face checkpoint."
+    )
     parser.add_argument("--preset", required=True, metavar="{" + ",".join(PRESETS) + "}")
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--seed", type=int, default=0)

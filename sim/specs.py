@@ -2,10 +2,12 @@
 
 Both are frozen dataclasses. HardwareSpec's fields are exactly the keys of conf/hardware/*.yaml;
 a ModelSpec comes from a named model of engine.core.model_shapes (conf/model/<name>.yaml names
-it as `preset` and may override any ModelSpec field). Per-rank quantities take the tensor-parallel size as an argument; the
-sharding follows Megatron-style TP as nano-vllm does it: attention heads, MLP columns and the
-vocabulary are split across ranks, norms are replicated, and KV heads are replicated when there
-are fewer of them than ranks.
+it as `preset` and may override any ModelSpec field).
+
+Per-rank quantities take the tensor-parallel size as an argument; the sharding follows
+Megatron-style TP as nano-vllm does it: attention heads, MLP columns and the vocabulary are split
+across ranks, norms are replicated, and KV heads are replicated when there are fewer of them than
+ranks.
 """
 
 from __future__ import annotations

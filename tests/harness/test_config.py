@@ -10,6 +10,7 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from engine.core import CacheConfig, SchedulerConfig
+from engine.core.model_shapes import RENAMED
 from harness.config import CONF_DIR, REPO_ROOT, StudyConfig, build_run_config, build_study
 from harness.convert import ConfigError, to_dataclass
 from harness.sweep import point_configs
@@ -51,6 +52,8 @@ def test_experiment_composes_and_converts(name):
 @pytest.mark.parametrize("group", ["model", "hardware", "workload", "scheduler"])
 def test_every_group_option_converts(group):
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        if group == "model" and path.stem in RENAMED:
+            continue  # another spelling of a model, refused (tests/harness/test_model_names.py)
         rc = build_run_config(compose_config([f"{group}={path.stem}"]))
         assert getattr(rc, group) is not None
 
