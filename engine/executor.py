@@ -23,14 +23,12 @@ from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import KVCacheSpec, StepPlan, StepResult
-from engine.loader import load_model
 from engine.models.arch import ModelArch
+from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
-# Backends whose decode path can be captured in a CUDA graph (no host syncs, no shapes taken
-# from tensor contents). The torch reference backend is not one of them.
 # How long rank 0 waits for a worker's answer, and torch.distributed's collective timeout.
 TP_TIMEOUT_S = 600.0
 
@@ -41,14 +39,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("EngineConfig.device='cuda' but torch.cuda.is_available() is False; use 'cpu' or 'auto'")
     return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """None means "the checkpoint's dtype" (the loader reads it from config.json)."""
-    if name == "auto":
-        # bfloat16 matmuls on CPU are slow and too imprecise for the differential tests.
-        return torch.float32 if device.type == "cpu" else None
-    return getattr(torch, name)
 
 
 def read_eos_token_ids(model_dir: str | Path, hf_config) -> tuple[int, ...]:
@@ -66,38 +56,6 @@ def read_eos_token_ids(model_dir: str | Path, hf_config) -> tuple[int, ...]:
             if isinstance(token, int) and token not in ids:
                 ids.append(token)
     return tuple(ids)
-
-
-def engine_dtype(engine_config: EngineConfig, device: torch.device) -> torch.dtype | None:
-    """The dtype the model will run in: the configured one, else the checkpoint's (None: unreadable,
-    the loader reports why)."""
-    dtype = resolve_dtype(engine_config.dtype, device)
-    if dtype is not None:
-        return dtype
-    config = read_model_config(engine_config.model) or {}
-    name = config.get("torch_dtype") or config.get("dtype")
-    return getattr(torch, name, None) if isinstance(name, str) else None
-
-
-def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 device: torch.device, group=None) -> ModelRunner:
-    """Load this rank's model (the whole model when group is None) and wrap it in a runner. Every
-    rank resolves engine_config.attention_backend from the same inputs, so all run the same one."""
-    tp = engine_config.tensor_parallel_size
-    backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size,
-                                    engine_dtype(engine_config, device))
-    model, hf_config = load_model(
-        engine_config.model,
-        dtype=resolve_dtype(engine_config.dtype, device),
-        device=str(device),
-        attention_backend=backend,
-        tp_rank=group.rank if group else 0,
-        tp_size=tp,
-        all_reduce=group.all_reduce if group else None,
-        all_gather=group.all_gather if group else None,
-    )
-    return ModelRunner(model, hf_config, engine_config, scheduler_config, cache_config, device,
-                       driver=group is None or group.rank == 0)
 
 
 def read_model_config(model_dir: str | Path) -> dict | None:
@@ -162,9 +120,9 @@ class EngineExecutor:
         self.overlaps_steps = engine_config.async_scheduling == "on" or (
             engine_config.async_scheduling == "auto" and device.type == "cuda" and tp == 1)
         self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
-                                 and backend.captures_decode())
+                                 and backend.supports_decode_graphs())
         self.prefill_graph_tokens = engine_config.prefill_graph_tokens if (
-            self.uses_cuda_graphs and backend.captures_prefill()) else 0
+            self.uses_cuda_graphs and backend.supports_prefill_graphs()) else 0
         if device.type == "cuda" and not engine_config.enforce_eager and not self.uses_cuda_graphs:
             log.warning("attention backend %r cannot be captured in a CUDA graph: decode steps run eagerly",
                         backend.name)
@@ -183,19 +141,7 @@ class EngineExecutor:
             if self.workers:
                 self.workers.replies("allocate")
             if self.uses_cuda_graphs:
-                start = time.perf_counter()
-                if self.workers:
-                    self.workers.send("capture", self.prefill_graph_tokens)
-                if self.prefill_graph_tokens:
-                    self.runner.capture_prefill_graphs(self.prefill_graph_tokens)
-                self.runner.capture_decode_graphs()
-                if self.workers:
-                    self.workers.replies("capture")
-                prefill = self.runner.prefill_graphs
-                log.info("captured %d decode CUDA graphs (batch sizes up to %d) and %d prefill graphs (up to %d "
-                         "tokens) in %.1f s", len(self.runner.graphs.sizes), self.runner.graphs.max_batch,
-                         len(prefill.sizes) if prefill else 0, prefill.max_tokens if prefill else 0,
-                         time.perf_counter() - start)
+                self._capture_graphs()
             # a given block count skipped the profiling steps that compile the kernels
             if device.type == "cuda" and cache_config.num_blocks is not None and not self.workers:
                 if not self.runner.warm_up():
@@ -212,6 +158,21 @@ class EngineExecutor:
         if not self.eos_token_ids and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+
+    def _capture_graphs(self) -> None:
+        start = time.perf_counter()
+        if self.workers:
+            self.workers.send("capture", self.prefill_graph_tokens)
+        if self.prefill_graph_tokens:
+            self.runner.capture_prefill_graphs(self.prefill_graph_tokens)
+        self.runner.capture_decode_graphs()
+        if self.workers:
+            self.workers.replies("capture")
+        prefill = self.runner.prefill_graphs
+        log.info("captured %d decode CUDA graphs (batch sizes up to %d) and %d prefill graphs (up to %d "
+                 "tokens) in %.1f s", len(self.runner.graphs.sizes), self.runner.graphs.max_batch,
+                 len(prefill.sizes) if prefill else 0, prefill.max_tokens if prefill else 0,
+                 time.perf_counter() - start)
 
     def _start_workers(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         from engine.tp import DistGroup, Workers, free_port

@@ -11,6 +11,8 @@ batch through the sampler's costliest path) made the allocator reserve on top of
 graph_reserve is set aside for the CUDA-graph memory pool, which is captured after the cache
 is allocated; one pool serves every captured batch size and the largest is captured first, so
 the decode forward's own peak at the largest batch bounds it.
+
+On CPU there is nothing to profile: a fixed budget (cpu_kv_blocks).
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ import torch
 from engine.core.config import SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
+
+# Default KV-cache budget on CPU when CacheConfig.num_blocks is None. CPU runs are for
+# correctness and small experiments; a fixed budget keeps them from taking the host's memory.
+CPU_KV_CACHE_BYTES = 512 * 1024**2
+
+
+def cpu_kv_blocks(block_bytes: int, max_blocks_per_seq: int, max_num_seqs: int) -> int:
+    """Every running sequence at full length, within CPU_KV_CACHE_BYTES, but never less than one
+    full-length sequence (the scheduler would reject any request that cannot fit alone)."""
+    return max(max_blocks_per_seq, min(max_blocks_per_seq * max_num_seqs, CPU_KV_CACHE_BYTES // block_bytes))
 
 
 @dataclass(frozen=True)

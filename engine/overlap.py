@@ -16,6 +16,11 @@ has launched step N+1, which for an eager prefill takes tens of milliseconds of 
 tokens should not be stamped late by that. On CPU, where queuing
 is executing, duration_s is the wall time of submit() and idle_s the wall time since the
 previous submit() returned.
+
+StepOverlap holds what one submitted step leaves for the next: its sampled ids on the device,
+each sampling request's row in them, the device clock and the pinned buffers the ids come back
+through. The runner queues the step's device work itself, on the same path as a plain step
+(engine.runner).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import torch
 
 from engine.core.plan import StepPlan, StepResult
 from engine.core.scheduler import PLACEHOLDER
+from engine.host_staging import HostStaging
+from engine.step_sampling import tokens_per_entry
 
 
 def placeholder_sources(plan: StepPlan, query_start_loc: np.ndarray, input_ids: np.ndarray,
@@ -88,7 +95,6 @@ class PendingTokens:
         if self._taken:
             raise RuntimeError("PendingTokens.result() called twice for one step")
         self._taken = True
-        tokens = [-1] * self.num_entries
         age = 0.0
         if self.end is not None:
             self.end.synchronize()
@@ -100,9 +106,8 @@ class PendingTokens:
                 age = max(0.0, time.perf_counter() - ready)
         else:
             duration, idle = self.wall_duration_s, self.wall_idle_s
-        if self.host_ids is not None:
-            for row, token in zip(self.sample_rows, self.host_ids.tolist()):
-                tokens[row] = token
+        sampled = [] if self.host_ids is None else self.host_ids.tolist()
+        tokens = tokens_per_entry(self.num_entries, self.sample_rows, sampled)
         if self.on_done is not None:
             self.on_done()
         return StepResult(tokens, duration, idle, age)
@@ -115,3 +120,75 @@ def wall_pending(clock: DeviceClock, started: float, num_entries: int, sample_ro
     idle = None if clock.last_return is None else max(0.0, started - clock.last_return)
     clock.last_return = now
     return PendingTokens(num_entries, sample_rows, sampled, None, None, None, now - started, idle)
+
+
+class StepOverlap:
+    """The state overlapped steps carry from one submit() to the next (driver rank, TP 1)."""
+
+    def __init__(self, device: torch.device, max_num_seqs: int) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.max_num_seqs = max_num_seqs
+        self.clock = DeviceClock()
+        self.last_sampled: torch.Tensor | None = None  # [previous step's num_sampled] int64
+        self.last_sampled_rows: dict[str, int] = {}  # request id -> its row in last_sampled
+        self._host_ids: list[torch.Tensor] = []
+        self._host_ids_turn = 0
+
+    def begin(self, plan: StepPlan) -> None:
+        """Call at the start of submit(), before the step is built."""
+        clock = self.clock
+        if plan.stats.step == 0:  # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
+            clock.last_end = None
+            clock.last_return = None
+        # NOTE: re-anchored whenever the device has nothing queued (a profiling spin counts as
+        # queued): the GPU timer and the host clock drift apart (experiments/prefill_graphs/README.md)
+        if self.cuda and torch.cuda.current_stream(self.device).query():
+            clock.set_anchor()
+
+    def start_event(self) -> torch.cuda.Event | None:
+        """Recorded before the step's first device work (None on CPU)."""
+        if not self.cuda:
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def placeholders(self, plan: StepPlan, query_start_loc: np.ndarray,
+                     input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        return placeholder_sources(plan, query_start_loc, input_ids, self.last_sampled_rows)
+
+    def fill_placeholders(self, input_ids: torch.Tensor, placeholders: tuple[np.ndarray, np.ndarray],
+                          staging: HostStaging) -> None:
+        """Queue the copy of the previous step's sampled ids into input_ids [token rows]."""
+        rows, sources = staging.upload(list(placeholders), torch.int64)
+        input_ids.index_copy_(0, rows, self.last_sampled.index_select(0, sources))
+
+    def finish(self, plan: StepPlan, sample_rows: list[int], sampled: torch.Tensor | None, started: float,
+               start: torch.cuda.Event | None, on_done=None) -> PendingTokens:
+        """Keep the step's sampled ids [num_sampled] for the next step and return its pending result."""
+        self.last_sampled = sampled
+        self.last_sampled_rows = {plan.scheduled[i].request_id: k for k, i in enumerate(sample_rows)} if (
+            sampled is not None) else {}
+        clock = self.clock
+        if not self.cuda:
+            pending = wall_pending(clock, started, len(plan.scheduled), sample_rows, sampled)
+            pending.on_done = on_done
+            return pending
+        host_ids = None
+        if sampled is not None:
+            host_ids = self._host_ids_buffer()[: sampled.numel()]
+            host_ids.copy_(sampled, non_blocking=True)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        pending = PendingTokens(len(plan.scheduled), sample_rows, host_ids, start, end, clock.last_end,
+                                on_done=on_done, clock=clock)
+        clock.last_end = end
+        return pending
+
+    def _host_ids_buffer(self) -> torch.Tensor:  # pinned [max_num_seqs] int64
+        # NOTE: two suffice: step N+2 is submitted only after step N's ids were read
+        if not self._host_ids:
+            self._host_ids = [torch.empty(self.max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._host_ids_turn ^= 1
+        return self._host_ids[self._host_ids_turn]

@@ -1,10 +1,12 @@
 """The model runner: one StepPlan in, one sampled token per scheduled request out.
 
-Per step: build the flat index arrays of the batch on the host (numpy, no per-token Python loop),
-upload them with one pinned, non-blocking copy per dtype, run the model over every scheduled
-token (a CUDA-graph replay for decode batches and for prefill or mixed steps that have a graph,
-eagerly otherwise), compute
-logits only at the last token of the requests that sample, and sample.
+Per step: build the flat index arrays of the batch on the host (engine.batch), upload them with
+one pinned, non-blocking copy per dtype (engine.model_inputs), run the model over every
+scheduled token (a CUDA-graph replay for decode batches and for prefill or mixed steps that have
+a graph, engine.cuda_graph and engine.prefill_graphs; eagerly otherwise), compute logits only at
+the last token of the requests that sample, and sample (engine.step_sampling). A step runs to
+completion (execute) or is queued and returned at once (submit: engine.overlap); both take the
+same path through the device work (_launch).
 
 The runner owns the paged KV cache: one allocation [num_layers, 2, num_blocks, block_size,
 num_kv_heads, head_dim], handed to the model as per-layer (k_cache, v_cache) views. It keeps no
@@ -19,91 +21,28 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from itertools import chain
 from typing import Callable
 
-import numpy as np
 import torch
 
-from engine.attention.metadata import AttentionMetadata
+from engine.batch import HostBatch, build_host_batch
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.graph_sizes import prefill_graph_sizes
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
 from engine.host_staging import HostStaging
-from engine.kv_sizing import MemoryProfile, num_kv_blocks, profile_memory, warmup_plans
+from engine.kv_sizing import MemoryProfile, cpu_kv_blocks, num_kv_blocks, profile_memory, warmup_plans
 from engine.layers.fused import set_fused_kernels
+from engine.model_inputs import ModelInputs, upload_batch
 from engine.models.arch import ModelArch
-from engine.overlap import DeviceClock, PendingTokens, placeholder_sources, wall_pending
+from engine.overlap import PendingTokens, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
+from engine.step_sampling import sample_step, step_logits, tokens_per_entry
 from engine.step_timing import StepTimer
-from kernels.decode_split import balanced_chunk
-from kernels.prefill_tiles import query_tiles
 
 log = logging.getLogger(__name__)
-
-# Default KV-cache budget on CPU when CacheConfig.num_blocks is None. CPU runs are for
-# correctness and small experiments; a fixed budget keeps them from taking the host's memory.
-CPU_KV_CACHE_BYTES = 512 * 1024**2
-
-
-@dataclass
-class HostBatch:
-    """A step's model inputs as host arrays: what the driver sends to the other TP ranks.
-
-    For a decode graph step (graph_size set) the rows are padded to graph_size: token 0, position
-    0, slot -1, context length 0, and the block tables are max_blocks_per_seq wide. For a prefill
-    graph step (prefill_graph set) token rows are padded to prefill_graph and sequence rows to
-    the graph's sequence count (no query tokens, context 0), and a tile map comes along.
-    """
-
-    input_ids: np.ndarray  # [rows] int64
-    positions: np.ndarray  # [rows] int64
-    slot_mapping: np.ndarray  # [rows] int64
-    logits_indices: np.ndarray  # [num_sampled] int64, row of hidden for each sampling request
-    seq_lens: np.ndarray  # [num_seqs or graph_size] int32
-    query_start_loc: np.ndarray  # [num_seqs or graph_size + 1] int32
-    block_tables: np.ndarray  # [num_seqs or graph_size, width] int32
-    max_query_len: int
-    max_seq_len: int
-    num_seqs: int  # real sequences (rows past it are graph padding)
-    graph_size: int | None
-    sample_rows: list[int]  # index into plan.scheduled of each sampling request
-    prefill_graph: int | None = None
-    tile_seq: np.ndarray | None = None  # [graph's tile count] int32 (kernels.prefill_tiles)
-    tile_start: np.ndarray | None = None
-    decode_chunk: np.ndarray | None = None  # [1] int32, decode steps on CUDA (kernels.decode_split)
-
-    def int64_arrays(self) -> list[np.ndarray]:
-        # NOTE: this order is DecodeGraphs' buffer layout (ids, positions, slots, logits rows)
-        return [self.input_ids, self.positions, self.slot_mapping, self.logits_indices]
-
-    def int32_arrays(self) -> list[np.ndarray]:
-        # NOTE: DecodeGraphs' layout again (seq_lens, query_start_loc, block_tables, decode
-        # chunk), PrefillGraphs' (the same three, then the tile map)
-        arrays = [self.seq_lens, self.query_start_loc, self.block_tables]
-        if self.decode_chunk is not None:
-            arrays.append(self.decode_chunk)
-        return arrays if self.tile_seq is None else [*arrays, self.tile_seq, self.tile_start]
-
-
-@dataclass
-class ModelInputs:
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampled] int64
-    sample_rows: list[int]
-    num_seqs: int = 0
-    graph_size: int | None = None
-    prefill_graph: int | None = None
-
-
-def _num_computed(entry) -> int:
-    return entry.num_computed_tokens
 
 
 class ModelRunner:
@@ -148,15 +87,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.timer: StepTimer | None = None  # attach one to record per-step phase times
-        # overlapped steps (submit()): the previous step's sampled ids, and each sampling
-        # request's row in them; two pinned buffers the ids come back through, used in turn
-        self._last_sampled: torch.Tensor | None = None
-        self._last_sampled_rows: dict[str, int] = {}
-        self._device_clock = DeviceClock()
-        self._host_ids: list[torch.Tensor] = []
-        self._host_ids_turn = 0
+        self.overlap = StepOverlap(self.device, scheduler_config.max_num_seqs)  # submit()'s state
 
-    # ---- KV cache --------------------------------------------------------------------------
+    # ---- KV cache and graphs -----------------------------------------------------------------
 
     @property
     def block_bytes(self) -> int:
@@ -179,11 +112,7 @@ class ModelRunner:
                      blocks * self.block_bytes / 1024**3,
                      self.memory_profile.describe(self.engine_config.gpu_memory_utilization))
             return blocks
-        cfg = self.scheduler_config
-        per_seq = self.max_blocks_per_seq
-        # Every running sequence at full length, within the budget, but never less than one
-        # full-length sequence (the scheduler would reject any request that cannot fit alone).
-        return max(per_seq, min(per_seq * cfg.max_num_seqs, CPU_KV_CACHE_BYTES // self.block_bytes))
+        return cpu_kv_blocks(self.block_bytes, self.max_blocks_per_seq, self.scheduler_config.max_num_seqs)
 
     def warm_up(self) -> bool:
         """Run the largest steps (kv_sizing.warmup_plans) once over the allocated cache, so that
@@ -223,9 +152,11 @@ class ModelRunner:
         self.graphs = None  # release the old graphs' memory pool before capturing the new ones
         # into the prefill graphs' pool where they were captured first: one pool for all
         pool = self.prefill_graphs.pool if self.prefill_graphs is not None else None
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
-                                   self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture,
-                                   pool, self.balance_decode)
+        graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
+                              self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture,
+                              self.balance_decode)
+        graphs.capture(pool)
+        self.graphs = graphs
 
     def capture_prefill_graphs(self, max_tokens: int, capture: bool = True) -> None:
         """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.prefill_graphs);
@@ -248,114 +179,44 @@ class ModelRunner:
     # ---- one step ----------------------------------------------------------------------------
 
     def build_batch(self, plan: StepPlan) -> HostBatch:
-        entries = plan.scheduled
-        n = len(entries)
-        bs = self.block_size
-        # NOTE: map/chain over plain lists iterate in C; per-entry generators cost ~3x more.
-        token_lists = [e.token_ids for e in entries]
-        tables = [e.block_table for e in entries]
-        query_lens = np.fromiter(map(len, token_lists), np.int64, n)
-        starts = np.fromiter(map(_num_computed, entries), np.int64, n)
-        seq_lens = starts + query_lens
-        query_start_loc = np.zeros(n + 1, np.int64)
-        np.cumsum(query_lens, out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        decode_only = num_tokens == n
-        graph_size = self.graphs.padded_size(n) if self.graphs is not None and decode_only else None
-        prefill_graph = None
-        if self.prefill_graphs is not None and not decode_only:
-            prefill_graph = self.prefill_graphs.padded_size(num_tokens)
-        # graph steps carry padding rows past the step's tokens and sequences
-        token_rows = graph_size or prefill_graph or num_tokens
-        seq_rows = graph_size or (self.prefill_graphs.seqs(prefill_graph) if prefill_graph else n)
-        input_ids = np.zeros(token_rows, np.int64)
-        input_ids[:num_tokens] = np.fromiter(chain.from_iterable(token_lists), np.int64, num_tokens)
-        if decode_only:
-            seq_of_token, positions = np.arange(n), starts
-        else:
-            seq_of_token = np.repeat(np.arange(n), query_lens)  # [num_tokens]
-            positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + starts[seq_of_token]
-        # Only the blocks that hold context matter; a chunked prompt's table may reach further.
-        blocks_needed = (seq_lens + bs - 1) // bs
-        total_blocks = int(blocks_needed.sum())
-        if sum(map(len, tables)) == total_blocks:  # the usual case: tables hold exactly the context
-            flat_tables = np.fromiter(chain.from_iterable(tables), np.int64, total_blocks)
-        else:
-            flat_tables = np.fromiter(chain.from_iterable(t[:c] for t, c in zip(tables, blocks_needed.tolist())),
-                                      np.int64, total_blocks)
-        # NOTE: a fixed width for graphs; otherwise a multiple of 16, so that the Triton kernels,
-        # which specialise on their integer arguments (the table's row stride among them), are
-        # not recompiled in the middle of a run when the widest table changes.
-        width = self.max_blocks_per_seq if graph_size or prefill_graph else -(-int(blocks_needed.max()) // 16) * 16
-        block_tables = np.zeros((seq_rows, width), np.int32)  # padded with block 0
-        # a boolean mask fills row-major, the order of flat_tables
-        block_tables[:n][np.arange(width) < blocks_needed[:, None]] = flat_tables
-        slot_mapping = np.full(token_rows, -1, np.int64)
-        slot_mapping[:num_tokens] = block_tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
-        sample_rows = [i for i, e in enumerate(entries) if e.sample]
-        logits_indices = query_start_loc[1:][sample_rows] - 1
-        max_query_len, max_seq_len = int(query_lens.max()), int(seq_lens.max())
-        tile_seq = tile_start = None
-        if prefill_graph:
-            graphs = self.prefill_graphs
-            tile_seq, tile_start = query_tiles(query_lens, seq_lens, graphs.block_q(prefill_graph),
-                                               graphs.num_tiles(prefill_graph))
-            query_start_loc = np.concatenate([query_start_loc, np.full(seq_rows - n, num_tokens)])
-        elif graph_size:
-            query_start_loc = np.arange(seq_rows + 1)
-        if token_rows > num_tokens:
-            positions = np.concatenate([positions, np.zeros(token_rows - num_tokens, np.int64)])
-        decode_chunk = None
-        if decode_only and self.balance_decode:
-            decode_chunk = np.array([balanced_chunk(seq_lens, self.num_kv_heads, self.num_sms)], np.int32)
-        if seq_rows > n:
-            seq_lens = np.concatenate([seq_lens, np.zeros(seq_rows - n, np.int64)])
-        return HostBatch(
-            input_ids, positions, slot_mapping, logits_indices, seq_lens.astype(np.int32),
-            query_start_loc.astype(np.int32), block_tables, max_query_len=max_query_len,
-            max_seq_len=max_seq_len, num_seqs=n, graph_size=graph_size, sample_rows=sample_rows,
-            prefill_graph=prefill_graph, tile_seq=tile_seq, tile_start=tile_start, decode_chunk=decode_chunk,
-        )
+        decode_split = (self.num_kv_heads, self.num_sms) if self.balance_decode else None
+        return build_host_batch(plan, self.block_size, self.max_blocks_per_seq, self.graphs, self.prefill_graphs,
+                                decode_split)
 
     def upload(self, batch: HostBatch) -> ModelInputs:
-        if batch.graph_size:
-            # straight into the static buffers the graphs read
-            self.staging.upload(batch.int64_arrays(), torch.int64, out=self.graphs.int64)
-            self.staging.upload(batch.int32_arrays(), torch.int32, out=self.graphs.int32)
-            ids, pos, meta = self.graphs.views(batch.graph_size)
-            rows = self.graphs.logits_rows(batch.graph_size, len(batch.sample_rows))
-            return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs, batch.graph_size)
-        if batch.prefill_graph:
-            graphs = self.prefill_graphs
-            self.staging.upload(batch.int64_arrays(), torch.int64, out=graphs.int64)
-            self.staging.upload(batch.int32_arrays(), torch.int32, out=graphs.int32)
-            ids, pos, meta = graphs.views(batch.prefill_graph)
-            rows = graphs.logits_rows(batch.prefill_graph, len(batch.sample_rows))
-            return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs,
-                               prefill_graph=batch.prefill_graph)
-        ids, pos, slots, rows = self.staging.upload(batch.int64_arrays(), torch.int64)
-        lens, qsl, tables, *chunk = self.staging.upload(batch.int32_arrays(), torch.int32)
-        meta = AttentionMetadata(
-            slot_mapping=slots,
-            query_start_loc=qsl,
-            seq_lens=lens,
-            block_tables=tables,
-            max_query_len=batch.max_query_len,
-            max_seq_len=batch.max_seq_len,
-            is_decode_only=batch.max_query_len == 1,
-            decode_chunk=chunk[0] if chunk else None,
-        )
-        return ModelInputs(ids, pos, meta, rows, batch.sample_rows, batch.num_seqs)
+        return upload_batch(self.staging, batch, self.graphs, self.prefill_graphs)
 
     def prepare(self, plan: StepPlan) -> ModelInputs:
         return self.upload(self.build_batch(plan))
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [num_tokens, hidden]
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [token rows, hidden]
         if inputs.graph_size:
             return self.graphs.run(inputs.graph_size, inputs.num_seqs)
         if inputs.prefill_graph:
             return self.prefill_graphs.run(inputs.prefill_graph)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+
+    def _launch(self, batch: HostBatch, plan: StepPlan | None,
+                placeholders=None) -> tuple[ModelInputs, torch.Tensor | None]:
+        """Queue a built step's device work: upload, placeholder ids (engine.overlap), forward,
+        logits and sampling. Returns the inputs and the sampled ids [num_sampled] (None when
+        nothing samples, or with plan None: a non-driver rank computes the logits for the LM
+        head's gather and samples nothing)."""
+        timer = self.timer
+        inputs = self.upload(batch)
+        if placeholders is not None:
+            self.overlap.fill_placeholders(inputs.input_ids, placeholders, self.staging)
+        if timer:
+            timer.mark()
+        hidden = self.forward(inputs)
+        if timer:
+            timer.mark()
+        if not inputs.sample_rows:
+            return inputs, None
+        logits = step_logits(self.model, hidden, inputs.logits_indices)  # [num_sampled, vocab]
+        if plan is None:
+            return inputs, None
+        return inputs, sample_step(self.sampler, plan, inputs.sample_rows, logits)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, on_batch: Callable[[HostBatch], None] | None = None) -> list[int] | None:
@@ -374,34 +235,18 @@ class ModelRunner:
         """Run a built batch. plan is None on non-driver TP ranks: they take part in every
         collective (the LM head's gather included) and return None."""
         timer = self.timer
-        inputs = self.upload(batch)
-        if timer:
-            timer.mark()
-        hidden = self.forward(inputs)
-        if timer:
-            timer.mark()
+        inputs, sampled = self._launch(batch, plan)
         if not inputs.sample_rows:
             if timer:
                 timer.finish()  # discarded: a step with nothing to sample is not a full record
             return None if plan is None else [-1] * len(plan.scheduled)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices], upcast=False)  # [num_sampled, vocab]
         if plan is None:
             return None
-        tokens = [-1] * len(plan.scheduled)
-        sampled, _ = self._sample(plan, inputs.sample_rows, logits)
-        for row, token in zip(inputs.sample_rows, sampled.tolist()):
-            tokens[row] = token
+        tokens = tokens_per_entry(len(plan.scheduled), inputs.sample_rows, sampled.tolist())
         if timer:
             timer.mark()
-            timer.finish(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
-                         graph_size=batch.graph_size or batch.prefill_graph or 0)
+            timer.finish(**_timer_fields(batch))
         return tokens
-
-    def _sample(self, plan: StepPlan, sample_rows: list[int], logits: torch.Tensor):
-        """(sampled ids on the device [num_sampled], the entries they belong to)."""
-        entries = [plan.scheduled[i] for i in sample_rows]
-        params = [e.sampling_params for e in entries]
-        return self.sampler.sample(logits, params, [e.num_output_tokens for e in entries]), entries
 
     @torch.inference_mode()
     def submit(self, plan: StepPlan) -> PendingTokens:
@@ -411,64 +256,19 @@ class ModelRunner:
         if timer:
             timer.mark()
         started = time.perf_counter()
-        if plan.stats.step == 0:  # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
-            self._device_clock.last_end = None
-            self._device_clock.last_return = None
-        clock = self._device_clock
-        # NOTE: re-anchored whenever the device has nothing queued (a profiling spin counts as
-        # queued): the GPU timer and the host clock drift apart (experiments/prefill_graphs/README.md)
-        if self.device.type == "cuda" and torch.cuda.current_stream(self.device).query():
-            clock.set_anchor()
+        self.overlap.begin(plan)
         batch = self.build_batch(plan)
-        placeholders = placeholder_sources(plan, batch.query_start_loc, batch.input_ids, self._last_sampled_rows)
-        cuda = self.device.type == "cuda"
-        start = None
-        if cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-        inputs = self.upload(batch)
-        if placeholders is not None:
-            rows, sources = self.staging.upload(list(placeholders), torch.int64)
-            inputs.input_ids.index_copy_(0, rows, self._last_sampled.index_select(0, sources))
-        if timer:
-            timer.mark()
-        hidden = self.forward(inputs)
-        if timer:
-            timer.mark()
-        sampled = None
-        self._last_sampled_rows = {}
-        if inputs.sample_rows:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices], upcast=False)
-            sampled, entries = self._sample(plan, inputs.sample_rows, logits)
-            self._last_sampled_rows = {e.request_id: k for k, e in enumerate(entries)}
-        self._last_sampled = sampled
+        placeholders = self.overlap.placeholders(plan, batch.query_start_loc, batch.input_ids)
+        start = self.overlap.start_event()
+        inputs, sampled = self._launch(batch, plan, placeholders)
         on_done = None
         if timer:
             timer.mark()
-            marks = timer.detach()
-            fields = dict(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
-                          graph_size=batch.graph_size or batch.prefill_graph or 0)
+            marks, fields = timer.detach(), _timer_fields(batch)
             on_done = lambda: timer.record(*marks, **fields)  # noqa: E731 - once the events are complete
-        if not cuda:
-            pending = wall_pending(self._device_clock, started, len(plan.scheduled), inputs.sample_rows, sampled)
-            pending.on_done = on_done
-            return pending
-        host_ids = None
-        if sampled is not None:
-            host_ids = self._host_ids_buffer()[: sampled.numel()]
-            host_ids.copy_(sampled, non_blocking=True)
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        clock = self._device_clock
-        pending = PendingTokens(len(plan.scheduled), inputs.sample_rows, host_ids, start, end, clock.last_end,
-                                on_done=on_done, clock=clock)
-        clock.last_end = end
-        return pending
+        return self.overlap.finish(plan, inputs.sample_rows, sampled, started, start, on_done)
 
-    def _host_ids_buffer(self) -> torch.Tensor:
-        # NOTE: two suffice: step N+2 is submitted only after step N's ids were read
-        if not self._host_ids:
-            size = self.scheduler_config.max_num_seqs
-            self._host_ids = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-        self._host_ids_turn ^= 1
-        return self._host_ids[self._host_ids_turn]
+
+def _timer_fields(batch: HostBatch) -> dict[str, int]:
+    return dict(num_seqs=batch.num_seqs, num_tokens=int(batch.input_ids.shape[0]),
+                graph_size=batch.graph_size or batch.prefill_graph or 0)

@@ -12,11 +12,11 @@ from engine.attention.metadata import AttentionMetadata
 class AttentionBackend(Protocol):
     name: str
 
-    def captures_decode(self) -> bool:
+    def supports_decode_graphs(self) -> bool:
         """Decode steps can be captured in a CUDA graph (no host syncs, grid fixed by the batch)."""
         ...
 
-    def captures_prefill(self) -> bool:
+    def supports_prefill_graphs(self) -> bool:
         """Prefill and mixed steps can be captured too (engine.prefill_graphs' padded tile maps)."""
         ...
 

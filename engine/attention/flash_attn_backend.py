@@ -71,10 +71,10 @@ class FlashAttnBackend:
 
         self._store = store_kvcache
 
-    def captures_decode(self) -> bool:
+    def supports_decode_graphs(self) -> bool:
         return True
 
-    def captures_prefill(self) -> bool:
+    def supports_prefill_graphs(self) -> bool:
         # prefill graphs replay a fixed grid over a tile map, which only the Triton kernel reads
         return False
 

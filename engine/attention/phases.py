@@ -32,10 +32,10 @@ class PhaseRoutedBackend:
         self.flash = flash
         self.triton = triton
 
-    def captures_decode(self) -> bool:
+    def supports_decode_graphs(self) -> bool:
         return True
 
-    def captures_prefill(self) -> bool:
+    def supports_prefill_graphs(self) -> bool:
         return True
 
     def pick(self, q: torch.Tensor, meta):

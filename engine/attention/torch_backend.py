@@ -31,10 +31,10 @@ def store_kv(
 class TorchAttentionBackend:
     name = "torch"
 
-    def captures_decode(self) -> bool:
+    def supports_decode_graphs(self) -> bool:
         return False
 
-    def captures_prefill(self) -> bool:
+    def supports_prefill_graphs(self) -> bool:
         return False
 
     def forward(

@@ -24,10 +24,10 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def captures_decode(self) -> bool:
+    def supports_decode_graphs(self) -> bool:
         return True
 
-    def captures_prefill(self) -> bool:
+    def supports_prefill_graphs(self) -> bool:
         return True
 
     def forward(

@@ -15,7 +15,7 @@ def worker_main(spec, conn) -> None:
     torch.set_num_threads(spec.num_threads)
     group = None
     try:
-        from engine.executor import build_runner  # after the env is set: it imports the CUDA stack
+        from engine.rank import build_runner  # after the env is set: it imports the CUDA stack
 
         device = torch.device("cuda", spec.rank) if spec.device_type == "cuda" else torch.device("cpu")
         conn.send(("hello", None))

@@ -185,7 +185,7 @@ def test_auto_routes_phases_when_both_gpu_backends_serve_the_cache(monkeypatch):
     backend = get_attention_backend("auto", device="cuda", block_size=256, dtype=torch.bfloat16)
     assert backend.name == "flash_attn+triton"
     assert (backend.flash.name, backend.triton.name) == ("flash_attn", "triton")
-    assert backend.captures_decode() and backend.captures_prefill()
+    assert backend.supports_decode_graphs() and backend.supports_prefill_graphs()
 
 
 @pytest.mark.parametrize("problems, want", [

@@ -12,7 +12,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
 from engine.cuda_graph import MAX_GRAPH_BATCH, graph_batch_sizes
-from engine.executor import build_runner
+from engine.rank import build_runner
 from kernels.decode_split import balanced_chunk
 
 GREEDY = SamplingParams(temperature=0.0)

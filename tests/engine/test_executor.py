@@ -14,7 +14,7 @@ from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import make_scheduler
 from engine.executor import EngineExecutor
-from engine.runner import CPU_KV_CACHE_BYTES
+from engine.kv_sizing import CPU_KV_CACHE_BYTES
 
 SCHED = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.executor import read_eos_token_ids, resolve_device, resolve_dtype
+from engine.executor import read_eos_token_ids, resolve_device
+from engine.rank import resolve_dtype
 
 
 def test_defaults_are_valid():

@@ -93,7 +93,7 @@ def test_fused_model_matches_torch_path_on_cuda(qwen3_0_6b_dir, attention_backen
 def test_fused_graph_replay_matches_fused_eager_on_cuda(qwen3_0_6b_dir):
     from engine.core.config import CacheConfig, SchedulerConfig
     from engine.cuda_graph import graph_batch_sizes
-    from engine.executor import build_runner
+    from engine.rank import build_runner
     from tests.engine.test_cuda_graph import _graph_vs_eager
 
     sched = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=768)

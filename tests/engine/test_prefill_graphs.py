@@ -15,7 +15,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.graph_sizes import padded_size, prefill_graph_sizes
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
-from engine.executor import build_runner
+from engine.rank import build_runner
 from kernels.prefill_tiles import max_tiles, query_tiles, tile_shape
 
 GREEDY = SamplingParams(temperature=0.0)

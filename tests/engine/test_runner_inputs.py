@@ -14,7 +14,8 @@ from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
-from engine.runner import CPU_KV_CACHE_BYTES, ModelRunner
+from engine.kv_sizing import CPU_KV_CACHE_BYTES
+from engine.runner import ModelRunner
 
 HF_CONFIG = {
     "model_type": "qwen3", "vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 3,
