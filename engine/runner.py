@@ -19,7 +19,6 @@ HostBatch, hands it to the other ranks, and alone samples.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Callable
 
@@ -32,7 +31,7 @@ from engine.core.graph_sizes import prefill_graph_sizes
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
 from engine.host_staging import HostStaging
-from engine.kv_sizing import MemoryProfile, cpu_kv_blocks, num_kv_blocks, profile_memory, warmup_plans
+from engine.kv_sizing import MemoryProfile, cpu_kv_blocks, profile_memory, profiled_kv_blocks, warm_up
 from engine.layers.fused import set_fused_kernels
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.models.arch import ModelArch
@@ -41,9 +40,6 @@ from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
 from engine.step_sampling import sample_step, step_logits, tokens_per_entry
 from engine.step_timing import StepTimer
-
-log = logging.getLogger(__name__)
-
 
 class ModelRunner:
     def __init__(
@@ -106,28 +102,14 @@ class ModelRunner:
             return self.cache_config.num_blocks
         if self.device.type == "cuda":
             self.memory_profile = profile_memory(self, graph_reserve)
-            blocks = num_kv_blocks(self.memory_profile, self.engine_config.gpu_memory_utilization,
-                                   self.block_bytes, self.max_blocks_per_seq)
-            log.info("KV cache: %d blocks of %d tokens (%.2f GiB); %s", blocks, self.block_size,
-                     blocks * self.block_bytes / 1024**3,
-                     self.memory_profile.describe(self.engine_config.gpu_memory_utilization))
-            return blocks
+            return profiled_kv_blocks(self.memory_profile, self.engine_config.gpu_memory_utilization,
+                                      self.block_bytes, self.block_size, self.max_blocks_per_seq)
         return cpu_kv_blocks(self.block_bytes, self.max_blocks_per_seq, self.scheduler_config.max_num_seqs)
 
     def warm_up(self) -> bool:
-        """Run the largest steps (kv_sizing.warmup_plans) once over the allocated cache, so that
-        kernel compilation and first-use costs land here, not in a measured run's first steps
-        (2.7 s on the first step of an H100 run with a pinned block count). Profiling does this
-        when it sizes the cache; call it when the block count was given. Needs a cache of at
-        least one max_model_len sequence (the plans share blocks 0..n-1); False when smaller."""
-        if self.kv_cache is None or self.num_blocks < self.max_blocks_per_seq:
-            return False
-        with torch.inference_mode():
-            for plan in warmup_plans(self.scheduler_config, self.block_size):
-                self.execute(plan)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return True
+        """Run the largest steps once over the allocated cache (engine.kv_sizing.warm_up); False
+        when the cache is smaller than one max_model_len sequence."""
+        return warm_up(self)
 
     def free_kv_cache(self) -> None:
         self.graphs = self.prefill_graphs = None  # graphs hold the cache's addresses
