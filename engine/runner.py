@@ -69,7 +69,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-scheduler_config.max_model_len // self.block_size)
         # Decode steps tell the Triton decode kernel their fair share of keys per program, so
         # that a ragged batch costs what an even one of the same total does (kernels.decode_split).
-        # Read when graphs are captured.
+        # Read per step (build_batch) and when decode graphs are captured.
         self.balance_decode = engine_config.balanced_decode and self.device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.balance_decode else 0
         # before any graph capture: graphs replay whichever elementwise kernels the layers use

@@ -77,3 +77,11 @@ def test_backends_declare_their_capabilities():
     assert pages_block_size("flash_attn", FLASH_ATTN_PAGE_MULTIPLE * 2)
     assert not pages_block_size("flash_attn", 16) and pages_block_size("flash_attn", None)
     assert pages_block_size("triton", 16) and pages_block_size("torch", 1)
+
+
+def test_triton_backend_captures_both_kinds_of_step():
+    pytest.importorskip("triton")
+    from engine.attention.triton_backend import TritonAttentionBackend
+
+    backend = TritonAttentionBackend()
+    assert backend.supports_decode_graphs() and backend.supports_prefill_graphs()
