@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.paging import FLASH_ATTN_PAGE_MULTIPLE, pages_block_size
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
@@ -27,7 +26,7 @@ def _plan(entries, step=1):
 def runner(tiny_qwen3_dir):
     sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128, max_model_len=64)
     cache = CacheConfig(block_size=4, num_blocks=64)
-    runner = build_runner(EngineConfig(model=str(tiny_qwen3_dir)), sched, cache, torch.device("cpu"), "torch")
+    runner = build_runner(EngineConfig(model=str(tiny_qwen3_dir), attention_backend="torch"), sched, cache, torch.device("cpu"))
     runner.allocate_kv_cache(cache.num_blocks)
     return runner
 
@@ -74,9 +73,6 @@ def test_a_placeholder_without_a_previous_sample_is_refused(runner):
 def test_backends_declare_their_capabilities():
     torch_backend = TorchAttentionBackend()
     assert not torch_backend.supports_decode_graphs() and not torch_backend.supports_prefill_graphs()
-    assert pages_block_size("flash_attn", FLASH_ATTN_PAGE_MULTIPLE * 2)
-    assert not pages_block_size("flash_attn", 16) and pages_block_size("flash_attn", None)
-    assert pages_block_size("triton", 16) and pages_block_size("torch", 1)
 
 
 def test_triton_backend_captures_both_kinds_of_step():
