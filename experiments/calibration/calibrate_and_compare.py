@@ -1,28 +1,34 @@
 """Calibrate the profiled cost model on the GPU, then compare the simulator with the engine on the
-target workloads, with one loaded engine (one process: the model is loaded and its graphs
-captured once).
+target workloads, with one loaded engine (the model is loaded and its graphs captured once).
 
-  PYTHONPATH=. python experiments/calibration/calibrate_and_compare.py --model qwen3-0.6b \
-      --checkpoint /tmp/q06 --out OUT/qwen3-0.6b_h100 [--grid full] [--workloads bench poisson azure]
+  python experiments/calibration/calibrate_and_compare.py model=qwen3_0_6b hardware=h100 \
+      calibrate.out=$OUT/qwen3_0_6b [backend.model=/tmp/q06] [poisson:workload.num_requests=400] [grid.num_random=20]
 
-Stages, each written as soon as it is done (a stage is skipped once --deadline-s has passed):
+Every argument is a Hydra override of the harness's config (conf/, composed with
+experiment=compare, as `python -m harness experiment=compare` takes them) and applies to every run,
+except three kinds:
+  STAGE:OVERRIDE      only for the runs of one stage: calibration, calibration_online, bench,
+                      poisson, azure (STAGES below holds each stage's own overrides)
+  grid.FIELD=VALUE    a field of the profile grid (harness.profiling.ProfileGrid)
+  calibrate.FIELD=VALUE  a field of CalibrateConfig below (calibrate.out is required)
+
+Stages, each written to calibrate.out as soon as it is done (no stage starts after
+calibrate.deadline_s):
 1. profile.csv: harness.profiling over the grid (rows "grid") and random shapes (rows "random");
 2. calibration/: a real run of a calibration workload (bench lengths, seed 1, short outputs, so
    decode batches span 1..max_num_seqs), steps recorded with host times; then
-   calibration_online/: an online one, a later window of the Azure conversation trace (rows from
-   --online-calibration-start, which no target uses), so that the fit sees the small prefills
-   and ragged decodes that arrivals make, as they run in the serving loop;
-3. model.csv (fitted: executor time on the grid, host time on the calibration steps) and
-   validation.csv (held-out errors: grid split, random shapes, the calibration run's steps);
+   calibration_online/: a later window of the Azure conversation trace, which no target uses, so
+   that the fit sees the small prefills and ragged decodes that arrivals make;
+3. model.csv (executor time fitted on the grid, host time on the calibration steps) and
+   validation.csv (held-out errors: grid split, random shapes, the calibration runs' steps);
 4. compare_<workload>/: harness.compare against model.csv: bench (nano-vllm's, offline), poisson
-   (bench lengths at 70% of the engine's offline request throughput measured in stage 4's bench),
-   azure (the first --azure-requests rows of the Azure conversation trace, arrivals / --azure-rate-scale);
-5. meta.json: command, device, date, versions, stage times.
+   (bench lengths at calibrate.poisson_load of the engine's offline request throughput measured
+   by the bench stage, unless poisson:workload.rate is given), azure (the Azure conversation trace);
+5. meta.json: command, overrides, versions, stage times (calibration/recompare.py reads it).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -30,170 +36,190 @@ import logging
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+import pandas as pd
+from omegaconf import OmegaConf
 
-import pandas as pd  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from harness.calibration import validate  # noqa: E402
-from harness.compare import CompareConfig, KeepAlive, compare  # noqa: E402
-from harness.config import CONF_DIR, build_run_config  # noqa: E402
-from harness.profiling import ProfileGrid, profile_executor  # noqa: E402
-from harness.recording import graph_sizes_of  # noqa: E402
-from harness.run import make_executor, run_once, write_outcome  # noqa: E402
+from harness.calibration import validate
+from harness.compare import CompareConfig, KeepAlive, compare
+from harness.config import section
+from harness.convert import to_dataclass
+from harness.profiling import ProfileGrid, graphs_bypassed, profile_executor
+from harness.recording import graph_sizes_of
+from harness.run import make_executor, run_once, write_outcome
+from harness.scripting import compose_config, compose_run_config, one_line_errors
 
 log = logging.getLogger("calibrate")
+TARGETS = ("bench", "poisson", "azure")
+STAGES = {
+    "calibration": ["workload=bench", "workload.seed=1", "workload.num_requests=512", "workload.output_len.low=16",
+                    "workload.output_len.high=128"],
+    "calibration_online": ["workload=trace_azure_conv", "workload.start_row=10000", "workload.num_requests=600"],
+    "bench": ["workload=bench", "workload.num_requests=256"],
+    "poisson": ["workload=poisson", "workload.num_requests=512"],
+    "azure": ["workload=trace_azure_conv", "workload.num_requests=600"],
+}
 
 
-def run_config(base: list[str], extra: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return build_run_config(compose(config_name="config", overrides=base + extra))
+@dataclass(frozen=True)
+class CalibrateConfig:
+    out: str
+    grid: str = "full"  # the base profile grid: ProfileGrid() (full) or ProfileGrid.quick()
+    workloads: tuple[str, ...] = TARGETS
+    online_calibration: bool = True
+    poisson_load: float = 0.7  # the poisson rate, as a fraction of the bench's request throughput
+    eager_bench: bool = False  # also compare the bench with CUDA graphs bypassed (decode_eager regime)
+    deadline_s: float = 450.0
+    git_commit: str = "unknown"
+
+    def __post_init__(self) -> None:
+        if self.grid not in ("full", "quick"):
+            raise ValueError(f"calibrate.grid must be full or quick, got {self.grid!r}")
+        if not set(self.workloads) <= set(TARGETS):
+            raise ValueError(f"calibrate.workloads must be a subset of {list(TARGETS)}, got {list(self.workloads)}")
+        if not 0 < self.poisson_load <= 1:
+            raise ValueError(f"calibrate.poisson_load must be in (0, 1], got {self.poisson_load}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="conf/model name (the simulator's spec), e.g. qwen3-0.6b")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint folder the engine loads")
-    parser.add_argument("--hardware", default="h100", help="conf/hardware name for the roofline model")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--grid", choices=("full", "quick"), default="full")
-    parser.add_argument("--num-random", type=int, default=None, help="random held-out shapes (default: the grid's)")
-    parser.add_argument("--max-seconds-per-shape", type=float, default=None)
-    parser.add_argument("--prefill-tokens", type=int, nargs="+", default=None, help="grid: total prefill tokens")
-    parser.add_argument("--prefill-contexts", type=int, nargs="+", default=None, help="grid: cached tokens per chunk")
-    parser.add_argument("--eager-bench", action="store_true",
-                        help="also compare the bench with CUDA graphs bypassed (decode_eager regime)")
-    parser.add_argument("--device", default="auto", help="backend.device (cpu for a dry run)")
-    parser.add_argument("--calibration-requests", type=int, default=512)
-    parser.add_argument("--workloads", nargs="*", default=["bench", "poisson", "azure"],
-                        choices=("bench", "poisson", "azure"))
-    parser.add_argument("--bench-requests", type=int, default=256)
-    parser.add_argument("--poisson-requests", type=int, default=512)
-    parser.add_argument("--poisson-load", type=float, default=0.7, help="fraction of the offline request throughput")
-    parser.add_argument("--azure-requests", type=int, default=600)
-    parser.add_argument("--azure-rate-scale", type=float, default=1.0)
-    parser.add_argument("--trace-dir", default=None, help="folder of azure_conv_2023.csv (default ../shared/traces)")
-    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
-    parser.add_argument("--online-calibration-start", type=int, default=10_000,
-                        help="first Azure trace row of the online calibration run (its rows: --azure-requests)")
-    parser.add_argument("--no-online-calibration", action="store_true")
-    parser.add_argument("--deadline-s", type=float, default=450.0, help="start no stage after this many seconds")
-    parser.add_argument("--git-commit", default="unknown")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    started = time.perf_counter()
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    base = ["experiment=compare", f"model={args.model}", f"hardware={args.hardware}", f"backend.model={args.checkpoint}",
-            f"backend.device={args.device}", "output.progress=false", *args.extra]
-    meta = {"command": " ".join(sys.argv), "git_commit": args.git_commit, "overrides": base,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "stages": {}}
+@dataclass(frozen=True)
+class Plan:
+    settings: CalibrateConfig
+    grid: ProfileGrid
+    base: list[str]  # Hydra overrides of every run
+    stages: dict[str, list[str]]  # stage -> its own Hydra overrides
 
-    def stage_done(name: str, t0: float, **info) -> None:
-        meta["stages"][name] = {"seconds": round(time.perf_counter() - t0, 1), **info}
-        (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+
+def parse(argv: list[str]) -> Plan:
+    base, own, grid_items = [], [], []
+    stages = {name: list(overrides) for name, overrides in STAGES.items()}
+    for item in argv:
+        stage, sep, rest = item.partition(":")
+        if sep and "=" not in stage:
+            if stage not in stages:
+                raise ValueError(f"{item}: unknown stage {stage!r}; stages: {list(stages)}")
+            stages[stage].append(rest)
+        elif item.startswith("calibrate."):
+            own.append(item.removeprefix("calibrate."))
+        elif item.startswith("grid."):
+            grid_items.append(item.removeprefix("grid."))
+        else:
+            base.append(item)
+    settings = to_dataclass(CalibrateConfig, OmegaConf.to_container(OmegaConf.from_dotlist(own)), "calibrate")
+    grid_base = dataclasses.asdict(ProfileGrid() if settings.grid == "full" else ProfileGrid.quick())
+    grid_base.update(OmegaConf.to_container(OmegaConf.from_dotlist(grid_items)))
+    grid = to_dataclass(ProfileGrid, grid_base, "grid")
+    return Plan(settings, grid, ["experiment=compare", "output.progress=false", *base], stages)
+
+
+class Stages:
+    """Times each stage and records it in meta.json as soon as it is done."""
+
+    def __init__(self, plan: Plan, out: Path) -> None:
+        self.plan, self.out, self.started = plan, out, time.perf_counter()
+        self.meta = {"command": " ".join(sys.argv), "git_commit": plan.settings.git_commit, "overrides": plan.base,
+                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "python": platform.python_version(), "stages": {}}
+
+    def time_left(self) -> bool:
+        return time.perf_counter() - self.started < self.plan.settings.deadline_s
+
+    def done(self, name: str, t0: float, **info) -> None:
+        self.meta["stages"][name] = {"seconds": round(time.perf_counter() - t0, 1), **info}
+        (self.out / "meta.json").write_text(json.dumps(self.meta, indent=1, default=str))
         log.info("stage %s done in %.1f s (%.0f s elapsed)", name, time.perf_counter() - t0,
-                 time.perf_counter() - started)
+                 time.perf_counter() - self.started)
 
-    def time_left() -> bool:
-        return time.perf_counter() - started < args.deadline_s
 
+def calibrate(plan: Plan, executor, shared, stages: Stages, sizes) -> pd.DataFrame:
+    """Stages 1-3: profile, calibration runs, fit; returns the fitted model's validation table."""
+    out = stages.out
     t0 = time.perf_counter()
-    rc = run_config(base, [])
+    rc = compose_run_config(plan.base)
+    profile = profile_executor(executor, rc.scheduler, plan.grid, sizes)
+    profile.to_csv(out / "profile.csv", index=False)
+    stages.done("profile", t0, rows=len(profile), grid=dataclasses.asdict(plan.grid))
+    runs = ["calibration"] + (["calibration_online"] if plan.settings.online_calibration else [])
+    steps = []
+    for name in runs:
+        t0 = time.perf_counter()
+        outcome = run_once(compose_run_config(plan.base + plan.stages[name]), False, executor=shared, record=True)
+        write_outcome(outcome, out / name, plots=False)
+        steps.append(outcome.steps)
+        stages.done(f"{name}_run", t0, overrides=plan.stages[name], steps=len(outcome.steps))
+    t0 = time.perf_counter()
+    model, validation = validate(profile, pd.concat(steps, ignore_index=True), sizes)
+    model.to_csv(out / "model.csv")
+    validation.to_csv(out / "validation.csv", index=False)
+    stages.done("fit", t0)
+    return validation
+
+
+def compare_targets(plan: Plan, executor, shared, stages: Stages) -> None:
+    """Stage 4: each target workload, engine against simulator with the fitted model."""
+    cc = dataclasses.replace(to_dataclass(CompareConfig, section(compose_config(plan.base), "compare"), "compare"),
+                             profile_path=str(stages.out / "model.csv"))
+    bench_request_s = None
+    runs = [(name, name, None) for name in plan.settings.workloads]
+    if plan.settings.eager_bench and "bench" in plan.settings.workloads:
+        runs.append(("bench_eager", "bench", graphs_bypassed))  # the simulator then prices decodes as eager too
+    for folder, name, context in runs:
+        extra = list(plan.stages[name])
+        if name == "poisson" and not any(o.startswith("workload.rate=") for o in extra):
+            if bench_request_s is None:
+                log.warning("poisson needs the bench's throughput first (or poisson:workload.rate=...): skipped")
+                continue
+            extra.append(f"workload.rate={plan.settings.poisson_load * bench_request_s:.4f}")
+        if not stages.time_left():
+            log.warning("deadline: skipping %s", folder)
+            continue
+        t0 = time.perf_counter()
+        rc = compose_run_config(plan.base + extra)
+        if context is None:
+            result = compare(rc, cc, stages.out / f"compare_{folder}", executor=shared)
+        else:
+            with context(executor):
+                result = compare(rc, cc, stages.out / f"compare_{folder}", executor=shared)
+        if folder == "bench":
+            bench_request_s = float(result.table.set_index("metric").loc["request_s", "engine"])
+        print(result.report, flush=True)
+        stages.done(f"compare_{folder}", t0, overrides=extra)
+
+
+def run(plan: Plan) -> int:
+    out = Path(plan.settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(plan, out)
+    t0 = time.perf_counter()
+    rc = compose_run_config(plan.base)
     executor = make_executor(rc)
+    sizes = graph_sizes_of(executor, rc)
     import torch
 
-    sizes = graph_sizes_of(executor, rc)
-    meta.update(torch=torch.__version__, device=torch.cuda.get_device_name() if executor.device.type == "cuda" else "cpu",
-                num_blocks=executor.kv_cache_spec().num_blocks, graph_batch_sizes=list(sizes.decode),
-                prefill_graph_sizes=list(sizes.prefill),
-                engine_config=dataclasses.asdict(rc.engine), scheduler=dataclasses.asdict(rc.scheduler))
-    stage_done("load", t0)
+    device = torch.cuda.get_device_name() if executor.device.type == "cuda" else "cpu"
+    stages.meta.update(torch=torch.__version__, device=device, num_blocks=executor.kv_cache_spec().num_blocks,
+                       graph_batch_sizes=list(sizes.decode), prefill_graph_sizes=list(sizes.prefill),
+                       engine_config=dataclasses.asdict(rc.engine), scheduler=dataclasses.asdict(rc.scheduler))
+    stages.done("load", t0)
     shared = KeepAlive(executor)
     try:
-        t0 = time.perf_counter()
-        grid = ProfileGrid() if args.grid == "full" else ProfileGrid.quick()
-        if args.num_random is not None:
-            grid = dataclasses.replace(grid, num_random=args.num_random)
-        if args.max_seconds_per_shape is not None:
-            grid = dataclasses.replace(grid, max_seconds_per_shape=args.max_seconds_per_shape)
-        if args.prefill_tokens:
-            grid = dataclasses.replace(grid, prefill_tokens=tuple(args.prefill_tokens))
-        if args.prefill_contexts:
-            grid = dataclasses.replace(grid, prefill_contexts=tuple(args.prefill_contexts))
-        profile = profile_executor(executor, rc.scheduler, grid, sizes)
-        profile.to_csv(out / "profile.csv", index=False)
-        stage_done("profile", t0, rows=len(profile), grid=dataclasses.asdict(grid))
-
-        t0 = time.perf_counter()
-        calibration = ["workload=bench", "workload.seed=1", f"workload.num_requests={args.calibration_requests}",
-                       "workload.output_len.low=16", "workload.output_len.high=128"]
-        outcome = run_once(run_config(base, calibration), False, executor=shared, record=True)
-        write_outcome(outcome, out / "calibration", plots=False)
-        stage_done("calibration_run", t0, overrides=calibration, steps=len(outcome.steps))
-        real_steps = outcome.steps
-        if not args.no_online_calibration:
-            t0 = time.perf_counter()
-            online = ["workload=trace_azure_conv", f"workload.start_row={args.online_calibration_start}",
-                      f"workload.num_requests={args.azure_requests}", f"workload.rate_scale={args.azure_rate_scale}"]
-            if args.trace_dir:
-                online.append(f"workload.trace_dir={args.trace_dir}")
-            online_outcome = run_once(run_config(base, online), False, executor=shared, record=True)
-            write_outcome(online_outcome, out / "calibration_online", plots=False)
-            real_steps = pd.concat([outcome.steps, online_outcome.steps], ignore_index=True)
-            stage_done("calibration_online_run", t0, overrides=online, steps=len(online_outcome.steps))
-
-        t0 = time.perf_counter()
-        model, validation = validate(profile, real_steps, sizes)
-        model.to_csv(out / "model.csv")
-        validation.to_csv(out / "validation.csv", index=False)
+        validation = calibrate(plan, executor, shared, stages, sizes)
         print(validation.to_string(index=False, float_format=lambda v: f"{v:.4f}"), flush=True)
-        stage_done("fit", t0)
-
-        cc = CompareConfig(profile_path=str(out / "model.csv"))
-        bench_request_s = None
-        for name in args.workloads:
-            if not time_left():
-                log.warning("deadline: skipping %s", name)
-                continue
-            if name == "bench":
-                extra = ["workload=bench", f"workload.num_requests={args.bench_requests}"]
-            elif name == "poisson":
-                if bench_request_s is None:
-                    log.warning("poisson needs the bench's throughput first: skipped")
-                    continue
-                extra = ["workload=poisson", f"workload.num_requests={args.poisson_requests}",
-                         f"workload.rate={args.poisson_load * bench_request_s:.4f}"]
-            else:
-                extra = ["workload=trace_azure_conv", f"workload.num_requests={args.azure_requests}",
-                         f"workload.rate_scale={args.azure_rate_scale}"]
-                if args.trace_dir:
-                    extra.append(f"workload.trace_dir={args.trace_dir}")
-            t0 = time.perf_counter()
-            result = compare(run_config(base, extra), cc, out / f"compare_{name}", executor=shared)
-            if name == "bench":
-                bench_request_s = float(result.table.set_index("metric").loc["request_s", "engine"])
-            print(result.report, flush=True)
-            stage_done(f"compare_{name}", t0, overrides=extra)
-        if args.eager_bench and "bench" in args.workloads and time_left():
-            from harness.profiling import graphs_bypassed
-
-            t0 = time.perf_counter()
-            extra = ["workload=bench", f"workload.num_requests={args.bench_requests}"]
-            # the shared engine with its graphs set aside: it reports no graph sizes, so the
-            # simulator prices decodes as eager too
-            with graphs_bypassed(executor):
-                result = compare(run_config(base, extra), cc, out / "compare_bench_eager", executor=shared)
-            print(result.report, flush=True)
-            stage_done("compare_bench_eager", t0, overrides=extra + ["(CUDA graphs bypassed)"])
+        compare_targets(plan, executor, shared, stages)
     finally:
         executor.shutdown()
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    return one_line_errors(lambda: run(parse(args)))
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
