@@ -51,14 +51,14 @@ def compose_run_config(overrides: Sequence[str]) -> RunConfig:
 class MissingInputs(SystemExit):
     """A script's recorded inputs are absent: exits with one line that says where to find them."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(f"error: {path} is not in the tree: raw tables and runs 1-5 are kept in git history; "
-                         f"`git checkout {RAW_TABLES_COMMIT} -- <run folder>` restores them")
+    def __init__(self, what: str) -> None:
+        super().__init__(f"error: {what} is not in the tree (runs 1-5 and raw step/request tables live in git "
+                         f"history: `git checkout {RAW_TABLES_COMMIT} -- <run folder>`)")
 
 
 def require(path: Path) -> Path:
     if not Path(path).exists():
-        raise MissingInputs(Path(path))
+        raise MissingInputs(str(path))
     return Path(path)
 
 
@@ -67,7 +67,7 @@ def steps_table_path(folder: Path) -> Path:
     for name in STEPS_TABLES:
         if (Path(folder) / name).is_file():
             return Path(folder) / name
-    raise MissingInputs(Path(folder) / STEPS_TABLES[0])
+    raise MissingInputs(f"{Path(folder)}/{' or '.join(STEPS_TABLES)}")
 
 
 def read_steps(path: Path) -> pd.DataFrame:

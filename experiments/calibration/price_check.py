@@ -1,35 +1,37 @@
 """Which fit describes served graph steps: the span of back-to-back repeats, or the device time?
 
-  PYTHONPATH=. python experiments/calibration/price_check.py h100_run5
+  python experiments/calibration/price_check.py h100_run5
 
 For each model of the run and each comparison's recorded engine run, sums the measured duration
 of its prefill graph steps and of its decode graph steps, and what each of the run's two fits
 (the regime's span fit, its "gpu:" device-time fit) gives them: (fit - measured) / measured.
-No GPU; reads model.csv and compare_<workload>/engine/steps.csv.
+No GPU; reads model.csv and compare_<workload>/engine/steps.csv(.gz), which the tree keeps for
+no run (experiments/README.md): check out commit e869d52 for run 5's.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from sim.profiled import ProfiledCostModel, complete_columns, table_regimes  # noqa: E402
+from harness.scripting import read_steps, require
+from sim.profiled import ProfiledCostModel, complete_columns, table_regimes
 
 ROOT = Path(__file__).resolve().parent
 
 
-def main() -> None:
-    run = ROOT / (sys.argv[1] if len(sys.argv) > 1 else "h100_run5")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", nargs="?", default="h100_run5", help="run folder under experiments/calibration/")
+    run = require(ROOT / parser.parse_args(argv).run)
     rows = []
     for model_dir in sorted(p for p in run.iterdir() if (p / "model.csv").is_file()):
         model = ProfiledCostModel.load(model_dir / "model.csv")
-        for steps_csv in sorted(model_dir.glob("compare_*/engine/steps.csv")):
-            steps = complete_columns(pd.read_csv(steps_csv).rename(columns={"duration": "duration_s"}))
+        for engine_dir in sorted(model_dir.glob("compare_*/engine")):
+            steps = complete_columns(read_steps(engine_dir).rename(columns={"duration": "duration_s"}))
             regimes = table_regimes(steps)
             records = steps.to_dict("records")
             with warnings.catch_warnings():
@@ -41,7 +43,7 @@ def main() -> None:
                 if not mask.any():
                     continue
                 measured = steps.loc[mask, "duration_s"].sum()
-                rows.append({"model": model_dir.name, "workload": steps_csv.parent.parent.name.removeprefix("compare_"),
+                rows.append({"model": model_dir.name, "workload": engine_dir.parent.name.removeprefix("compare_"),
                              "regime": regime, "steps": int(mask.sum()), "measured_s": round(measured, 3),
                              "span_fit_err": f"{100 * (span[mask].sum() / measured - 1):+.1f}%",
                              "device_fit_err": f"{100 * (device[mask].sum() / measured - 1):+.1f}%"})

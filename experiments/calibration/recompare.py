@@ -1,8 +1,8 @@
 """Compare again, without a GPU: the engine runs saved by calibrate_and_compare.py against the
 simulator with another calibration (e.g. one refitted by refit.py).
 
-  PYTHONPATH=. python experiments/calibration/recompare.py experiments/calibration/qwen3_0_6b_h100 \
-      --profile experiments/calibration/qwen3_0_6b_h100/refit/model.csv --out .../refit
+  python experiments/calibration/recompare.py $OUT/qwen3_0_6b --profile $OUT/qwen3_0_6b/refit/model.csv \
+      --out $OUT/qwen3_0_6b/refit
 
 For each compare_<name>/ of the folder, the workload overrides recorded in meta.json are composed
 again (the saved engine.json must match them: harness.compare checks) and harness.compare runs with
@@ -14,16 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from harness.compare import CompareConfig, compare  # noqa: E402
-from harness.config import CONF_DIR, build_run_config  # noqa: E402
+from harness.compare import CompareConfig, compare
+from harness.scripting import compose_run_config, one_line_errors, require, steps_table_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", nargs="*", default=None, help="compare_<name> stages to redo (default: all)")
     args = parser.parse_args(argv)
-    meta = json.loads((args.folder / "meta.json").read_text())
+    return one_line_errors(lambda: recompare(args))
+
+
+def recompare(args: argparse.Namespace) -> int:
+    meta = json.loads(require(args.folder / "meta.json").read_text())
     base = [o for o in meta["overrides"] if not o.startswith("backend.")] + ["backend=sim"]
     for stage, info in meta["stages"].items():
         engine_dir = args.folder / stage / "engine"
@@ -42,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only is not None and stage not in args.only:
             continue
         extra = [o for o in info["overrides"] if "=" in o]
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            rc = build_run_config(compose(config_name="config", overrides=base + extra))
+        steps_table_path(engine_dir)  # the saved engine run's raw tables must be in the tree
+        rc = compose_run_config(base + extra)
         cc = CompareConfig(profile_path=str(args.profile), engine_dir=str(engine_dir))
         result = compare(rc, cc, args.out / stage, plots=True)
         print(f"== {stage}: {' '.join(extra)}")

@@ -1,14 +1,16 @@
-"""bench.csv + steps.csv (from bench_engine.py) -> bench.md: throughput table and step profile.
+"""bench.csv + steps.csv(.gz) (from bench_engine.py) -> bench.md: throughput table and step profile.
 
-    PYTHONPATH=. python experiments/engine/summarize.py experiments/engine/results_h100
+    python experiments/engine/summarize.py $OUT/bench
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import pandas as pd
+
+from harness.scripting import read_steps, require
 
 PHASES = ("prepare", "forward", "sample")
 
@@ -42,8 +44,8 @@ def profile(steps: pd.DataFrame) -> pd.DataFrame:
 
 def main(out_dir: str) -> None:
     out = Path(out_dir)
-    bench = pd.read_csv(out / "bench.csv")
-    steps = pd.read_csv(out / "steps.csv")
+    bench = pd.read_csv(require(out / "bench.csv"))
+    steps = read_steps(out)
     head = bench.iloc[0]
     md = [f"# Engine bench ({head.device})", "",
           f"- date (UTC): {head.date_utc}", "- command(s): " + "; ".join(f"`{c}`" for c in bench.command.unique()),
@@ -68,4 +70,6 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="a bench_engine.py --out folder")
+    main(parser.parse_args().folder)
