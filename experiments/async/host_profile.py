@@ -1,6 +1,6 @@
 """Where the host time of an eager step goes: cProfile over eager generate() calls on the GPU.
 
-    PYTHONPATH=. python experiments/async/host_profile.py --ckpt /tmp/ckpt/qwen3-0.6b --out $OUT
+    python experiments/async/host_profile.py --model qwen3_0_6b --out $OUT
 
 Eager steps (prefill always; decode without CUDA graphs) launch every kernel from Python; a
 launch-bound step's length is that host time. Writes host_profile.txt (top functions by own
@@ -9,25 +9,21 @@ time and by cumulative time) and the mean eager step time with and without the p
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
 import time
-from pathlib import Path
 
 import torch
 
 from engine import LLM, SamplingParams
+from harness.scripting import probe_args, probe_parser
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ckpt", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def main(argv: list[str] | None = None) -> None:
+    parser = probe_parser(__doc__.splitlines()[0])
+    args = probe_args(parser, argv)
+    out = args.out
     llm = LLM(args.ckpt, max_model_len=4096, enforce_eager=True)
     prompts = [[(7 * i + j) % 5000 + 10 for j in range(64)] for i in range(4)]
     params = SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True)

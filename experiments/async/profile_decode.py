@@ -1,6 +1,6 @@
 """Kernel time of the engine's steps on the bench workload, by torch.profiler (CUPTI).
 
-    PYTHONPATH=. python experiments/async/profile_decode.py --ckpt /tmp/ckpt/qwen3-0.6b --out $OUT
+    python experiments/async/profile_decode.py --model qwen3_0_6b --out $OUT
 
 Runs a shortened bench (--requests requests, outputs capped at --max-tokens) once to warm up,
 then once under the profiler, and writes the kernels' total device time (kernels.csv, and the
@@ -10,9 +10,7 @@ kernel of a replay.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -20,17 +18,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine import LLM
 from harness.workloads import WorkloadConfig, build_workload
+from harness.scripting import probe_args, probe_parser
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ckpt", required=True)
-    parser.add_argument("--out", required=True)
+def main(argv: list[str] | None = None) -> None:
+    parser = probe_parser(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = probe_args(parser, argv)
+    out = args.out
     llm = LLM(args.ckpt, max_model_len=4096)
     requests = build_workload(WorkloadConfig(num_requests=args.requests), 4096, llm.executor.vocab_size).requests
     prompts = [r.prompt_token_ids for r in requests]

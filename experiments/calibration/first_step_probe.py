@@ -3,43 +3,28 @@ that takes 0.035 s once warm, `preempt_h100.sh`): time the bench's first step sh
 through submit(), as the engine serves it, the first one under cProfile, and print where the
 host time went.
 
-    PYTHONPATH=. python experiments/calibration/first_step_probe.py --ckpt /tmp/q06 --out $OUT/first_step
+    python experiments/calibration/first_step_probe.py --model qwen3_0_6b --out $OUT/first_step
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
 import time
-from pathlib import Path
 
-import numpy as np
+from harness.scripting import open_probe_engine, probe_args, probe_parser, probe_plan
 
-from engine.config import EngineConfig
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.executor import EngineExecutor
-from harness.profiling import build_plan
+SHAPES = {"prefill 27 x 576": [(576, 0, False)] * 27, "decode 27": [(1, 600, True)] * 27}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ckpt", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--num-blocks", type=int, default=400)
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    sched = SchedulerConfig(max_num_seqs=512, max_num_batched_tokens=16384, max_model_len=4096)
-    executor = EngineExecutor(EngineConfig(model=args.ckpt), sched, CacheConfig(block_size=256, num_blocks=args.num_blocks))
+def main(argv: list[str] | None = None) -> None:
+    args = probe_args(probe_parser(__doc__.splitlines()[0], num_blocks=400), argv)
+    executor, sched = open_probe_engine(args.ckpt, args.num_blocks, max_num_seqs=512)
     lines = []
     try:
-        spec = executor.kv_cache_spec()
-        rng = np.random.default_rng(0)
-        shapes = {"prefill 27 x 576": [(576, 0, False)] * 27, "decode 27": [(1, 600, True)] * 27}
-        for name, entries in shapes.items():
-            plan = build_plan(entries, spec, sched, rng, executor.vocab_size)
+        for name, entries in SHAPES.items():
+            plan = probe_plan(executor, sched, entries)
             for attempt in range(3):
                 profiler = cProfile.Profile() if attempt == 0 else None
                 start = time.perf_counter()
@@ -54,11 +39,11 @@ def main() -> None:
                 if profiler:
                     text = io.StringIO()
                     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
-                    (out / f"{name.replace(' ', '_')}_first.txt").write_text(text.getvalue())
+                    (args.out / f"{name.replace(' ', '_')}_first.txt").write_text(text.getvalue())
                     print("\n".join(text.getvalue().splitlines()[:45]), flush=True)
     finally:
         executor.shutdown()
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    (args.out / "summary.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

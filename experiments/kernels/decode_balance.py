@@ -10,7 +10,7 @@ the split count the kernel picks and for split counts that cap a program's walk 
 fair share per program; launches with room for ceil(4096 / BALANCE_CHUNK) splits, or for 8), and
 with --ckpt the whole graph decode step of the model with EngineConfig.balanced_decode off and on.
 
-    PYTHONPATH=. python experiments/kernels/decode_balance.py --out $OUT/balance [--ckpt /tmp/q06]
+    python experiments/kernels/decode_balance.py --out $OUT/balance [--ckpt /tmp/q06]
 
 Writes kernel.csv (and step.csv with --ckpt) and prints them.
 """
@@ -93,22 +93,18 @@ def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
     """Whole graph decode steps, balanced_decode off and on: even vs ragged batches."""
     import statistics
 
-    from engine.config import EngineConfig
-    from engine.core.config import CacheConfig, SchedulerConfig
-    from engine.executor import EngineExecutor
-    from harness.profiling import ProfileGrid, build_plan, time_plan_overlapped
+    from harness.profiling import time_plan_overlapped
+    from harness.scripting import open_probe_engine, probe_grid, probe_plan
 
-    sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=MAX_MODEL_LEN)
-    grid = ProfileGrid(warmup=2, repeats=12, min_repeats=12, max_seconds_per_shape=5.0)
+    grid = probe_grid()
     shapes = [(b, k, contexts(k, b, rng)) for b in (16, 32, 48, 64, 96, 128, 256) for k in ("even", "ragged", "tail")]
     rows = []
     for variant in ("even", "balanced"):
-        config = EngineConfig(model=ckpt, balanced_decode=variant == "balanced")
-        executor = EngineExecutor(config, sched, CacheConfig(block_size=BLOCK_SIZE, num_blocks=1500))
+        executor, sched = open_probe_engine(ckpt, 1500, max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+                                            balanced_decode=variant == "balanced")
         try:
-            spec = executor.kv_cache_spec()
             for batch, kind, lens in shapes:
-                plan = build_plan([(1, c, True) for c in lens], spec, sched, np.random.default_rng(0), executor.vocab_size)
+                plan = probe_plan(executor, sched, [(1, c, True) for c in lens])
                 if plan is None:
                     continue
                 t = time_plan_overlapped(executor, plan, grid)

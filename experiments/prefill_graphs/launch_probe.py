@@ -1,6 +1,6 @@
 """Where the host time of an eager (prefill) step goes, op by op, on the GPU.
 
-    PYTHONPATH=. python experiments/prefill_graphs/launch_probe.py --ckpt /tmp/q06 --out $OUT
+    python experiments/prefill_graphs/launch_probe.py --model qwen3_0_6b --out $OUT
 
 For each op the eager forward launches (the project's Triton wrappers, torch's GEMM, the
 allocations between them) it times the host cost of one call: 400 back-to-back calls on shapes
@@ -11,12 +11,10 @@ launch_probe.txt.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
 import time
-from pathlib import Path
 
 import torch
 
@@ -27,6 +25,7 @@ from kernels.prefill_attention import paged_prefill_attention
 from kernels.rmsnorm import add_rms_norm, rms_norm
 from kernels.rotary import qk_norm_rope_
 from kernels.store_kvcache import store_kvcache
+from harness.scripting import probe_args, probe_parser
 
 
 def host_per_call(fn, calls: int = 400) -> float:
@@ -41,14 +40,11 @@ def host_per_call(fn, calls: int = 400) -> float:
     return host
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ckpt", required=True)
-    parser.add_argument("--out", required=True)
+def main(argv: list[str] | None = None) -> None:
+    parser = probe_parser(__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = probe_args(parser, argv)
+    out = args.out
     llm = LLM(args.ckpt, max_model_len=4096, enforce_eager=True)
     runner = llm.executor.runner
     model, arch = runner.model, runner.arch
