@@ -52,8 +52,8 @@ class MissingInputs(SystemExit):
     """A script's recorded inputs are absent: exits with one line that says where to find them."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"error: {what} is not in the tree (runs 1-5 and raw step/request tables live in git "
-                         f"history: `git checkout {RAW_TABLES_COMMIT} -- <run folder>`)")
+        super().__init__(f"error: {what} is missing; a committed run's raw tables and runs 1-5 are in git history: "
+                         f"`git checkout {RAW_TABLES_COMMIT} -- <run folder>`")
 
 
 def require(path: Path) -> Path:
