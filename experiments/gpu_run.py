@@ -55,7 +55,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="compare: runs of each workload, fresh process each")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for calibrate/compare")
     parser.add_argument("--limit-s", type=float, default=540.0, help="the whole call: no step runs past it")
-    parser.add_argument("--step-limit-s", type=float, default=300.0, help="one step at most")
+    parser.add_argument("--step-limit-s", type=float, default=None, help="one step at most (default: --limit-s)")
     parser.add_argument("--git-commit", default="unknown", help="recorded by calibrate")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
@@ -78,7 +78,8 @@ class Runner:
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), self.env.get("PYTHONPATH")) if p)
 
     def seconds_left(self) -> float:
-        return min(self.args.step_limit_s, self.args.limit_s - (time.monotonic() - self.started))
+        left = self.args.limit_s - (time.monotonic() - self.started)
+        return left if self.args.step_limit_s is None else min(self.args.step_limit_s, left)
 
     def run(self, step: str, command: list[str] | str, log_name: str | None = None, capture: bool = False) -> str:
         text = command if isinstance(command, str) else shlex.join(command)

@@ -89,10 +89,11 @@ def model_checkpoint(model: str) -> str:
     return rc.engine.model
 
 
-def probe_parser(description: str, num_blocks: int | None = None) -> argparse.ArgumentParser:
+def probe_parser(description: str, num_blocks: int | None = None, needs_checkpoint: bool = True
+                 ) -> argparse.ArgumentParser:
     """--ckpt (or --model, a conf/model name whose random-weight checkpoint is used) and --out."""
     parser = argparse.ArgumentParser(description=description)
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group(required=needs_checkpoint)
     source.add_argument("--ckpt", help="checkpoint folder")
     source.add_argument("--model", help="conf/model name: its random-weight checkpoint (written on first use)")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
@@ -104,7 +105,7 @@ def probe_parser(description: str, num_blocks: int | None = None) -> argparse.Ar
 def probe_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parsed probe arguments, with ckpt resolved from --model and the output folder created."""
     args = parser.parse_args(argv)
-    if args.ckpt is None:
+    if args.ckpt is None and args.model is not None:
         args.ckpt = model_checkpoint(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     return args

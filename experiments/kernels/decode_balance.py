@@ -10,15 +10,13 @@ the split count the kernel picks and for split counts that cap a program's walk 
 fair share per program; launches with room for ceil(4096 / BALANCE_CHUNK) splits, or for 8), and
 with --ckpt the whole graph decode step of the model with EngineConfig.balanced_decode off and on.
 
-    python experiments/kernels/decode_balance.py --out $OUT/balance [--ckpt /tmp/q06]
+    python experiments/kernels/decode_balance.py --out $OUT/balance [--model qwen3_0_6b]
 
 Writes kernel.csv (and step.csv with --ckpt) and prints them.
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,6 +25,7 @@ import triton
 
 import kernels.decode_attention as decode
 from experiments.kernels.bench_attention import bench_graph
+from harness.scripting import probe_args, probe_parser
 from kernels.decode_split import balanced_chunk
 
 MAX_MODEL_LEN, BLOCK_SIZE, HEAD_DIM, MEAN_CONTEXT = 4096, 256, 128, 1000
@@ -116,15 +115,13 @@ def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--ckpt", default=None, help="checkpoint folder: also time whole graph decode steps")
+def main(argv: list[str] | None = None) -> None:
+    parser = probe_parser(__doc__.splitlines()[0] + " (--ckpt or --model: also time whole graph decode steps)",
+                          needs_checkpoint=False)
     parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
                         help="the launch's room (graphs capture for it); contexts stay as they are")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = probe_args(parser, argv)
+    out = args.out
     rng = np.random.default_rng(0)
     kernel = pd.DataFrame(kernel_rows(16, 8, rng, args.max_model_len))
     name = "kernel.csv" if args.max_model_len == MAX_MODEL_LEN else f"kernel_max_model_len_{args.max_model_len}.csv"
