@@ -11,7 +11,8 @@ Steps run in the order given; each writes its output to <out>/<step>.log and pri
   calibrate  experiments/calibration/calibrate_and_compare.py for --model on --workloads -> <model>/
   compare    python -m harness experiment=compare for --model on each of --workloads, priced by
              --calibration's model.csv, --repeats times -> compare_<workload>[_r<i>]/
-  probe      each of --probes (experiments/ scripts that take --model and --out) -> probe_<name>/
+  probe      each of --probes (experiments/ scripts that take --model and --out, run with -m)
+             -> probe_<name>/
 
 A workload is a calibration stage (bench, poisson, azure: its overrides come from --calibration's
 meta.json for compare, from calibrate_and_compare.py's STAGES for calibrate) or any conf/workload
@@ -155,7 +156,8 @@ def commands(args: argparse.Namespace, runner: Runner, step: str) -> None:
     else:
         for probe in args.probes:
             name = Path(probe).stem
-            runner.run(step, [py, f"experiments/{probe}", "--model", args.model, "--out", str(out / f"probe_{name}")],
+            module = "experiments." + probe.removesuffix(".py").replace("/", ".")  # -m: a probe may import another
+            runner.run(step, [py, "-m", module, "--model", args.model, "--out", str(out / f"probe_{name}")],
                        log_name=f"probe_{name}")
 
 

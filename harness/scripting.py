@@ -97,6 +97,7 @@ def probe_parser(description: str, num_blocks: int | None = None, needs_checkpoi
     source.add_argument("--ckpt", help="checkpoint folder")
     source.add_argument("--model", help="conf/model name: its random-weight checkpoint (written on first use)")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="the engine's max_model_len")
     if num_blocks is not None:
         parser.add_argument("--num-blocks", type=int, default=num_blocks, help="KV cache blocks (pinned)")
     return parser

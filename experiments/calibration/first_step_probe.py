@@ -20,7 +20,8 @@ SHAPES = {"prefill 27 x 576": [(576, 0, False)] * 27, "decode 27": [(1, 600, Tru
 
 def main(argv: list[str] | None = None) -> None:
     args = probe_args(probe_parser(__doc__.splitlines()[0], num_blocks=400), argv)
-    executor, sched = open_probe_engine(args.ckpt, args.num_blocks, max_num_seqs=512)
+    executor, sched = open_probe_engine(args.ckpt, args.num_blocks, max_num_seqs=512,
+                                        max_model_len=args.max_model_len)
     lines = []
     try:
         for name, entries in SHAPES.items():

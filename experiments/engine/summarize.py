@@ -42,8 +42,10 @@ def profile(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(out_dir: str) -> None:
-    out = Path(out_dir)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a bench_engine.py --out folder")
+    out = parser.parse_args(argv).folder
     bench = pd.read_csv(require(out / "bench.csv"))
     steps = read_steps(out)
     head = bench.iloc[0]
@@ -70,6 +72,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", help="a bench_engine.py --out folder")
-    main(parser.parse_args().folder)
+    main()

@@ -51,13 +51,13 @@ def load_sampler(path: str | None) -> type:
     return module.Sampler
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sampler-file", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sampler_cls = load_sampler(args.sampler_file)
     torch.set_num_threads(1)
     logits = torch.randn(args.rows, args.vocab, generator=torch.Generator().manual_seed(0)) * 3.0

@@ -254,12 +254,12 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="experiments/kernels")
     ap.add_argument("--tag", default="h100")
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)

@@ -10,7 +10,7 @@ the split count the kernel picks and for split counts that cap a program's walk 
 fair share per program; launches with room for ceil(4096 / BALANCE_CHUNK) splits, or for 8), and
 with --ckpt the whole graph decode step of the model with EngineConfig.balanced_decode off and on.
 
-    python experiments/kernels/decode_balance.py --out $OUT/balance [--model qwen3_0_6b]
+    python -m experiments.kernels.decode_balance --out $OUT/balance [--model qwen3_0_6b]
 
 Writes kernel.csv (and step.csv with --ckpt) and prints them.
 """
@@ -118,8 +118,7 @@ def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = probe_parser(__doc__.splitlines()[0] + " (--ckpt or --model: also time whole graph decode steps)",
                           needs_checkpoint=False)
-    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
-                        help="the launch's room (graphs capture for it); contexts stay as they are")
+    # --max-model-len: the launch's room (graphs capture for it); contexts stay as they are
     args = probe_args(parser, argv)
     out = args.out
     rng = np.random.default_rng(0)

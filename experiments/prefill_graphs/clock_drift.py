@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=240)
     parser.add_argument("--every", type=float, default=20)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     anchor = torch.cuda.Event(enable_timing=True)
     anchor.record()
     anchor.synchronize()

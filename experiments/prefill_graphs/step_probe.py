@@ -34,10 +34,14 @@ def main(argv: list[str] | None = None) -> None:
     grid = probe_grid()
     rows = []
     for mode, tokens in (("graphs", 4096), ("eager", 0)):
-        executor, sched = open_probe_engine(args.ckpt, args.num_blocks, prefill_graph_tokens=tokens)
+        executor, sched = open_probe_engine(args.ckpt, args.num_blocks, max_model_len=args.max_model_len,
+                                            prefill_graph_tokens=tokens)
         try:
             for name, entries in SHAPES.items():
-                t = time_plan_overlapped(executor, probe_plan(executor, sched, entries), grid)
+                plan = probe_plan(executor, sched, entries)
+                if plan is None:  # longer than max_model_len or the pinned cache
+                    continue
+                t = time_plan_overlapped(executor, plan, grid)
                 rows.append({"mode": mode, "shape": name, "num_tokens": sum(n for n, _, _ in entries),
                              "span_ms": 1e3 * statistics.median(t.durations), "launch_ms": 1e3 * t.launch_s,
                              "gpu_ms": None if t.gpu_s is None else 1e3 * t.gpu_s})
