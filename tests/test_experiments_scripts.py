@@ -1,0 +1,198 @@
+"""The experiments/ scripts stay importable, thin and runnable: each module imports without side
+effects, takes --help, and the CPU-safe ones run on the tiny model."""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.convert import ConfigError
+from harness.scripting import RAW_TABLES_COMMIT, MissingInputs, compose_run_config, read_steps
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p for p in (REPO / "experiments").rglob("*.py"))
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+TINY = ["model=tiny", "hardware=cpu", "scheduler.max_model_len=512", "cache.block_size=16",
+        "workload.num_requests=12", "workload.prompt_len.high=200", "workload.output_len.low=8",
+        "workload.output_len.high=32"]
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
+def load(path: Path):
+    """The script as a module (experiments.<study>.<name>), or a skip where it needs Triton and there is none."""
+    try:
+        return importlib.import_module(module_name(path))
+    except ModuleNotFoundError as error:
+        if error.name == "triton" and not HAS_TRITON:
+            pytest.skip(f"{path.name} needs triton")
+        raise
+
+
+def script(name: str):
+    return load(REPO / "experiments" / name)
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(REPO / "experiments")))
+def test_script_runs_nothing_on_import_and_takes_help(path, capsys):
+    tree = ast.parse(path.read_text())
+    guarded = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert len(guarded) == 1, f"{path.name}: one `if __name__ == '__main__'` block"
+    calls = [ast.unparse(n) for n in tree.body if isinstance(n, ast.Expr) and not isinstance(n.value, ast.Constant)]
+    assert all(c.startswith("os.environ.setdefault(") for c in calls), f"{path.name} runs {calls} on import"
+    assert "sys.path" not in path.read_text()
+    module = load(path)
+    try:
+        code = module.main(["--help"])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code in (0, None)
+    assert "usage" in capsys.readouterr().out.lower() or path.name == "calibrate_and_compare.py"
+
+
+def test_read_steps_takes_either_compression_and_names_the_commit_when_neither_is_there(tmp_path):
+    frame = pd.DataFrame({"kind": ["prefill", "decode"], "duration": [0.5, 0.01]})
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    frame.to_csv(plain / "steps.csv", index=False)
+    with gzip.open(packed / "steps.csv.gz", "wt") as f:
+        frame.to_csv(f, index=False)
+    for folder in (plain, packed):
+        pd.testing.assert_frame_equal(read_steps(folder), frame)
+        pd.testing.assert_frame_equal(read_steps(folder / "steps.csv"), frame)  # the name older callers pass
+    with pytest.raises(MissingInputs) as missing:
+        read_steps(tmp_path)
+    assert RAW_TABLES_COMMIT in str(missing.value.code) and "\n" not in str(missing.value.code)
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("calibration/price_check.py", ["h100_run5"]),
+    ("calibration/price_check.py", ["h100_run6"]),
+    ("calibration/summarize_run.py", ["h100_run3"]),
+    ("calibration/summarize_run.py", ["h100_run6"]),  # its repeatability table reads run 5
+    ("calibration/refit.py", ["experiments/calibration/h100_run6/qwen3_0_6b", "--out", "{tmp}/refit"]),
+    ("calibration/recompare.py", ["experiments/calibration/h100_run6/qwen3_0_6b", "--profile",
+                                  "experiments/calibration/h100_run6/qwen3_0_6b/model.csv", "--out", "{tmp}/re"]),
+])
+def test_scripts_whose_raw_inputs_left_the_tree_stop_with_one_line(name, argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        script(name).main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    message = str(exit_info.value.code)
+    assert message.startswith("error:") and RAW_TABLES_COMMIT in message and "\n" not in message
+    assert not (tmp_path / "re").exists() or not any((tmp_path / "re").rglob("compare.csv"))
+
+
+def test_bench_sim_speed_times_the_librarys_run(monkeypatch):
+    bench = script("bench_sim_speed.py")
+    calls = []
+    real = bench.run_once
+    monkeypatch.setattr(bench, "run_once", lambda rc, **kw: calls.append(rc) or real(rc, **kw))
+    row = bench.time_case(TINY)
+    assert len(calls) == 1 and calls[0].workload.num_requests == 12
+    assert row["requests"] == 12 and row["steps"] > 0 and row["output_tok_s"] > 0
+    assert 0 < row["loop_s"] <= row["total_s"] and row["setup_and_tables_s"] >= 0
+
+
+def test_calibrate_overrides_split_into_every_run_stage_grid_and_own_settings():
+    calibrate = script("calibration/calibrate_and_compare.py")
+    plan = calibrate.parse(["model=tiny", "poisson:workload.num_requests=40", "grid.num_random=3",
+                            "calibrate.out=/tmp/x", "calibrate.grid=quick", "calibrate.workloads=[bench,azure]"])
+    assert plan.base == ["experiment=compare", "output.progress=false", "model=tiny"]
+    assert plan.stages["poisson"][-1] == "workload.num_requests=40"
+    assert plan.stages["bench"] == calibrate.STAGES["bench"]
+    assert plan.grid.num_random == 3 and plan.grid.prefill_tokens == (16, 64, 256, 1024)  # quick grid's
+    assert plan.settings.workloads == ("bench", "azure") and plan.settings.out == "/tmp/x"
+    # each stage's overrides compose into a valid run on their own
+    assert compose_run_config(plan.base + plan.stages["poisson"]).workload.num_requests == 40
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["calibrate.out=/x", "calibrate.bogus=1"], "calibrate"),
+    (["calibrate.out=/x", "calibrate.poisson_load=2"], "calibrate.poisson_load"),
+    (["calibrate.out=/x", "grid.repeats=0"], "ProfileGrid"),
+    (["calibrate.out=/x", "bnech:workload.seed=1"], "bnech"),
+    (["calibrate.grid=full"], "out"),
+])
+def test_calibrate_rejects_bad_settings_naming_them(argv, field):
+    calibrate = script("calibration/calibrate_and_compare.py")
+    with pytest.raises((ConfigError, ValueError), match=field):
+        calibrate.parse(argv)
+
+
+def test_calibrate_reports_a_bad_hydra_override_in_one_line(tmp_path, capsys):
+    calibrate = script("calibration/calibrate_and_compare.py")
+    assert calibrate.main(["model=no_such_model", f"calibrate.out={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "no_such_model" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_calibrate_refit_and_recompare_on_the_tiny_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "cal"
+    argv = [*TINY, "backend.device=cpu", f"calibrate.out={out}", "calibrate.grid=quick", "grid.num_random=2",
+            "calibrate.workloads=[bench]", "calibrate.online_calibration=false",
+            "calibration:workload.num_requests=16", "bench:workload.num_requests=8"]
+    assert script("calibration/calibrate_and_compare.py").main(argv) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert {"load", "profile", "calibration_run", "fit", "compare_bench"} <= set(meta["stages"])
+    table = pd.read_csv(out / "compare_bench" / "compare.csv").set_index("metric")
+    assert table.loc["num_steps", "engine"] == table.loc["num_steps", "sim_profiled"]  # offline: same schedule
+    assert script("calibration/refit.py").main([str(out), "--out", str(tmp_path / "refit")]) == 0
+    assert set(pd.read_csv(tmp_path / "refit" / "validation.csv")["set"]) >= {"real_steps"}
+    assert script("calibration/recompare.py").main(
+        [str(out), "--profile", str(tmp_path / "refit" / "model.csv"), "--out", str(tmp_path / "re")]) == 0
+    again = pd.read_csv(tmp_path / "re" / "compare_bench" / "compare.csv").set_index("metric")
+    assert again.loc["output_tok_s", "engine"] == pytest.approx(table.loc["output_tok_s", "engine"])
+
+
+def dry_run(capsys, *argv: str) -> list[str]:
+    script("gpu_run.py").main(["--dry-run", *argv])
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+
+
+def test_gpu_run_names_each_step_and_writes_under_out(tmp_path, capsys):
+    lines = dry_run(capsys, "--out", str(tmp_path), "wheels", "env", "pytest", "bench", "calibrate", "probe",
+                    "--model", "qwen3_8b", "--workloads", "bench", "azure", "--set", "grid.num_random=2",
+                    "--probes", "kernels/decode_balance.py", "--tests", "tests/engine")
+    by_step = {}
+    for line in lines:
+        step, command = line[1:].split("] ", 1)
+        by_step.setdefault(step, []).append(command)
+    assert list(by_step) == ["wheels", "env", "pytest", "bench", "calibrate", "probe"]
+    assert by_step["wheels"][0].endswith("-m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl")
+    assert "-m gpu" in by_step["pytest"][0] and by_step["pytest"][0].endswith("tests/engine")
+    assert "experiments/engine/bench_engine.py" in by_step["bench"][1] and f"{tmp_path}/bench" in by_step["bench"][1]
+    calibrate = by_step["calibrate"][0]
+    for part in ("calibrate_and_compare.py", "model=qwen3_8b", f"calibrate.out={tmp_path}/qwen3_8b",
+                 "'calibrate.workloads=[bench,azure]'", "grid.num_random=2"):
+        assert part in calibrate
+    assert "-m experiments.kernels.decode_balance --model qwen3_8b" in by_step["probe"][0]
+
+
+def test_gpu_run_compares_with_the_calibration_runs_own_workload_overrides(tmp_path, capsys):
+    lines = dry_run(capsys, "--out", str(tmp_path), "compare", "--workloads", "bench", "gamma", "--repeats", "2")
+    meta = json.loads((REPO / "experiments/calibration/h100_run6/qwen3_0_6b/meta.json").read_text())
+    bench = " ".join(meta["stages"]["compare_bench"]["overrides"])
+    assert len(lines) == 4 and all("-m harness experiment=compare" in line for line in lines)
+    assert bench in lines[0] and "workload=gamma" in lines[1]
+    assert [line.rsplit("hydra.run.dir=", 1)[1] for line in lines] == [
+        f"{tmp_path}/compare_{w}_r{r}" for r in (1, 2) for w in ("bench", "gamma")]
+
+
+def test_gpu_run_skips_steps_once_the_call_is_out_of_time(tmp_path, capsys):
+    script("gpu_run.py").main(["--out", str(tmp_path), "--limit-s", "0", "env", "pytest"])
+    out = capsys.readouterr().out
+    assert "env: skipped" in out and "pytest: skipped" in out
+    assert not (tmp_path / "env.txt").exists() and not (tmp_path / "pytest_gpu.log").exists()
