@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = probe_parser(__doc__.splitlines()[0])
     args = probe_args(parser, argv)
     out = args.out
-    llm = LLM(args.ckpt, max_model_len=4096, enforce_eager=True)
+    llm = LLM(args.ckpt, max_model_len=args.max_model_len, enforce_eager=True)
     prompts = [[(7 * i + j) % 5000 + 10 for j in range(64)] for i in range(4)]
     params = SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)

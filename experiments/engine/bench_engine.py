@@ -1,6 +1,6 @@
 """nano-vllm's throughput bench through LLM.generate, with a per-step profile.
 
-    PYTHONPATH=. python experiments/engine/bench_engine.py --preset qwen3-0.6b \
+    python experiments/engine/bench_engine.py --preset qwen3-0.6b \
         --variants default,eager,torch --ckpt-root /tmp/ckpt --out experiments/engine/results
 
 Workload (nano-vllm's bench.py): 256 requests at once, seed 0, prompt and output lengths uniform
@@ -84,12 +84,25 @@ def compile_elementwise(llm: LLM) -> int:
     return len(modules)
 
 
+def step_table(llm: LLM, timer: StepTimer | None, preset: str, variant: str) -> pd.DataFrame:
+    """The last generate()'s steps, with the gap before the next one and the timer's phases."""
+    steps = pd.DataFrame([{**dataclasses.asdict(r.stats), "start_s": r.start_s, "duration_s": r.duration_s,
+                           "idle_s": r.idle_s} for r in llm.last_run.steps])
+    if llm.executor.overlaps_steps:  # the device's own idle time before each step (CUDA events)
+        steps["gap_s"] = steps.idle_s.shift(-1).fillna(0.0)
+    else:
+        steps["gap_s"] = (steps.start_s.shift(-1) - (steps.start_s + steps.duration_s)).fillna(0.0)
+    if timer is not None and len(timer.records) == len(steps):
+        steps = pd.concat([steps, pd.DataFrame(timer.records)], axis=1)
+    steps.insert(0, "variant", variant)
+    steps.insert(0, "preset", preset)
+    return steps
+
+
 def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, pd.DataFrame]:
-    kwargs = dict(VARIANTS[variant], max_model_len=args.max_model_len)
-    if args.device:
-        kwargs["device"] = args.device
+    device = {"device": args.device} if args.device else {}
     t0 = time.perf_counter()
-    llm = LLM(ckpt, **kwargs)
+    llm = LLM(ckpt, **VARIANTS[variant], max_model_len=args.max_model_len, **device)
     executor = llm.executor
     if variant == "compiled":
         n = compile_elementwise(llm)
@@ -109,17 +122,7 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
     if errors:
         raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
     executor.runner.timer = None
-    run = llm.last_run
-    steps = pd.DataFrame([{**dataclasses.asdict(r.stats), "start_s": r.start_s, "duration_s": r.duration_s,
-                           "idle_s": r.idle_s} for r in run.steps])
-    if executor.overlaps_steps:  # the device's own idle time before each step (CUDA events)
-        steps["gap_s"] = steps.idle_s.shift(-1).fillna(0.0)
-    else:
-        steps["gap_s"] = (steps.start_s.shift(-1) - (steps.start_s + steps.duration_s)).fillna(0.0)
-    if timer is not None and len(timer.records) == len(steps):
-        steps = pd.concat([steps, pd.DataFrame(timer.records)], axis=1)
-    steps.insert(0, "variant", variant)
-    steps.insert(0, "preset", args.preset)
+    steps = step_table(llm, timer, args.preset, variant)
     out_tokens = sum(len(o.token_ids) for o in outs)
     prefill = steps[steps.num_prefill_tokens > 0]
     decode = steps[steps.num_decode_tokens > 0]
@@ -177,7 +180,7 @@ def main(argv=None) -> None:
         write_checkpoint(args.preset, ckpt, seed=0, dtype="bfloat16")
         print(f"wrote {args.preset} checkpoint in {time.perf_counter() - t:.1f} s", flush=True)
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    command = "PYTHONPATH=. python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])
+    command = "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])
     for variant in args.variants.split(","):
         try:
             row, steps = run_variant(str(ckpt), variant, args, device_name)

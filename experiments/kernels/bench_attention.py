@@ -4,7 +4,7 @@ Reported as achieved memory bandwidth (the bytes a kernel must move at least onc
 context, q and out, over the median time) against a device-to-device copy measured in the same
 run, and for prefill also as TFLOP/s against a measured bf16 matmul.
 
-    PYTHONPATH=. python experiments/kernels/bench_attention.py --out experiments/kernels
+    python experiments/kernels/bench_attention.py --out experiments/kernels
 
 Writes results_<tag>.csv (main table), sweep_<tag>.csv (split counts and tile shapes) and
 summary_<tag>.md. The PyTorch baseline is scaled_dot_product_attention on K/V already dense and
@@ -280,9 +280,13 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
     res = pd.DataFrame(rows)
     res.to_csv(os.path.join(args.out, f"results_{args.tag}.csv"), index=False)
-    sw = pd.DataFrame(sweep)
-    sw.to_csv(os.path.join(args.out, f"sweep_{args.tag}.csv"), index=False)
+    pd.DataFrame(sweep).to_csv(os.path.join(args.out, f"sweep_{args.tag}.csv"), index=False)
+    write_summary(res, args.out, args.tag, copy_bw, mm_flops)
+    print(f"bench done in {time.time() - t0:.0f}s", flush=True)
 
+
+def write_summary(res: pd.DataFrame, out: str, tag: str, copy_bw: float, mm_flops: float) -> None:
+    props = torch.cuda.get_device_properties(0)
     short = {"triton": "tri", "torch_sdpa_dense": "sdpa"}
     dec = res[res.kernel == "decode"].pivot_table(
         index=["model", "batch", "ctx"], columns="impl",
@@ -297,12 +301,12 @@ def main(argv: list[str] | None = None) -> None:
     store = res[res.kernel == "store_kvcache"][
         ["batch", "time_us", "time_us_graph", "gbps_graph", "frac_of_copy_graph"]
     ]
-    with open(os.path.join(args.out, f"summary_{args.tag}.md"), "w") as f:
-        f.write(f"# Attention kernel microbenchmarks ({args.tag})\n\n")
+    with open(os.path.join(out, f"summary_{tag}.md"), "w") as f:
+        f.write(f"# Attention kernel microbenchmarks ({tag})\n\n")
         f.write(f"- device: {props.name}, {props.multi_processor_count} SMs\n")
         f.write(f"- date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}\n")
         f.write(f"- torch {torch.__version__}, triton {triton.__version__}\n")
-        f.write(f"- command: `PYTHONPATH=. python {' '.join(sys.argv)}`\n")
+        f.write(f"- command: `python {' '.join(sys.argv)}`\n")
         f.write(f"- measured copy ceiling: {copy_bw / 1e12:.2f} TB/s (read + write); "
                 f"bf16 8192^3 matmul: {mm_flops / 1e12:.0f} TFLOP/s\n")  # fmt: skip
         f.write("- bytes counted: K/V of the context once + q + out; time: do_bench median, L2 "
@@ -314,7 +318,6 @@ def main(argv: list[str] | None = None) -> None:
         f.write("## store_kvcache (tokens x 8 kv heads x 128)\n\n" + md_table(store) + "\n")
     print(md_table(dec.reset_index()))
     print(md_table(pre.reset_index()))
-    print(f"bench done in {time.time() - t0:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,40 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=256)
     args = probe_args(parser, argv)
     out = args.out
-    llm = LLM(args.ckpt, max_model_len=4096, enforce_eager=True)
+    llm = LLM(args.ckpt, max_model_len=args.max_model_len, enforce_eager=True)
     runner = llm.executor.runner
-    model, arch = runner.model, runner.arch
-    dev, dt = runner.device, runner.dtype
     t = args.tokens
-    heads, kvh, d = arch.num_heads, runner.num_kv_heads, arch.head_dim
-    x = torch.randn(t, arch.hidden_size, device=dev, dtype=dt)
-    w = torch.ones(arch.hidden_size, device=dev, dtype=dt)
-    qkv = torch.randn(t, (heads + 2 * kvh) * d, device=dev, dtype=dt)
-    q, k, v = qkv.split([heads * d, kvh * d, kvh * d], dim=-1)
-    q, k, v = q.view(t, heads, d), k.view(t, kvh, d), v.view(t, kvh, d)
-    cos = torch.randn(t, d // 2, device=dev)
-    sin = torch.randn(t, d // 2, device=dev)
-    hw = torch.ones(d, device=dev, dtype=dt)
-    gate_up = torch.randn(t, 2 * arch.intermediate_size, device=dev, dtype=dt)
-    k_cache, v_cache = runner.kv_caches[0]
-    bs = runner.block_size
-    table = list(range(-(-t // bs)))
-    meta = make_metadata([t], [t], [table], list(range(t)), dev)
-    lin = model.model.layers[0].self_attn.qkv_proj
-    ops = {
-        "rms_norm": lambda: rms_norm(x, w, 1e-6),
-        "add_rms_norm": lambda: add_rms_norm(x, x, w, 1e-6),
-        "qk_norm_rope_": lambda: qk_norm_rope_(q, k, cos, sin, hw, hw, 1e-6),
-        "store_kvcache": lambda: store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping),
-        "paged_prefill_attention": lambda: paged_prefill_attention(
-            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, t, d**-0.5),
-        "silu_and_mul": lambda: silu_and_mul(gate_up),
-        "qkv_proj (module)": lambda: lin(x),
-        "torch.nn.functional.linear": lambda: torch.nn.functional.linear(x, lin.weight),
-        "torch.empty_like": lambda: torch.empty_like(x),
-        "torch.zeros_like": lambda: torch.zeros_like(x),
-        "layer 0 (module)": lambda: model.model.layers[0](x, x, cos[:, :], sin, runner.kv_caches[0], meta),
-    }
+    ops, meta = op_calls(runner, t)
+    model, arch, dev = runner.model, runner.arch, runner.device
     lines = [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, tokens {t}", "", "host us per call:"]
     with torch.inference_mode():
         for name, fn in ops.items():
@@ -108,6 +79,42 @@ def main(argv: list[str] | None = None) -> None:
     body = "\n".join(lines) + "\n\ncProfile of 10 eager forwards (tottime):\n" + text.getvalue()
     (out / "launch_probe.txt").write_text(body)
     print(body[:8000])
+
+
+def op_calls(runner, t: int):
+    """name -> a call of one op the eager forward launches, on t tokens; and the attention metadata."""
+    model, arch = runner.model, runner.arch
+    dev, dt = runner.device, runner.dtype
+    heads, kvh, d = arch.num_heads, runner.num_kv_heads, arch.head_dim
+    x = torch.randn(t, arch.hidden_size, device=dev, dtype=dt)
+    w = torch.ones(arch.hidden_size, device=dev, dtype=dt)
+    qkv = torch.randn(t, (heads + 2 * kvh) * d, device=dev, dtype=dt)
+    q, k, v = qkv.split([heads * d, kvh * d, kvh * d], dim=-1)
+    q, k, v = q.view(t, heads, d), k.view(t, kvh, d), v.view(t, kvh, d)
+    cos = torch.randn(t, d // 2, device=dev)
+    sin = torch.randn(t, d // 2, device=dev)
+    hw = torch.ones(d, device=dev, dtype=dt)
+    gate_up = torch.randn(t, 2 * arch.intermediate_size, device=dev, dtype=dt)
+    k_cache, v_cache = runner.kv_caches[0]
+    bs = runner.block_size
+    table = list(range(-(-t // bs)))
+    meta = make_metadata([t], [t], [table], list(range(t)), dev)
+    lin = model.model.layers[0].self_attn.qkv_proj
+    ops = {
+        "rms_norm": lambda: rms_norm(x, w, 1e-6),
+        "add_rms_norm": lambda: add_rms_norm(x, x, w, 1e-6),
+        "qk_norm_rope_": lambda: qk_norm_rope_(q, k, cos, sin, hw, hw, 1e-6),
+        "store_kvcache": lambda: store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping),
+        "paged_prefill_attention": lambda: paged_prefill_attention(
+            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, t, d**-0.5),
+        "silu_and_mul": lambda: silu_and_mul(gate_up),
+        "qkv_proj (module)": lambda: lin(x),
+        "torch.nn.functional.linear": lambda: torch.nn.functional.linear(x, lin.weight),
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "torch.zeros_like": lambda: torch.zeros_like(x),
+        "layer 0 (module)": lambda: model.model.layers[0](x, x, cos[:, :], sin, runner.kv_caches[0], meta),
+    }
+    return ops, meta
 
 
 if __name__ == "__main__":
