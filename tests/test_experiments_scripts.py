@@ -44,13 +44,16 @@ def script(name: str):
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(REPO / "experiments")))
 def test_script_runs_nothing_on_import_and_takes_help(path, capsys):
+    """Importing runs nothing (a GPU script that needs Triton is skipped where there is none)."""
     tree = ast.parse(path.read_text())
-    guarded = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
-    assert len(guarded) == 1, f"{path.name}: one `if __name__ == '__main__'` block"
     calls = [ast.unparse(n) for n in tree.body if isinstance(n, ast.Expr) and not isinstance(n.value, ast.Constant)]
     assert all(c.startswith("os.environ.setdefault(") for c in calls), f"{path.name} runs {calls} on import"
     assert "sys.path" not in path.read_text()
     module = load(path)
+    if not hasattr(module, "main"):  # a helper the scripts beside it import
+        return
+    guarded = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert len(guarded) == 1, f"{path.name}: one `if __name__ == '__main__'` block"
     try:
         code = module.main(["--help"])
     except SystemExit as exit_info:

@@ -4,7 +4,7 @@ Reported as achieved memory bandwidth (the bytes a kernel must move at least onc
 context, q and out, over the median time) against a device-to-device copy measured in the same
 run, and for prefill also as TFLOP/s against a measured bf16 matmul.
 
-    python experiments/kernels/bench_attention.py --out experiments/kernels
+    python -m experiments.kernels.bench_attention --out experiments/kernels
 
 Writes results_<tag>.csv (main table), sweep_<tag>.csv (split counts and tile shapes) and
 summary_<tag>.md. The PyTorch baseline is scaled_dot_product_attention on K/V already dense and
@@ -26,52 +26,13 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention.bias import causal_lower_right
 
+from experiments.kernels.timing import both, copy_ceiling, matmul_ceiling
 from kernels.decode_attention import choose_num_splits, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 from kernels.store_kvcache import store_kvcache
 
 MODELS = {"qwen3-0.6b": (16, 8), "qwen3-8b": (32, 8)}  # (num_heads, num_kv_heads)
 HEAD_DIM, BLOCK_SIZE, DTYPE = 128, 256, torch.bfloat16
-
-
-def bench(fn) -> float:
-    """Median milliseconds; do_bench clears L2 before every timed call."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def bench_graph(fn) -> float:
-    """Median milliseconds of one CUDA-graph replay of fn (L2 cleared before each): the GPU time
-    without Python launch overhead, which eager timing of small shapes mostly measures."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception as exc:  # noqa: BLE001 - an op that cannot be captured gets no graph time
-        print(f"capture failed: {exc}", flush=True)
-        return float("nan")
-    return bench(graph.replay)
-
-
-def both(fn) -> tuple[float, float]:
-    return bench(fn), bench_graph(fn)
-
-
-def copy_ceiling() -> float:
-    x = torch.randn(2 * 1024**3 // 2, dtype=DTYPE, device="cuda")  # 2 GiB
-    y = torch.empty_like(x)
-    ms = bench(lambda: y.copy_(x))
-    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
-
-
-def matmul_ceiling() -> float:
-    a = torch.randn(8192, 8192, dtype=DTYPE, device="cuda")
-    b = torch.randn(8192, 8192, dtype=DTYPE, device="cuda")
-    return 2 * 8192**3 / (bench(lambda: a @ b) * 1e-3)
 
 
 def paged_kv(batch: int, ctx: int, num_kv_heads: int):

@@ -24,7 +24,7 @@ import torch
 import triton
 
 import kernels.decode_attention as decode
-from experiments.kernels.bench_attention import bench_graph
+from experiments.kernels.timing import bench_graph
 from harness.scripting import probe_args, probe_parser
 from kernels.decode_split import balanced_chunk
 
