@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention.bias import causal_lower_right
 
-from experiments.kernels.timing import both, copy_ceiling, matmul_ceiling
+from experiments.kernels.timing import bench_graph, both, copy_ceiling, matmul_ceiling
 from kernels.decode_attention import choose_num_splits, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 from kernels.store_kvcache import store_kvcache
