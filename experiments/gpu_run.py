@@ -13,6 +13,8 @@ Steps run in the order given; each writes its output to <out>/<step>.log and pri
              --calibration's model.csv, --repeats times -> compare_<workload>[_r<i>]/
   probe      each of --probes (experiments/ scripts that take --model and --out, run with -m)
              -> probe_<name>/
+  bundle     everything under --out in one bundle.tar.gz (a device call returns a limited number
+             of files)
 
 A workload is a calibration stage (bench, poisson, azure: its overrides come from --calibration's
 meta.json for compare, from calibrate_and_compare.py's STAGES for calibrate) or any conf/workload
@@ -33,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = "/tmp/site"
-STEPS = ("wheels", "env", "pytest", "bench", "calibrate", "compare", "probe")
+STEPS = ("wheels", "env", "pytest", "bench", "calibrate", "compare", "probe", "bundle")
 CALIBRATION_STAGES = ("bench", "poisson", "azure")
 ENV_COMMANDS = ["date -u", "nvidia-smi", "lscpu | head -20", "nproc",
                 'python3 -c "import torch, triton; print(torch.__version__, triton.__version__, '
@@ -153,6 +155,8 @@ def commands(args: argparse.Namespace, runner: Runner, step: str) -> None:
                                   f"compare.profile_path={args.calibration / 'model.csv'}", "output.progress=false",
                                   *workload_overrides(args, workload), *args.overrides,
                                   f"hydra.run.dir={out / name}"], log_name=name)
+    elif step == "bundle":
+        runner.run(step, ["tar", "czf", str(out / "bundle.tar.gz"), "--exclude", "bundle.tar.gz", "-C", str(out), "."])
     else:
         for probe in args.probes:
             name = Path(probe).stem

@@ -199,3 +199,14 @@ def test_gpu_run_skips_steps_once_the_call_is_out_of_time(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "env: skipped" in out and "pytest: skipped" in out
     assert not (tmp_path / "env.txt").exists() and not (tmp_path / "pytest_gpu.log").exists()
+
+
+def test_gpu_run_bundles_what_the_call_wrote(tmp_path, capsys):
+    import tarfile
+
+    (tmp_path / "compare_bench").mkdir()
+    (tmp_path / "compare_bench" / "compare.md").write_text("# table\n")
+    script("gpu_run.py").main(["--out", str(tmp_path), "bundle"])
+    with tarfile.open(tmp_path / "bundle.tar.gz") as bundle:
+        assert "./compare_bench/compare.md" in bundle.getnames()
+        assert not any(name.endswith("bundle.tar.gz") for name in bundle.getnames())
