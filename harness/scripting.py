@@ -1,6 +1,7 @@
 """What the experiments/ scripts share: composing a run from Hydra overrides, reading recorded
 step tables, stopping cleanly when a result folder's raw tables are not in the tree, and the
-engine set-up of the GPU probes.
+engine set-up of the GPU probes. Hydra and OmegaConf are imported only where a config is composed,
+so a probe given --ckpt runs without them.
 
     python -m harness.scripting checkpoint qwen3_0_6b   # prints the random-weight checkpoint folder
 """
@@ -11,10 +12,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from harness.config import CONF_DIR, RunConfig, build_run_config
+if TYPE_CHECKING:
+    from harness.config import RunConfig
 
 # Runs 1-5 and every raw per-step / per-request table left the tree after this commit
 # (experiments/README.md, "The rule for results").
@@ -40,11 +43,15 @@ def compose_config(overrides: Sequence[str]):
     """The harness's composed config (conf/config.yaml plus overrides), as `python -m harness` sees it."""
     from hydra import compose, initialize_config_dir
 
+    from harness.config import CONF_DIR
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 
 def compose_run_config(overrides: Sequence[str]) -> RunConfig:
+    from harness.config import build_run_config
+
     return build_run_config(compose_config(overrides))
 
 
