@@ -47,14 +47,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("steps", nargs="+", choices=STEPS, metavar="STEP", help=f"one of {', '.join(STEPS)}")
     parser.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="results folder (default $OUT)")
-    parser.add_argument("--model", default="qwen3_0_6b", help="conf/model name")
+    parser.add_argument("--model", default="qwen3-0.6b", help="conf/model name")
     parser.add_argument("--workloads", nargs="+", default=list(CALIBRATION_STAGES))
     parser.add_argument("--variants", default="default", help="bench_engine.py variants, comma-separated")
     parser.add_argument("--bench-args", default="", help="more bench_engine.py arguments, e.g. '--no-profile'")
     parser.add_argument("--tests", nargs="*", default=[], help="pytest paths (default: every gpu test)")
     parser.add_argument("--probes", nargs="*", default=[], help="experiments/ scripts, e.g. prefill_graphs/step_probe.py")
     parser.add_argument("--calibration", type=Path, default=None,
-                        help="calibration folder for compare (default experiments/calibration/h100_run6/<model>)")
+                        help="calibration folder for compare (default experiments/calibration/h100_run6/<model, _ for - and .>)")
     parser.add_argument("--repeats", type=int, default=1, help="compare: runs of each workload, fresh process each")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for calibrate/compare")
     parser.add_argument("--limit-s", type=float, default=540.0, help="the whole call: no step runs past it")
@@ -68,7 +68,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     args.out = args.out.resolve()
     if args.calibration is None:
-        args.calibration = REPO / "experiments" / "calibration" / "h100_run6" / args.model
+        args.calibration = REPO / "experiments" / "calibration" / "h100_run6" / args.model.replace("-", "_").replace(".", "_")
     return args
 
 

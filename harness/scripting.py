@@ -3,7 +3,7 @@ step tables, stopping cleanly when a result folder's raw tables are not in the t
 engine set-up of the GPU probes. Hydra and OmegaConf are imported only where a config is composed,
 so a probe given --ckpt runs without them.
 
-    python -m harness.scripting checkpoint qwen3_0_6b   # prints the random-weight checkpoint folder
+    python -m harness.scripting checkpoint qwen3-0.6b   # prints the random-weight checkpoint folder
 """
 
 from __future__ import annotations

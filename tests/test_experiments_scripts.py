@@ -19,7 +19,7 @@ from harness.scripting import RAW_TABLES_COMMIT, MissingInputs, compose_run_conf
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for p in (REPO / "experiments").rglob("*.py"))
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-TINY = ["model=tiny", "hardware=cpu", "scheduler.max_model_len=512", "cache.block_size=16",
+TINY = ["model=tiny-qwen3", "hardware=cpu", "scheduler.max_model_len=512", "cache.block_size=16",
         "workload.num_requests=12", "workload.prompt_len.high=200", "workload.output_len.low=8",
         "workload.output_len.high=32"]
 
@@ -109,9 +109,9 @@ def test_bench_sim_speed_times_the_librarys_run(monkeypatch):
 
 def test_calibrate_overrides_split_into_every_run_stage_grid_and_own_settings():
     calibrate = script("calibration/calibrate_and_compare.py")
-    plan = calibrate.parse(["model=tiny", "poisson:workload.num_requests=40", "grid.num_random=3",
+    plan = calibrate.parse(["model=tiny-qwen3", "poisson:workload.num_requests=40", "grid.num_random=3",
                             "calibrate.out=/tmp/x", "calibrate.grid=quick", "calibrate.workloads=[bench,azure]"])
-    assert plan.base == ["experiment=compare", "output.progress=false", "model=tiny"]
+    assert plan.base == ["experiment=compare", "output.progress=false", "model=tiny-qwen3"]
     assert plan.stages["poisson"][-1] == "workload.num_requests=40"
     assert plan.stages["bench"] == calibrate.STAGES["bench"]
     assert plan.grid.num_random == 3 and plan.grid.prefill_tokens == (16, 64, 256, 1024)  # quick grid's
@@ -167,7 +167,7 @@ def dry_run(capsys, *argv: str) -> list[str]:
 
 def test_gpu_run_names_each_step_and_writes_under_out(tmp_path, capsys):
     lines = dry_run(capsys, "--out", str(tmp_path), "wheels", "env", "pytest", "bench", "calibrate", "probe",
-                    "--model", "qwen3_8b", "--workloads", "bench", "azure", "--set", "grid.num_random=2",
+                    "--model", "qwen3-8b", "--workloads", "bench", "azure", "--set", "grid.num_random=2",
                     "--probes", "kernels/decode_balance.py", "--tests", "tests/engine")
     by_step = {}
     for line in lines:
@@ -178,10 +178,10 @@ def test_gpu_run_names_each_step_and_writes_under_out(tmp_path, capsys):
     assert "-m gpu" in by_step["pytest"][0] and by_step["pytest"][0].endswith("tests/engine")
     assert "experiments/engine/bench_engine.py" in by_step["bench"][1] and f"{tmp_path}/bench" in by_step["bench"][1]
     calibrate = by_step["calibrate"][0]
-    for part in ("calibrate_and_compare.py", "model=qwen3_8b", f"calibrate.out={tmp_path}/qwen3_8b",
+    for part in ("calibrate_and_compare.py", "model=qwen3-8b", f"calibrate.out={tmp_path}/qwen3-8b",
                  "'calibrate.workloads=[bench,azure]'", "grid.num_random=2"):
         assert part in calibrate
-    assert "-m experiments.kernels.decode_balance --model qwen3_8b" in by_step["probe"][0]
+    assert "-m experiments.kernels.decode_balance --model qwen3-8b" in by_step["probe"][0]
 
 
 def test_gpu_run_compares_with_the_calibration_runs_own_workload_overrides(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Where the host time of an eager step goes: cProfile over eager generate() calls on the GPU.
 
-    python experiments/async/host_profile.py --model qwen3_0_6b --out $OUT
+    python experiments/async/host_profile.py --model qwen3-0.6b --out $OUT
 
 Eager steps (prefill always; decode without CUDA graphs) launch every kernel from Python; a
 launch-bound step's length is that host time. Writes host_profile.txt (top functions by own

@@ -1,6 +1,6 @@
 """Kernel time of the engine's steps on the bench workload, by torch.profiler (CUPTI).
 
-    python experiments/async/profile_decode.py --model qwen3_0_6b --out $OUT
+    python experiments/async/profile_decode.py --model qwen3-0.6b --out $OUT
 
 Runs a shortened bench (--requests requests, outputs capped at --max-tokens) once to warm up,
 then once under the profiler, and writes the kernels' total device time (kernels.csv, and the

@@ -1,7 +1,7 @@
 """Calibrate the profiled cost model on the GPU, then compare the simulator with the engine on the
 target workloads, with one loaded engine (the model is loaded and its graphs captured once).
 
-  python experiments/calibration/calibrate_and_compare.py model=qwen3_0_6b hardware=h100 \
+  python experiments/calibration/calibrate_and_compare.py model=qwen3-0.6b hardware=h100 \
       calibrate.out=$OUT/qwen3_0_6b [backend.model=/tmp/q06] [poisson:workload.num_requests=400] [grid.num_random=20]
 
 Every argument is a Hydra override of the harness's config (conf/, composed with

@@ -3,7 +3,7 @@ that takes 0.035 s once warm, `preempt_h100.sh`): time the bench's first step sh
 through submit(), as the engine serves it, the first one under cProfile, and print where the
 host time went.
 
-    python experiments/calibration/first_step_probe.py --model qwen3_0_6b --out $OUT/first_step
+    python experiments/calibration/first_step_probe.py --model qwen3-0.6b --out $OUT/first_step
 """
 
 from __future__ import annotations

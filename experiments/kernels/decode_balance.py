@@ -10,7 +10,7 @@ the split count the kernel picks and for split counts that cap a program's walk 
 fair share per program; launches with room for ceil(4096 / BALANCE_CHUNK) splits, or for 8), and
 with --ckpt the whole graph decode step of the model with EngineConfig.balanced_decode off and on.
 
-    python -m experiments.kernels.decode_balance --out $OUT/balance [--model qwen3_0_6b]
+    python -m experiments.kernels.decode_balance --out $OUT/balance [--model qwen3-0.6b]
 
 Writes kernel.csv (and step.csv with --ckpt) and prints them.
 """

@@ -1,6 +1,6 @@
 """Where the host time of an eager (prefill) step goes, op by op, on the GPU.
 
-    python experiments/prefill_graphs/launch_probe.py --model qwen3_0_6b --out $OUT
+    python experiments/prefill_graphs/launch_probe.py --model qwen3-0.6b --out $OUT
 
 For each op the eager forward launches (the project's Triton wrappers, torch's GEMM, the
 allocations between them) it times the host cost of one call: 400 back-to-back calls on shapes

@@ -3,7 +3,7 @@ several lengths (and a mixed step), the host time of submit() (launch_s), the st
 submitted back to back as the async engine serves them, and its device time alone (gpu_s, device
 held until the launches are queued: harness.profiling.time_plan_overlapped).
 
-    python experiments/prefill_graphs/step_probe.py --model qwen3_0_6b --out $OUT/q06
+    python experiments/prefill_graphs/step_probe.py --model qwen3-0.6b --out $OUT/q06
 
 Writes steps.csv (one row per shape and mode) and prints it.
 """
