@@ -57,3 +57,60 @@ class CacheConfig:
             isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
             raise ValueError(f"CacheConfig.num_blocks must be a positive int or None, got {self.num_blocks!r}")
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How a backend runs steps; one config for the engine and the simulator alike, so that a
+    simulated run mirrors a measured one setting for setting.
+
+    enforce_eager: no CUDA graphs (the engine captures none; the simulator prices every step eager).
+    async_scheduling: True plans and queues step N+1 while step N runs on the device, so the
+        scheduler and input preparation leave the device's critical path; a request stopped by
+        EOS or a stop token then computes one more token, which is discarded. False runs each
+        step to completion first. None (auto): on wherever the engine can overlap, a CUDA
+        device with tensor_parallel_size 1 (the simulator stands for a CUDA device).
+        overlaps_steps() resolves it; the backend reports the result in BackendInfo.
+    prefill_graph_tokens: prefill and mixed steps of up to this many tokens replay CUDA graphs,
+        padded to engine.core.graph_sizes' sizes (capped by max_num_batched_tokens); 0: eager.
+    max_graph_batch_size: decode steps of up to this many sequences (and max_num_seqs) replay
+        CUDA graphs; larger batches run eagerly.
+    tensor_parallel_size: ranks the model is split over.
+    seed: seeds the sampling stream of requests that bring no seed of their own.
+    gpu_memory_utilization: fraction of device memory the backend may hold (weights,
+        activations and the KV cache); the KV cache is sized to fill what is left.
+    """
+
+    enforce_eager: bool = False
+    async_scheduling: bool | None = None
+    prefill_graph_tokens: int = 4096
+    max_graph_batch_size: int = 512
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enforce_eager, bool):
+            raise TypeError(f"ExecutionConfig.enforce_eager must be a bool, got {self.enforce_eager!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise TypeError("ExecutionConfig.async_scheduling must be true, false or null (auto), "
+                            f"got {self.async_scheduling!r}")
+        for name, low in (("prefill_graph_tokens", 0), ("max_graph_batch_size", 1), ("tensor_parallel_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"ExecutionConfig.{name} must be an int >= {low}, got {value!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"ExecutionConfig.seed must be an int in [0, 2**63), got {seed!r}")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
+            raise ValueError(f"ExecutionConfig.gpu_memory_utilization must be a number in (0, 1], got {util!r}")
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise ValueError("ExecutionConfig.async_scheduling=true needs tensor_parallel_size=1 (the other ranks "
+                             f"would need the sampled ids before each step), got {self.tensor_parallel_size}")
+
+    def overlaps_steps(self, on_cuda: bool) -> bool:
+        """Whether steps overlap on a backend whose device is (or stands for) CUDA or not."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return on_cuda and self.tensor_parallel_size == 1

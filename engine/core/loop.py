@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.core.plan import Executor, PendingStep, StepPlan, StepResult, StepStats
+from engine.core.async_scheduler import AsyncScheduler
+from engine.core.executor import Executor, PendingStep
+from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 
@@ -85,16 +87,19 @@ def run(
     """Serve requests (sorted by arrival_time) to completion.
 
     A request that fails admission is recorded in RunResult.rejected with its error; the others
-    are served as if it had never arrived. With an executor whose overlaps_steps is True, step
-    N+1 is planned and submitted before step N's tokens are read (engine.core.scheduler says
-    what that changes); otherwise each step is executed and applied before the next is planned.
+    are served as if it had never arrived. With an executor whose info().overlaps_steps is True,
+    step N+1 is planned and submitted before step N's tokens are read (the scheduler must then be
+    an engine.core.async_scheduler.AsyncScheduler, which make_scheduler picks); otherwise each step is executed and applied before the next is planned.
     """
     pending = sorted(requests, key=lambda r: r.arrival_time)
     order = {r.request_id: i for i, r in enumerate(pending)}
     result = RunResult(requests=[], steps=[])
     next_arrival = 0
     done: list[Request] = []
-    overlap = bool(getattr(executor, "overlaps_steps", False))
+    overlap = executor.info().overlaps_steps
+    if overlap and not isinstance(scheduler, AsyncScheduler):
+        raise TypeError("an executor that overlaps steps needs an AsyncScheduler: build the scheduler with "
+                        "make_scheduler(config, executor.info())")
     in_flight: tuple[StepPlan, PendingStep, float] | None = None
 
     def complete(plan: StepPlan, step_result: StepResult, planned_at: float) -> None:

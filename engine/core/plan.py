@@ -8,9 +8,12 @@ so a batch that mixes prefill chunks and decodes is expressible.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
-
 from engine.core.sampling_params import SamplingParams
+
+# A sampling entry's token while it is still being sampled on the device: with overlapped steps
+# (engine.core.async_scheduler) a decode entry of step N+1 carries it for the token step N
+# samples, and the backend substitutes that token on the device. Token ids are never negative.
+PLACEHOLDER = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,21 +102,3 @@ class StepResult:
     # ready on the host. The loop stamps them with that time, as a server streaming them from
     # another thread would, not with the later moment its single thread got round to reading them.
     ready_age_s: float = 0.0
-
-
-class PendingStep(Protocol):
-    def result(self) -> StepResult:
-        """Wait for the step and return its tokens (once)."""
-
-
-class Executor(Protocol):
-    """execute() runs a step to completion. An executor whose overlaps_steps is True also has
-    submit(plan) -> PendingStep, which returns once the step is queued; the loop then plans the
-    next step while this one runs, and the next plan's decode entries may carry
-    engine.core.scheduler.PLACEHOLDER for the token this step samples."""
-
-    def kv_cache_spec(self) -> KVCacheSpec: ...
-
-    def execute(self, plan: StepPlan) -> StepResult: ...
-
-    def shutdown(self) -> None: ...

@@ -1,7 +1,14 @@
-"""Scheduling policies: how one step's batch is assembled from the waiting and running queues."""
+"""Scheduling policies: how one step's batch is assembled from the waiting and running queues.
+
+make_scheduler() puts a policy together with the bookkeeping the backend's steps need: the plain
+Scheduler's, or AsyncScheduler's when the backend overlaps steps.
+"""
 
 from __future__ import annotations
 
+from engine.core.async_scheduler import AsyncScheduler
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.executor import BackendInfo
 from engine.core.plan import ScheduledRequest
 from engine.core.request import RequestStatus
 from engine.core.scheduler import Scheduler
@@ -33,10 +40,10 @@ class NanoScheduler(Scheduler):
         bm = self.block_manager
         budget = cfg.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
-        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
-            request = self.waiting[0]
-            if request.num_pending_tokens:
-                break  # preempted with its last token still being sampled (overlapped loop only)
+        while len(self.running) < cfg.max_num_seqs and budget > 0:
+            request = self._next_waiting()
+            if request is None:
+                break
             fresh = not request.block_table
             if fresh:
                 hits = bm.lookup(request)
@@ -82,10 +89,10 @@ class MixedScheduler(Scheduler):
         running = self.running
         if self._preempted and scheduled:
             return scheduled  # NOTE: admitting now would only feed the next preemption
-        while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-            request = self.waiting[0]
-            if request.num_pending_tokens:
-                break  # preempted with its last token still being sampled (overlapped loop only)
+        while budget > 0 and len(running) < cfg.max_num_seqs:
+            request = self._next_waiting()
+            if request is None:
+                break
             hits = bm.lookup(request)
             cached = len(hits) * bm.block_size
             num_new = request.num_tokens - cached
@@ -104,4 +111,21 @@ class MixedScheduler(Scheduler):
         return scheduled
 
 
+class AsyncNanoScheduler(AsyncScheduler, NanoScheduler):
+    pass
+
+
+class AsyncMixedScheduler(AsyncScheduler, MixedScheduler):
+    pass
+
+
 POLICY_CLASSES: dict[str, type[Scheduler]] = {"nano": NanoScheduler, "mixed": MixedScheduler}
+OVERLAPPED_POLICY_CLASSES: dict[str, type[Scheduler]] = {"nano": AsyncNanoScheduler, "mixed": AsyncMixedScheduler}
+
+
+def make_scheduler(config: SchedulerConfig, info: BackendInfo, cache_config: CacheConfig | None = None) -> Scheduler:
+    """The scheduler of config.policy for a backend described by info (its cache, its primary EOS
+    id, whether its steps overlap)."""
+    classes = OVERLAPPED_POLICY_CLASSES if info.overlaps_steps else POLICY_CLASSES
+    prefix = True if cache_config is None else cache_config.enable_prefix_caching
+    return classes[config.policy](config, info.kv_cache_spec, prefix, info.eos_token_id)

@@ -1,16 +1,10 @@
 """The scheduler: queues, admission checks, step bookkeeping. Policies decide the batch.
 
-schedule() returns a StepPlan and books it at once: the scheduled tokens count as computed, each
-sampling request gets a PLACEHOLDER token, and a request that thereby reaches max_tokens leaves
-the running set and frees its blocks. update() later writes the sampled tokens over the
-placeholders and finishes requests on EOS or stop tokens (and on length, booked earlier).
-
-Because a step is fully booked when it is planned, the next step can be planned before this
-one's tokens are known (overlapped, "async" scheduling, engine.core.loop): its decode entries then
-carry the placeholder, which the backend replaces with the token it sampled on the device. With
-ignore_eos and no stop tokens the schedule is the same either way; a request that stops on EOS
-is in the next step already, which computes one token that is thrown away. Policies
-(engine/core/policies.py) differ only in how a step's batch is assembled.
+schedule() plans a step from the waiting and running queues and counts its tokens as computed;
+update() appends the tokens the backend sampled and finishes requests on length, EOS or a stop
+token, freeing their blocks. Policies (engine/core/policies.py) differ only in how a step's
+batch is assembled. engine.core.async_scheduler extends this for overlapped steps, where the next
+step is planned before this one's tokens are known.
 """
 
 from __future__ import annotations
@@ -19,12 +13,10 @@ from collections import deque
 from operator import attrgetter
 
 from engine.core.block_manager import BlockManager
-from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.config import SchedulerConfig
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 
-# The token of a sampling entry until update() knows it (token ids are never negative).
-PLACEHOLDER = -1
 _IS_DECODE = attrgetter("is_decode")
 _TOKEN_IDS = attrgetter("token_ids")
 
@@ -45,8 +37,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first; preemption takes from the end
         self.requests: dict[str, Request] = {}  # unfinished requests by id
-        # Booked to reach max_tokens in a planned step, blocks already freed; update() finishes them.
-        self.finishing: dict[str, Request] = {}
         self._released: list[str] = []
         self._step = 0
         self.num_preemptions = 0
@@ -95,7 +85,7 @@ class Scheduler:
             return False
         if request in self.running:
             self.running.remove(request)
-        elif self.finishing.pop(request_id, None) is None:
+        else:
             self.waiting.remove(request)
         self._finish(request, FinishReason.ABORTED, now)
         return True
@@ -146,12 +136,9 @@ class Scheduler:
         return StepPlan(scheduled, stats, self._preempted, released)
 
     def _book(self, scheduled: list[ScheduledRequest]) -> None:
-        """Count a planned step as done: computed tokens, cache registration, placeholders,
-        length finishes. Nothing here needs the sampled token values."""
-        block_manager = self.block_manager
-        block_size = block_manager.block_size
+        """Count a planned step's tokens as computed and offer newly full blocks to the prefix cache."""
+        block_size = self.block_manager.block_size
         requests = self.requests
-        leaving = False
         for entry in scheduled:
             request = requests[entry.request_id]
             start = entry.num_computed_tokens
@@ -162,69 +149,50 @@ class Scheduler:
             if end > request.max_computed_tokens:
                 request.max_computed_tokens = end
             if end // block_size > request.num_registered_blocks:
-                block_manager.register_computed(request, len(request.token_ids) - request.num_pending_tokens)
-            if not entry.sample:
-                continue
-            request.token_ids.append(PLACEHOLDER)
-            request.num_pending_tokens += 1
-            if len(request.token_ids) - request.num_prompt_tokens >= request.max_tokens:
-                block_manager.free(request)  # the step already holds its KV slots: safe to reuse after it
-                self.finishing[request.request_id] = request
-                leaving = True
-        if leaving:
-            finishing = self.finishing
-            self.running = [r for r in self.running if r.request_id not in finishing]
+                self._register_computed(request)
+
+    def _register_computed(self, request: Request) -> None:
+        self.block_manager.register_computed(request)
 
     def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
-        """Write a step's sampled tokens over its placeholders; returns the requests that finished."""
+        """Append a step's sampled tokens; returns the requests that finished."""
         finished: list[Request] = []
-        eos = self.eos_token_id
-        block_manager = self.block_manager
-        block_size = block_manager.block_size
-        any_stopped = False
         for entry, token in zip(plan.scheduled, result.token_ids):
             if not entry.sample:
                 continue
             request = self.requests.get(entry.request_id)
-            if request is None:  # aborted, or stopped on EOS in an earlier step
+            if request is None:  # aborted after the step was planned
                 continue
-            index = entry.num_computed_tokens + len(entry.token_ids)
-            if index >= len(request.token_ids) or request.token_ids[index] != PLACEHOLDER:
-                continue  # a stale step of a stopped request whose id a new request took
-            request.token_ids[index] = token
-            request.num_pending_tokens -= 1
+            request.token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            params = request.sampling_params
-            if index - request.num_prompt_tokens + 1 >= request.max_tokens:
-                reason = FinishReason.LENGTH
-            elif token == eos and not params.ignore_eos:
-                reason = FinishReason.EOS
-            elif token in params.stop_token_ids:
-                reason = FinishReason.STOP
-            else:
-                # the token just written may complete a computed block that _book() could not hash
-                if request.block_table and request.num_computed_tokens // block_size > request.num_registered_blocks:
-                    block_manager.register_computed(request, len(request.token_ids) - request.num_pending_tokens)
-                continue
-            if self.finishing.pop(request.request_id, None) is None:
-                any_stopped = True
-                if request.status is RequestStatus.WAITING:
-                    self.waiting.remove(request)  # preempted while its token was pending
-            if len(request.token_ids) > index + 1:
-                del request.token_ids[index + 1:]  # a later step's placeholder: its token is dropped
-                request.num_computed_tokens = min(request.num_computed_tokens, index + 1)
-            request.num_pending_tokens = 0
-            self._finish(request, reason, now)
-            finished.append(request)
-        if any_stopped:
+            reason = self._stop_reason(request, len(request.token_ids) - request.num_prompt_tokens, token)
+            if reason is not None:
+                self._finish(request, reason, now)
+                finished.append(request)
+        if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
+
+    def _stop_reason(self, request: Request, num_output_tokens: int, token: int) -> FinishReason | None:
+        """Why the request stops with token as its num_output_tokens-th output, None if it goes on."""
+        params = request.sampling_params
+        if num_output_tokens >= request.max_tokens:
+            return FinishReason.LENGTH
+        if token == self.eos_token_id and not params.ignore_eos:
+            return FinishReason.EOS
+        if token in params.stop_token_ids:
+            return FinishReason.STOP
+        return None
 
     # ---- helpers for policies -------------------------------------------------------------
 
     def _build_step(self) -> list[ScheduledRequest]:
         raise NotImplementedError
+
+    def _next_waiting(self) -> Request | None:
+        """The waiting request a policy may admit next (FCFS: only the head), None if none."""
+        return self.waiting[0] if self.waiting else None
 
     def _schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], int]:
         """Give running requests, oldest first, what they still need to compute, within budget.
@@ -254,7 +222,7 @@ class Scheduler:
                     if victim is request:
                         return scheduled, budget
                 bm.allocate(request, target)
-            # A running request with its last token pending is decoding; one finishing a
+            # A running request with only its last sampled token to compute is decoding; one finishing a
             # (re)prefill in chunks is not, unless only its last token is left, which costs the same.
             prompt_len = request.num_prompt_tokens
             scheduled.append(ScheduledRequest(
@@ -310,15 +278,3 @@ class Scheduler:
         request.finish_time = now
         del self.requests[request.request_id]
         self._released.append(request.request_id)
-
-
-def make_scheduler(
-    config: SchedulerConfig,
-    kv_spec: KVCacheSpec,
-    cache_config: CacheConfig | None = None,
-    eos_token_id: int | None = None,
-) -> Scheduler:
-    from engine.core.policies import POLICY_CLASSES
-
-    prefix = True if cache_config is None else cache_config.enable_prefix_caching
-    return POLICY_CLASSES[config.policy](config, kv_spec, prefix, eos_token_id)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import (CacheConfig, FinishReason, KVCacheSpec, Request, RequestStatus, SamplingParams,
+from engine.core import (CacheConfig, FinishReason, Request, RequestStatus, SamplingParams,
                          SchedulerConfig, StepResult, make_scheduler)
 from engine.core.loop import SimulatedClock, run
-from tests.core.fakes import FakeExecutor
+from tests.core.fakes import FakeExecutor, backend_info
 
 
 def _scheduler(num_blocks=8, block_size=4, **kw):
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, **kw)
-    return make_scheduler(config, KVCacheSpec(num_blocks, block_size))
+    return make_scheduler(config, backend_info(num_blocks, block_size))
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_duplicate_id_refused_while_unfinished_and_allowed_after():
 def test_loop_serves_others_when_one_request_is_bad():
     executor = FakeExecutor(num_blocks=8, block_size=4)
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32)
-    scheduler = make_scheduler(config, executor.kv_cache_spec())
+    scheduler = make_scheduler(config, executor.info())
     requests = [
         Request("ok1", [1, 2, 3], SamplingParams(max_tokens=3)),
         Request("too-long", [1] * 40, SamplingParams(max_tokens=3)),
@@ -88,7 +88,7 @@ def test_abort_mid_step_drops_the_result():
 def test_finish_reasons(policy):
     executor = FakeExecutor(num_blocks=32, block_size=4, vocab_size=10, eos_token_id=3, eos_every=2)
     config = SchedulerConfig(policy=policy, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
-    scheduler = make_scheduler(config, executor.kv_cache_spec(), CacheConfig(block_size=4), eos_token_id=3)
+    scheduler = make_scheduler(config, executor.info(), CacheConfig(block_size=4))
     requests = [
         Request(f"r{i}", [i + 1] * 5, SamplingParams(max_tokens=20, stop_token_ids=(5,))) for i in range(6)
     ] + [Request("ign", [9] * 5, SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=()))]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import KVCacheSpec, Request, SamplingParams, SchedulerConfig, StepResult, make_scheduler
+from engine.core import Request, SamplingParams, SchedulerConfig, StepResult, make_scheduler
+from tests.core.fakes import backend_info
 
 NUM_RUNNING = 512
 
@@ -18,7 +19,7 @@ NUM_RUNNING = 512
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_decode_step_host_cost(benchmark, policy, block_size):
     config = SchedulerConfig(policy=policy, max_num_seqs=NUM_RUNNING, max_num_batched_tokens=65536, max_model_len=8192)
-    scheduler = make_scheduler(config, KVCacheSpec(num_blocks=NUM_RUNNING * 8192 // block_size, block_size=block_size))
+    scheduler = make_scheduler(config, backend_info(NUM_RUNNING * 8192 // block_size, block_size))
     for i in range(NUM_RUNNING):
         prompt = [(i * 7 + j) % 32000 for j in range(100 + i % 400)]
         scheduler.add(Request(f"req-{i}", prompt, SamplingParams(max_tokens=7000, ignore_eos=True)))

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.loop import SimulatedClock, run
-from engine.core.scheduler import PLACEHOLDER
-from tests.core.fakes import FakeExecutor, OverlappingFakeExecutor
+from engine.core.plan import PLACEHOLDER
+from tests.core.fakes import FakeExecutor, OverlappingFakeExecutor, backend_info
 from tests.core.test_scheduler_properties import workloads
 
 EOS = 7
@@ -24,7 +24,7 @@ EOS = 7
 
 def _serve(executor_class, config, block_size, num_blocks, specs, eos_every=0, stop=()):
     executor = executor_class(num_blocks, block_size, vocab_size=50, eos_token_id=EOS, eos_every=eos_every)
-    scheduler = make_scheduler(config, executor.kv_cache_spec(), eos_token_id=EOS)
+    scheduler = make_scheduler(config, executor.info())
     requests = [Request(f"q{i}", p, SamplingParams(max_tokens=m, ignore_eos=not eos_every, stop_token_ids=list(stop)))
                 for i, (p, m) in enumerate(specs)]
     result = run(scheduler, executor, requests, SimulatedClock())
@@ -96,11 +96,10 @@ def test_a_request_stopped_by_eos_computes_one_discarded_token_in_the_overlapped
 
 
 def test_a_stale_step_never_writes_into_a_new_request_that_reused_the_id():
-    from engine.core import KVCacheSpec
     from engine.core.plan import StepResult
 
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
-    scheduler = make_scheduler(config, KVCacheSpec(16, 4), eos_token_id=EOS)
+    scheduler = make_scheduler(config, backend_info(16, 4, EOS, overlaps_steps=True))
     scheduler.add(Request("a", [1, 2, 3], SamplingParams(max_tokens=10)))
     prefill = scheduler.schedule()
     decode = scheduler.schedule()  # planned before the prefill's token is known

@@ -48,7 +48,7 @@ def workloads(draw):
 
 def _serve(config, block_size, num_blocks, specs):
     executor = FakeExecutor(num_blocks, block_size)
-    scheduler = make_scheduler(config, executor.kv_cache_spec())
+    scheduler = make_scheduler(config, executor.info())
     requests = [Request(f"q{i}", p, SamplingParams(max_tokens=m, ignore_eos=True)) for i, (p, m) in enumerate(specs)]
     return scheduler, executor, requests, run(scheduler, executor, requests, SimulatedClock())
 

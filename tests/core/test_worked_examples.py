@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engine.core import KVCacheSpec, Request, SamplingParams, SchedulerConfig, StepResult, make_scheduler
+from engine.core import Request, SamplingParams, SchedulerConfig, StepResult, make_scheduler
+from tests.core.fakes import backend_info
 
 
 def _step(scheduler, token=1):
@@ -14,7 +15,7 @@ def _step(scheduler, token=1):
 def test_ten_sequence_walkthrough():
     # 7 blocks of 16 tokens, prompts of 8 tokens: a sequence lives in one block, so seven fit.
     config = SchedulerConfig(policy="nano", max_num_seqs=7, max_num_batched_tokens=512, max_model_len=64)
-    scheduler = make_scheduler(config, KVCacheSpec(num_blocks=7, block_size=16))
+    scheduler = make_scheduler(config, backend_info(num_blocks=7, block_size=16))
     for i in range(1, 11):
         max_tokens = 5 if i in (1, 4) else 9
         scheduler.add(Request(f"seq{i}", [i] * 8, SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
@@ -50,7 +51,7 @@ def test_ten_sequence_walkthrough():
 def test_two_sequence_prefix_cache_batch():
     # Block size 1 so a hit can end at any token: seq1 finds 16 cached tokens, seq2 finds 5.
     config = SchedulerConfig(policy="nano", max_num_seqs=4, max_num_batched_tokens=256, max_model_len=64)
-    scheduler = make_scheduler(config, KVCacheSpec(num_blocks=200, block_size=1))
+    scheduler = make_scheduler(config, backend_info(num_blocks=200, block_size=1))
     seq1 = list(range(100, 135))  # 35 tokens
     seq2 = list(range(200, 220))  # 20 tokens
     greedy_one = SamplingParams(max_tokens=1, ignore_eos=True)

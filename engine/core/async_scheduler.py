@@ -1,0 +1,104 @@
+"""Scheduling for overlapped steps: step N+1 is planned while step N still runs on the device.
+
+schedule() books a step in full as soon as it is planned: each sampling entry gets a PLACEHOLDER
+token, and a request that thereby reaches max_tokens leaves the running set and frees its blocks
+at once (the step in flight already holds its KV slots, so they are safe to reuse after it).
+update() later writes the sampled tokens over the placeholders. The next plan's decode entries
+carry the placeholder, which the backend replaces with the token it sampled on the device.
+
+With ignore_eos and no stop tokens the schedule is the same as the plain Scheduler's; a request
+that stops on EOS is in the next step already, which computes one token that is thrown away.
+A request preempted while its token is pending waits at the head of the queue until it lands.
+"""
+
+from __future__ import annotations
+
+from engine.core.config import SchedulerConfig
+from engine.core.plan import PLACEHOLDER, KVCacheSpec, ScheduledRequest, StepPlan, StepResult
+from engine.core.request import FinishReason, Request, RequestStatus
+from engine.core.scheduler import Scheduler
+
+
+class AsyncScheduler(Scheduler):
+    """Mixed in ahead of a policy (make_scheduler): the policy builds the batch, this books it."""
+
+    def __init__(self, config: SchedulerConfig, kv_spec: KVCacheSpec, enable_prefix_caching: bool = True,
+                 eos_token_id: int | None = None) -> None:
+        super().__init__(config, kv_spec, enable_prefix_caching, eos_token_id)
+        # Booked to reach max_tokens in a planned step, blocks already freed; update() finishes them.
+        self.finishing: dict[str, Request] = {}
+
+    def abort(self, request_id: str, now: float = 0.0) -> bool:
+        request = self.finishing.pop(request_id, None)
+        if request is None:
+            return super().abort(request_id, now)
+        self._finish(request, FinishReason.ABORTED, now)
+        return True
+
+    def _next_waiting(self) -> Request | None:
+        head = super()._next_waiting()
+        # preempted while its last token is still being sampled: it cannot be recomputed yet
+        return None if head is None or head.num_pending_tokens else head
+
+    def _register_computed(self, request: Request) -> None:
+        # a block that reaches into placeholders waits until update() knows their tokens
+        self.block_manager.register_computed(request, len(request.token_ids) - request.num_pending_tokens)
+
+    def _book(self, scheduled: list[ScheduledRequest]) -> None:
+        super()._book(scheduled)
+        requests = self.requests
+        leaving = False
+        for entry in scheduled:
+            if not entry.sample:
+                continue
+            request = requests[entry.request_id]
+            request.token_ids.append(PLACEHOLDER)
+            request.num_pending_tokens += 1
+            if len(request.token_ids) - request.num_prompt_tokens >= request.max_tokens:
+                self.block_manager.free(request)
+                self.finishing[request.request_id] = request
+                leaving = True
+        if leaving:
+            finishing = self.finishing
+            self.running = [r for r in self.running if r.request_id not in finishing]
+
+    def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
+        """Write a step's sampled tokens over its placeholders; returns the requests that finished."""
+        finished: list[Request] = []
+        any_stopped = False
+        for entry, token in zip(plan.scheduled, result.token_ids):
+            if not entry.sample:
+                continue
+            request = self.requests.get(entry.request_id)
+            if request is None:  # aborted, or stopped on EOS in an earlier step
+                continue
+            index = entry.num_computed_tokens + len(entry.token_ids)
+            if index >= len(request.token_ids) or request.token_ids[index] != PLACEHOLDER:
+                continue  # a stale step of a stopped request whose id a new request took
+            request.token_ids[index] = token
+            request.num_pending_tokens -= 1
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = self._stop_reason(request, index - request.num_prompt_tokens + 1, token)
+            if reason is None:
+                self._register_written(request)
+                continue
+            if self.finishing.pop(request.request_id, None) is None:
+                any_stopped = True
+                if request.status is RequestStatus.WAITING:
+                    self.waiting.remove(request)  # preempted while its token was pending
+            if len(request.token_ids) > index + 1:
+                del request.token_ids[index + 1:]  # a later step's placeholder: its token is dropped
+                request.num_computed_tokens = min(request.num_computed_tokens, index + 1)
+            request.num_pending_tokens = 0
+            self._finish(request, reason, now)
+            finished.append(request)
+        if any_stopped:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    def _register_written(self, request: Request) -> None:
+        """The token just written may complete a computed block that _book() could not hash."""
+        if request.block_table and request.num_computed_tokens // self.block_manager.block_size > \
+                request.num_registered_blocks:
+            self._register_computed(request)
