@@ -6,34 +6,22 @@ length 0 (the decode kernel gives zeros for it and reads no cache). Their hidden
 used. Inputs come from the static buffers of engine.graph_buffers; capture and replay are
 engine.graph_capture's.
 
-Sizes follow nano-vllm: 1, 2, 4, 8, then multiples of 16 up to max_num_seqs (capped at
-MAX_GRAPH_BATCH); every graph shares one memory pool, and the largest is captured first so the
-pool is sized by it. Larger batches run eagerly; prefill and mixed steps have graphs of their own
-(engine.prefill_graphs), captured first into the same pool.
+Sizes come from engine.core.graph_sizes.decode_graph_sizes (the simulator prices steps with the
+same rule): up to max_num_seqs, capped at ExecutionConfig.max_graph_batch_size. Every graph
+shares one memory pool, and the largest is captured first so the pool is sized by it. Larger
+batches run eagerly; prefill and mixed steps have graphs of their own (engine.prefill_graphs),
+captured first into the same pool.
+
 """
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.core.graph_sizes import padded_size
 from engine.graph_buffers import GraphLayout
 from engine.graph_capture import GraphSet
-
-MAX_GRAPH_BATCH = 512
-
-
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, 16, 32, 48, ... up to min(max_num_seqs, MAX_GRAPH_BATCH), which is always included."""
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    top = min(max_num_seqs, MAX_GRAPH_BATCH)
-    sizes = [s for s in (1, 2, 4, 8) if s <= top] + list(range(16, top + 1, 16))
-    if sizes[-1] != top:
-        sizes.append(top)
-    return sizes
 
 
 class DecodeGraphs(GraphSet):
@@ -58,9 +46,7 @@ class DecodeGraphs(GraphSet):
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The graph that serves a decode batch of num_seqs rows, None if it is too large."""
-        if num_seqs > self.max_batch:
-            return None
-        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+        return padded_size(self.sizes, num_seqs)
 
     def layout(self, bs: int) -> GraphLayout:
         # the fair-share slot is kept whether or not the steps fill it

@@ -12,9 +12,11 @@ HostBatch goes to the workers before rank 0 runs it, and rank 0 alone samples.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,7 +24,9 @@ import torch
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.plan import KVCacheSpec, StepPlan, StepResult
+from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks
+from engine.core.graph_sizes import GraphSizes
+from engine.core.plan import StepPlan, StepResult
 from engine.models.arch import ModelArch
 from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
@@ -81,7 +85,7 @@ def check_max_model_len(engine_config: EngineConfig, scheduler_config: Scheduler
 
 def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> None:
     """Reject a tensor_parallel_size the model or the host cannot split over, before spawning."""
-    tp = engine_config.tensor_parallel_size
+    tp = engine_config.execution.tensor_parallel_size
     if device.type == "cuda" and tp > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible CUDA devices")
     config = read_model_config(engine_config.model)
@@ -97,6 +101,33 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
         )
 
 
+def captured_graph_sizes(runner: ModelRunner) -> GraphSizes:
+    """The steps the runner replays as CUDA graphs (graphs built with capture=False run eagerly)."""
+    def captured(graphs) -> tuple[int, ...]:
+        return tuple(graphs.sizes) if graphs is not None and graphs.captured else ()
+
+    return GraphSizes(captured(runner.graphs), captured(runner.prefill_graphs))
+
+
+def describe_device(device: torch.device, dtype: torch.dtype) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return f"{name}, {str(dtype).removeprefix('torch.')}"
+
+
+@contextlib.contextmanager
+def graphs_detached(runner: ModelRunner, detach: bool) -> Iterator[None]:
+    """With detach, the runner holds no graphs for the duration, so every step runs eagerly."""
+    if not detach:
+        yield
+        return
+    held = runner.graphs, runner.prefill_graphs
+    runner.graphs = runner.prefill_graphs = None
+    try:
+        yield
+    finally:
+        runner.graphs, runner.prefill_graphs = held
+
+
 class EngineExecutor:
     def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig) -> None:
@@ -106,7 +137,8 @@ class EngineExecutor:
         self.workers = None
         self.group = None
         device = resolve_device(engine_config.device)
-        tp = engine_config.tensor_parallel_size
+        execution = engine_config.execution
+        tp = execution.tensor_parallel_size
         if tp > 1:
             check_tensor_parallel(engine_config, device)
             if device.type == "cuda":
@@ -116,14 +148,12 @@ class EngineExecutor:
                                         engine_dtype(engine_config, device))
         self.attention_backend = backend.name
         self._spin_cycles_per_s: float | None = None  # hold_device's calibration
-        # steps overlapped by the core loop (engine.overlap): it looks for this attribute
-        self.overlaps_steps = engine_config.async_scheduling == "on" or (
-            engine_config.async_scheduling == "auto" and device.type == "cuda" and tp == 1)
-        self.uses_cuda_graphs = (device.type == "cuda" and not engine_config.enforce_eager
+        self._hooks = StepHooks()
+        self.uses_cuda_graphs = (device.type == "cuda" and not execution.enforce_eager
                                  and backend.supports_decode_graphs())
-        self.prefill_graph_tokens = engine_config.prefill_graph_tokens if (
+        self.prefill_graph_tokens = execution.prefill_graph_tokens if (
             self.uses_cuda_graphs and backend.supports_prefill_graphs()) else 0
-        if device.type == "cuda" and not engine_config.enforce_eager and not self.uses_cuda_graphs:
+        if device.type == "cuda" and not execution.enforce_eager and not self.uses_cuda_graphs:
             log.warning("attention backend %r cannot be captured in a CUDA graph: decode steps run eagerly",
                         backend.name)
         try:
@@ -151,13 +181,13 @@ class EngineExecutor:
             self.shutdown()
             raise
         self.hf_config = self.runner.hf_config
-        self._spec = KVCacheSpec(self.runner.num_blocks, self.runner.block_size)
-        self.vocab_size = self.runner.arch.vocab_size
-        self.eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)
         self._tokenizer = None
-        if not self.eos_token_ids and self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids = (self.tokenizer.eos_token_id,)
-        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+        eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)
+        if not eos_token_ids and self.tokenizer.eos_token_id is not None:
+            eos_token_ids = (self.tokenizer.eos_token_id,)
+        self._info = BackendInfo(self.runner.num_blocks, self.runner.block_size, self.runner.arch.vocab_size,
+                                 eos_token_ids, execution.overlaps_steps(device.type == "cuda"),
+                                 captured_graph_sizes(self.runner), describe_device(device, self.runner.dtype))
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()
@@ -182,12 +212,13 @@ class EngineExecutor:
         cfg = self.config
         apply_safe_env()  # before the spawn: children inherit it
         port = free_port()
-        specs = [WorkerSpec(rank, cfg.tensor_parallel_size, port, cfg, scheduler_config, cache_config,
+        tp = cfg.execution.tensor_parallel_size
+        specs = [WorkerSpec(rank, tp, port, cfg, scheduler_config, cache_config,
                             self.device.type, TP_TIMEOUT_S, torch.get_num_threads())
-                 for rank in range(1, cfg.tensor_parallel_size)]
+                 for rank in range(1, tp)]
         self.workers = Workers(specs)
         self.workers.replies("start")  # every worker imported its stack and is about to join
-        self.group = DistGroup(0, cfg.tensor_parallel_size, port, self.device, TP_TIMEOUT_S)
+        self.group = DistGroup(0, tp, port, self.device, TP_TIMEOUT_S)
 
     @property
     def tokenizer(self):
@@ -198,14 +229,21 @@ class EngineExecutor:
             self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)
         return self._tokenizer
 
-    def kv_cache_spec(self) -> KVCacheSpec:
-        return self._spec
+    def info(self) -> BackendInfo:
+        return self._info
+
+    def observe(self, hook: StepHook) -> None:
+        self._hooks.add(hook)
 
     def execute(self, plan: StepPlan) -> StepResult:
         if self.runner is None:
             raise RuntimeError("EngineExecutor.execute() after shutdown()")
+        return self._hooks.executed(plan, self._run_step)
+
+    def _run_step(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
-        tokens = self.runner.execute(plan, self.workers.send_batch if self.workers else None)
+        with graphs_detached(self.runner, not plan.use_cuda_graphs):
+            tokens = self.runner.execute(plan, self.workers.send_batch if self.workers else None)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepResult(tokens, time.perf_counter() - start)
@@ -226,12 +264,16 @@ class EngineExecutor:
         torch.cuda._sleep(int(seconds * self._spin_cycles_per_s))
         return True
 
-    def submit(self, plan: StepPlan):
+    def submit(self, plan: StepPlan) -> PendingStep:
         """Queue the step and return a PendingTokens (engine.overlap); the loop uses this when
-        overlaps_steps is True."""
+        info().overlaps_steps is True."""
         if self.runner is None:
             raise RuntimeError("EngineExecutor.submit() after shutdown()")
-        return self.runner.submit(plan)
+        return self._hooks.submitted(plan, self._queue_step)
+
+    def _queue_step(self, plan: StepPlan) -> PendingStep:
+        with graphs_detached(self.runner, not plan.use_cuda_graphs):
+            return self.runner.submit(plan)
 
     def shutdown(self) -> None:
         """Release the KV cache, the weights and the workers; no steps can run afterwards."""

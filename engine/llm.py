@@ -18,21 +18,21 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
-from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from engine.core.loop import RunResult, StepRecord, WallClock, run
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import make_scheduler
+from engine.core.policies import make_scheduler
 from engine.executor import EngineExecutor, max_position_embeddings
 from engine.outputs import RequestOutput, ThroughputMeter
 
-_CONFIGS = (EngineConfig, SchedulerConfig, CacheConfig)
-_FIELDS = {cls: {f.name for f in dataclasses.fields(cls)} - {"model"} for cls in _CONFIGS}
+_CONFIGS = (EngineConfig, ExecutionConfig, SchedulerConfig, CacheConfig)
+_FIELDS = {cls: {f.name for f in dataclasses.fields(cls)} - {"model", "execution"} for cls in _CONFIGS}
 
 
-def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
-    """Route LLM() keyword arguments to EngineConfig, SchedulerConfig and CacheConfig."""
-    parts: tuple[dict, dict, dict] = ({}, {}, {})
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict, dict, dict, dict]:
+    """Route LLM() keyword arguments to EngineConfig, ExecutionConfig, SchedulerConfig and CacheConfig."""
+    parts: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
     for name, value in kwargs.items():
         for part, cls in zip(parts, _CONFIGS):
             if name in _FIELDS[cls]:
@@ -46,8 +46,9 @@ def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
 
 class LLM:
     """A model served by the engine; see the module docstring. Keyword arguments are the fields
-    of EngineConfig (dtype, device, attention_backend, enforce_eager, gpu_memory_utilization,
-    tensor_parallel_size, seed, fused_kernels, async_scheduling), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
+    of EngineConfig (dtype, device, attention_backend, fused_kernels, balanced_decode), ExecutionConfig
+    (enforce_eager, async_scheduling, prefill_graph_tokens, max_graph_batch_size,
+    tensor_parallel_size, seed, gpu_memory_utilization), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
     max_model_len, enable_chunked_prefill) and CacheConfig (block_size, num_blocks,
     enable_prefix_caching). max_model_len defaults to the smaller of SchedulerConfig's default
     and the model's max_position_embeddings; max_num_seqs to the smaller of its default and
@@ -55,7 +56,7 @@ class LLM:
     """
 
     def __init__(self, model: str | Path, **kwargs: Any) -> None:
-        engine_kw, scheduler_kw, cache_kw = split_kwargs(kwargs)
+        engine_kw, execution_kw, scheduler_kw, cache_kw = split_kwargs(kwargs)
         model = str(model)
         max_positions = max_position_embeddings(model)
         # a larger explicit max_model_len is refused by EngineExecutor, for every caller
@@ -64,12 +65,11 @@ class LLM:
         budget = scheduler_kw.get("max_num_batched_tokens")
         if "max_num_seqs" not in scheduler_kw and _is_int(budget) and budget < SchedulerConfig.max_num_seqs:
             scheduler_kw["max_num_seqs"] = max(budget, 1)  # a small budget alone should not be an error
-        self.engine_config = EngineConfig(model=model, **engine_kw)
+        self.engine_config = EngineConfig(model=model, execution=ExecutionConfig(**execution_kw), **engine_kw)
         self.scheduler_config = SchedulerConfig(**scheduler_kw)
         self.cache_config = CacheConfig(**cache_kw)
         self.executor = EngineExecutor(self.engine_config, self.scheduler_config, self.cache_config)
-        self.scheduler = make_scheduler(self.scheduler_config, self.executor.kv_cache_spec(), self.cache_config,
-                                        self.executor.eos_token_id)
+        self.scheduler = make_scheduler(self.scheduler_config, self.executor.info(), self.cache_config)
         self.last_run: RunResult | None = None  # steps and timings of the latest generate()
         self._next_id = 0
 
@@ -155,7 +155,7 @@ class LLM:
             return [], f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
         if not token_ids:
             return [], "empty prompt: at least one token is needed"
-        vocab = self.executor.vocab_size
+        vocab = self.executor.info().vocab_size
         bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < vocab), None)
         if bad is not None:
             return token_ids, (f"token id {token_ids[bad]} at position {bad} is outside the vocabulary "
@@ -164,7 +164,7 @@ class LLM:
 
     def _with_eos_stops(self, params: SamplingParams) -> SamplingParams:
         # The scheduler stops on one eos id; the checkpoint's others become stop tokens.
-        extra = [t for t in self.executor.eos_token_ids[1:] if t not in params.stop_token_ids]
+        extra = [t for t in self.executor.info().eos_token_ids[1:] if t not in params.stop_token_ids]
         if params.ignore_eos or not extra:
             return params
         return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + tuple(extra))

@@ -1,7 +1,7 @@
 """Overlapped steps: the runner queues step N+1 on the device before step N's tokens are read.
 
 The core plans step N+1 while step N runs (engine.core.loop), so a request that sampled in step N
-decodes in step N+1 with engine.core.scheduler.PLACEHOLDER as its input token. The runner keeps
+decodes in step N+1 with engine.core.plan.PLACEHOLDER as its input token. The runner keeps
 step N's sampled ids on the device and copies each one into the input row of its placeholder
 (an index_select and an index_copy queued before the forward: no host sync). The sampled ids go
 to a pinned host buffer by a non-blocking copy; PendingTokens.result() waits on an event
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from engine.core.plan import StepPlan, StepResult
-from engine.core.scheduler import PLACEHOLDER
+from engine.core.plan import PLACEHOLDER
 from engine.host_staging import HostStaging
 from engine.step_sampling import tokens_per_entry
 

@@ -42,7 +42,7 @@ def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  device: torch.device, group=None) -> ModelRunner:
     """Load this rank's model (the whole model when group is None) and wrap it in a runner. Every
     rank resolves engine_config.attention_backend from the same inputs, so all run the same one."""
-    tp = engine_config.tensor_parallel_size
+    tp = engine_config.execution.tensor_parallel_size
     backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size,
                                     engine_dtype(engine_config, device))
     model, hf_config = load_model(

@@ -27,9 +27,9 @@ import torch
 from engine.batch import HostBatch, build_host_batch
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.graph_sizes import prefill_graph_sizes
+from engine.core.graph_sizes import decode_graph_sizes, prefill_graph_sizes
 from engine.core.plan import StepPlan
-from engine.cuda_graph import DecodeGraphs, graph_batch_sizes
+from engine.cuda_graph import DecodeGraphs
 from engine.host_staging import HostStaging
 from engine.kv_sizing import MemoryProfile, cpu_kv_blocks, profile_memory, profiled_kv_blocks, warm_up
 from engine.layers.fused import set_fused_kernels
@@ -65,7 +65,7 @@ class ModelRunner:
         # NOTE: under tensor parallelism a rank holds only its share of the KV heads; the model knows
         # how many (it may replicate heads when there are fewer than ranks).
         self.num_kv_heads = getattr(model, "num_kv_heads", None) or max(
-            1, self.arch.num_kv_heads // engine_config.tensor_parallel_size)
+            1, self.arch.num_kv_heads // engine_config.execution.tensor_parallel_size)
         self.max_blocks_per_seq = -(-scheduler_config.max_model_len // self.block_size)
         # Decode steps tell the Triton decode kernel their fair share of keys per program, so
         # that a ragged batch costs what an even one of the same total does (kernels.decode_split).
@@ -74,7 +74,7 @@ class ModelRunner:
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.balance_decode else 0
         # before any graph capture: graphs replay whichever elementwise kernels the layers use
         set_fused_kernels(model, engine_config.fused_kernels, self.device)
-        self.sampler = Sampler(engine_config.seed, self.device, engine_config.fused_kernels)
+        self.sampler = Sampler(engine_config.execution.seed, self.device, engine_config.fused_kernels)
         self.staging = HostStaging(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -102,7 +102,7 @@ class ModelRunner:
             return self.cache_config.num_blocks
         if self.device.type == "cuda":
             self.memory_profile = profile_memory(self, graph_reserve)
-            return profiled_kv_blocks(self.memory_profile, self.engine_config.gpu_memory_utilization,
+            return profiled_kv_blocks(self.memory_profile, self.engine_config.execution.gpu_memory_utilization,
                                       self.block_bytes, self.block_size, self.max_blocks_per_seq)
         return cpu_kv_blocks(self.block_bytes, self.max_blocks_per_seq, self.scheduler_config.max_num_seqs)
 
@@ -134,7 +134,8 @@ class ModelRunner:
         self.graphs = None  # release the old graphs' memory pool before capturing the new ones
         # into the prefill graphs' pool where they were captured first: one pool for all
         pool = self.prefill_graphs.pool if self.prefill_graphs is not None else None
-        graphs = DecodeGraphs(self.model, self.kv_caches, graph_batch_sizes(self.scheduler_config.max_num_seqs),
+        graphs = DecodeGraphs(self.model, self.kv_caches, decode_graph_sizes(self.scheduler_config.max_num_seqs,
+                                                 self.engine_config.execution.max_graph_batch_size),
                               self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture,
                               self.balance_decode)
         graphs.capture(pool)

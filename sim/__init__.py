@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.plan import KVCacheSpec
+from engine.core.executor import BackendInfo
+from engine.core.graph_sizes import planned_graph_sizes
 from sim.config import SimConfig
 from sim.cost_model import CostModel, make_cost_model
 from sim.executor import SimExecutor
-from sim.features import FEATURE_COLUMNS, GraphSizes, cuda_graph_batch_sizes, step_features
+from sim.features import FEATURE_COLUMNS, step_features
 from sim.memory import estimate_activation_bytes, plan_num_blocks
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel, holdout_validation, relative_errors
 from sim.roofline import RooflineCostModel
@@ -17,20 +18,28 @@ from sim.specs import HardwareSpec, ModelSpec
 def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, cache: CacheConfig,
                        scheduler: SchedulerConfig) -> SimExecutor:
     """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned."""
+    execution = sim.execution
     num_blocks = cache.num_blocks
     if num_blocks is None:
-        num_blocks = plan_num_blocks(model, hardware, cache.block_size, sim.gpu_memory_utilization,
-                                     sim.activation_reserve_bytes, sim.tp_size, scheduler.max_num_batched_tokens,
-                                     scheduler.max_num_seqs)
-    cost_model = make_cost_model(model, hardware, sim,
-                                 sim.graph_sizes(scheduler.max_num_seqs, scheduler.max_num_batched_tokens))
-    vocab_size = model.vocab_size if sim.vocab_size is None else sim.vocab_size
-    return SimExecutor(cost_model, KVCacheSpec(num_blocks, cache.block_size), vocab_size, sim.seed, sim.eos_token_id,
-                       sim.async_scheduling)
+        num_blocks = plan_num_blocks(model, hardware, cache.block_size, execution.gpu_memory_utilization,
+                                     sim.activation_reserve_bytes, execution.tensor_parallel_size,
+                                     scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
+    graphs = planned_graph_sizes(execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
+    cost_model = make_cost_model(model, hardware, sim, graphs)
+    info = BackendInfo(
+        num_blocks=num_blocks,
+        block_size=cache.block_size,
+        vocab_size=model.vocab_size if sim.vocab_size is None else sim.vocab_size,
+        eos_token_ids=() if sim.eos_token_id is None else (sim.eos_token_id,),
+        overlaps_steps=execution.overlaps_steps(on_cuda=True),  # it simulates a CUDA device
+        graph_sizes=graphs,
+        device=f"simulated {hardware.name}",
+    )
+    return SimExecutor(cost_model, info, execution.seed)
 
 
 __all__ = [
-    "FEATURE_COLUMNS", "CostModel", "ExtrapolationWarning", "GraphSizes", "HardwareSpec", "ModelSpec", "ProfiledCostModel",
-    "RooflineCostModel", "SimConfig", "SimExecutor", "build_sim_executor", "cuda_graph_batch_sizes",
+    "FEATURE_COLUMNS", "CostModel", "ExtrapolationWarning", "HardwareSpec", "ModelSpec", "ProfiledCostModel",
+    "RooflineCostModel", "SimConfig", "SimExecutor", "build_sim_executor",
     "estimate_activation_bytes", "holdout_validation", "plan_num_blocks", "relative_errors", "step_features",
 ]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from sim.config import SimConfig
-from sim.features import GraphSizes
 from sim.profiled import ProfiledCostModel
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
@@ -26,7 +26,7 @@ class CostModel(Protocol):
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
                     graphs: GraphSizes | Sequence[int] = ()) -> CostModel:
     if sim.cost_model == "roofline":
-        return RooflineCostModel(model, hardware, sim.tp_size)
+        return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size)
     # NOTE: a profile is specific to the model, hardware and tp_size it was measured with; those
     # arguments only choose the CSV, through the config that named it.
     return ProfiledCostModel.load(sim.profile_path, graphs)

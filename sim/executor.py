@@ -6,8 +6,9 @@ regenerates the same tokens when recomputed, and a run is reproducible. The end-
 is never drawn: a simulator cannot know when a model would stop, so output lengths come from
 max_tokens (the workload's).
 
-With overlaps_steps (SimConfig.async_scheduling) the core loop plans each step before the
-previous one's tokens are read, as the engine does on CUDA; submit() prices the step at once.
+When its BackendInfo says overlaps_steps (ExecutionConfig.async_scheduling), the core loop plans
+each step before the previous one's tokens are read, as the engine does on CUDA; submit() prices
+the step at once and hands it back completed.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from engine.core.plan import KVCacheSpec, StepPlan, StepResult
+from engine.core.executor import BackendInfo, CompletedStep, PendingStep, StepHook, StepHooks
+from engine.core.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
     from sim.cost_model import CostModel
 
 
 class SimExecutor:
-    def __init__(self, cost_model: CostModel, kv_spec: KVCacheSpec, vocab_size: int, seed: int = 0,
-                 eos_token_id: int | None = None, overlaps_steps: bool = False) -> None:
+    def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0) -> None:
+        vocab_size = info.vocab_size
+        eos_token_id = info.eos_token_id
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
             raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
@@ -32,22 +35,33 @@ class SimExecutor:
         if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
             raise ValueError(f"eos_token_id must be in [0, vocab_size={vocab_size}) or None, got {eos_token_id!r}")
         self.cost_model = cost_model
-        self.vocab_size = vocab_size
         self.seed = seed
-        self.eos_token_id = eos_token_id
-        self._kv_spec = kv_spec
+        self._info = info
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
-        self.overlaps_steps = overlaps_steps
+        self._hooks = StepHooks()
 
-    def kv_cache_spec(self) -> KVCacheSpec:
-        return self._kv_spec
+    def info(self) -> BackendInfo:
+        return self._info
 
     def execute(self, plan: StepPlan) -> StepResult:
+        return self._hooks.executed(plan, self._price)
+
+    def submit(self, plan: StepPlan) -> PendingStep:
+        """A simulated step is priced when submitted; the loop reads it one step later."""
+        return self._hooks.submitted(plan, lambda p: CompletedStep(self._price(p)))
+
+    def observe(self, hook: StepHook) -> None:
+        self._hooks.add(hook)
+
+    def hold_device(self, seconds: float) -> bool:
+        return False  # no device queue to hold
+
+    def _price(self, plan: StepPlan) -> StepResult:
         seeds = self._request_seeds
         for request_id in plan.released_ids:
             seeds.pop(request_id, None)
-        vocab = self.vocab_size
-        eos = self.eos_token_id
+        vocab = self._info.vocab_size
+        eos = self._info.eos_token_id
         hash_int = xxhash.xxh64_intdigest
         tokens = []
         for entry in plan.scheduled:
@@ -65,20 +79,5 @@ class SimExecutor:
             tokens.append(token)
         return StepResult(tokens, self.cost_model.step_time(plan))
 
-    def submit(self, plan: StepPlan) -> _Priced:
-        return _Priced(self.execute(plan))
-
     def shutdown(self) -> None:
         self._request_seeds.clear()
-
-
-class _Priced:
-    """A simulated step is priced when submitted; the loop reads it one step later."""
-
-    __slots__ = ("_result",)
-
-    def __init__(self, result: StepResult) -> None:
-        self._result = result
-
-    def result(self) -> StepResult:
-        return self._result

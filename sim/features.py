@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from engine.core.graph_sizes import padded_size
+from engine.core.graph_sizes import GraphSizes, padded_size
 from engine.core.plan import StepPlan
 
 FEATURE_COLUMNS = (
@@ -25,43 +24,15 @@ FEATURE_COLUMNS = (
     "prefill_context_tokens",   # tokens already cached before each prefill chunk (prefix hits, earlier chunks)
     "prefill_attention_pairs",  # causal (query, key) pairs of prefill chunks: sum n*c + n(n+1)/2
     "decode_context_tokens",    # KV tokens read by decodes, their own new token included
-    "cuda_graph",               # 1 if the step runs as a captured CUDA graph (see GraphSizes)
+    "cuda_graph",               # 1 if the step runs as a captured CUDA graph (engine.core.graph_sizes)
     "graph_batch_size",         # the rows the GPU really runs: under a graph, padded to its captured size
                                 # (sequences of a decode step, tokens of a prefill or mixed step)
 )
 
 
-@dataclass(frozen=True)
-class GraphSizes:
-    """The steps the engine replays as CUDA graphs: decode-only steps of up to decode[-1] sequences
-    (padded to the next of these batch sizes) and other steps of up to prefill[-1] tokens (padded
-    to the next of these token counts, engine.core.graph_sizes). Empty: eager."""
-
-    decode: tuple[int, ...] = ()
-    prefill: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "decode", tuple(sorted(self.decode)))
-        object.__setattr__(self, "prefill", tuple(sorted(self.prefill)))
-
-    def __bool__(self) -> bool:
-        return bool(self.decode or self.prefill)
-
-
 def as_graph_sizes(sizes: GraphSizes | Sequence[int]) -> GraphSizes:
     """GraphSizes as given, or from a plain sequence of decode batch sizes (no prefill graphs)."""
     return sizes if isinstance(sizes, GraphSizes) else GraphSizes(decode=tuple(sizes))
-
-
-def cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
-    """Batch sizes a nano-vllm-style runner captures: 1, 2, 4, 8, then every multiple of 16."""
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 0:
-        raise ValueError(f"max_batch_size must be an int >= 0 (0: no CUDA graphs), got {max_batch_size!r}")
-    sizes = [b for b in (1, 2, 4, 8) if b <= max_batch_size]
-    sizes += range(16, max_batch_size + 1, 16)
-    if max_batch_size and sizes[-1] != max_batch_size:
-        sizes.append(max_batch_size)  # a cap between multiples of 16 is captured too
-    return tuple(sizes)
 
 
 def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> dict[str, int]:
@@ -70,9 +41,9 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> di
     graphs: what the engine captured (GraphSizes; a plain sequence: decode batch sizes only;
     empty when running eager). A decode-only step whose batch fits the largest decode graph runs
     as the graph of the next size up; another step whose tokens fit the largest prefill graph
-    likewise.
+    likewise. A plan with use_cuda_graphs False runs eager whatever its size.
     """
-    graphs = as_graph_sizes(graphs)
+    graphs = as_graph_sizes(graphs) if plan.use_cuda_graphs else GraphSizes()
     prefill_tokens = decode = sampled = seeded = prefill_context = pairs = decode_context = 0
     for entry in plan.scheduled:
         n = len(entry.token_ids)

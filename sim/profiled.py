@@ -44,8 +44,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.features import GraphSizes, as_graph_sizes, step_features
+from sim.features import as_graph_sizes, step_features
 from sim.piecewise import PiecewiseLinearFit
 
 # regime -> (size feature, linear features)

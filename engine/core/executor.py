@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
 from typing import Protocol
 
 from engine.core.graph_sizes import GraphSizes

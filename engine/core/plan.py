@@ -75,6 +75,9 @@ class StepPlan:
     preempted_ids: list[str] = field(default_factory=list)
     # Requests that finished or were aborted since the previous plan: backends drop their state.
     released_ids: list[str] = field(default_factory=list)
+    # False: run the step eagerly even where a captured CUDA graph would fit it (a profiler timing
+    # eager steps sets it; the scheduler never does). Step features follow it, so the simulator too.
+    use_cuda_graphs: bool = True
 
     @property
     def is_empty(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core import KVCacheSpec, Request, SamplingParams, SchedulerConfig, make_scheduler
+from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.loop import SimulatedClock, run
 from tests.core.fakes import FakeExecutor
 
