@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.config import CONF_DIR
+from harness.config import CONF_DIR, moved_override
 from harness.convert import ConfigError
 from harness.workloads import TraceError
 
@@ -34,4 +34,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if (moved := moved_override(sys.argv[1:])) is not None:
+        print(f"error: {moved}", file=sys.stderr)
+        raise SystemExit(2)
     main()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from harness.config import REPO_ROOT
+from harness.paths import REPO_ROOT
 from harness.convert import ConfigError
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
+from engine.core import BackendInfo, ExecutionConfig, GraphSizes
 from harness import compare_tables as tables
-from sim.features import GraphSizes
 from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
@@ -84,34 +84,29 @@ class KeepAlive:
     def __init__(self, inner) -> None:
         self.inner = inner
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    def kv_cache_spec(self):
-        return self.inner.kv_cache_spec()
+    def info(self) -> BackendInfo:
+        return self.inner.info()
 
     def execute(self, plan):
         return self.inner.execute(plan)
+
+    def submit(self, plan):
+        return self.inner.submit(plan)
+
+    def observe(self, hook) -> None:
+        self.inner.observe(hook)
+
+    def hold_device(self, seconds: float) -> bool:
+        return self.inner.hold_device(seconds)
 
     def shutdown(self) -> None:
         pass
 
 
-def engine_meta(executor, outcome: RunOutcome) -> dict:
-    runner = getattr(executor, "runner", None)
-    device = str(getattr(executor, "device", "?"))
-    try:
-        import torch
-
-        if device.startswith("cuda"):
-            device = torch.cuda.get_device_name()
-    except Exception:  # noqa: BLE001 (metadata only)
-        pass
-    config = getattr(executor, "config", None)
+def engine_meta(info: BackendInfo, rc: RunConfig, outcome: RunOutcome) -> dict:
     return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_sizes.decode),
-            "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": device,
-            "async_scheduling": bool(getattr(executor, "overlaps_steps", False)),
-            "dtype": str(getattr(runner, "dtype", "?")), "engine_config": dataclasses.asdict(config) if config else {}}
+            "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": info.device,
+            "async_scheduling": info.overlaps_steps, "engine_config": dataclasses.asdict(rc.engine)}
 
 
 def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool, plots: bool,
@@ -150,7 +145,7 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
     except BaseException:
         executor.shutdown()
         raise
-    meta = engine_meta(executor, outcome)
+    meta = engine_meta(executor.info(), rc, outcome)
     meta.update(workload=dataclasses.asdict(rc.workload), scheduler=dataclasses.asdict(rc.scheduler),
                 cache=dataclasses.asdict(rc.cache))
     write_outcome(outcome, out_dir / "engine", plots)
@@ -161,11 +156,10 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
 def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) -> Path:
     from harness.calibration import fit_calibration
     from harness.profiling import ProfileGrid, profile_executor
-    from harness.recording import graph_sizes_of
 
-    sizes = graph_sizes_of(executor, rc)
+    sizes = executor.info().graph_sizes
     grid = ProfileGrid.quick() if cc.grid == "quick" else ProfileGrid()
-    profile = profile_executor(executor, rc.scheduler, grid, sizes)
+    profile = profile_executor(executor, rc.scheduler, grid)
     out_dir.mkdir(parents=True, exist_ok=True)
     profile.to_csv(out_dir / "profile.csv", index=False)
     fit_calibration(profile, None, sizes).to_csv(out_dir / "profile_model.csv")
@@ -184,18 +178,24 @@ def describe(graphs: GraphSizes) -> str:
     return decode + (f", prefill up to {graphs.prefill[-1]} tokens" if graphs.prefill else ", prefill eager")
 
 
+def engine_execution(meta: dict) -> ExecutionConfig:
+    """The execution settings under which the simulator replays a saved engine run: the graphs
+    the engine captured (engine.core.graph_sizes maps them back to the settings exactly), its
+    overlap (runs saved before async scheduling ran their steps one at a time) and its TP size."""
+    graphs = engine_graph_sizes(meta)
+    engine_config = meta.get("engine_config") or {}
+    tp = (engine_config.get("execution") or engine_config).get("tensor_parallel_size", 1)
+    return ExecutionConfig(enforce_eager=not graphs, async_scheduling=bool(meta.get("async_scheduling", False)),
+                           prefill_graph_tokens=max(graphs.prefill, default=0),
+                           max_graph_batch_size=max(graphs.decode, default=ExecutionConfig.max_graph_batch_size),
+                           tensor_parallel_size=tp)
+
+
 def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:
     from sim.config import SimConfig
 
-    graphs = engine_graph_sizes(meta)
-    tp = (meta.get("engine_config") or {}).get("tensor_parallel_size", 1)
-    # runs saved before async scheduling existed ran their steps one at a time
     sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
-                    tp_size=tp, enforce_eager=not graphs, max_cuda_graph_batch_size=max(graphs.decode, default=512),
-                    prefill_graph_tokens=max(graphs.prefill, default=0),
-                    async_scheduling=bool(meta.get("async_scheduling", False)))
-    if graphs and sim.graph_sizes(rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens) != graphs:
-        log.warning("the engine captured graph sizes %s, which the simulator's rule does not reproduce", graphs)
+                    execution=engine_execution(meta))
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
 

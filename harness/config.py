@@ -4,6 +4,7 @@ Layout of the composed config (conf/config.yaml):
   model, hardware      -> sim.specs.ModelSpec, HardwareSpec (the simulator prices with them)
   scheduler, cache     -> engine.core SchedulerConfig, CacheConfig
   workload             -> harness.workloads.WorkloadConfig
+  execution            -> engine.core ExecutionConfig, built once and handed to either backend
   backend              -> name "sim" + SimConfig fields, or name "engine" + EngineConfig fields
   study                -> StudyConfig: what to do with it (one run, a sweep, a capacity search, the bench)
   output               -> OutputConfig
@@ -18,13 +19,25 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from engine.core import CacheConfig, SchedulerConfig
+from engine.core import CacheConfig, ExecutionConfig, SchedulerConfig
+from harness.checkpoints import default_checkpoint_dir
 from harness.convert import ConfigError, to_dataclass
+from harness.paths import CONF_DIR, REPO_ROOT
 from harness.workloads import WorkloadConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO_ROOT / "conf"
+__all__ = ["CONF_DIR", "REPO_ROOT", "RunConfig", "build_run_config", "build_study", "existing_path", "section"]
 BACKENDS = ("sim", "engine")
+# Keys of the backend groups that live in the shared execution section.
+MOVED_KEYS = {
+    "enforce_eager": "execution.enforce_eager",
+    "async_scheduling": "execution.async_scheduling",
+    "prefill_graph_tokens": "execution.prefill_graph_tokens",
+    "max_cuda_graph_batch_size": "execution.max_graph_batch_size",
+    "tensor_parallel_size": "execution.tensor_parallel_size",
+    "tp_size": "execution.tensor_parallel_size",
+    "seed": "execution.seed",
+    "gpu_memory_utilization": "execution.gpu_memory_utilization",
+}
 STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare")
 
 
@@ -143,6 +156,10 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     name = backend.pop("name", None)
     if name not in BACKENDS:
         raise ConfigError(f"backend.name must be one of {BACKENDS}, got {name!r}")
+    for key in backend:
+        if key in MOVED_KEYS:
+            raise ConfigError(f"backend.{key} is not a backend setting: set {MOVED_KEYS[key]} (shared by both backends)")
+    backend["execution"] = to_dataclass(ExecutionConfig, section(cfg, "execution"), "execution")
     sim_cfg = engine_cfg = None
     if name == "sim":
         if backend.get("profile_path"):
@@ -150,8 +167,6 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         sim_cfg = to_dataclass(SimConfig, backend, "backend")
     else:
         from engine.config import EngineConfig
-
-        from harness.checkpoints import default_checkpoint_dir
 
         if backend.get("model") is None:
             backend["model"] = str(default_checkpoint_dir(model_spec(section(cfg, "model"))))
@@ -168,6 +183,17 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         sim=sim_cfg,
         engine=engine_cfg,
     )
+
+
+def moved_override(overrides: list[str]) -> str | None:
+    """The error for a command-line override of a key that moved to the execution section (Hydra
+    itself would only say the key is unknown), None when there is none."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        group, _, field = key.partition(".")
+        if group == "backend" and field in MOVED_KEYS:
+            return f"{key} is not a backend setting: set {MOVED_KEYS[field]} (shared by both backends)"
+    return None
 
 
 def build_study(cfg: DictConfig) -> tuple[StudyConfig, OutputConfig]:

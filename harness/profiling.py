@@ -24,19 +24,20 @@ pool are skipped: a real run cannot produce them either.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from engine.core.config import SchedulerConfig
+from engine.core.executor import Executor
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
-from sim.features import GraphSizes, as_graph_sizes, step_features
+from sim.features import step_features
 
 TEMPERATURE = 0.6  # the workloads' default; like theirs, every request carries its own seed
 MAX_TOKEN_ID = 10000
@@ -153,7 +154,7 @@ def build_plan(entries: list[Entry], spec: KVCacheSpec, sched: SchedulerConfig,
     return StepPlan(scheduled, stats)
 
 
-def time_plan(executor, plan: StepPlan, grid: ProfileGrid) -> list[float]:
+def time_plan(executor: Executor, plan: StepPlan, grid: ProfileGrid) -> list[float]:
     for _ in range(grid.warmup):
         executor.execute(plan)
     durations: list[float] = []
@@ -172,11 +173,11 @@ class OverlappedTiming:
     gpu_s: float | None  # mean span with the device held busy until every launch was queued
 
 
-def time_plan_overlapped(executor, plan: StepPlan, grid: ProfileGrid) -> OverlappedTiming:
+def time_plan_overlapped(executor: Executor, plan: StepPlan, grid: ProfileGrid) -> OverlappedTiming:
     """Time a shape as an overlapping executor serves it: each repeat submitted before the
     previous one's result is read. Also the two things that decide how much of a launch-bound
     step the previous step hides (sim.profiled): the host time of submit() and, where the
-    executor can hold its device (hold_device), the device time alone."""
+    executor can hold its device (hold_device() returns True), the device time alone."""
     for _ in range(grid.warmup):
         executor.execute(plan)
     durations: list[float] = []
@@ -201,63 +202,52 @@ def time_plan_overlapped(executor, plan: StepPlan, grid: ProfileGrid) -> Overlap
         pending.result()  # the device must be done with it before the next shape's blocks are reused
     launch = statistics.median(launches)
     gpu = None
-    hold = getattr(executor, "hold_device", None)
     # the hold must outlast the launches, so that the step's work queues up behind it
-    if hold is not None and hold(2 * launch + 0.005):
+    if executor.hold_device(2 * launch + 0.005):
         spans = [executor.submit(plan).result().duration_s]
-        hold(2 * launch + 0.005)
+        executor.hold_device(2 * launch + 0.005)
         spans.append(executor.submit(plan).result().duration_s)
         gpu = min(spans)
     return OverlappedTiming(durations, launch, gpu)
 
 
-@contextlib.contextmanager
-def graphs_bypassed(executor) -> Iterator[None]:
-    """Run steps eagerly on an executor that captured CUDA graphs (the runner replays a graph
-    only while it holds them), decode and prefill graphs alike."""
-    runner = executor.runner
-    held = runner.graphs, runner.prefill_graphs
-    runner.graphs = runner.prefill_graphs = None
-    try:
-        yield
-    finally:
-        runner.graphs, runner.prefill_graphs = held
-
-
-def profile_executor(executor, sched: SchedulerConfig, grid: ProfileGrid, graphs: GraphSizes | Sequence[int] = (),
-                     progress=None) -> pd.DataFrame:
+def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGrid, progress=None) -> pd.DataFrame:
     """One row per timed shape: step features, duration_s (mean of the repeats, stalls left out) and
-    how it was measured."""
+    how it was measured. Decode shapes also run with use_cuda_graphs off where the executor replays
+    decode graphs (info().graph_sizes), so the table holds eager decode steps too."""
     rng = np.random.default_rng(grid.seed)
-    spec = executor.kv_cache_spec()
-    vocab = executor.vocab_size
-    graphs = as_graph_sizes(graphs)
+    info = executor.info()
+    spec = info.kv_cache_spec
     rows = []
     for shape_set, kind, entries in list(grid.shapes(sched, rng, spec)):
-        plan = build_plan(entries, spec, sched, rng, vocab)
+        plan = build_plan(entries, spec, sched, rng, info.vocab_size)
         if plan is None:
             continue
-        modes = [bool(graphs)]
-        if kind == "decode" and graphs.decode and (shape_set == "random" or len(entries) in grid.eager_decode_batches):
-            modes.append(False)
-        for with_graphs in modes:
-            extra = {}
-            with graphs_bypassed(executor) if not with_graphs and graphs else contextlib.nullcontext():
-                if getattr(executor, "overlaps_steps", False):
-                    timing = time_plan_overlapped(executor, plan, grid)
-                    durations = timing.durations
-                    extra = {"launch_s": timing.launch_s, "gpu_s": timing.gpu_s}
-                else:
-                    durations = time_plan(executor, plan, grid)
-            row = step_features(plan, graphs if with_graphs else ())
-            median = statistics.median(durations)
-            # The mean, as the clock sums step times (host-bound steps vary a lot between repeats);
-            # a repeat beyond STALL x the median is a collector pause, not the shape's cost.
-            kept = [d for d in durations if d <= STALL * median]
-            row.update(set=shape_set, kind=kind, duration_s=sum(kept) / len(kept), duration_median_s=median,
-                       duration_min_s=min(durations), duration_max_s=max(durations), repeats=len(durations),
-                       **extra)
-            rows.append(row)
+        plans = [plan]
+        if kind == "decode" and info.graph_sizes.decode and (
+                shape_set == "random" or len(entries) in grid.eager_decode_batches):
+            plans.append(dataclasses.replace(plan, use_cuda_graphs=False))
+        for timed in plans:
+            rows.append(_profile_row(executor, timed, grid, info.overlaps_steps, info.graph_sizes, shape_set, kind))
             if progress is not None:
-                progress(len(rows), row)
+                progress(len(rows), rows[-1])
     return pd.DataFrame(rows)
+
+
+def _profile_row(executor: Executor, plan: StepPlan, grid: ProfileGrid, overlapped: bool, graphs,
+                 shape_set: str, kind: str) -> dict:
+    extra = {}
+    if overlapped:
+        timing = time_plan_overlapped(executor, plan, grid)
+        durations = timing.durations
+        extra = {"launch_s": timing.launch_s, "gpu_s": timing.gpu_s}
+    else:
+        durations = time_plan(executor, plan, grid)
+    row = step_features(plan, graphs)
+    median = statistics.median(durations)
+    # The mean, as the clock sums step times (host-bound steps vary a lot between repeats);
+    # a repeat beyond STALL x the median is a collector pause, not the shape's cost.
+    kept = [d for d in durations if d <= STALL * median]
+    row.update(set=shape_set, kind=kind, duration_s=sum(kept) / len(kept), duration_median_s=median, duration_min_s=min(durations),
+               duration_max_s=max(durations), repeats=len(durations), **extra)
+    return row

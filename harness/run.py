@@ -16,14 +16,13 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from engine.core import Executor, make_scheduler
+from engine.core import Executor, GraphSizes, make_scheduler
 from engine.core.loop import SimulatedClock, WallClock, run
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.metrics import requests_frame, steps_frame, summarize
-from harness.recording import StepRecorder, graph_sizes_of
+from harness.recording import StepRecorder
 from harness.workloads import build_workload
-from sim.features import GraphSizes
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +60,14 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
             # The backend rejected the configuration (model does not fit, missing checkpoint, ...).
             raise ConfigError(f"backend={rc.backend}: {error}") from None
     try:
-        spec = executor.kv_cache_spec()
-        workload = build_workload(rc.workload, rc.scheduler.max_model_len, getattr(executor, "vocab_size", None))
-        scheduler = make_scheduler(rc.scheduler, spec, rc.cache, getattr(executor, "eos_token_id", None))
+        info = executor.info()
+        workload = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size)
+        scheduler = make_scheduler(rc.scheduler, info, rc.cache)
         wall = rc.backend == "engine"
         clock = WallClock() if wall else SimulatedClock()
-        graph_sizes = graph_sizes_of(executor, rc)
-        recorder = StepRecorder(graph_sizes, wall) if (wall if record is None else record) else None
+        recorder = StepRecorder(info.graph_sizes, wall) if (wall if record is None else record) else None
+        if recorder is not None:
+            executor.observe(recorder)
         total = len(workload.requests)
         bar = tqdm(total=total, desc=label or rc.workload.name, unit="req", disable=not progress,
                    mininterval=0.5, leave=False, dynamic_ncols=True)
@@ -77,11 +77,10 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
                 bar.update(len(finished))
 
         started = time.perf_counter()
-        loop_executor = executor
         if recorder is not None:
-            loop_executor, clock = recorder.wrap(executor, clock)
+            clock = recorder.watch(clock)
         with bar:
-            result = run(scheduler, loop_executor, workload.requests, clock, on_step)
+            result = run(scheduler, executor, workload.requests, clock, on_step)
         wall_s = time.perf_counter() - started
     finally:
         executor.shutdown()
@@ -105,8 +104,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         "num_skipped": workload.num_skipped,
         "wall_s": wall_s,
     }
-    summary = summarize(requests, steps, result.makespan_s, spec.num_blocks, extra)
-    return RunOutcome(requests, steps, summary, spec.num_blocks, dict(result.rejected), graph_sizes)
+    summary = summarize(requests, steps, result.makespan_s, info.num_blocks, extra)
+    return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes)
 
 
 def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True) -> None:

@@ -54,7 +54,11 @@ class ScheduledRequest:
 
 @dataclass(slots=True)
 class StepStats:
-    """What the step looked like when it was planned; one row of steps.csv."""
+    """What the step looked like when it was planned; one row of steps.csv.
+
+    num_running and num_free_blocks are counted after planning; an AsyncScheduler has by then
+    released the requests this step finishes by length, the plain Scheduler does so in update().
+    """
 
     step: int
     kind: str  # "prefill", "decode", "mixed" or "idle"

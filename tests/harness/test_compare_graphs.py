@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from engine.core.graph_sizes import prefill_graph_sizes
-from harness.compare import engine_graph_sizes, sim_run_config
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.core.config import ExecutionConfig
+from engine.core.graph_sizes import GraphSizes, planned_graph_sizes, prefill_graph_sizes
+from harness.compare import engine_execution, engine_graph_sizes, sim_run_config
 from harness.config import build_run_config
-from sim.features import GraphSizes
 from tests.harness.conftest import compose_config
 
 
@@ -15,6 +18,21 @@ def test_comparison_reads_the_engine_graph_sizes_back():
     assert engine_graph_sizes(meta) == GraphSizes((1, 2, 4, 8), prefill_graph_sizes(1024))
     rc = build_run_config(compose_config(["scheduler.max_num_seqs=8", "scheduler.max_num_batched_tokens=1024"]))
     sim = sim_run_config(rc, "roofline", None, meta).sim
-    assert sim.graph_sizes(8, 1024) == engine_graph_sizes(meta)
+    assert planned_graph_sizes(sim.execution, 8, 1024) == engine_graph_sizes(meta)
+    assert sim.execution.async_scheduling is True
     old = {k: v for k, v in meta.items() if k != "prefill_graph_sizes"}  # saved before prefill graphs
-    assert engine_graph_sizes(old).prefill == () and sim_run_config(rc, "roofline", None, old).sim.prefill_graph_tokens == 0
+    assert engine_graph_sizes(old).prefill == () and sim_run_config(rc, "roofline", None, old).sim.execution.prefill_graph_tokens == 0
+
+
+@given(st.booleans(), st.integers(0, 9000), st.integers(1, 1024), st.integers(1, 1024), st.integers(1, 4),
+       st.booleans())
+def test_the_settings_read_back_from_captured_graphs_reproduce_them(eager, prefill_tokens, max_graph_batch,
+                                                                    max_num_seqs, budget_factor, prefill_graphs):
+    """The engine captures planned_graph_sizes; the simulator, given the settings engine_execution
+    reads back from what was captured, plans exactly the same graphs (one rule, no translation)."""
+    budget = max_num_seqs * budget_factor
+    engine = ExecutionConfig(enforce_eager=eager, prefill_graph_tokens=prefill_tokens,
+                             max_graph_batch_size=max_graph_batch)
+    captured = planned_graph_sizes(engine, max_num_seqs, budget, prefill_graphs)
+    meta = {"graph_batch_sizes": list(captured.decode), "prefill_graph_sizes": list(captured.prefill)}
+    assert planned_graph_sizes(engine_execution(meta), max_num_seqs, budget) == captured

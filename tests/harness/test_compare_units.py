@@ -16,7 +16,8 @@ from harness.compare import CompareConfig
 from harness.compare_tables import roofline_step_times, schedule_table
 from harness.profiling import ProfileGrid, build_plan, profile_executor
 from harness.recording import StepRecorder
-from sim.features import cuda_graph_batch_sizes, step_features
+from engine.core.graph_sizes import decode_graph_sizes
+from sim.features import step_features
 from sim.roofline import RooflineCostModel
 from tests.core.fakes import FakeExecutor
 from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
@@ -161,7 +162,7 @@ def test_profile_times_decodes_with_and_without_graphs():
                        decode_contexts=(100,), eager_decode_batches=(8,), mixed_prefill_tokens=(), num_random=0,
                        warmup=1, repeats=3, min_repeats=3)
     executor = GraphExecutor()
-    sizes = cuda_graph_batch_sizes(16)
+    sizes = decode_graph_sizes(16, 16)
     rows = profile_executor(executor, SchedulerConfig(max_model_len=1024), grid, sizes)
     assert list(rows["kind"]) == ["prefill", "decode", "decode", "decode"]
     assert list(rows["cuda_graph"]) == [0, 1, 1, 0]  # batch 8 also eager

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
-from engine.core import CacheConfig, FinishReason, KVCacheSpec, Request, SamplingParams, SchedulerConfig, make_scheduler
+from engine.core import (BackendInfo, CacheConfig, ExecutionConfig, FinishReason, Request, SamplingParams,
+                         SchedulerConfig, make_scheduler)
+from engine.core.executor import StepTiming
 from engine.core.loop import SimulatedClock, run
 from sim import RooflineCostModel, SimConfig, SimExecutor, build_sim_executor, plan_num_blocks
 from tests.sim.helpers import decode, hardware, model, plan, prefill
@@ -28,7 +31,8 @@ class Recording:
 
 
 def _executor(seed=0, vocab=151936, eos=None):
-    return SimExecutor(RooflineCostModel(model("qwen3-0.6b"), hardware("h100")), KVCacheSpec(100, 16), vocab, seed, eos)
+    info = BackendInfo(100, 16, vocab, () if eos is None else (eos,))
+    return SimExecutor(RooflineCostModel(model("qwen3-0.6b"), hardware("h100")), info, seed)
 
 
 def _decodes(rids, context):
@@ -93,12 +97,12 @@ def test_core_loop_on_the_simulator_finishes_every_request(policy, num_blocks):
     scheduler_config = SchedulerConfig(policy=policy, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512)
     cache = CacheConfig(block_size=16, num_blocks=num_blocks)
     # 1% of a laptop's memory and no reserve: still thousands of blocks of this tiny model
-    sim = SimConfig(eos_token_id=0, gpu_memory_utilization=0.01, activation_reserve_bytes=0)
+    sim = SimConfig(eos_token_id=0, activation_reserve_bytes=0, execution=ExecutionConfig(gpu_memory_utilization=0.01))
     executor = build_sim_executor(spec, hw, sim, cache, scheduler_config)
     if num_blocks is None:
-        assert executor.kv_cache_spec().num_blocks == plan_num_blocks(spec, hw, 16, 0.01, 0) > 1000
+        assert executor.info().num_blocks == plan_num_blocks(spec, hw, 16, 0.01, 0) > 1000
     recording = executor.cost_model = Recording(executor.cost_model)
-    scheduler = make_scheduler(scheduler_config, executor.kv_cache_spec(), cache, executor.eos_token_id)
+    scheduler = make_scheduler(scheduler_config, executor.info(), cache)
     requests = _workload(40, 120, 60, seed=3, rate=200.0)
     result = run(scheduler, executor, requests, SimulatedClock())
     assert not result.rejected
@@ -124,7 +128,7 @@ def test_bench_prediction_respects_the_memory_bound():
     rng = random.Random(0)
     requests = [Request(str(i), [rng.randrange(10000) for _ in range(rng.randint(100, 1024))],
                         SamplingParams(max_tokens=rng.randint(100, 1024), ignore_eos=True)) for i in range(32)]
-    result = run(make_scheduler(config, executor.kv_cache_spec(), cache), executor, requests, SimulatedClock())
+    result = run(make_scheduler(config, executor.info(), cache), executor, requests, SimulatedClock())
     assert len(result.requests) == 32
     weights = spec.weight_bytes  # tied embeddings: the LM head reads the whole table every step
     for price, context in zip(recording.prices, recording.context_tokens):
@@ -134,10 +138,11 @@ def test_bench_prediction_respects_the_memory_bound():
 def test_build_sim_executor_honours_explicit_blocks_and_profiles(tmp_path):
     spec, hw = model("qwen3-0.6b"), hardware("h100")
     profile().to_csv(tmp_path / "steps.csv", index=False)
-    sim = SimConfig(cost_model="profiled", profile_path=str(tmp_path / "steps.csv"), seed=3, vocab_size=1000)
+    sim = SimConfig(cost_model="profiled", profile_path=str(tmp_path / "steps.csv"), vocab_size=1000,
+                    execution=ExecutionConfig(seed=3))
     executor = build_sim_executor(spec, hw, sim, CacheConfig(block_size=16, num_blocks=77), SchedulerConfig())
-    assert executor.kv_cache_spec() == KVCacheSpec(77, 16)
-    assert executor.vocab_size == 1000 and executor.seed == 3
+    info = executor.info()
+    assert (info.num_blocks, info.block_size, info.vocab_size, executor.seed) == (77, 16, 1000, 3)
     assert executor.execute(plan(prefill(1000, 1024))).duration_s == pytest.approx(
         max(1e-3, 5e-7 * 1000) + 3e-12 * (1000 * 1024 + 1000 * 1001 // 2) + 1e-5, rel=1e-6)
     with pytest.raises(ValueError, match="profile_path"):
@@ -146,10 +151,41 @@ def test_build_sim_executor_honours_explicit_blocks_and_profiles(tmp_path):
         SimConfig(cost_model="vidur")
 
 
-def test_graph_sizes_follow_the_engine_settings_and_the_running_cap():
-    assert SimConfig().graph_batch_sizes(40) == (1, 2, 4, 8, 16, 32, 40)  # no graph beyond max_num_seqs
-    assert SimConfig(max_cuda_graph_batch_size=24).graph_batch_sizes(512) == (1, 2, 4, 8, 16, 24)
-    assert SimConfig(enforce_eager=True).graph_batch_sizes(512) == ()
+def test_info_reports_the_graphs_and_overlap_the_execution_settings_give():
+    spec, hw = model("tiny"), hardware("cpu")
+    config = SchedulerConfig(max_num_seqs=40, max_num_batched_tokens=256, max_model_len=512)
+
+    def info(**execution):
+        return build_sim_executor(spec, hw, SimConfig(execution=ExecutionConfig(**execution)), CacheConfig(16, 40),
+                                  config).info()
+
+    assert info().graph_sizes.decode == (1, 2, 4, 8, 16, 32, 40)  # no graph beyond max_num_seqs
+    assert info(max_graph_batch_size=24).graph_sizes.decode == (1, 2, 4, 8, 16, 24)
+    assert not info(enforce_eager=True).graph_sizes
+    # auto: overlapped, as the engine on CUDA, unless tensor parallel (which the engine cannot overlap)
+    assert info().overlaps_steps and not info(tensor_parallel_size=2).overlaps_steps
+    assert not info(async_scheduling=False).overlaps_steps
+
+
+def test_hooks_see_every_step_once_in_order_with_its_timing():
+    seen = []
+    executor = _executor()
+    executor.observe(lambda plan, result, timing: seen.append((plan, result, timing)))
+    first, second = _decodes(["a"], 10), _decodes(["b", "c"], 20)
+    executed = executor.execute(first)
+    pending = executor.submit(second)
+    assert len(seen) == 1  # a submitted step is seen when its result is read
+    submitted = pending.result()
+    assert [(p, r) for p, r, _ in seen] == [(first, executed), (second, submitted)]
+    assert [t.overlapped for _, _, t in seen] == [False, True]
+    assert all(isinstance(t, StepTiming) and t.called_s <= t.returned_s for _, _, t in seen)
+    assert executor.hold_device(0.1) is False
+
+
+def decisions(stats):
+    """A step's stats less num_running and num_free_blocks: those are taken after planning, when the
+    overlapped scheduler has already released the requests this step finishes by length."""
+    return dataclasses.replace(stats, num_running=0, num_free_blocks=0)
 
 
 def test_overlapped_simulation_schedules_offline_work_like_the_plain_one():
@@ -157,12 +193,14 @@ def test_overlapped_simulation_schedules_offline_work_like_the_plain_one():
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
     runs = {}
     for overlap in (False, True):
-        executor = build_sim_executor(spec, hw, SimConfig(async_scheduling=overlap), CacheConfig(16, 40), config)
-        assert executor.overlaps_steps is overlap
-        scheduler = make_scheduler(config, executor.kv_cache_spec())
+        sim = SimConfig(execution=ExecutionConfig(async_scheduling=overlap))
+        executor = build_sim_executor(spec, hw, sim, CacheConfig(16, 40), config)
+        assert executor.info().overlaps_steps is overlap
+        scheduler = make_scheduler(config, executor.info())
         runs[overlap] = run(scheduler, executor, _workload(20, 120, 60, seed=5, rate=None), SimulatedClock())
     plain, overlapped = runs[False], runs[True]
-    assert [(s.stats, s.duration_s) for s in overlapped.steps] == [(s.stats, s.duration_s) for s in plain.steps]
+    assert [(decisions(s.stats), s.duration_s) for s in overlapped.steps] == [
+        (decisions(s.stats), s.duration_s) for s in plain.steps]
     assert overlapped.makespan_s == pytest.approx(plain.makespan_s)
     assert [r.finish_time for r in overlapped.requests] == pytest.approx([r.finish_time for r in plain.requests])
     assert sum(s.stats.num_preempted for s in plain.steps) > 0  # 40 blocks: the schedule is not trivial

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.core.graph_sizes import prefill_graph_sizes
-from sim.config import SimConfig
-from sim.features import GraphSizes, cuda_graph_batch_sizes, step_features
+from engine.core.config import ExecutionConfig
+from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, planned_graph_sizes, prefill_graph_sizes
+from sim.features import step_features
 from sim.profiled import ProfiledCostModel, priced_measurement, relative_errors, table_regimes
 from tests.sim.helpers import decode, decode_batch, plan, prefill
 
-GRAPHS = GraphSizes(cuda_graph_batch_sizes(256), prefill_graph_sizes(4096))
+GRAPHS = GraphSizes(decode_graph_sizes(256, 512), prefill_graph_sizes(4096))
 
 
 @pytest.mark.parametrize("tokens, padded", [(1, 16), (16, 16), (17, 32), (300, 512), (513, 768), (4000, 4096)])
@@ -32,18 +32,27 @@ def test_mixed_steps_pad_their_decode_rows_too_and_large_steps_stay_eager():
     big = step_features(plan(prefill(4097, 0)), GRAPHS)
     assert (big["cuda_graph"], big["graph_batch_size"]) == (0, 1)
     # no prefill graphs (a plain sequence means decode sizes only): prefill eager, decode unchanged
-    assert step_features(plan(prefill(100, 0)), cuda_graph_batch_sizes(256))["cuda_graph"] == 0
+    assert step_features(plan(prefill(100, 0)), decode_graph_sizes(256, 512))["cuda_graph"] == 0
     d = step_features(decode_batch([100] * 5), GRAPHS)
     assert (d["cuda_graph"], d["graph_batch_size"]) == (1, 8)
 
 
-def test_sim_config_mirrors_the_engine_graph_sizes():
-    sizes = SimConfig().graph_sizes(max_num_seqs=64, max_num_batched_tokens=2048)
-    assert sizes.prefill == prefill_graph_sizes(2048) and sizes.decode == cuda_graph_batch_sizes(64)
-    assert SimConfig(prefill_graph_tokens=0).graph_sizes(64, 8192).prefill == ()
-    assert not SimConfig(enforce_eager=True).graph_sizes(64, 8192)
+def test_planned_graph_sizes_follow_the_execution_settings():
+    sizes = planned_graph_sizes(ExecutionConfig(), max_num_seqs=64, max_num_batched_tokens=2048)
+    assert sizes.prefill == prefill_graph_sizes(2048) and sizes.decode == decode_graph_sizes(64, 64)
+    assert planned_graph_sizes(ExecutionConfig(max_graph_batch_size=24), 512, 8192).decode == (1, 2, 4, 8, 16, 24)
+    assert planned_graph_sizes(ExecutionConfig(prefill_graph_tokens=0), 64, 8192).prefill == ()
+    assert planned_graph_sizes(ExecutionConfig(), 64, 8192, prefill_graphs=False).prefill == ()
+    assert not planned_graph_sizes(ExecutionConfig(enforce_eager=True), 64, 8192)
     with pytest.raises(ValueError, match="prefill_graph_tokens"):
-        SimConfig(prefill_graph_tokens=-1)
+        ExecutionConfig(prefill_graph_tokens=-1)
+
+
+def test_a_plan_marked_eager_has_eager_features():
+    import dataclasses
+
+    eager = dataclasses.replace(decode_batch([100] * 5), use_cuda_graphs=False)
+    assert (step_features(eager, GRAPHS)["cuda_graph"], step_features(eager, GRAPHS)["graph_batch_size"]) == (0, 5)
 
 
 def _time(f):

@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.features import cuda_graph_batch_sizes, step_features
+from engine.core.graph_sizes import decode_graph_sizes
+from sim.features import step_features
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel, holdout_validation, relative_errors
 from tests.sim.helpers import decode, decode_batch, plan, prefill
 
-GRAPH = cuda_graph_batch_sizes(512)
+GRAPH = decode_graph_sizes(512, 512)
 TRUE_LINEAR = {"prefill_attention_pairs": 3e-12, "decode_context_tokens": 2e-8, "num_seqs": 1e-5}
 DECODE_CONTEXT = 3e-8
 
