@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -10,13 +11,13 @@ import pytest
 
 from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.loop import WallClock, run
+from engine.core.graph_sizes import GraphSizes, decode_graph_sizes
 from engine.core.plan import KVCacheSpec, StepResult
 from harness.calibration import validate
 from harness.compare import CompareConfig
 from harness.compare_tables import roofline_step_times, schedule_table
 from harness.profiling import ProfileGrid, build_plan, profile_executor
 from harness.recording import StepRecorder
-from engine.core.graph_sizes import decode_graph_sizes
 from sim.features import step_features
 from sim.roofline import RooflineCostModel
 from tests.core.fakes import FakeExecutor
@@ -49,9 +50,9 @@ def test_schedule_table_finds_the_first_divergent_step(sim, first):
 class SleepyExecutor(FakeExecutor):
     """Really takes its time, and reports it, as the engine does."""
 
-    def execute(self, plan):
+    def _compute(self, plan):
         start = time.perf_counter()
-        result = super().execute(plan)
+        result = super()._compute(plan)
         time.sleep(0.002)
         return StepResult(result.token_ids, time.perf_counter() - start)
 
@@ -59,12 +60,13 @@ class SleepyExecutor(FakeExecutor):
 def _recorded_wall_run(executor, max_tokens: int):
     """Four requests 40 ms apart served on the wall clock through a StepRecorder; checks that the
     recorded host time, the step durations and the sleep add up to the makespan."""
-    sched = make_scheduler(SchedulerConfig(max_model_len=256), KVCacheSpec(64, 16), CacheConfig(16, 64), None)
+    sched = make_scheduler(SchedulerConfig(max_model_len=256), executor.info(), CacheConfig(16, 64))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     requests = [Request(f"r{i}", list(range(1, 30)), params, arrival_time=0.04 * i) for i in range(4)]
     recorder = StepRecorder((), wall=True)
-    wrapped, clock = recorder.wrap(executor, WallClock())
-    result = run(sched, wrapped, requests, clock)
+    executor.observe(recorder)
+    clock = recorder.watch(WallClock())
+    result = run(sched, executor, requests, clock)
     frame = recorder.frame()
     assert len(frame) == len(result.steps) and (frame["host_s"] >= 0).all()
     assert recorder.asleep_s > 0.05  # the requests arrive 40 ms apart and each takes ~10 ms
@@ -89,11 +91,14 @@ class QueuedDevice(FakeExecutor):
         self.free_at: float | None = None
 
     def submit(self, plan):
+        return self.hooks.submitted(plan, self._queue)
+
+    def _queue(self, plan):
         now = time.perf_counter()
         start = now if self.free_at is None else max(now, self.free_at)
         idle = 0.0 if self.free_at is None else start - self.free_at
         self.free_at = end = start + 0.003
-        tokens = super().execute(plan).token_ids
+        tokens = self._compute(plan).token_ids
 
         class Pending:
             def result(self):
@@ -139,21 +144,16 @@ def test_profile_plans_respect_budgets_and_use_disjoint_blocks():
     assert build_plan([(1, 5000, True)], spec, sched, rng, 500) is None  # more blocks than the pool
 
 
-class GraphRunner:
-    graphs = object()  # stands for captured graphs
-    prefill_graphs = None
-
-
 class GraphExecutor(FakeExecutor):
-    """Records whether graphs were held when each step ran."""
+    """Replays decode graphs up to 16 sequences; records whether each step was allowed to."""
 
     def __init__(self):
         super().__init__(4000, 16)
-        self.runner = GraphRunner()
+        self._info = dataclasses.replace(self._info, graph_sizes=GraphSizes(decode_graph_sizes(16, 16)))
         self.with_graphs = []
 
     def execute(self, plan):
-        self.with_graphs.append(self.runner.graphs is not None)
+        self.with_graphs.append(plan.use_cuda_graphs)
         return super().execute(plan)
 
 
@@ -162,12 +162,11 @@ def test_profile_times_decodes_with_and_without_graphs():
                        decode_contexts=(100,), eager_decode_batches=(8,), mixed_prefill_tokens=(), num_random=0,
                        warmup=1, repeats=3, min_repeats=3)
     executor = GraphExecutor()
-    sizes = decode_graph_sizes(16, 16)
-    rows = profile_executor(executor, SchedulerConfig(max_model_len=1024), grid, sizes)
+    rows = profile_executor(executor, SchedulerConfig(max_model_len=1024), grid)
     assert list(rows["kind"]) == ["prefill", "decode", "decode", "decode"]
     assert list(rows["cuda_graph"]) == [0, 1, 1, 0]  # batch 8 also eager
     assert list(rows["num_seqs"]) == [1, 4, 8, 8]
-    assert executor.with_graphs[-4:] == [False] * 4 and executor.runner.graphs is not None  # restored
+    assert executor.with_graphs == [True] * 12 + [False] * 4  # only the eager batch-8 repeats bypass graphs
     assert (rows["repeats"] == 3).all() and len(executor.plans) == 4 * (1 + 3)
     fake = 1e-3 * (1 + rows["num_tokens"] / 1000)  # FakeExecutor's reported duration
     assert rows["duration_s"].to_numpy() == pytest.approx(fake.to_numpy())

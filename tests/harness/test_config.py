@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from engine.core import CacheConfig, SchedulerConfig
 from engine.core.model_shapes import RENAMED
-from harness.config import CONF_DIR, REPO_ROOT, StudyConfig, build_run_config, build_study
+from harness.config import CONF_DIR, REPO_ROOT, StudyConfig, build_run_config, build_study, moved_override
 from harness.convert import ConfigError, to_dataclass
 from harness.sweep import point_configs
 from harness.workloads import WorkloadConfig
@@ -108,12 +108,34 @@ def test_unknown_key_override_is_a_hydra_error():
     ("workload.oversize=truncate", "workload.oversize"),
     ("+model.num_layers=0", "num_layers"),
     ("backend.cost_model=magic", "cost_model"),
-    ("backend.tp_size=1.5", "backend.tp_size"),
+    ("execution.tensor_parallel_size=1.5", "execution.tensor_parallel_size"),
+    ("execution.async_scheduling=on", "execution.async_scheduling"),
+    ("execution.gpu_memory_utilization=1.5", "gpu_memory_utilization"),
     ("backend.profile_path=no/such/profile.csv", "backend.profile_path"),
 ])
 def test_bad_value_is_one_config_error_naming_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_run_config(compose_config([override]))
+
+
+@pytest.mark.parametrize("backend", ["sim", "engine"])
+@pytest.mark.parametrize("old, new", [("enforce_eager=true", "execution.enforce_eager"),
+                                      ("tp_size=2", "execution.tensor_parallel_size"),
+                                      ("max_cuda_graph_batch_size=64", "execution.max_graph_batch_size"),
+                                      ("async_scheduling=on", "execution.async_scheduling")])
+def test_a_backend_key_that_moved_to_execution_is_an_error_naming_the_new_key(backend, old, new):
+    message = f"backend.{old.split('=')[0]} is not a backend setting: set {new}"
+    assert moved_override([f"backend={backend}", f"backend.{old}"]) == message + " (shared by both backends)"
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        build_run_config(compose_config([f"backend={backend}", f"+backend.{old}"]))
+    assert moved_override([f"backend={backend}", "execution.seed=3"]) is None
+
+
+def test_one_execution_section_reaches_either_backend():
+    overrides = ["execution.enforce_eager=true", "execution.seed=7", "execution.async_scheduling=false"]
+    sim = build_run_config(compose_config(overrides)).sim.execution
+    engine = build_run_config(compose_config(["backend=engine", *overrides])).engine.execution
+    assert sim == engine and (sim.enforce_eager, sim.seed, sim.async_scheduling) == (True, 7, False)
 
 
 def test_engine_backend_defaults_to_the_model_presets_checkpoint():
