@@ -16,10 +16,11 @@ captured first into the same pool.
 
 from __future__ import annotations
 
+
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.core.graph_sizes import padded_size
+from engine.core.graph_sizes import padded_size as padded_graph_size
 from engine.graph_buffers import GraphLayout
 from engine.graph_capture import GraphSet
 
@@ -46,7 +47,7 @@ class DecodeGraphs(GraphSet):
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The graph that serves a decode batch of num_seqs rows, None if it is too large."""
-        return padded_size(self.sizes, num_seqs)
+        return padded_graph_size(self.sizes, num_seqs)
 
     def layout(self, bs: int) -> GraphLayout:
         # the fair-share slot is kept whether or not the steps fill it

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from engine.core.graph_sizes import decode_graph_sizes
 from engine.core.sampling_params import SamplingParams
-from engine.cuda_graph import MAX_GRAPH_BATCH, graph_batch_sizes
 from engine.rank import build_runner
 from kernels.decode_split import balanced_chunk
 
@@ -20,8 +20,8 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 17, 100, 256, 512, 1000])
 def test_graph_sizes(max_num_seqs):
-    sizes = graph_batch_sizes(max_num_seqs)
-    top = min(max_num_seqs, MAX_GRAPH_BATCH)
+    sizes = list(decode_graph_sizes(max_num_seqs, ExecutionConfig.max_graph_batch_size))
+    top = min(max_num_seqs, ExecutionConfig.max_graph_batch_size)
     assert sizes == sorted(set(sizes)) and sizes[-1] == top
     below = sizes[:-1]  # the top size is max_num_seqs itself (capped), whatever it is
     assert [s for s in below if s < 16] == [s for s in (1, 2, 4, 8) if s < top]
@@ -167,7 +167,7 @@ def test_graph_replay_matches_eager_on_cuda(tmp_path_factory):
     model_dir = write_checkpoint("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b"), dtype="bfloat16")
     runner = _runner(model_dir, "cuda", "triton", "auto", max_num_seqs=64, max_len=768, block_size=256)
     runner.capture_decode_graphs()
-    assert runner.graphs.captured and set(runner.graphs.graphs) == set(graph_batch_sizes(64))
+    assert runner.graphs.captured and set(runner.graphs.graphs) == set(decode_graph_sizes(64, 512))
     rng = np.random.default_rng(0)
     for n in sorted({1, 2, 5, 16, 17, 64, *rng.integers(1, 65, 6).tolist()}):
         eager, replayed, (eager_rows, eager_changed), (graph_rows, graph_changed), slots = _graph_vs_eager(runner, n, n)

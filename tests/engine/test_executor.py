@@ -12,7 +12,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.loop import SimulatedClock, run
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import make_scheduler
+from engine.core.policies import make_scheduler
 from engine.executor import EngineExecutor
 from engine.kv_sizing import CPU_KV_CACHE_BYTES
 
@@ -25,20 +25,22 @@ def _executor(model_dir, cache=CacheConfig(block_size=8), **engine) -> EngineExe
 
 def test_protocol_attributes(tiny_qwen3_dir):
     executor = _executor(tiny_qwen3_dir)
-    spec = executor.kv_cache_spec()
+    spec = executor.info()
     assert spec.block_size == 8
     # CPU default: all max_num_seqs sequences at max_model_len, well within the CPU budget here
     assert spec.num_blocks == 8 * (64 // 8) and executor.runner.block_bytes * spec.num_blocks < CPU_KV_CACHE_BYTES
-    assert executor.vocab_size == 512
-    assert executor.eos_token_id == executor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert spec.vocab_size == 512
+    assert spec.eos_token_id == executor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert not spec.overlaps_steps and not spec.graph_sizes  # CPU: steps run one at a time, eagerly
+    assert spec.device == "cpu, float32" and executor.hold_device(0.01) is False
     assert executor.runner.dtype is torch.float32  # "auto" on CPU
     assert executor.runner.kv_cache.dtype is torch.float32
 
 
 def test_runs_the_core_loop_and_times_each_step(tiny_qwen3_dir):
     executor = _executor(tiny_qwen3_dir, CacheConfig(block_size=8, num_blocks=20))
-    assert executor.kv_cache_spec().num_blocks == 20
-    scheduler = make_scheduler(SCHED, executor.kv_cache_spec(), CacheConfig(block_size=8), executor.eos_token_id)
+    assert executor.info().num_blocks == 20
+    scheduler = make_scheduler(SCHED, executor.info(), CacheConfig(block_size=8))
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     requests = [Request(str(i), list(range(1, 4 + 3 * i)), params) for i in range(3)]
     timed = []

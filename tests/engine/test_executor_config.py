@@ -1,4 +1,4 @@
-"""EngineConfig validation and the executor's device / dtype / eos resolution (no model needed)."""
+"""EngineConfig and ExecutionConfig validation and the executor's device / dtype / eos resolution (no model needed)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.core.config import ExecutionConfig
 from engine.executor import read_eos_token_ids, resolve_device
 from engine.rank import resolve_dtype
 
@@ -21,9 +22,6 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("dtype", "fp8", "dtype must be one of"),
-        ("device", "tpu", "device must be one of"),
-        ("attention_backend", "xformers", "attention_backend must be one of"),
         ("gpu_memory_utilization", 0.0, r"gpu_memory_utilization must be a number in \(0, 1\]"),
         ("gpu_memory_utilization", 1.5, r"gpu_memory_utilization must be a number in \(0, 1\]"),
         ("gpu_memory_utilization", True, "gpu_memory_utilization"),
@@ -33,16 +31,37 @@ def test_defaults_are_valid():
         ("seed", 2**63, "seed must be an int"),
     ],
 )
+def test_invalid_execution_fields_name_the_field_and_range(field, value, message):
+    with pytest.raises(ValueError, match=f"ExecutionConfig.{message}"):
+        ExecutionConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dtype", "fp8", "dtype must be one of"),
+    ("device", "tpu", "device must be one of"),
+    ("attention_backend", "xformers", "attention_backend must be one of"),
+])
 def test_invalid_fields_name_the_field_and_range(field, value, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(model="/ckpt", **{field: value})
+
+
+def test_async_scheduling_is_typed_and_resolved_by_the_device():
+    assert ExecutionConfig().overlaps_steps(on_cuda=True) and not ExecutionConfig().overlaps_steps(on_cuda=False)
+    assert not ExecutionConfig(tensor_parallel_size=2).overlaps_steps(on_cuda=True)
+    assert ExecutionConfig(async_scheduling=True).overlaps_steps(on_cuda=False)
+    assert not ExecutionConfig(async_scheduling=False).overlaps_steps(on_cuda=True)
+    with pytest.raises(TypeError, match="async_scheduling must be true, false or null"):
+        ExecutionConfig(async_scheduling="on")
+    with pytest.raises(ValueError, match="async_scheduling=true needs tensor_parallel_size=1"):
+        ExecutionConfig(async_scheduling=True, tensor_parallel_size=2)
 
 
 def test_invalid_model_and_flag_types():
     with pytest.raises(ValueError, match="model must be a non-empty path"):
         EngineConfig(model="")
     with pytest.raises(TypeError, match="enforce_eager must be a bool"):
-        EngineConfig(model="/ckpt", enforce_eager="yes")
+        ExecutionConfig(enforce_eager="yes")
     with pytest.raises(TypeError, match="balanced_decode must be a bool"):
         EngineConfig(model="/ckpt", balanced_decode="no")
 
@@ -50,7 +69,7 @@ def test_invalid_model_and_flag_types():
 def test_config_is_frozen():
     config = EngineConfig(model="/ckpt")
     with pytest.raises(AttributeError):
-        config.seed = 3
+        config.execution = ExecutionConfig(seed=3)
 
 
 def test_device_and_dtype_resolution():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.config import SchedulerConfig
+from engine.core.config import ExecutionConfig, SchedulerConfig
 from engine.kv_sizing import MemoryProfile, num_kv_blocks, warmup_plans
 
 GIB = 1024**3
@@ -90,7 +90,8 @@ def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
     model_dir = write_checkpoint("qwen3-0.6b", tmp_path / "m", dtype="bfloat16")
     utilization = 0.5
     sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048)
-    executor = EngineExecutor(EngineConfig(model=str(model_dir), gpu_memory_utilization=utilization),
+    engine_config = EngineConfig(model=str(model_dir), execution=ExecutionConfig(gpu_memory_utilization=utilization))
+    executor = EngineExecutor(engine_config,
                               sched, CacheConfig(block_size=256))
     try:
         runner = executor.runner
@@ -98,7 +99,7 @@ def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
         assert profile is not None and executor.uses_cuda_graphs
         assert profile.weights_bytes > 1e9  # 0.6B parameters in bf16 (embeddings tied)
         assert 0 < profile.peak_activation_bytes < 8 * GIB and profile.graph_reserve_bytes > 0
-        assert executor.kv_cache_spec().num_blocks == num_kv_blocks(profile, utilization, runner.block_bytes, 8)
+        assert executor.info().num_blocks == num_kv_blocks(profile, utilization, runner.block_bytes, 8)
         # the largest steps again, over the real cache and with the graphs captured: still within the share
         torch.cuda.reset_peak_memory_stats()
         for plan in warmup_plans(sched, 256):

@@ -92,7 +92,7 @@ def test_fused_model_matches_torch_path_on_cuda(qwen3_0_6b_dir, attention_backen
 @needs_cuda
 def test_fused_graph_replay_matches_fused_eager_on_cuda(qwen3_0_6b_dir):
     from engine.core.config import CacheConfig, SchedulerConfig
-    from engine.cuda_graph import graph_batch_sizes
+    from engine.core.graph_sizes import decode_graph_sizes
     from engine.rank import build_runner
     from tests.engine.test_cuda_graph import _graph_vs_eager
 
@@ -104,7 +104,7 @@ def test_fused_graph_replay_matches_fused_eager_on_cuda(qwen3_0_6b_dir):
     assert all(m.fused_kernels is not None for m in runner.model.modules() if isinstance(m, UsesFusedKernels))
     runner.allocate_kv_cache(cache.num_blocks)
     runner.capture_decode_graphs()
-    assert set(runner.graphs.graphs) == set(graph_batch_sizes(64))
+    assert set(runner.graphs.graphs) == set(decode_graph_sizes(64, 512))
     for n in sorted({1, 5, 17, 64, *np.random.default_rng(1).integers(1, 65, 4).tolist()}):
         eager, replayed, (eager_rows, eager_changed), (graph_rows, graph_changed), slots = _graph_vs_eager(runner, n, n)
         assert _rel(replayed, eager) < 3e-2, (n, _rel(replayed, eager))

@@ -108,13 +108,13 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("policy", ["nano", "mixed"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_greedy_generate_matches_hf(model_dir, hf_greedy, policy, scenario, async_scheduling):
     llm = LLM(model_dir, device="cpu", policy=policy, max_model_len=64, async_scheduling=async_scheduling,
               **SCENARIOS[scenario])
-    assert llm.executor.overlaps_steps == (async_scheduling == "on")
+    assert llm.executor.info().overlaps_steps is async_scheduling
     prompts = PREFIX_PROMPTS if scenario == "prefix" else PROMPTS
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [hf_greedy(p) for p in prompts]
@@ -132,7 +132,7 @@ def test_greedy_generate_matches_hf(model_dir, hf_greedy, policy, scenario, asyn
         assert sum(o.num_preemptions for o in outputs) == llm.scheduler.num_preemptions
 
 
-@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_stop_token_ends_the_request_like_hf_eos(model_dir, hf_greedy, async_scheduling):
     prompt = PROMPTS[2]
     stop = hf_greedy(prompt)[5]  # a token the model produces on its own
@@ -145,11 +145,11 @@ def test_stop_token_ends_the_request_like_hf_eos(model_dir, hf_greedy, async_sch
     assert out[1].token_ids == hf_greedy(PROMPTS[0])
 
 
-@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_checkpoint_eos_handling_matches_hf(model_dir, hf_greedy, async_scheduling):
     # HF stops on any id in generation_config.eos_token_id; LLM.generate must do the same.
     llm = LLM(model_dir, device="cpu", max_model_len=64, block_size=8, async_scheduling=async_scheduling)
-    eos = list(llm.executor.eos_token_ids)
+    eos = list(llm.executor.info().eos_token_ids)
     assert len(eos) == 2
     params = SamplingParams(temperature=0.0, max_tokens=32)
     for out, prompt in zip(llm.generate(PROMPTS, params, use_tqdm=False), PROMPTS):
@@ -184,8 +184,8 @@ def test_cuda_greedy_matches_hf(model_dir, hf_greedy):
 def test_overlapped_steps_sample_the_same_seeded_tokens(model_dir):
     # the sampler keys a seeded draw by the token's index; placeholders must not shift it
     params = [SamplingParams(temperature=1.0, top_k=50, max_tokens=10, seed=s, ignore_eos=True) for s in range(6)]
-    plain = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, num_blocks=14, async_scheduling="off")
-    overlapped = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, num_blocks=14, async_scheduling="on")
+    plain = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, num_blocks=14, async_scheduling=False)
+    overlapped = LLM(model_dir, device="cpu", max_model_len=64, block_size=4, num_blocks=14, async_scheduling=True)
     expected = [o.token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)]
     assert [o.token_ids for o in overlapped.generate(PROMPTS, params, use_tqdm=False)] == expected
     assert overlapped.scheduler.num_preemptions > 0
