@@ -12,11 +12,9 @@ HostBatch goes to the workers before rank 0 runs it, and rank 0 alone samples.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,8 +23,8 @@ from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks
-from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan, StepResult
+from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.models.arch import ModelArch
 from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
@@ -101,31 +99,9 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
         )
 
 
-def captured_graph_sizes(runner: ModelRunner) -> GraphSizes:
-    """The steps the runner replays as CUDA graphs (graphs built with capture=False run eagerly)."""
-    def captured(graphs) -> tuple[int, ...]:
-        return tuple(graphs.sizes) if graphs is not None and graphs.captured else ()
-
-    return GraphSizes(captured(runner.graphs), captured(runner.prefill_graphs))
-
-
 def describe_device(device: torch.device, dtype: torch.dtype) -> str:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return f"{name}, {str(dtype).removeprefix('torch.')}"
-
-
-@contextlib.contextmanager
-def graphs_detached(runner: ModelRunner, detach: bool) -> Iterator[None]:
-    """With detach, the runner holds no graphs for the duration, so every step runs eagerly."""
-    if not detach:
-        yield
-        return
-    held = runner.graphs, runner.prefill_graphs
-    runner.graphs = runner.prefill_graphs = None
-    try:
-        yield
-    finally:
-        runner.graphs, runner.prefill_graphs = held
 
 
 class EngineExecutor:

@@ -89,17 +89,15 @@ def run(
     A request that fails admission is recorded in RunResult.rejected with its error; the others
     are served as if it had never arrived. With an executor whose info().overlaps_steps is True,
     step N+1 is planned and submitted before step N's tokens are read (the scheduler must then be
-    an engine.core.async_scheduler.AsyncScheduler, which make_scheduler picks); otherwise each step is executed and applied before the next is planned.
+    an engine.core.async_scheduler.AsyncScheduler, which make_scheduler picks); otherwise each
+    step is executed and applied before the next is planned.
     """
     pending = sorted(requests, key=lambda r: r.arrival_time)
     order = {r.request_id: i for i, r in enumerate(pending)}
     result = RunResult(requests=[], steps=[])
     next_arrival = 0
     done: list[Request] = []
-    overlap = executor.info().overlaps_steps
-    if overlap and not isinstance(scheduler, AsyncScheduler):
-        raise TypeError("an executor that overlaps steps needs an AsyncScheduler: build the scheduler with "
-                        "make_scheduler(config, executor.info())")
+    overlap = _overlaps(scheduler, executor)
     in_flight: tuple[StepPlan, PendingStep, float] | None = None
 
     def complete(plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
@@ -116,13 +114,7 @@ def run(
 
     while next_arrival < len(pending) or scheduler.has_unfinished():
         now = clock.now()
-        while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
-            request = pending[next_arrival]
-            next_arrival += 1
-            try:
-                scheduler.add(request)
-            except ValueError as error:
-                result.rejected[request.request_id] = str(error)
+        next_arrival = _admit_arrivals(scheduler, pending, next_arrival, now, result.rejected)
         if not scheduler.has_unfinished():
             if in_flight is not None:  # it only computes tokens of requests that already stopped
                 complete(in_flight[0], in_flight[1].result(), in_flight[2])
@@ -153,3 +145,24 @@ def run(
     result.requests = done
     result.makespan_s = clock.now()
     return result
+
+
+def _overlaps(scheduler: Scheduler, executor: Executor) -> bool:
+    overlap = executor.info().overlaps_steps
+    if overlap and not isinstance(scheduler, AsyncScheduler):
+        raise TypeError("an executor that overlaps steps needs an AsyncScheduler: build the scheduler with "
+                        "make_scheduler(config, executor.info())")
+    return overlap
+
+
+def _admit_arrivals(scheduler: Scheduler, pending: list[Request], next_arrival: int, now: float,
+                    rejected: dict[str, str]) -> int:
+    """Hand the scheduler every request that has arrived by now; returns the next one's index."""
+    while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
+        request = pending[next_arrival]
+        next_arrival += 1
+        try:
+            scheduler.add(request)
+        except ValueError as error:
+            rejected[request.request_id] = str(error)
+    return next_arrival
