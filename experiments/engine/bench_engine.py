@@ -17,7 +17,7 @@ graphs off), torch (the reference attention backend, hence eager), compiled (def
 torch.compile on the RMSNorm and SiluAndMul modules: an experiment on elementwise fusion, not an
 engine feature), fused (default plus EngineConfig.fused_kernels="triton": the fused Triton norm,
 rotary, SiLU and sampling kernels), fused_eager (fused without CUDA graphs), sync
-(async_scheduling="off": each step runs to completion before the next is planned; the default
+(async_scheduling=False: each step runs to completion before the next is planned; the default
 overlaps them on CUDA).
 
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
@@ -54,7 +54,7 @@ VARIANTS = {
     "compiled": {},
     "fused": {"fused_kernels": "triton"},
     "fused_eager": {"fused_kernels": "triton", "enforce_eager": True},
-    "sync": {"async_scheduling": "off"},
+    "sync": {"async_scheduling": False},
     "even_decode": {"balanced_decode": False},  # kernels.decode_split's even rule
     "triton": {"attention_backend": "triton"},
     "flash_attn": {"attention_backend": "flash_attn"},
@@ -88,7 +88,7 @@ def step_table(llm: LLM, timer: StepTimer | None, preset: str, variant: str) -> 
     """The last generate()'s steps, with the gap before the next one and the timer's phases."""
     steps = pd.DataFrame([{**dataclasses.asdict(r.stats), "start_s": r.start_s, "duration_s": r.duration_s,
                            "idle_s": r.idle_s} for r in llm.last_run.steps])
-    if llm.executor.overlaps_steps:  # the device's own idle time before each step (CUDA events)
+    if llm.executor.info().overlaps_steps:  # the device's own idle time before each step (CUDA events)
         steps["gap_s"] = steps.idle_s.shift(-1).fillna(0.0)
     else:
         steps["gap_s"] = (steps.start_s.shift(-1) - (steps.start_s + steps.duration_s)).fillna(0.0)
@@ -110,7 +110,7 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
         executor.runner.capture_decode_graphs()  # graphs now replay the compiled kernels
     startup_s = time.perf_counter() - t0
     llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # warm-up, as nano-vllm does
-    prompts, params = workload(args.max_model_len, args.num_requests, executor.vocab_size)
+    prompts, params = workload(args.max_model_len, args.num_requests, executor.info().vocab_size)
     timer = StepTimer(executor.device) if not args.no_profile else None
     executor.runner.timer = timer
     if executor.device.type == "cuda":
@@ -129,9 +129,9 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
     row = {
         "device": device_name, "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "preset": args.preset, "variant": variant, "attention_backend": executor.attention_backend,
-        "cuda_graphs": executor.uses_cuda_graphs, "async_scheduling": executor.overlaps_steps,
-        "num_kv_blocks": executor.kv_cache_spec().num_blocks,
-        "block_size": executor.kv_cache_spec().block_size, "requests": len(prompts),
+        "cuda_graphs": executor.uses_cuda_graphs, "async_scheduling": executor.info().overlaps_steps,
+        "num_kv_blocks": executor.info().num_blocks,
+        "block_size": executor.info().block_size, "requests": len(prompts),
         "prompt_tokens": sum(map(len, prompts)), "output_tokens": out_tokens, "wall_s": wall,
         "output_tok_s": out_tokens / wall,
         "prefill_tok_s": prefill.num_prefill_tokens.sum() / prefill.duration_s.sum(),
@@ -149,7 +149,7 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
     row["decode_mean_gap_us"] = 1e6 * decode.gap_s.mean()
     profile = executor.runner.memory_profile
     if profile is not None:
-        row["kv_budget_gib"] = profile.kv_budget_bytes(llm.engine_config.gpu_memory_utilization) / 1024**3
+        row["kv_budget_gib"] = profile.kv_budget_bytes(llm.engine_config.execution.gpu_memory_utilization) / 1024**3
         row["peak_activation_gib"] = profile.peak_activation_bytes / 1024**3
         row["graph_reserve_gib"] = profile.graph_reserve_bytes / 1024**3
     llm.shutdown()
