@@ -16,8 +16,9 @@ STEP_DECISIONS = ["kind", "requests", "prefill_tokens", "decode_tokens", "waitin
 
 
 def test_engine_and_sim_runs_share_the_schedule(tiny_checkpoint):
-    # Small blocks and a small cache so that the offline batch preempts.
-    common = ["model=tiny-qwen3", "workload.num_requests=12", "workload.prompt_len.high=160", "workload.output_len.high=48",
+    # Small blocks and a small cache so that the offline batch preempts. Steps run one at a time on
+    # both sides (the engine on CPU cannot overlap them), so the queue snapshots agree too.
+    common = ["execution.async_scheduling=false", "model=tiny-qwen3", "workload.num_requests=12", "workload.prompt_len.high=160", "workload.output_len.high=48",
               "workload.output_len.low=8", "scheduler.max_model_len=512", "cache.block_size=16", "cache.num_blocks=40"]
     engine_rc = build_run_config(compose_config(common + ["backend=engine", f"backend.model={tiny_checkpoint}",
                                                           "backend.device=cpu"]))

@@ -12,7 +12,7 @@ from harness.report import collect
 from harness.report import main as report_main
 from harness.run import run_once
 from harness.study import run_study
-from tests.core.fakes import FakeExecutor
+from tests.core.fakes import OverlappingFakeExecutor
 from tests.harness.conftest import compose_config
 
 STEP_DECISIONS = ["kind", "requests", "prefill_tokens", "decode_tokens", "waiting", "running", "free_blocks",
@@ -86,7 +86,10 @@ def test_sim_and_fake_engine_make_the_same_schedule(policy):
                                           "workload.rate=null", "workload.num_requests=96", "cache.num_blocks=60",
                                           "scheduler.max_num_batched_tokens=2048"]))
     sim = run_once(rc, progress=False)
-    fake = run_once(rc, progress=False, executor=FakeExecutor(60, rc.cache.block_size, vocab_size=rc.model.vocab_size))
+    # the simulator overlaps steps by default (as the engine on CUDA): so does the fake
+    fake = run_once(rc, progress=False,
+                    executor=OverlappingFakeExecutor(60, rc.cache.block_size, vocab_size=rc.model.vocab_size))
+    assert rc.sim.execution.async_scheduling is None
     assert sim.summary["preemptions"] > 0 and sim.summary["cached_tokens"] > 0  # the schedule is not trivial
     pd.testing.assert_frame_equal(sim.steps[STEP_DECISIONS], fake.steps[STEP_DECISIONS])
     assert not np.allclose(sim.steps["duration"], fake.steps["duration"])  # only the clocks differ
