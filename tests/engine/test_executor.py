@@ -53,8 +53,11 @@ def test_runs_the_core_loop_and_times_each_step(tiny_qwen3_dir):
         return result
 
     executor.execute = timed_execute
+    seen = []
+    executor.observe(lambda plan, step, timing: seen.append((plan.stats.step, step.duration_s, timing.overlapped)))
     result = run(scheduler, executor, requests, SimulatedClock())
     assert [len(r.output_token_ids) for r in result.requests] == [5, 5, 5]
+    assert seen == [(s.stats.step, s.duration_s, False) for s in result.steps]  # the hook saw every step once
     assert all(0 < inner <= outer for inner, outer in timed)
     assert result.makespan_s == pytest.approx(sum(inner for inner, _ in timed))
 
