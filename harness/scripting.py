@@ -138,7 +138,7 @@ def probe_plan(executor, sched, entries, seed: int = 0):
 
     from harness.profiling import build_plan
 
-    return build_plan(entries, executor.kv_cache_spec(), sched, np.random.default_rng(seed), executor.vocab_size)
+    return build_plan(entries, executor.info().kv_cache_spec, sched, np.random.default_rng(seed), executor.info().vocab_size)
 
 
 def probe_grid():

@@ -12,14 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "sim", "harness", "kernels")
-# Cycles another branch breaks (attention registry, executor -> tp): the integrator drops the xfail
-# below once it is merged.
-KNOWN_ENGINE_CYCLES = ({"engine.attention", "engine.attention.registry", "engine.attention.flash_attn_backend"},
-                       {"engine.executor", "engine.tp", "engine.tp.workers", "engine.tp.worker_main"})
 
 
 def module_name(path: Path) -> str:
@@ -123,14 +118,6 @@ def test_the_cycle_finder_finds_a_function_level_circle(tmp_path):
     assert "x" not in imported_names("engine.core.m", source)
 
 
-def test_no_circles_outside_the_engine_ones_another_branch_breaks():
-    remaining = [c for c in cycles(import_graph()) if not any(c <= known for known in KNOWN_ENGINE_CYCLES)]
-    assert remaining == []
-
-
-@pytest.mark.xfail(strict=False, reason="engine.attention.registry <-> flash_attn_backend and engine.executor -> "
-                                        "engine.tp.workers -> engine.tp.worker_main -> engine.executor: broken "
-                                        "on branch i13engine")
 def test_no_import_circles():
     assert cycles(import_graph()) == []
 

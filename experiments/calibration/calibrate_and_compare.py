@@ -43,11 +43,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.calibration import validate
-from harness.compare import CompareConfig, KeepAlive, compare
+from harness.compare import CompareConfig, EagerSteps, KeepAlive, compare
 from harness.config import section
 from harness.convert import to_dataclass
-from harness.profiling import ProfileGrid, graphs_bypassed, profile_executor
-from harness.recording import graph_sizes_of
+from harness.profiling import ProfileGrid, profile_executor
 from harness.run import make_executor, run_once, write_outcome
 from harness.scripting import compose_config, compose_run_config, one_line_errors
 
@@ -137,7 +136,7 @@ def calibrate(plan: Plan, executor, shared, stages: Stages, sizes) -> pd.DataFra
     out = stages.out
     t0 = time.perf_counter()
     rc = compose_run_config(plan.base)
-    profile = profile_executor(executor, rc.scheduler, plan.grid, sizes)
+    profile = profile_executor(executor, rc.scheduler, plan.grid)
     profile.to_csv(out / "profile.csv", index=False)
     stages.done("profile", t0, rows=len(profile), grid=dataclasses.asdict(plan.grid))
     runs = ["calibration"] + (["calibration_online"] if plan.settings.online_calibration else [])
@@ -161,10 +160,10 @@ def compare_targets(plan: Plan, executor, shared, stages: Stages) -> None:
     cc = dataclasses.replace(to_dataclass(CompareConfig, section(compose_config(plan.base), "compare"), "compare"),
                              profile_path=str(stages.out / "model.csv"))
     bench_request_s = None
-    runs = [(name, name, None) for name in plan.settings.workloads]
+    runs = [(name, name, shared) for name in plan.settings.workloads]
     if plan.settings.eager_bench and "bench" in plan.settings.workloads:
-        runs.append(("bench_eager", "bench", graphs_bypassed))  # the simulator then prices decodes as eager too
-    for folder, name, context in runs:
+        runs.append(("bench_eager", "bench", EagerSteps(executor)))  # the simulator then prices decodes as eager too
+    for folder, name, runner in runs:
         extra = list(plan.stages[name])
         if name == "poisson" and not any(o.startswith("workload.rate=") for o in extra):
             if bench_request_s is None:
@@ -176,11 +175,7 @@ def compare_targets(plan: Plan, executor, shared, stages: Stages) -> None:
             continue
         t0 = time.perf_counter()
         rc = compose_run_config(plan.base + extra)
-        if context is None:
-            result = compare(rc, cc, stages.out / f"compare_{folder}", executor=shared)
-        else:
-            with context(executor):
-                result = compare(rc, cc, stages.out / f"compare_{folder}", executor=shared)
+        result = compare(rc, cc, stages.out / f"compare_{folder}", executor=runner)
         if folder == "bench":
             bench_request_s = float(result.table.set_index("metric").loc["request_s", "engine"])
         print(result.report, flush=True)
@@ -194,11 +189,11 @@ def run(plan: Plan) -> int:
     t0 = time.perf_counter()
     rc = compose_run_config(plan.base)
     executor = make_executor(rc)
-    sizes = graph_sizes_of(executor, rc)
+    info = executor.info()
+    sizes = info.graph_sizes
     import torch
 
-    device = torch.cuda.get_device_name() if executor.device.type == "cuda" else "cpu"
-    stages.meta.update(torch=torch.__version__, device=device, num_blocks=executor.kv_cache_spec().num_blocks,
+    stages.meta.update(torch=torch.__version__, device=info.device, num_blocks=info.num_blocks,
                        graph_batch_sizes=list(sizes.decode), prefill_graph_sizes=list(sizes.prefill),
                        engine_config=dataclasses.asdict(rc.engine), scheduler=dataclasses.asdict(rc.scheduler))
     stages.done("load", t0)

@@ -152,7 +152,7 @@ def test_larger_batches_and_prefill_stay_eager(tiny_qwen3_dir):
     prefill, decode = _decode_batch(rng, 24, 4, 64, runner.num_blocks)
     assert runner.build_batch(prefill).graph_size is None
     assert runner.build_batch(decode).graph_size == 24
-    runner.graphs.max_batch = 16  # as if max_num_seqs exceeded the largest graph
+    runner.graphs.sizes = tuple(s for s in runner.graphs.sizes if s <= 16)  # as if max_num_seqs exceeded the largest graph
     assert runner.build_batch(decode).graph_size is None
 
 

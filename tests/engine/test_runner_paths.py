@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
-from engine.core.scheduler import PLACEHOLDER
+from engine.core.plan import PLACEHOLDER
 from engine.rank import build_runner
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -152,7 +152,7 @@ def test_build_sim_executor_honours_explicit_blocks_and_profiles(tmp_path):
 
 
 def test_info_reports_the_graphs_and_overlap_the_execution_settings_give():
-    spec, hw = model("tiny"), hardware("cpu")
+    spec, hw = model("tiny-qwen3"), hardware("cpu")
     config = SchedulerConfig(max_num_seqs=40, max_num_batched_tokens=256, max_model_len=512)
 
     def info(**execution):
