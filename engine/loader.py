@@ -4,6 +4,10 @@ Every checkpoint tensor goes through the weight_loader of the parameter it maps 
 this rank's shard; q/k/v and gate/up land in their fused parameters by shard id. Every
 parameter (every shard of a fused one) must be filled exactly by the checkpoint: anything
 missing, extra or mis-shaped is an error naming the file and the tensor.
+
+Every problem with the checkpoint itself raises CheckpointError (a ValueError, so callers that
+turn bad user input into one line catch it); a folder or file that is not there raises
+CheckpointNotFoundError, which is also a FileNotFoundError.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import get_attention_backend
@@ -23,6 +27,14 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that the model derives itself.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be loaded; the message names the path (and the tensor where known)."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint folder, its config.json or a weight file is missing."""
 
 
 def resolve_dtype(config: dict[str, Any], override: str | torch.dtype | None, config_path: Path) -> torch.dtype:
@@ -57,10 +69,10 @@ def load_model(
 
     root = Path(model_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"model directory {root} does not exist")
+        raise CheckpointNotFoundError(f"model directory {root} does not exist")
     config_path = root / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} is missing: not a Hugging Face model directory")
+        raise CheckpointNotFoundError(f"{config_path} is missing: not a Hugging Face model directory")
     raw_config = json.loads(config_path.read_text())
     torch_dtype = resolve_dtype(raw_config, dtype, config_path)
     hf_config = AutoConfig.from_pretrained(root)
@@ -79,11 +91,11 @@ def _weight_files(root: Path) -> list[Path]:
         files = [root / n for n in names]
         for f in files:
             if not f.is_file():
-                raise FileNotFoundError(f"{f} is listed in {index} but missing")
+                raise CheckpointNotFoundError(f"{f} is listed in {index} but missing")
         return files
     files = sorted(root.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {root}")
+        raise CheckpointNotFoundError(f"no *.safetensors weights in {root}")
     return files
 
 
@@ -107,23 +119,38 @@ def load_weights(model: Qwen3ForCausalLM, root: Path) -> None:
             expected[_target(model, hf_name)] = hf_name
     seen: set[tuple[str, str | int | None]] = set()
     for path in _weight_files(root):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for hf_name in f.keys():
-                if hf_name.endswith(_IGNORED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
-                    continue
-                key = _target(model, hf_name)
-                if key[0] not in params:
-                    raise ValueError(f"{path}: unexpected tensor {hf_name!r} (no such parameter in the model)")
-                param = params[key[0]]
-                try:
-                    param.weight_loader(param, f.get_tensor(hf_name), key[1])
-                except ValueError as e:
-                    raise ValueError(f"{path}: tensor {hf_name!r}: {e}") from None
-                seen.add(key)
+        for hf_name, tensor in _tensors(path):
+            if hf_name.endswith(_IGNORED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
+                continue
+            key = _target(model, hf_name)
+            if key[0] not in params:
+                raise CheckpointError(f"{path}: unexpected tensor {hf_name!r} (no such parameter in the model)")
+            param = params[key[0]]
+            try:
+                param.weight_loader(param, tensor(), key[1])
+            except ValueError as e:
+                raise CheckpointError(f"{path}: tensor {hf_name!r}: {e}") from None
+            seen.add(key)
     missing = sorted(hf for key, hf in expected.items() if key not in seen)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise ValueError(f"{root}: checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")
+        raise CheckpointError(f"{root}: checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")
+
+
+def _tensors(path: Path):
+    """(name, read) per tensor of one safetensors file; a truncated or corrupt file is a CheckpointError."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                def read(name: str = name) -> torch.Tensor:
+                    try:
+                        return f.get_tensor(name)
+                    except (SafetensorError, OSError) as e:
+                        raise CheckpointError(f"{path}: tensor {name!r} cannot be read (truncated or corrupt file?): "
+                                              f"{e}") from None
+                yield name, read
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
 
 
 def _hf_names(model: Qwen3ForCausalLM, param_name: str) -> list[str]:

@@ -9,6 +9,7 @@ Examples:
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,12 +26,27 @@ from harness.workloads import TraceError
 def main(cfg: DictConfig) -> None:
     from harness.study import run_study
 
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_study(cfg, Path(HydraConfig.get().runtime.output_dir))
+        run_study(cfg, out_dir)
     except (ConfigError, TraceError) as error:
         # A user mistake: one line naming the field, not a traceback.
+        remove_if_unused(out_dir)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def remove_if_unused(out_dir: Path) -> None:
+    """Delete a run folder that holds only what Hydra wrote before the run (.hydra/, the job log),
+    and the parents it leaves empty, up to the working directory."""
+    if not out_dir.is_dir() or any(p.name != ".hydra" and p.suffix != ".log" for p in out_dir.iterdir()):
+        return
+    shutil.rmtree(out_dir)
+    cwd = Path.cwd().resolve()
+    parent = out_dir.resolve().parent
+    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
 
 
 if __name__ == "__main__":

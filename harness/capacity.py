@@ -22,13 +22,15 @@ from omegaconf import DictConfig
 
 from harness.config import CapacityConfig, OutputConfig, RunConfig, StudyConfig, build_run_config
 from harness.convert import ConfigError
+from harness.labels import metric_label, run_identity, table_title
 from harness.metrics import percentile
 from harness.run import run_once
 from harness.sweep import point_configs
 
 
 def _with_rate(rc: RunConfig, arrival: str, rate: float | None) -> RunConfig:
-    return dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, arrival=arrival, rate=rate))
+    cv = rc.workload.cv if arrival == "gamma" else 1.0  # offline arrivals read no cv
+    return dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, arrival=arrival, rate=rate, cv=cv))
 
 
 def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: str = "") -> tuple[dict, list[dict]]:
@@ -79,7 +81,7 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         capacity = low
     at = [r for r in probes if r["rate"] == capacity]
     row = {
-        "config": label, "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s, "tpot_slo_s": cap.tpot_slo_s,
+        "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s, "tpot_slo_s": cap.tpot_slo_s,
         "percentile": p, "offline_request_s": offline.summary["request_s"], "num_probes": len(probes),
         "capped_by_max_probes": capped,
         f"ttft_p{p:g}_s_at_capacity": at[0][f"ttft_p{p:g}_s"] if at else np.nan,
@@ -113,6 +115,7 @@ def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig
     p = f"{cap.percentile:g}"
     fig = Figure(figsize=(11, 4), layout="constrained")
     axes = fig.subplots(1, 2)
+    fig.suptitle(table_title(table, f"Capacity at P{p} SLOs"), fontsize=10)
     for ax, metric, slo in zip(axes, (f"ttft_p{p}_s", f"tpot_p{p}_s"), (cap.ttft_slo_s, cap.tpot_slo_s)):
         for (label, part), (_, row) in zip(probes.groupby("config", sort=False), table.iterrows()):
             part = part.sort_values("rate")
@@ -120,8 +123,8 @@ def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig
             ax.axvline(row["capacity_req_s"], color=line.get_color(), ls=":", lw=1)
         ax.axhline(slo, color="black", ls="--", lw=1, label="SLO")
         ax.set_yscale("log")
-        ax.set_xlabel("request rate (req/s)")
-        ax.set_ylabel(f"P{p} {metric.split('_')[0].upper()} (s)")
+        ax.set_xlabel(metric_label("rate"))
+        ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)

@@ -9,7 +9,7 @@ profile of the engine's own executor taken just before the run (harness.profilin
 compare.engine_dir the engine side is read from a saved run (a previous comparison's engine/
 folder) instead: the simulation side and the report need no GPU.
 
-Outputs in the run directory: engine/ and sim_<cost model>/ (each run's requests.csv, steps.csv,
+Outputs in the run directory: engine/ and sim_<cost model>/ (each run's requests.csv, steps.csv.gz,
 summary.csv, plots); compare.csv (metrics x runs, relative errors, replay rows);
 compare_schedule.csv; compare_steps.csv (the replay: each engine step measured vs predicted);
 compare_targets.csv; compare.md (all of it as text); compare_metrics.png, compare_steps.png,
@@ -140,7 +140,12 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
                 raise ConfigError(f"compare.engine_dir: the saved engine run had another {name} config "
                                   f"({', '.join(f'{name}.{k}={meta[name].get(k)!r}' for k in differ)}); "
                                   "pass the same overrides")
-        steps = with_seeded_rows(pd.read_csv(folder / "steps.csv"), meta["workload"]["temperature"])
+        from harness.metrics import read_steps
+
+        try:
+            steps = with_seeded_rows(read_steps(folder), meta["workload"]["temperature"])
+        except FileNotFoundError as error:
+            raise ConfigError(f"compare.engine_dir: {error}") from None
         side = EngineSide(pd.read_csv(folder / "requests.csv"), steps,
                           pd.read_csv(folder / "summary.csv").iloc[0].to_dict(), meta)
         return side, cc.profile_path
@@ -256,10 +261,13 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
         from harness import compare_plots
         from harness.plots import plot_latency_cdfs
 
+        from harness.labels import run_title
+
         runs = list(summaries)
-        compare_plots.plot_metrics(table, runs, out_dir / "compare_metrics.png")
-        compare_plots.plot_steps(replayed, list(cc.cost_models), out_dir / "compare_steps.png")
-        plot_latency_cdfs(requests, out_dir / "compare_latency.png")
+        title = run_title({**summaries["engine"], "hardware": engine.meta.get("device", "measured")})
+        compare_plots.plot_metrics(table, runs, out_dir / "compare_metrics.png", title)
+        compare_plots.plot_steps(replayed, list(cc.cost_models), out_dir / "compare_steps.png", title)
+        plot_latency_cdfs(requests, out_dir / "compare_latency.png", title)
     return CompareResult(table, schedule, replayed, targets, report)
 
 
@@ -291,6 +299,9 @@ def format_report(rc: RunConfig, engine: EngineSide, profile_path, offline: bool
 
 def run_compare(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     cc = to_dataclass(CompareConfig, section(cfg, "compare"), "compare")
+    if output.steps != "full":
+        raise ConfigError(f"output.steps={output.steps} does not apply to study.kind=compare: the replay and "
+                          "compare.engine_dir read each run's step table (use output.steps=full)")
     result = compare(build_run_config(cfg), cc, out_dir, output.progress, output.plots)
     print(result.report)
     return result.table

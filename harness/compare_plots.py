@@ -9,35 +9,50 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.labels import metric_label
+
 PANELS = (
     ("throughput (tok/s)", ("input_tok_s", "output_tok_s")),
     ("TTFT (s)", ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")),
     ("TPOT (s)", ("tpot_p50_s", "tpot_p90_s", "tpot_p99_s")),
-    ("end-to-end (s)", ("e2e_p50_s", "e2e_p90_s", "e2e_p99_s")),
-    ("preemption", ("preemptions", "recomputed_tokens")),
+    ("E2E (s)", ("e2e_p50_s", "e2e_p90_s", "e2e_p99_s")),
+    ("preemptions (count)", ("preemptions",)),
+    ("recomputed tokens (tokens)", ("recomputed_tokens",)),
 )
 
 
-def plot_metrics(table: pd.DataFrame, runs: list[str], path: Path) -> None:
-    """Grouped bars: one panel per metric family, one bar per run."""
+def plot_metrics(table: pd.DataFrame, runs: list[str], path: Path, title: str) -> None:
+    """Grouped bars: one panel per metric family, one bar per run. A family that is zero for every
+    run gets no panel; a note under the title says so."""
     by_metric = table.set_index("metric")
-    fig = Figure(figsize=(4.0 * len(PANELS), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(PANELS))
+    panels, flat = [], []
+    for ylabel, metrics in PANELS:
+        values = by_metric.loc[list(metrics), runs].to_numpy(dtype=float)
+        (panels if np.nan_to_num(values).any() else flat).append((ylabel, metrics))
+    heading = f"Simulated vs measured: {title}"
+    if flat:
+        heading += "\n" + "; ".join(f"{ylabel.split(' (')[0]}: 0 in every run" for ylabel, _ in flat)
+    fig = Figure(figsize=(4.0 * max(1, len(panels)), 3.8), layout="constrained")
+    fig.suptitle(heading, fontsize=10)
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(panels))))
     width = 0.8 / len(runs)
-    for ax, (title, metrics) in zip(axes, PANELS):
+    for ax, (ylabel, metrics) in zip(axes, panels):
         x = np.arange(len(metrics))
         for i, run in enumerate(runs):
             ax.bar(x + (i - (len(runs) - 1) / 2) * width, [by_metric.loc[m, run] for m in metrics], width, label=run)
-        ax.set_xticks(x, [m.removesuffix("_s").removesuffix("_tok") for m in metrics], fontsize=8)
-        ax.set_title(title, fontsize=10)
+        ax.set_xticks(x, [metric_label(m).split(" (")[0] for m in metrics], fontsize=8)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     fig.savefig(path, dpi=110)
 
 
-def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path) -> None:
+def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path, title: str) -> None:
     """Per engine step: predicted vs measured (log-log, y = x dashed), and the relative errors."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig.suptitle(f"Step durations, cost models vs measured: {title}", fontsize=10)
     scatter, hist = fig.subplots(1, 2)
     measured = replayed["measured_s"].to_numpy()
     for name in names:
@@ -60,7 +75,7 @@ def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path) -> None:
     scatter.legend(fontsize=8)
     scatter.grid(alpha=0.3)
     hist.set_xlabel("relative error of a step (%), clipped to its 0.5-99.5 percentiles")
-    hist.set_ylabel("steps")
+    hist.set_ylabel("steps (count)")
     hist.legend(fontsize=8)
     hist.grid(alpha=0.3)
     fig.savefig(path, dpi=110)

@@ -39,6 +39,7 @@ MOVED_KEYS = {
     "gpu_memory_utilization": "execution.gpu_memory_utilization",
 }
 STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare")
+STEP_OUTPUTS = ("full", "none")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ class OutputConfig:
     progress: bool = True  # tqdm bar per run
     plots: bool = True  # PNGs for each run (a sweep always plots its curve)
     point_outputs: bool = True  # a sweep writes each point's CSVs under points/
+    steps: str = "full"  # full: each run's per-step table (steps.csv.gz); none: not written
+
+    def __post_init__(self) -> None:
+        if self.steps not in STEP_OUTPUTS:
+            raise ValueError(f"output.steps must be one of {STEP_OUTPUTS}, got {self.steps!r}")
 
 
 @dataclass(frozen=True)

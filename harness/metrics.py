@@ -8,12 +8,19 @@ clock when the last request finished).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from engine.core.loop import RunResult
 
 PERCENTILES = (50, 90, 99)
+# Per-step tables run to hundreds of MB on a whole trace: written gzipped (pandas reads them as
+# they are); requests.csv and summary.csv stay plain.
+STEPS_FILE = "steps.csv.gz"
+LEGACY_STEPS_FILE = "steps.csv"
+STEPS_COMPRESSION = {"method": "gzip", "compresslevel": 3, "mtime": 0}  # mtime 0: same table, same bytes
 
 REQUEST_COLUMNS = (
     "request_id", "arrival", "first_scheduled", "first_token", "finish", "ttft", "tpot", "e2e",
@@ -64,6 +71,25 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
         "preempted": np.array([s.num_preempted for s in stats], dtype=np.int64),
         "prefix_hit_tokens": np.array([s.prefix_hit_tokens for s in stats], dtype=np.int64),
     }, columns=list(STEP_COLUMNS))
+
+
+def write_steps(steps: pd.DataFrame, folder: Path) -> Path:
+    path = Path(folder) / STEPS_FILE
+    steps.to_csv(path, index=False, compression=STEPS_COMPRESSION)
+    return path
+
+
+def steps_path(folder: Path) -> Path:
+    """A run folder's per-step table: steps.csv.gz, or steps.csv from runs written before it was compressed."""
+    folder = Path(folder)
+    for name in (STEPS_FILE, LEGACY_STEPS_FILE):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder} has no {STEPS_FILE} (the run was written with output.steps=none?)")
+
+
+def read_steps(folder: Path) -> pd.DataFrame:
+    return pd.read_csv(steps_path(folder))
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, num_blocks: int,

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     common = os.path.commonpath(list(table["run"])) if len(table) > 1 else ""
     table["label"] = [os.path.relpath(r, common) if common else Path(r).name for r in table["run"]]
-    plot_sweep(table, "label", tuple(args.metrics), args.out / "report.png", xlabel="run")
+    plot_sweep(table, "label", tuple(args.metrics), args.out / "report.png", xlabel="run", title="Report")
     print(format_table(table, ["label", "backend", "policy", "workload"]))
     print(f"wrote {args.out / 'report.csv'} and {args.out / 'report.png'}")
     return 0

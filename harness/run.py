@@ -1,9 +1,10 @@
 """One run: build the executor, the scheduler and the requests, drive the core loop, tabulate.
 
 The simulator runs on a SimulatedClock (time jumps by each step's priced duration), the engine on
-a WallClock (measured time). Outputs go to a directory: requests.csv, steps.csv, summary.csv and,
-unless disabled, timeline.png and latency_cdf.png. Engine runs (and runs asked to record) also
-carry each step's features, schedule fingerprint and host time in steps.csv (harness.recording).
+a WallClock (measured time). Outputs go to a directory: requests.csv, steps.csv.gz (unless
+output.steps=none), summary.csv and, unless disabled, timeline.png and latency_cdf.png. Engine runs
+(and runs asked to record) also carry each step's features, schedule fingerprint and host time in
+the step table (harness.recording).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from engine.core import Executor, GraphSizes, make_scheduler
 from engine.core.loop import SimulatedClock, WallClock, run
 from harness.config import RunConfig
 from harness.convert import ConfigError
-from harness.metrics import requests_frame, steps_frame, summarize
+from harness.labels import run_identity, run_title
+from harness.metrics import requests_frame, steps_frame, summarize, write_steps
 from harness.recording import StepRecorder
 from harness.workloads import build_workload
 
@@ -69,7 +71,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         if recorder is not None:
             executor.observe(recorder)
         total = len(workload.requests)
-        bar = tqdm(total=total, desc=label or rc.workload.name, unit="req", disable=not progress,
+        bar = tqdm(total=total, desc=label or rc.workload.label, unit="req", disable=not progress,
                    mininterval=0.5, leave=False, dynamic_ncols=True)
 
         def on_step(record, finished) -> None:
@@ -94,24 +96,22 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         steps = pd.concat([steps, recorder.frame()], axis=1)
     extra = {
         "backend": rc.backend,
-        "model": getattr(rc.model, "name", "") if rc.backend == "sim" else Path(rc.engine.model).name,
-        "hardware": getattr(rc.hardware, "name", "") if rc.backend == "sim" else "measured",
-        "policy": rc.scheduler.policy,
-        "workload": rc.workload.name,
+        **run_identity(rc),
         "num_submitted": total,
         "num_rejected": len(result.rejected),
-        "num_clipped": workload.num_clipped,
-        "num_skipped": workload.num_skipped,
+        **workload.fit_counts(),
         "wall_s": wall_s,
     }
     summary = summarize(requests, steps, result.makespan_s, info.num_blocks, extra)
     return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes)
 
 
-def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True) -> None:
+def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:
+    """The run's tables (and plots) in out_dir; steps="none" leaves the per-step table out."""
     out_dir.mkdir(parents=True, exist_ok=True)
     outcome.requests.to_csv(out_dir / "requests.csv", index=False)
-    outcome.steps.to_csv(out_dir / "steps.csv", index=False)
+    if steps == "full":
+        write_steps(outcome.steps, out_dir)
     pd.DataFrame([outcome.summary]).to_csv(out_dir / "summary.csv", index=False)
     if outcome.rejected:
         pd.DataFrame({"request_id": list(outcome.rejected), "error": list(outcome.rejected.values())}).to_csv(
@@ -119,5 +119,20 @@ def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True) -> Non
     if plots:
         from harness.plots import plot_latency_cdfs, plot_timeline
 
-        plot_timeline(outcome.steps, outcome.num_blocks, out_dir / "timeline.png")
-        plot_latency_cdfs(outcome.requests, out_dir / "latency_cdf.png")
+        plot_timeline(outcome.steps, outcome.num_blocks, out_dir / "timeline.png", outcome.summary)
+        plot_latency_cdfs(outcome.requests, out_dir / "latency_cdf.png", run_title(outcome.summary))
+
+
+def require_served(outcome: RunOutcome, label: str = "") -> None:
+    """A run that served no request has no metrics to report: a ConfigError saying why."""
+    summary = outcome.summary
+    if summary["num_requests"]:
+        return
+    where = f"{label}: " if label else ""
+    if outcome.rejected:
+        rid, error = next(iter(outcome.rejected.items()))
+        raise ConfigError(f"{where}nothing was served: all {summary['num_submitted']} requests were rejected at "
+                          f"admission (e.g. request {rid}: {error}); see rejected.csv")
+    raise ConfigError(f"{where}nothing was served: the workload has no request left to serve "
+                      f"({summary['num_skipped']} skipped by workload.oversize=skip as longer than "
+                      "scheduler.max_model_len)")

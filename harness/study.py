@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from harness.config import build_run_config, build_study
 from harness.report import format_summary, format_table
-from harness.run import run_once, write_outcome
+from harness.run import require_served, run_once, write_outcome
 
 
 def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
@@ -39,7 +39,8 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         return table
     rc = build_run_config(cfg)
     outcome = run_once(rc, output.progress)
-    write_outcome(outcome, out_dir, output.plots)
+    write_outcome(outcome, out_dir, output.plots, output.steps)
+    require_served(outcome)
     print(format_summary(outcome.summary))
     if study.kind == "bench":
         print(bench_line(outcome.summary))

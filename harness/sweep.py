@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.config import CONF_DIR, OutputConfig, RunConfig, StudyConfig, build_run_config
 from harness.convert import ConfigError
-from harness.run import run_once, write_outcome
+from harness.run import require_served, run_once, write_outcome
 
 GROUPS = ("model", "hardware", "workload", "scheduler", "backend")
 
@@ -60,11 +60,14 @@ def run_sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir
 
     rows = []
     for value, rc in point_configs(cfg, study):
-        outcome = run_once(rc, output.progress, label=f"{study.param}={value}")
+        label = f"{study.param}={value}"
+        outcome = run_once(rc, output.progress, label=label)
         if output.point_outputs:
-            write_outcome(outcome, out_dir / "points" / slug(study.param, value), output.plots)
+            write_outcome(outcome, out_dir / "points" / slug(study.param, value), output.plots, output.steps)
+        require_served(outcome, f"sweep point {label}")
         rows.append({"param": study.param, "value": value, **outcome.summary})
     table = pd.DataFrame(rows)
     table.to_csv(out_dir / "sweep.csv", index=False)
-    plot_sweep(table, "value", study.metrics, out_dir / "sweep.png", log_x=study.log_x, xlabel=study.param)
+    plot_sweep(table, "value", study.metrics, out_dir / "sweep.png", log_x=study.log_x, xlabel=study.param,
+               title=f"Sweep of {study.param}")
     return table

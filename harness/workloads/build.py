@@ -1,9 +1,10 @@
 """Turn a WorkloadConfig into core Requests: lengths, arrivals, token ids, oversize handling.
 
 NOTE on oversize requests (prompt + output > max_model_len): "clip" keeps the output length
-(capped at max_model_len - 1) and truncates the prompt from its end, so a shared system prompt
-survives; "skip" drops the request. Either way the count is logged as a warning and reported in
-summary.csv (num_clipped, num_skipped): nothing is truncated silently.
+(capped at max_model_len - 1, the one case where the output is cut) and truncates the prompt from
+its end, so a shared system prompt survives; "skip" drops the request. Either way what was cut is
+logged as a warning and reported in summary.csv (requests clipped; of them, prompts and outputs
+cut and the tokens each lost; requests skipped): nothing is truncated silently.
 """
 
 from __future__ import annotations
@@ -26,8 +27,18 @@ log = logging.getLogger(__name__)
 @dataclass
 class Workload:
     requests: list[Request]
-    num_clipped: int = 0  # prompts truncated to fit max_model_len
+    num_clipped: int = 0  # requests cut to fit max_model_len (prompt, output or both)
+    num_prompts_clipped: int = 0  # of them, requests whose prompt was shortened
+    num_outputs_clipped: int = 0  # of them, requests whose output was shortened
+    prompt_tokens_clipped: int = 0  # prompt tokens cut, over all requests
+    output_tokens_clipped: int = 0  # output tokens cut, over all requests
     num_skipped: int = 0  # requests dropped because they did not fit
+
+    def fit_counts(self) -> dict[str, int]:
+        """What fitting max_model_len cost: the summary.csv columns."""
+        return {"num_clipped": self.num_clipped, "num_prompts_clipped": self.num_prompts_clipped,
+                "num_outputs_clipped": self.num_outputs_clipped, "prompt_tokens_clipped": self.prompt_tokens_clipped,
+                "output_tokens_clipped": self.output_tokens_clipped, "num_skipped": self.num_skipped}
 
 
 def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | None = None) -> Workload:
@@ -56,19 +67,13 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     keep = np.ones(n, dtype=bool)
     over = prompt + output > max_model_len
     num_over = int(over.sum())
+    clipped = {}
     if num_over and cfg.oversize == "skip":
         keep &= ~over
         log.warning("workload %s: skipped %d of %d requests longer than max_model_len=%d",
-                    cfg.name, num_over, n, max_model_len)
+                    cfg.label, num_over, n, max_model_len)
     elif num_over:
-        if max_model_len < 2:
-            raise ConfigError(f"scheduler.max_model_len={max_model_len} leaves no room for a prompt token and an "
-                              f"output token: {num_over} requests cannot be clipped to fit (it must be >= 2)")
-        output = np.where(over, np.minimum(output, max_model_len - 1), output)
-        prompt = np.where(over, np.minimum(prompt, max_model_len - output), prompt)
-        log.warning("workload %s: clipped the prompts of %d of %d requests to fit max_model_len=%d",
-                    cfg.name, num_over, n, max_model_len)
-
+        prompt, output, clipped = _clip(cfg, prompt, output, over, max_model_len)
     # Token ids: one draw for every request's own tokens (those not from a shared group prefix).
     own = np.where(group >= 0, np.maximum(prompt - prefix_len, 0), prompt)
     flat = np.random.default_rng(token_seq).integers(0, bound, size=int(own.sum()), dtype=np.int64)
@@ -89,11 +94,31 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         )
         rid = str(i + cfg.start_row) if trace is not None else str(i)
         requests.append(Request(rid, ids, params, arrival_time=float(arrival[i])))
-    return Workload(
-        requests,
-        num_clipped=num_over if cfg.oversize == "clip" else 0,
-        num_skipped=num_over if cfg.oversize == "skip" else 0,
-    )
+    return Workload(requests, num_skipped=num_over if cfg.oversize == "skip" else 0, **clipped)
+
+
+def _clip(cfg: WorkloadConfig, prompt: np.ndarray, output: np.ndarray, over: np.ndarray,
+          max_model_len: int) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """Fit the `over` rows into max_model_len: the output first capped at max_model_len - 1, then
+    the prompt cut to what is left. Returns the new lengths and Workload's clip counts."""
+    num_over = int(over.sum())
+    if max_model_len < 2:
+        raise ConfigError(f"scheduler.max_model_len={max_model_len} leaves no room for a prompt token and an "
+                          f"output token: {num_over} requests cannot be clipped to fit (it must be >= 2)")
+    new_output = np.where(over, np.minimum(output, max_model_len - 1), output)
+    new_prompt = np.where(over, np.minimum(prompt, max_model_len - new_output), prompt)
+    counts = {
+        "num_clipped": num_over,
+        "num_prompts_clipped": int((new_prompt < prompt).sum()),
+        "num_outputs_clipped": int((new_output < output).sum()),
+        "prompt_tokens_clipped": int((prompt - new_prompt).sum()),
+        "output_tokens_clipped": int((output - new_output).sum()),
+    }
+    log.warning("workload %s: clipped %d of %d requests to fit max_model_len=%d: %d prompts lost %d tokens, "
+                "%d outputs lost %d tokens", cfg.label, num_over, len(prompt), max_model_len,
+                counts["num_prompts_clipped"], counts["prompt_tokens_clipped"],
+                counts["num_outputs_clipped"], counts["output_tokens_clipped"])
+    return new_prompt, new_output, counts
 
 
 def _load_trace(cfg: WorkloadConfig) -> pd.DataFrame | None:

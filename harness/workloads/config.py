@@ -5,13 +5,18 @@ arrival rate does not change the token ids):
 - lengths: prompt_len and output_len, each uniform, fixed, or read from a trace;
 - arrivals: offline (all at t=0), poisson or gamma at `rate` req/s, or the trace's own times;
 - token ids: uniform below max_token_id, optionally behind a shared system prompt (shared_prefix).
+
+A setting that the chosen sources would not read (a trace path on a synthetic workload, a rate
+on offline arrivals, `low` on fixed lengths) is an error, not a silent no-op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LENGTH_DISTS = ("uniform", "fixed", "trace")
+LENGTH_FIELDS = {"uniform": ("low", "high"), "fixed": ("value",), "trace": ()}  # what each dist reads
 ARRIVALS = ("offline", "poisson", "gamma", "trace")
 OVERSIZE = ("clip", "skip")
 
@@ -33,6 +38,13 @@ class LengthConfig:
                 raise ValueError(f"{where} (uniform) needs 1 <= low <= high, got low={self.low}, high={self.high}")
         if self.dist == "fixed" and (self.value is None or self.value < 1):
             raise ValueError(f"{where}.value (fixed) must be an int >= 1, got {self.value}")
+        unread = [name for name in ("low", "high", "value")
+                  if getattr(self, name) is not None and name not in LENGTH_FIELDS[self.dist]]
+        if unread:
+            settings = ", ".join(f"{where}.{name}={getattr(self, name)}" for name in unread)
+            nulls = " ".join(f"{where}.{name}=null" for name in unread)
+            raise ValueError(f"{settings}: not used by {where}.dist={self.dist} (it reads "
+                             f"{list(LENGTH_FIELDS[self.dist]) or 'the trace column'}); set {nulls}")
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class SharedPrefixConfig:
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    name: str = "bench"
+    name: str | None = None  # None: the trace file's stem, or the arrival process (see label)
     num_requests: int | None = 256  # None: every row of the trace (after start_row)
     seed: int = 0
     prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig("uniform", 100, 1024))
@@ -94,6 +106,7 @@ class WorkloadConfig:
         uses_trace = self.uses_trace
         if uses_trace and not self.trace_path:
             raise ValueError(f"{where}.trace_path is required when lengths or arrivals come from a trace")
+        self._check_all_read()
         if not uses_trace and self.num_requests is None:
             raise ValueError(f"{where}.num_requests must be set for a synthetic workload (null only for traces)")
         if self.start_row < 0:
@@ -110,3 +123,30 @@ class WorkloadConfig:
     @property
     def uses_trace(self) -> bool:
         return self.arrival == "trace" or "trace" in (self.prompt_len.dist, self.output_len.dist)
+
+    @property
+    def label(self) -> str:
+        """The name runs are filed under: `name` when set, else the trace file's stem, else the arrival process."""
+        if self.name:
+            return self.name
+        return Path(self.trace_path).stem if self.uses_trace else self.arrival
+
+    def _check_all_read(self) -> None:
+        """Settings the chosen sources would ignore are errors naming the workload and what would read them."""
+        sources = (f"arrival={self.arrival}, prompt_len.dist={self.prompt_len.dist}, "
+                   f"output_len.dist={self.output_len.dist}")
+        unread = []
+        if not self.uses_trace:
+            trace_only = {"trace_path": None, "trace_dir": None, "start_row": 0}
+            unread += [(k, "workload.arrival=trace or a length dist=trace (e.g. workload=trace)")
+                       for k, neutral in trace_only.items() if getattr(self, k) != neutral]
+        if self.arrival != "trace" and self.rate_scale != 1.0:
+            unread.append(("rate_scale", "workload.arrival=trace (e.g. workload=trace)"))
+        if self.arrival not in ("poisson", "gamma") and self.rate is not None:
+            unread.append(("rate", "workload.arrival=poisson or gamma"))
+        if self.arrival != "gamma" and self.cv != 1.0:
+            unread.append(("cv", "workload.arrival=gamma"))
+        if unread:
+            key, reader = unread[0]
+            raise ValueError(f"workload.{key}={getattr(self, key)!r} is ignored by workload {self.label!r} "
+                             f"({sources}); it is read only with {reader}")
