@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.metrics import read_steps
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 
@@ -31,7 +32,7 @@ def offline(tiny_checkpoint, tmp_path_factory):
 
 
 def _run_tables(out, run):
-    return (pd.read_csv(out / run / "requests.csv"), pd.read_csv(out / run / "steps.csv"),
+    return (pd.read_csv(out / run / "requests.csv"), read_steps(out / run),
             pd.read_csv(out / run / "summary.csv").iloc[0])
 
 
@@ -39,10 +40,10 @@ def test_offline_schedules_are_identical_and_the_report_says_so(offline):
     schedule = pd.read_csv(offline / "compare_schedule.csv")
     assert list(schedule["run"]) == ["sim_profiled", "sim_roofline"]
     assert schedule["schedule_identical"].all() and (schedule["first_divergent_step"] == -1).all()
-    engine_steps = pd.read_csv(offline / "engine" / "steps.csv")
+    engine_steps = read_steps(offline / "engine")
     assert engine_steps["preempted"].sum() > 0  # the comparison covers preemption
     for run in ("sim_profiled", "sim_roofline"):
-        sim_steps = pd.read_csv(offline / run / "steps.csv")
+        sim_steps = read_steps(offline / run)
         assert list(sim_steps["schedule_hash"]) == list(engine_steps["schedule_hash"])
         assert (sim_steps["preempted"].to_numpy() == engine_steps["preempted"].to_numpy()).all()
     report = (offline / "compare.md").read_text()
@@ -95,8 +96,8 @@ def test_online_divergence_is_reported_where_it_happens(tiny_checkpoint, tmp_pat
                               "workload.rate=400", "workload.num_requests=16", "compare.cost_models=[roofline]",
                               "output.plots=false"]), tmp_path)
     schedule = pd.read_csv(tmp_path / "compare_schedule.csv").iloc[0]
-    engine = pd.read_csv(tmp_path / "engine" / "steps.csv")["schedule_hash"].tolist()
-    sim = pd.read_csv(tmp_path / "sim_roofline" / "steps.csv")["schedule_hash"].tolist()
+    engine = read_steps(tmp_path / "engine")["schedule_hash"].tolist()
+    sim = read_steps(tmp_path / "sim_roofline")["schedule_hash"].tolist()
     first = next((i for i, (a, b) in enumerate(zip(engine, sim)) if a != b), -1 if len(engine) == len(sim) else
                  min(len(engine), len(sim)))
     assert schedule["first_divergent_step"] == first
@@ -105,7 +106,7 @@ def test_online_divergence_is_reported_where_it_happens(tiny_checkpoint, tmp_pat
     if first >= 0:
         assert f"first divergent step {first} " in report
         assert schedule["engine_time_at_divergence_s"] == pytest.approx(
-            pd.read_csv(tmp_path / "engine" / "steps.csv")["start"].iloc[first])
+            read_steps(tmp_path / "engine")["start"].iloc[first])
 
 
 def test_a_saved_engine_run_is_compared_again_without_the_engine(offline, tmp_path):

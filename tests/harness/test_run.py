@@ -11,6 +11,7 @@ from harness.convert import ConfigError
 from harness.report import collect
 from harness.report import main as report_main
 from harness.run import run_once
+from harness.metrics import read_steps
 from harness.study import run_study
 from tests.core.fakes import OverlappingFakeExecutor
 from tests.harness.conftest import compose_config
@@ -30,7 +31,7 @@ def default_run(tmp_path_factory):
 
 def test_default_run_writes_tables_and_plots(default_run):
     out, _ = default_run
-    for name in ("requests.csv", "steps.csv", "summary.csv", "timeline.png", "latency_cdf.png"):
+    for name in ("requests.csv", "steps.csv.gz", "summary.csv", "timeline.png", "latency_cdf.png"):
         assert (out / name).stat().st_size > 0, name
     requests = pd.read_csv(out / "requests.csv")
     assert list(requests.columns[:8]) == ["request_id", "arrival", "first_scheduled", "first_token", "finish",
@@ -41,7 +42,7 @@ def test_default_run_writes_tables_and_plots(default_run):
 
 def _check_invariants(out, summary):
     requests = pd.read_csv(out / "requests.csv")
-    steps = pd.read_csv(out / "steps.csv")
+    steps = read_steps(out)
     assert requests["request_id"].is_unique and len(requests) == summary["num_requests"]
     assert (requests["ttft"] <= requests["e2e"] + 1e-12).all()
     assert (requests["arrival"] <= requests["first_scheduled"]).all()
