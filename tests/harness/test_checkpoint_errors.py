@@ -1,0 +1,58 @@
+"""A missing or broken checkpoint: one line through the harness, the same message from LLM(...).
+
+The harness side runs in process: a ConfigError is what `python -m harness` prints as its one
+line (tests/harness/test_outputs.py checks that through the real entry point).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from engine import LLM
+from engine.loader import CheckpointError, CheckpointNotFoundError
+from harness.convert import ConfigError
+from harness.study import run_study
+from tests.harness.conftest import compose_config
+
+
+def _harness_error(tmp_path, model_dir) -> str:
+    cfg = compose_config(["backend=engine", "model=tiny", "hardware=cpu", "backend.device=cpu",
+                          f"backend.model={model_dir}", "scheduler.max_model_len=2048", "output.plots=false"])
+    with pytest.raises(ConfigError) as error:
+        run_study(cfg, tmp_path / "run")
+    return str(error.value)
+
+
+def _llm_message(model_dir) -> str:
+    with pytest.raises(CheckpointError) as error:
+        LLM(str(model_dir), device="cpu")
+    return str(error.value)
+
+
+@pytest.fixture
+def truncated(tmp_path, tiny_checkpoint):
+    folder = tmp_path / "truncated"
+    shutil.copytree(tiny_checkpoint, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return folder
+
+
+def test_missing_folder(tmp_path):
+    missing = tmp_path / "nonexistent"
+    message = _llm_message(missing)
+    assert str(missing) in message
+    with pytest.raises(CheckpointNotFoundError):  # still a FileNotFoundError for callers that catch that
+        LLM(str(missing))
+    assert issubclass(CheckpointNotFoundError, FileNotFoundError) and issubclass(CheckpointError, ValueError)
+    line = _harness_error(tmp_path, missing)
+    assert "\n" not in line and line.endswith(message)
+
+
+def test_truncated_safetensors(tmp_path, truncated):
+    message = _llm_message(truncated)
+    assert str(truncated / "model.safetensors") in message and "truncated or corrupt" in message
+    line = _harness_error(tmp_path, truncated)
+    assert "\n" not in line and line.endswith(message)
