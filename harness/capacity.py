@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,9 @@ from harness.labels import metric_label, run_identity, table_title
 from harness.metrics import percentile
 from harness.run import run_once
 from harness.sweep import point_configs
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _with_rate(rc: RunConfig, arrival: str, rate: float | None) -> RunConfig:
@@ -109,8 +113,8 @@ def run_capacity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
     return table
 
 
-def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig, path: Path) -> None:
-    from matplotlib.figure import Figure
+def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig, path: Path) -> Figure:
+    from matplotlib.figure import Figure  # noqa: F811 (the runtime import; matplotlib loads only to plot)
 
     p = f"{cap.percentile:g}"
     fig = Figure(figsize=(11, 4), layout="constrained")
@@ -128,3 +132,4 @@ def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
+    return fig

@@ -21,7 +21,7 @@ PANELS = (
 )
 
 
-def plot_metrics(table: pd.DataFrame, runs: list[str], path: Path, title: str) -> None:
+def plot_metrics(table: pd.DataFrame, runs: list[str], path: Path, title: str) -> Figure:
     """Grouped bars: one panel per metric family, one bar per run. A family that is zero for every
     run gets no panel; a note under the title says so."""
     by_metric = table.set_index("metric")
@@ -47,9 +47,10 @@ def plot_metrics(table: pd.DataFrame, runs: list[str], path: Path, title: str) -
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     fig.savefig(path, dpi=110)
+    return fig
 
 
-def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path, title: str) -> None:
+def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path, title: str) -> Figure:
     """Per engine step: predicted vs measured (log-log, y = x dashed), and the relative errors."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     fig.suptitle(f"Step durations, cost models vs measured: {title}", fontsize=10)
@@ -79,4 +80,5 @@ def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path, title: str)
     hist.legend(fontsize=8)
     hist.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
+    return fig
 

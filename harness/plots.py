@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 MAX_POINTS = 20000  # a timeline with more steps is thinned to about this many points
 
 
-def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path, summary: dict) -> None:
+def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path, summary: dict) -> Figure:
     """KV-cache usage and queue depths over time; summary: the run's summary row (for the title)."""
     if len(steps) > MAX_POINTS:
         steps = steps.iloc[:: len(steps) // MAX_POINTS + 1]
@@ -42,9 +42,10 @@ def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path, summary: dic
     queue.set_xlabel("time (s)")
     queue.legend(loc="upper right")
     fig.savefig(path, dpi=110)
+    return fig
 
 
-def plot_latency_cdfs(requests: pd.DataFrame | dict[str, pd.DataFrame], path: Path, title: str) -> None:
+def plot_latency_cdfs(requests: pd.DataFrame | dict[str, pd.DataFrame], path: Path, title: str) -> Figure:
     """TTFT, TPOT and end-to-end CDFs of one run's requests, or of several runs (name -> requests), one
     line each; title: what ran (harness.labels.run_title)."""
     runs = requests if isinstance(requests, dict) else {None: requests}
@@ -63,10 +64,11 @@ def plot_latency_cdfs(requests: pd.DataFrame | dict[str, pd.DataFrame], path: Pa
     if len(runs) > 1:
         axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
+    return fig
 
 
 def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path, log_x: bool = False,
-               group: str | None = None, xlabel: str | None = None, title: str = "Sweep") -> None:
+               group: str | None = None, xlabel: str | None = None, title: str = "Sweep") -> Figure:
     """One panel per metric against x; one line per value of `group` when given. A metric that is
     zero (or missing) in every row gets no panel: it is named in a note under the title instead."""
     unknown = [m for m in metrics if m not in table.columns]
@@ -107,3 +109,4 @@ def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
     fig.savefig(path, dpi=110)
+    return fig
