@@ -41,7 +41,7 @@ SLOW = {
 DEPENDS = [("hydra/launcher=joblib", "harness.report"), ("engine.checkpoint", "LLM(")]
 COPY_IGNORE = shutil.ignore_patterns(".git", "outputs", "multirun", "checkpoints", "report", "__pycache__",
                                      ".pytest_cache", ".hypothesis", "*.egg-info", ".benchmarks", "build")
-TIMEOUT_S = 600
+TIMEOUT_S = 1800  # per snippet; the capacity search takes minutes on a loaded 2-core machine
 
 
 def snippets(text: str) -> list[tuple[str, str]]:
