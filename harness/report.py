@@ -28,7 +28,7 @@ def format_summary(row: dict) -> str:
         f"{row.get('backend', '?')} | model {row.get('model', '?')} | hardware {row.get('hardware', '?')} | "
         f"policy {row.get('policy', '?')} | workload {row.get('workload', '?')}",
         f"requests {row['num_requests']} served, {row.get('num_rejected', 0)} rejected, "
-        f"{row.get('num_clipped', 0)} clipped, {row.get('num_skipped', 0)} skipped | "
+        f"{_clipped(row)}, {row.get('num_skipped', 0)} skipped | "
         f"makespan {row['makespan_s']:.3f} s | {row['num_steps']} steps | {row['num_blocks']} KV blocks",
         f"throughput  in {row['input_tok_s']:,.1f} tok/s | out {row['output_tok_s']:,.1f} tok/s | "
         f"total {row['total_tok_s']:,.1f} tok/s | {row['request_s']:.3f} req/s",
@@ -43,6 +43,14 @@ def format_summary(row: dict) -> str:
         f"prefix hit rate {100 * row['prefix_hit_rate']:.1f}% ({row['cached_tokens']} cached tokens)"
     )
     return "\n".join(lines)
+
+
+def _clipped(row: dict) -> str:
+    text = f"{row.get('num_clipped', 0)} clipped"
+    if row.get("num_clipped"):
+        text += (f" ({row['num_prompts_clipped']} prompts lost {row['prompt_tokens_clipped']} tokens, "
+                 f"{row['num_outputs_clipped']} outputs lost {row['output_tokens_clipped']} tokens)")
+    return text
 
 
 def format_table(table: pd.DataFrame, keys: list[str]) -> str:

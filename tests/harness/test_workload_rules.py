@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness.config import build_run_config
 from harness.convert import ConfigError
+from harness.report import format_summary
 from harness.study import run_study
 from harness.workloads import LengthConfig, TraceError, WorkloadConfig, build_workload
 from tests.harness.conftest import compose_config
@@ -91,6 +92,9 @@ def test_clip_counts_reach_summary_csv(tmp_path):
     row = table.iloc[0]
     assert row["num_clipped"] > 0 and row["num_prompts_clipped"] > 0 and row["prompt_tokens_clipped"] > 0
     assert row["num_outputs_clipped"] > 0 and row["output_tokens_clipped"] > 0  # outputs of up to 1024 > 599
+    assert (f"{row['num_clipped']} clipped ({row['num_prompts_clipped']} prompts lost {row['prompt_tokens_clipped']} "
+            f"tokens, {row['num_outputs_clipped']} outputs lost {row['output_tokens_clipped']} tokens)"
+            in format_summary(row.to_dict()))
 
 
 def _trace(tmp_path, text: str, name: str = "my_trace.csv"):
