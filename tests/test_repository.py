@@ -1,0 +1,32 @@
+"""Repository hygiene a newcomer meets: generated folders are ignored by git, and the README says
+which test suites the default `pytest` leaves out."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GENERATED = ["outputs/run/x/summary.csv", "multirun/run/x/summary.csv", "report/report.csv",
+             "checkpoints/tiny-qwen3/config.json", "experiments/engine/checkpoints/a/config.json",
+             "tests/outputs/run/x/steps.csv.gz"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs a git checkout")
+@pytest.mark.parametrize("path", GENERATED)
+def test_generated_folders_are_ignored(path):
+    result = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=REPO)
+    assert result.returncode == 0, f"{path} is not git-ignored"
+
+
+def test_readme_says_how_to_run_the_excluded_suites():
+    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    readme = (REPO / "README.md").read_text()
+    excluded = addopts.split("-m ")[1].split(" --")[0]  # "'not slow and not gpu'"
+    assert excluded.strip("'\"") == "not slow and not gpu"
+    for text in (excluded, "python -m pytest -m slow", "python -m pytest -m gpu", 'python -m pytest -m ""'):
+        assert text in readme, text
