@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from harness.metrics import LEGACY_STEPS_FILE, STEPS_FILE, steps_path
+
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
 # Runs 1-5 and every raw per-step / per-request table left the tree after this commit
 # (experiments/README.md, "The rule for results").
 RAW_TABLES_COMMIT = "e869d52"
-STEPS_TABLES = ("steps.csv.gz", "steps.csv")
+STEPS_TABLES = (STEPS_FILE, LEGACY_STEPS_FILE)
 
 
 def one_line_errors(main: Callable[[], int]) -> int:
@@ -71,10 +73,10 @@ def require(path: Path) -> Path:
 
 def steps_table_path(folder: Path) -> Path:
     """A run folder's steps table, written compressed or not; MissingInputs when neither is there."""
-    for name in STEPS_TABLES:
-        if (Path(folder) / name).is_file():
-            return Path(folder) / name
-    raise MissingInputs(f"{Path(folder)}/{' or '.join(STEPS_TABLES)}")
+    try:
+        return steps_path(folder)
+    except FileNotFoundError:
+        raise MissingInputs(f"{Path(folder)}/{' or '.join(STEPS_TABLES)}") from None
 
 
 def read_steps(path: Path) -> pd.DataFrame:

@@ -18,7 +18,7 @@ from tests.harness.conftest import compose_config
 
 
 def _harness_error(tmp_path, model_dir) -> str:
-    cfg = compose_config(["backend=engine", "model=tiny", "hardware=cpu", "backend.device=cpu",
+    cfg = compose_config(["backend=engine", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
                           f"backend.model={model_dir}", "scheduler.max_model_len=2048", "output.plots=false"])
     with pytest.raises(ConfigError) as error:
         run_study(cfg, tmp_path / "run")
