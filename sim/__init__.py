@@ -13,6 +13,7 @@ from sim.memory import estimate_activation_bytes, plan_num_blocks
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel, holdout_validation, relative_errors
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
+from sim.tp_transfer import TPTransferCostModel
 
 
 def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, cache: CacheConfig,
@@ -40,6 +41,6 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
 
 __all__ = [
     "FEATURE_COLUMNS", "CostModel", "ExtrapolationWarning", "HardwareSpec", "ModelSpec", "ProfiledCostModel",
-    "RooflineCostModel", "SimConfig", "SimExecutor", "build_sim_executor",
+    "RooflineCostModel", "SimConfig", "SimExecutor", "TPTransferCostModel", "build_sim_executor",
     "estimate_activation_bytes", "holdout_validation", "plan_num_blocks", "relative_errors", "step_features",
 ]

@@ -19,6 +19,9 @@ class SimConfig:
     loop plans step N+1 while step N runs, so a request that arrives during step N is admitted
     one step later than with steps run one at a time, and a request that stops on EOS computes
     one discarded token.
+    profile_tp_size: the tensor-parallel size the profile was measured at; None:
+    execution.tensor_parallel_size. A profile measured at 1 and run at a larger size is priced
+    through sim.tp_transfer.
     """
 
     cost_model: str = "roofline"
@@ -27,15 +30,26 @@ class SimConfig:
     vocab_size: int | None = None
     eos_token_id: int | None = None
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    profile_tp_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.cost_model not in COST_MODELS:
             raise ValueError(f"SimConfig.cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
         if self.cost_model == "profiled" and not self.profile_path:
             raise ValueError("SimConfig.profile_path must name a step-timing CSV when cost_model='profiled'")
+        tp = self.execution.tensor_parallel_size if isinstance(self.execution, ExecutionConfig) else None
+        if self.profile_tp_size not in (None, 1, tp):
+            raise ValueError(f"SimConfig.profile_tp_size must be None, 1 or execution.tensor_parallel_size ({tp}): "
+                             f"a profile is transferred from TP=1 only, got {self.profile_tp_size!r}")
         for name, low in (("activation_reserve_bytes", 0), ("vocab_size", 2), ("eos_token_id", 0)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"SimConfig.{name} must be None or an int >= {low}, got {value!r}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"SimConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
+
+    @property
+    def transfers_tp(self) -> bool:
+        """A TP=1 profile priced at tensor_parallel_size > 1 (sim.tp_transfer)."""
+        return (self.cost_model == "profiled" and self.profile_tp_size == 1
+                and self.execution.tensor_parallel_size > 1)

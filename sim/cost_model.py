@@ -2,7 +2,8 @@
 
 - RooflineCostModel (sim/roofline.py): from the model's shape and the hardware's peaks; needs no
   measurement, so it is the uncalibrated prediction.
-- ProfiledCostModel (sim/profiled.py): fitted to the engine's measured step times.
+- ProfiledCostModel (sim/profiled.py): fitted to the engine's measured step times;
+- TPTransferCostModel (sim/tp_transfer.py): a TP=1 profile priced at a larger tp_size.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sim.config import SimConfig
 from sim.profiled import ProfiledCostModel
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
+from sim.tp_transfer import TPTransferCostModel
 
 
 class CostModel(Protocol):
@@ -28,8 +30,12 @@ def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     if sim.cost_model == "roofline":
         return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size)
     # NOTE: a profile is specific to the model, hardware and tp_size it was measured with; those
-    # arguments only choose the CSV, through the config that named it.
-    return ProfiledCostModel.load(sim.profile_path, graphs)
+    # arguments only choose the CSV, through the config that named it, except that a TP=1 profile
+    # (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
+    profiled = ProfiledCostModel.load(sim.profile_path, graphs)
+    if sim.transfers_tp:
+        return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size)
+    return profiled
 
 
-__all__ = ["CostModel", "ProfiledCostModel", "RooflineCostModel", "make_cost_model"]
+__all__ = ["CostModel", "ProfiledCostModel", "RooflineCostModel", "TPTransferCostModel", "make_cost_model"]

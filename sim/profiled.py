@@ -266,6 +266,11 @@ class ProfiledCostModel:
             hidden = min(max(0.0, launch - gpu), free)
         return max(gpu, launch - hidden, _MIN_DURATION_S)
 
+    def overlap_parts(self, features: Mapping[str, float]) -> tuple[float, float]:
+        """(launch_s, gpu_s) of the step's regime: the host time of submit() and the device time
+        alone; (0, 0) where the profile did not measure them (not an overlapping profile)."""
+        return self._part("launch", features), self._part("gpu", features)
+
     def _part(self, part: str, features: Mapping[str, float]) -> float:
         regime = _regime(features)
         fit = self.fits.get(f"{part}:{regime}")

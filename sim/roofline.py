@@ -127,11 +127,22 @@ class RooflineCostModel:
         if num_sampled:
             lm_head = max(self._lm_flops_per_row * num_sampled / self._matmul_rate,
                           (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw)
-        comm = 0.0
-        if self._num_all_reduces:
-            comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
-            if num_sampled:
-                comm += self._latency + self._gather_s_per_row * num_sampled
-        overhead = self._step_overhead + self._seq_overhead * num_seqs
-        return {"linear": linear, "attention": attention, "lm_head": lm_head, "communication": comm,
-                "overhead": overhead}
+        return {"linear": linear, "attention": attention, "lm_head": lm_head,
+                "communication": self.communication_time(num_tokens, num_sampled),
+                "overhead": self.host_time(num_seqs)}
+
+    def communication_time(self, num_tokens: int, num_sampled: int) -> float:
+        """Seconds of tensor-parallel collectives in a step (0 at tp_size 1): per all-reduce its
+        latency plus 2 (tp - 1) / tp of [num_tokens, hidden] activations over one GPU's link
+        (ring), and the latency and (tp - 1) / tp of [num_sampled, vocab] float32 logits gathered
+        for sampling. Neither shrinks as tp grows."""
+        if not self._num_all_reduces:
+            return 0.0
+        comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
+        if num_sampled:
+            comm += self._latency + self._gather_s_per_row * num_sampled
+        return comm
+
+    def host_time(self, num_seqs: int) -> float:
+        """The step's fixed host overhead: the same on every rank count (rank 0's Python)."""
+        return self._step_overhead + self._seq_overhead * num_seqs

@@ -1,0 +1,89 @@
+"""The TP transfer: a cost model measured at tensor-parallel size 1, priced at tp_size N > 1.
+
+The profiled model is fitted to an engine running on one GPU. At N GPUs, rank 0's step is
+
+    host + device(TP=1) x r + communication
+
+- host: the step's host work (building the batch, launching; plus the loop's scheduling between
+  steps where the profile measured it). It does not shrink: rank 0's Python does it whatever N.
+  And none of it hides behind the device: at N > 1 the engine runs its steps one at a time
+  (EngineConfig rejects async_scheduling="on" with tensor_parallel_size > 1, and "auto" turns it
+  off), so host and device times add.
+- device(TP=1) x r: the device time at TP=1, times the roofline's ratio of sharded work per GPU,
+  r = (linear + attention + LM head at N) / (the same at 1), each phase max(compute, memory) of
+  one rank's shard. r is ~1/N; more where a shard is not 1/N of the work (KV heads replicated
+  when N > num_kv_heads, replicated norms, weight reads that stop dominating a small batch).
+- communication: the roofline's collectives at N (RooflineCostModel.communication_time): two
+  ring all-reduces per layer and one after the embedding, of num_tokens x hidden x dtype bytes,
+  each moving 2 (N - 1) / N of the data over the GPU's link (hardware.interconnect_bandwidth x
+  interconnect_efficiency) plus a latency each; the sampled rows' logits gathered to rank 0.
+
+How the TP=1 step splits into host and device:
+- a ProfiledCostModel of an overlapping engine (fits of launch_s and gpu_s per regime): host =
+  the launch time, device = the device time alone, plus its host fit (the loop's time between
+  steps) where it has one;
+- any other model (a profile without those fits, or the roofline): host = the hardware config's
+  step_overhead_s + seq_overhead_s x num_seqs (RooflineCostModel.host_time), device = the rest of
+  the TP=1 step.
+Applied to the roofline at TP=1, the transfer gives the roofline at N exactly.
+
+Not modelled (the 2 x H200 validation in experiments/tp/ measures what they cost together): the
+hand-off of each step's batch from rank 0 to the other ranks, and all-reduces slower than the
+link's bandwidth at small messages beyond the fixed latency.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from engine.core.plan import StepPlan
+from sim.features import step_features
+from sim.profiled import ProfiledCostModel
+from sim.roofline import RooflineCostModel
+from sim.specs import HardwareSpec, ModelSpec
+
+_token_ids = attrgetter("token_ids")
+_sample = attrgetter("sample")
+
+
+class TPTransferCostModel:
+    """base: a cost model of the engine at TP=1 (anything with step_time(plan)); prices its steps
+    at tp_size ranks as the module docstring says."""
+
+    def __init__(self, base, model: ModelSpec, hardware: HardwareSpec, tp_size: int) -> None:
+        model.check_tp(tp_size)
+        self.base = base
+        self.tp_size = tp_size
+        self._one = RooflineCostModel(model, hardware, 1)
+        self._many = RooflineCostModel(model, hardware, tp_size)
+
+    def terms(self, plan: StepPlan) -> dict[str, float]:
+        """The step's parts in seconds (they sum to step_time): host, device_tp1 (the TP=1 device
+        time), shard_ratio (r), device (device_tp1 x r), communication."""
+        num_tokens = sum(map(len, map(_token_ids, plan.scheduled)))
+        num_sampled = sum(map(_sample, plan.scheduled))
+        config_host = self._one.host_time(len(plan.scheduled))
+        sharded_one = self._one.step_time(plan) - config_host
+        comm = self._many.communication_time(num_tokens, num_sampled)
+        sharded_many = self._many.step_time(plan) - comm - config_host
+        ratio = sharded_many / sharded_one if sharded_one > 0 else 1.0 / self.tp_size
+        host, device_one = self._split(plan, config_host)
+        return {"host": host, "device_tp1": device_one, "shard_ratio": ratio, "device": device_one * ratio,
+                "communication": comm}
+
+    def step_time(self, plan: StepPlan) -> float:
+        terms = self.terms(plan)
+        return terms["host"] + terms["device"] + terms["communication"]
+
+    def _split(self, plan: StepPlan, config_host: float) -> tuple[float, float]:
+        """(host, device) seconds of the step at TP=1, run on its own (nothing overlapped)."""
+        base = self.base
+        if isinstance(base, ProfiledCostModel):
+            features = step_features(plan, base.graphs)
+            loop = base.host_time(features)
+            launch, gpu = base.overlap_parts(features)
+            if gpu > 0:
+                return launch + loop, gpu
+            executor = base.predict_features(features)
+            return config_host + loop, max(executor - config_host, 0.0)
+        return config_host, max(base.step_time(plan) - config_host, 0.0)
