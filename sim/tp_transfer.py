@@ -20,11 +20,14 @@ The profiled model is fitted to an engine running on one GPU. At N GPUs, rank 0'
 
 How the TP=1 step splits into host and device:
 - a ProfiledCostModel of an overlapping engine (fits of launch_s and gpu_s per regime): host =
-  the launch time, device = the device time alone, plus its host fit (the loop's time between
-  steps) where it has one;
-- any other model (a profile without those fits, or the roofline): host = the hardware config's
-  step_overhead_s + seq_overhead_s x num_seqs (RooflineCostModel.host_time), device = the rest of
-  the TP=1 step.
+  the launch time (building the batch, launching) + launch_delay_s (the loop's work before a
+  launch: reading the previous result, update(), schedule(); fitted on real steps by
+  harness.calibration), device = the device time alone. Its host fit is left out: under
+  overlap it measured how long the device sat idle, a consequence of the host work, not more of it;
+- a ProfiledCostModel without those fits: host = the hardware config's step_overhead_s +
+  seq_overhead_s x num_seqs (RooflineCostModel.host_time) + its host fit (the loop's time
+  between steps, measured as the steps ran one at a time), device = the rest of the executor time;
+- any other model (the roofline): host = the hardware config's figures, device = the rest.
 Applied to the roofline at TP=1, the transfer gives the roofline at N exactly.
 
 Not modelled (the 2 x H200 validation in experiments/tp/ measures what they cost together): the
@@ -80,10 +83,9 @@ class TPTransferCostModel:
         base = self.base
         if isinstance(base, ProfiledCostModel):
             features = step_features(plan, base.graphs)
-            loop = base.host_time(features)
             launch, gpu = base.overlap_parts(features)
             if gpu > 0:
-                return launch + loop, gpu
+                return launch + base.launch_delay_s, gpu
             executor = base.predict_features(features)
-            return config_host + loop, max(executor - config_host, 0.0)
+            return config_host + base.host_time(features), max(executor - config_host, 0.0)
         return config_host, max(base.step_time(plan) - config_host, 0.0)

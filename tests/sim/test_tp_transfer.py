@@ -84,14 +84,16 @@ def test_transfer_of_the_tp1_roofline_is_the_roofline_at_tp(entries, tp):
 def test_profiled_transfer_adds_launches_to_the_sharded_device_time(step, launch):
     small = model("qwen3_0_6b")
     profiled = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
+    profiled.launch_delay_s = 4e-4
     terms = TPTransferCostModel(profiled, small, H200, 2).terms(step)
     launch_s, gpu_s = profiled.overlap_parts(step_features(step, GRAPH))
     assert launch_s == pytest.approx(launch, rel=0.02)
-    # Not overlapped at TP > 1: the launches and the sharded device time add.
-    assert terms["host"] == pytest.approx(launch_s, rel=1e-12)
+    # Not overlapped at TP > 1: the loop's work, the launches and the sharded device time add.
+    assert terms["host"] == pytest.approx(4e-4 + launch_s, rel=1e-12)
     assert terms["device_tp1"] == pytest.approx(gpu_s, rel=1e-12)
     total = TPTransferCostModel(profiled, small, H200, 2).step_time(step)
-    assert total == pytest.approx(launch_s + gpu_s * terms["shard_ratio"] + terms["communication"], rel=1e-12)
+    assert total == pytest.approx(4e-4 + launch_s + gpu_s * terms["shard_ratio"] + terms["communication"],
+                                  rel=1e-12)
     assert total > max(launch_s, gpu_s / 2)
 
 
