@@ -14,8 +14,8 @@ Phases, per rank of a tensor-parallel group:
 - LM head: only for sampled positions (a prefill chunk that does not finish its prompt samples
   nothing); its weights, and float32 logits out;
 - TP communication: two all-reduces per layer plus one after the vocab-parallel embedding (ring:
-  2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each), and a
-  gather of the sampled logits;
+  2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each), and an
+  all-gather of the sampled rows' logits (in the model's dtype);
 - fixed host overhead per step and per scheduled sequence.
 """
 
@@ -68,7 +68,8 @@ class RooflineCostModel:
         link = hw.interconnect_bandwidth * hw.interconnect_efficiency
         self._num_all_reduces = 2 * layers + 1 if tp > 1 else 0
         self._all_reduce_s_per_token = 2.0 * (tp - 1) / tp * hidden * dt / link
-        self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * _LOGIT_BYTES / link
+        # the engine gathers each rank's logits in the weights' dtype and upcasts them after
+        self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
         self._latency = hw.interconnect_latency_s
 
     def step_time(self, plan: StepPlan) -> float:
@@ -134,8 +135,8 @@ class RooflineCostModel:
     def communication_time(self, num_tokens: int, num_sampled: int) -> float:
         """Seconds of tensor-parallel collectives in a step (0 at tp_size 1): per all-reduce its
         latency plus 2 (tp - 1) / tp of [num_tokens, hidden] activations over one GPU's link
-        (ring), and the latency and (tp - 1) / tp of [num_sampled, vocab] float32 logits gathered
-        for sampling. Neither shrinks as tp grows."""
+        (ring), and the latency and (tp - 1) / tp of [num_sampled, vocab] logits (model dtype)
+        all-gathered for sampling. Neither shrinks as tp grows."""
         if not self._num_all_reduces:
             return 0.0
         comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)

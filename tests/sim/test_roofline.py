@@ -99,7 +99,7 @@ def test_tensor_parallel_splits_compute_and_adds_communication():
     # ring all-reduce, by hand: 2 * 36 + 1 collectives of 16384 x 4096 bf16 activations
     link = hw.interconnect_bandwidth * hw.interconnect_efficiency
     ring = 73 * (hw.interconnect_latency_s + 2 * (1 / 2) * 16384 * 4096 * 2 / link)
-    gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 4 / link
+    gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 2 / link  # bf16 logits all-gathered
     assert p2["communication"] == pytest.approx(ring + gather)
 
 

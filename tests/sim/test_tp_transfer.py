@@ -27,7 +27,7 @@ def expected_communication(spec, hw, tp, num_tokens, num_sampled):
     """Written out from the documented rule, independently of the roofline's precomputed terms."""
     link = hw.interconnect_bandwidth * hw.interconnect_efficiency
     all_reduce = hw.interconnect_latency_s + 2 * (tp - 1) / tp * num_tokens * spec.hidden_size * spec.dtype_bytes / link
-    gather = hw.interconnect_latency_s + (tp - 1) / tp * num_sampled * spec.vocab_size * 4 / link
+    gather = hw.interconnect_latency_s + (tp - 1) / tp * num_sampled * spec.vocab_size * spec.dtype_bytes / link
     return (2 * spec.num_layers + 1) * all_reduce + gather
 
 
