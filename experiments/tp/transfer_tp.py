@@ -24,7 +24,7 @@ from harness.calibration import fit_calibration
 from harness.compare import engine_graph_sizes, sim_run_config
 from harness.compare_tables import markdown
 from harness.config import CONF_DIR, build_run_config
-from harness.run import run_once, write_outcome
+from harness.run import run_once
 
 METRICS = ("output_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 
@@ -49,8 +49,8 @@ def profiled_summary(run: Path, profile: Path, overrides: list[str], out: Path) 
                                                        f"backend.tensor_parallel_size={tp}"])
     rc = sim_run_config(build_run_config(cfg), "profiled", str(profile), meta)
     rc = dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, profile_tp_size=1))
-    outcome = run_once(rc, progress=False, label=f"sim profiled TP=1 -> {tp}", record=True)
-    write_outcome(outcome, out / f"sim_profiled_tp{tp}", plots=False)
+    outcome = run_once(rc, progress=False, label=f"sim profiled TP=1 -> {tp}")
+    pd.DataFrame([outcome.summary]).to_csv(out / f"sim_profiled_tp{tp}_summary.csv", index=False)
     return outcome.summary
 
 
