@@ -13,8 +13,8 @@ from tests.harness.conftest import compose_config
 
 
 def bench(tp: int) -> dict:
-    rc = build_run_config(compose_config(["experiment=bench", "model=qwen3_8b", "hardware=h200",
-                                          f"backend.tp_size={tp}", "output.plots=false"]))
+    rc = build_run_config(compose_config(["experiment=bench", "model=qwen3-8b", "hardware=h200",
+                                          f"execution.tensor_parallel_size={tp}", "output.plots=false"]))
     return run_once(rc, progress=False).summary
 
 

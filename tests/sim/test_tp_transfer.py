@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.config import ExecutionConfig
 from sim.config import SimConfig
 from sim.cost_model import make_cost_model
 from sim.features import step_features
@@ -15,10 +16,12 @@ from sim.profiled import ProfiledCostModel
 from sim.roofline import RooflineCostModel
 from sim.tp_transfer import TPTransferCostModel
 from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
+
+TP2 = ExecutionConfig(tensor_parallel_size=2)
 from tests.sim.test_profiled import GRAPH
 from tests.sim.test_profiled_overlap import LAUNCH_DECODE, LAUNCH_PREFILL, overlapping_profile
 
-QWEN8B, H200 = model("qwen3_8b"), hardware("h200")
+QWEN8B, H200 = model("qwen3-8b"), hardware("h200")
 DECODE_256 = decode_batch([800] * 256)
 PREFILL_8K = plan(prefill(8192))
 
@@ -60,7 +63,7 @@ def test_sharded_work_is_one_tp_th_and_host_does_not_shrink(tp, step):
 
 
 def test_replicated_kv_heads_shard_less_than_one_tp_th():
-    tiny = model("tiny")  # 2 KV heads: at TP=4 each rank keeps a whole one
+    tiny = model("tiny-qwen3")  # 2 KV heads: at TP=4 each rank keeps a whole one
     decode_heavy = decode_batch([4000] * 64)
     ratio = TPTransferCostModel(RooflineCostModel(tiny, H200, 1), tiny, H200, 4).terms(decode_heavy)["shard_ratio"]
     assert ratio > 0.25 + 0.01
@@ -82,7 +85,7 @@ def test_transfer_of_the_tp1_roofline_is_the_roofline_at_tp(entries, tp):
 
 @pytest.mark.parametrize("step, launch", [(decode_batch([1000] * 50), LAUNCH_DECODE), (plan(prefill(300)), LAUNCH_PREFILL)])
 def test_profiled_transfer_adds_launches_to_the_sharded_device_time(step, launch):
-    small = model("qwen3_0_6b")
+    small = model("qwen3-0.6b")
     profiled = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
     profiled.launch_delay_s = 4e-4
     terms = TPTransferCostModel(profiled, small, H200, 2).terms(step)
@@ -98,12 +101,13 @@ def test_profiled_transfer_adds_launches_to_the_sharded_device_time(step, launch
 
 
 def test_sim_config_runs_tp_steps_one_at_a_time_and_transfers_tp1_profiles(tmp_path):
-    assert SimConfig(tp_size=1).overlaps_steps and not SimConfig(tp_size=2).overlaps_steps
+    assert ExecutionConfig(tensor_parallel_size=1).overlaps_steps(True)
+    assert not ExecutionConfig(tensor_parallel_size=2).overlaps_steps(True)
     path = tmp_path / "profile.csv"
     overlapping_profile().to_csv(path, index=False)
-    sim = SimConfig(cost_model="profiled", profile_path=str(path), tp_size=2, profile_tp_size=1)
-    assert isinstance(make_cost_model(model("qwen3_0_6b"), H200, sim, GRAPH), TPTransferCostModel)
-    measured_at_tp = SimConfig(cost_model="profiled", profile_path=str(path), tp_size=2)
-    assert isinstance(make_cost_model(model("qwen3_0_6b"), H200, measured_at_tp, GRAPH), ProfiledCostModel)
+    sim = SimConfig(cost_model="profiled", profile_path=str(path), execution=TP2, profile_tp_size=1)
+    assert isinstance(make_cost_model(model("qwen3-0.6b"), H200, sim, GRAPH), TPTransferCostModel)
+    measured_at_tp = SimConfig(cost_model="profiled", profile_path=str(path), execution=TP2)
+    assert isinstance(make_cost_model(model("qwen3-0.6b"), H200, measured_at_tp, GRAPH), ProfiledCostModel)
     with pytest.raises(ValueError, match="profile_tp_size"):
-        SimConfig(tp_size=4, profile_tp_size=2)
+        SimConfig(execution=ExecutionConfig(tensor_parallel_size=4), profile_tp_size=2)
