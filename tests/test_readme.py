@@ -27,6 +27,10 @@ SKIP = {
     "python -m pytest": "the test suite itself",
     "# on a GPU": "needs CUDA",
     "workload=trace_azure_conv": "reads ../shared/traces/, which is beside the checkout, not in it",
+    "RAY_AUTH_MODE": "on a Ray cluster (not for local runs)",
+    "ray start": "on a Ray cluster (not for local runs)",
+    "ray stop": "on a Ray cluster (not for local runs)",
+    "hydra/launcher=ray_cluster": "joins a running Ray cluster",
 }
 SLOW = {
     "experiment=preemption": "a sweep of whole bench runs",
@@ -36,6 +40,7 @@ SLOW = {
     "experiment=capacity": "a rate search of many runs",
     "experiment=compare": "engine then simulator runs",
     "backend=engine": "the engine on CPU",
+    "hydra/launcher=ray ": "starts a local Ray (tests/harness/test_parallel.py covers it in the default suite)",
 }
 # What a snippet writes that a later one reads: (writer key, reader key).
 DEPENDS = [("hydra/launcher=joblib", "harness.report"), ("engine.checkpoint", "LLM(")]
