@@ -73,6 +73,7 @@ def roofline_step_times(model: RooflineCostModel, features: pd.DataFrame) -> np.
     """RooflineCostModel.step_time of each recorded step, from its features (no plan needed)."""
     f = features
     context = f["prefill_context_tokens"] + f["decode_context_tokens"] - f["num_decode_tokens"]
+    # decode_context_tokens counts each decode's own new token: decode_attention_pairs of the step
     pairs = f["prefill_attention_pairs"] + f["decode_context_tokens"]
     return np.array([model.time_for(int(t), int(s), int(c), int(p), int(n)) for t, s, c, p, n in
                      zip(f["num_tokens"], f["num_sampled"], context, pairs, f["num_seqs"])], dtype=float)

@@ -35,6 +35,21 @@ def as_graph_sizes(sizes: GraphSizes | Sequence[int]) -> GraphSizes:
     return sizes if isinstance(sizes, GraphSizes) else GraphSizes(decode=tuple(sizes))
 
 
+def attention_pairs(new_tokens, cached_tokens):
+    """Causal (query, key) pairs of a chunk of new_tokens after cached_tokens already in the cache:
+    query j (0-based) sees cached + j + 1 keys, so the chunk reads n*c + n(n+1)/2 keys in all,
+    quadratic in the context. Works on ints and, elementwise, on numpy arrays / pandas columns.
+    The one place this formula lives: the roofline's attention FLOPs, the profiled model's
+    attention feature and the profiler's rows all take it from here."""
+    return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
+
+
+def decode_attention_pairs(context_tokens, num_decodes):
+    """attention_pairs(1, c) summed over num_decodes decodes whose cached contexts sum to
+    context_tokens (each new token sees its context and itself)."""
+    return context_tokens + num_decodes
+
+
 def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> dict[str, int]:
     """Describe a step by FEATURE_COLUMNS.
 
@@ -54,7 +69,7 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> di
         else:
             prefill_tokens += n
             prefill_context += c
-            pairs += n * c + n * (n + 1) // 2
+            pairs += attention_pairs(n, c)
         if entry.sample:
             sampled += 1
             params = entry.sampling_params

@@ -46,7 +46,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.features import as_graph_sizes, step_features
+from sim.features import as_graph_sizes, attention_pairs, step_features
 from sim.piecewise import PiecewiseLinearFit
 
 # regime -> (size feature, linear features)
@@ -138,7 +138,7 @@ def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
             raise ValueError("step-timing table lacks prefill_attention_pairs and has steps with several prefill "
                              "chunks, where it cannot be derived; write rows with sim.features.step_features")
         n, c = df["num_prefill_tokens"], df["prefill_context_tokens"]
-        df["prefill_attention_pairs"] = n * c + n * (n + 1) // 2
+        df["prefill_attention_pairs"] = attention_pairs(n, c)
     return df
 
 

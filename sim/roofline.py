@@ -24,6 +24,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from engine.core.plan import StepPlan
+from sim.features import attention_pairs, decode_attention_pairs
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
@@ -80,13 +81,9 @@ class RooflineCostModel:
         context = sum(map(_num_computed, scheduled))
         num_sampled = sum(map(_sample, scheduled))
         if num_tokens == num_seqs:
-            pairs = context + num_tokens  # one new token each: it sees its context and itself
+            pairs = decode_attention_pairs(context, num_tokens)  # one new token each
         else:
-            # query j (0-based) of a chunk after c cached tokens sees c + j + 1 keys
-            pairs = 0
-            for entry in scheduled:
-                n = len(entry.token_ids)
-                pairs += n * entry.num_computed_tokens + n * (n + 1) // 2
+            pairs = sum(attention_pairs(len(entry.token_ids), entry.num_computed_tokens) for entry in scheduled)
         return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs)
 
     def time_for(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
