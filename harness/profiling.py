@@ -16,7 +16,8 @@ launch-bound step (an eager prefill) the step before it hides.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
 (batch x mean context, contexts spread over [mean/2, 3 mean/2]), mixed steps (one prefill chunk
-beside decodes), each decode shape also with CUDA graphs bypassed (eager) where the executor
+beside decodes), long single chunks after long cached contexts (eager and as graphs: the grid's
+long_prefill fields), each decode shape also with CUDA graphs bypassed (eager) where the executor
 captured graphs, and `num_random` random shapes (ragged lengths, any batch) that the fit never
 sees: the held-out set of different shapes. Shapes that exceed the scheduler's budgets or the KV
 pool are skipped: a real run cannot produce them either.
@@ -43,6 +44,7 @@ TEMPERATURE = 0.6  # the workloads' default; like theirs, every request carries 
 MAX_TOKEN_ID = 10000
 STALL = 3.0
 
+LONG_PREFILL = "long_prefill"  # shapes profiled eagerly besides as graphs (ProfileGrid.long_prefill_tokens)
 Entry = tuple[int, int, bool]  # (new tokens, cached tokens before them, is_decode)
 
 
@@ -58,6 +60,14 @@ class ProfileGrid:
     mixed_prefill_tokens: tuple[int, ...] = (64, 512, 2048, 8192)
     mixed_decodes: tuple[int, ...] = (8, 64, 256)
     mixed_context: int = 1024
+    # Long prompts: one chunk of each size after each cached context, profiled eagerly as well
+    # as replayed where it fits a prefill graph. Past the graph limit a served prompt runs eagerly,
+    # and a prompt longer than max_num_batched_tokens is served in chunks at growing offsets, whose
+    # attention grows with the context (c * (o + c/2) pairs); without these rows the eager fit
+    # extrapolates from a few multi-sequence steps (a 4,808-token prompt priced 17 ms, took 32 ms:
+    # issue 14). Shapes past max_model_len are skipped: profile with max_model_len >= 16k for them.
+    long_prefill_tokens: tuple[int, ...] = (1024, 2048, 3072, 4096, 5120, 6144, 8192)
+    long_prefill_contexts: tuple[int, ...] = (0, 4096, 8192, 12288)
     num_random: int = 60
     warmup: int = 1  # the first execution of a shape compiles any new kernel specialisation
     repeats: int = 5
@@ -77,7 +87,8 @@ class ProfileGrid:
         """A small grid for CPU runs and tests (seconds on the tiny model)."""
         return cls(prefill_tokens=(16, 64, 256, 1024), prefill_seqs=(1, 4), prefill_contexts=(0, 64),
                    decode_batches=(1, 4, 16, 32), decode_contexts=(32, 256), eager_decode_batches=(1, 16),
-                   mixed_prefill_tokens=(32, 128), mixed_decodes=(4,), mixed_context=64, num_random=8,
+                   mixed_prefill_tokens=(32, 128), mixed_decodes=(4,), mixed_context=64,
+                   long_prefill_tokens=(128, 384), long_prefill_contexts=(0, 128), num_random=8,
                    warmup=1, repeats=3, min_repeats=2, max_seconds_per_shape=0.2)
 
     def shapes(self, sched: SchedulerConfig, rng: np.random.Generator,
@@ -99,6 +110,10 @@ class ProfileGrid:
                 if tokens <= top:
                     yield "grid", "mixed", [(tokens, 0, False)] + [
                         (1, c, True) for c in _spread(rng, self.mixed_context, decodes, top)]
+        for tokens in self.long_prefill_tokens:
+            for cached in self.long_prefill_contexts:
+                if cached + tokens <= top:
+                    yield "grid", LONG_PREFILL, [(tokens, cached, False)]
         budget = sched.max_num_batched_tokens
         for _ in range(self.num_random):
             kind = ("prefill", "decode", "mixed")[int(rng.integers(3))]
@@ -226,6 +241,8 @@ def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGr
         plans = [plan]
         if kind == "decode" and info.graph_sizes.decode and (
                 shape_set == "random" or len(entries) in grid.eager_decode_batches):
+            plans.append(dataclasses.replace(plan, use_cuda_graphs=False))
+        if kind == LONG_PREFILL and step_features(plan, info.graph_sizes)["cuda_graph"]:
             plans.append(dataclasses.replace(plan, use_cuda_graphs=False))
         for timed in plans:
             rows.append(_profile_row(executor, timed, grid, info.overlaps_steps, info.graph_sizes, shape_set, kind))
