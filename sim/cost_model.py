@@ -24,6 +24,11 @@ class CostModel(Protocol):
     def step_time(self, plan: StepPlan) -> float:
         """Seconds the step takes."""
 
+    def drained(self) -> None:
+        """No step is in flight: the next step is launched onto an idle device (the first step of a
+        run, after the queue ran dry, or when every runnable request waited on the step before), so
+        nothing hides its launches."""
+
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
                     graphs: GraphSizes | Sequence[int] = ()) -> CostModel:

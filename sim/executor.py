@@ -8,7 +8,9 @@ max_tokens (the workload's).
 
 When its BackendInfo says overlaps_steps (ExecutionConfig.async_scheduling), the core loop plans
 each step before the previous one's tokens are read, as the engine does on CUDA; submit() prices
-the step at once and hands it back completed.
+the step at once and hands it back completed. A step submitted while no other is in flight (after
+an idle gap, or when every runnable request waited on the step before), and every step executed
+one at a time, is priced after cost_model.drained(): nothing runs before it to hide its launches.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from engine.core.executor import BackendInfo, CompletedStep, PendingStep, StepHook, StepHooks
+from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks
 from engine.core.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
@@ -39,16 +41,21 @@ class SimExecutor:
         self._info = info
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
         self._hooks = StepHooks()
+        self._unread = 0  # submitted steps whose result the loop has not read yet
 
     def info(self) -> BackendInfo:
         return self._info
 
     def execute(self, plan: StepPlan) -> StepResult:
+        self.cost_model.drained()
         return self._hooks.executed(plan, self._price)
 
     def submit(self, plan: StepPlan) -> PendingStep:
         """A simulated step is priced when submitted; the loop reads it one step later."""
-        return self._hooks.submitted(plan, lambda p: CompletedStep(self._price(p)))
+        if not self._unread:
+            self.cost_model.drained()
+        self._unread += 1
+        return self._hooks.submitted(plan, lambda p: _Priced(self._price(p), self))
 
     def observe(self, hook: StepHook) -> None:
         self._hooks.add(hook)
@@ -81,3 +88,22 @@ class SimExecutor:
 
     def shutdown(self) -> None:
         self._request_seeds.clear()
+
+    def _read(self) -> None:
+        self._unread -= 1
+
+
+class _Priced:
+    """A priced step handed back by submit(); reading it takes it out of flight (once)."""
+
+    __slots__ = ("_result", "_executor")
+
+    def __init__(self, result: StepResult, executor: SimExecutor) -> None:
+        self._result = result
+        self._executor: SimExecutor | None = executor
+
+    def result(self) -> StepResult:
+        if self._executor is not None:
+            self._executor._read()
+            self._executor = None
+        return self._result

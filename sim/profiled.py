@@ -247,6 +247,11 @@ class ProfiledCostModel:
             self._previous = (duration, self._part("launch", features))
         return duration + self.host_time(features)
 
+    def drained(self) -> None:
+        """The next step has no predecessor in flight to hide its launches behind (sim.cost_model):
+        after an idle gap a bursty arrival's first step pays its whole launch time."""
+        self._previous = None
+
     def overlapped(self, features: Mapping[str, float], duration: float,
                    previous: tuple[float, float] | None) -> float:
         """An eager step: the longer of its device time and its launch time, less what the

@@ -86,6 +86,9 @@ class RooflineCostModel:
             pairs = sum(attention_pairs(len(entry.token_ids), entry.num_computed_tokens) for entry in scheduled)
         return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs)
 
+    def drained(self) -> None:
+        """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""
+
     def time_for(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
                  num_seqs: int) -> float:
         """Price a step from its totals.

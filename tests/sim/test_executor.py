@@ -29,6 +29,9 @@ class Recording:
         self.prices.append(self.inner.step_time(step))
         return self.prices[-1]
 
+    def drained(self):
+        self.inner.drained()
+
 
 def _executor(seed=0, vocab=151936, eos=None):
     info = BackendInfo(100, 16, vocab, () if eos is None else (eos,))
