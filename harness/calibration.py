@@ -27,9 +27,9 @@ from sim.profiled import (
     REGIMES,
     ExtrapolationWarning,
     ProfiledCostModel,
-    priced_measurement,
     table_regimes,
 )
+from sim.profiled_validation import priced_measurement
 
 VALIDATION_SETS = ("grid_split", "random_shapes", "real_steps")
 
@@ -131,25 +131,44 @@ def error_rows(label: str, table: pd.DataFrame, predicted: np.ndarray, measured:
 
 def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
              seed: int = 0) -> tuple[ProfiledCostModel, pd.DataFrame]:
-    """The calibrated model and its held-out errors (see the module docstring)."""
+    """The calibrated model and its held-out errors (see the module docstring). The model keeps
+    the held-out relative errors as its residuals (sim.interval): the real steps' where there are
+    any (they are served steps), else the grid split's and the random shapes'."""
     model = fit_calibration(profile, real_steps, graphs)
     grid = profile[profile["set"] == "grid"].reset_index(drop=True)
     real = real_step_table(real_steps).reset_index(drop=True) if real_steps is not None else grid.iloc[:0]
     rng = np.random.default_rng(seed)
-    rows = []
+    rows, residuals = [], {}
+
+    def held_out(label: str, fitted: ProfiledCostModel, test: pd.DataFrame) -> None:
+        predicted, measured = _quiet(fitted.predict, test), priced_measurement(test)
+        rows.extend(error_rows(label, test, predicted, measured))
+        residuals[label] = (predicted - measured) / measured
+
     held = rng.random(len(grid)) < 0.2
-    partial = fit_calibration(grid[~held], real, graphs)
-    test = grid[held]
-    rows += error_rows("grid_split", test, _quiet(partial.predict, test), priced_measurement(test))
+    held_out("grid_split", fit_calibration(grid[~held], real, graphs), grid[held])
     random = profile[profile["set"] == "random"]
     if len(random):
-        rows += error_rows("random_shapes", random, _quiet(model.predict, random), priced_measurement(random))
+        held_out("random_shapes", model, random)
     if len(real) >= 2:
         held = rng.random(len(real)) < 0.5
-        partial = fit_calibration(grid, real[~held], graphs)
-        test = real[held]
-        rows += error_rows("real_steps", test, _quiet(partial.predict, test), priced_measurement(test))
+        held_out("real_steps", fit_calibration(grid, real[~held], graphs), real[held])
+    pool = residuals.get("real_steps", np.r_[residuals["grid_split"], residuals.get("random_shapes", [])])
+    model.residuals = kept_residuals(pool)
     return model, pd.DataFrame(rows)
+
+
+MAX_RESIDUALS = 500
+
+
+def kept_residuals(pool: np.ndarray) -> tuple[float, ...]:
+    """The residuals a model file keeps: all of them, or MAX_RESIDUALS evenly spaced quantiles
+    (the same distribution, a bounded file)."""
+    pool = np.asarray(pool, dtype=float)
+    pool = pool[np.isfinite(pool)]
+    if len(pool) > MAX_RESIDUALS:
+        pool = np.quantile(pool, np.linspace(0.0, 1.0, MAX_RESIDUALS))
+    return tuple(map(float, np.round(pool, 6)))
 
 
 def _quiet(predict, table: pd.DataFrame) -> np.ndarray:

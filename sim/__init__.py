@@ -10,15 +10,17 @@ from sim.cost_model import CostModel, make_cost_model
 from sim.executor import SimExecutor
 from sim.features import FEATURE_COLUMNS, step_features
 from sim.memory import estimate_activation_bytes, plan_num_blocks
-from sim.profiled import ExtrapolationWarning, ProfiledCostModel, holdout_validation, relative_errors
+from sim.profiled import ExtrapolationWarning, ProfiledCostModel
+from sim.profiled_validation import holdout_validation, relative_errors
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
 from sim.tp_transfer import TPTransferCostModel
 
 
 def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, cache: CacheConfig,
-                       scheduler: SchedulerConfig) -> SimExecutor:
-    """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned."""
+                       scheduler: SchedulerConfig, cost_model: CostModel | None = None) -> SimExecutor:
+    """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned.
+    cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws)."""
     execution = sim.execution
     num_blocks = cache.num_blocks
     if num_blocks is None:
@@ -26,7 +28,8 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
                                      sim.activation_reserve_bytes, execution.tensor_parallel_size,
                                      scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
     graphs = planned_graph_sizes(execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
-    cost_model = make_cost_model(model, hardware, sim, graphs)
+    if cost_model is None:
+        cost_model = make_cost_model(model, hardware, sim, graphs)
     info = BackendInfo(
         num_blocks=num_blocks,
         block_size=cache.block_size,

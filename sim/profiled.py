@@ -155,6 +155,9 @@ class ProfiledCostModel:
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
         self.launch_delay_s = 0.0  # see the module docstring
+        # (predicted - measured) / measured of steps the fit never saw (harness.calibration.validate):
+        # what sim.interval resamples for a prediction interval
+        self.residuals: tuple[float, ...] = ()
 
     # ---- fitting and persistence --------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class ProfiledCostModel:
             rows += [(regime, "range", f, lo, hi) for f, lo, hi in fit.ranges]
         if self.prices_overlap:
             rows.append(("overlap", "constant", "launch_delay_s", 0.0, self.launch_delay_s))
+        rows += [("residual", "residual", "rel_error", float(i), r) for i, r in enumerate(self.residuals)]
         pd.DataFrame(rows, columns=["regime", "kind", "name", "x", "value"]).to_csv(path, index=False)
 
     @classmethod
@@ -214,7 +218,8 @@ class ProfiledCostModel:
                              "(needs regime, kind, name, x, value)")
         fits = {}
         constants = df[df["kind"] == "constant"]
-        df = df[df["kind"] != "constant"]
+        residuals = df.loc[df["kind"] == "residual", "value"]
+        df = df[~df["kind"].isin(("constant", "residual"))]
         for regime, part in df.groupby("regime", sort=False):
             knots = part[part["kind"] == "knot"]
             linear = part[part["kind"] == "linear"]
@@ -223,6 +228,7 @@ class ProfiledCostModel:
                 str(knots["name"].iloc[0]), tuple(knots["x"]), tuple(knots["value"]), tuple(linear["name"]),
                 tuple(linear["value"]), tuple(zip(ranges["name"], ranges["x"], ranges["value"])))
         model = cls(fits, graphs)
+        model.residuals = tuple(map(float, residuals))
         for _, row in constants.iterrows():
             if row["name"] == "launch_delay_s":
                 model.launch_delay_s = float(row["value"])
@@ -325,40 +331,3 @@ class ProfiledCostModel:
         if (regime, name) not in self._warned:
             self._warned.add((regime, name))
             warnings.warn(message, ExtrapolationWarning, stacklevel=3)
-
-
-def priced_measurement(df: pd.DataFrame) -> np.ndarray:
-    """What the model prices of each row of a step-timing table: gpu_s for the device-priced
-    regimes where the row has it (a profile of an overlapping engine), else duration_s."""
-    measured = df["duration_s"].to_numpy(dtype=float)
-    if "gpu_s" not in df:
-        return measured
-    gpu = df["gpu_s"].to_numpy(dtype=float)
-    device = table_regimes(complete_columns(df)).isin(DEVICE_PRICED_REGIMES).to_numpy() & (gpu > 0)
-    return np.where(device, gpu, measured)
-
-
-def relative_errors(model: ProfiledCostModel, df: pd.DataFrame) -> np.ndarray:
-    """(predicted - measured) / measured for each row (measured: priced_measurement)."""
-    measured = priced_measurement(df)
-    return (model.predict(df) - measured) / measured
-
-
-def holdout_validation(df: pd.DataFrame, test_fraction: float = 0.2, seed: int = 0,
-                       graphs: GraphSizes | Sequence[int] = ()) -> tuple[ProfiledCostModel, pd.DataFrame]:
-    """Fit on a random (1 - test_fraction) of the rows; return the model and the held-out rows with
-    columns predicted_s and rel_error added."""
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    rng = np.random.default_rng(seed)
-    test = rng.random(len(df)) < test_fraction
-    model = ProfiledCostModel.fit(df[~test], graphs)
-    held_out = df[test].copy()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ExtrapolationWarning)
-        held_out["predicted_s"] = model.predict(held_out)
-    model._warned.clear()  # the caller's own predictions should still be warned about
-    measured = priced_measurement(held_out)
-    held_out["rel_error"] = (held_out["predicted_s"] - measured) / measured
-    held_out.attrs["extrapolation_warnings"] = [str(w.message) for w in caught]
-    return model, held_out

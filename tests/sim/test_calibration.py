@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from sim.features import step_features
-from sim.profiled import ProfiledCostModel, relative_errors
+from sim.profiled import ProfiledCostModel
+from sim.profiled_validation import relative_errors
 from tests.sim.helpers import decode_batch, plan, prefill
 from tests.sim.test_profiled import GRAPH, profile, true_time
 

@@ -13,7 +13,8 @@ import pytest
 from engine.core.config import ExecutionConfig
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, planned_graph_sizes, prefill_graph_sizes
 from sim.features import step_features
-from sim.profiled import ProfiledCostModel, priced_measurement, relative_errors, table_regimes
+from sim.profiled import ProfiledCostModel, table_regimes
+from sim.profiled_validation import priced_measurement, relative_errors
 from tests.sim.helpers import decode, decode_batch, plan, prefill
 
 GRAPHS = GraphSizes(decode_graph_sizes(256, 512), prefill_graph_sizes(4096))

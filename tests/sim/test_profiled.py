@@ -10,7 +10,8 @@ import pytest
 
 from engine.core.graph_sizes import decode_graph_sizes
 from sim.features import step_features
-from sim.profiled import ExtrapolationWarning, ProfiledCostModel, holdout_validation, relative_errors
+from sim.profiled import ExtrapolationWarning, ProfiledCostModel
+from sim.profiled_validation import holdout_validation, relative_errors
 from tests.sim.helpers import decode, decode_batch, plan, prefill
 
 GRAPH = decode_graph_sizes(512, 512)

@@ -1,0 +1,102 @@
+"""Prediction intervals: how far a simulated P50/P90 may be from what the engine will measure.
+
+NOTE: two sources of error, propagated through the simulation (so that queueing amplifies them as it
+amplifies real ones) rather than added to the answer:
+- the cost model's per-step error: each step's price is divided by (1 + r), r drawn with
+  replacement from the calibration's held-out relative residuals (predicted - measured) /
+  measured (ProfiledCostModel.residuals, harness.calibration.validate), so a draw prices steps as
+  a machine whose steps scatter around the fit as the held-out ones did;
+- the spread between machines of one kind: one factor per simulated run, uniform in
+  [1 - machine_spread, 1 + machine_spread], applied to every step of that run.
+Each of `draws` runs is the whole simulation under one such perturbation. The interval of a metric
+is a distribution-free prediction interval from the order statistics of its n draws: the k-th
+smallest to the k-th largest, k = max(1, floor((n + 1)(1 - level) / 2)), which holds another draw
+with probability (n + 1 - 2k) / (n + 1) (19 draws: min to max, exactly 90%); it is widened to hold
+the unperturbed prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core.plan import StepPlan
+
+# The H100 step-time spread between machines of the lent pool (experiments/calibration/README.md,
+# "How well the engine repeats itself"): the run-6 fit priced another machine's Qwen3-0.6B decode
+# steps 2.4-3.8% below what they took, and the steps of its own machine's runs 1.2-2.7% below: up
+# to ~4% between H100s. Latency percentiles moved 5-16% between those machines, the step-time gap
+# amplified by queueing, which the simulation reproduces when it applies the factor per step.
+DEFAULT_MACHINE_SPREAD = 0.04
+INTERVAL_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
+_MIN_FACTOR = 0.05  # a residual of -95% or below would price a step at 20x: such rows are stalls
+
+
+@dataclass(frozen=True)
+class IntervalConfig:
+    level: float = 0.9
+    draws: int = 19  # with level 0.9, the interval is min..max of the draws: exactly 90% (see above)
+    machine_spread: float = DEFAULT_MACHINE_SPREAD
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.level < 1.0:
+            raise ValueError(f"interval.level must be in (0, 1), got {self.level!r}")
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 2:
+            raise ValueError(f"interval.draws must be an int >= 2, got {self.draws!r}")
+        if not 0.0 <= self.machine_spread < 1.0:
+            raise ValueError(f"interval.machine_spread must be in [0, 1), got {self.machine_spread!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"interval.seed must be an int >= 0, got {self.seed!r}")
+
+
+class PerturbedCostModel:
+    """A cost model whose every step price is divided by (1 + a drawn residual) and multiplied by
+    one machine factor (module docstring)."""
+
+    def __init__(self, inner, residuals: Sequence[float], machine_factor: float, rng: np.random.Generator) -> None:
+        self.inner = inner
+        self._divisors = np.maximum(1.0 + np.asarray(residuals, dtype=float), _MIN_FACTOR)
+        self.machine_factor = machine_factor
+        self._rng = rng
+
+    def step_time(self, plan: StepPlan) -> float:
+        price = self.inner.step_time(plan) * self.machine_factor
+        if len(self._divisors):
+            price /= self._divisors[self._rng.integers(len(self._divisors))]
+        return price
+
+    def drained(self) -> None:
+        self.inner.drained()
+
+
+def perturbed_models(make_inner: Callable[[], object], residuals: Sequence[float],
+                     config: IntervalConfig) -> list[PerturbedCostModel]:
+    """config.draws perturbed cost models, each around a fresh inner model (cost models keep the
+    previous step's price for overlap, so draws must not share one)."""
+    rng = np.random.default_rng(config.seed)
+    spread = config.machine_spread
+    return [PerturbedCostModel(make_inner(), residuals, float(rng.uniform(1.0 - spread, 1.0 + spread)),
+                               np.random.default_rng(rng.integers(2**63)))
+            for _ in range(config.draws)]
+
+
+def interval_columns(point: dict, draws: Sequence[dict], level: float,
+                     metrics: Sequence[str] = INTERVAL_METRICS) -> dict[str, float]:
+    """<metric>_lo and <metric>_hi for each metric: the prediction interval of the draws (module
+    docstring), widened to hold the point prediction."""
+    out = {}
+    for metric in metrics:
+        values = np.array([d[metric] for d in draws], dtype=float)
+        values = values[np.isfinite(values)]
+        if not len(values) or not np.isfinite(point[metric]):
+            out[f"{metric}_lo"] = out[f"{metric}_hi"] = float("nan")
+            continue
+        values.sort()
+        k = max(1, int((len(values) + 1) * (1.0 - level) / 2.0))
+        lo, hi = values[k - 1], values[len(values) - k]
+        out[f"{metric}_lo"] = float(min(lo, point[metric]))
+        out[f"{metric}_hi"] = float(max(hi, point[metric]))
+    return out

@@ -1,0 +1,79 @@
+"""Prediction intervals (sim.interval, harness.fidelity_interval) on a synthetic problem whose
+truth is known: the "engine" is the simulator with a cost model = the model's price x one machine
+factor x a per-step error drawn from a known distribution; the model's residuals are measured on
+a separate calibration sample of that distribution. A 90% interval must hold the truth's P50/P90
+in most trials, and collapse (missing most) when told there is no error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from harness.config import build_run_config
+from harness.fidelity_interval import simulate_with_interval
+from harness.run import run_once
+from sim import build_sim_executor
+from sim.interval import IntervalConfig, PerturbedCostModel
+from sim.roofline import RooflineCostModel
+from tests.harness.conftest import compose_config
+
+SIGMA = 0.2  # per-step log-normal error of the truth
+SPREAD = 0.05  # machine factors uniform in [0.95, 1.05]
+METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+
+
+@pytest.fixture(scope="module")
+def rc():
+    return build_run_config(compose_config([
+        "model=qwen3_0_6b", "workload=poisson", "workload.num_requests=30", "workload.rate=150",
+        "workload.prompt_len.low=200", "workload.prompt_len.high=1000", "workload.output_len.low=10",
+        "workload.output_len.high=60"]))
+
+
+def _roofline(rc):
+    return lambda: RooflineCostModel(rc.model, rc.hardware)
+
+
+def _truth(rc, seed: int) -> dict:
+    rng = np.random.default_rng(1000 + seed)
+    # a truth step takes price * factor * e: the model's residual (price - truth) / truth is 1/(factor e) - 1
+    noisy = PerturbedCostModel(_roofline(rc)(), 1.0 / rng.lognormal(0.0, SIGMA, 4000) - 1.0,
+                               float(rng.uniform(1 - SPREAD, 1 + SPREAD)), rng)
+    executor = build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler, noisy)
+    return run_once(rc, False, executor=executor).summary
+
+
+def _coverage(rc, config: IntervalConfig, residuals, trials: int) -> float:
+    hits = []
+    for seed in range(trials):
+        run = dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, seed=seed))
+        predicted = simulate_with_interval(run, dataclasses.replace(config, seed=seed), _roofline(rc), residuals).summary
+        truth = _truth(run, seed)
+        hits += [predicted[f"{m}_lo"] <= truth[m] <= predicted[f"{m}_hi"] for m in METRICS]
+    return float(np.mean(hits))
+
+
+def test_90_percent_intervals_hold_the_truth_in_most_trials(rc):
+    calibration = np.random.default_rng(7).lognormal(0.0, SIGMA, 300)  # measured / predicted of held-out steps
+    residuals = 1.0 / calibration - 1.0
+    config = IntervalConfig(level=0.9, draws=19, machine_spread=SPREAD)
+    assert _coverage(rc, config, residuals, trials=8) >= 0.8  # nominal 0.9; 32 cells
+
+
+def test_an_interval_without_error_sources_misses_the_truth(rc):
+    assert _coverage(rc, IntervalConfig(level=0.9, draws=2, machine_spread=0.0), (), trials=4) <= 0.5
+
+
+def test_interval_columns_bracket_the_point_prediction(rc):
+    summary = simulate_with_interval(rc, IntervalConfig(draws=4, machine_spread=0.1), _roofline(rc), ()).summary
+    for metric in METRICS:
+        assert summary[f"{metric}_lo"] <= summary[metric] <= summary[f"{metric}_hi"]
+        assert summary[f"{metric}_hi"] > summary[f"{metric}_lo"]
+
+
+@pytest.mark.parametrize("field, value", [("level", 1.0), ("draws", 1), ("machine_spread", -0.1), ("seed", -1)])
+def test_bad_interval_settings_are_named(field, value):
+    with pytest.raises(ValueError, match=f"interval.{field}"):
+        IntervalConfig(**{field: value})
