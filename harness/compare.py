@@ -33,6 +33,7 @@ from harness import compare_tables as tables
 from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
+from sim.interval import IntervalConfig
 
 log = logging.getLogger(__name__)
 COST_MODELS = ("profiled", "roofline")
@@ -47,6 +48,7 @@ class CompareConfig:
     engine_dir: str | None = None  # a saved engine run to compare against, instead of running the engine
     throughput_tol: float = 0.05
     latency_tol: float = 0.10
+    interval: IntervalConfig | None = None  # the profiled run's prediction interval (sim.interval); null: none
 
     def __post_init__(self) -> None:
         bad = [c for c in self.cost_models if c not in COST_MODELS]
@@ -230,12 +232,18 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
     engine, profile_path = run_engine_side(rc, cc, out_dir, progress, plots, executor)
     summaries = {"engine": engine.summary}
     requests = {"engine": engine.requests}
-    sim_steps, predictors = {}, {}
+    sim_steps, predictors, intervals = {}, {}, {}
     for name in cc.cost_models:
         sim_rc = sim_run_config(rc, name, profile_path, engine.meta)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            outcome = run_once(sim_rc, progress, label=f"sim {name}", record=True)
+            if name == "profiled" and cc.interval is not None:
+                from harness.fidelity_interval import simulate_with_interval
+
+                outcome = simulate_with_interval(sim_rc, cc.interval, progress=progress, record=True)
+                intervals[f"sim_{name}"] = outcome.summary
+            else:
+                outcome = run_once(sim_rc, progress, label=f"sim {name}", record=True)
             predictors[name] = make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim, engine_graph_sizes(engine.meta))
         for w in caught:
             log.warning("sim %s: %s", name, w.message)
@@ -243,7 +251,7 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
         summaries[f"sim_{name}"] = outcome.summary
         requests[f"sim_{name}"] = outcome.requests
         sim_steps[f"sim_{name}"] = outcome.steps
-    table = tables.metrics_table(summaries)
+    table = tables.interval_columns(tables.metrics_table(summaries), intervals)
     schedule = tables.schedule_table(engine.steps, sim_steps)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the sims already reported extrapolation

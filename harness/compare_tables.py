@@ -49,6 +49,19 @@ def metrics_table(summaries: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def interval_columns(table: pd.DataFrame, intervals: dict[str, dict]) -> pd.DataFrame:
+    """For each run with an interval (run name -> summary with <metric>_lo/_hi, sim.interval),
+    columns lo_<run>, hi_<run> and in_interval_<run>: whether the engine's value falls inside."""
+    table = table.copy()
+    for run, summary in intervals.items():
+        lo = table["metric"].map(lambda m: summary.get(f"{m}_lo", np.nan)).astype(float)
+        hi = table["metric"].map(lambda m: summary.get(f"{m}_hi", np.nan)).astype(float)
+        table[f"lo_{run}"], table[f"hi_{run}"] = lo, hi
+        inside = (lo <= table["engine"]) & (table["engine"] <= hi)
+        table[f"in_interval_{run}"] = inside.where(lo.notna() & hi.notna())
+    return table
+
+
 def schedule_table(engine_steps: pd.DataFrame, sims: dict[str, pd.DataFrame]) -> pd.DataFrame:
     rows = []
     theirs = engine_steps["schedule_hash"].astype(str).to_numpy()

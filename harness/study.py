@@ -37,6 +37,13 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         table = run_compare(cfg, study, output, out_dir)
         print(f"outputs: {out_dir} (compare.csv, compare.md, compare_*.csv, compare_*.png, engine/, sim_*/)")
         return table
+    if study.kind == "fidelity":
+        from harness.fidelity import run_fidelity
+
+        table = run_fidelity(cfg, study, output, out_dir)
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"outputs: {out_dir} (heldout.csv, heldout.png; fidelity.results_dir if set)")
+        return table
     rc = build_run_config(cfg)
     outcome = run_once(rc, output.progress)
     write_outcome(outcome, out_dir, output.plots, output.steps)

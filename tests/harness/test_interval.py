@@ -77,3 +77,17 @@ def test_interval_columns_bracket_the_point_prediction(rc):
 def test_bad_interval_settings_are_named(field, value):
     with pytest.raises(ValueError, match=f"interval.{field}"):
         IntervalConfig(**{field: value})
+
+
+def test_compare_table_says_whether_the_engine_falls_inside():
+    import pandas as pd
+
+    from harness.compare_tables import interval_columns
+
+    table = pd.DataFrame({"metric": ["ttft_p50_s", "ttft_p90_s", "output_tok_s"], "engine": [1.0, 2.0, 5.0],
+                          "sim_profiled": [1.1, 1.5, 5.0]})
+    summary = {"ttft_p50_s_lo": 0.9, "ttft_p50_s_hi": 1.2, "ttft_p90_s_lo": 1.4, "ttft_p90_s_hi": 1.9}
+    out = interval_columns(table, {"sim_profiled": summary})
+    assert list(out["in_interval_sim_profiled"][:2]) == [True, False]
+    assert pd.isna(out["in_interval_sim_profiled"][2])  # no interval for throughput
+    assert out["hi_sim_profiled"][1] == 1.9

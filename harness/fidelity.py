@@ -1,0 +1,170 @@
+"""`python -m harness experiment=fidelity`: the held-out protocol of issue 14 as one run.
+
+The engine (backend=engine) is profiled on the grid (or a given profile is used): the only thing
+the profiled model is fitted on. Then for each workload class (harness.fidelity_classes), none of
+which the fit saw:
+1. capacity: the class served offline by the engine, `repeats` times; its request throughput
+   (requests over the time to drain them) is the engine's capacity for that class, and also a
+   cell of its own (load "offline": the throughput a simulation must match where arrivals do not
+   bound it);
+2. for each load in `loads`, the class's arrivals at load x capacity, served by the engine
+   `repeats` times (engine = their mean, engine_spread = (max - min) / mean) and simulated with
+   each cost model with the engine's block count and graphs; the profiled model with a
+   prediction interval (sim.interval).
+Written to results_dir (default: the run directory): heldout.csv (model, hardware, workload,
+load, metric, engine, sim, err, cost_model, engine_spread, sim_lo, sim_hi, in_interval, rate_req_s)
+and heldout.png (error against load per workload). Only these summaries: per-step tables stay in
+the run directory's memory, never in results_dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from harness import fidelity_classes as classes
+from harness.compare import GRIDS, KeepAlive, engine_meta, sim_run_config
+from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
+from harness.convert import ConfigError, to_dataclass
+from harness.fidelity_interval import simulate_with_interval
+from harness.fidelity_report import LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
+from harness.run import make_executor, run_once
+from sim.interval import DEFAULT_MACHINE_SPREAD, IntervalConfig
+
+log = logging.getLogger(__name__)
+COST_MODELS = ("profiled", "roofline")
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    workloads: tuple[str, ...] = classes.CLASSES
+    loads: tuple[float, ...] = (0.5, 0.8, 0.95)
+    repeats: int = 2  # engine runs per cell
+    num_requests: int = 200
+    length_scale: float = 1.0  # lengths of the classes x this (CPU: 1/16)
+    preempt_num_blocks: int = 400
+    profile_path: str | None = None  # a step-timing table (fitted and validated here) or saved coefficients
+    grid: str = "full"  # null profile_path: profile the engine with this grid first
+    cost_models: tuple[str, ...] = COST_MODELS
+    interval: IntervalConfig = IntervalConfig()
+    results_dir: str | None = None  # null: the run directory
+
+    def __post_init__(self) -> None:
+        bad = [w for w in self.workloads if w not in classes.CLASSES]
+        if bad or not self.workloads:
+            raise ValueError(f"fidelity.workloads must be a non-empty subset of {classes.CLASSES}, got {self.workloads}")
+        if not self.loads or not all(0.0 < x <= 1.5 for x in self.loads):
+            raise ValueError(f"fidelity.loads must be fractions of capacity in (0, 1.5], got {self.loads}")
+        for name, low in (("repeats", 2), ("num_requests", 1), ("preempt_num_blocks", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"fidelity.{name} must be an int >= {low}, got {value!r}")
+        if not 0.0 < self.length_scale <= 1.0:
+            raise ValueError(f"fidelity.length_scale must be in (0, 1], got {self.length_scale!r}")
+        if self.grid not in GRIDS:
+            raise ValueError(f"fidelity.grid must be one of {GRIDS}, got {self.grid!r}")
+        if not self.cost_models or any(c not in COST_MODELS for c in self.cost_models):
+            raise ValueError(f"fidelity.cost_models must be a non-empty subset of {COST_MODELS}, got {self.cost_models}")
+
+
+class PinnedBlocks(KeepAlive):
+    """The shared engine with its scheduler shown only the first num_blocks KV blocks (a pinned cache)."""
+
+    def __init__(self, inner, num_blocks: int | None) -> None:
+        super().__init__(inner)
+        self.num_blocks = num_blocks
+
+    def kv_cache_spec(self):
+        spec = self.inner.kv_cache_spec()
+        if self.num_blocks is None:
+            return spec
+        if self.num_blocks > spec.num_blocks:
+            raise ConfigError(f"fidelity.preempt_num_blocks={self.num_blocks} exceeds the engine's {spec.num_blocks} blocks")
+        return dataclasses.replace(spec, num_blocks=self.num_blocks)
+
+
+def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> str:
+    """A model file with residuals: fitted on the grid only (issue 14: calibrate from the profiling grid)."""
+    from harness.calibration import validate
+    from harness.profiling import ProfileGrid, profile_executor
+    from harness.recording import graph_sizes_of
+
+    graphs = graph_sizes_of(executor, rc)
+    if fc.profile_path is not None:
+        table = pd.read_csv(fc.profile_path)
+        if "duration_s" not in table.columns:
+            return fc.profile_path  # saved coefficients: their residuals, if any, are used as saved
+    else:
+        grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
+        bar = tqdm(desc="profile", unit="shape", leave=False)
+        table = profile_executor(executor, rc.scheduler, grid, graphs, progress=lambda n, row: bar.update(1))
+        bar.close()
+        table.to_csv(out_dir / "profile.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, validation = validate(table, None, graphs)
+    validation.to_csv(out_dir / "validation.csv", index=False)
+    model.to_csv(out_dir / "profile_model.csv")
+    return str(out_dir / "profile_model.csv")
+
+
+def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool) -> tuple[list[dict], dict]:
+    """The engine's summaries (repeats) and each cost model's simulated summary of one cell."""
+    engine_runs, meta = [], None
+    for i in range(fc.repeats):
+        outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
+        engine_runs.append(outcome.summary)
+        meta = meta or engine_meta(engine, outcome)
+    sims = {}
+    for name in fc.cost_models:
+        sim_rc = sim_run_config(rc, name, profile_path, meta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # extrapolation is what a held-out class is for
+            if name == "profiled":
+                sims[name] = simulate_with_interval(sim_rc, fc.interval).summary
+            else:
+                sims[name] = run_once(sim_rc, False, label=f"sim {name}").summary
+    return engine_runs, sims
+
+
+def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    fc = to_dataclass(FidelityConfig, section(cfg, "fidelity"), "fidelity")
+    fc = dataclasses.replace(fc, profile_path=existing_path(fc.profile_path, "fidelity.profile_path"))
+    rc = build_run_config(cfg)
+    if rc.backend != "engine":
+        raise ConfigError(f"backend must be engine for the held-out protocol, got {rc.backend}")
+    rc = dataclasses.replace(rc, scheduler=dataclasses.replace(
+        rc.scheduler, max_model_len=classes.max_model_len(rc.scheduler.max_model_len, fc.length_scale)))
+    results = Path(fc.results_dir) if fc.results_dir else out_dir
+    results.mkdir(parents=True, exist_ok=True)
+    try:
+        executor = make_executor(rc)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"backend=engine: {error}") from None
+    rows = []
+    try:
+        profile_path = calibrated_model(executor, rc, fc, out_dir)
+        for name in tqdm(fc.workloads, desc="workload classes", disable=not output.progress):
+            base = classes.class_run_config(rc, name, fc.num_requests, fc.length_scale, fc.preempt_num_blocks)
+            engine = PinnedBlocks(executor, base.cache.num_blocks)
+            engine_runs, sims = serve(engine, base, fc, profile_path, False)
+            capacity = float(np.mean([s["request_s"] for s in engine_runs]))
+            rows += cell_rows(rc, name, "offline", np.nan, engine_runs, sims, OFFLINE_METRICS)
+            for load in fc.loads:
+                cell = classes.with_rate(base, name, load * capacity)
+                engine_runs, sims = serve(engine, cell, fc, profile_path, False)
+                rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_runs, sims, LOAD_METRICS)
+    finally:
+        executor.shutdown()
+    table = pd.DataFrame(rows)
+    table.to_csv(results / "heldout.csv", index=False)
+    plot_heldout(table, results / "heldout.png")
+    return table

@@ -1,0 +1,86 @@
+"""The held-out protocol's workload classes (issue 14): traffic no calibration saw, each a change
+of one RunConfig. Lengths are written in tokens for a GPU model and multiplied by length_scale
+(a CPU run of the tiny model uses 1/16), so the classes keep their shape at any size.
+
+- prefill_heavy: prompts of 2-8k tokens and few outputs, past the 4,096-token prefill graphs,
+  with max_model_len 10,240 (above the default 4,096);
+- decode_heavy: prompts of 0.5-1.5k, outputs of 1-2k tokens;
+- conversation: the Azure conversation trace's own arrivals, rescaled to the rate; its own lengths
+  at length_scale 1, else conversation-like uniform lengths scaled down;
+- bursty: gamma arrivals with CV 4, the bench's lengths;
+- shared_prefix: 8 system prompts of 1,024 tokens ahead of every request (prefix-cache hits);
+- preempting_bench: the bench's lengths with the KV cache pinned to preempt_num_blocks blocks.
+Every class is built offline (the drain measures the engine's capacity); with_rate() then sets
+its arrivals to a rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from harness.config import RunConfig
+from harness.workloads import LengthConfig, SharedPrefixConfig, WorkloadConfig, read_trace, resolve_trace_path
+
+CLASSES = ("prefill_heavy", "decode_heavy", "conversation", "bursty", "shared_prefix", "preempting_bench")
+LONG_MAX_MODEL_LEN = 10240  # prefill_heavy's, in GPU tokens: above 8k prompts plus their outputs
+TRACE = "azure_conv_2023.csv"
+BURSTY_CV = 4.0
+
+# class -> (prompt low/high, output low/high) in GPU tokens, and the arrival process it runs at
+_LENGTHS = {"prefill_heavy": (2048, 8192, 16, 48), "decode_heavy": (512, 1536, 1024, 2048),
+            "conversation": (200, 2000, 20, 400), "bursty": (100, 1024, 100, 1024),
+            "shared_prefix": (50, 500, 50, 300), "preempting_bench": (100, 1024, 100, 1024)}
+_ARRIVAL = {"conversation": "trace", "bursty": "gamma"}
+_SHARED_PREFIX_LEN = 1024
+
+
+def _scaled(tokens: int, scale: float) -> int:
+    return max(1, int(round(tokens * scale)))
+
+
+def max_model_len(base: int, scale: float) -> int:
+    """The engine's max_model_len for the protocol: prefill_heavy's prompts must fit."""
+    return max(base, _scaled(LONG_MAX_MODEL_LEN, scale))
+
+
+def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: float,
+                     preempt_num_blocks: int) -> RunConfig:
+    """rc serving class `name` offline (arrivals are set later by with_rate)."""
+    if name not in CLASSES:
+        raise ValueError(f"fidelity.workloads: unknown class {name!r}; known: {CLASSES}")
+    p_lo, p_hi, o_lo, o_hi = (_scaled(t, length_scale) for t in _LENGTHS[name])
+    prompt, output = LengthConfig("uniform", p_lo, p_hi), LengthConfig("uniform", o_lo, o_hi)
+    if name == "conversation" and length_scale == 1.0:
+        prompt, output = LengthConfig("trace"), LengthConfig("trace")
+    workload = dataclasses.replace(
+        rc.workload, name=name, num_requests=num_requests, prompt_len=prompt, output_len=output,
+        arrival="offline", rate=None, cv=1.0, rate_scale=1.0, trace_path=TRACE if name == "conversation" else None,
+        shared_prefix=SharedPrefixConfig(8, _scaled(_SHARED_PREFIX_LEN, length_scale), 1.0)
+        if name == "shared_prefix" else None)
+    cache = rc.cache
+    if name == "preempting_bench":
+        cache = dataclasses.replace(cache, num_blocks=preempt_num_blocks)
+    return dataclasses.replace(rc, workload=workload, cache=cache)
+
+
+def with_rate(rc: RunConfig, name: str, rate: float) -> RunConfig:
+    """The class's own arrival process at `rate` requests per second."""
+    arrival = _ARRIVAL.get(name, "poisson")
+    w = rc.workload
+    if arrival == "trace":
+        w = dataclasses.replace(w, arrival="trace", rate_scale=rate / trace_rate(w))
+    else:
+        w = dataclasses.replace(w, arrival=arrival, rate=rate, cv=BURSTY_CV if arrival == "gamma" else 1.0)
+    return dataclasses.replace(rc, workload=w)
+
+
+def trace_rate(w: WorkloadConfig) -> float:
+    """Requests per second of the trace rows the workload replays, at their own times."""
+    path = resolve_trace_path(w.trace_path, w.trace_dir)
+    times = read_trace(path, ["arrived_at"], w.start_row, w.num_requests)["arrived_at"].to_numpy(dtype=float)
+    span = float(np.ptp(times)) if len(times) > 1 else 0.0
+    if span <= 0:
+        raise ValueError(f"{path}: rows {w.start_row}.. have no arrival span to take a rate from")
+    return (len(times) - 1) / span

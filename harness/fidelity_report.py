@@ -1,0 +1,80 @@
+"""The held-out table's rows and its plot (harness.fidelity)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.compare_tables import rel_error
+
+LOAD_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
+OFFLINE_METRICS = ("request_s", "output_tok_s", "ttft_p50_s", "tpot_p50_s")
+PLOTTED = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+READABLE = {"ttft_p50_s": "TTFT P50", "ttft_p90_s": "TTFT P90", "tpot_p50_s": "TPOT P50", "tpot_p90_s": "TPOT P90",
+            "e2e_p50_s": "E2E P50", "e2e_p90_s": "E2E P90", "request_s": "throughput (req/s)",
+            "output_tok_s": "output throughput (tok/s)"}
+
+
+def engine_spread(values: np.ndarray) -> float:
+    """(max - min) / mean of the engine's repeats of one cell."""
+    mean = float(np.mean(values))
+    return float(np.ptp(values) / mean) if mean else 0.0
+
+
+def cell_rows(rc, workload: str, load: str, rate: float, engine_runs: list[dict], sims: dict[str, dict],
+              metrics) -> list[dict]:
+    """One row per metric and cost model of a cell."""
+    rows = []
+    for metric in metrics:
+        values = np.array([run[metric] for run in engine_runs], dtype=float)
+        engine = float(np.mean(values))
+        for cost_model, summary in sims.items():
+            lo, hi = summary.get(f"{metric}_lo", np.nan), summary.get(f"{metric}_hi", np.nan)
+            inside = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+            rows.append({"model": rc.model.name, "hardware": rc.hardware.name, "workload": workload, "load": load,
+                         "metric": metric, "engine": engine, "sim": float(summary[metric]),
+                         "err": rel_error(float(summary[metric]), engine), "cost_model": cost_model,
+                         "engine_spread": engine_spread(values), "sim_lo": lo, "sim_hi": hi, "in_interval": inside,
+                         "rate_req_s": rate, "engine_repeats": len(values)})
+    return rows
+
+
+def interval_coverage(table: pd.DataFrame) -> float:
+    """Share of the cells with an interval whose engine value falls inside it."""
+    inside = table["in_interval"].dropna()
+    return float(inside.astype(bool).mean()) if len(inside) else float("nan")
+
+
+def plot_heldout(table: pd.DataFrame, path: Path) -> None:
+    """Error (sim - engine) / engine against load, one panel per workload class; the engine's own
+    spread as a band around zero."""
+    from matplotlib.figure import Figure
+
+    online = table[table["load"] != "offline"].copy()
+    online["load_x"] = online["load"].astype(float)
+    workloads = list(dict.fromkeys(table["workload"]))
+    fig = Figure(figsize=(4.2 * len(workloads), 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(workloads), sharey=True))
+    model, hardware = table["model"].iloc[0], table["hardware"].iloc[0]
+    for ax, workload in zip(axes, workloads):
+        part = online[online["workload"] == workload]
+        for i, metric in enumerate(PLOTTED):
+            rows = part[part["metric"] == metric]
+            for cost_model, style in (("profiled", "-"), ("roofline", ":")):
+                line = rows[rows["cost_model"] == cost_model].sort_values("load_x")
+                if len(line):
+                    ax.plot(line["load_x"], 100 * line["err"], style, marker="o", color=f"C{i}",
+                            label=f"{READABLE[metric]} ({cost_model})")
+        spread = part[part["cost_model"] == part["cost_model"].iloc[0]] if len(part) else part
+        if len(spread):
+            band = spread.groupby("load_x")["engine_spread"].max()
+            ax.fill_between(band.index, -100 * band, 100 * band, color="grey", alpha=0.2, label="engine spread")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_title(f"{model} on {hardware}: {workload}", fontsize=9)
+        ax.set_xlabel("load (fraction of the engine's capacity)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("error (sim - engine) / engine (%)")
+    axes[-1].legend(fontsize=6)
+    fig.savefig(path, dpi=110)
