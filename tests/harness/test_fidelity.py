@@ -1,0 +1,70 @@
+"""experiment=fidelity end to end on the CPU engine (tiny model): the held-out pipeline CI runs so
+it cannot rot. Few requests per cell; the numbers are not the point (a shared CPU's timings are
+noise), the table's consistency is."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.study import run_study
+from tests.harness.conftest import compose_config
+
+pytest.importorskip("torch")
+
+COLUMNS = ["model", "hardware", "workload", "load", "metric", "engine", "sim", "err", "cost_model", "engine_spread",
+           "sim_lo", "sim_hi", "in_interval"]
+WORKLOADS = ["prefill_heavy", "conversation", "preempting_bench"]
+
+
+@pytest.fixture(scope="module")
+def heldout(tiny_checkpoint, tmp_path_factory):
+    run_dir, results = tmp_path_factory.mktemp("fidelity-run"), tmp_path_factory.mktemp("fidelity-results")
+    run_study(compose_config([
+        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny", "hardware=cpu", "backend.device=cpu",
+        "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625", "fidelity.num_requests=3",
+        f"fidelity.workloads=[{','.join(WORKLOADS)}]", "fidelity.loads=[0.8]", "fidelity.grid=quick",
+        "fidelity.interval.draws=2", "fidelity.preempt_num_blocks=12", f"fidelity.results_dir={results}"]), run_dir)
+    return pd.read_csv(results / "heldout.csv"), results, run_dir
+
+
+def test_every_cell_has_both_cost_models_and_the_engines_repeats(heldout):
+    table, _, _ = heldout
+    assert list(table.columns[:len(COLUMNS)]) == COLUMNS
+    assert list(dict.fromkeys(table["workload"])) == WORKLOADS
+    for _, cell in table.groupby(["workload", "load", "metric"]):
+        assert sorted(cell["cost_model"]) == ["profiled", "roofline"]
+    assert set(table["load"].astype(str)) == {"offline", "0.8"}
+    assert (table["engine_repeats"] == 2).all()
+    # a metric no request has (TPOT of one-token outputs) is NaN on both sides, never made up
+    measured = table["engine"].notna()
+    assert (table.loc[measured, "engine_spread"] >= 0).all()
+    assert np.allclose(table["err"], (table["sim"] - table["engine"]) / table["engine"], equal_nan=True)
+    assert measured[table["metric"].str.startswith("ttft")].all()
+
+
+def test_loads_are_fractions_of_the_capacity_the_engine_measured(heldout):
+    table, _, _ = heldout
+    for workload, part in table.groupby("workload"):
+        capacity = part.loc[(part["load"] == "offline") & (part["metric"] == "request_s"), "engine"].iloc[0]
+        rates = part.loc[part["load"] == "0.8", "rate_req_s"]
+        assert np.allclose(rates, 0.8 * capacity), workload
+
+
+def test_profiled_rows_carry_an_interval_and_say_whether_the_engine_is_inside(heldout):
+    table, _, _ = heldout
+    latency = table["metric"].str.contains("_p[59]0_s") & (table["load"] == "0.8")
+    profiled = table[(table["cost_model"] == "profiled") & latency]
+    assert len(profiled) and (profiled["sim_lo"] <= profiled["sim"]).all() and (profiled["sim"] <= profiled["sim_hi"]).all()
+    inside = (profiled["sim_lo"] <= profiled["engine"]) & (profiled["engine"] <= profiled["sim_hi"])
+    assert (profiled["in_interval"].astype(str) == inside.astype(str)).all()
+    assert table.loc[table["cost_model"] == "roofline", "sim_lo"].isna().all()
+
+
+def test_results_dir_holds_summaries_only(heldout):
+    _, results, run_dir = heldout
+    assert sorted(p.name for p in results.iterdir()) == ["heldout.csv", "heldout.png"]
+    assert (results / "heldout.png").stat().st_size > 0
+    assert (run_dir / "profile_model.csv").is_file()  # the grid-only calibration, with residuals
+    assert (pd.read_csv(run_dir / "profile_model.csv")["kind"] == "residual").any()
