@@ -37,7 +37,7 @@ from harness.convert import ConfigError, to_dataclass
 from harness.fidelity_interval import simulate_with_interval
 from harness.fidelity_report import LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
 from harness.run import make_executor, run_once
-from sim.interval import DEFAULT_MACHINE_SPREAD, IntervalConfig
+from sim.interval import IntervalConfig
 
 log = logging.getLogger(__name__)
 COST_MODELS = ("profiled", "roofline")

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from sim.features import GraphSizes
-from sim.profiled import DEVICE_PRICED_REGIMES, ExtrapolationWarning, ProfiledCostModel, complete_columns, table_regimes
+from sim.profiled import DEVICE_PRICED_REGIMES, ExtrapolationWarning, ProfiledCostModel
+from sim.step_table import complete_columns, table_regimes
 
 
 def priced_measurement(df: pd.DataFrame) -> np.ndarray:
