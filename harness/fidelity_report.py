@@ -55,8 +55,12 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> None:
     online = table[table["load"] != "offline"].copy()
     online["load_x"] = online["load"].astype(float)
     workloads = list(dict.fromkeys(table["workload"]))
-    fig = Figure(figsize=(4.2 * len(workloads), 3.8), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(workloads), sharey=True))
+    columns = min(3, len(workloads))
+    rows = -(-len(workloads) // columns)
+    fig = Figure(figsize=(4.6 * columns, 3.6 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, columns, sharey=True, squeeze=False)).ravel()
+    for ax in axes[len(workloads):]:
+        ax.set_visible(False)
     model, hardware = table["model"].iloc[0], table["hardware"].iloc[0]
     for ax, workload in zip(axes, workloads):
         part = online[online["workload"] == workload]
@@ -75,6 +79,25 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> None:
         ax.set_title(f"{model} on {hardware}: {workload}", fontsize=9)
         ax.set_xlabel("load (fraction of the engine's capacity)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("error (sim - engine) / engine (%)")
-    axes[-1].legend(fontsize=6)
+    for ax in axes[::columns]:
+        ax.set_ylabel("error (sim - engine) / engine (%)")
+    axes[len(workloads) - 1].legend(fontsize=6)
     fig.savefig(path, dpi=110)
+
+
+def merge(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """Held-out tables of several device calls (one per model or per group of classes) as one."""
+    merged = pd.concat(tables, ignore_index=True)
+    return merged.drop_duplicates(["model", "hardware", "workload", "load", "metric", "cost_model"], keep="last")
+
+
+def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model and load: cells with an interval, the share holding the engine's value, and the
+    profiled model's median |err| on the latency percentiles (the README's table)."""
+    profiled = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)]
+    rows = []
+    for (model, load), part in profiled.groupby(["model", "load"]):
+        rows.append({"model": model, "load": load, "cells": len(part), "in_interval": interval_coverage(part),
+                     "median_abs_err": float(part["err"].abs().median()),
+                     "median_engine_spread": float(part["engine_spread"].median())})
+    return pd.DataFrame(rows)

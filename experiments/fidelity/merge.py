@@ -1,0 +1,35 @@
+"""Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
+with heldout_<model>.png per model and coverage.csv. No GPU needed.
+
+    python experiments/fidelity/merge.py experiments/fidelity/calls/*/heldout.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from harness.fidelity_report import coverage_table, merge, plot_heldout
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tables", nargs="+", type=Path, help="heldout.csv of each call")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args()
+    table = merge([pd.read_csv(path) for path in args.tables])
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "heldout.csv", index=False)
+    for (model, hardware), part in table.groupby(["model", "hardware"]):
+        plot_heldout(part, args.out / f"heldout_{model}_{hardware}.png")
+    coverage = coverage_table(table)
+    coverage.to_csv(args.out / "coverage.csv", index=False)
+    print(coverage.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+if __name__ == "__main__":
+    main()
