@@ -40,6 +40,12 @@ def test_experiment_composes_and_converts(name):
 
         assert rc.backend == "engine" and isinstance(to_dataclass(CompareConfig, section(cfg, "compare"), "compare"),
                                                      CompareConfig)
+    elif study.kind == "fidelity":  # the engine, then the simulator per cell
+        from harness.config import section
+        from harness.fidelity import FidelityConfig
+
+        assert rc.backend == "engine" and isinstance(
+            to_dataclass(FidelityConfig, section(cfg, "fidelity"), "fidelity"), FidelityConfig)
     else:
         assert isinstance(rc.sim, SimConfig)
     assert isinstance(study, StudyConfig) and study.name == name

@@ -1,0 +1,46 @@
+"""The held-out protocol's workload classes and settings (no engine needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.config import build_run_config
+from harness.fidelity import FidelityConfig
+from harness.fidelity_classes import CLASSES, class_run_config, max_model_len, trace_rate, with_rate
+from harness.workloads import build_workload
+from tests.harness.conftest import compose_config
+
+
+@pytest.fixture(scope="module")
+def rc():
+    return build_run_config(compose_config(["scheduler.max_model_len=16384"]))
+
+
+def test_conversation_replays_the_traces_arrivals_at_the_asked_rate(rc):
+    base = class_run_config(rc, "conversation", 300, 1.0, 400)
+    cell = with_rate(base, "conversation", 12.0)
+    arrivals = np.array([r.arrival_time for r in build_workload(cell.workload, 16384).requests])
+    assert cell.workload.arrival == "trace" and cell.workload.prompt_len.dist == "trace"
+    assert (len(arrivals) - 1) / np.ptp(arrivals) == pytest.approx(12.0, rel=1e-6)
+    assert trace_rate(base.workload) == pytest.approx(12.0 / cell.workload.rate_scale)
+
+
+def test_each_class_has_its_shape(rc):
+    prefill = class_run_config(rc, "prefill_heavy", 50, 1.0, 400).workload
+    assert (prefill.prompt_len.low, prefill.prompt_len.high) == (2048, 8192)
+    assert max_model_len(4096, 1.0) == 10240 and max_model_len(512, 1 / 16) == 640
+    bursty = with_rate(class_run_config(rc, "bursty", 50, 1.0, 400), "bursty", 5.0).workload
+    assert (bursty.arrival, bursty.cv, bursty.rate) == ("gamma", 4.0, 5.0)
+    assert class_run_config(rc, "preempting_bench", 50, 1.0, 400).cache.num_blocks == 400
+    shared = class_run_config(rc, "shared_prefix", 50, 0.5, 400).workload.shared_prefix
+    assert shared.prefix_len == 512 and shared.fraction == 1.0
+    for name in CLASSES:
+        assert class_run_config(rc, name, 50, 1.0, 400).workload.arrival == "offline"  # the drain first
+
+
+@pytest.mark.parametrize("field, value", [("workloads", ("nope",)), ("loads", (0.0,)), ("repeats", 1),
+                                          ("length_scale", 2.0), ("grid", "huge"), ("cost_models", ("vidur",))])
+def test_bad_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"fidelity.{field}"):
+        FidelityConfig(**{field: value})
