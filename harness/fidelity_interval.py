@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable
 
 from harness.config import RunConfig
+from harness.convert import ConfigError
 from harness.run import RunOutcome, run_once
 from sim import build_sim_executor
 from sim.cost_model import CostModel, make_cost_model
@@ -26,7 +27,7 @@ def simulate_with_interval(rc: RunConfig, config: IntervalConfig, make_inner: Ca
     rc.sim names); residuals: the per-step relative errors to resample (default: the profiled
     model's, none for the roofline model, whose interval is then the machine spread alone)."""
     if rc.backend != "sim":
-        raise ValueError(f"a prediction interval needs backend=sim, got {rc.backend!r}")
+        raise ConfigError(f"interval: a prediction interval needs backend=sim, got backend={rc.backend!r}")
     make_inner = make_inner or default_cost_model(rc)
     point_model = make_inner()
     if residuals is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from harness.config import build_run_config, build_study
+from harness.config import build_run_config, build_study, section
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
 
@@ -45,7 +45,17 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         print(f"outputs: {out_dir} (heldout.csv, heldout.png; fidelity.results_dir if set)")
         return table
     rc = build_run_config(cfg)
-    outcome = run_once(rc, output.progress)
+    interval = cfg.get("interval")
+    if interval is not None:
+        # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)
+        from harness.convert import to_dataclass
+        from harness.fidelity_interval import simulate_with_interval
+        from sim.interval import IntervalConfig
+
+        outcome = simulate_with_interval(rc, to_dataclass(IntervalConfig, section(cfg, "interval"), "interval"),
+                                         progress=output.progress)
+    else:
+        outcome = run_once(rc, output.progress)
     write_outcome(outcome, out_dir, output.plots, output.steps)
     require_served(outcome)
     print(format_summary(outcome.summary))

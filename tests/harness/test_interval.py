@@ -91,3 +91,23 @@ def test_compare_table_says_whether_the_engine_falls_inside():
     assert list(out["in_interval_sim_profiled"][:2]) == [True, False]
     assert pd.isna(out["in_interval_sim_profiled"][2])  # no interval for throughput
     assert out["hi_sim_profiled"][1] == 1.9
+
+
+def test_a_single_simulated_run_writes_its_interval_to_the_summary(tmp_path):
+    import pandas as pd
+
+    from harness.study import run_study
+
+    run_study(compose_config(["interval={level: 0.9, draws: 3, machine_spread: 0.05, seed: 0}",
+                              "workload.num_requests=12", "output.plots=false"]), tmp_path)
+    summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    for metric in METRICS:
+        assert summary[f"{metric}_lo"] <= summary[metric] <= summary[f"{metric}_hi"]
+    assert summary["interval_draws"] == 3
+
+
+def test_an_interval_on_the_engine_is_refused(rc):
+    from harness.convert import ConfigError
+
+    with pytest.raises(ConfigError, match="backend=sim"):
+        simulate_with_interval(dataclasses.replace(rc, backend="engine"), IntervalConfig(draws=2))
