@@ -34,6 +34,7 @@ from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_confi
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
 from sim.interval import IntervalConfig
+from sim.profiled import ExtrapolationWarning
 
 log = logging.getLogger(__name__)
 COST_MODELS = ("profiled", "roofline")
@@ -175,7 +176,7 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
 
 
 def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) -> Path:
-    from harness.calibration import fit_calibration
+    from harness.calibration import validate
     from harness.profiling import ProfileGrid, profile_executor
 
     sizes = executor.info().graph_sizes
@@ -183,7 +184,10 @@ def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) ->
     profile = profile_executor(executor, rc.scheduler, grid)
     out_dir.mkdir(parents=True, exist_ok=True)
     profile.to_csv(out_dir / "profile.csv", index=False)
-    fit_calibration(profile, None, sizes).to_csv(out_dir / "profile_model.csv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)  # held-out rows outside a partial fit
+        model, _ = validate(profile, None, sizes)  # the fit, with held-out residuals for compare.interval
+    model.to_csv(out_dir / "profile_model.csv")
     return out_dir / "profile_model.csv"
 
 
