@@ -82,22 +82,20 @@ class PinnedBlocks(KeepAlive):
         super().__init__(inner)
         self.num_blocks = num_blocks
 
-    def kv_cache_spec(self):
-        spec = self.inner.kv_cache_spec()
+    def info(self):
+        info = self.inner.info()
         if self.num_blocks is None:
-            return spec
-        if self.num_blocks > spec.num_blocks:
-            raise ConfigError(f"fidelity.preempt_num_blocks={self.num_blocks} exceeds the engine's {spec.num_blocks} blocks")
-        return dataclasses.replace(spec, num_blocks=self.num_blocks)
+            return info
+        if self.num_blocks > info.num_blocks:
+            raise ConfigError(f"fidelity.preempt_num_blocks={self.num_blocks} exceeds the engine's {info.num_blocks} blocks")
+        return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 
 def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> str:
     """A model file with residuals: fitted on the grid only (issue 14: calibrate from the profiling grid)."""
     from harness.calibration import validate
     from harness.profiling import ProfileGrid, profile_executor
-    from harness.recording import graph_sizes_of
-
-    graphs = graph_sizes_of(executor, rc)
+    graphs = executor.info().graph_sizes
     if fc.profile_path is not None:
         table = pd.read_csv(fc.profile_path)
         if "duration_s" not in table.columns:
@@ -105,7 +103,7 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
     else:
         grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
         bar = tqdm(desc="profile", unit="shape", leave=False)
-        table = profile_executor(executor, rc.scheduler, grid, graphs, progress=lambda n, row: bar.update(1))
+        table = profile_executor(executor, rc.scheduler, grid, progress=lambda n, row: bar.update(1))
         bar.close()
         table.to_csv(out_dir / "profile.csv", index=False)
     with warnings.catch_warnings():
@@ -122,7 +120,7 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
     for i in range(fc.repeats):
         outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
         engine_runs.append(outcome.summary)
-        meta = meta or engine_meta(engine, outcome)
+        meta = meta or engine_meta(engine.info(), rc, outcome)
     sims = {}
     for name in fc.cost_models:
         sim_rc = sim_run_config(rc, name, profile_path, meta)

@@ -52,11 +52,12 @@ def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: 
         raise ValueError(f"fidelity.workloads: unknown class {name!r}; known: {CLASSES}")
     p_lo, p_hi, o_lo, o_hi = (_scaled(t, length_scale) for t in _LENGTHS[name])
     prompt, output = LengthConfig("uniform", p_lo, p_hi), LengthConfig("uniform", o_lo, o_hi)
-    if name == "conversation" and length_scale == 1.0:
+    lengths_from_trace = name == "conversation" and length_scale == 1.0
+    if lengths_from_trace:
         prompt, output = LengthConfig("trace"), LengthConfig("trace")
     workload = dataclasses.replace(
         rc.workload, name=name, num_requests=num_requests, prompt_len=prompt, output_len=output,
-        arrival="offline", rate=None, cv=1.0, rate_scale=1.0, trace_path=TRACE if name == "conversation" else None,
+        arrival="offline", rate=None, cv=1.0, rate_scale=1.0, trace_path=TRACE if lengths_from_trace else None,
         shared_prefix=SharedPrefixConfig(8, _scaled(_SHARED_PREFIX_LEN, length_scale), 1.0)
         if name == "shared_prefix" else None)
     cache = rc.cache
@@ -70,7 +71,8 @@ def with_rate(rc: RunConfig, name: str, rate: float) -> RunConfig:
     arrival = _ARRIVAL.get(name, "poisson")
     w = rc.workload
     if arrival == "trace":
-        w = dataclasses.replace(w, arrival="trace", rate_scale=rate / trace_rate(w))
+        w = dataclasses.replace(w, arrival="trace", trace_path=TRACE)
+        w = dataclasses.replace(w, rate_scale=rate / trace_rate(w))
     else:
         w = dataclasses.replace(w, arrival=arrival, rate=rate, cv=BURSTY_CV if arrival == "gamma" else 1.0)
     return dataclasses.replace(rc, workload=w)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from engine.core.graph_sizes import planned_graph_sizes
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.run import RunOutcome, run_once
@@ -17,7 +18,7 @@ from sim.profiled import ProfiledCostModel
 
 
 def default_cost_model(rc: RunConfig) -> Callable[[], CostModel]:
-    graphs = rc.sim.graph_sizes(rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
     return lambda: make_cost_model(rc.model, rc.hardware, rc.sim, graphs)
 
 

@@ -46,7 +46,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.features import as_graph_sizes, attention_pairs, step_features
+from sim.features import as_graph_sizes, step_features
 from sim.step_table import complete_columns, table_regimes
 from sim.piecewise import PiecewiseLinearFit
 

@@ -4,31 +4,31 @@
 # grid profile and its fit under $OUT/<model>/. Carry .whl (the Hydra wheels of ../shared/wheels)
 # and .traces (azure_conv_2023.csv). A later call of the same model passes the first call's
 # profile.csv as PROFILE (refitted here on its grid rows: no second profile).
-#   OUT=$OUT MODEL=qwen3_0_6b WORKLOADS=prefill_heavy,bursty,shared_prefix bash experiments/fidelity/run_gpu.sh
-#   OUT=$OUT MODEL=qwen3_0_6b WORKLOADS=decode_heavy,conversation,preempting_bench PROFILE=<copied profile.csv> ...
+#   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=prefill_heavy,bursty,shared_prefix bash experiments/fidelity/run_gpu.sh
+#   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=decode_heavy,conversation,preempting_bench PROFILE=<copied profile.csv> ...
 # then, without a GPU: python experiments/fidelity/merge.py <the calls' heldout.csv files>
 set -eu
 OUT=${OUT:?set OUT}
-MODEL=${MODEL:-qwen3_0_6b}
+MODEL=${MODEL:-qwen3-0.6b}
 WORKLOADS=${WORKLOADS:-prefill_heavy,decode_heavy,conversation,bursty,shared_prefix,preempting_bench}
 NUM_REQUESTS=${NUM_REQUESTS:-100}
 LOADS=${LOADS:-0.5,0.8,0.95}
 PROFILE=${PROFILE:-null}
 TAG=${TAG:-$(echo "$WORKLOADS" | tr ',' '-')}
 case $MODEL in
-  qwen3_0_6b) PRESET=qwen3-0.6b; CK=/tmp/q06;;
-  qwen3_8b) PRESET=qwen3-8b; CK=/tmp/q8;;
-  *) echo "MODEL must be qwen3_0_6b or qwen3_8b, got $MODEL" >&2; exit 2;;
+  qwen3-0.6b|qwen3-8b) CK=/tmp/ck/$MODEL;;
+  *) echo "MODEL must be qwen3-0.6b or qwen3-8b, got $MODEL" >&2; exit 2;;
 esac
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
-[ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$PRESET" --out "$CK" --dtype bfloat16 > /dev/null
+[ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$MODEL" --out "$CK" --dtype bfloat16 > /dev/null
 RUN=/tmp/fidelity_run/$MODEL/$TAG
+cp .traces/azure_conv_2023.csv .  # workload.trace_path is read from the cwd
 mkdir -p "$OUT/$MODEL/$TAG"
 # max_model_len 16,384: above the prefill-heavy class's 10,240, so the grid's long chunks after
 # 12k of cached context are profiled too (harness.profiling.ProfileGrid.long_prefill_*)
 python3 -m harness experiment=fidelity model=$MODEL hardware=h100 backend.model=$CK \
-    scheduler.max_model_len=16384 workload.trace_dir=.traces "fidelity.workloads=[$WORKLOADS]" \
+    scheduler.max_model_len=16384 "fidelity.workloads=[$WORKLOADS]" \
     "fidelity.loads=[$LOADS]" fidelity.num_requests=$NUM_REQUESTS fidelity.profile_path=$PROFILE \
     fidelity.results_dir=$OUT/$MODEL/$TAG hydra.run.dir=$RUN output.progress=false 2>&1 | tee "$OUT/$MODEL/$TAG/run.log"
 for f in profile.csv profile_model.csv validation.csv; do

@@ -22,7 +22,7 @@ WORKLOADS = ["prefill_heavy", "conversation", "preempting_bench"]
 def heldout(tiny_checkpoint, tmp_path_factory):
     run_dir, results = tmp_path_factory.mktemp("fidelity-run"), tmp_path_factory.mktemp("fidelity-results")
     run_study(compose_config([
-        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny", "hardware=cpu", "backend.device=cpu",
+        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
         "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625", "fidelity.num_requests=3",
         f"fidelity.workloads=[{','.join(WORKLOADS)}]", "fidelity.loads=[0.8]", "fidelity.grid=quick",
         "fidelity.interval.draws=2", "fidelity.preempt_num_blocks=12", f"fidelity.results_dir={results}"]), run_dir)

@@ -27,7 +27,7 @@ METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 @pytest.fixture(scope="module")
 def rc():
     return build_run_config(compose_config([
-        "model=qwen3_0_6b", "workload=poisson", "workload.num_requests=30", "workload.rate=150",
+        "model=qwen3-0.6b", "workload=poisson", "workload.num_requests=30", "workload.rate=150",
         "workload.prompt_len.low=200", "workload.prompt_len.high=1000", "workload.output_len.low=10",
         "workload.output_len.high=60"]))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.plan import KVCacheSpec
+from engine.core.executor import BackendInfo
 from sim.executor import SimExecutor
 from sim.features import step_features
 from sim.profiled import ProfiledCostModel
@@ -18,7 +18,7 @@ from tests.sim.test_profiled_overlap import LAUNCH_PREFILL, at_step, overlapping
 @pytest.fixture()
 def executor():
     model = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
-    return SimExecutor(model, KVCacheSpec(1000, 16), vocab_size=1000, overlaps_steps=True)
+    return SimExecutor(model, BackendInfo(1000, 16, 1000, overlaps_steps=True))
 
 
 def test_a_prefill_submitted_behind_a_step_in_flight_hides_part_of_its_launches(executor):

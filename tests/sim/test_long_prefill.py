@@ -6,21 +6,21 @@ so the extrapolation stays quadratic in the context)."""
 from __future__ import annotations
 
 import warnings
-from types import SimpleNamespace
 
 import pytest
 
 from engine.core.config import SchedulerConfig
-from engine.core.graph_sizes import prefill_graph_sizes
-from engine.core.plan import KVCacheSpec, StepResult
+from engine.core.executor import BackendInfo, CompletedStep
+from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, prefill_graph_sizes
+from engine.core.plan import StepResult
 from harness.profiling import LONG_PREFILL, ProfileGrid, profile_executor
-from sim.features import GraphSizes, attention_pairs, cuda_graph_batch_sizes, step_features
+from sim.features import attention_pairs, step_features
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
 from tests.sim.helpers import plan, prefill
 
 # the helpers' plans sample without seeds; the profile's rows all carry one
 pytestmark = pytest.mark.filterwarnings("ignore:.*num_seeded")
-GRAPHS = GraphSizes(cuda_graph_batch_sizes(512), prefill_graph_sizes(4096))
+GRAPHS = GraphSizes(decode_graph_sizes(512, 512), prefill_graph_sizes(4096))
 # seconds: per step, per token (linear layers), per (query, key) pair (attention), per KV token read
 STEP, TOKEN, PAIR, KV = 2e-3, 20e-6, 1.2e-9, 4e-9
 
@@ -36,21 +36,29 @@ def true_cost(features: dict) -> float:
 
 
 class QuadraticExecutor:
-    """Prices each step by true_cost; bypassing its graphs (runner.graphs None) makes it eager."""
+    """Prices each step by true_cost; a plan with use_cuda_graphs off runs eagerly."""
 
-    overlaps_steps = False
-    vocab_size = 1000
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self._info = BackendInfo(num_blocks, block_size, 1000, graph_sizes=GRAPHS)
 
-    def __init__(self, kv: KVCacheSpec) -> None:
-        self.kv = kv
-        self.runner = SimpleNamespace(graphs=True, prefill_graphs=True)
-
-    def kv_cache_spec(self) -> KVCacheSpec:
-        return self.kv
+    def info(self) -> BackendInfo:
+        return self._info
 
     def execute(self, step_plan) -> StepResult:
-        graphs = GRAPHS if self.runner.graphs is not None else ()
+        graphs = GRAPHS if step_plan.use_cuda_graphs else ()
         return StepResult([0] * len(step_plan.scheduled), true_cost(step_features(step_plan, graphs)))
+
+    def submit(self, step_plan):
+        return CompletedStep(self.execute(step_plan))
+
+    def observe(self, hook) -> None:
+        raise NotImplementedError("the profiler needs no hooks")
+
+    def hold_device(self, seconds: float) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +66,7 @@ def fitted() -> tuple[ProfiledCostModel, object]:
     sched = SchedulerConfig(max_model_len=16386, max_num_batched_tokens=16384)
     grid = ProfileGrid(warmup=0, repeats=1, min_repeats=1, num_random=0, decode_batches=(1, 8, 64, 256),
                        decode_contexts=(512, 2048), prefill_seqs=(1, 4))
-    profile = profile_executor(QuadraticExecutor(KVCacheSpec(num_blocks=2000, block_size=256)), sched, grid, GRAPHS)
+    profile = profile_executor(QuadraticExecutor(num_blocks=2000, block_size=256), sched, grid)
     return ProfiledCostModel.fit(profile, GRAPHS), profile
 
 
