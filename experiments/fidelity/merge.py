@@ -16,11 +16,11 @@ from harness.fidelity_report import coverage_table, merge, plot_heldout
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tables", nargs="+", type=Path, help="heldout.csv of each call")
     parser.add_argument("--out", type=Path, default=HERE)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     table = merge([pd.read_csv(path) for path in args.tables])
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "heldout.csv", index=False)
@@ -29,7 +29,8 @@ def main() -> None:
     coverage = coverage_table(table)
     coverage.to_csv(args.out / "coverage.csv", index=False)
     print(coverage.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
