@@ -1,0 +1,219 @@
+"""A fleet: N replicas (each its own Scheduler, executor and clock) behind one router.
+
+Simulated fleets (run_fleet) run on one global event clock: each replica's clock only moves
+forward, and the loop always advances the replica whose next iteration starts earliest. An
+arrival is routed once every replica's next iteration starts at or after it, so the router sees
+each replica as it is at that moment: its planned steps booked, its later ones not yet made.
+Each replica's iteration is engine.core.loop.run's loop body, operation for operation, so a
+fleet of one replays a single run exactly.
+
+Engine fleets (run_fleet_wall) share the wall clock: every idle replica with work gets its next
+step submitted before the loop waits on any, so replicas in other processes compute at once.
+
+backend_facts() is the one place the fleet asks a backend about itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from engine.core.loop import Clock, RunResult, StepRecord
+from engine.core.plan import KVCacheSpec, PendingStep, StepPlan, StepResult
+from engine.core.request import Request
+from engine.core.routers import Router
+from engine.core.scheduler import Scheduler
+
+# replica index, the step it just finished, the requests that step finished
+FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
+
+
+@dataclass(frozen=True)
+class BackendFacts:
+    kv_spec: KVCacheSpec
+    overlaps_steps: bool
+    vocab_size: int | None
+    eos_token_id: int | None
+
+
+def backend_facts(executor) -> BackendFacts:
+    """What the fleet needs to know about an executor, asked once."""
+    return BackendFacts(executor.kv_cache_spec(), bool(getattr(executor, "overlaps_steps", False)),
+                        getattr(executor, "vocab_size", None), getattr(executor, "eos_token_id", None))
+
+
+class Replica:
+    """One replica's core and executor, fed by the router through an inbox."""
+
+    def __init__(self, index: int, scheduler: Scheduler, executor, clock: Clock) -> None:
+        self.index = index
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock
+        self.overlap = backend_facts(executor).overlaps_steps
+        self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
+        self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
+        self.result = RunResult(requests=[], steps=[])
+        self.on_step: FleetStepHook | None = None
+
+    # ---- what routers read ----------------------------------------------------------------
+
+    def outstanding_requests(self) -> int:
+        return len(self.scheduler.requests) + len(self.inbox)
+
+    def outstanding_tokens(self) -> int:
+        total = 0
+        for request in (*self.scheduler.requests.values(), *self.inbox):
+            max_tokens = request.max_tokens if request.max_tokens is not None else 0
+            total += max(request.num_prompt_tokens - request.num_computed_tokens, 0)
+            total += max(max_tokens - request.num_output_tokens, 0)
+        return total
+
+    # ---- the loop body --------------------------------------------------------------------
+
+    def next_event_time(self) -> float:
+        """When this replica's next iteration starts; inf when it has nothing to do."""
+        now = self.clock.now()
+        if self.scheduler.has_unfinished() or self.in_flight is not None:
+            return now
+        if self.inbox:
+            return max(now, self.inbox[0].arrival_time)
+        return math.inf
+
+    def admit(self, now: float) -> None:
+        while self.inbox and self.inbox[0].arrival_time <= now:
+            request = self.inbox.popleft()
+            try:
+                self.scheduler.add(request)
+            except ValueError as error:
+                self.result.rejected[request.request_id] = str(error)
+
+    def tick(self) -> None:
+        """One iteration of engine.core.loop.run's loop, with the inbox as its arrivals."""
+        now = self.clock.now()
+        self.admit(now)
+        scheduler = self.scheduler
+        if not scheduler.has_unfinished():
+            if self.in_flight is not None:  # it only computes tokens of requests that already stopped
+                self.finish_in_flight()
+            elif self.inbox:
+                self.clock.wait_until(self.inbox[0].arrival_time)
+            return
+        plan = scheduler.schedule(now)
+        if plan.is_empty:
+            if self.in_flight is not None:
+                self.finish_in_flight()
+                return
+            raise RuntimeError(f"replica {self.index}: scheduler produced an empty step with "
+                               f"{scheduler.num_waiting} waiting and {scheduler.num_running} running requests")
+        if self.overlap:
+            submitted = self.executor.submit(plan)
+            if self.in_flight is not None:
+                self.finish_in_flight()
+            self.in_flight = (plan, submitted, now)
+        else:
+            self.complete(plan, self.executor.execute(plan), now)
+
+    def finish_in_flight(self) -> None:
+        plan, pending, planned_at = self.in_flight
+        self.in_flight = None
+        self.complete(plan, pending.result(), planned_at)
+
+    def complete(self, plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
+        self.clock.advance(step_result.duration_s)
+        end = self.clock.now() - step_result.ready_age_s
+        finished = self.scheduler.update(plan, step_result, end)
+        start = end - step_result.duration_s if self.overlap else planned_at
+        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
+        self.result.steps.append(record)
+        self.result.requests.extend(finished)
+        if self.on_step is not None:
+            self.on_step(self.index, record, finished)
+
+
+@dataclass
+class FleetResult:
+    replicas: list[RunResult]  # per replica, requests in submission order
+    assignment: dict[str, int] = field(default_factory=dict)  # request id -> replica index
+    makespan_s: float = 0.0
+
+
+def run_fleet(replicas: Sequence[Replica], requests: Iterable[Request], router: Router,
+              on_step: FleetStepHook | None = None) -> FleetResult:
+    """Serve requests on simulated replicas (each its own clock, all starting at 0) to completion."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    assignment: dict[str, int] = {}
+    for replica in replicas:
+        replica.on_step = on_step
+    next_arrival = 0
+    while True:
+        times = [replica.next_event_time() for replica in replicas]
+        earliest = min(range(len(replicas)), key=times.__getitem__)
+        if next_arrival < len(pending) and pending[next_arrival].arrival_time <= times[earliest]:
+            _route(pending[next_arrival], replicas, router, assignment)
+            next_arrival += 1
+        elif math.isinf(times[earliest]):
+            break
+        else:
+            replicas[earliest].tick()
+    return _finish(replicas, pending, assignment)
+
+
+def run_fleet_wall(replicas: Sequence[Replica], requests: Iterable[Request], router: Router, clock: Clock,
+                   wait_any: Callable[[list[PendingStep], float | None], list[int]],
+                   on_step: FleetStepHook | None = None) -> FleetResult:
+    """Serve requests on replicas that compute concurrently (engine processes) against one wall
+    clock. Each replica runs its steps one at a time (plan, compute, update); wait_any(pending,
+    timeout) returns the indices of the pending steps that are done (none on timeout)."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    assignment: dict[str, int] = {}
+    for replica in replicas:
+        replica.on_step = on_step
+    next_arrival = 0
+    while next_arrival < len(pending) or any(r.next_event_time() < math.inf for r in replicas):
+        now = clock.now()
+        while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
+            _route(pending[next_arrival], replicas, router, assignment)
+            next_arrival += 1
+        for replica in replicas:
+            if replica.in_flight is None:
+                _submit(replica, now)
+        busy = [r for r in replicas if r.in_flight is not None]
+        until_arrival = pending[next_arrival].arrival_time - now if next_arrival < len(pending) else None
+        if not busy:
+            if until_arrival is not None:
+                clock.wait_until(pending[next_arrival].arrival_time)
+            continue
+        for i in wait_any([r.in_flight[1] for r in busy], until_arrival):
+            busy[i].finish_in_flight()
+    return _finish(replicas, pending, assignment)
+
+
+def _submit(replica: Replica, now: float) -> None:
+    replica.admit(now)
+    if not replica.scheduler.has_unfinished():
+        return
+    plan = replica.scheduler.schedule(now)
+    if plan.is_empty:
+        raise RuntimeError(f"replica {replica.index}: scheduler produced an empty step with "
+                           f"{replica.scheduler.num_waiting} waiting and {replica.scheduler.num_running} running")
+    replica.in_flight = (plan, replica.executor.submit(plan), now)
+
+
+def _route(request: Request, replicas: Sequence[Replica], router: Router, assignment: dict[str, int]) -> None:
+    index = router.route(request, replicas)
+    if not 0 <= index < len(replicas):
+        raise RuntimeError(f"router {type(router).__name__} chose replica {index} of {len(replicas)}")
+    assignment[request.request_id] = index
+    replicas[index].inbox.append(request)
+
+
+def _finish(replicas: Sequence[Replica], pending: list[Request], assignment: dict[str, int]) -> FleetResult:
+    order = {r.request_id: i for i, r in enumerate(pending)}
+    for replica in replicas:
+        replica.result.requests.sort(key=lambda r: order[r.request_id])
+        replica.result.makespan_s = replica.clock.now()
+    results = [replica.result for replica in replicas]
+    return FleetResult(results, assignment, max((r.makespan_s for r in results), default=0.0))

@@ -1,0 +1,124 @@
+"""Routers: which replica of a fleet serves an arriving request.
+
+A router sees each replica through ReplicaLoad (what a load balancer in front of real servers
+could know: the requests each one holds and the tokens they still need) and answers an index.
+The same routers front simulated replicas and engine replicas (engine.core.fleet). A router is
+built per run (make_router) and may keep state across calls (round-robin's cursor); nothing is
+shared between runs.
+
+Ties go to the lowest replica index, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import xxhash
+
+from engine.core.request import Request
+
+ROUTERS = ("round_robin", "least_requests", "least_tokens", "prefix_affinity")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """name: one of ROUTERS. prefix_blocks and max_imbalance are read by prefix_affinity only.
+
+    prefix_affinity hashes the prompt's first prefix_blocks full KV blocks (block_size tokens
+    each; fewer when the prompt is shorter) and sends the request to replica hash % N, so
+    requests that share those blocks meet the same prefix cache. NOTE: the target is overloaded
+    when it holds max_imbalance or more requests beyond the least-loaded replica; the request
+    then goes to the least-loaded replica (least_requests' rule), as does a prompt shorter than
+    one block, which has no block to share.
+    """
+
+    name: str = "round_robin"
+    prefix_blocks: int = 1
+    max_imbalance: int = 16
+
+    def __post_init__(self) -> None:
+        if self.name not in ROUTERS:
+            raise ValueError(f"router.name must be one of {list(ROUTERS)}, got {self.name!r}")
+        for field in ("prefix_blocks", "max_imbalance"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"router.{field} must be an int >= 1, got {value!r}")
+
+
+class ReplicaLoad(Protocol):
+    """What a router may read about one replica at the moment a request arrives."""
+
+    def outstanding_requests(self) -> int:
+        """Requests routed to it and not finished (queued, running, or not yet admitted)."""
+
+    def outstanding_tokens(self) -> int:
+        """Prompt tokens still to compute plus output tokens still to generate, over those requests."""
+
+
+class Router(Protocol):
+    def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int: ...
+
+
+def _least(replicas: Sequence[ReplicaLoad], key) -> int:
+    return min(range(len(replicas)), key=lambda i: key(replicas[i]))
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
+        index = self._next % len(replicas)
+        self._next = index + 1
+        return index
+
+
+class LeastRequests:
+    def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
+        return _least(replicas, lambda r: r.outstanding_requests())
+
+
+class LeastTokens:
+    """KV-aware: the replica with the least work left in tokens (prompt to prefill + output to decode)."""
+
+    def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
+        return _least(replicas, lambda r: r.outstanding_tokens())
+
+
+class PrefixAffinity:
+    """RouterConfig states the rule (hash of the first blocks; least_requests when overloaded)."""
+
+    def __init__(self, block_size: int, prefix_blocks: int, max_imbalance: int) -> None:
+        self.block_size = block_size
+        self.prefix_blocks = prefix_blocks
+        self.max_imbalance = max_imbalance
+
+    def affinity(self, request: Request, num_replicas: int) -> int | None:
+        """The replica this prompt's first blocks belong to; None for a prompt shorter than a block."""
+        num_full = min(self.prefix_blocks, request.num_prompt_tokens // self.block_size)
+        if num_full == 0:
+            return None
+        prefix = request.token_ids[: num_full * self.block_size]
+        digest = xxhash.xxh64_intdigest(b"".join(t.to_bytes(4, "little") for t in prefix))
+        return digest % num_replicas
+
+    def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
+        least = _least(replicas, lambda r: r.outstanding_requests())
+        target = self.affinity(request, len(replicas))
+        if target is None:
+            return least
+        overload = replicas[target].outstanding_requests() - replicas[least].outstanding_requests()
+        return least if overload >= self.max_imbalance else target
+
+
+def make_router(config: RouterConfig, block_size: int) -> Router:
+    """A fresh router (its own state) for one run; block_size is the KV cache's (prefix_affinity)."""
+    if config.name == "round_robin":
+        return RoundRobin()
+    if config.name == "least_requests":
+        return LeastRequests()
+    if config.name == "least_tokens":
+        return LeastTokens()
+    return PrefixAffinity(block_size, config.prefix_blocks, config.max_imbalance)
