@@ -38,7 +38,7 @@ MOVED_KEYS = {
     "seed": "execution.seed",
     "gpu_memory_utilization": "execution.gpu_memory_utilization",
 }
-STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare", "fidelity")
+STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare", "fidelity", "plan")
 STEP_OUTPUTS = ("full", "none")
 
 

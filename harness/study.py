@@ -9,6 +9,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from harness.config import build_run_config, build_study, section
+from harness.fleet_config import build_fleet
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
 
@@ -44,7 +45,16 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print(f"outputs: {out_dir} (heldout.csv, heldout.png; fidelity.results_dir if set)")
         return table
+    if study.kind == "plan":
+        from harness.plan import run_plan
+
+        return run_plan(cfg, output, out_dir)
     rc = build_run_config(cfg)
+    fleet, router = build_fleet(cfg)
+    if not fleet.is_single_run:
+        from harness.fleet import run_fleet_study
+
+        return run_fleet_study(rc, fleet, router, output.progress, output.plots, out_dir)
     interval = cfg.get("interval")
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)

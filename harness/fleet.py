@@ -1,0 +1,160 @@
+"""A fleet run: N replicas behind a router, tabulated per replica and for the whole fleet.
+
+Simulated replicas share one event clock (engine.core.fleet.run_fleet); engine replicas run one
+process each (engine.replicas) against the wall clock (run_fleet_wall). Outputs: requests.csv and
+steps.csv of the fleet (a `replica` column), summary.csv (the fleet's row), replica_<i>/ with each
+replica's three tables, load.png (outstanding requests and KV use per replica over time) and
+latency_cdf.png (the fleet's TTFT, TPOT and end-to-end CDFs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from engine.core import make_scheduler
+from engine.core.fleet import FleetResult, Replica, backend_facts, run_fleet, run_fleet_wall
+from engine.core.loop import SimulatedClock, WallClock
+from engine.core.routers import RouterConfig, make_router
+from harness.config import RunConfig
+from harness.convert import ConfigError
+from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
+from harness.metrics import requests_frame, steps_frame, summarize
+from harness.workloads import build_workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FleetOutcome:
+    requests: pd.DataFrame  # every replica's requests, with a replica column
+    steps: pd.DataFrame  # every replica's steps, with a replica column
+    summary: dict  # the fleet's row
+    replica_summaries: list[dict]
+    replica_blocks: list[int]
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def _build_executors(rcs: list[RunConfig]) -> list:
+    if rcs[0].backend == "sim":
+        from sim import build_sim_executor
+
+        return [build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler) for rc in rcs]
+    from engine.replicas import start_engine_replicas
+    from harness.checkpoints import ensure_checkpoint
+
+    ensure_checkpoint(rcs[0].engine.model, rcs[0].model)
+    return start_engine_replicas([rc.engine for rc in rcs], rcs[0].scheduler, rcs[0].cache)
+
+
+def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
+                   label: str = "") -> FleetOutcome:
+    """Serve rc.workload on the fleet to completion."""
+    rcs = replica_run_configs(rc, fleet)
+    try:
+        executors = _build_executors(rcs)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"backend={rc.backend}: {error}") from None
+    wall = rc.backend == "engine"
+    try:
+        facts = [backend_facts(e) for e in executors]
+        workload = build_workload(rc.workload, rc.scheduler.max_model_len, facts[0].vocab_size)
+        clock = WallClock() if wall else None
+        replicas = [Replica(i, make_scheduler(rc.scheduler, f.kv_spec, rc.cache, f.eos_token_id), e,
+                            clock or SimulatedClock()) for i, (e, f) in enumerate(zip(executors, facts))]
+        bar = tqdm(total=len(workload.requests), desc=label or f"{fleet.replicas} x {rc.workload.name}", unit="req",
+                   disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
+
+        def on_step(index, record, finished) -> None:
+            if finished:
+                bar.update(len(finished))
+
+        started = time.perf_counter()
+        route = make_router(router, rc.cache.block_size)
+        with bar:
+            if wall:
+                from engine.replicas import wait_any
+
+                result = run_fleet_wall(replicas, workload.requests, route, clock, wait_any, on_step)
+            else:
+                result = run_fleet(replicas, workload.requests, route, on_step)
+        wall_s = time.perf_counter() - started
+    finally:
+        for executor in executors:
+            executor.shutdown()
+    extra = {
+        "backend": rc.backend,
+        "model": getattr(rc.model, "name", ""),
+        "hardware": getattr(rc.hardware, "name", "") if not wall else "measured",
+        "policy": rc.scheduler.policy,
+        "workload": rc.workload.name,
+        "router": router.name,
+        "replicas": fleet.replicas,
+        "tp_sizes": " ".join(str(backend_tp_size(r)) for r in rcs),
+        "gpus": sum(backend_tp_size(r) for r in rcs),
+        "num_submitted": len(workload.requests),
+        "num_clipped": workload.num_clipped,
+        "num_skipped": workload.num_skipped,
+        "wall_s": wall_s,
+    }
+    return tabulate(result, [f.kv_spec.num_blocks for f in facts], extra)
+
+
+def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict) -> FleetOutcome:
+    """Per-replica and fleet tables and summaries of a FleetResult."""
+    requests, steps, summaries, rejected = [], [], [], {}
+    for index, (replica, blocks) in enumerate(zip(result.replicas, replica_blocks)):
+        req, st = requests_frame(replica), steps_frame(replica)
+        rejected.update(replica.rejected)
+        summaries.append(summarize(req, st, replica.makespan_s, blocks,
+                                   {**extra, "replica": index, "num_rejected": len(replica.rejected)}))
+        requests.append(req.assign(replica=index))
+        steps.append(st.assign(replica=index))
+    fleet_requests = pd.concat(requests, ignore_index=True)
+    fleet_steps = pd.concat(steps, ignore_index=True)
+    summary = summarize(fleet_requests, fleet_steps, result.makespan_s, sum(replica_blocks),
+                        {**extra, "num_rejected": len(rejected)})
+    if rejected:
+        log.warning("%d of %d requests were rejected at admission, e.g. %s: %s", len(rejected),
+                    extra.get("num_submitted", "?"), *next(iter(rejected.items())))
+    return FleetOutcome(fleet_requests, fleet_steps, summary, summaries, replica_blocks, rejected)
+
+
+def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcome.requests.to_csv(out_dir / "requests.csv", index=False)
+    outcome.steps.to_csv(out_dir / "steps.csv", index=False)
+    pd.DataFrame([outcome.summary]).to_csv(out_dir / "summary.csv", index=False)
+    for index, row in enumerate(outcome.replica_summaries):
+        folder = out_dir / f"replica_{index}"
+        folder.mkdir(exist_ok=True)
+        outcome.requests[outcome.requests["replica"] == index].to_csv(folder / "requests.csv", index=False)
+        outcome.steps[outcome.steps["replica"] == index].to_csv(folder / "steps.csv", index=False)
+        pd.DataFrame([row]).to_csv(folder / "summary.csv", index=False)
+    if outcome.rejected:
+        pd.DataFrame({"request_id": list(outcome.rejected), "error": list(outcome.rejected.values())}).to_csv(
+            out_dir / "rejected.csv", index=False)
+    if plots:
+        from harness.fleet_plots import plot_fleet_latency, plot_fleet_load
+
+        plot_fleet_load(outcome, out_dir / "load.png")
+        plot_fleet_latency(outcome, out_dir / "latency_cdf.png")
+
+
+def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool, plots: bool,
+                    out_dir: Path) -> pd.DataFrame:
+    """`python -m harness fleet.replicas=N ...`: one fleet run, its tables and plots in out_dir."""
+    from harness.report import format_summary
+
+    outcome = run_fleet_once(rc, fleet, router, progress)
+    write_fleet_outcome(outcome, out_dir, plots)
+    print(format_summary(outcome.summary))
+    per_replica = pd.DataFrame(outcome.replica_summaries)
+    print(per_replica[["replica", "num_requests", "ttft_p90_s", "tpot_p90_s", "output_tok_s"]].to_string(index=False))
+    print(f"outputs: {out_dir} (requests.csv, steps.csv, summary.csv, replica_*/, load.png, latency_cdf.png)")
+    return pd.DataFrame([outcome.summary])

@@ -1,0 +1,75 @@
+"""The fleet and router sections of the composed config, as frozen dataclasses.
+
+fleet  -> FleetConfig (replicas, TP per replica)
+router -> engine.core.routers.RouterConfig
+Each replica's RunConfig is the base one with its TP size written into the backend's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from engine.core.routers import RouterConfig
+from harness.config import RunConfig, section
+from harness.convert import ConfigError, to_dataclass
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """replicas: how many copies of the engine serve the workload behind the router.
+    tp_size: every replica's TP size (None: the backend's own); tp_sizes: one per replica, overriding it."""
+
+    replicas: int = 1
+    tp_size: int | None = None
+    tp_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"fleet.replicas must be an int >= 1, got {self.replicas!r}")
+        if self.tp_size is not None and self.tp_size < 1:
+            raise ValueError(f"fleet.tp_size must be an int >= 1 or null, got {self.tp_size!r}")
+        if self.tp_sizes and len(self.tp_sizes) != self.replicas:
+            raise ValueError(f"fleet.tp_sizes must list one TP size per replica ({self.replicas}), "
+                             f"got {len(self.tp_sizes)}: {list(self.tp_sizes)}")
+        for i, tp in enumerate(self.tp_sizes):
+            if tp < 1:
+                raise ValueError(f"fleet.tp_sizes[{i}] must be an int >= 1, got {tp!r}")
+
+    @property
+    def is_single_run(self) -> bool:
+        """One replica at the backend's own TP size: today's single run, unchanged."""
+        return self.replicas == 1 and self.tp_size is None and not self.tp_sizes
+
+
+def build_fleet(cfg: DictConfig) -> tuple[FleetConfig, RouterConfig]:
+    fleet = to_dataclass(FleetConfig, section(cfg, "fleet"), "fleet") if "fleet" in cfg else FleetConfig()
+    router = to_dataclass(RouterConfig, section(cfg, "router"), "router") if "router" in cfg else RouterConfig()
+    return fleet, router
+
+
+def backend_tp_size(rc: RunConfig) -> int:
+    return rc.sim.tp_size if rc.backend == "sim" else rc.engine.tensor_parallel_size
+
+
+def with_tp_size(rc: RunConfig, tp: int, where: str = "fleet.tp_size") -> RunConfig:
+    """rc with its backend's TP size set to tp; a ConfigError naming `where` unless tp divides the
+    model's attention heads and KV heads."""
+    model = rc.model
+    for heads in ("num_heads", "num_kv_heads"):
+        if getattr(model, heads) % tp:
+            raise ConfigError(f"{where}: TP size {tp} does not divide model.{heads}={getattr(model, heads)} "
+                              f"of {model.name}")
+    if rc.backend == "sim":
+        return dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, tp_size=tp))
+    return dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, tensor_parallel_size=tp))
+
+
+def replica_run_configs(rc: RunConfig, fleet: FleetConfig) -> list[RunConfig]:
+    """One RunConfig per replica, each with its TP size checked against the model."""
+    if fleet.tp_sizes:
+        return [with_tp_size(rc, tp, f"fleet.tp_sizes[{i}]") for i, tp in enumerate(fleet.tp_sizes)]
+    tp = fleet.tp_size if fleet.tp_size is not None else backend_tp_size(rc)
+    return [with_tp_size(rc, tp, "fleet.tp_size")] * fleet.replicas

@@ -1,0 +1,68 @@
+"""Fleet runs through the harness: a fleet of one writes today's tables, bad fleet input fails in one line."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness.config import build_run_config
+from harness.convert import ConfigError
+from harness.fleet import run_fleet_once
+from harness.fleet_config import FleetConfig, build_fleet
+from harness.run import run_once
+from harness.study import run_study
+from tests.harness.conftest import compose_config
+
+SMALL = ["workload=poisson", "workload.num_requests=60", "workload.rate=30", "workload.prompt_len.high=400",
+         "workload.output_len.high=200"]
+VOLATILE = ["wall_s", "router", "replicas", "tp_sizes", "gpus", "replica", "num_rejected"]
+
+
+def test_a_fleet_of_one_writes_the_single_runs_tables():
+    rc = build_run_config(compose_config(SMALL))
+    single = run_once(rc, progress=False)
+    fleet = run_fleet_once(rc, FleetConfig(replicas=1, tp_size=1), build_fleet(compose_config(SMALL))[1], False)
+    pd.testing.assert_frame_equal(fleet.requests.drop(columns="replica"), single.requests)
+    pd.testing.assert_frame_equal(fleet.steps.drop(columns="replica"), single.steps)
+    expected = {k: v for k, v in single.summary.items() if k not in VOLATILE}
+    assert {k: v for k, v in fleet.summary.items() if k in expected} == expected
+
+
+def test_fleet_replicas_one_is_todays_run_and_two_splits_the_requests(tmp_path):
+    run_study(compose_config(SMALL + ["output.plots=false"]), tmp_path / "plain")
+    run_study(compose_config(SMALL + ["output.plots=false", "fleet.replicas=1"]), tmp_path / "one")
+    for table in ("requests.csv", "steps.csv"):
+        assert (tmp_path / "plain" / table).read_text() == (tmp_path / "one" / table).read_text()
+    run_study(compose_config(SMALL + ["fleet.replicas=2", "router=least_requests"]), tmp_path / "two")
+    requests = pd.read_csv(tmp_path / "two" / "requests.csv")
+    assert sorted(requests["request_id"]) == sorted(pd.read_csv(tmp_path / "plain" / "requests.csv")["request_id"])
+    assert set(requests["replica"]) == {0, 1}
+    for index in (0, 1):
+        part = pd.read_csv(tmp_path / "two" / f"replica_{index}" / "requests.csv")
+        assert len(part) == (requests["replica"] == index).sum()
+    summary = pd.read_csv(tmp_path / "two" / "summary.csv").iloc[0]
+    assert summary["num_requests"] == 60 and summary["replicas"] == 2 and summary["gpus"] == 2
+    assert (tmp_path / "two" / "load.png").stat().st_size > 0 and (tmp_path / "two" / "latency_cdf.png").exists()
+
+
+def test_two_replicas_serve_a_rate_sooner_than_one():
+    rc = build_run_config(compose_config(SMALL + ["workload.rate=400"]))
+    _, router = build_fleet(compose_config(SMALL))
+    one = run_fleet_once(rc, FleetConfig(replicas=1, tp_size=1), router, False).summary
+    two = run_fleet_once(rc, FleetConfig(replicas=2), router, False).summary
+    assert two["e2e_p90_s"] < one["e2e_p90_s"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("fleet.replicas=0", r"fleet.replicas must be an int >= 1, got 0"),
+    ("fleet.replicas=-2", r"fleet.replicas must be an int >= 1"),
+    ("fleet.tp_size=3", r"fleet.tp_size: TP size 3 does not divide model.num_heads=16"),
+    ("fleet.tp_sizes=[1,3]", r"fleet.tp_sizes\[1\].*model.num_heads"),
+    ("fleet.tp_sizes=[1]", r"fleet.tp_sizes must list one TP size per replica \(2\)"),
+    ("router.name=random", r"router.name must be one of \['round_robin'"),
+])
+def test_bad_fleet_input_is_one_line_naming_the_field(override, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config(["fleet.replicas=2", override] if "replicas" not in override else [override]),
+                  tmp_path)
+    assert "\n" not in str(error.value)
