@@ -42,16 +42,23 @@ class WorkerError(RuntimeError):
 
 
 class Workers:
-    def __init__(self, specs: list[WorkerSpec]) -> None:
-        from engine.tp.worker_main import worker_main
+    """target(spec, conn) runs in each process (default: a tensor-parallel rank); role names its
+    processes in errors. Data-parallel replicas (engine.replicas) start theirs non-daemonic, since
+    a replica with TP > 1 starts its own ranks."""
+
+    def __init__(self, specs: list, target=None, role: str = "tensor-parallel rank", daemon: bool = True) -> None:
+        if target is None:
+            from engine.tp.worker_main import worker_main as target
 
         ctx = mp.get_context("spawn")
+        self.role = role
         self.timeout_s = max(s.timeout_s for s in specs)
         self.procs: list[mp.Process] = []
         self.conns = []
         for spec in specs:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(spec, child), name=f"tp-rank-{spec.rank}", daemon=True)
+            proc = ctx.Process(target=target, args=(spec, child), name=f"{role.replace(' ', '-')}-{spec.rank}",
+                               daemon=daemon)
             proc.start()
             child.close()  # the worker holds the other end; EOF here then means it died
             self.procs.append(proc)
@@ -74,21 +81,25 @@ class Workers:
                 self._receive(rank, conn, "step")
             conn.send(("step", batch))
 
+    def receive(self, rank: int, what: str) -> Any:
+        """The next message of the process of this rank (1-based: the order of the specs)."""
+        return self._receive(rank, self.conns[rank - 1], what)
+
     def _receive(self, rank: int, conn, what: str) -> Any:
         deadline = time.monotonic() + self.timeout_s
         proc = self.procs[rank - 1]
         while not conn.poll(0.1):
             if not proc.is_alive() and not conn.poll():
-                raise WorkerError(f"tensor-parallel rank {rank} exited (code {proc.exitcode}) during {what!r}")
+                raise WorkerError(f"{self.role} {rank} exited (code {proc.exitcode}) during {what!r}")
             if time.monotonic() > deadline:
-                raise WorkerError(f"tensor-parallel rank {rank} gave no answer to {what!r} in {self.timeout_s:.0f} s")
+                raise WorkerError(f"{self.role} {rank} gave no answer to {what!r} in {self.timeout_s:.0f} s")
         try:
             kind, payload = conn.recv()
         except EOFError:
             proc.join(1.0)
-            raise WorkerError(f"tensor-parallel rank {rank} exited (code {proc.exitcode}) during {what!r}") from None
+            raise WorkerError(f"{self.role} {rank} exited (code {proc.exitcode}) during {what!r}") from None
         if kind == "error":
-            raise WorkerError(f"tensor-parallel rank {rank} failed during {what!r}:\n{payload}")
+            raise WorkerError(f"{self.role} {rank} failed during {what!r}:\n{payload}")
         return payload
 
     def close(self) -> None:
