@@ -53,6 +53,7 @@ def test_two_cpu_replicas_serve_every_request_with_the_single_engines_tokens(tin
     assert all(replica.steps for replica in fleet.replicas)
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: two more processes loading torch
 def test_backend_engine_fleet_replicas_two_runs_through_the_harness(tiny_qwen3_dir, tmp_path):
     import pandas as pd
 
@@ -61,7 +62,7 @@ def test_backend_engine_fleet_replicas_two_runs_through_the_harness(tiny_qwen3_d
 
     overrides = ["model=tiny", "backend=engine", f"backend.model={tiny_qwen3_dir}", "backend.device=cpu",
                  "workload=poisson", "workload.rate=50", "workload.num_requests=12", "workload.prompt_len.high=160",
-                 "workload.output_len.high=24", "scheduler.max_model_len=512", "cache.block_size=16",
+                 "workload.output_len.low=4", "workload.output_len.high=24", "workload.prompt_len.low=20", "scheduler.max_model_len=512", "cache.block_size=16",
                  "cache.num_blocks=64", "fleet.replicas=2", "router=least_requests", "output.plots=false"]
     run_study(compose_config(overrides), tmp_path)
     requests = pd.read_csv(tmp_path / "requests.csv")
