@@ -177,10 +177,15 @@ class HardwareSpec:
     # NCCL reaches ~80% of that on NVLink: 0.5 * 0.8.
     interconnect_efficiency: float = 0.4
     interconnect_latency_s: float = 1.0e-5  # per collective: launch and synchronisation
+    # $ per GPU-hour to rent one: the deployment search (harness.plan) costs fleets with it; each
+    # conf/hardware entry cites its figure. None: unpriced (the search refuses such an entry).
+    price_per_gpu_hour: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "price_per_gpu_hour" and value is None:
+                continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:
                     raise TypeError(f"HardwareSpec.name must be a non-empty str, got {value!r}")

@@ -1,0 +1,228 @@
+"""Deployment search: the cheapest fleet (hardware, TP size, scheduler knobs, policy, router,
+replicas) whose P90 TTFT and TPOT meet the SLO on the workload, by simulation.
+
+For each configuration (everything but the replica count) the fewest replicas is searched for:
+1, 2, 4, ... until one meets the SLO (early stop), then bisection between the last failing and the
+first passing count. NOTE: this assumes latency does not worsen with more replicas, which holds
+for the routers here up to simulation noise.
+
+Dominance rule: a deployment is only evaluated when it costs less than the cheapest deployment
+known to meet the SLO; a configuration whose single replica already costs that much is skipped,
+and a search stops growing at the most replicas still cheaper than it. Configurations are searched
+in rounds (each active one proposes its next replica count), so every round is one call of
+evaluate_all(), the single place where deployments are evaluated: a parallel map can be passed in
+there (default: serial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from itertools import product
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from engine.core import SchedulerConfig
+from engine.core.routers import RouterConfig
+from harness.config import OutputConfig, RunConfig, build_run_config
+from harness.convert import ConfigError
+from harness.fleet import run_fleet_once
+from harness.fleet_config import FleetConfig, build_fleet, with_tp_size
+from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogue
+
+log = logging.getLogger(__name__)
+
+PLATEAU = 0.95  # growth stops once doubling the replicas improves the SLO ratio by less than 5%
+
+
+@dataclass(frozen=True)
+class Deployment:
+    hardware: str  # a conf/hardware entry
+    tp_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    policy: str
+    router: str
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class PlanBase:
+    """What every evaluation shares (picklable, for a parallel map)."""
+
+    rc: RunConfig
+    catalogue: dict
+    slo: SLOConfig
+    router: RouterConfig  # prefix_affinity's parameters; the name comes from the deployment
+
+    def cost_per_hour(self, d: Deployment) -> float:
+        return self.catalogue[d.hardware].price_per_gpu_hour * d.tp_size * d.replicas
+
+
+def evaluate(deployment: Deployment, base: PlanBase) -> dict:
+    """Simulate one deployment on the workload; one plan.csv row."""
+    d = deployment
+    row = {**dataclasses.asdict(d), "gpus": d.tp_size * d.replicas, "cost_per_hour": base.cost_per_hour(d)}
+    started = time.perf_counter()
+    try:
+        scheduler = dataclasses.replace(base.rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
+                                        max_num_batched_tokens=d.max_num_batched_tokens)
+        rc = dataclasses.replace(base.rc, scheduler=scheduler, hardware=base.catalogue[d.hardware])
+        outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size),
+                                 dataclasses.replace(base.router, name=d.router), progress=False)
+    except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
+        return {**row, "meets_slo": False, "slo_ratio": math.inf, "error": str(error).splitlines()[0],
+                "eval_s": time.perf_counter() - started}
+    summary = outcome.summary
+    for metric in ("ttft", "tpot", "e2e"):
+        for p in (50, 90, 99):
+            row[f"{metric}_p{p}_s"] = summary[f"{metric}_p{p}_s"]
+    ratio = max(summary["ttft_p90_s"] / base.slo.ttft_p90_s, summary["tpot_p90_s"] / base.slo.tpot_p90_s)
+    ratio = ratio if math.isfinite(ratio) else math.inf
+    row.update(output_tok_s=summary["output_tok_s"], request_s=summary["request_s"],
+               num_rejected=summary["num_rejected"], slo_ratio=ratio,
+               meets_slo=bool(ratio <= 1.0 and summary["num_rejected"] == 0), error="",
+               eval_s=time.perf_counter() - started)
+    return row
+
+
+def evaluate_all(deployments: list[Deployment], base: PlanBase, mapper: Callable = map) -> list[dict]:
+    """The one place deployments are evaluated; mapper(fn, items) may be a parallel map."""
+    return list(mapper(partial(evaluate, base=base), deployments))
+
+
+class ReplicaSearch:
+    """The fewest replicas of one configuration meeting the SLO: grow 1, 2, 4, ... then bisect.
+
+    NOTE: growth also stops when doubling the replicas improved the SLO ratio (the worse of P90
+    TTFT and TPOT over its target) by less than PLATEAU: the fleet is no longer queueing, and an
+    idle replica's latency is the floor that no replica count lowers.
+    """
+
+    def __init__(self, config: Deployment, max_replicas: int) -> None:
+        self.config = config
+        self.max_replicas = max_replicas
+        self.failing = 0  # most replicas known to fail
+        self.passing: int | None = None  # fewest replicas known to pass
+        self.done = False
+        self.failing_ratio = math.inf  # slo_ratio at `failing` replicas
+
+    def next_replicas(self, cap: int) -> int | None:
+        """The next count to try, at most cap (dominance); None when the search is over."""
+        if self.done:
+            return None
+        if self.passing is None:  # grow, but never to a cost the known best already beats
+            proposal = min(max(1, 2 * self.failing), self.max_replicas, cap)
+        else:
+            proposal = (self.failing + self.passing) // 2
+        if proposal <= self.failing or proposal > cap or (self.passing is not None and proposal >= self.passing):
+            self.done = True
+            return None
+        return proposal
+
+    def record(self, replicas: int, row: dict) -> None:
+        if row["error"]:
+            self.done = True  # more replicas of a configuration that cannot run do not help
+        elif row["meets_slo"]:
+            self.passing = replicas if self.passing is None else min(self.passing, replicas)
+        elif replicas > self.failing:
+            if self.passing is None and row["slo_ratio"] > PLATEAU * self.failing_ratio:
+                self.done = True
+            self.failing, self.failing_ratio = replicas, row["slo_ratio"]
+
+
+def search(configs: Iterable[Deployment], base: PlanBase, max_replicas: int, batch_size: int = 1,
+           progress: bool = False, mapper: Callable = map) -> pd.DataFrame:
+    """Every evaluated deployment as a row (plan.csv). Each round takes the batch_size cheapest
+    next deployments of the active searches (cheapest first, so a cheap fleet meeting the SLO prunes
+    the dearer ones early); a single replica's result is shared by every router."""
+    searches = [ReplicaSearch(c, max_replicas) for c in configs]
+    rows: list[dict] = []
+    single: dict[Deployment, dict] = {}  # replicas=1 results by configuration, router left out
+    best = math.inf
+    with tqdm(desc="deployments evaluated", unit="dep", disable=not progress, leave=False) as bar:
+        while True:
+            proposals = []
+            for s in searches:
+                cap = max_replicas if math.isinf(best) else math.ceil(best / base.cost_per_hour(s.config)) - 1
+                replicas = s.next_replicas(cap)
+                if replicas is not None:
+                    proposals.append((s, dataclasses.replace(s.config, replicas=replicas)))
+            if not proposals:
+                break
+            proposals.sort(key=lambda p: base.cost_per_hour(p[1]))
+            batch = proposals[:batch_size]  # the others propose again next round, against the new best
+            todo = [d for _, d in batch if _router_free(d) not in single]
+            fresh = dict(zip(todo, evaluate_all(todo, base, mapper)))
+            for s, deployment in batch:
+                row = fresh.get(deployment) or {**single[_router_free(deployment)], "router": deployment.router,
+                                                 "eval_s": 0.0}
+                if deployment.replicas == 1:
+                    single.setdefault(_router_free(deployment), row)
+                s.record(deployment.replicas, row)
+                rows.append(row)
+                if row["meets_slo"]:
+                    best = min(best, row["cost_per_hour"])
+            bar.update(len(todo))
+    return pd.DataFrame(rows)
+
+
+def _router_free(d: Deployment) -> Deployment:
+    """The key of a single replica's result: with one replica every router routes alike."""
+    return dataclasses.replace(d, router="") if d.replicas == 1 else d
+
+
+def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
+    """The search space, each knob checked once (TP against the model, budgets against each other)."""
+    for i, tp in enumerate(plan.tp_sizes):
+        with_tp_size(rc, tp, f"plan.tp_sizes[{i}]")
+    for seqs, tokens in product(plan.max_num_seqs, plan.max_num_batched_tokens):
+        try:
+            dataclasses.replace(rc.scheduler, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+        except ValueError as error:
+            raise ConfigError(f"plan.max_num_seqs / plan.max_num_batched_tokens: {error}") from None
+    return [Deployment(*values) for values in product(plan.hardware, plan.tp_sizes, plan.max_num_seqs,
+                                                      plan.max_num_batched_tokens, plan.policies, plan.routers)]
+
+
+def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path, mapper: Callable = map) -> pd.DataFrame:
+    """`python -m harness experiment=plan ...`: plan.csv, plan.png, the cheapest deployment (or the closest)."""
+    from harness.plan_plots import plot_plan
+
+    rc = build_run_config(cfg)
+    if rc.backend != "sim":
+        raise ConfigError(f"backend.name must be sim for the deployment search, got {rc.backend!r}")
+    plan, slo = build_plan(cfg)
+    _, router = build_fleet(cfg)
+    base = PlanBase(rc, load_catalogue(plan.hardware), slo, router)
+    table = search(configurations(plan, rc), base, plan.max_replicas, plan.batch_size, output.progress, mapper)
+    table.to_csv(out_dir / "plan.csv", index=False)
+    title = f"{rc.model.name}, {rc.workload.name}, SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s"
+    plot_plan(table, slo, title, out_dir / "plan.png")
+    meeting = table[table["meets_slo"]].sort_values(["cost_per_hour", "ttft_p90_s"])
+    columns = ["cost_per_hour", "hardware", "tp_size", "replicas", "gpus", "policy", "router", "max_num_seqs",
+               "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s", "slo_ratio"]
+    print(f"{len(table)} deployments evaluated ({base.rc.workload.name}); outputs: {out_dir} (plan.csv, plan.png)")
+    if meeting.empty:
+        closest = table.sort_values(["slo_ratio", "cost_per_hour"]).head(plan.num_closest)
+        print("no deployment meets the SLO; the closest (slo_ratio: worst of P90 TTFT and TPOT over its target):")
+        print(closest[[c for c in columns if c in closest]].to_string(index=False))
+        raise ConfigError(f"slo: no deployment in the search space meets P90 TTFT <= {slo.ttft_p90_s:g} s and "
+                          f"TPOT <= {slo.tpot_p90_s:g} s; the {len(closest)} closest are listed above")
+    cheapest = meeting.iloc[0]
+    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %d, %d GPUs), policy %s, router %s, "
+             "max_num_seqs %d, max_num_batched_tokens %d: P90 TTFT %.3f s, P90 TPOT %.4f s",
+             cheapest["cost_per_hour"], cheapest["replicas"], cheapest["hardware"], cheapest["tp_size"],
+             cheapest["gpus"], cheapest["policy"], cheapest["router"], cheapest["max_num_seqs"],
+             cheapest["max_num_batched_tokens"], cheapest["ttft_p90_s"], cheapest["tpot_p90_s"])
+    print("cheapest deployment meeting the SLO:")
+    print(meeting.head(1)[columns].to_string(index=False))
+    return table

@@ -1,0 +1,88 @@
+"""The deployment search's config: the SLO, the search space and the priced hardware catalogue.
+
+slo  -> SLOConfig (P90 TTFT and TPOT targets)
+plan -> PlanConfig (the values each knob takes; conf/experiment/plan.yaml)
+The catalogue is conf/hardware/<name>.yaml for each name in plan.hardware; every entry must carry
+price_per_gpu_hour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from engine.core.config import POLICIES
+from engine.core.routers import ROUTERS
+from harness.config import CONF_DIR, section
+from harness.convert import ConfigError, to_dataclass
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    ttft_p90_s: float = 1.0
+    tpot_p90_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p90_s", "tpot_p90_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"slo.{name} must be a finite number > 0 (seconds), got {value!r}")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Every combination of hardware x tp_sizes x max_num_seqs x max_num_batched_tokens x policies
+    x routers is one configuration; for each the search finds the fewest replicas (up to
+    max_replicas) that meet the SLO. num_closest: deployments listed when none meets it.
+    batch_size: deployments evaluated per round (harness.plan.search)."""
+
+    hardware: tuple[str, ...] = ("a100", "h100", "h200")
+    tp_sizes: tuple[int, ...] = (1,)
+    max_num_seqs: tuple[int, ...] = (256,)
+    max_num_batched_tokens: tuple[int, ...] = (8192,)
+    policies: tuple[str, ...] = ("nano",)
+    routers: tuple[str, ...] = ("round_robin",)
+    max_replicas: int = 64
+    num_closest: int = 5
+    batch_size: int = 1  # deployments per evaluate_all() call: 1 prunes most; a parallel map wants its worker count
+
+    def __post_init__(self) -> None:
+        for name in ("hardware", "tp_sizes", "max_num_seqs", "max_num_batched_tokens", "policies", "routers"):
+            if not getattr(self, name):
+                raise ValueError(f"plan.{name} must list at least one value")
+        for name in ("tp_sizes", "max_num_seqs", "max_num_batched_tokens"):
+            for i, value in enumerate(getattr(self, name)):
+                if value < 1:
+                    raise ValueError(f"plan.{name}[{i}] must be an int >= 1, got {value}")
+        for name, allowed in (("policies", POLICIES), ("routers", ROUTERS)):
+            for i, value in enumerate(getattr(self, name)):
+                if value not in allowed:
+                    raise ValueError(f"plan.{name}[{i}] must be one of {list(allowed)}, got {value!r}")
+        for name in ("max_replicas", "num_closest", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"plan.{name} must be an int >= 1, got {getattr(self, name)}")
+
+
+def build_plan(cfg: DictConfig) -> tuple[PlanConfig, SLOConfig]:
+    return (to_dataclass(PlanConfig, section(cfg, "plan"), "plan"),
+            to_dataclass(SLOConfig, section(cfg, "slo"), "slo"))
+
+
+def load_catalogue(names: tuple[str, ...]) -> dict:
+    """name -> sim.specs.HardwareSpec from conf/hardware/<name>.yaml, each with a price."""
+    from sim.specs import HardwareSpec
+
+    available = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
+    catalogue = {}
+    for i, name in enumerate(names):
+        path = CONF_DIR / "hardware" / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"plan.hardware[{i}]: no catalogue entry conf/hardware/{name}.yaml; available: {available}")
+        spec = to_dataclass(HardwareSpec, OmegaConf.to_container(OmegaConf.load(path), resolve=True), f"hardware/{name}")
+        if spec.price_per_gpu_hour is None:
+            raise ConfigError(f"hardware/{name}.price_per_gpu_hour is missing: every plan.hardware entry needs "
+                              "a $/GPU-hour figure (cited, or marked as an assumption)")
+        catalogue[name] = spec
+    return catalogue

@@ -1,0 +1,114 @@
+"""The deployment search: the fewest replicas by growth and bisection, the cheapest deployment
+under the dominance rule, bad input in one line, and the SLO no deployment meets."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.convert import ConfigError
+from harness.plan import Deployment, PlanBase, ReplicaSearch, search
+from harness.plan_config import SLOConfig, load_catalogue
+from harness.study import run_study
+from tests.harness.conftest import compose_config
+
+PLAN_SMALL = ["experiment=plan", "model=qwen3_0_6b", "workload.num_requests=60", "workload.rate=60",
+              "workload.prompt_len.high=300", "workload.output_len.high=100", "plan.hardware=[a100,h100]",
+              "plan.tp_sizes=[1]", "plan.max_num_seqs=[64]", "plan.max_num_batched_tokens=[4096]",
+              "plan.policies=[nano]", "plan.routers=[round_robin,least_requests]", "plan.max_replicas=8"]
+
+
+def _row(d: Deployment, ok: bool, ratio: float) -> dict:
+    return {"replicas": d.replicas, "meets_slo": ok, "slo_ratio": ratio, "error": "", "router": d.router,
+            "cost_per_hour": 0.0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 64))
+def test_growth_then_bisection_finds_the_fewest_replicas(needed):
+    s = ReplicaSearch(Deployment("h100", 1, 64, 4096, "nano", "round_robin"), max_replicas=64)
+    probes = []
+    while (replicas := s.next_replicas(cap=64)) is not None:
+        probes.append(replicas)
+        s.record(replicas, _row(s.config, replicas >= needed, needed / replicas))
+    assert s.passing == needed
+    assert len(probes) <= 2 * math.ceil(math.log2(needed)) + 1
+    assert len(set(probes)) == len(probes)
+
+
+def test_growth_stops_on_a_latency_floor():
+    s = ReplicaSearch(Deployment("h100", 1, 64, 4096, "nano", "round_robin"), max_replicas=64)
+    probes = []
+    while (replicas := s.next_replicas(cap=64)) is not None:
+        probes.append(replicas)
+        s.record(replicas, _row(s.config, False, 3.0 + 1.0 / replicas))  # never below 3x the SLO
+    assert s.passing is None and probes[-1] < 64
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.dictionaries(st.sampled_from(["a100", "h100", "h200"]), st.integers(1, 20), min_size=3, max_size=3),
+       st.lists(st.sampled_from([1, 2]), min_size=1, max_size=2, unique=True))
+def test_search_returns_the_brute_force_cheapest(needed_on, tp_sizes):
+    """A synthetic fleet: a deployment meets the SLO with needed_on[hw] / tp replicas or more."""
+    catalogue = load_catalogue(("a100", "h100", "h200"))
+    base = PlanBase(rc=None, catalogue=catalogue, slo=SLOConfig(), router=None)
+    configs = [Deployment(hw, tp, 64, 4096, "nano", "round_robin") for hw in catalogue for tp in tp_sizes]
+
+    def need(d):
+        return math.ceil(needed_on[d.hardware] / d.tp_size)
+
+    def synthetic(fn, deployments):
+        return [{**_row(d, d.replicas >= need(d), need(d) / d.replicas), "cost_per_hour": base.cost_per_hour(d),
+                 "hardware": d.hardware, "tp_size": d.tp_size} for d in deployments]
+
+    table = search(configs, base, max_replicas=64, mapper=synthetic)
+    brute = min(base.cost_per_hour(Deployment(**{**c.__dict__, "replicas": need(c)})) for c in configs)
+    assert table[table["meets_slo"]]["cost_per_hour"].min() == pytest.approx(brute)
+
+
+def test_plan_writes_every_deployment_and_the_fewest_replicas(tmp_path, capsys):
+    table = run_study(compose_config(PLAN_SMALL + ["slo.ttft_p90_s=0.5", "slo.tpot_p90_s=0.05"]), tmp_path)
+    saved = pd.read_csv(tmp_path / "plan.csv")
+    assert len(saved) == len(table) and (tmp_path / "plan.png").stat().st_size > 0
+    for column in ("cost_per_hour", "gpus", "replicas", "tp_size", "hardware", "policy", "router", "max_num_seqs",
+                   "max_num_batched_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "e2e_p99_s",
+                   "output_tok_s", "meets_slo"):
+        assert column in saved
+    cheapest = saved[saved["meets_slo"]].sort_values("cost_per_hour").iloc[0]
+    assert cheapest["ttft_p90_s"] <= 0.5 and cheapest["tpot_p90_s"] <= 0.05
+    same = saved[(saved["hardware"] == cheapest["hardware"]) & (saved["router"] == cheapest["router"])]
+    if cheapest["replicas"] > 1:  # one replica fewer was tried and missed the SLO
+        assert not same[same["replicas"] == cheapest["replicas"] - 1]["meets_slo"].any()
+    assert "cheapest deployment meeting the SLO" in capsys.readouterr().out
+
+
+def test_an_slo_no_deployment_meets_lists_the_closest_and_fails(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"slo: no deployment in the search space meets"):
+        run_study(compose_config(PLAN_SMALL + ["slo.ttft_p90_s=1e-5", "plan.num_closest=2"]), tmp_path)
+    assert "the closest" in capsys.readouterr().out
+    assert len(pd.read_csv(tmp_path / "plan.csv")) >= 2
+
+
+def test_a_catalogue_entry_without_a_price_names_the_field(tmp_path, monkeypatch):
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "gpu_x.yaml").write_text(
+        "name: X\npeak_flops: 1.0e+12\nmem_bandwidth: 1.0e+12\nmem_bytes: 1000000000\ninterconnect_bandwidth: 1.0e+9\n")
+    monkeypatch.setattr("harness.plan_config.CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=r"^hardware/gpu_x.price_per_gpu_hour is missing"):
+        load_catalogue(("gpu_x",))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("plan.tp_sizes=[3]", r"plan.tp_sizes\[0\]: TP size 3 does not divide model.num_heads"),
+    ("plan.routers=[random]", r"plan.routers\[0\] must be one of"),
+    ("plan.hardware=[tpu]", r"plan.hardware\[0\]: no catalogue entry conf/hardware/tpu.yaml"),
+    ("slo.ttft_p90_s=0", r"slo.ttft_p90_s must be a finite number > 0"),
+])
+def test_bad_plan_input_is_one_line_naming_the_field(override, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config(PLAN_SMALL + [override]), tmp_path)
+    assert "\n" not in str(error.value)
