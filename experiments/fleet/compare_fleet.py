@@ -1,0 +1,51 @@
+"""Engine fleet against simulated fleet: TTFT and TPOT P50/P90 of each engine_<case>/ and
+sim_<case>/ pair under a folder (experiments/fleet/validate_dp_h200.sh writes them), with the
+simulator's relative error; the issue's target is within 10%.
+
+  python experiments/fleet/compare_fleet.py OUT   -> OUT/fleet_compare.csv, OUT/fleet_compare.md
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from harness.compare_tables import markdown  # noqa: E402
+
+METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+TARGET = 0.10
+
+
+def compare(folder: Path) -> pd.DataFrame:
+    rows = []
+    for engine_dir in sorted(folder.glob("engine_*")):
+        case = engine_dir.name.removeprefix("engine_")
+        sim_dir = folder / f"sim_{case}"
+        if not (sim_dir / "summary.csv").is_file():
+            continue
+        engine = pd.read_csv(engine_dir / "summary.csv").iloc[0]
+        sim = pd.read_csv(sim_dir / "summary.csv").iloc[0]
+        for metric in METRICS:
+            error = (sim[metric] - engine[metric]) / engine[metric]
+            rows.append({"case": case, "metric": metric, "engine": engine[metric], "sim": sim[metric],
+                         "rel_error": error, "within_10pct": abs(error) <= TARGET})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python experiments/fleet/compare_fleet.py OUT")
+    folder = Path(sys.argv[1])
+    table = compare(folder)
+    if table.empty:
+        raise SystemExit(f"{folder}: no engine_<case>/ and sim_<case>/ pairs with summary.csv")
+    table.to_csv(folder / "fleet_compare.csv", index=False)
+    (folder / "fleet_compare.md").write_text(markdown(table) + "\n")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+if __name__ == "__main__":
+    main()
