@@ -40,7 +40,7 @@ from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogu
 
 log = logging.getLogger(__name__)
 
-PLATEAU = 0.95  # growth stops once doubling the replicas improves the SLO ratio by less than 5%
+PLATEAU = 0.8  # growth stops once doubling the replicas improves the SLO ratio by less than 20%
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,9 @@ def evaluate_all(deployments: list[Deployment], base: PlanBase, mapper: Callable
 class ReplicaSearch:
     """The fewest replicas of one configuration meeting the SLO: grow 1, 2, 4, ... then bisect.
 
-    NOTE: growth also stops when doubling the replicas improved the SLO ratio (the worse of P90
-    TTFT and TPOT over its target) by less than PLATEAU: the fleet is no longer queueing, and an
-    idle replica's latency is the floor that no replica count lowers.
+    NOTE: growth also stops when doubling the replicas left the SLO ratio (the worse of P90 TTFT
+    and TPOT over its target) above PLATEAU times its last value: the fleet no longer queues, and
+    an idle replica's latency is a floor that no replica count lowers.
     """
 
     def __init__(self, config: Deployment, max_replicas: int) -> None:
