@@ -7,6 +7,7 @@ GPUs (CUDA_VISIBLE_DEVICES) before the CUDA stack is imported.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import traceback
 from dataclasses import dataclass
@@ -26,14 +27,6 @@ class ReplicaSpec:
     num_threads: int  # torch intra-op threads (CPU runs)
 
 
-@dataclass(frozen=True)
-class ReplicaFacts:
-    num_blocks: int
-    block_size: int
-    vocab_size: int
-    eos_token_id: int | None
-
-
 def replica_main(spec: ReplicaSpec, conn) -> None:
     if spec.visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices
@@ -46,8 +39,8 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
         torch.set_num_threads(spec.num_threads)
         conn.send(("hello", None))
         executor = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config)
-        kv = executor.kv_cache_spec()
-        conn.send(("ready", ReplicaFacts(kv.num_blocks, kv.block_size, executor.vocab_size, executor.eos_token_id)))
+        # the replica serves its steps one at a time (execute): the main process overlaps replicas
+        conn.send(("ready", dataclasses.replace(executor.info(), overlaps_steps=False)))
         while True:
             kind, payload = conn.recv()
             if kind == "step":

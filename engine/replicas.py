@@ -13,8 +13,11 @@ from multiprocessing.connection import wait
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.plan import KVCacheSpec, StepPlan, StepResult
-from engine.replica_main import ReplicaFacts, ReplicaSpec, replica_main
+import time
+
+from engine.core.executor import BackendInfo, StepHook, StepTiming
+from engine.core.plan import StepPlan, StepResult
+from engine.replica_main import ReplicaSpec, replica_main
 from engine.tp.workers import Workers
 
 REPLICA_TIMEOUT_S = 900.0  # loading and capturing a large model's graphs is slow; a step never is
@@ -27,7 +30,7 @@ def visible_devices(configs: list[EngineConfig]) -> list[str | None]:
     pool = [d for d in parent.split(",") if d.strip()] if parent else None
     out, first = [], 0
     for cfg in configs:
-        tp = cfg.tensor_parallel_size
+        tp = cfg.execution.tensor_parallel_size
         if cfg.device == "cpu":
             out.append(None)
             continue
@@ -54,36 +57,45 @@ class _Group:
 
 
 class RemoteStep:
-    def __init__(self, group: _Group, rank: int) -> None:
+    def __init__(self, group: _Group, rank: int, plan: StepPlan, hooks: list[StepHook], called_s: float) -> None:
         self.group = group
         self.rank = rank
         self.conn = group.workers.conns[rank - 1]
+        self._plan, self._hooks = plan, hooks
+        self._timing = StepTiming(called_s, time.perf_counter(), overlapped=True)
 
     def result(self) -> StepResult:
-        return self.group.workers.receive(self.rank, "step")
+        result = self.group.workers.receive(self.rank, "step")
+        for hook in self._hooks:
+            hook(self._plan, result, self._timing)
+        return result
 
 
 class ReplicaClient:
     """The Executor of one replica process, as the main process's core sees it."""
 
-    overlaps_steps = False  # each replica runs its steps one at a time; replicas overlap each other
-
-    def __init__(self, group: _Group, rank: int, facts: ReplicaFacts) -> None:
+    def __init__(self, group: _Group, rank: int, info: BackendInfo) -> None:
         self._group = group
         self.rank = rank
-        self._spec = KVCacheSpec(facts.num_blocks, facts.block_size)
-        self.vocab_size = facts.vocab_size
-        self.eos_token_id = facts.eos_token_id
+        self._info = info  # overlaps_steps False: each replica runs its steps one at a time
+        self._hooks: list[StepHook] = []
         self._open = True
 
-    def kv_cache_spec(self) -> KVCacheSpec:
-        return self._spec
+    def info(self) -> BackendInfo:
+        return self._info
+
+    def observe(self, hook: StepHook) -> None:
+        self._hooks.append(hook)
+
+    def hold_device(self, seconds: float) -> bool:
+        return False  # the device is in another process
 
     def submit(self, plan: StepPlan) -> RemoteStep:
         if not self._open:
             raise RuntimeError(f"replica {self.rank - 1}: submit() after shutdown()")
+        called = time.perf_counter()
         self._group.workers.conns[self.rank - 1].send(("step", plan))
-        return RemoteStep(self._group, self.rank)
+        return RemoteStep(self._group, self.rank, plan, self._hooks, called)
 
     def execute(self, plan: StepPlan) -> StepResult:
         return self.submit(plan).result()
@@ -103,12 +115,12 @@ def start_engine_replicas(configs: list[EngineConfig], scheduler: SchedulerConfi
     workers = Workers(specs, target=replica_main, role="engine replica", daemon=False)
     try:
         workers.replies("start")
-        facts = workers.replies("load")
+        infos = workers.replies("load")
     except BaseException:
         workers.close()
         raise
     group = _Group(workers, len(specs))
-    return [ReplicaClient(group, spec.rank, f) for spec, f in zip(specs, facts)]
+    return [ReplicaClient(group, spec.rank, info) for spec, info in zip(specs, infos)]
 
 
 def wait_any(pending: list[RemoteStep], timeout: float | None) -> list[int]:

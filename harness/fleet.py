@@ -18,7 +18,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from engine.core import make_scheduler
-from engine.core.fleet import FleetResult, Replica, backend_facts, run_fleet, run_fleet_wall
+from engine.core.fleet import FleetResult, Replica, run_fleet, run_fleet_wall
 from engine.core.loop import SimulatedClock, WallClock
 from engine.core.routers import RouterConfig, make_router
 from harness.config import RunConfig
@@ -62,11 +62,11 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
         raise ConfigError(f"backend={rc.backend}: {error}") from None
     wall = rc.backend == "engine"
     try:
-        facts = [backend_facts(e) for e in executors]
-        workload = build_workload(rc.workload, rc.scheduler.max_model_len, facts[0].vocab_size)
+        infos = [e.info() for e in executors]
+        workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
         clock = WallClock() if wall else None
-        replicas = [Replica(i, make_scheduler(rc.scheduler, f.kv_spec, rc.cache, f.eos_token_id), e,
-                            clock or SimulatedClock()) for i, (e, f) in enumerate(zip(executors, facts))]
+        replicas = [Replica(i, make_scheduler(rc.scheduler, info, rc.cache), e, clock or SimulatedClock())
+                    for i, (e, info) in enumerate(zip(executors, infos))]
         bar = tqdm(total=len(workload.requests), desc=label or f"{fleet.replicas} x {rc.workload.name}", unit="req",
                    disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
 
@@ -102,7 +102,7 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
         "num_skipped": workload.num_skipped,
         "wall_s": wall_s,
     }
-    return tabulate(result, [f.kv_spec.num_blocks for f in facts], extra)
+    return tabulate(result, [info.num_blocks for info in infos], extra)
 
 
 def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict) -> FleetOutcome:

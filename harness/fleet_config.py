@@ -51,7 +51,7 @@ def build_fleet(cfg: DictConfig) -> tuple[FleetConfig, RouterConfig]:
 
 
 def backend_tp_size(rc: RunConfig) -> int:
-    return rc.sim.tp_size if rc.backend == "sim" else rc.engine.tensor_parallel_size
+    return (rc.sim if rc.backend == "sim" else rc.engine).execution.tensor_parallel_size
 
 
 def with_tp_size(rc: RunConfig, tp: int, where: str = "fleet.tp_size") -> RunConfig:
@@ -62,9 +62,9 @@ def with_tp_size(rc: RunConfig, tp: int, where: str = "fleet.tp_size") -> RunCon
         if getattr(model, heads) % tp:
             raise ConfigError(f"{where}: TP size {tp} does not divide model.{heads}={getattr(model, heads)} "
                               f"of {model.name}")
-    if rc.backend == "sim":
-        return dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, tp_size=tp))
-    return dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, tensor_parallel_size=tp))
+    side = rc.sim if rc.backend == "sim" else rc.engine
+    side = dataclasses.replace(side, execution=dataclasses.replace(side.execution, tensor_parallel_size=tp))
+    return dataclasses.replace(rc, **{"sim" if rc.backend == "sim" else "engine": side})
 
 
 def replica_run_configs(rc: RunConfig, fleet: FleetConfig) -> list[RunConfig]:

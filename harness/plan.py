@@ -30,7 +30,6 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from engine.core import SchedulerConfig
 from engine.core.routers import RouterConfig
 from harness.config import OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError

@@ -10,7 +10,7 @@ fleet of one replays a single run exactly.
 Engine fleets (run_fleet_wall) share the wall clock: every idle replica with work gets its next
 step submitted before the loop waits on any, so replicas in other processes compute at once.
 
-backend_facts() is the one place the fleet asks a backend about itself.
+Each replica's executor is asked about itself once, through the seam (Executor.info()).
 """
 
 from __future__ import annotations
@@ -20,28 +20,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from engine.core.loop import Clock, RunResult, StepRecord
-from engine.core.plan import KVCacheSpec, PendingStep, StepPlan, StepResult
+from engine.core.executor import PendingStep
+from engine.core.loop import Clock, RunResult, StepRecord, step_overlap
+from engine.core.plan import StepPlan, StepResult
 from engine.core.request import Request
 from engine.core.routers import Router
 from engine.core.scheduler import Scheduler
 
 # replica index, the step it just finished, the requests that step finished
 FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
-
-
-@dataclass(frozen=True)
-class BackendFacts:
-    kv_spec: KVCacheSpec
-    overlaps_steps: bool
-    vocab_size: int | None
-    eos_token_id: int | None
-
-
-def backend_facts(executor) -> BackendFacts:
-    """What the fleet needs to know about an executor, asked once."""
-    return BackendFacts(executor.kv_cache_spec(), bool(getattr(executor, "overlaps_steps", False)),
-                        getattr(executor, "vocab_size", None), getattr(executor, "eos_token_id", None))
 
 
 class Replica:
@@ -52,7 +39,7 @@ class Replica:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
-        self.overlap = backend_facts(executor).overlaps_steps
+        self.overlap = step_overlap(scheduler, executor)
         self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
         self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
         self.result = RunResult(requests=[], steps=[])

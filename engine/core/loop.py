@@ -97,7 +97,7 @@ def run(
     result = RunResult(requests=[], steps=[])
     next_arrival = 0
     done: list[Request] = []
-    overlap = _overlaps(scheduler, executor)
+    overlap = step_overlap(scheduler, executor)
     in_flight: tuple[StepPlan, PendingStep, float] | None = None
 
     def complete(plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
@@ -147,7 +147,8 @@ def run(
     return result
 
 
-def _overlaps(scheduler: Scheduler, executor: Executor) -> bool:
+def step_overlap(scheduler: Scheduler, executor: Executor) -> bool:
+    """Whether steps overlap (info().overlaps_steps), checked against the scheduler's class."""
     overlap = executor.info().overlaps_steps
     if overlap and not isinstance(scheduler, AsyncScheduler):
         raise TypeError("an executor that overlaps steps needs an AsyncScheduler: build the scheduler with "

@@ -6,7 +6,7 @@
 #   bash experiments/fleet/validate_dp_h200.sh [OUT]   (default OUT: experiments/fleet/h200x2)
 set -euo pipefail
 OUT=${1:-experiments/fleet/h200x2}
-COMMON="model=qwen3_8b hardware=h200 output.progress=false"
+COMMON="model=qwen3-8b hardware=h200 output.progress=false"
 SIM=${SIM:-}   # e.g. SIM="backend.cost_model=profiled backend.profile_path=<an H200 profile.csv>"
 mkdir -p "$OUT"
 nvidia-smi -L > "$OUT/env.txt"; git rev-parse HEAD >> "$OUT/env.txt"

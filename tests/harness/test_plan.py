@@ -16,7 +16,7 @@ from harness.plan_config import SLOConfig, load_catalogue
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 
-PLAN_SMALL = ["experiment=plan", "model=qwen3_0_6b", "workload.num_requests=60", "workload.rate=60",
+PLAN_SMALL = ["experiment=plan", "model=qwen3-0.6b", "workload.num_requests=60", "workload.rate=60",
               "workload.prompt_len.high=300", "workload.output_len.high=100", "plan.hardware=[a100,h100]",
               "plan.tp_sizes=[1]", "plan.max_num_seqs=[64]", "plan.max_num_batched_tokens=[4096]",
               "plan.policies=[nano]", "plan.routers=[round_robin,least_requests]", "plan.max_replicas=8"]
