@@ -12,32 +12,28 @@ The row records the load average too: on a shared machine the wall time is an up
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import time
+from functools import partial
+from itertools import product
+from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # one worker is one core, numpy included
+import pandas as pd
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
-import random  # noqa: E402
-import shlex  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from itertools import product  # noqa: E402
-from pathlib import Path  # noqa: E402
+from engine.core.routers import RouterConfig
+from harness.parallel import parallel_map
+from harness.plan import Deployment, PlanBase, evaluate_all
+from harness.plan_config import SLOConfig, load_catalogue
+from harness.scripting import compose_run_config, one_line_errors
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import pandas as pd  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from joblib import Parallel, delayed  # noqa: E402
-
-from engine.core.routers import RouterConfig  # noqa: E402
-from harness.config import CONF_DIR, build_run_config  # noqa: E402
-from harness.plan import Deployment, PlanBase, evaluate_all  # noqa: E402
-from harness.plan_config import SLOConfig, load_catalogue  # noqa: E402
 
 OVERRIDES = ["experiment=plan", "workload=trace_azure_conv", "workload.num_requests=2000", "output.progress=false"]
 TARGET_S = 300.0
@@ -52,24 +48,23 @@ def grid(n: int, seed: int = 0) -> list[Deployment]:
     return [Deployment(*values) for values in space[:n]]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evaluations", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(REPO / "experiments" / "results" / "plan_speed.csv"))
-    args = parser.parse_args()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=OVERRIDES)
-    rc = build_run_config(cfg)
+    args = parser.parse_args(argv)
+    return one_line_errors(lambda: run(args))
+
+
+def run(args) -> int:
+    rc = compose_run_config(OVERRIDES)
     base = PlanBase(rc, load_catalogue(("a100", "h100", "h200")), SLOConfig(), RouterConfig())
     deployments = grid(args.evaluations)
-
-    def parallel_map(fn, items):
-        return Parallel(n_jobs=args.jobs)(delayed(fn)(item) for item in items)
-
+    mapper = partial(parallel_map, backend="joblib", num_workers=args.jobs) if args.jobs > 1 else map
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    rows = evaluate_all(deployments, base, parallel_map if args.jobs > 1 else map)
+    rows = evaluate_all(deployments, base, mapper)
     wall = time.perf_counter() - started
     table = pd.DataFrame(rows)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
@@ -87,7 +82,8 @@ def main() -> None:
     print(f"{len(rows)} evaluations of a 2,000-request trace in {wall:.1f} s on {args.jobs} processes "
           f"(target < {TARGET_S:.0f} s: {'met' if wall < TARGET_S else 'missed'}); load average "
           f"{load_before:.1f} -> {row['load_average_after']:.1f}; wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,10 +21,11 @@ from engine.core import make_scheduler
 from engine.core.fleet import FleetResult, Replica, run_fleet, run_fleet_wall
 from engine.core.loop import SimulatedClock, WallClock
 from engine.core.routers import RouterConfig, make_router
-from harness.config import RunConfig
+from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
-from harness.metrics import requests_frame, steps_frame, summarize
+from harness.labels import run_identity
+from harness.metrics import requests_frame, steps_frame, summarize, write_steps
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -89,17 +90,13 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
             executor.shutdown()
     extra = {
         "backend": rc.backend,
-        "model": getattr(rc.model, "name", ""),
-        "hardware": getattr(rc.hardware, "name", "") if not wall else "measured",
-        "policy": rc.scheduler.policy,
-        "workload": rc.workload.name,
+        **run_identity(rc),
         "router": router.name,
         "replicas": fleet.replicas,
         "tp_sizes": " ".join(str(backend_tp_size(r)) for r in rcs),
         "gpus": sum(backend_tp_size(r) for r in rcs),
         "num_submitted": len(workload.requests),
-        "num_clipped": workload.num_clipped,
-        "num_skipped": workload.num_skipped,
+        **workload.fit_counts(),
         "wall_s": wall_s,
     }
     return tabulate(result, [info.num_blocks for info in infos], extra)
@@ -125,16 +122,18 @@ def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict) -> Fle
     return FleetOutcome(fleet_requests, fleet_steps, summary, summaries, replica_blocks, rejected)
 
 
-def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True) -> None:
+def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     outcome.requests.to_csv(out_dir / "requests.csv", index=False)
-    outcome.steps.to_csv(out_dir / "steps.csv", index=False)
+    if steps == "full":
+        write_steps(outcome.steps, out_dir)
     pd.DataFrame([outcome.summary]).to_csv(out_dir / "summary.csv", index=False)
     for index, row in enumerate(outcome.replica_summaries):
         folder = out_dir / f"replica_{index}"
         folder.mkdir(exist_ok=True)
         outcome.requests[outcome.requests["replica"] == index].to_csv(folder / "requests.csv", index=False)
-        outcome.steps[outcome.steps["replica"] == index].to_csv(folder / "steps.csv", index=False)
+        if steps == "full":
+            write_steps(outcome.steps[outcome.steps["replica"] == index], folder)
         pd.DataFrame([row]).to_csv(folder / "summary.csv", index=False)
     if outcome.rejected:
         pd.DataFrame({"request_id": list(outcome.rejected), "error": list(outcome.rejected.values())}).to_csv(
@@ -146,15 +145,15 @@ def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True
         plot_fleet_latency(outcome, out_dir / "latency_cdf.png")
 
 
-def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool, plots: bool,
+def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, output: OutputConfig,
                     out_dir: Path) -> pd.DataFrame:
     """`python -m harness fleet.replicas=N ...`: one fleet run, its tables and plots in out_dir."""
     from harness.report import format_summary
 
-    outcome = run_fleet_once(rc, fleet, router, progress)
-    write_fleet_outcome(outcome, out_dir, plots)
+    outcome = run_fleet_once(rc, fleet, router, output.progress)
+    write_fleet_outcome(outcome, out_dir, output.plots, output.steps)
     print(format_summary(outcome.summary))
     per_replica = pd.DataFrame(outcome.replica_summaries)
     print(per_replica[["replica", "num_requests", "ttft_p90_s", "tpot_p90_s", "output_tok_s"]].to_string(index=False))
-    print(f"outputs: {out_dir} (requests.csv, steps.csv, summary.csv, replica_*/, load.png, latency_cdf.png)")
+    print(f"outputs: {out_dir} (requests.csv, steps.csv.gz, summary.csv, replica_*/, load.png, latency_cdf.png)")
     return pd.DataFrame([outcome.summary])

@@ -48,19 +48,21 @@ def _attempt(fn: Callable[[T], R], item: T) -> R | _Failure:
         return _Failure(error)
 
 
-def check_backend(backend: str, address: str | None = None, num_workers: int | None = None) -> None:
-    """Raise ConfigError (one line naming the field) unless the settings name a usable backend."""
+def check_backend(backend: str, address: str | None = None, num_workers: int | None = None,
+                  prefix: str = "parallel.") -> None:
+    """Raise ConfigError (one line naming the field: <prefix>backend, ...) unless the settings name a
+    usable backend."""
     if backend not in BACKENDS:
-        raise ConfigError(f"parallel.backend must be one of {BACKENDS}, got {backend!r}")
+        raise ConfigError(f"{prefix}backend must be one of {BACKENDS}, got {backend!r}")
     if address is not None and (not isinstance(address, str) or not address):
-        raise ConfigError(f"parallel.address must be null or a non-empty 'host:port' string, got {address!r}")
+        raise ConfigError(f"{prefix}address must be null or a non-empty 'host:port' string, got {address!r}")
     if address is not None and backend != "ray":
-        raise ConfigError(f"parallel.address={address!r} is only used by backend 'ray', got backend {backend!r}")
+        raise ConfigError(f"{prefix}address={address!r} is only used by backend 'ray', got backend {backend!r}")
     if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
                                     or num_workers < 1):
-        raise ConfigError(f"parallel.num_workers must be null or an int >= 1, got {num_workers!r}")
+        raise ConfigError(f"{prefix}num_workers must be null or an int >= 1, got {num_workers!r}")
     if num_workers is not None and backend == "ray":
-        raise ConfigError("parallel.num_workers is not used by backend 'ray' (the cluster's CPUs decide); "
+        raise ConfigError(f"{prefix}num_workers is not used by backend 'ray' (the cluster's CPUs decide); "
                           "leave it null")
 
 

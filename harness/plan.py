@@ -35,6 +35,7 @@ from harness.config import OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.fleet import run_fleet_once
 from harness.fleet_config import FleetConfig, build_fleet, with_tp_size
+from harness.parallel import parallel_map
 from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogue
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
                                                       plan.max_num_batched_tokens, plan.policies, plan.routers)]
 
 
-def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path, mapper: Callable = map) -> pd.DataFrame:
+def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     """`python -m harness experiment=plan ...`: plan.csv, plan.png, the cheapest deployment (or the closest)."""
     from harness.plan_plots import plot_plan
 
@@ -202,6 +203,9 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path, mapper: Calla
     plan, slo = build_plan(cfg)
     _, router = build_fleet(cfg)
     base = PlanBase(rc, load_catalogue(plan.hardware), slo, router)
+    mapper = map if plan.parallel_backend == "serial" else partial(
+        parallel_map, backend=plan.parallel_backend, address=plan.parallel_address,
+        num_workers=plan.parallel_num_workers)
     table = search(configurations(plan, rc), base, plan.max_replicas, plan.batch_size, output.progress, mapper)
     table.to_csv(out_dir / "plan.csv", index=False)
     title = f"{rc.model.name}, {rc.workload.name}, SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s"

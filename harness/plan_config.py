@@ -47,6 +47,10 @@ class PlanConfig:
     max_replicas: int = 64
     num_closest: int = 5
     batch_size: int = 1  # deployments per evaluate_all() call: 1 prunes most; a parallel map wants its worker count
+    # how evaluate_all() maps over a batch (harness.parallel.parallel_map): serial, joblib or ray
+    parallel_backend: str = "serial"
+    parallel_address: str | None = None  # ray: a running cluster's address; None starts a local Ray
+    parallel_num_workers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("hardware", "tp_sizes", "max_num_seqs", "max_num_batched_tokens", "policies", "routers"):
@@ -63,6 +67,9 @@ class PlanConfig:
         for name in ("max_replicas", "num_closest", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"plan.{name} must be an int >= 1, got {getattr(self, name)}")
+        from harness.parallel import check_backend
+
+        check_backend(self.parallel_backend, self.parallel_address, self.parallel_num_workers, prefix="plan.parallel_")
 
 
 def build_plan(cfg: DictConfig) -> tuple[PlanConfig, SLOConfig]:

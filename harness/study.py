@@ -54,7 +54,7 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if not fleet.is_single_run:
         from harness.fleet import run_fleet_study
 
-        return run_fleet_study(rc, fleet, router, output.progress, output.plots, out_dir)
+        return run_fleet_study(rc, fleet, router, output, out_dir)
     interval = cfg.get("interval")
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)

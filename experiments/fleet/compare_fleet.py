@@ -7,13 +7,13 @@ simulator's relative error; the issue's target is within 10%.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness.compare_tables import markdown  # noqa: E402
+from harness.compare_tables import markdown
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 TARGET = 0.10
@@ -35,17 +35,18 @@ def compare(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python experiments/fleet/compare_fleet.py OUT")
-    folder = Path(sys.argv[1])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="holds engine_<case>/ and sim_<case>/ run folders")
+    folder = parser.parse_args(argv).folder
     table = compare(folder)
     if table.empty:
         raise SystemExit(f"{folder}: no engine_<case>/ and sim_<case>/ pairs with summary.csv")
     table.to_csv(folder / "fleet_compare.csv", index=False)
     (folder / "fleet_compare.md").write_text(markdown(table) + "\n")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

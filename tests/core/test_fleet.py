@@ -39,7 +39,7 @@ def _fleet(n, executor_class=FakeExecutor, num_blocks=40):
     replicas = []
     for i in range(n):
         executor = executor_class(num_blocks, BLOCK, vocab_size=50)
-        replicas.append(Replica(i, make_scheduler(CONFIG, executor.kv_cache_spec()), executor, SimulatedClock()))
+        replicas.append(Replica(i, make_scheduler(CONFIG, executor.info()), executor, SimulatedClock()))
     return replicas
 
 
@@ -64,7 +64,7 @@ def test_every_request_is_served_exactly_once(specs, n, router_name):
 @given(arrivals(), st.sampled_from(ROUTERS), st.sampled_from([FakeExecutor, OverlappingFakeExecutor]))
 def test_a_fleet_of_one_replays_the_single_run(specs, router_name, executor_class):
     single_exec = executor_class(40, BLOCK, vocab_size=50)
-    single = run(make_scheduler(CONFIG, single_exec.kv_cache_spec()), single_exec, _requests(specs), SimulatedClock())
+    single = run(make_scheduler(CONFIG, single_exec.info()), single_exec, _requests(specs), SimulatedClock())
     replicas = _fleet(1, executor_class)
     fleet = run_fleet(replicas, _requests(specs), make_router(RouterConfig(router_name), BLOCK))
     (only,) = fleet.replicas

@@ -34,13 +34,13 @@ def test_two_cpu_replicas_serve_every_request_with_the_single_engines_tokens(tin
     engine = EngineConfig(model=str(tiny_qwen3_dir), device="cpu")
     single = EngineExecutor(engine, SCHEDULER, CACHE)
     try:
-        expected = run(make_scheduler(SCHEDULER, single.kv_cache_spec(), CACHE), single, _requests(), WallClock())
+        expected = run(make_scheduler(SCHEDULER, single.info(), CACHE), single, _requests(), WallClock())
     finally:
         single.shutdown()
     clients = start_engine_replicas([engine, engine], SCHEDULER, CACHE)
     try:
         clock = WallClock()
-        replicas = [Replica(i, make_scheduler(SCHEDULER, c.kv_cache_spec(), CACHE, c.eos_token_id), c, clock)
+        replicas = [Replica(i, make_scheduler(SCHEDULER, c.info(), CACHE), c, clock)
                     for i, c in enumerate(clients)]
         fleet = run_fleet_wall(replicas, _requests(), make_router(RouterConfig(router), CACHE.block_size), clock,
                                wait_any)
