@@ -1,0 +1,40 @@
+"""Carry a profiled model (model.csv) fitted on one GPU to another by their datasheet ratios
+(sim.transfer; the rule is in that module's docstring). No GPU needed.
+
+    python experiments/fidelity/transfer_model.py experiments/calibration/h100_run6/qwen3_0_6b/model.csv \
+        --source h100 --target h200 --out qwen3-0.6b_h200_from_h100.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.scripting import compose_run_config, one_line_errors
+from sim.profiled import ProfiledCostModel
+from sim.transfer import transfer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path, help="a profiled model's coefficients (model.csv)")
+    parser.add_argument("--source", required=True, help="conf/hardware name the model was fitted on")
+    parser.add_argument("--target", required=True, help="conf/hardware name to carry it to")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        source = compose_run_config([f"hardware={args.source}"]).hardware
+        target = compose_run_config([f"hardware={args.target}"]).hardware
+        carried = transfer(ProfiledCostModel.load(args.model), source, target)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        carried.to_csv(args.out)
+        print(f"{args.model} ({source.name}) -> {args.out} ({target.name})")
+        return 0
+
+    return one_line_errors(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
