@@ -74,6 +74,10 @@ class TPTransferCostModel:
         return {"host": host, "device_tp1": device_one, "shard_ratio": ratio, "device": device_one * ratio,
                 "communication": comm}
 
+    def drained(self) -> None:
+        """Steps at TP > 1 run one at a time and are priced whole; the base model learns it too."""
+        self.base.drained()
+
     def step_time(self, plan: StepPlan) -> float:
         terms = self.terms(plan)
         return terms["host"] + terms["device"] + terms["communication"]

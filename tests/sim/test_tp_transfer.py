@@ -111,3 +111,23 @@ def test_sim_config_runs_tp_steps_one_at_a_time_and_transfers_tp1_profiles(tmp_p
     assert isinstance(make_cost_model(model("qwen3-0.6b"), H200, measured_at_tp, GRAPH), ProfiledCostModel)
     with pytest.raises(ValueError, match="profile_tp_size"):
         SimConfig(execution=ExecutionConfig(tensor_parallel_size=4), profile_tp_size=2)
+
+
+def test_a_transferred_profile_serves_a_whole_run_at_tp2(tmp_path):
+    """The executor drives the cost model through the whole protocol (drained() before every step
+    run one at a time); at TP=2 those steps are priced sharded, not as the TP=1 run's."""
+    from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
+    from engine.core.loop import SimulatedClock, run
+    from sim import build_sim_executor
+
+    path = tmp_path / "profile.csv"
+    overlapping_profile().to_csv(path, index=False)
+    makespans = []
+    for execution, tp1_profile in ((ExecutionConfig(), None), (TP2, 1)):
+        sim = SimConfig(cost_model="profiled", profile_path=str(path), execution=execution, profile_tp_size=tp1_profile)
+        executor = build_sim_executor(model("qwen3-0.6b"), H200, sim, CacheConfig(), SchedulerConfig())
+        requests = [Request(str(i), [1] * 300, SamplingParams(max_tokens=40, ignore_eos=True)) for i in range(16)]
+        result = run(make_scheduler(SchedulerConfig(), executor.info()), executor, requests, SimulatedClock())
+        assert len(result.requests) == 16
+        makespans.append(result.makespan_s)
+    assert all(m > 0 for m in makespans) and makespans[0] != makespans[1]
