@@ -35,7 +35,8 @@ from harness.scripting import compose_run_config, one_line_errors
 
 REPO = Path(__file__).resolve().parents[1]
 
-OVERRIDES = ["experiment=plan", "workload=trace_azure_conv", "workload.num_requests=2000", "output.progress=false"]
+OVERRIDES = ["experiment=plan", "workload=trace_azure_conv", "workload.rate=null", "workload.num_requests=2000",
+             "output.progress=false"]
 TARGET_S = 300.0
 
 
