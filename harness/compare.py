@@ -81,45 +81,6 @@ class CompareResult:
     report: str
 
 
-class KeepAlive:
-    """An executor whose shutdown() does nothing: several runs share one loaded engine."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def info(self) -> BackendInfo:
-        return self.inner.info()
-
-    def execute(self, plan):
-        return self.inner.execute(plan)
-
-    def submit(self, plan):
-        return self.inner.submit(plan)
-
-    def observe(self, hook) -> None:
-        self.inner.observe(hook)
-
-    def hold_device(self, seconds: float) -> bool:
-        return self.inner.hold_device(seconds)
-
-    def shutdown(self) -> None:
-        pass
-
-
-class EagerSteps(KeepAlive):
-    """A shared engine that runs every step eagerly (no CUDA graph) and says so in info(), so a
-    comparison prices those steps as eager too."""
-
-    def info(self) -> BackendInfo:
-        return dataclasses.replace(self.inner.info(), graph_sizes=GraphSizes())
-
-    def execute(self, plan):
-        return self.inner.execute(dataclasses.replace(plan, use_cuda_graphs=False))
-
-    def submit(self, plan):
-        return self.inner.submit(dataclasses.replace(plan, use_cuda_graphs=False))
-
-
 def engine_meta(info: BackendInfo, rc: RunConfig, outcome: RunOutcome) -> dict:
     return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_sizes.decode),
             "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": info.device,

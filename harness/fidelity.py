@@ -31,7 +31,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from harness import fidelity_classes as classes
-from harness.compare import GRIDS, KeepAlive, engine_meta, sim_run_config
+from harness.compare import GRIDS, engine_meta, sim_run_config
+from harness.shared_executor import KeepAlive
 from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fidelity_interval import simulate_with_interval

@@ -100,17 +100,7 @@ def run(
     overlap = step_overlap(scheduler, executor)
     in_flight: tuple[StepPlan, PendingStep, float] | None = None
 
-    def complete(plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
-        clock.advance(step_result.duration_s)
-        end = clock.now() - step_result.ready_age_s
-        finished = scheduler.update(plan, step_result, end)
-        # an overlapped step was planned while its predecessor ran: it started when it ended, less its duration
-        start = end - step_result.duration_s if overlap else planned_at
-        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
-        result.steps.append(record)
-        done.extend(finished)
-        if on_step is not None:
-            on_step(record, finished)
+    complete = _Completer(scheduler, clock, overlap, result.steps, done, on_step)
 
     while next_arrival < len(pending) or scheduler.has_unfinished():
         now = clock.now()
@@ -145,6 +135,30 @@ def run(
     result.requests = done
     result.makespan_s = clock.now()
     return result
+
+
+@dataclass(slots=True)
+class _Completer:
+    """Applies a finished step: advance the clock, hand the tokens to the scheduler, record it."""
+
+    scheduler: Scheduler
+    clock: Clock
+    overlap: bool
+    steps: list[StepRecord]
+    done: list[Request]
+    on_step: Callable[[StepRecord, list[Request]], None] | None
+
+    def __call__(self, plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
+        self.clock.advance(step_result.duration_s)
+        end = self.clock.now() - step_result.ready_age_s
+        finished = self.scheduler.update(plan, step_result, end)
+        # an overlapped step was planned while its predecessor ran: it started when it ended, less its duration
+        start = end - step_result.duration_s if self.overlap else planned_at
+        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
+        self.steps.append(record)
+        self.done.extend(finished)
+        if self.on_step is not None:
+            self.on_step(record, finished)
 
 
 def step_overlap(scheduler: Scheduler, executor: Executor) -> bool:

@@ -43,7 +43,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.calibration import validate
-from harness.compare import CompareConfig, EagerSteps, KeepAlive, compare
+from harness.compare import CompareConfig, compare
+from harness.shared_executor import EagerSteps, KeepAlive
 from harness.config import section
 from harness.convert import to_dataclass
 from harness.profiling import ProfileGrid, profile_executor
