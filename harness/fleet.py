@@ -25,7 +25,8 @@ from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.labels import run_identity
-from harness.metrics import requests_frame, steps_frame, summarize, write_steps
+from harness.metrics import requests_frame, steps_frame, summarize
+from harness.run import write_tables
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -123,21 +124,11 @@ def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict) -> Fle
 
 
 def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outcome.requests.to_csv(out_dir / "requests.csv", index=False)
-    if steps == "full":
-        write_steps(outcome.steps, out_dir)
-    pd.DataFrame([outcome.summary]).to_csv(out_dir / "summary.csv", index=False)
+    write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, steps)
     for index, row in enumerate(outcome.replica_summaries):
-        folder = out_dir / f"replica_{index}"
-        folder.mkdir(exist_ok=True)
-        outcome.requests[outcome.requests["replica"] == index].to_csv(folder / "requests.csv", index=False)
-        if steps == "full":
-            write_steps(outcome.steps[outcome.steps["replica"] == index], folder)
-        pd.DataFrame([row]).to_csv(folder / "summary.csv", index=False)
-    if outcome.rejected:
-        pd.DataFrame({"request_id": list(outcome.rejected), "error": list(outcome.rejected.values())}).to_csv(
-            out_dir / "rejected.csv", index=False)
+        mine = outcome.requests["replica"] == index
+        write_tables(outcome.requests[mine], outcome.steps[outcome.steps["replica"] == index], row, {},
+                     out_dir / f"replica_{index}", steps)
     if plots:
         from harness.fleet_plots import plot_fleet_latency, plot_fleet_load
 

@@ -106,16 +106,22 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
     return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes)
 
 
+def write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, rejected: dict[str, str],
+                 out_dir: Path, steps_mode: str = "full") -> None:
+    """requests.csv, steps.csv.gz (unless steps_mode is "none"), summary.csv and rejected.csv."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    requests.to_csv(out_dir / "requests.csv", index=False)
+    if steps_mode == "full":
+        write_steps(steps, out_dir)
+    pd.DataFrame([summary]).to_csv(out_dir / "summary.csv", index=False)
+    if rejected:
+        pd.DataFrame({"request_id": list(rejected), "error": list(rejected.values())}).to_csv(
+            out_dir / "rejected.csv", index=False)
+
+
 def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:
     """The run's tables (and plots) in out_dir; steps="none" leaves the per-step table out."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outcome.requests.to_csv(out_dir / "requests.csv", index=False)
-    if steps == "full":
-        write_steps(outcome.steps, out_dir)
-    pd.DataFrame([outcome.summary]).to_csv(out_dir / "summary.csv", index=False)
-    if outcome.rejected:
-        pd.DataFrame({"request_id": list(outcome.rejected), "error": list(outcome.rejected.values())}).to_csv(
-            out_dir / "rejected.csv", index=False)
+    write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, steps)
     if plots:
         from harness.plots import plot_latency_cdfs, plot_timeline
 
