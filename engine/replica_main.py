@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import traceback
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.worker_loop import serve
 
 
 @dataclass(frozen=True)
@@ -30,33 +30,28 @@ class ReplicaSpec:
 def replica_main(spec: ReplicaSpec, conn) -> None:
     if spec.visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices
-    executor = None
-    try:
+    state = {}
+
+    def start():
         import torch
 
         from engine.executor import EngineExecutor
 
         torch.set_num_threads(spec.num_threads)
         conn.send(("hello", None))
-        executor = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config)
+        executor = state["executor"] = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config)
         # the replica serves its steps one at a time (execute): the main process overlaps replicas
         conn.send(("ready", dataclasses.replace(executor.info(), overlaps_steps=False)))
-        while True:
-            kind, payload = conn.recv()
-            if kind == "step":
-                conn.send(("done", executor.execute(payload)))
-            elif kind == "shutdown":
-                break
-            else:
+
+        def handle(kind: str, payload) -> None:
+            if kind != "step":
                 raise ValueError(f"unknown message {kind!r}")
-    except (EOFError, KeyboardInterrupt):
-        pass  # the main process went away: nothing left to serve
-    except BaseException:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except (OSError, ValueError):
-            pass
-    finally:
-        if executor is not None:
-            executor.shutdown()
-        conn.close()
+            conn.send(("done", executor.execute(payload)))
+
+        return handle
+
+    def stop() -> None:
+        if "executor" in state:
+            state["executor"].shutdown()
+
+    serve(conn, start, stop)
