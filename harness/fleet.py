@@ -26,7 +26,7 @@ from harness.convert import ConfigError
 from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.labels import run_identity
 from harness.metrics import requests_frame, steps_frame, summarize
-from harness.run import write_tables
+from harness.run import require_served, write_tables
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, out
 
     outcome = run_fleet_once(rc, fleet, router, output.progress)
     write_fleet_outcome(outcome, out_dir, output.plots, output.steps)
+    require_served(outcome)
     print(format_summary(outcome.summary))
     per_replica = pd.DataFrame(outcome.replica_summaries)
     print(per_replica[["replica", "num_requests", "ttft_p90_s", "tpot_p90_s", "output_tok_s"]].to_string(index=False))

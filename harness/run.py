@@ -129,8 +129,9 @@ def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True, steps:
         plot_latency_cdfs(outcome.requests, out_dir / "latency_cdf.png", run_title(outcome.summary))
 
 
-def require_served(outcome: RunOutcome, label: str = "") -> None:
-    """A run that served no request has no metrics to report: a ConfigError saying why."""
+def require_served(outcome, label: str = "") -> None:
+    """A run (a RunOutcome, or a fleet's FleetOutcome) that served no request has no metrics to
+    report: a ConfigError saying why."""
     summary = outcome.summary
     if summary["num_requests"]:
         return

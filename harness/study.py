@@ -9,6 +9,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from harness.config import build_run_config, build_study, section
+from harness.convert import ConfigError
 from harness.fleet_config import build_fleet
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
@@ -51,11 +52,14 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         return run_plan(cfg, output, out_dir)
     rc = build_run_config(cfg)
     fleet, router = build_fleet(cfg)
+    interval = cfg.get("interval")
     if not fleet.is_single_run:
+        if interval is not None:
+            raise ConfigError("interval: prediction intervals are computed for a single run, not a fleet "
+                              f"(fleet.replicas={fleet.replicas}); set interval=null")
         from harness.fleet import run_fleet_study
 
         return run_fleet_study(rc, fleet, router, output, out_dir)
-    interval = cfg.get("interval")
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)
         from harness.convert import to_dataclass
