@@ -101,3 +101,12 @@ def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
                      "median_abs_err": float(part["err"].abs().median()),
                      "median_engine_spread": float(part["engine_spread"].median())})
     return pd.DataFrame(rows)
+
+
+def target_table(table: pd.DataFrame, loads=("0.5", "0.8"), bound: float = 0.10) -> pd.DataFrame:
+    """Per model, workload and cost model: how many of the issue's target cells (TTFT and TPOT
+    P50/P90 at 50% and 80% load) are within `bound` of the engine (the README's counts)."""
+    cells = table[table["metric"].isin(PLOTTED) & table["load"].astype(str).isin(loads)]
+    within = cells.assign(within=cells["err"].abs() <= bound)
+    out = within.groupby(["model", "workload", "cost_model"], sort=False)["within"].agg(["sum", "count"])
+    return out.rename(columns={"sum": "within_10pct", "count": "cells"}).reset_index()

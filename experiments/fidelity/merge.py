@@ -1,5 +1,5 @@
 """Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
-with heldout_<model>.png per model and coverage.csv. No GPU needed.
+with heldout_<model>.png per model, coverage.csv and targets.csv (cells within 10%). No GPU needed.
 
     python experiments/fidelity/merge.py experiments/fidelity/calls/*/heldout.csv
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.fidelity_report import coverage_table, merge, plot_heldout
+from harness.fidelity_report import coverage_table, merge, plot_heldout, target_table
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(args.out / "heldout.csv", index=False)
     for (model, hardware), part in table.groupby(["model", "hardware"]):
         plot_heldout(part, args.out / f"heldout_{model}_{hardware}.png")
+    target_table(table).to_csv(args.out / "targets.csv", index=False)
     coverage = coverage_table(table)
     coverage.to_csv(args.out / "coverage.csv", index=False)
     print(coverage.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
