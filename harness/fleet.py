@@ -18,8 +18,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from engine.core import make_scheduler
-from engine.core.fleet import FleetResult, Replica, run_fleet, run_fleet_wall
-from engine.core.loop import SimulatedClock, WallClock
+from engine.core.fleet import FleetResult, run_fleet, run_fleet_wall
+from engine.core.loop import Replica, SimulatedClock, WallClock
 from engine.core.routers import RouterConfig, make_router
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError

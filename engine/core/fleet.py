@@ -4,8 +4,8 @@ Simulated fleets (run_fleet) run on one global event clock: each replica's clock
 forward, and the loop always advances the replica whose next iteration starts earliest. An
 arrival is routed once every replica's next iteration starts at or after it, so the router sees
 each replica as it is at that moment: its planned steps booked, its later ones not yet made.
-Each replica's iteration is engine.core.loop.run's loop body, operation for operation, so a
-fleet of one replays a single run exactly.
+A replica is engine.core.loop.Replica, the same loop body a single run drives, so a fleet of one
+replays a single run exactly.
 
 Engine fleets (run_fleet_wall) share the wall clock: every idle replica with work gets its next
 step submitted before the loop waits on any, so replicas in other processes compute at once.
@@ -16,109 +16,13 @@ Each replica's executor is asked about itself once, through the seam (Executor.i
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.core.executor import PendingStep
-from engine.core.loop import Clock, RunResult, StepRecord, step_overlap
-from engine.core.plan import StepPlan, StepResult
+from engine.core.loop import Clock, FleetStepHook, Replica, RunResult
 from engine.core.request import Request
 from engine.core.routers import Router
-from engine.core.scheduler import Scheduler
-
-# replica index, the step it just finished, the requests that step finished
-FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
-
-
-class Replica:
-    """One replica's core and executor, fed by the router through an inbox."""
-
-    def __init__(self, index: int, scheduler: Scheduler, executor, clock: Clock) -> None:
-        self.index = index
-        self.scheduler = scheduler
-        self.executor = executor
-        self.clock = clock
-        self.overlap = step_overlap(scheduler, executor)
-        self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
-        self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
-        self.result = RunResult(requests=[], steps=[])
-        self.on_step: FleetStepHook | None = None
-
-    # ---- what routers read ----------------------------------------------------------------
-
-    def outstanding_requests(self) -> int:
-        return len(self.scheduler.requests) + len(self.inbox)
-
-    def outstanding_tokens(self) -> int:
-        total = 0
-        for request in (*self.scheduler.requests.values(), *self.inbox):
-            max_tokens = request.max_tokens if request.max_tokens is not None else 0
-            total += max(request.num_prompt_tokens - request.num_computed_tokens, 0)
-            total += max(max_tokens - request.num_output_tokens, 0)
-        return total
-
-    # ---- the loop body --------------------------------------------------------------------
-
-    def next_event_time(self) -> float:
-        """When this replica's next iteration starts; inf when it has nothing to do."""
-        now = self.clock.now()
-        if self.scheduler.has_unfinished() or self.in_flight is not None:
-            return now
-        if self.inbox:
-            return max(now, self.inbox[0].arrival_time)
-        return math.inf
-
-    def admit(self, now: float) -> None:
-        while self.inbox and self.inbox[0].arrival_time <= now:
-            request = self.inbox.popleft()
-            try:
-                self.scheduler.add(request)
-            except ValueError as error:
-                self.result.rejected[request.request_id] = str(error)
-
-    def tick(self) -> None:
-        """One iteration of engine.core.loop.run's loop, with the inbox as its arrivals."""
-        now = self.clock.now()
-        self.admit(now)
-        scheduler = self.scheduler
-        if not scheduler.has_unfinished():
-            if self.in_flight is not None:  # it only computes tokens of requests that already stopped
-                self.finish_in_flight()
-            elif self.inbox:
-                self.clock.wait_until(self.inbox[0].arrival_time)
-            return
-        plan = scheduler.schedule(now)
-        if plan.is_empty:
-            if self.in_flight is not None:
-                self.finish_in_flight()
-                return
-            raise RuntimeError(f"replica {self.index}: scheduler produced an empty step with "
-                               f"{scheduler.num_waiting} waiting and {scheduler.num_running} running requests")
-        if self.overlap:
-            submitted = self.executor.submit(plan)
-            if self.in_flight is not None:
-                self.finish_in_flight()
-            self.in_flight = (plan, submitted, now)
-        else:
-            self.complete(plan, self.executor.execute(plan), now)
-
-    def finish_in_flight(self) -> None:
-        plan, pending, planned_at = self.in_flight
-        self.in_flight = None
-        self.complete(plan, pending.result(), planned_at)
-
-    def complete(self, plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
-        self.clock.advance(step_result.duration_s)
-        end = self.clock.now() - step_result.ready_age_s
-        finished = self.scheduler.update(plan, step_result, end)
-        start = end - step_result.duration_s if self.overlap else planned_at
-        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
-        self.result.steps.append(record)
-        self.result.requests.extend(finished)
-        if self.on_step is not None:
-            self.on_step(self.index, record, finished)
-
 
 @dataclass
 class FleetResult:

@@ -7,7 +7,9 @@ order of events, an offline workload produces the same schedule under both clock
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -77,6 +79,100 @@ class RunResult:
     makespan_s: float = 0.0
 
 
+# replica index, the step it just finished, the requests that step finished
+FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
+
+
+class Replica:
+    """One core (scheduler) and its executor, fed through an inbox of requests in arrival order:
+run() drives one alone, engine.core.fleet drives several behind a router."""
+
+    def __init__(self, index: int, scheduler: Scheduler, executor, clock: Clock) -> None:
+        self.index = index
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock
+        self.overlap = step_overlap(scheduler, executor)
+        self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
+        self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
+        self.result = RunResult(requests=[], steps=[])
+        self.on_step: FleetStepHook | None = None
+
+    # ---- what routers read ----------------------------------------------------------------
+
+    def outstanding_requests(self) -> int:
+        return len(self.scheduler.requests) + len(self.inbox)
+
+    def outstanding_tokens(self) -> int:
+        total = 0
+        for request in (*self.scheduler.requests.values(), *self.inbox):
+            max_tokens = request.max_tokens if request.max_tokens is not None else 0
+            total += max(request.num_prompt_tokens - request.num_computed_tokens, 0)
+            total += max(max_tokens - request.num_output_tokens, 0)
+        return total
+
+    # ---- the loop body --------------------------------------------------------------------
+
+    def next_event_time(self) -> float:
+        """When this replica's next iteration starts; inf when it has nothing to do."""
+        now = self.clock.now()
+        if self.scheduler.has_unfinished() or self.in_flight is not None:
+            return now
+        if self.inbox:
+            return max(now, self.inbox[0].arrival_time)
+        return math.inf
+
+    def admit(self, now: float) -> None:
+        while self.inbox and self.inbox[0].arrival_time <= now:
+            request = self.inbox.popleft()
+            try:
+                self.scheduler.add(request)
+            except ValueError as error:
+                self.result.rejected[request.request_id] = str(error)
+
+    def tick(self) -> None:
+        """One iteration: admit what has arrived, then plan and execute (or submit) a step."""
+        now = self.clock.now()
+        self.admit(now)
+        scheduler = self.scheduler
+        if not scheduler.has_unfinished():
+            if self.in_flight is not None:  # it only computes tokens of requests that already stopped
+                self.finish_in_flight()
+            elif self.inbox:
+                self.clock.wait_until(self.inbox[0].arrival_time)
+            return
+        plan = scheduler.schedule(now)
+        if plan.is_empty:
+            if self.in_flight is not None:
+                self.finish_in_flight()
+                return
+            raise RuntimeError(f"replica {self.index}: scheduler produced an empty step with "
+                               f"{scheduler.num_waiting} waiting and {scheduler.num_running} running requests")
+        if self.overlap:
+            submitted = self.executor.submit(plan)
+            if self.in_flight is not None:
+                self.finish_in_flight()
+            self.in_flight = (plan, submitted, now)
+        else:
+            self.complete(plan, self.executor.execute(plan), now)
+
+    def finish_in_flight(self) -> None:
+        plan, pending, planned_at = self.in_flight
+        self.in_flight = None
+        self.complete(plan, pending.result(), planned_at)
+
+    def complete(self, plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
+        self.clock.advance(step_result.duration_s)
+        end = self.clock.now() - step_result.ready_age_s
+        finished = self.scheduler.update(plan, step_result, end)
+        start = end - step_result.duration_s if self.overlap else planned_at
+        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
+        self.result.steps.append(record)
+        self.result.requests.extend(finished)
+        if self.on_step is not None:
+            self.on_step(self.index, record, finished)
+
+
 def run(
     scheduler: Scheduler,
     executor: Executor,
@@ -93,72 +189,17 @@ def run(
     step is executed and applied before the next is planned.
     """
     pending = sorted(requests, key=lambda r: r.arrival_time)
+    replica = Replica(0, scheduler, executor, clock)
+    replica.inbox.extend(pending)
+    if on_step is not None:
+        replica.on_step = lambda index, record, finished: on_step(record, finished)
+    while replica.next_event_time() < math.inf:
+        replica.tick()
     order = {r.request_id: i for i, r in enumerate(pending)}
-    result = RunResult(requests=[], steps=[])
-    next_arrival = 0
-    done: list[Request] = []
-    overlap = step_overlap(scheduler, executor)
-    in_flight: tuple[StepPlan, PendingStep, float] | None = None
-
-    complete = _Completer(scheduler, clock, overlap, result.steps, done, on_step)
-
-    while next_arrival < len(pending) or scheduler.has_unfinished():
-        now = clock.now()
-        next_arrival = _admit_arrivals(scheduler, pending, next_arrival, now, result.rejected)
-        if not scheduler.has_unfinished():
-            if in_flight is not None:  # it only computes tokens of requests that already stopped
-                complete(in_flight[0], in_flight[1].result(), in_flight[2])
-                in_flight = None
-            elif next_arrival < len(pending):
-                clock.wait_until(pending[next_arrival].arrival_time)
-            continue
-        plan = scheduler.schedule(now)
-        if plan.is_empty:
-            if in_flight is not None:
-                # everything runnable waits on the step in flight (its tokens, its freed blocks)
-                complete(in_flight[0], in_flight[1].result(), in_flight[2])
-                in_flight = None
-                continue
-            # NOTE: an empty plan with work queued means the core is stuck; fail loudly, never spin.
-            raise RuntimeError(f"scheduler produced an empty step with {scheduler.num_waiting} waiting and "
-                               f"{scheduler.num_running} running requests")
-        if overlap:
-            submitted = executor.submit(plan)
-            if in_flight is not None:
-                complete(in_flight[0], in_flight[1].result(), in_flight[2])
-            in_flight = (plan, submitted, now)
-        else:
-            complete(plan, executor.execute(plan), now)
-    if in_flight is not None:
-        complete(in_flight[0], in_flight[1].result(), in_flight[2])
-    done.sort(key=lambda r: order[r.request_id])
-    result.requests = done
+    result = replica.result
+    result.requests.sort(key=lambda r: order[r.request_id])
     result.makespan_s = clock.now()
     return result
-
-
-@dataclass(slots=True)
-class _Completer:
-    """Applies a finished step: advance the clock, hand the tokens to the scheduler, record it."""
-
-    scheduler: Scheduler
-    clock: Clock
-    overlap: bool
-    steps: list[StepRecord]
-    done: list[Request]
-    on_step: Callable[[StepRecord, list[Request]], None] | None
-
-    def __call__(self, plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
-        self.clock.advance(step_result.duration_s)
-        end = self.clock.now() - step_result.ready_age_s
-        finished = self.scheduler.update(plan, step_result, end)
-        # an overlapped step was planned while its predecessor ran: it started when it ended, less its duration
-        start = end - step_result.duration_s if self.overlap else planned_at
-        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
-        self.steps.append(record)
-        self.done.extend(finished)
-        if self.on_step is not None:
-            self.on_step(record, finished)
 
 
 def step_overlap(scheduler: Scheduler, executor: Executor) -> bool:
@@ -168,16 +209,3 @@ def step_overlap(scheduler: Scheduler, executor: Executor) -> bool:
         raise TypeError("an executor that overlaps steps needs an AsyncScheduler: build the scheduler with "
                         "make_scheduler(config, executor.info())")
     return overlap
-
-
-def _admit_arrivals(scheduler: Scheduler, pending: list[Request], next_arrival: int, now: float,
-                    rejected: dict[str, str]) -> int:
-    """Hand the scheduler every request that has arrived by now; returns the next one's index."""
-    while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
-        request = pending[next_arrival]
-        next_arrival += 1
-        try:
-            scheduler.add(request)
-        except ValueError as error:
-            rejected[request.request_id] = str(error)
-    return next_arrival

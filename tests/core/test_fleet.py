@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
-from engine.core.fleet import Replica, run_fleet
-from engine.core.loop import SimulatedClock, run
+from engine.core.fleet import run_fleet
+from engine.core.loop import Replica, SimulatedClock, run
 from engine.core.routers import ROUTERS, RouterConfig, make_router
 from tests.core.fakes import FakeExecutor, OverlappingFakeExecutor
 

@@ -9,7 +9,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
-from engine.core.fleet import Replica, run_fleet_wall
+from engine.core.fleet import run_fleet_wall
+from engine.core.loop import Replica
 from engine.core.loop import WallClock, run
 from engine.core.routers import RouterConfig, make_router
 
