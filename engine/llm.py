@@ -104,11 +104,16 @@ class LLM:
                 requests.append(Request(rid, token_ids, self._with_eos_stops(sp)))
         bar = tqdm(total=len(requests), desc="Generating", unit="req", dynamic_ncols=True, disable=not use_tqdm)
         meter = ThroughputMeter()
+        by_id = {out.request_id: out for out in outputs}
 
         def on_step(record: StepRecord, finished: list[Request]) -> None:
             meter.add(record.stats, record.duration_s)
             bar.set_postfix_str(meter.describe(), refresh=False)
             bar.update(len(finished))
+            # Detokenized here, as each request finishes: with overlapped steps the device is
+            # already running the next step, so the text costs no time at the end of the run.
+            for request in finished:
+                self._fill(by_id[request.request_id], request)
 
         try:
             result = run(self.scheduler, self.executor, requests, WallClock(), on_step)
@@ -122,17 +127,16 @@ class LLM:
         finally:
             bar.close()
         self.last_run = result
-        by_id = {out.request_id: out for out in outputs}
         for rid, error in result.rejected.items():
             by_id[rid].error = error
-        for request in result.requests:
-            out = by_id[request.request_id]
-            out.token_ids = request.output_token_ids
-            out.finish_reason = request.finish_reason.value if request.finish_reason else None
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            out.num_cached_tokens = request.num_cached_tokens
-            out.num_preemptions = request.num_preemptions
         return outputs
+
+    def _fill(self, out: RequestOutput, request: Request) -> None:
+        out.token_ids = request.output_token_ids
+        out.finish_reason = request.finish_reason.value if request.finish_reason else None
+        out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        out.num_cached_tokens = request.num_cached_tokens
+        out.num_preemptions = request.num_preemptions
 
     def shutdown(self) -> None:
         self.executor.shutdown()
