@@ -2,8 +2,12 @@
 
 Stage 1: one program per (sequence, KV head, split) walks its chunk of the context and keeps an
 online softmax for all query heads of that KV head at once (the GQA group rides in the M dimension
-of the dot products), so each K/V row is read from memory once per group. Stage 2 merges the
-splits' partial results by their log-sum-exp. With a single split, stage 1 writes the output itself.
+of the dot products), so each K/V row is read from memory once per group. The splits' partial
+results are merged by their log-sum-exp in the same launch: each program of a split sequence
+stores its partial, then counts itself in on a per-(sequence, KV head) arrival counter, and the
+program that arrives last merges them all and sets the counter back to zero. One launch instead
+of a split pass and a merge pass saves a kernel per layer per decode step (the merge kernel was
+about 6 us of mostly empty programs a layer on an H100, plus its launch gap in the graph).
 
 The split count only sets parallelism: each sequence's chunk length is derived in the kernel from
 its real length (and, when the step passes one, the batch's fair share of keys per program:
@@ -40,7 +44,7 @@ def _num_sms(device_index: int) -> int:
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, mid_o_ptr, mid_lse_ptr, chunk_ptr,
+    out_ptr, mid_o_ptr, mid_lse_ptr, chunk_ptr, arrivals_ptr,
     qk_scale, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
@@ -56,7 +60,7 @@ def _decode_split_kernel(
     if split < used:
         _decode_split_body(
             q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-            qk_scale, num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+            arrivals_ptr, qk_scale, num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
             stride_cb, stride_cs, stride_ch, seq, kvh, split, seq_len, chunk, used,
             NUM_HEADS, GROUP, BLOCK_G, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE,
         )  # fmt: skip
@@ -73,7 +77,7 @@ def _chunk_of(seq_len, chunk_ptr, num_splits, BLOCK_N: tl.constexpr, HAS_CHUNK: 
 
 @triton.jit
 def _decode_split_body(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, arrivals_ptr,
     qk_scale, num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch, seq, kvh, split, seq_len, chunk, used,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -127,43 +131,42 @@ def _decode_split_body(
             mid_o_ptr + mid[:, None] * HEAD_DIM + d[None, :], o,
             mask=g_ok[:, None] & d_ok[None, :],
         )  # fmt: skip
+        # Every thread's stores are issued before one release-ordered arrival; the last program
+        # to arrive acquires them all (the partials are read past L1, which is not coherent).
+        tl.debug_barrier()
+        counter = arrivals_ptr + seq * (NUM_HEADS // GROUP) + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+            _merge_group(mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh, seq, heads,
+                         g_ok, used, NUM_HEADS, HEAD_DIM, BLOCK_G, BLOCK_D)
+            tl.store(counter, 0)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, seq_lens_ptr, chunk_ptr, num_splits, stride_ot, stride_oh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_N: tl.constexpr, HAS_CHUNK: tl.constexpr,
+def _merge_group(
+    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh, seq, heads, g_ok, used,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    _, used = _chunk_of(seq_len, chunk_ptr, num_splits, BLOCK_N, HAS_CHUNK)
-    if used > 1:  # one program wrote the output itself
-        _merge_body(mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh, seq, head, used,
-                    NUM_HEADS, HEAD_DIM, BLOCK_D, BLOCK_S)
-
-
-@triton.jit
-def _merge_body(
-    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh, seq, head, used,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
-    s = tl.arange(0, BLOCK_S)
+    """The output of one sequence's query heads `heads`: its `used` partials merged by log-sum-exp."""
     d = tl.arange(0, BLOCK_D)
-    s_ok = s < used
-    base = (seq * NUM_HEADS + head) * num_splits
-    lse = tl.load(mid_lse_ptr + base + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
-    m = tl.max(lse, 0)
-    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
-    o = tl.load(  # [BLOCK_S, BLOCK_D]
-        mid_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
-        mask=s_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0,
-    )  # fmt: skip
-    den = tl.sum(w, 0)
-    res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
-    dst = out_ptr + seq * stride_ot + head * stride_oh + d
-    tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    d_ok = d < HEAD_DIM
+    base = (seq * NUM_HEADS + heads) * num_splits  # [BLOCK_G]
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    den = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s in range(0, used):
+        lse = tl.load(mid_lse_ptr + base + s, mask=g_ok, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(mid_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+                       mask=g_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, lse)
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - ref)
+        weight = tl.exp2(lse - ref)
+        den = den * alpha + weight
+        acc = acc * alpha[:, None] + weight[:, None] * part
+        m = m_new
+    res = acc / tl.where(den > 0, den, 1.0)[:, None]
+    dst = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
 def paged_decode_attention(
@@ -177,6 +180,7 @@ def paged_decode_attention(
     max_seq_len_hint: int | None = None,
     num_splits: int | None = None,
     split_chunk: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -188,6 +192,10 @@ def paged_decode_attention(
     1-element int32 device tensor, the batch's fair share of keys per program
     (kernels.decode_split.balanced_chunk); None cuts every sequence into even pieces. Returns
     [num_seqs, num_heads, head_dim] in q's dtype; sequences with seq_len 0 give zeros.
+
+    `arrivals`: int32 device tensor of at least num_seqs * num_kv_heads zeros, the split programs'
+    arrival counters, which the kernel leaves at zero again (so a caller can keep one, e.g. for
+    CUDA-graph replays: DecodeArrivals); None allocates zeros for this call.
     """
     check_cache_pair(k_cache, v_cache)
     group = check_query(q, k_cache)
@@ -208,26 +216,49 @@ def paged_decode_attention(
         raise ValueError(f"num_splits must be in [1, 1024], got {num_splits}")
     direct = num_splits == 1
     if direct:
-        mid_o = mid_lse = out  # unused by the kernel
+        mid_o = mid_lse = arrivals = out  # unused by the kernel
     else:
         mid_o = torch.empty(
             (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
         mid_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        if arrivals is None:
+            arrivals = torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=q.device)
+        elif arrivals.dtype != torch.int32 or arrivals.numel() < num_seqs * num_kv_heads:
+            raise ValueError(f"arrivals must be int32 with >= {num_seqs * num_kv_heads} elements, got "
+                             f"{arrivals.dtype} with {arrivals.numel()}")
     block_d = triton.next_power_of_2(head_dim)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, mid_o, mid_lse,
-        split_chunk if has_chunk else seq_lens, scale * LOG2E, num_splits,
+        split_chunk if has_chunk else seq_lens, arrivals, scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, PAGE=page, HAS_CHUNK=has_chunk,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if not direct:
-        _decode_merge_kernel[(num_seqs, num_heads)](
-            mid_o, mid_lse, out, seq_lens, split_chunk if has_chunk else seq_lens, num_splits,
-            out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_N=block_n, HAS_CHUNK=has_chunk, num_warps=4,
-        )  # fmt: skip
     return out
+
+
+class DecodeArrivals:
+    """One zeroed arrival-counter buffer kept for an attention backend's decode calls.
+
+    A CUDA graph records the buffer's address, so a buffer once handed out is never freed while
+    this object lives (growing keeps the old ones). Zeroing is a kernel, which inside a capture
+    would run only at replay: a capture that needs more than the buffer holds gets None (the call
+    then zeroes a buffer of its own, inside the graph). Graph capture runs each size eagerly
+    first (engine.graph_capture), so in practice the buffer is grown before any capture.
+    """
+
+    def __init__(self, minimum: int = 16384) -> None:
+        self.minimum = minimum
+        self._buffers: list[torch.Tensor] = []
+
+    def get(self, needed: int, device: torch.device) -> torch.Tensor | None:
+        current = self._buffers[-1] if self._buffers else None
+        if current is not None and current.numel() >= needed and current.device == device:
+            return current
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None
+        self._buffers.append(torch.zeros(max(needed, self.minimum), dtype=torch.int32, device=device))
+        return self._buffers[-1]

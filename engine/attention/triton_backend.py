@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.decode_attention import paged_decode_attention
+from kernels.decode_attention import DecodeArrivals, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 from kernels.store_kvcache import store_kvcache
 
@@ -23,6 +23,9 @@ class TritonAttentionBackend:
     """
 
     name = "triton"
+
+    def __init__(self) -> None:
+        self._arrivals = DecodeArrivals()
 
     def supports_decode_graphs(self) -> bool:
         return True
@@ -51,6 +54,7 @@ class TritonAttentionBackend:
                 scale,
                 max_seq_len_hint=meta.max_seq_len,
                 split_chunk=meta.decode_chunk,
+                arrivals=self._arrivals.get(q.shape[0] * k_cache.shape[2], q.device),
             )
         return paged_prefill_attention(
             q,

@@ -54,10 +54,10 @@ def _time(backend, args, graph: bool) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     flash, triton_backend = FlashAttnBackend(), TritonAttentionBackend()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rng = np.random.default_rng(0)

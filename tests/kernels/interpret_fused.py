@@ -126,9 +126,12 @@ def test_decode_attention_with_balanced_chunks(splits, monkeypatch):
     q = torch.randn(len(lens), 4, 32, generator=torch.Generator().manual_seed(seed))
     ref = decode_attention_ref(q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 32**-0.5)
     monkeypatch.setattr(decode_attention, "_num_sms", lambda index: 4)  # splits follow the SM count; no GPU here
-    for chunk in (None, 0, 64, 128, balanced_chunk(np.array(lens), 2, 4), 4096):
+    arrivals = torch.zeros(len(lens) * 2, dtype=torch.int32)  # kept across calls, as a backend keeps it
+    for i, chunk in enumerate((None, 0, 64, 128, balanced_chunk(np.array(lens), 2, 4), 4096)):
         out = decode_attention.paged_decode_attention(
             q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 32**-0.5, num_splits=splits,
-            split_chunk=None if chunk is None else torch.tensor([chunk], dtype=torch.int32))
+            split_chunk=None if chunk is None else torch.tensor([chunk], dtype=torch.int32),
+            arrivals=arrivals if i % 2 else None)
+        assert not arrivals.any(), (seed, chunk, arrivals)  # the last program of each split resets its counter
         assert torch.equal(out[-1], torch.zeros_like(out[-1])), (seed, chunk)
         torch.testing.assert_close(out[:-1], ref[:-1], rtol=1e-4, atol=1e-4, msg=f"seed {seed}, chunk {chunk}")

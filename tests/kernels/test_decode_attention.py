@@ -84,3 +84,39 @@ def test_decode_qwen_shapes_and_padded_rows(dtype, num_heads, num_kv_heads):
             split_chunk=torch.tensor([chunk], dtype=torch.int32, device="cuda"),
         )  # fmt: skip
         _check(out, ref, seq_lens, f"{seed}, splits {splits}, chunk {chunk}")
+
+
+def test_kept_arrival_counters_survive_graph_replays_and_new_lengths():
+    """The split programs' arrival counters (one buffer kept by the backend, recorded by a CUDA
+    graph) are back at zero after every launch, so replays on new lengths and queries stay right."""
+    from kernels.decode_attention import DecodeArrivals, paged_decode_attention
+
+    seed = fresh_seed()
+    rng = random.Random(seed)
+    num_seqs, num_heads, num_kv_heads = 64, 16, 8
+    b = make_paged_batch([4096] * num_seqs, [1] * num_seqs, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                         head_dim=128, block_size=256, dtype=torch.bfloat16, seed=seed)
+    arrivals = DecodeArrivals(minimum=1)
+    q = b.q.clone()
+    lens = b.seq_lens.clone()
+    chunk = torch.tensor([64], dtype=torch.int32, device="cuda")  # many splits: most sequences merge
+
+    def step():
+        return paged_decode_attention(q, b.k_cache, b.v_cache, b.block_tables, lens, 128**-0.5,
+                                      max_seq_len_hint=4096, split_chunk=chunk,
+                                      arrivals=arrivals.get(num_seqs * num_kv_heads, q.device))
+
+    step()  # eager first: sizes the buffer outside the capture, as engine.graph_capture does
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for replay in range(6):
+        new_lens = [rng.randint(1, 4096) for _ in range(num_seqs)]
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        chunk.fill_(rng.choice([64, 256, 1024]))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not arrivals.get(1, q.device).any(), f"counters left non-zero (seed {seed}, replay {replay})"
+        ref = decode_attention_ref(q, b.k_cache, b.v_cache, b.block_tables, lens, 128**-0.5)
+        _check(out, ref, new_lens, f"{seed}, replay {replay}")
