@@ -35,7 +35,7 @@ class EngineConfig:
     balanced_decode: decode steps cut long contexts into pieces of the batch's mean context for the
         Triton decode kernel (kernels.decode_split), so that a ragged batch costs what an even one
         of the same total does; False cuts every sequence into the same number of pieces.
-    execution: CUDA graphs, async scheduling (None: on with CUDA and tensor_parallel_size 1),
+    execution: CUDA graphs, async scheduling (None: on with CUDA, at any tensor_parallel_size),
         tensor parallelism, seed, memory utilisation (engine.core.config.ExecutionConfig).
     """
 

@@ -7,7 +7,10 @@ wall clock (synchronising CUDA, so the time is the step's, not the launch's).
 With tensor_parallel_size > 1 this process is rank 0 on cuda:0 and drives one spawned worker
 process per other rank (engine.tp): every rank loads its shard, profiles, allocates the same
 number of blocks (the smallest any rank can hold) and captures the same graphs; each step's
-HostBatch goes to the workers before rank 0 runs it, and rank 0 alone samples.
+HostBatch goes to the workers before rank 0 runs it, and rank 0 alone samples. Overlapped steps
+(async scheduling, the default on CUDA) work the same way: the batch goes out with its placeholder
+map, and rank 0 broadcasts the sampled ids on the device (engine.overlap); rank 0 waits on no
+worker per step.
 """
 
 from __future__ import annotations
@@ -249,7 +252,7 @@ class EngineExecutor:
 
     def _queue_step(self, plan: StepPlan) -> PendingStep:
         with graphs_detached(self.runner, not plan.use_cuda_graphs):
-            return self.runner.submit(plan)
+            return self.runner.submit(plan, self.workers.submit_batch if self.workers else None)
 
     def shutdown(self) -> None:
         """Release the KV cache, the weights and the workers; no steps can run afterwards."""

@@ -21,6 +21,16 @@ StepOverlap holds what one submitted step leaves for the next: its sampled ids o
 each sampling request's row in them, the device clock and the pinned buffers the ids come back
 through. The runner queues the step's device work itself, on the same path as a plain step
 (engine.runner).
+
+Under tensor parallelism every rank fills its placeholders, from the same ids: rank 0 samples
+and broadcasts the ids through the process group right after sampling (a device-side collective
+queued on the stream, NCCL on GPU), and the other ranks receive them into their own last_sampled.
+Rank 0 sends each step's placeholder map (rows, sources) along with its batch, so that a worker
+needs no plan and no request ids. Broadcasting rather than sampling on every rank keeps one
+source of truth for the tokens: ranks that sampled for themselves would have to agree bit for
+bit (the same kernels, noise and top-p cut-offs on every device), and a disagreement would
+silently split their KV caches; the broadcast of a few hundred int64 values costs far less than
+a second sampler pass.
 """
 
 from __future__ import annotations
@@ -37,8 +47,13 @@ from engine.host_staging import HostStaging
 from engine.step_sampling import tokens_per_entry
 
 
+# (input rows holding a placeholder, row of the previous step's sampled ids to copy there), or
+# None when a step has none
+Placeholders = tuple[np.ndarray, np.ndarray] | None
+
+
 def placeholder_sources(plan: StepPlan, query_start_loc: np.ndarray, input_ids: np.ndarray,
-                        previous_rows: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | None:
+                        previous_rows: dict[str, int]) -> Placeholders:
     """(input rows holding a placeholder, row of the previous step's sampled ids to copy there),
     or None when the step has no placeholder. Zeroes the placeholders in input_ids."""
     num_tokens = int(query_start_loc[-1])
@@ -123,10 +138,12 @@ def wall_pending(clock: DeviceClock, started: float, num_entries: int, sample_ro
 
 
 class StepOverlap:
-    """The state overlapped steps carry from one submit() to the next (driver rank, TP 1)."""
+    """The state overlapped steps carry from one submit() to the next. broadcast: the tensor-parallel
+    group's (engine.tp.group.DistGroup.broadcast), None without tensor parallelism."""
 
-    def __init__(self, device: torch.device, max_num_seqs: int) -> None:
+    def __init__(self, device: torch.device, max_num_seqs: int, broadcast=None) -> None:
         self.device = device
+        self.broadcast = broadcast
         self.cuda = device.type == "cuda"
         self.max_num_seqs = max_num_seqs
         self.clock = DeviceClock()
@@ -154,8 +171,7 @@ class StepOverlap:
         start.record()
         return start
 
-    def placeholders(self, plan: StepPlan, query_start_loc: np.ndarray,
-                     input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def placeholders(self, plan: StepPlan, query_start_loc: np.ndarray, input_ids: np.ndarray) -> Placeholders:
         return placeholder_sources(plan, query_start_loc, input_ids, self.last_sampled_rows)
 
     def fill_placeholders(self, input_ids: torch.Tensor, placeholders: tuple[np.ndarray, np.ndarray],
@@ -166,7 +182,10 @@ class StepOverlap:
 
     def finish(self, plan: StepPlan, sample_rows: list[int], sampled: torch.Tensor | None, started: float,
                start: torch.cuda.Event | None, on_done=None) -> PendingTokens:
-        """Keep the step's sampled ids [num_sampled] for the next step and return its pending result."""
+        """Keep the step's sampled ids [num_sampled] for the next step (and send them to the other
+        tensor-parallel ranks) and return its pending result."""
+        if sampled is not None and self.broadcast is not None:
+            self.broadcast(sampled)
         self.last_sampled = sampled
         self.last_sampled_rows = {plan.scheduled[i].request_id: k for k, i in enumerate(sample_rows)} if (
             sampled is not None) else {}
@@ -185,6 +204,14 @@ class StepOverlap:
                                 on_done=on_done, clock=clock)
         clock.last_end = end
         return pending
+
+    def receive(self, num_sampled: int) -> None:
+        """A tensor-parallel rank other than 0: take the ids rank 0 broadcast after sampling the
+        step just queued (the counterpart of finish()'s broadcast), for the next step's placeholders."""
+        self.last_sampled = None
+        if num_sampled:
+            ids = torch.empty(num_sampled, dtype=torch.int64, device=self.device)
+            self.last_sampled = self.broadcast(ids)
 
     def _host_ids_buffer(self) -> torch.Tensor:  # pinned [max_num_seqs] int64
         # NOTE: two suffice: step N+2 is submitted only after step N's ids were read

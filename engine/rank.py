@@ -56,4 +56,4 @@ def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig,
         all_gather=group.all_gather if group else None,
     )
     return ModelRunner(model, hf_config, engine_config, scheduler_config, cache_config, device,
-                       driver=group is None or group.rank == 0)
+                       driver=group is None or group.rank == 0, broadcast=group.broadcast if group else None)

@@ -14,7 +14,9 @@ per-request state: seeded draws are keyed by (seed, output index) in the sampler
 plan.released_ids needs no handling here.
 
 Under tensor parallelism every rank holds a runner; rank 0 (the driver) builds each step's
-HostBatch, hands it to the other ranks, and alone samples.
+HostBatch, hands it to the other ranks, and alone samples. Overlapped, it hands them the step's
+placeholder map too and broadcasts the sampled ids on the device (engine.overlap); the other
+ranks run the same step through follow().
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from engine.kv_sizing import MemoryProfile, cpu_kv_blocks, profile_memory, profi
 from engine.layers.fused import set_fused_kernels
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.models.arch import ModelArch
-from engine.overlap import PendingTokens, StepOverlap
+from engine.overlap import PendingTokens, Placeholders, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
 from engine.step_sampling import sample_step, step_logits, tokens_per_entry
@@ -51,7 +53,10 @@ class ModelRunner:
         cache_config: CacheConfig,
         device: torch.device,
         driver: bool = True,
+        broadcast: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        """broadcast: the tensor-parallel group's broadcast from rank 0 (overlapped steps send the
+        sampled ids through it); None without tensor parallelism."""
         self.model = model
         self.hf_config = hf_config
         self.arch = ModelArch.from_hf_config(hf_config)
@@ -83,7 +88,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.timer: StepTimer | None = None  # attach one to record per-step phase times
-        self.overlap = StepOverlap(self.device, scheduler_config.max_num_seqs)  # submit()'s state
+        self.overlap = StepOverlap(self.device, scheduler_config.max_num_seqs, broadcast)  # submit()'s state
 
     # ---- KV cache and graphs -----------------------------------------------------------------
 
@@ -232,9 +237,12 @@ class ModelRunner:
         return tokens
 
     @torch.inference_mode()
-    def submit(self, plan: StepPlan) -> PendingTokens:
+    def submit(self, plan: StepPlan, on_batch: Callable[[HostBatch, Placeholders], None] | None = None
+               ) -> PendingTokens:
         """Queue a step on the device and return at once (engine.overlap). Its placeholder inputs
-        take the ids the previously submitted step sampled. Driver rank, no tensor parallelism."""
+        take the ids the previously submitted step sampled. Driver rank; on_batch sees the built
+        batch and its placeholder map first: the driver hands both to the other tensor-parallel
+        ranks there, which run them through follow()."""
         timer = self.timer
         if timer:
             timer.mark()
@@ -242,6 +250,8 @@ class ModelRunner:
         self.overlap.begin(plan)
         batch = self.build_batch(plan)
         placeholders = self.overlap.placeholders(plan, batch.query_start_loc, batch.input_ids)
+        if on_batch is not None:
+            on_batch(batch, placeholders)
         start = self.overlap.start_event()
         inputs, sampled = self._launch(batch, plan, placeholders)
         on_done = None
@@ -250,6 +260,14 @@ class ModelRunner:
             marks, fields = timer.detach(), _timer_fields(batch)
             on_done = lambda: timer.record(*marks, **fields)  # noqa: E731 - once the events are complete
         return self.overlap.finish(plan, inputs.sample_rows, sampled, started, start, on_done)
+
+    @torch.inference_mode()
+    def follow(self, batch: HostBatch, placeholders: Placeholders) -> None:
+        """A non-driver tensor-parallel rank's side of submit(): queue the same step, its
+        placeholders filled from the ids rank 0 broadcast after the previous step, then take this
+        step's ids from rank 0's broadcast. Returns at once; nothing goes back to rank 0."""
+        self._launch(batch, None, placeholders)
+        self.overlap.receive(len(batch.sample_rows))
 
 
 def _timer_fields(batch: HostBatch) -> dict[str, int]:

@@ -68,8 +68,8 @@ class ExecutionConfig:
     async_scheduling: True plans and queues step N+1 while step N runs on the device, so the
         scheduler and input preparation leave the device's critical path; a request stopped by
         EOS or a stop token then computes one more token, which is discarded. False runs each
-        step to completion first. None (auto): on wherever the engine can overlap, a CUDA
-        device with tensor_parallel_size 1 (the simulator stands for a CUDA device).
+        step to completion first. None (auto): on wherever queuing is not executing, a CUDA
+        device at any tensor_parallel_size (the simulator stands for a CUDA device).
         overlaps_steps() resolves it; the backend reports the result in BackendInfo.
     prefill_graph_tokens: prefill and mixed steps of up to this many tokens replay CUDA graphs,
         padded to engine.core.graph_sizes' sizes (capped by max_num_batched_tokens); 0: eager.
@@ -105,12 +105,10 @@ class ExecutionConfig:
         util = self.gpu_memory_utilization
         if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
             raise ValueError(f"ExecutionConfig.gpu_memory_utilization must be a number in (0, 1], got {util!r}")
-        if self.async_scheduling and self.tensor_parallel_size > 1:
-            raise ValueError("ExecutionConfig.async_scheduling=true needs tensor_parallel_size=1 (the other ranks "
-                             f"would need the sampled ids before each step), got {self.tensor_parallel_size}")
 
     def overlaps_steps(self, on_cuda: bool) -> bool:
         """Whether steps overlap on a backend whose device is (or stands for) CUDA or not."""
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return on_cuda and self.tensor_parallel_size == 1
+        # NOTE: on a CPU a step is computed while it is queued, so there is nothing to overlap
+        return on_cuda

@@ -58,6 +58,12 @@ class DistGroup:
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x into every rank's x, in place. On NCCL the copy is queued on the device
+        behind the work before it: the host does not wait (gloo on CPU computes it at once)."""
+        dist.broadcast(x, src=0)
+        return x
+
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

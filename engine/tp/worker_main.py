@@ -32,7 +32,9 @@ def worker_main(spec, conn) -> None:
 
 
 def _answer(runner, conn, kind: str, payload) -> None:
-    if kind == "step":
+    if kind == "submit":  # payload: (HostBatch, placeholder map)
+        runner.follow(*payload)
+    elif kind == "step":
         runner.execute_batch(payload, None)
     elif kind == "profile":
         conn.send(("ok", runner.determine_num_blocks(graph_reserve=payload)))

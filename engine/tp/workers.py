@@ -1,9 +1,12 @@
 """Ranks 1..size-1 of a tensor-parallel engine, each in a spawned process, driven by rank 0.
 
 Rank 0 talks to each worker over its own multiprocessing Pipe (pickled messages, no shared
-memory): control messages ("profile", "allocate", "capture") are answered, "step" messages (a
-HostBatch of plain numpy arrays, cheap to pickle) are not, so a step costs one send per worker.
-A worker that fails reports its traceback on the pipe and exits.
+memory): control messages ("profile", "allocate", "capture") are answered, step messages are
+not, so a step costs rank 0 one pickling and one send per worker and never a wait on a worker:
+"step" (a HostBatch of plain numpy arrays, cheap to pickle, run to completion) and "submit"
+(a HostBatch and its placeholder map, queued: engine.runner.ModelRunner.follow). Overlapped,
+rank 0 sends step N+1 while step N still runs, so a worker queues it behind step N as rank 0
+does. A worker that fails reports its traceback on the pipe and exits.
 
 Shutdown sends "shutdown", joins each worker with a timeout, then terminates and kills what is
 left. A weakref finalizer runs the same at interpreter exit if shutdown() was never called, and
@@ -16,6 +19,7 @@ import multiprocessing as mp
 import time
 import weakref
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from engine.config import EngineConfig
@@ -74,12 +78,21 @@ class Workers:
         return [self._receive(rank, conn, what) for rank, conn in enumerate(self.conns, start=1)]
 
     def send_batch(self, batch: Any) -> None:
+        """A step to run to completion (engine.runner.ModelRunner.execute's on_batch)."""
+        self._send_step("step", batch)
+
+    def submit_batch(self, batch: Any, placeholders: Any) -> None:
+        """A step to queue (engine.runner.ModelRunner.submit's on_batch)."""
+        self._send_step("submit", (batch, placeholders))
+
+    def _send_step(self, kind: str, payload: Any) -> None:
+        data = ForkingPickler.dumps((kind, payload))  # once for all workers (what conn.send pickles)
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
             # A worker only speaks unasked when it failed; a dead one would leave rank 0 waiting
             # in the step's first collective until the timeout, so fail here instead.
             if conn.poll() or not proc.is_alive():
-                self._receive(rank, conn, "step")
-            conn.send(("step", batch))
+                self._receive(rank, conn, kind)
+            conn.send_bytes(data)
 
     def receive(self, rank: int, what: str) -> Any:
         """The next message of the process of this rank (1-based: the order of the specs)."""

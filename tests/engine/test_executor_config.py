@@ -46,15 +46,14 @@ def test_invalid_fields_name_the_field_and_range(field, value, message):
         EngineConfig(model="/ckpt", **{field: value})
 
 
-def test_async_scheduling_is_typed_and_resolved_by_the_device():
-    assert ExecutionConfig().overlaps_steps(on_cuda=True) and not ExecutionConfig().overlaps_steps(on_cuda=False)
-    assert not ExecutionConfig(tensor_parallel_size=2).overlaps_steps(on_cuda=True)
-    assert ExecutionConfig(async_scheduling=True).overlaps_steps(on_cuda=False)
-    assert not ExecutionConfig(async_scheduling=False).overlaps_steps(on_cuda=True)
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_async_scheduling_is_typed_and_resolved_by_the_device_at_any_tp(tp):
+    auto = ExecutionConfig(tensor_parallel_size=tp)
+    assert auto.overlaps_steps(on_cuda=True) and not auto.overlaps_steps(on_cuda=False)
+    assert ExecutionConfig(async_scheduling=True, tensor_parallel_size=tp).overlaps_steps(on_cuda=False)
+    assert not ExecutionConfig(async_scheduling=False, tensor_parallel_size=tp).overlaps_steps(on_cuda=True)
     with pytest.raises(TypeError, match="async_scheduling must be true, false or null"):
-        ExecutionConfig(async_scheduling="on")
-    with pytest.raises(ValueError, match="async_scheduling=true needs tensor_parallel_size=1"):
-        ExecutionConfig(async_scheduling=True, tensor_parallel_size=2)
+        ExecutionConfig(async_scheduling="on", tensor_parallel_size=tp)
 
 
 def test_invalid_model_and_flag_types():

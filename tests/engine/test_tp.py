@@ -2,12 +2,16 @@
 
 A TP engine must produce exactly the single-process engine's tokens (float32 on CPU: the sums
 over ranks differ from the single matmul only by rounding far below any sampling margin), and
-leave no process behind.
+leave no process behind. With async scheduling (the CPU runs it when asked; CUDA by default)
+every rank fills step N+1's placeholders from the ids rank 0 broadcast after step N, so the
+tokens and, with ignore_eos, the schedule must be those of a TP=1 engine running steps one at a
+time.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 
 import pytest
 import torch.distributed as dist
@@ -17,10 +21,18 @@ from engine import LLM, SamplingParams
 PROMPTS = [[5, 17, 300, 42, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [400, 3], list(range(100, 140))]
 
 
-def _generate(model_dir, tp, params):
-    llm = LLM(str(model_dir), device="cpu", max_model_len=96, block_size=4, max_num_batched_tokens=32,
-              tensor_parallel_size=tp)
+def _engine(model_dir, tp, **kw):
+    return LLM(str(model_dir), device="cpu", max_model_len=96, block_size=4, max_num_batched_tokens=32,
+               tensor_parallel_size=tp, **kw)
+
+
+def _generate(model_dir, tp, params, plans=None, **kw):
+    """Tokens of each prompt; plans (a list) collects each step's decisions in step order."""
+    llm = _engine(model_dir, tp, **kw)
+    if plans is not None:
+        llm.executor.observe(lambda plan, result, timing: plans.append(_decisions(plan)))
     try:
+        assert llm.executor.info().overlaps_steps is bool(kw.get("async_scheduling"))
         outs = llm.generate(PROMPTS, params, use_tqdm=False)
         workers = llm.executor.workers
         procs = list(workers.procs) if workers else []
@@ -30,6 +42,11 @@ def _generate(model_dir, tp, params):
     assert not any(p.is_alive() for p in procs), "workers outlived shutdown()"
     assert not dist.is_initialized()
     return [o.token_ids for o in outs]
+
+
+def _decisions(plan):
+    return ([(e.request_id, e.num_computed_tokens, len(e.token_ids), e.sample) for e in plan.scheduled],
+            tuple(plan.preempted_ids))
 
 
 def _params():
@@ -52,6 +69,37 @@ def test_tp4_replicated_kv_heads_matches_single_process(tiny_qwen3_dir):
     assert _generate(tiny_qwen3_dir, 4, _params()) == _generate(tiny_qwen3_dir, 1, _params())
 
 
+def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir):
+    # 16 blocks of 4 tokens hold the longest request (40 + 10 tokens) but not all four at once:
+    # requests are preempted and recomputed, and the placeholders must follow them
+    kw = dict(num_blocks=16)
+    plans_sync, plans_async = [], []
+    want = _generate(tiny_qwen3_dir, 1, _params(), plans_sync, async_scheduling=False, **kw)
+    got = _generate(tiny_qwen3_dir, 2, _params(), plans_async, async_scheduling=True, **kw)
+    assert got == want
+    assert plans_async == plans_sync  # ignore_eos: the overlapped schedule is the plain one
+    assert any(preempted for _, preempted in plans_sync)
+    assert not mp.active_children()
+
+
+def test_tp2_async_rank0_reads_nothing_from_the_workers_per_step(tiny_qwen3_dir):
+    llm = _engine(tiny_qwen3_dir, 2, async_scheduling=True)
+    workers = llm.executor.workers
+    sent, reads = [], []
+    send_bytes = workers.conns[0].send_bytes
+    workers.conns[0].send_bytes = lambda data: (sent.append(data), send_bytes(data))
+    receive = workers._receive
+    workers._receive = lambda *a: (reads.append(a), receive(*a))[1]
+    try:
+        llm.generate(PROMPTS, _params(), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    kinds = [pickle.loads(data)[0] for data in sent]
+    assert kinds and set(kinds) == {"submit"} and len(kinds) == len(llm.last_run.steps)
+    assert reads == []
+    assert not mp.active_children() and not dist.is_initialized()
+
+
 def test_a_second_engine_starts_after_shutdown(tiny_qwen2_dir):
     first = _generate(tiny_qwen2_dir, 2, _params())
     assert _generate(tiny_qwen2_dir, 2, _params()) == first
@@ -63,10 +111,11 @@ def test_unsplittable_model_is_rejected_before_spawning(tiny_qwen3_dir):
     assert not mp.active_children()
 
 
-def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir, async_scheduling):
     from engine.tp.workers import WorkerError
 
-    llm = LLM(str(tiny_qwen3_dir), device="cpu", max_model_len=96, block_size=4, tensor_parallel_size=2)
+    llm = _engine(tiny_qwen3_dir, 2, async_scheduling=async_scheduling)
     try:
         proc = llm.executor.workers.procs[0]
         proc.kill()
@@ -75,4 +124,27 @@ def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir):
             llm.generate(PROMPTS, _params(), use_tqdm=False)
     finally:
         llm.shutdown()
+    assert not mp.active_children() and not dist.is_initialized()
+
+
+def test_a_worker_dying_mid_run_fails_the_run_and_shuts_down(tiny_qwen3_dir):
+    from engine.tp.workers import WorkerError
+
+    llm = _engine(tiny_qwen3_dir, 2, async_scheduling=True)
+    proc = llm.executor.workers.procs[0]
+    steps = []
+
+    def kill_after_three(plan, result, timing):  # step 3's result is read after step 4 was queued
+        steps.append(plan.stats.step)
+        if len(steps) == 3:
+            proc.kill()
+            proc.join()
+
+    llm.executor.observe(kill_after_three)
+    try:
+        with pytest.raises(WorkerError, match="rank 1 exited"):
+            llm.generate(PROMPTS, _params(), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert len(steps) == 3 and not llm.scheduler.has_unfinished()
     assert not mp.active_children() and not dist.is_initialized()
