@@ -6,9 +6,12 @@ The profiled model is fitted to an engine running on one GPU. At N GPUs, rank 0'
 
 - host: the step's host work (building the batch, launching; plus the loop's scheduling between
   steps where the profile measured it). It does not shrink: rank 0's Python does it whatever N.
-  And none of it hides behind the device: at N > 1 the engine runs its steps one at a time
-  (EngineConfig rejects async_scheduling="on" with tensor_parallel_size > 1, and "auto" turns it
-  off), so host and device times add.
+  A step run on its own (steps run one at a time, async_scheduling=false, or the first step
+  after the device went idle: drained()) adds host and device times. Overlapped (async
+  scheduling, on by default at any N: the engine queues step N+1 on every rank while step N
+  runs) a profile that measured launches (an overlapping ProfiledCostModel) hides them behind the
+  step before, by the TP=1 model's own rule (ProfiledCostModel.overlapped) with the sharded
+  device time and the communication in place of the TP=1 device time; other bases add as above.
 - device(TP=1) x r: the device time at TP=1, times the roofline's ratio of sharded work per GPU,
   r = (linear + attention + LM head at N) / (the same at 1), each phase max(compute, memory) of
   one rank's shard. r is ~1/N; more where a shard is not 1/N of the work (KV heads replicated
@@ -31,8 +34,10 @@ How the TP=1 step splits into host and device:
 Applied to the roofline at TP=1, the transfer gives the roofline at N exactly.
 
 Not modelled (the 2 x H200 validation in experiments/tp/ measures what they cost together): the
-hand-off of each step's batch from rank 0 to the other ranks, and all-reduces slower than the
-link's bandwidth at small messages beyond the fixed latency.
+hand-off of each step's batch from rank 0 to the other ranks, the broadcast of the sampled ids
+when steps overlap, and all-reduces slower than the link's bandwidth at small messages beyond
+the fixed latency. The overlapped pricing is not yet validated against the engine (the 2 x H200
+measurement in experiments/tp/README.md ran TP=2 one step at a time).
 """
 
 from __future__ import annotations
@@ -59,10 +64,15 @@ class TPTransferCostModel:
         self.tp_size = tp_size
         self._one = RooflineCostModel(model, hardware, 1)
         self._many = RooflineCostModel(model, hardware, tp_size)
+        self._overlaps = isinstance(base, ProfiledCostModel) and base.prices_overlap
+        # overlapped steps: the previous step's price and its launch time (None: nothing in flight)
+        self._previous: tuple[float, float] | None = None
 
     def terms(self, plan: StepPlan) -> dict[str, float]:
-        """The step's parts in seconds (they sum to step_time): host, device_tp1 (the TP=1 device
-        time), shard_ratio (r), device (device_tp1 x r), communication."""
+        """The step's parts in seconds (host + device + communication is its price run on its
+        own): host, device_tp1 (the TP=1 device time), shard_ratio (r), device (device_tp1 x r),
+        communication; launch (the host time of its launches alone: an overlapping profile's
+        launch_s, 0 otherwise)."""
         num_tokens = sum(map(len, map(_token_ids, plan.scheduled)))
         num_sampled = sum(map(_sample, plan.scheduled))
         config_host = self._one.host_time(len(plan.scheduled))
@@ -70,26 +80,37 @@ class TPTransferCostModel:
         comm = self._many.communication_time(num_tokens, num_sampled)
         sharded_many = self._many.step_time(plan) - comm - config_host
         ratio = sharded_many / sharded_one if sharded_one > 0 else 1.0 / self.tp_size
-        host, device_one = self._split(plan, config_host)
+        host, device_one, launch = self._split(plan, config_host)
         return {"host": host, "device_tp1": device_one, "shard_ratio": ratio, "device": device_one * ratio,
-                "communication": comm}
+                "communication": comm, "launch": launch}
 
     def drained(self) -> None:
-        """Steps at TP > 1 run one at a time and are priced whole; the base model learns it too."""
+        """Nothing in flight: the next step pays its host time whole; the base model learns it too."""
+        self._previous = None
         self.base.drained()
 
     def step_time(self, plan: StepPlan) -> float:
         terms = self.terms(plan)
-        return terms["host"] + terms["device"] + terms["communication"]
+        device = terms["device"] + terms["communication"]
+        duration = terms["host"] + device
+        if self._overlaps and terms["launch"] > 0:
+            launch = terms["launch"]
+            # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
+            previous = self._previous if plan.stats.step else None
+            if previous is not None:
+                free = max(0.0, previous[0] - previous[1] - self.base.launch_delay_s)
+                duration = max(device, launch - min(max(0.0, launch - device), free))
+            self._previous = (duration, launch)
+        return duration
 
-    def _split(self, plan: StepPlan, config_host: float) -> tuple[float, float]:
-        """(host, device) seconds of the step at TP=1, run on its own (nothing overlapped)."""
+    def _split(self, plan: StepPlan, config_host: float) -> tuple[float, float, float]:
+        """(host, device, launch) seconds of the step at TP=1, run on its own (nothing overlapped)."""
         base = self.base
         if isinstance(base, ProfiledCostModel):
             features = step_features(plan, base.graphs)
             launch, gpu = base.overlap_parts(features)
             if gpu > 0:
-                return launch + base.launch_delay_s, gpu
+                return launch + base.launch_delay_s, gpu, launch
             executor = base.predict_features(features)
-            return config_host + base.host_time(features), max(executor - config_host, 0.0)
-        return config_host, max(base.step_time(plan) - config_host, 0.0)
+            return config_host + base.host_time(features), max(executor - config_host, 0.0), 0.0
+        return config_host, max(base.step_time(plan) - config_host, 0.0), 0.0

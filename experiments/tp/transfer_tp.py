@@ -5,7 +5,7 @@ Input: two `experiment=compare` runs of one workload (run.sh in this folder make
   --tp2 DIR  at tensor_parallel_size 2, with the roofline
 This script fits the TP=1 calibration (profile grid + the TP=1 run's steps, harness.calibration) and
 prices the TP=2 workload with it through sim/tp_transfer.py (the engine's
-block count, graph sizes and no step overlap, as in the TP=2 engine run) and writes tp_compare.csv
+block count, graph sizes and step overlap, as in the TP=2 engine run) and writes tp_compare.csv
 and tp_compare.md: output tok/s, TTFT/TPOT P50/P90 of every source, each one's error against the
 engine at the same TP, and the TP=2/TP=1 throughput ratio of each.
 """

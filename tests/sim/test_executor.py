@@ -165,9 +165,10 @@ def test_info_reports_the_graphs_and_overlap_the_execution_settings_give():
     assert info().graph_sizes.decode == (1, 2, 4, 8, 16, 32, 40)  # no graph beyond max_num_seqs
     assert info(max_graph_batch_size=24).graph_sizes.decode == (1, 2, 4, 8, 16, 24)
     assert not info(enforce_eager=True).graph_sizes
-    # auto: overlapped, as the engine on CUDA, unless tensor parallel (which the engine cannot overlap)
-    assert info().overlaps_steps and not info(tensor_parallel_size=2).overlaps_steps
+    # auto: overlapped, as the engine on CUDA, at any tensor-parallel size
+    assert info().overlaps_steps and info(tensor_parallel_size=2).overlaps_steps
     assert not info(async_scheduling=False).overlaps_steps
+    assert not info(async_scheduling=False, tensor_parallel_size=2).overlaps_steps
 
 
 def test_hooks_see_every_step_once_in_order_with_its_timing():

@@ -19,7 +19,7 @@ from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefi
 
 TP2 = ExecutionConfig(tensor_parallel_size=2)
 from tests.sim.test_profiled import GRAPH
-from tests.sim.test_profiled_overlap import LAUNCH_DECODE, LAUNCH_PREFILL, overlapping_profile
+from tests.sim.test_profiled_overlap import LAUNCH_DECODE, LAUNCH_PREFILL, at_step, overlapping_profile
 
 QWEN8B, H200 = model("qwen3-8b"), hardware("h200")
 DECODE_256 = decode_batch([800] * 256)
@@ -91,7 +91,8 @@ def test_profiled_transfer_adds_launches_to_the_sharded_device_time(step, launch
     terms = TPTransferCostModel(profiled, small, H200, 2).terms(step)
     launch_s, gpu_s = profiled.overlap_parts(step_features(step, GRAPH))
     assert launch_s == pytest.approx(launch, rel=0.02)
-    # Not overlapped at TP > 1: the loop's work, the launches and the sharded device time add.
+    # Run on its own (a fresh model: nothing in flight), the loop's work, the launches and the
+    # sharded device time add.
     assert terms["host"] == pytest.approx(4e-4 + launch_s, rel=1e-12)
     assert terms["device_tp1"] == pytest.approx(gpu_s, rel=1e-12)
     total = TPTransferCostModel(profiled, small, H200, 2).step_time(step)
@@ -100,9 +101,48 @@ def test_profiled_transfer_adds_launches_to_the_sharded_device_time(step, launch
     assert total > max(launch_s, gpu_s / 2)
 
 
-def test_sim_config_runs_tp_steps_one_at_a_time_and_transfers_tp1_profiles(tmp_path):
+def test_overlapped_tp_step_hides_its_launches_by_the_tp1_rule():
+    small = model("qwen3-0.6b")
+    profiled = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
+    profiled.launch_delay_s = 4e-4
+    transfer = TPTransferCostModel(profiled, small, H200, 2)
+    decode_step, prefill_step = at_step(decode_batch([1000] * 50), 1), at_step(plan(prefill(300)), 2)
+    transfer.drained()
+    decode_price = transfer.step_time(decode_step)
+    terms = transfer.terms(decode_step)
+    assert decode_price == pytest.approx(terms["host"] + terms["device"] + terms["communication"], rel=1e-12)
+    terms = transfer.terms(prefill_step)
+    device = terms["device"] + terms["communication"]
+    free = decode_price - LAUNCH_DECODE - 4e-4  # host time left free while the decode ran
+    assert LAUNCH_PREFILL - free > device  # launch-bound: some of the launch shows
+    assert transfer.step_time(prefill_step) == pytest.approx(LAUNCH_PREFILL - free, rel=0.02)
+    transfer.drained()  # nothing in flight: the whole price again
+    assert transfer.step_time(prefill_step) == pytest.approx(terms["host"] + device, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["decode", "small", "large"]), st.booleans()), min_size=1, max_size=12))
+def test_overlapped_tp_steps_cost_between_their_device_time_and_their_whole_price(sequence):
+    steps = {"decode": decode_batch([1000] * 50), "small": plan(prefill(300)), "large": plan(prefill(8192))}
+    profiled = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
+    profiled.launch_delay_s = 4e-4
+    transfer = TPTransferCostModel(profiled, model("qwen3-0.6b"), H200, 2)
+    for index, (name, drained) in enumerate(sequence):
+        if drained:
+            transfer.drained()
+        step = at_step(steps[name], index + 1)
+        terms = transfer.terms(step)
+        device, whole = terms["device"] + terms["communication"], terms["host"] + terms["device"] + terms["communication"]
+        price = transfer.step_time(step)
+        assert device * (1 - 1e-12) <= price <= whole * (1 + 1e-12)
+        if drained or index == 0:
+            assert price == pytest.approx(whole, rel=1e-12)
+
+
+def test_sim_config_overlaps_tp_steps_and_transfers_tp1_profiles(tmp_path):
+    # one rule for both backends: overlapped on (a stand-in for) CUDA at any TP size
     assert ExecutionConfig(tensor_parallel_size=1).overlaps_steps(True)
-    assert not ExecutionConfig(tensor_parallel_size=2).overlaps_steps(True)
+    assert ExecutionConfig(tensor_parallel_size=2).overlaps_steps(True)
     path = tmp_path / "profile.csv"
     overlapping_profile().to_csv(path, index=False)
     sim = SimConfig(cost_model="profiled", profile_path=str(path), execution=TP2, profile_tp_size=1)
@@ -123,7 +163,8 @@ def test_a_transferred_profile_serves_a_whole_run_at_tp2(tmp_path):
     path = tmp_path / "profile.csv"
     overlapping_profile().to_csv(path, index=False)
     makespans = []
-    for execution, tp1_profile in ((ExecutionConfig(), None), (TP2, 1)):
+    tp2_sync = dataclasses.replace(TP2, async_scheduling=False)
+    for execution, tp1_profile in ((ExecutionConfig(), None), (TP2, 1), (tp2_sync, 1)):
         sim = SimConfig(cost_model="profiled", profile_path=str(path), execution=execution, profile_tp_size=tp1_profile)
         executor = build_sim_executor(model("qwen3-0.6b"), H200, sim, CacheConfig(), SchedulerConfig())
         requests = [Request(str(i), [1] * 300, SamplingParams(max_tokens=40, ignore_eos=True)) for i in range(16)]
@@ -131,3 +172,4 @@ def test_a_transferred_profile_serves_a_whole_run_at_tp2(tmp_path):
         assert len(result.requests) == 16
         makespans.append(result.makespan_s)
     assert all(m > 0 for m in makespans) and makespans[0] != makespans[1]
+    assert makespans[1] < makespans[2]  # overlapped, the launches hide behind the step before
