@@ -1,6 +1,8 @@
 """TP=2 against TP=1 on two GPUs (NCCL), Qwen3-0.6B shape with random weights.
 
-float32: free-running greedy tokens must be identical. bfloat16: the all-reduce adds a rounding
+float32: free-running tokens must be identical, greedy and seeded sampling, with TP=2 overlapping
+its steps (async scheduling, the default: every rank fills the placeholders from the ids rank 0
+broadcast on the device) and TP=1 running them one at a time. bfloat16: the all-reduce adds a rounding
 of each rank's partial sum, so the two engines' logits differ by bf16 noise and greedy decoding
 can part at a near-tie, after which the texts differ by construction (random weights give
 near-flat logits, so near-ties are common). So bf16 is checked teacher-forced: TP=2 predicts the
@@ -43,10 +45,11 @@ def _checkpoint(tmp_path_factory, dtype):
     return str(write_checkpoint("qwen3-0.6b", tmp_path_factory.mktemp(f"qwen3-0.6b-{dtype}"), dtype=dtype))
 
 
-def _generate(model_dir, prompts, tp, **kw):
+def _generate(model_dir, prompts, tp, params=GREEDY, **kw):
     llm = LLM(model_dir, tensor_parallel_size=tp, **ENGINE, **kw)
     try:
-        return [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)], llm
+        overlapped = llm.executor.info().overlaps_steps
+        return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)], overlapped
     finally:
         llm.shutdown()
 
@@ -82,12 +85,17 @@ def _report(name, payload):
             json.dump(payload, f, indent=1)
 
 
-def test_tp2_equals_tp1_float32(tmp_path_factory):
+def test_tp2_async_equals_tp1_sync_float32(tmp_path_factory):
     model_dir = _checkpoint(tmp_path_factory, "float32")
     prompts = _prompts(8)
-    want, _ = _generate(model_dir, prompts, 1)
-    got, _ = _generate(model_dir, prompts, 2)
-    _report("tp_float32", {"identical": sum(a == b for a, b in zip(want, got)), "prompts": len(prompts)})
+    # greedy and seeded sampling (a draw keyed by seed and token index: a shifted placeholder shows)
+    params = [GREEDY if i % 2 else SamplingParams(temperature=1.0, top_p=0.95, max_tokens=NUM_TOKENS,
+                                                  ignore_eos=True, seed=i) for i in range(len(prompts))]
+    want, tp1_overlapped = _generate(model_dir, prompts, 1, params, async_scheduling=False)
+    got, tp2_overlapped = _generate(model_dir, prompts, 2, params)
+    _report("tp_float32", {"identical": sum(a == b for a, b in zip(want, got)), "prompts": len(prompts),
+                           "tp2_async": tp2_overlapped})
+    assert tp2_overlapped and not tp1_overlapped
     assert got == want
 
 
