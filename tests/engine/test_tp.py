@@ -64,9 +64,12 @@ def test_tp2_matches_single_process(tiny_qwen3_dir):
 
 
 @pytest.mark.slow
-def test_tp4_replicated_kv_heads_matches_single_process(tiny_qwen3_dir):
-    # 4 ranks over 2 kv heads: each kv head lives on two ranks
-    assert _generate(tiny_qwen3_dir, 4, _params()) == _generate(tiny_qwen3_dir, 1, _params())
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_tp4_replicated_kv_heads_matches_single_process(tiny_qwen3_dir, async_scheduling):
+    # 4 ranks over 2 kv heads: each kv head lives on two ranks; overlapped, three workers take
+    # each step's batch and the broadcast ids
+    assert _generate(tiny_qwen3_dir, 4, _params(), async_scheduling=async_scheduling) == \
+        _generate(tiny_qwen3_dir, 1, _params())
 
 
 def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir):
