@@ -1,5 +1,6 @@
-"""What one data-parallel engine replica's process runs: an EngineExecutor on its own devices,
-serving the main process's steps until "shutdown" (engine.replicas drives it).
+"""What one data-parallel engine replica's process runs: an EngineExecutor on its own devices and
+its own core loop (a scheduler made for that executor, so steps overlap as in a single run),
+serving the requests the routing process sends it (engine.core.remote_replica has the messages).
 
 This module imports no torch at load time: the spawned process reads its spec first and pins its
 GPUs (CUDA_VISIBLE_DEVICES) before the CUDA stack is imported.
@@ -7,12 +8,14 @@ GPUs (CUDA_VISIBLE_DEVICES) before the CUDA stack is imported.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.loop import Replica, WallClock
+from engine.core.policies import make_scheduler
+from engine.core.remote_replica import serve_replica
 from engine.worker_loop import serve
 
 
@@ -40,13 +43,15 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
         torch.set_num_threads(spec.num_threads)
         conn.send(("hello", None))
         executor = state["executor"] = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config)
-        # the replica serves its steps one at a time (execute): the main process overlaps replicas
-        conn.send(("ready", dataclasses.replace(executor.info(), overlaps_steps=False)))
+        conn.send(("ready", executor.info()))
 
-        def handle(kind: str, payload) -> None:
-            if kind != "step":
+        def handle(kind: str, payload) -> bool:
+            if kind != "run":
                 raise ValueError(f"unknown message {kind!r}")
-            conn.send(("done", executor.execute(payload)))
+            # payload: the routing process's clock origin, so both read one time base
+            scheduler = make_scheduler(spec.scheduler_config, executor.info(), spec.cache_config)
+            replica = Replica(spec.rank - 1, scheduler, executor, WallClock(origin=payload))
+            return serve_replica(replica, conn)
 
         return handle
 

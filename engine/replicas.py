@@ -1,26 +1,30 @@
 """Data parallelism: N engine replicas, one process each (on its own GPU, or its own TP group of
-GPUs), driven by the scheduler cores in the caller's process (engine.core.fleet.run_fleet_wall).
+GPUs), each running its own core loop (engine.replica_main), fed by the router in the caller's
+process (engine.core.fleet.run_fleet_wall over EngineReplicas' links).
 
 The processes are started, addressed and stopped by engine.tp.workers.Workers (spawn, one pipe
-per process); engine.replica_main is what each one runs. A step is one pickled StepPlan out and
-one StepResult back, so every replica computes while the main process plans the others.
+per process). Per replica a sender thread writes the router's messages to its pipe, so routing
+never waits on a replica that is busy stepping, and a replica sending a report never waits on a
+router that is busy sending it requests.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from multiprocessing.connection import wait
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-import time
-
-from engine.core.executor import BackendInfo, StepHook, StepTiming
-from engine.core.plan import StepPlan, StepResult
+from engine.core.executor import BackendInfo
+from engine.core.loop import WallClock
 from engine.replica_main import ReplicaSpec, replica_main
 from engine.tp.workers import Workers
+from engine.worker_loop import WorkerError
 
 REPLICA_TIMEOUT_S = 900.0  # loading and capturing a large model's graphs is slow; a step never is
+SENDER_JOIN_S = 5.0
 
 
 def visible_devices(configs: list[EngineConfig]) -> list[str | None]:
@@ -43,88 +47,72 @@ def visible_devices(configs: list[EngineConfig]) -> list[str | None]:
     return out
 
 
-class _Group:
-    """The replica processes, shut down when the last client is."""
+class EngineReplicas:
+    """The replica processes, loaded and sized (infos), and the router's links to them
+    (engine.core.fleet.ReplicaLinks). start_run() hands them the clock; close() stops them."""
 
-    def __init__(self, workers: Workers, size: int) -> None:
-        self.workers = workers
-        self.open_clients = size
+    def __init__(self, configs: list[EngineConfig], scheduler: SchedulerConfig, cache: CacheConfig) -> None:
+        threads = max(1, (os.cpu_count() or 1) // len(configs))
+        specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads)
+                 for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
+        self._workers = Workers(specs, target=replica_main, role="engine replica", daemon=False)
+        try:
+            self._workers.replies("start")
+            self.infos: list[BackendInfo] = self._workers.replies("load")
+        except BaseException:
+            self._workers.close()
+            raise
+        self._outboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in specs]
+        self._senders = [threading.Thread(target=_send_all, args=(conn, outbox), daemon=True,
+                                          name=f"engine-replica-{i + 1}-sender")
+                         for i, (conn, outbox) in enumerate(zip(self._workers.conns, self._outboxes))]
+        for sender in self._senders:
+            sender.start()
 
-    def release(self) -> None:
-        self.open_clients -= 1
-        if self.open_clients == 0:
-            self.workers.close()
+    def __len__(self) -> int:
+        return len(self._outboxes)
 
+    def __enter__(self) -> EngineReplicas:
+        return self
 
-class RemoteStep:
-    def __init__(self, group: _Group, rank: int, plan: StepPlan, hooks: list[StepHook], called_s: float) -> None:
-        self.group = group
-        self.rank = rank
-        self.conn = group.workers.conns[rank - 1]
-        self._plan, self._hooks = plan, hooks
-        self._timing = StepTiming(called_s, time.perf_counter(), overlapped=True)
+    def __exit__(self, *exc) -> None:
+        self.close()
 
-    def result(self) -> StepResult:
-        result = self.group.workers.receive(self.rank, "step")
-        for hook in self._hooks:
-            hook(self._plan, result, self._timing)
-        return result
+    def start_run(self, clock: WallClock) -> None:
+        """Each replica builds its scheduler and loop, on a clock with this one's origin."""
+        for index in range(len(self)):
+            self.send(index, "run", clock.origin)
 
+    def send(self, index: int, kind: str, payload: object) -> None:
+        self._outboxes[index].put((kind, payload))
 
-class ReplicaClient:
-    """The Executor of one replica process, as the main process's core sees it."""
+    def receive(self, timeout: float | None) -> list[tuple[int, str, object]]:
+        conns = self._workers.conns
+        ready = wait(conns, REPLICA_TIMEOUT_S if timeout is None else timeout)
+        if timeout is None and not ready:
+            raise WorkerError(f"no engine replica reported anything in {REPLICA_TIMEOUT_S:.0f} s")
+        messages = []
+        for conn in ready:
+            index = conns.index(conn)
+            while True:
+                messages.append((index, *self._workers.message(index + 1, "run")))
+                if not conn.poll():
+                    break
+        return messages
 
-    def __init__(self, group: _Group, rank: int, info: BackendInfo) -> None:
-        self._group = group
-        self.rank = rank
-        self._info = info  # overlaps_steps False: each replica runs its steps one at a time
-        self._hooks: list[StepHook] = []
-        self._open = True
-
-    def info(self) -> BackendInfo:
-        return self._info
-
-    def observe(self, hook: StepHook) -> None:
-        self._hooks.append(hook)
-
-    def hold_device(self, seconds: float) -> bool:
-        return False  # the device is in another process
-
-    def submit(self, plan: StepPlan) -> RemoteStep:
-        if not self._open:
-            raise RuntimeError(f"replica {self.rank - 1}: submit() after shutdown()")
-        called = time.perf_counter()
-        self._group.workers.conns[self.rank - 1].send(("step", plan))
-        return RemoteStep(self._group, self.rank, plan, self._hooks, called)
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        return self.submit(plan).result()
-
-    def shutdown(self) -> None:
-        if self._open:
-            self._open = False
-            self._group.release()
-
-
-def start_engine_replicas(configs: list[EngineConfig], scheduler: SchedulerConfig,
-                          cache: CacheConfig) -> list[ReplicaClient]:
-    """One process per replica, each loaded and sized; returns their clients in order."""
-    threads = max(1, (os.cpu_count() or 1) // len(configs))
-    specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads)
-             for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
-    workers = Workers(specs, target=replica_main, role="engine replica", daemon=False)
-    try:
-        workers.replies("start")
-        infos = workers.replies("load")
-    except BaseException:
-        workers.close()
-        raise
-    group = _Group(workers, len(specs))
-    return [ReplicaClient(group, spec.rank, info) for spec, info in zip(specs, infos)]
+    def close(self) -> None:
+        """Stop every replica (a replica mid-run stops between two steps) and its sender."""
+        for outbox in self._outboxes:
+            outbox.put(("shutdown", None))
+            outbox.put(None)
+        for sender in self._senders:
+            sender.join(SENDER_JOIN_S)
+        self._workers.close()
 
 
-def wait_any(pending: list[RemoteStep], timeout: float | None) -> list[int]:
-    """Indices of the pending steps whose replies have arrived (or whose process died), waiting
-    up to timeout seconds (None: until one does)."""
-    ready = set(wait([p.conn for p in pending], timeout))
-    return [i for i, p in enumerate(pending) if p.conn in ready]
+def _send_all(conn, outbox: queue.SimpleQueue) -> None:
+    while (message := outbox.get()) is not None:
+        try:
+            conn.send(message)
+        except (OSError, ValueError):
+            return  # the replica is gone; receive() says how

@@ -17,6 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from engine.worker_loop import WorkerError
 from harness.config import CONF_DIR, moved_override
 from harness.convert import ConfigError
 from harness.workloads import TraceError
@@ -34,6 +35,10 @@ def main(cfg: DictConfig) -> None:
         remove_if_unused(out_dir)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except WorkerError as error:
+        # An engine process failed (its traceback is error.details): one line, as above.
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def remove_if_unused(out_dir: Path) -> None:

@@ -1,16 +1,18 @@
 """A fleet run: N replicas behind a router, tabulated per replica and for the whole fleet.
 
-Simulated replicas share one event clock (engine.core.fleet.run_fleet); engine replicas run one
-process each (engine.replicas) against the wall clock (run_fleet_wall). Outputs: requests.csv and
-steps.csv of the fleet (a `replica` column), summary.csv (the fleet's row), replica_<i>/ with each
-replica's three tables, load.png (outstanding requests and KV use per replica over time) and
-latency_cdf.png (the fleet's TTFT, TPOT and end-to-end CDFs).
+Simulated replicas share one event clock (engine.core.fleet.run_fleet); engine replicas run their
+own loops, one process each (engine.replicas), fed by the router on the wall clock
+(run_fleet_wall). Outputs: requests.csv and steps.csv of the fleet (a `replica` column),
+summary.csv (the fleet's row), replica_<i>/ with each replica's three tables, load.png
+(outstanding requests and KV use per replica over time) and latency_cdf.png (the fleet's TTFT,
+TPOT and end-to-end CDFs).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,33 +44,61 @@ class FleetOutcome:
     rejected: dict[str, str] = field(default_factory=dict)
 
 
-def _build_executors(rcs: list[RunConfig]) -> list:
-    if rcs[0].backend == "sim":
-        from sim import build_sim_executor
+@contextmanager
+def _fleet(rc: RunConfig, rcs: list[RunConfig]):
+    """The replicas of rcs, built: yields their BackendInfos and serve(requests, router, on_step),
+    which runs a workload on them to completion; stops them afterwards."""
+    try:
+        fleet = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs)
+        infos, serve = next(fleet)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"backend={rc.backend}: {error}") from None
+    try:
+        yield infos, serve
+    finally:
+        fleet.close()
 
-        return [build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler) for rc in rcs]
-    from engine.replicas import start_engine_replicas
+
+def _sim_fleet(rcs: list[RunConfig]):
+    from sim import build_sim_executor
+
+    executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler) for r in rcs]
+    infos = [e.info() for e in executors]
+
+    def serve(requests, route, on_step) -> FleetResult:
+        replicas = [Replica(i, make_scheduler(rc.scheduler, info, rc.cache), e, SimulatedClock())
+                    for i, (e, info, rc) in enumerate(zip(executors, infos, rcs))]
+        return run_fleet(replicas, requests, route, on_step)
+
+    try:
+        yield infos, serve
+    finally:
+        for executor in executors:
+            executor.shutdown()
+
+
+def _engine_fleet(rc: RunConfig, rcs: list[RunConfig]):
+    from engine.replicas import EngineReplicas
     from harness.checkpoints import ensure_checkpoint
 
-    ensure_checkpoint(rcs[0].engine.model, rcs[0].model)
-    return start_engine_replicas([rc.engine for rc in rcs], rcs[0].scheduler, rcs[0].cache)
+    ensure_checkpoint(rc.engine.model, rc.model)
+    engines = EngineReplicas([r.engine for r in rcs], rc.scheduler, rc.cache)
+
+    def serve(requests, route, on_step) -> FleetResult:
+        clock = WallClock()
+        engines.start_run(clock)  # each replica's loop reads a clock of this origin
+        return run_fleet_wall(engines, requests, route, clock, on_step)
+
+    with engines:
+        yield engines.infos, serve
 
 
 def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
                    label: str = "") -> FleetOutcome:
     """Serve rc.workload on the fleet to completion."""
     rcs = replica_run_configs(rc, fleet)
-    try:
-        executors = _build_executors(rcs)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"backend={rc.backend}: {error}") from None
-    wall = rc.backend == "engine"
-    try:
-        infos = [e.info() for e in executors]
+    with _fleet(rc, rcs) as (infos, serve):
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
-        clock = WallClock() if wall else None
-        replicas = [Replica(i, make_scheduler(rc.scheduler, info, rc.cache), e, clock or SimulatedClock())
-                    for i, (e, info) in enumerate(zip(executors, infos))]
         bar = tqdm(total=len(workload.requests), desc=label or f"{fleet.replicas} x {rc.workload.name}", unit="req",
                    disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
 
@@ -77,18 +107,9 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
                 bar.update(len(finished))
 
         started = time.perf_counter()
-        route = make_router(router, rc.cache.block_size)
         with bar:
-            if wall:
-                from engine.replicas import wait_any
-
-                result = run_fleet_wall(replicas, workload.requests, route, clock, wait_any, on_step)
-            else:
-                result = run_fleet(replicas, workload.requests, route, on_step)
+            result = serve(workload.requests, make_router(router, rc.cache.block_size), on_step)
         wall_s = time.perf_counter() - started
-    finally:
-        for executor in executors:
-            executor.shutdown()
     extra = {
         "backend": rc.backend,
         **run_identity(rc),

@@ -7,8 +7,11 @@ each replica as it is at that moment: its planned steps booked, its later ones n
 A replica is engine.core.loop.Replica, the same loop body a single run drives, so a fleet of one
 replays a single run exactly.
 
-Engine fleets (run_fleet_wall) share the wall clock: every idle replica with work gets its next
-step submitted before the loop waits on any, so replicas in other processes compute at once.
+Engine fleets (run_fleet_wall) are data parallelism as vLLM serves it: each replica runs that
+same loop body in its own process (engine.core.remote_replica.serve_replica, with overlapped steps
+where its executor overlaps them), and this process only routes arrivals on the wall clock,
+sends them on, and collects each replica's reports. engine.core.routers says what a router sees
+of each kind of replica.
 
 Each replica's executor is asked about itself once, through the seam (Executor.info()).
 """
@@ -16,13 +19,19 @@ Each replica's executor is asked about itself once, through the seam (Executor.i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from engine.core.executor import PendingStep
 from engine.core.loop import Clock, FleetStepHook, Replica, RunResult
+from engine.core.remote_replica import Report, ReplicaView
 from engine.core.request import Request
-from engine.core.routers import Router
+from engine.core.routers import ReplicaLoad, Router
+
+# A wait on connections rounds its timeout up to the millisecond (selectors): wake this early,
+# then sleep to the arrival, so a request is sent when it arrives rather than up to 1 ms later.
+WAKE_EARLY_S = 1e-3
+
 
 @dataclass
 class FleetResult:
@@ -43,68 +52,105 @@ def run_fleet(replicas: Sequence[Replica], requests: Iterable[Request], router: 
         times = [replica.next_event_time() for replica in replicas]
         earliest = min(range(len(replicas)), key=times.__getitem__)
         if next_arrival < len(pending) and pending[next_arrival].arrival_time <= times[earliest]:
-            _route(pending[next_arrival], replicas, router, assignment)
+            request = pending[next_arrival]
+            replicas[_route(request, replicas, router, assignment)].inbox.append(request)
             next_arrival += 1
         elif math.isinf(times[earliest]):
             break
         else:
             replicas[earliest].tick()
-    return _finish(replicas, pending, assignment)
-
-
-def run_fleet_wall(replicas: Sequence[Replica], requests: Iterable[Request], router: Router, clock: Clock,
-                   wait_any: Callable[[list[PendingStep], float | None], list[int]],
-                   on_step: FleetStepHook | None = None) -> FleetResult:
-    """Serve requests on replicas that compute concurrently (engine processes) against one wall
-    clock. Each replica runs its steps one at a time (plan, compute, update); wait_any(pending,
-    timeout) returns the indices of the pending steps that are done (none on timeout)."""
-    pending = sorted(requests, key=lambda r: r.arrival_time)
-    assignment: dict[str, int] = {}
     for replica in replicas:
-        replica.on_step = on_step
-    next_arrival = 0
-    while next_arrival < len(pending) or any(r.next_event_time() < math.inf for r in replicas):
-        now = clock.now()
-        while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
-            _route(pending[next_arrival], replicas, router, assignment)
-            next_arrival += 1
-        for replica in replicas:
-            if replica.in_flight is None:
-                _submit(replica, now)
-        busy = [r for r in replicas if r.in_flight is not None]
-        until_arrival = pending[next_arrival].arrival_time - now if next_arrival < len(pending) else None
-        if not busy:
-            if until_arrival is not None:
+        replica.result.makespan_s = replica.clock.now()
+    return _in_submission_order([replica.result for replica in replicas], pending, assignment)
+
+
+class ReplicaLinks(Protocol):
+    """The router's connections to replicas that run their own loops (engine.replicas: one
+    process each, answering engine.core.remote_replica's messages)."""
+
+    def __len__(self) -> int: ...
+
+    def send(self, index: int, kind: str, payload: object) -> None:
+        """Queue a message for replica index; returns without waiting for the replica to read it."""
+
+    def receive(self, timeout: float | None) -> list[tuple[int, str, object]]:
+        """(replica index, kind, payload) of the messages that arrive within timeout seconds (None:
+        until one does), in order per replica; raises a one-line error when a replica failed."""
+
+
+def run_fleet_wall(links: ReplicaLinks, requests: Iterable[Request], router: Router, clock: Clock,
+                   on_step: FleetStepHook | None = None) -> FleetResult:
+    """Route requests on the wall clock to replicas that run their own loops, collecting their
+    reports, to completion. The replicas' clocks share clock's origin (the caller passed it on).
+
+    Each arrival is routed when the clock reaches it, by what the router sees of each replica
+    (ReplicaView: a proxy's view); arrivals due together go to a replica in one message."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    views = [ReplicaView() for _ in range(len(links))]
+    results = [RunResult(requests=[], steps=[]) for _ in range(len(links))]
+    assignment: dict[str, int] = {}
+    done: set[int] = set()
+    next_arrival, ended = 0, False
+    while len(done) < len(links):
+        next_arrival = _dispatch_due(pending, next_arrival, clock.now(), router, views, links, assignment)
+        if next_arrival == len(pending) and not ended:
+            for index in range(len(links)):
+                links.send(index, "end", None)
+            ended = True
+        timeout = None
+        if next_arrival < len(pending):
+            timeout = pending[next_arrival].arrival_time - clock.now()
+            if timeout <= WAKE_EARLY_S:
                 clock.wait_until(pending[next_arrival].arrival_time)
-            continue
-        for i in wait_any([r.in_flight[1] for r in busy], until_arrival):
-            busy[i].finish_in_flight()
-    return _finish(replicas, pending, assignment)
+                continue
+            timeout -= WAKE_EARLY_S
+        for index, kind, payload in links.receive(timeout):
+            if kind == "report":
+                _collect(index, payload, views[index], results[index], on_step)
+            elif kind == "done":
+                done.add(index)
+                results[index].makespan_s = payload
+            else:
+                raise RuntimeError(f"replica {index}: unexpected message {kind!r}")
+    return _in_submission_order(results, pending, assignment)
 
 
-def _submit(replica: Replica, now: float) -> None:
-    replica.admit(now)
-    if not replica.scheduler.has_unfinished():
-        return
-    plan = replica.scheduler.schedule(now)
-    if plan.is_empty:
-        raise RuntimeError(f"replica {replica.index}: scheduler produced an empty step with "
-                           f"{replica.scheduler.num_waiting} waiting and {replica.scheduler.num_running} running")
-    replica.in_flight = (plan, replica.executor.submit(plan), now)
+def _dispatch_due(pending: list[Request], next_arrival: int, now: float, router: Router,
+                  views: list[ReplicaView], links: ReplicaLinks, assignment: dict[str, int]) -> int:
+    """Route the arrivals due by now and send each replica its share; returns the next arrival."""
+    batches: dict[int, list[Request]] = {}
+    while next_arrival < len(pending) and pending[next_arrival].arrival_time <= now:
+        request = pending[next_arrival]
+        index = _route(request, views, router, assignment)
+        views[index].dispatched(request)
+        batches.setdefault(index, []).append(request)
+        next_arrival += 1
+    for index, batch in batches.items():
+        links.send(index, "requests", batch)
+    return next_arrival
 
 
-def _route(request: Request, replicas: Sequence[Replica], router: Router, assignment: dict[str, int]) -> None:
+def _collect(index: int, report: Report, view: ReplicaView, result: RunResult,
+             on_step: FleetStepHook | None) -> None:
+    view.reported(report)
+    result.steps.extend(report.steps)
+    result.requests.extend(report.finished)
+    result.rejected.update(report.rejected)
+    if on_step is not None:
+        for i, record in enumerate(report.steps, start=1):
+            on_step(index, record, report.finished if i == len(report.steps) else [])
+
+
+def _route(request: Request, replicas: Sequence[ReplicaLoad], router: Router, assignment: dict[str, int]) -> int:
     index = router.route(request, replicas)
     if not 0 <= index < len(replicas):
         raise RuntimeError(f"router {type(router).__name__} chose replica {index} of {len(replicas)}")
     assignment[request.request_id] = index
-    replicas[index].inbox.append(request)
+    return index
 
 
-def _finish(replicas: Sequence[Replica], pending: list[Request], assignment: dict[str, int]) -> FleetResult:
+def _in_submission_order(results: list[RunResult], pending: list[Request], assignment: dict[str, int]) -> FleetResult:
     order = {r.request_id: i for i, r in enumerate(pending)}
-    for replica in replicas:
-        replica.result.requests.sort(key=lambda r: order[r.request_id])
-        replica.result.makespan_s = replica.clock.now()
-    results = [replica.result for replica in replicas]
+    for result in results:
+        result.requests.sort(key=lambda r: order[r.request_id])
     return FleetResult(results, assignment, max((r.makespan_s for r in results), default=0.0))

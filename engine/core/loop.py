@@ -46,10 +46,18 @@ class SimulatedClock:
 
 
 class WallClock:
-    """Seconds since construction; advance() is a no-op because execute() really took the time."""
+    """Seconds since origin (default: construction), on time.perf_counter()'s clock; advance() is
+    a no-op because execute() really took the time.
 
-    def __init__(self) -> None:
-        self._t0 = time.perf_counter()
+    NOTE: on Linux perf_counter() is CLOCK_MONOTONIC, one clock for every process of the host, so
+    processes that share an origin (data-parallel replicas, engine.replicas) share a time base."""
+
+    def __init__(self, origin: float | None = None) -> None:
+        self._t0 = time.perf_counter() if origin is None else origin
+
+    @property
+    def origin(self) -> float:
+        return self._t0
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -79,6 +87,14 @@ class RunResult:
     makespan_s: float = 0.0
 
 
+def tokens_left(request: Request) -> int:
+    """Prompt tokens still to compute plus output tokens still to generate (a request not yet
+    admitted with max_tokens=None counts no output: its cap is only known at admission)."""
+    max_tokens = request.max_tokens if request.max_tokens is not None else 0
+    return max(request.num_prompt_tokens - request.num_computed_tokens, 0) + \
+        max(max_tokens - request.num_output_tokens, 0)
+
+
 # replica index, the step it just finished, the requests that step finished
 FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
 
@@ -104,12 +120,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         return len(self.scheduler.requests) + len(self.inbox)
 
     def outstanding_tokens(self) -> int:
-        total = 0
-        for request in (*self.scheduler.requests.values(), *self.inbox):
-            max_tokens = request.max_tokens if request.max_tokens is not None else 0
-            total += max(request.num_prompt_tokens - request.num_computed_tokens, 0)
-            total += max(max_tokens - request.num_output_tokens, 0)
-        return total
+        return sum(map(tokens_left, self.scheduler.requests.values())) + sum(map(tokens_left, self.inbox))
 
     # ---- the loop body --------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ not, so a step costs rank 0 one pickling and one send per worker and never a wai
 "step" (a HostBatch of plain numpy arrays, cheap to pickle, run to completion) and "submit"
 (a HostBatch and its placeholder map, queued: engine.runner.ModelRunner.follow). Overlapped,
 rank 0 sends step N+1 while step N still runs, so a worker queues it behind step N as rank 0
-does. A worker that fails reports its traceback on the pipe and exits.
+does. A worker that fails reports its traceback on the pipe and exits; rank 0 raises a
+WorkerError (engine.worker_loop) of one line, the traceback in its details.
 
 Shutdown sends "shutdown", joins each worker with a timeout, then terminates and kills what is
 left. A weakref finalizer runs the same at interpreter exit if shutdown() was never called, and
@@ -24,6 +25,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.worker_loop import WorkerError, error_line
 
 JOIN_TIMEOUT_S = 30.0
 
@@ -39,10 +41,6 @@ class WorkerSpec:
     device_type: str  # "cuda" (rank r on cuda:r) or "cpu"
     timeout_s: float
     num_threads: int  # torch intra-op threads (CPU runs)
-
-
-class WorkerError(RuntimeError):
-    """A tensor-parallel worker failed; the message carries its traceback."""
 
 
 class Workers:
@@ -95,10 +93,14 @@ class Workers:
             conn.send_bytes(data)
 
     def receive(self, rank: int, what: str) -> Any:
-        """The next message of the process of this rank (1-based: the order of the specs)."""
-        return self._receive(rank, self.conns[rank - 1], what)
+        """The payload of the next message of the process of this rank (1-based: the order of the specs)."""
+        return self.message(rank, what)[1]
 
-    def _receive(self, rank: int, conn, what: str) -> Any:
+    def message(self, rank: int, what: str) -> tuple[str, Any]:
+        """The next (kind, payload) of the process of this rank; WorkerError if it failed or exited."""
+        return self._receive(rank, self.conns[rank - 1], what, payload_only=False)
+
+    def _receive(self, rank: int, conn, what: str, payload_only: bool = True) -> Any:
         deadline = time.monotonic() + self.timeout_s
         proc = self.procs[rank - 1]
         while not conn.poll(0.1):
@@ -112,8 +114,8 @@ class Workers:
             proc.join(1.0)
             raise WorkerError(f"{self.role} {rank} exited (code {proc.exitcode}) during {what!r}") from None
         if kind == "error":
-            raise WorkerError(f"{self.role} {rank} failed during {what!r}:\n{payload}")
-        return payload
+            raise WorkerError(f"{self.role} {rank} failed during {what!r}: {error_line(payload)}", payload)
+        return payload if payload_only else (kind, payload)
 
     def close(self) -> None:
         self._finalizer()

@@ -1,18 +1,21 @@
-"""Data parallelism on CPU: two tiny-model engine replicas, each in its own process, behind the
-router serve every request with the tokens a single engine gives the same requests (greedy)."""
+"""Data parallelism on CPU: two tiny-model engine replicas, each a process running its own core
+loop, behind the router: the single engine's greedy tokens and schedules, rejections reported
+while the others are served, and a replica that fails stops the run with one line."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
 from engine.config import EngineConfig
 from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.fleet import run_fleet_wall
-from engine.core.loop import Replica
 from engine.core.loop import WallClock, run
 from engine.core.routers import RouterConfig, make_router
+from engine.worker_loop import WorkerError
 
 pytest.importorskip("torch")
 
@@ -20,38 +23,101 @@ SCHEDULER = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_mode
 CACHE = CacheConfig(block_size=16, num_blocks=64)
 
 
-def _requests(n=10):
+def _requests(n=10, prefix="r", online=True):
     rng = random.Random(0)
-    return [Request(f"r{i}", [rng.randrange(1, 500) for _ in range(rng.randrange(4, 60))],
+    return [Request(f"{prefix}{i}", [rng.randrange(1, 500) for _ in range(rng.randrange(4, 60))],
                     SamplingParams(temperature=0.0, max_tokens=rng.randrange(2, 24), ignore_eos=True),
-                    arrival_time=0.01 * i) for i in range(n)]
+                    arrival_time=0.01 * i if online else 0.0) for i in range(n)]
 
 
-def test_two_cpu_replicas_serve_every_request_with_the_single_engines_tokens(tiny_qwen3_dir):
-    router = "round_robin"
+def _serve(engines, requests, router="round_robin"):
+    clock = WallClock()
+    engines.start_run(clock)
+    return run_fleet_wall(engines, requests, make_router(RouterConfig(router), CACHE.block_size), clock)
+
+
+@pytest.fixture(scope="module")
+def engine_config(tiny_qwen3_dir):
+    return EngineConfig(model=str(tiny_qwen3_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def engines(engine_config):
+    from engine.replicas import EngineReplicas
+
+    with EngineReplicas([engine_config, engine_config], SCHEDULER, CACHE) as replicas:
+        yield replicas
+
+
+def test_offline_round_robin_gives_the_llms_tokens_and_each_replica_a_single_engines_schedule(
+        engines, engine_config, tiny_qwen3_dir):
+    from engine import LLM
     from engine.executor import EngineExecutor
-    from engine.replicas import start_engine_replicas, wait_any
 
-    engine = EngineConfig(model=str(tiny_qwen3_dir), device="cpu")
-    single = EngineExecutor(engine, SCHEDULER, CACHE)
+    fleet = _serve(engines, _requests(prefix="off", online=False))
+    assert set(fleet.assignment.values()) == {0, 1}
+    llm = LLM(tiny_qwen3_dir, device="cpu", max_model_len=SCHEDULER.max_model_len)
     try:
-        expected = run(make_scheduler(SCHEDULER, single.info(), CACHE), single, _requests(), WallClock())
+        reference = _requests(online=False)
+        outputs = llm.generate([r.prompt_token_ids for r in reference], [r.sampling_params for r in reference],
+                               use_tqdm=False)
+    finally:
+        llm.executor.shutdown()
+    served = {r.request_id: r.output_token_ids for replica in fleet.replicas for r in replica.requests}
+    assert served == {f"off{i}": out.token_ids for i, out in enumerate(outputs)}
+    single = EngineExecutor(engine_config, SCHEDULER, CACHE)
+    try:
+        for index, replica in enumerate(fleet.replicas):
+            mine = [r for r in _requests(prefix="off", online=False) if fleet.assignment[r.request_id] == index]
+            alone = run(make_scheduler(SCHEDULER, single.info(), CACHE), single, mine, WallClock())
+            assert [s.stats for s in replica.steps] == [s.stats for s in alone.steps]
+            assert [r.output_token_ids for r in replica.requests] == [r.output_token_ids for r in alone.requests]
     finally:
         single.shutdown()
-    clients = start_engine_replicas([engine, engine], SCHEDULER, CACHE)
-    try:
-        clock = WallClock()
-        replicas = [Replica(i, make_scheduler(SCHEDULER, c.info(), CACHE), c, clock)
-                    for i, c in enumerate(clients)]
-        fleet = run_fleet_wall(replicas, _requests(), make_router(RouterConfig(router), CACHE.block_size), clock,
-                               wait_any)
-    finally:
-        for client in clients:
-            client.shutdown()
-    served = {r.request_id: r.output_token_ids for replica in fleet.replicas for r in replica.requests}
-    assert served == {r.request_id: r.output_token_ids for r in expected.requests}
-    assert set(fleet.assignment.values()) == {0, 1}
-    assert all(replica.steps for replica in fleet.replicas)
+
+
+def test_online_requests_are_served_and_timed_on_the_routers_clock(engines):
+    fleet = _serve(engines, _requests(prefix="on"), router="least_requests")
+    requests = [r for replica in fleet.replicas for r in replica.requests]
+    assert sorted(r.request_id for r in requests) == sorted(f"on{i}" for i in range(10))
+    assert all(r.arrival_time <= r.first_token_time <= r.finish_time <= fleet.makespan_s for r in requests)
+    assert all(replica.steps and replica.steps[0].start_s >= 0 for replica in fleet.replicas)
+
+
+def test_a_request_one_replica_rejects_does_not_stop_the_others(engines):
+    requests = _requests(6, prefix="rej")
+    requests[3] = Request("rej3", [7] * SCHEDULER.max_model_len, SamplingParams(max_tokens=4), arrival_time=0.03)
+    fleet = _serve(engines, requests)
+    assert list(fleet.replicas[1].rejected) == ["rej3"]
+    assert "max_model_len" in fleet.replicas[1].rejected["rej3"]
+    served = [[r.request_id for r in replica.requests] for replica in fleet.replicas]
+    assert served == [["rej0", "rej2", "rej4"], ["rej1", "rej5"]]
+
+
+def test_a_replica_that_crashes_stops_the_run_with_one_line_and_no_hang(engine_config):
+    from engine.replicas import EngineReplicas
+
+    outcome = {}
+
+    def run_it() -> None:
+        with EngineReplicas([engine_config, engine_config], SCHEDULER, CACHE) as engines:
+            vocab = engines.infos[1].vocab_size
+            requests = _requests(4, prefix="crash")
+            requests[1] = Request("crash1", [vocab + 5] * 8, SamplingParams(max_tokens=4), arrival_time=0.01)
+            started = time.perf_counter()
+            try:
+                _serve(engines, requests)
+            except WorkerError as error:
+                outcome["error"], outcome["after_s"] = error, time.perf_counter() - started
+
+    thread = threading.Thread(target=run_it, daemon=True)
+    thread.start()
+    thread.join(120.0)
+    assert not thread.is_alive(), "the fleet hung after a replica crashed"
+    error = outcome["error"]
+    assert str(error).startswith("engine replica 2 failed during 'run': IndexError")
+    assert "\n" not in str(error) and "Traceback" in error.details
+    assert outcome["after_s"] < 30.0
 
 
 @pytest.mark.slow  # ~30 s on 2 cores: two more processes loading torch
