@@ -6,6 +6,18 @@ The same routers front simulated replicas and engine replicas (engine.core.fleet
 built per run (make_router) and may keep state across calls (round-robin's cursor); nothing is
 shared between runs.
 
+What a router sees, per kind of fleet (tokens: engine.core.loop.tokens_left over the requests):
+- engine replicas (run_fleet_wall; ReplicaView, a proxy's view): requests count from the moment
+  they are dispatched until the replica reports them finished or rejected; tokens are those of
+  the replica's latest report, sent after each of its steps, plus the requests dispatched since.
+  A report is read when the router next looks, so the view is the replica as it was when its
+  latest step ended (that step's tokens applied, the next one planned), tens of microseconds late.
+- simulated replicas (run_fleet; the Replica itself): read at the arrival instant, once every
+  replica has run the iteration that reaches it, so the view is the replica as it will be when
+  the step running at the arrival ends: at most one step ahead of what the proxy knows.
+Both count requests routed but not yet admitted, and identically when nothing has stepped since
+the last routing (offline arrivals route the same in both: tests/core/test_remote_fleet.py).
+
 Ties go to the lowest replica index, so a run is reproducible.
 """
 

@@ -1,8 +1,10 @@
 # Shared by validate_dp.sh (engine) and simulate_dp.sh (simulator): the same model, cache, step
-# mode and workloads on both sides.
+# mode and workloads on both sides. Steps overlap (async scheduling, the default with CUDA and TP 1)
+# on both: an engine replica runs its own loop as a single engine does, and the profiled cost
+# model was fitted on such runs.
 NUM_BLOCKS=${NUM_BLOCKS:-2000}
 NUM_REQUESTS=${NUM_REQUESTS:-600}
-COMMON="model=qwen3-0.6b hardware=h200 cache.num_blocks=$NUM_BLOCKS execution.async_scheduling=false \
+COMMON="model=qwen3-0.6b hardware=h200 cache.num_blocks=$NUM_BLOCKS \
 output.progress=false output.plots=false output.steps=none"
 # the Azure conversation trace's own rate, requests per second (19,366 requests over its hour)
 TRACE_RATE=5.38

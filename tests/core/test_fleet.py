@@ -117,3 +117,17 @@ def test_least_tokens_sends_a_request_away_from_the_replica_with_more_work():
 def test_unknown_router_names_the_field_and_the_choices():
     with pytest.raises(ValueError, match=r"router.name must be one of .*round_robin.*got 'random'"):
         RouterConfig("random")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrivals(), st.integers(2, 3), st.sampled_from(ROUTERS), st.sampled_from([FakeExecutor, OverlappingFakeExecutor]))
+def test_each_simulated_replica_runs_the_single_run_of_the_requests_routed_to_it(specs, n, router_name, kind):
+    """Steps overlap (or not) in a fleet's replica as in a single run: routing only picks the inbox."""
+    fleet = run_fleet(_fleet(n, kind), _requests(specs), make_router(RouterConfig(router_name), BLOCK))
+    for index, replica in enumerate(fleet.replicas):
+        executor = kind(40, BLOCK, vocab_size=50)
+        mine = [r for r in _requests(specs) if fleet.assignment[r.request_id] == index]
+        alone = run(make_scheduler(CONFIG, executor.info()), executor, mine, SimulatedClock())
+        assert _rows(replica) == _rows(alone)
+        assert [(s.start_s, s.duration_s, s.stats) for s in replica.steps] == \
+            [(s.start_s, s.duration_s, s.stats) for s in alone.steps]
