@@ -49,14 +49,14 @@ def _fleet(rc: RunConfig, rcs: list[RunConfig]):
     """The replicas of rcs, built: yields their BackendInfos and serve(requests, router, on_step),
     which runs a workload on them to completion; stops them afterwards."""
     try:
-        fleet = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs)
-        infos, serve = next(fleet)
+        built = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs)
+        infos, serve = next(built)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"backend={rc.backend}: {error}") from None
     try:
         yield infos, serve
     finally:
-        fleet.close()
+        built.close()
 
 
 def _sim_fleet(rcs: list[RunConfig]):

@@ -10,7 +10,8 @@ Messages are (kind, payload) pairs on one duplex connection per replica:
                       ("end", None)                 nothing more will arrive: finish, then say "done"
                       ("shutdown", None)            stop now (the run failed elsewhere, or is over)
   replica -> router   ("report", Report)            after each iteration that stepped or rejected
-                      ("done", makespan_s)          after "end", once nothing is left to serve
+                      ("done", makespan_s)          after "end", once nothing is left to serve;
+                                                    makespan_s: when its last iteration ended
 
 Both processes read one clock (engine.core.loop.WallClock with the router's origin), so the
 StepRecords and request timestamps a replica reports need no conversion.
@@ -46,10 +47,11 @@ def serve_replica(replica: Replica, conn) -> bool:
     arrivals join the next step; idle, it blocks on the next message."""
     received = 0
     ending = False
+    makespan = 0.0  # when its last iteration ended, as a simulated replica's clock stops there
     while True:
         busy = replica.next_event_time() < math.inf
         if not busy and ending:
-            conn.send(("done", replica.clock.now()))
+            conn.send(("done", makespan))
             return False
         for kind, payload in _messages(conn, block=not busy):
             if kind == "requests":
@@ -63,6 +65,7 @@ def serve_replica(replica: Replica, conn) -> bool:
                 raise ValueError(f"replica {replica.index}: unknown message {kind!r}")
         if replica.next_event_time() < math.inf:
             replica.tick()
+            makespan = replica.clock.now()
         report = _take_report(replica, received)
         if report is not None:
             conn.send(("report", report))

@@ -56,3 +56,22 @@ def test_truncated_safetensors(tmp_path, truncated):
     assert str(truncated / "model.safetensors") in message and "truncated or corrupt" in message
     line = _harness_error(tmp_path, truncated)
     assert "\n" not in line and line.endswith(message)
+
+
+@pytest.mark.slow  # two replica processes import torch before they fail
+def test_a_fleet_whose_replicas_cannot_load_stops_in_one_line_through_the_cli(tmp_path, truncated):
+    import os
+    import subprocess
+    import sys
+
+    from harness.config import REPO_ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MPLBACKEND": "Agg"}
+    result = subprocess.run([sys.executable, "-m", "harness", "backend=engine", "model=tiny-qwen3", "hardware=cpu",
+                             "backend.device=cpu", f"backend.model={truncated}", "scheduler.max_model_len=2048",
+                             "fleet.replicas=2", "output.progress=false"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: engine replica 1 failed during 'load': ") and "truncated or corrupt" in last
+    assert "Traceback" not in result.stderr
