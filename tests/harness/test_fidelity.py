@@ -77,4 +77,5 @@ def test_the_grid_profiles_steps_that_share_prefix_blocks_and_the_fit_prices_the
     assert (grid["decode_repeated_tokens"] > 0).sum() >= 4 and (grid["prefill_repeated_tokens"] > 0).any()
     coefficients = pd.read_csv(run_dir / "profile_model.csv")
     priced = coefficients[(coefficients["kind"] == "linear") & (coefficients["name"] == "decode_repeated_tokens")]
-    assert {"decode_graph", "decode_eager"} <= set(priced["regime"])
+    decode_regimes = set(coefficients["regime"]) & {"decode_graph", "decode_eager"}  # eager only on a CPU
+    assert decode_regimes and decode_regimes <= set(priced["regime"])
