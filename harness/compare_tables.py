@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sim.features import REPEATED_FEATURES
 from sim.profiled import HOST_STALL_S
 from sim.roofline import RooflineCostModel
 
@@ -88,8 +89,11 @@ def roofline_step_times(model: RooflineCostModel, features: pd.DataFrame) -> np.
     context = f["prefill_context_tokens"] + f["decode_context_tokens"] - f["num_decode_tokens"]
     # decode_context_tokens counts each decode's own new token: decode_attention_pairs of the step
     pairs = f["prefill_attention_pairs"] + f["decode_context_tokens"]
-    return np.array([model.time_for(int(t), int(s), int(c), int(p), int(n)) for t, s, c, p, n in
-                     zip(f["num_tokens"], f["num_sampled"], context, pairs, f["num_seqs"])], dtype=float)
+    columns = list(REPEATED_FEATURES)
+    # tables recorded before the repeated-read columns existed: none counted
+    repeated = f[columns].sum(axis=1) if set(columns) <= set(f.columns) else np.zeros(len(f), dtype=int)
+    return np.array([model.time_for(int(t), int(s), int(c), int(p), int(n), int(r)) for t, s, c, p, n, r in
+                     zip(f["num_tokens"], f["num_sampled"], context, pairs, f["num_seqs"], repeated)], dtype=float)
 
 
 def replay(engine_steps: pd.DataFrame, predictors: dict[str, object]) -> pd.DataFrame:

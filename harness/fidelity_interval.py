@@ -29,6 +29,7 @@ def simulate_with_interval(rc: RunConfig, config: IntervalConfig, make_inner: Ca
     model's, none for the roofline model, whose interval is then the machine spread alone)."""
     if rc.backend != "sim":
         raise ConfigError(f"interval: a prediction interval needs backend=sim, got backend={rc.backend!r}")
+    config = config.for_model(rc.model.name)
     make_inner = make_inner or default_cost_model(rc)
     point_model = make_inner()
     if residuals is None:
@@ -42,5 +43,6 @@ def simulate_with_interval(rc: RunConfig, config: IntervalConfig, make_inner: Ca
     draws = [run_with(m, f"interval draw {i}", False).summary
              for i, m in enumerate(perturbed_models(make_inner, residuals, config))]
     summary = {**point.summary, **interval_columns(point.summary, draws, config.level),
-               "interval_level": config.level, "interval_draws": config.draws}
+               "interval_level": config.level, "interval_draws": config.draws,
+               "interval_machine_spread": config.machine_spread}
     return dataclasses.replace(point, summary=summary)

@@ -28,7 +28,7 @@ REQUEST_COLUMNS = (
 )
 STEP_COLUMNS = (
     "step", "start", "duration", "kind", "requests", "prefill_tokens", "decode_tokens", "waiting", "running",
-    "free_blocks", "preempted", "prefix_hit_tokens",
+    "free_blocks", "preempted", "prefix_hit_tokens", "repeated_kv_tokens",
 )
 
 
@@ -70,6 +70,7 @@ def steps_frame(result: RunResult) -> pd.DataFrame:
         "free_blocks": np.array([s.num_free_blocks for s in stats], dtype=np.int64),
         "preempted": np.array([s.num_preempted for s in stats], dtype=np.int64),
         "prefix_hit_tokens": np.array([s.prefix_hit_tokens for s in stats], dtype=np.int64),
+        "repeated_kv_tokens": np.array([s.repeated_kv_tokens for s in stats], dtype=np.int64),
     }, columns=list(STEP_COLUMNS))
 
 

@@ -15,6 +15,7 @@ from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from sim.config import SimConfig
 from sim.profiled import ProfiledCostModel
+from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
 from sim.tp_transfer import TPTransferCostModel
@@ -37,7 +38,8 @@ def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     # NOTE: a profile is specific to the model, hardware and tp_size it was measured with; those
     # arguments only choose the CSV, through the config that named it, except that a TP=1 profile
     # (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
-    profiled = ProfiledCostModel.load(sim.profile_path, graphs)
+    # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
+    profiled = with_prior(ProfiledCostModel.load(sim.profile_path, graphs), hardware)
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size)
     return profiled

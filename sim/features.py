@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from engine.core.graph_sizes import GraphSizes, padded_size
 from engine.core.plan import StepPlan
 
+# The repeated-read columns: each a share of the step's KV reads that a GPU serves from L2
+# (sim.repeated_reads prices them).
+REPEATED_FEATURES = ("decode_repeated_tokens", "prefill_repeated_tokens")
 FEATURE_COLUMNS = (
     "num_prefill_tokens",       # new tokens of prefill chunks
     "num_decode_tokens",        # decode entries (one token each)
@@ -24,6 +27,10 @@ FEATURE_COLUMNS = (
     "prefill_context_tokens",   # tokens already cached before each prefill chunk (prefix hits, earlier chunks)
     "prefill_attention_pairs",  # causal (query, key) pairs of prefill chunks: sum n*c + n(n+1)/2
     "decode_context_tokens",    # KV tokens read by decodes, their own new token included
+    "decode_repeated_tokens",   # of those, tokens of blocks another decode of the step reads too, counted once
+                                # per read after the first (a shared prefix: engine.core.kv_reads)
+    "prefill_repeated_tokens",  # the step's other repeated reads: a prefill chunk's context blocks that
+                                # another sequence of the step reads too
     "cuda_graph",               # 1 if the step runs as a captured CUDA graph (engine.core.graph_sizes)
     "graph_batch_size",         # the rows the GPU really runs: under a graph, padded to its captured size
                                 # (sequences of a decode step, tokens of a prefill or mixed step)
@@ -84,6 +91,7 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> di
     elif prefill_tokens and (padded := padded_size(graphs.prefill, prefill_tokens + decode)) is not None:
         graph = 1
         batch = padded
+    stats = plan.stats
     return {
         "num_prefill_tokens": prefill_tokens,
         "num_decode_tokens": decode,
@@ -94,6 +102,8 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> di
         "prefill_context_tokens": prefill_context,
         "prefill_attention_pairs": pairs,
         "decode_context_tokens": decode_context,
+        "decode_repeated_tokens": stats.decode_repeated_kv_tokens,
+        "prefill_repeated_tokens": stats.repeated_kv_tokens - stats.decode_repeated_kv_tokens,
         "cuda_graph": graph,
         "graph_batch_size": batch,
     }

@@ -3,11 +3,12 @@
 Steps fall in four regimes that a GPU runs differently, each fitted on its own rows:
 - "prefill" (any prefill chunk, mixed steps included, run eagerly): piecewise-linear in num_tokens
   (memory-bound for small chunks, compute-bound for large ones) + attention pairs + decode context
-  + sequences;
+  + sequences + repeated reads;
 - "prefill_graph" (the same, replayed as a CUDA graph): the same fit in the padded token count,
   priced by the device-time fit where the profile has one (DEVICE_PRICED_REGIMES says why);
 - "decode_graph" (decode-only, replayed CUDA graph): piecewise-linear in the padded graph batch,
-  whose cost steps with the captured sizes, + decode context tokens (KV reads);
+  whose cost steps with the captured sizes, + decode context tokens (KV reads) + those read again
+  (a shared prefix's blocks, from L2: a saving per token; sim.repeated_reads);
 - "decode_eager": the same in the real batch size.
 Inside the measured range a prediction interpolates; outside it extrapolates the nearest segment
 and warns (ExtrapolationWarning), once per model instance and feature.
@@ -54,11 +55,12 @@ from sim.piecewise import PiecewiseLinearFit
 # num_seeded: rows sampled with a per-request seed cost a generator each on the host (a profile
 # sampled without seeds leaves the column at 0, and a constant column is not fitted).
 REGIMES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs", "num_seeded")),
-    "prefill_graph": ("graph_batch_size", ("prefill_attention_pairs", "decode_context_tokens", "num_seqs",
-                                           "num_seeded")),
-    "decode_graph": ("graph_batch_size", ("decode_context_tokens", "num_seeded")),
-    "decode_eager": ("num_seqs", ("decode_context_tokens", "num_seeded")),
+    "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "decode_repeated_tokens",
+                               "prefill_repeated_tokens", "num_seqs", "num_seeded")),
+    "prefill_graph": ("graph_batch_size", ("prefill_attention_pairs", "decode_context_tokens", "decode_repeated_tokens",
+                                           "prefill_repeated_tokens", "num_seqs", "num_seeded")),
+    "decode_graph": ("graph_batch_size", ("decode_context_tokens", "decode_repeated_tokens", "num_seeded")),
+    "decode_eager": ("num_seqs", ("decode_context_tokens", "decode_repeated_tokens", "num_seeded")),
 }
 # Host time between steps: size feature, linear features (see the module docstring).
 HOST_REGIME = "host"

@@ -11,6 +11,8 @@ Phases, per rank of a tensor-parallel group:
   plus each token's activations in and out;
 - attention: 4 * heads * head_dim FLOPs per (query, key) pair (QK^T and PV), causal within a
   prefill chunk and over the whole cached context; KV of the cached context read, new KV written;
+  a KV block that another sequence of the step reads too (a shared prefix, StepStats.
+  repeated_kv_tokens) is read from memory once and from L2 (hardware.l2_bandwidth) after that;
 - LM head: only for sampled positions (a prefill chunk that does not finish its prompt samples
   nothing); its weights, and float32 logits out;
 - TP communication: two all-reduces per layer plus one after the vocab-parallel embedding (ring:
@@ -60,6 +62,9 @@ class RooflineCostModel:
         self._activation_bytes_per_token = float((layers * per_layer_io + 2 * hidden) * dt)
         self._attention_flops_per_pair = 4.0 * layers * (model.num_heads // tp) * model.head_dim
         self._kv_bytes_per_token = float(model.kv_bytes_per_token_per_rank(tp))
+        l2 = hw.l2_bandwidth * hw.bandwidth_efficiency if hw.l2_bandwidth is not None else self._bandwidth
+        # seconds saved per KV token read again from L2 rather than memory
+        self._repeat_saving_s = self._kv_bytes_per_token * (1.0 / self._bandwidth - 1.0 / l2)
         self._lm_flops_per_row = 2.0 * hidden * vocab
         self._lm_weight_bytes = float(model.lm_head_params(tp) * dt)
         self._lm_bytes_per_row = float(hidden * dt + vocab * _LOGIT_BYTES)
@@ -84,24 +89,25 @@ class RooflineCostModel:
             pairs = decode_attention_pairs(context, num_tokens)  # one new token each
         else:
             pairs = sum(attention_pairs(len(entry.token_ids), entry.num_computed_tokens) for entry in scheduled)
-        return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs)
+        return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs, plan.stats.repeated_kv_tokens)
 
     def drained(self) -> None:
         """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""
 
     def time_for(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
-                 num_seqs: int) -> float:
+                 num_seqs: int, repeated_tokens: int = 0) -> float:
         """Price a step from its totals.
 
         context_tokens: KV tokens already in the cache that the step's requests attend to;
-        attention_pairs: (query, key) pairs over all requests, causal.
+        attention_pairs: (query, key) pairs over all requests, causal; repeated_tokens: of the
+        context tokens, those read again from a block another request of the step read.
         """
         bw = self._bandwidth
         linear = self._linear_flops_per_token * num_tokens / self._matmul_rate
         memory = (self._linear_weight_bytes + self._activation_bytes_per_token * num_tokens) / bw
         total = linear if linear > memory else memory
         attention = self._attention_flops_per_pair * attention_pairs / self._attention_rate
-        memory = self._kv_bytes_per_token * (context_tokens + num_tokens) / bw
+        memory = self._kv_bytes_per_token * (context_tokens + num_tokens) / bw - self._repeat_saving_s * repeated_tokens
         total += attention if attention > memory else memory
         if num_sampled:
             lm_head = self._lm_flops_per_row * num_sampled / self._matmul_rate
@@ -114,7 +120,7 @@ class RooflineCostModel:
         return total + self._step_overhead + self._seq_overhead * num_seqs
 
     def phase_times(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
-                    num_seqs: int) -> dict[str, float]:
+                    num_seqs: int, repeated_tokens: int = 0) -> dict[str, float]:
         """Seconds per phase; their sum is time_for() (reports use it to explain a prediction).
 
         time_for() repeats this arithmetic without building a dict: it runs once per step.
@@ -123,7 +129,8 @@ class RooflineCostModel:
         linear = max(self._linear_flops_per_token * num_tokens / self._matmul_rate,
                      (self._linear_weight_bytes + self._activation_bytes_per_token * num_tokens) / bw)
         attention = max(self._attention_flops_per_pair * attention_pairs / self._attention_rate,
-                        self._kv_bytes_per_token * (context_tokens + num_tokens) / bw)
+                        self._kv_bytes_per_token * (context_tokens + num_tokens) / bw
+                        - self._repeat_saving_s * repeated_tokens)
         lm_head = 0.0
         if num_sampled:
             lm_head = max(self._lm_flops_per_row * num_sampled / self._matmul_rate,

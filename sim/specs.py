@@ -180,11 +180,15 @@ class HardwareSpec:
     # $ per GPU-hour to rent one: the deployment search (harness.plan) costs fleets with it; each
     # conf/hardware entry cites its figure. None: unpriced (the search refuses such an entry).
     price_per_gpu_hour: float | None = None
+    # bytes/s the L2 cache serves reads at (peak, scaled by bandwidth_efficiency like
+    # mem_bandwidth): the price of a KV block that another sequence of the step read just before
+    # (engine.core.kv_reads, sim.repeated_reads). None: no figure, repeats priced as memory reads.
+    l2_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "price_per_gpu_hour" and value is None:
+            if f.name in ("price_per_gpu_hour", "l2_bandwidth") and value is None:
                 continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.features import attention_pairs
+from sim.features import REPEATED_FEATURES, attention_pairs
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
                     "decode_context_tokens", "duration_s")
@@ -37,6 +37,9 @@ def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
         df["graph_batch_size"] = df["num_seqs"]
     # tables (or rows, when tables are stacked) written before the column existed sampled without seeds
     df["num_seeded"] = df["num_seeded"].fillna(0).astype(int) if "num_seeded" in df else 0
+    # ... and counted no repeated reads (steps that had some were priced as first reads)
+    for column in REPEATED_FEATURES:
+        df[column] = df[column].fillna(0).astype(int) if column in df else 0
     if "prefill_attention_pairs" not in df:
         # Exact only for one prefill chunk per step: n tokens after c cached ones.
         chunks = df["num_seqs"] - df["num_decode_tokens"]

@@ -10,6 +10,10 @@ the source (s) and target (t) HardwareSpec (conf/hardware):
   past n = F / B tokens (295 on an H100);
 - prefill_attention_pairs (attention FLOPs): compute-bound, x F_s / F_t;
 - decode_context_tokens (KV reads): memory-bound, x B_s / B_t;
+- decode_repeated_tokens (its coefficient b: a token read again, from L2, costs a + b, with a the
+  decode_context_tokens coefficient): a + b x L2_s / L2_t, a x B_s / B_t, so
+  b -> (a + b) L2_s / L2_t - a B_s / B_t; prefill_repeated_tokens: x L2_s / L2_t (L2 =
+  l2_bandwidth; where either GPU has no L2 figure, B stands in for it);
 - num_seqs, num_seeded (per-row launches, sampler generators), the host and launch fits and the
   launch delay: host work, unchanged (the same host CPU is assumed);
 - gpu fits (device time alone) follow their regime's rule.
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.features import REPEATED_FEATURES
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled import HOST_REGIME, ProfiledCostModel
+from sim.repeated_reads import FIRST_READS, REPEATED_READS
 from sim.specs import HardwareSpec
 
 MEMORY_BOUND_FEATURES = ("decode_context_tokens",)
@@ -58,11 +64,20 @@ def knot_scale(regime: str, size: float, source: HardwareSpec, target: HardwareS
 
 def _scale_fit(fit: PiecewiseLinearFit, regime: str, source: HardwareSpec, target: HardwareSpec) -> PiecewiseLinearFit:
     values = tuple(v * knot_scale(regime, k, source, target) for k, v in zip(fit.knots, fit.knot_values))
+    memory = source.mem_bandwidth / target.mem_bandwidth
+    l2 = memory
+    if source.l2_bandwidth is not None and target.l2_bandwidth is not None:
+        l2 = source.l2_bandwidth / target.l2_bandwidth
+    first = dict(zip(fit.linear_features, fit.linear_coefs)).get(FIRST_READS, 0.0)
     coefs = []
     for feature, coef in zip(fit.linear_features, fit.linear_coefs):
         if feature in MEMORY_BOUND_FEATURES:
-            coef *= source.mem_bandwidth / target.mem_bandwidth
+            coef *= memory
         elif feature in COMPUTE_BOUND_FEATURES:
             coef *= source.peak_flops / target.peak_flops
+        elif feature == REPEATED_READS:
+            coef = (first + coef) * l2 - first * memory
+        elif feature in REPEATED_FEATURES:
+            coef *= l2
         coefs.append(coef)
     return replace(fit, knot_values=values, linear_coefs=tuple(coefs))

@@ -43,6 +43,10 @@ class BlockManager:
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.key_to_block: dict[int, int] = {}
         self.free_pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Held blocks' references beyond their first (sum of max(holders - 1, 0)) and the requests
+        # holding any block: what engine.core.kv_reads counts a step's repeated reads from.
+        self.num_extra_refs = 0
+        self.num_holders = 0
         self.hits = 0  # blocks served from the cache
         self.misses = 0  # full prompt blocks looked up and not found
         self.evictions = 0  # cached blocks whose key was dropped to hold new content
@@ -93,11 +97,14 @@ class BlockManager:
         The caller checks can_allocate first; running out here is a scheduler bug.
         """
         table = request.block_table
+        was_empty = not table
         if hits:
             assert not table, "cache hits are taken only by a request with no blocks"
             for block in hits:
                 if self.ref_counts[block] == 0:
                     del self.free_pool[block]
+                else:
+                    self.num_extra_refs += 1
                 self.ref_counts[block] += 1
                 table.append(block)
             self.hits += len(hits)
@@ -114,6 +121,8 @@ class BlockManager:
                 self.evictions += 1
             self.ref_counts[block] = 1
             table.append(block)
+        if was_empty and table:
+            self.num_holders += 1
 
     def record_lookup(self, request: Request, num_hits: int) -> None:
         """Count misses for a lookup whose hits were taken (hits are counted by allocate)."""
@@ -122,10 +131,14 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references; blocks nobody holds return to the pool, tail first."""
+        if request.block_table:
+            self.num_holders -= 1
         for block in reversed(request.block_table):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self.free_pool[block] = None
+            else:
+                self.num_extra_refs -= 1
         request.block_table = []
         request.num_registered_blocks = 0
 

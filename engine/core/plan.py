@@ -58,6 +58,9 @@ class StepStats:
 
     num_running and num_free_blocks are counted after planning; an AsyncScheduler has by then
     released the requests this step finishes by length, the plain Scheduler does so in update().
+    repeated_kv_tokens: KV tokens the step's attention reads again, from blocks that another of
+    its sequences reads too (engine.core.kv_reads); the distinct tokens it reads are its context
+    tokens less these. decode_repeated_kv_tokens: the same among its decode entries alone.
     """
 
     step: int
@@ -70,6 +73,8 @@ class StepStats:
     num_free_blocks: int
     num_preempted: int
     prefix_hit_tokens: int
+    repeated_kv_tokens: int = 0
+    decode_repeated_kv_tokens: int = 0
 
 
 @dataclass(slots=True)

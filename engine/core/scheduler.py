@@ -14,6 +14,7 @@ from operator import attrgetter
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import SchedulerConfig
+from engine.core.kv_reads import step_repeated_reads
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 
@@ -108,8 +109,10 @@ class Scheduler:
         self._hit_tokens = 0
         self._now = now
         scheduled = self._build_step()
-        self._book(scheduled)
         decode_tokens = sum(map(_IS_DECODE, scheduled))
+        # before _book(), which may free the blocks of requests this step finishes
+        repeated, decode_repeated = step_repeated_reads(scheduled, self.block_manager, decode_tokens)
+        self._book(scheduled)
         prefill_tokens = sum(map(len, map(_TOKEN_IDS, scheduled))) - decode_tokens
         if not scheduled:
             kind = "idle"
@@ -130,6 +133,8 @@ class Scheduler:
             num_free_blocks=self.block_manager.num_free_blocks,
             num_preempted=len(self._preempted),
             prefix_hit_tokens=self._hit_tokens,
+            repeated_kv_tokens=repeated * self.block_manager.block_size,
+            decode_repeated_kv_tokens=decode_repeated * self.block_manager.block_size,
         )
         self._step += 1
         released, self._released = self._released, []

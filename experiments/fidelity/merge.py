@@ -2,6 +2,11 @@
 with heldout_<model>.png per model, coverage.csv and targets.csv (cells within 10%). No GPU needed.
 
     python experiments/fidelity/merge.py experiments/fidelity/calls/*/heldout.csv
+
+A later table's rows replace an earlier one's for the same model, hardware, class, load, metric
+and cost model, so a call that re-measures some classes updates the committed table in place:
+
+    python experiments/fidelity/merge.py experiments/fidelity/heldout.csv <the call's heldout.csv>
 """
 
 from __future__ import annotations

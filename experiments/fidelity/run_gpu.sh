@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
 # One device call of the held-out protocol (experiment=fidelity, issue 14) for one model and a
 # group of workload classes; results (heldout.csv, heldout.png) under $OUT/<model>/<tag>/, the
-# grid profile and its fit under $OUT/<model>/. Carry .whl (the Hydra wheels of ../shared/wheels)
-# and .traces (azure_conv_2023.csv). A later call of the same model passes the first call's
-# profile.csv as PROFILE (refitted here on its grid rows: no second profile).
+# grid profile and its fit under $OUT/<model>/. Carry the Hydra wheels of ../shared/wheels (the
+# folder WHEELS names: .whl by default; .hyd where a checkout keeps them alone there) and, for the
+# conversation class, .traces (azure_conv_2023.csv). A later call of the same model passes the
+# first call's profile.csv as PROFILE (refitted here on its grid rows: no second profile).
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=prefill_heavy,bursty,shared_prefix bash experiments/fidelity/run_gpu.sh
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=decode_heavy,conversation,preempting_bench PROFILE=<copied profile.csv> ...
+#   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=shared_prefix NUM_REQUESTS=80 WHEELS=.hyd bash experiments/fidelity/run_gpu.sh
 # then, without a GPU: python experiments/fidelity/merge.py <the calls' heldout.csv files>
-set -eu
+set -euo pipefail
 OUT=${OUT:?set OUT}
 MODEL=${MODEL:-qwen3-0.6b}
 WORKLOADS=${WORKLOADS:-prefill_heavy,decode_heavy,conversation,bursty,shared_prefix,preempting_bench}
 NUM_REQUESTS=${NUM_REQUESTS:-100}
 LOADS=${LOADS:-0.5,0.8,0.95}
 PROFILE=${PROFILE:-null}
+WHEELS=${WHEELS:-.whl}
 TAG=${TAG:-$(echo "$WORKLOADS" | tr ',' '-')}
 case $MODEL in
   qwen3-0.6b|qwen3-8b) CK=/tmp/ck/$MODEL;;
   *) echo "MODEL must be qwen3-0.6b or qwen3-8b, got $MODEL" >&2; exit 2;;
 esac
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+ls "$WHEELS"/hydra_core-*.whl > /dev/null 2>&1 || { echo "WHEELS=$WHEELS holds no hydra_core wheel: carry it" >&2; exit 2; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 [ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$MODEL" --out "$CK" --dtype bfloat16 > /dev/null
 RUN=/tmp/fidelity_run/$MODEL/$TAG
-cp .traces/azure_conv_2023.csv .  # workload.trace_path is read from the cwd
+case ",$WORKLOADS," in
+  *,conversation,*) [ -f .traces/azure_conv_2023.csv ] || { echo "conversation needs .traces/azure_conv_2023.csv: carry .traces" >&2; exit 2; }
+                    cp .traces/azure_conv_2023.csv .;;  # workload.trace_path is read from the cwd
+esac
 mkdir -p "$OUT/$MODEL/$TAG"
 # max_model_len 16,384: above the prefill-heavy class's 10,240, so the grid's long chunks after
 # 12k of cached context are profiled too (harness.profiling.ProfileGrid.long_prefill_*)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import dataclasses
 import time
 
@@ -17,6 +19,7 @@ from harness.calibration import validate
 from harness.compare import CompareConfig
 from harness.compare_tables import roofline_step_times, schedule_table
 from harness.profiling import ProfileGrid, build_plan, profile_executor
+from harness.profiling_grid import SHARED_KINDS
 from harness.recording import StepRecorder
 from sim.features import step_features
 from sim.roofline import RooflineCostModel
@@ -119,29 +122,43 @@ def test_roofline_from_features_equals_its_step_time():
     roof = RooflineCostModel(model("qwen3-0.6b"), hardware("h100"))
     plans = [decode_batch([100, 2000, 37]), plan(prefill(500, 0, rid="a"), prefill(300, 1200, rid="b")),
              plan(prefill(64, 256), decode(900, rid="d1"), decode(10, rid="d2")), plan(prefill(200, 0, sample=False))]
+    # a step whose sequences read 512 KV tokens again (a shared prefix), 256 of them by decodes
+    repeats = dataclasses.replace(plans[2].stats, repeated_kv_tokens=512, decode_repeated_kv_tokens=256)
+    plans.append(dataclasses.replace(plans[2], stats=repeats))
     features = pd.DataFrame([step_features(p, GRAPH) for p in plans])
     assert roofline_step_times(roof, features) == pytest.approx([roof.step_time(p) for p in plans], rel=1e-12)
+    assert roofline_step_times(roof, features)[-1] < roofline_step_times(roof, features)[2]
+    old = features.drop(columns=["decode_repeated_tokens", "prefill_repeated_tokens"])  # a table from before
+    assert roofline_step_times(roof, old)[:-1] == pytest.approx(roofline_step_times(roof, features)[:-1], rel=1e-12)
 
 
-def test_profile_plans_respect_budgets_and_use_disjoint_blocks():
-    sched = SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=1024)
-    spec = KVCacheSpec(num_blocks=200, block_size=16)
+def test_profile_plans_respect_budgets_and_share_only_prefix_blocks():
+    sched = SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=4096)
+    spec = KVCacheSpec(num_blocks=800, block_size=16)
     rng = np.random.default_rng(0)
-    built = 0
+    built, shared = 0, 0
     for _, kind, entries in ProfileGrid().shapes(sched, rng):
         step = build_plan(entries, spec, sched, rng, vocab_size=500)
         if step is None:
             continue
         built += 1
         blocks = [b for e in step.scheduled for b in e.block_table]
-        assert len(blocks) == len(set(blocks)) and max(blocks) < spec.num_blocks
+        assert max(blocks) < spec.num_blocks
+        # a block two entries hold lies in both their cached contexts (nothing writes it), and
+        # the stats count its repeats
+        written = [e.block_table[p // 16] for e in step.scheduled for p in range(e.num_computed_tokens, e.context_len)]
+        repeats = [b for b, n in Counter(blocks).items() if n > 1]
+        assert not set(written) & set(repeats)
+        assert step.stats.repeated_kv_tokens == 16 * (len(blocks) - len(set(blocks)))
+        assert (kind in SHARED_KINDS) >= bool(repeats)
+        shared += bool(repeats)
         assert len(step.scheduled) <= sched.max_num_seqs and step.num_tokens <= sched.max_num_batched_tokens
         for e in step.scheduled:
             assert len(e.block_table) * 16 >= e.context_len and e.context_len <= sched.max_model_len
             assert max(e.token_ids) < 500
             assert not (e.is_decode and (kind == "prefill" or len(e.token_ids) != 1))
-    assert built > 50
-    assert build_plan([(1, 5000, True)], spec, sched, rng, 500) is None  # more blocks than the pool
+    assert built > 50 and shared >= 10
+    assert build_plan([(1, 16000, True)], spec, sched, rng, 500) is None  # more blocks than the pool
 
 
 class GraphExecutor(FakeExecutor):
@@ -160,7 +177,7 @@ class GraphExecutor(FakeExecutor):
 def test_profile_times_decodes_with_and_without_graphs():
     grid = ProfileGrid(prefill_tokens=(64,), prefill_seqs=(1,), prefill_contexts=(0,), decode_batches=(4, 8),
                        decode_contexts=(100,), eager_decode_batches=(8,), mixed_prefill_tokens=(), num_random=0,
-                       warmup=1, repeats=3, min_repeats=3)
+                       shared_prefix_tokens=(), num_random_shared=0, warmup=1, repeats=3, min_repeats=3)
     executor = GraphExecutor()
     rows = profile_executor(executor, SchedulerConfig(max_model_len=1024), grid)
     assert list(rows["kind"]) == ["prefill", "decode", "decode", "decode"]

@@ -12,7 +12,7 @@ from tests.harness.conftest import compose_config
 pytest.importorskip("torch")
 
 STEP_DECISIONS = ["kind", "requests", "prefill_tokens", "decode_tokens", "waiting", "running", "free_blocks",
-                  "preempted", "prefix_hit_tokens"]
+                  "preempted", "prefix_hit_tokens", "repeated_kv_tokens"]
 
 
 def test_engine_and_sim_runs_share_the_schedule(tiny_checkpoint):
@@ -30,3 +30,16 @@ def test_engine_and_sim_runs_share_the_schedule(tiny_checkpoint):
     pd.testing.assert_frame_equal(engine.steps[STEP_DECISIONS], sim.steps[STEP_DECISIONS])
     assert list(engine.requests.columns) == list(sim.requests.columns)
     assert (engine.requests["ttft"] <= engine.requests["e2e"]).all()
+
+
+def test_engine_and_sim_count_the_same_repeated_reads_of_shared_prefixes(tiny_checkpoint):
+    common = ["execution.async_scheduling=false", "model=tiny-qwen3", "workload=shared_prefix", "workload.arrival=offline", "workload.rate=null",
+              "workload.num_requests=10", "workload.prompt_len.low=8", "workload.prompt_len.high=40",
+              "workload.output_len.low=8", "workload.output_len.high=24", "workload.shared_prefix.num_groups=2",
+              "workload.shared_prefix.prefix_len=64", "scheduler.max_model_len=512", "scheduler.max_num_batched_tokens=80", "scheduler.max_num_seqs=8",
+              "cache.block_size=16", "cache.num_blocks=250"]
+    engine = run_once(build_run_config(compose_config(common + [
+        "backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu"])), progress=False)
+    sim = run_once(build_run_config(compose_config(common)), progress=False)
+    pd.testing.assert_frame_equal(engine.steps[STEP_DECISIONS], sim.steps[STEP_DECISIONS])
+    assert engine.steps["repeated_kv_tokens"].sum() > 0

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 COLUMNS = ["model", "hardware", "workload", "load", "metric", "engine", "sim", "err", "cost_model", "engine_spread",
            "sim_lo", "sim_hi", "in_interval"]
-WORKLOADS = ["prefill_heavy", "conversation", "preempting_bench"]
+WORKLOADS = ["prefill_heavy", "conversation", "shared_prefix", "preempting_bench"]
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,14 @@ def test_results_dir_holds_summaries_only(heldout):
     assert (results / "heldout.png").stat().st_size > 0
     assert (run_dir / "profile_model.csv").is_file()  # the grid-only calibration, with residuals
     assert (pd.read_csv(run_dir / "profile_model.csv")["kind"] == "residual").any()
+
+
+def test_the_grid_profiles_steps_that_share_prefix_blocks_and_the_fit_prices_their_repeats(heldout):
+    _, _, run_dir = heldout
+    profile = pd.read_csv(run_dir / "profile.csv")
+    grid = profile[profile["set"] == "grid"]
+    assert (grid["decode_repeated_tokens"] > 0).sum() >= 4 and (grid["prefill_repeated_tokens"] > 0).any()
+    coefficients = pd.read_csv(run_dir / "profile_model.csv")
+    priced = coefficients[(coefficients["kind"] == "linear") & (coefficients["name"] == "decode_repeated_tokens")]
+    decode_regimes = set(coefficients["regime"]) & {"decode_graph", "decode_eager"}  # eager only on a CPU
+    assert decode_regimes and decode_regimes <= set(priced["regime"])

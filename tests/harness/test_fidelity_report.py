@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from harness.fidelity_report import target_table
+from harness.fidelity_report import merge, target_table
 
 
 def test_target_table_counts_only_the_targeted_metrics_and_loads():
@@ -18,3 +20,21 @@ def test_target_table_counts_only_the_targeted_metrics_and_loads():
     table = target_table(pd.DataFrame(rows))
     assert table.to_dict("records") == [
         {"model": "m", "workload": "w", "cost_model": "profiled", "within_10pct": 3, "cells": 5}]
+
+
+def test_merge_replaces_a_class_of_the_committed_table_with_a_later_calls_rows(tmp_path):
+    """merge.py with the committed heldout.csv first and a new call's table after it: the new
+    call's cells replace the committed ones of the same model, class, load, metric and cost
+    model; every other cell stays (the read-back CSVs keep load as text, so "0.5" meets "0.5")."""
+    committed = pd.read_csv(Path(__file__).resolve().parents[2] / "experiments" / "fidelity" / "heldout.csv")
+    new = committed[(committed["model"] == "qwen3-0.6b") & (committed["workload"] == "shared_prefix")].copy()
+    new["sim"] = new["engine"]
+    new["err"] = 0.0
+    new.to_csv(tmp_path / "new.csv", index=False)
+    committed.to_csv(tmp_path / "committed.csv", index=False)
+    merged = merge([pd.read_csv(tmp_path / "committed.csv"), pd.read_csv(tmp_path / "new.csv")])
+    assert len(merged) == len(committed)
+    replaced = (merged["model"] == "qwen3-0.6b") & (merged["workload"] == "shared_prefix")
+    assert replaced.sum() == len(new) and (merged.loc[replaced, "err"] == 0.0).all()
+    others = committed[~((committed["model"] == "qwen3-0.6b") & (committed["workload"] == "shared_prefix"))]
+    pd.testing.assert_frame_equal(merged[~replaced].reset_index(drop=True), others.reset_index(drop=True))

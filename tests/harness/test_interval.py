@@ -15,7 +15,7 @@ from harness.config import build_run_config
 from harness.fidelity_interval import simulate_with_interval
 from harness.run import run_once
 from sim import build_sim_executor
-from sim.interval import IntervalConfig, PerturbedCostModel
+from sim.interval import DEFAULT_MACHINE_SPREAD, MACHINE_SPREAD, IntervalConfig, PerturbedCostModel
 from sim.roofline import RooflineCostModel
 from tests.harness.conftest import compose_config
 
@@ -98,12 +98,13 @@ def test_a_single_simulated_run_writes_its_interval_to_the_summary(tmp_path):
 
     from harness.study import run_study
 
-    run_study(compose_config(["interval={level: 0.9, draws: 3, machine_spread: 0.05, seed: 0}",
+    run_study(compose_config(["interval={level: 0.9, draws: 3, machine_spread: null, seed: 0}",
                               "workload.num_requests=12", "output.plots=false"]), tmp_path)
     summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
     for metric in METRICS:
         assert summary[f"{metric}_lo"] <= summary[metric] <= summary[f"{metric}_hi"]
     assert summary["interval_draws"] == 3
+    assert summary["interval_machine_spread"] == MACHINE_SPREAD["qwen3-0.6b"]  # the default model's figure
 
 
 def test_an_interval_on_the_engine_is_refused(rc):
@@ -111,3 +112,28 @@ def test_an_interval_on_the_engine_is_refused(rc):
 
     with pytest.raises(ConfigError, match="backend=sim"):
         simulate_with_interval(dataclasses.replace(rc, backend="engine"), IntervalConfig(draws=2))
+
+
+def test_each_models_machine_spread_is_half_its_largest_spread_between_machines():
+    """MACHINE_SPREAD from the committed table (experiments/calibration/README.md, "How well the
+    engine repeats itself"): half the largest (max - min) / mean of a latency percentile."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "experiments" / "calibration" / "README.md").read_text()
+    rows = re.findall(r"^\| (0\.6B|8B) \| \w+ \| (?:TTFT|TPOT) P50 / P90 \| ([\d. ]+) / ([\d. ]+) \|", text, re.M)
+    largest = {}
+    for size, *percentiles in rows:
+        for cell in percentiles:
+            runs = [float(v) for v in cell.split()]
+            spread = (max(runs) - min(runs)) / (sum(runs) / len(runs))
+            largest[f"qwen3-{size.lower()}"] = max(largest.get(f"qwen3-{size.lower()}", 0.0), spread)
+    assert len(rows) == 8 and set(largest) == set(MACHINE_SPREAD)
+    for name, spread in largest.items():
+        assert MACHINE_SPREAD[name] == pytest.approx(spread / 2, abs=0.0005), name
+
+
+def test_a_config_without_a_machine_spread_takes_its_models():
+    assert IntervalConfig().for_model("qwen3-8b").machine_spread == MACHINE_SPREAD["qwen3-8b"]
+    assert IntervalConfig().for_model("tiny-qwen3").machine_spread == DEFAULT_MACHINE_SPREAD
+    assert IntervalConfig(machine_spread=0.2).for_model("qwen3-8b").machine_spread == 0.2

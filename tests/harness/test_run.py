@@ -17,7 +17,7 @@ from tests.core.fakes import OverlappingFakeExecutor
 from tests.harness.conftest import compose_config
 
 STEP_DECISIONS = ["kind", "requests", "prefill_tokens", "decode_tokens", "waiting", "running", "free_blocks",
-                  "preempted", "prefix_hit_tokens"]
+                  "preempted", "prefix_hit_tokens", "repeated_kv_tokens"]
 # A small cache under nano-vllm's bench: decodes run out of blocks and preempt.
 PREEMPTING = ["workload.num_requests=64", "cache.num_blocks=40", "output.plots=false"]
 
