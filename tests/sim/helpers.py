@@ -6,9 +6,12 @@ from pathlib import Path
 
 import yaml
 
+from engine.core.executor import BackendInfo, CompletedStep
+from engine.core.graph_sizes import GraphSizes
 from engine.core.model_shapes import model_shape
-from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from engine.core.plan import ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.sampling_params import SamplingParams
+from sim.features import step_features
 from sim.specs import HardwareSpec, ModelSpec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -41,3 +44,32 @@ def plan(*entries: ScheduledRequest) -> StepPlan:
 
 def decode_batch(contexts: list[int]) -> StepPlan:
     return plan(*(decode(c, rid=f"d{i}") for i, c in enumerate(contexts)))
+
+
+class LawExecutor:
+    """A fake device for profiling tests: prices each step by true_cost(features) of its
+    sim.features row; a plan with use_cuda_graphs off runs eagerly."""
+
+    def __init__(self, true_cost, graphs: GraphSizes, num_blocks: int = 20000, block_size: int = 16) -> None:
+        self._true_cost = true_cost
+        self._graphs = graphs
+        self._info = BackendInfo(num_blocks, block_size, 1000, graph_sizes=graphs)
+
+    def info(self) -> BackendInfo:
+        return self._info
+
+    def execute(self, step_plan) -> StepResult:
+        graphs = self._graphs if step_plan.use_cuda_graphs else ()
+        return StepResult([0] * len(step_plan.scheduled), self._true_cost(step_features(step_plan, graphs)))
+
+    def submit(self, step_plan):
+        return CompletedStep(self.execute(step_plan))
+
+    def observe(self, hook) -> None:
+        raise NotImplementedError("the profiler needs no hooks")
+
+    def hold_device(self, seconds: float) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        pass

@@ -10,13 +10,11 @@ import warnings
 import pytest
 
 from engine.core.config import SchedulerConfig
-from engine.core.executor import BackendInfo, CompletedStep
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, prefill_graph_sizes
-from engine.core.plan import StepResult
 from harness.profiling import LONG_PREFILL, ProfileGrid, profile_executor
 from sim.features import attention_pairs, step_features
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
-from tests.sim.helpers import plan, prefill
+from tests.sim.helpers import LawExecutor, plan, prefill
 
 # the helpers' plans sample without seeds; the profile's rows all carry one
 pytestmark = pytest.mark.filterwarnings("ignore:.*num_seeded")
@@ -35,38 +33,12 @@ def true_cost(features: dict) -> float:
             + KV * features["decode_context_tokens"])
 
 
-class QuadraticExecutor:
-    """Prices each step by true_cost; a plan with use_cuda_graphs off runs eagerly."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self._info = BackendInfo(num_blocks, block_size, 1000, graph_sizes=GRAPHS)
-
-    def info(self) -> BackendInfo:
-        return self._info
-
-    def execute(self, step_plan) -> StepResult:
-        graphs = GRAPHS if step_plan.use_cuda_graphs else ()
-        return StepResult([0] * len(step_plan.scheduled), true_cost(step_features(step_plan, graphs)))
-
-    def submit(self, step_plan):
-        return CompletedStep(self.execute(step_plan))
-
-    def observe(self, hook) -> None:
-        raise NotImplementedError("the profiler needs no hooks")
-
-    def hold_device(self, seconds: float) -> bool:
-        return False
-
-    def shutdown(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def fitted() -> tuple[ProfiledCostModel, object]:
     sched = SchedulerConfig(max_model_len=16386, max_num_batched_tokens=16384)
     grid = ProfileGrid(warmup=0, repeats=1, min_repeats=1, num_random=0, decode_batches=(1, 8, 64, 256),
                        decode_contexts=(512, 2048), prefill_seqs=(1, 4))
-    profile = profile_executor(QuadraticExecutor(num_blocks=2000, block_size=256), sched, grid)
+    profile = profile_executor(LawExecutor(true_cost, GRAPHS, num_blocks=2000, block_size=256), sched, grid)
     return ProfiledCostModel.fit(profile, GRAPHS), profile
 
 

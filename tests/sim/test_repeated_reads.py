@@ -10,16 +10,14 @@ import warnings
 import pytest
 
 from engine.core.config import SchedulerConfig
-from engine.core.executor import BackendInfo, CompletedStep
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, prefill_graph_sizes
-from engine.core.plan import StepResult
 from harness.profiling import ProfileGrid, profile_executor
 from sim.features import step_features
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import REPEATED_READS, l2_price_ratio, with_prior
 from sim.roofline import RooflineCostModel
 from sim.transfer import transfer
-from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
+from tests.sim.helpers import LawExecutor, decode, decode_batch, hardware, model, plan, prefill
 
 pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")
 GRAPHS = GraphSizes(decode_graph_sizes(512, 512), prefill_graph_sizes(4096))
@@ -113,36 +111,10 @@ def true_cost(f: dict) -> float:
             - DECODE_SAVING * f["decode_repeated_tokens"] - PREFILL_SAVING * f["prefill_repeated_tokens"])
 
 
-class LawExecutor:
-    """Prices each step by true_cost of its features."""
-
-    def __init__(self) -> None:
-        self._info = BackendInfo(20000, 16, 1000, graph_sizes=GRAPHS)
-
-    def info(self) -> BackendInfo:
-        return self._info
-
-    def execute(self, step_plan) -> StepResult:
-        graphs = GRAPHS if step_plan.use_cuda_graphs else ()
-        return StepResult([0] * len(step_plan.scheduled), true_cost(step_features(step_plan, graphs)))
-
-    def submit(self, step_plan):
-        return CompletedStep(self.execute(step_plan))
-
-    def observe(self, hook) -> None:
-        raise NotImplementedError("the profiler needs no hooks")
-
-    def hold_device(self, seconds: float) -> bool:
-        return False
-
-    def shutdown(self) -> None:
-        pass
-
-
 def test_a_fit_on_the_grid_recovers_the_price_of_repeated_reads():
     sched = SchedulerConfig(max_model_len=8192, max_num_batched_tokens=16384)
     grid = ProfileGrid(warmup=0, repeats=1, min_repeats=1, long_prefill_tokens=(), num_random=0)
-    profile = profile_executor(LawExecutor(), sched, grid)
+    profile = profile_executor(LawExecutor(true_cost, GRAPHS), sched, grid)
     assert (profile["decode_repeated_tokens"] > 0).sum() >= 20 and (profile["prefill_repeated_tokens"] > 0).sum() >= 4
     fitted = ProfiledCostModel.fit(profile, GRAPHS)
     for regime in ("decode_graph", "decode_eager", "prefill_graph"):
@@ -151,7 +123,7 @@ def test_a_fit_on_the_grid_recovers_the_price_of_repeated_reads():
     coef = dict(zip(fitted.fits["prefill_graph"].linear_features, fitted.fits["prefill_graph"].linear_coefs))
     assert coef["prefill_repeated_tokens"] == pytest.approx(-PREFILL_SAVING, rel=0.02)
     # shapes it never saw: random batches sharing prefixes
-    held_out = profile_executor(LawExecutor(), sched, dataclasses.replace(
+    held_out = profile_executor(LawExecutor(true_cost, GRAPHS), sched, dataclasses.replace(
         grid, prefill_tokens=(), decode_batches=(), mixed_prefill_tokens=(), shared_prefix_tokens=(),
         num_random_shared=20, seed=7))
     assert len(held_out) >= 20
