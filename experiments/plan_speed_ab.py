@@ -1,0 +1,97 @@
+"""Per-evaluation time of the deployment search, this tree against another checkout, side by side.
+
+Each deployment (the first --deployments of bench_plan_speed's grid) is evaluated by each tree in
+turn, in fresh processes that alternate (baseline, this tree, baseline, ...) for --rounds rounds,
+so load from other work on the machine falls on both alike. Each process reports the CPU time of
+evaluate() (time.process_time: what the evaluation itself cost, less sensitive to other processes
+than wall time), its plan.csv row and digests of the fleet's requests and steps tables; the rows
+and tables must be identical between trees. Prints one line per deployment and the ratio of the
+summed times.
+
+  python experiments/plan_speed_ab.py --baseline /work/main [--deployments 5] [--rounds 2] [--requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs inside each tree with only the APIs both trees have: bench_plan_speed's grid and overrides,
+# harness.plan.evaluate, and harness.plan.run_fleet_once wrapped to keep the outcome.
+WORKER = """
+import hashlib, json, sys, time
+import pandas as pd
+import harness.plan as plan
+from experiments import bench_plan_speed as bench
+from engine.core.routers import RouterConfig
+from harness.plan_config import SLOConfig, load_catalogue
+from harness.scripting import compose_run_config
+
+index, requests = int(sys.argv[1]), int(sys.argv[2])
+overrides = [o for o in bench.OVERRIDES if not o.startswith("workload.num_requests=")]
+rc = compose_run_config(overrides + [f"workload.num_requests={requests}"])
+base = plan.PlanBase(rc, load_catalogue(("a100", "h100", "h200")), SLOConfig(), RouterConfig())
+deployment = bench.grid(index + 1)[index]
+outcomes = []
+run_fleet_once = plan.run_fleet_once
+plan.run_fleet_once = lambda *a, **k: outcomes.append(run_fleet_once(*a, **k)) or outcomes[-1]
+started = time.process_time()
+row = plan.evaluate(deployment, base)
+cpu = time.process_time() - started
+row.pop("eval_s")
+digest = lambda df: hashlib.sha256(pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes()).hexdigest()[:16]
+tables = {"requests": digest(outcomes[0].requests), "steps": digest(outcomes[0].steps)} if outcomes else {}
+print(json.dumps({"cpu_s": cpu, "row": row, "tables": tables, "steps": len(outcomes[0].steps) if outcomes else 0},
+                 default=str))
+"""
+
+
+def evaluate_in(tree: Path, index: int, requests: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", WORKER, str(index), str(requests)], cwd=tree,
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{tree}: deployment {index} failed: {done.stderr.strip().splitlines()[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="another checkout of this repository (e.g. main's)")
+    parser.add_argument("--deployments", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=2000)
+    args = parser.parse_args(argv)
+    trees = {"baseline": Path(args.baseline).resolve(), "this": REPO}
+    totals = {name: 0.0 for name in trees}
+    same = True
+    for index in range(args.deployments):
+        times: dict[str, list[float]] = {name: [] for name in trees}
+        results = {}
+        for round_ in range(args.rounds):
+            order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
+            for name in order:
+                result = evaluate_in(trees[name], index, args.requests)
+                times[name].append(result["cpu_s"])
+                results[name] = result
+        best = {name: min(ts) for name, ts in times.items()}
+        for name in trees:
+            totals[name] += best[name]
+        identical = results["baseline"]["row"] == results["this"]["row"] and \
+            results["baseline"]["tables"] == results["this"]["tables"]
+        same &= identical
+        print(f"deployment {index}: {results['this']['steps']} steps; baseline {best['baseline']:.2f} s, "
+              f"this {best['this']:.2f} s (x{best['baseline'] / best['this']:.2f}); "
+              f"rows and tables {'identical' if identical else 'DIFFER'}", flush=True)
+    print(f"total (best of {args.rounds} each): baseline {totals['baseline']:.2f} s, this {totals['this']:.2f} s: "
+          f"x{totals['baseline'] / totals['this']:.2f}; {'all identical' if same else 'RESULTS DIFFER'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

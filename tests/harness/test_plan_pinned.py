@@ -1,0 +1,82 @@
+"""Deployment evaluations give the same plan.csv numbers as the simulator did before it was made
+faster (values recorded at commit 0c4f729): every latency percentile, throughput and SLO verdict
+of six deployments that cover both policies, overlapped (TP 1) and plain (TP 2) steps, every
+router, 1-3 replicas, prefix-cache hits and, on a cache of 24 blocks, preemptions."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine.core.routers import RouterConfig
+from harness.plan import Deployment, PlanBase, evaluate
+from harness.plan_config import SLOConfig, load_catalogue
+from harness.scripting import compose_run_config
+
+WORKLOAD = ["experiment=plan", "workload=shared_prefix", "workload.num_requests=150", "workload.rate=30",
+            "workload.shared_prefix.fraction=0.5", "output.progress=false"]
+TIGHT = "cache.num_blocks=24"
+CASES = {
+    "nano-rr-1": ("", Deployment("h100", 1, 64, 2048, "nano", "round_robin", 1)),
+    "mixed-tokens-2": ("", Deployment("h100", 1, 64, 2048, "mixed", "least_tokens", 2)),
+    "nano-requests-3-tp2": ("", Deployment("a100", 2, 32, 1024, "nano", "least_requests", 3)),
+    "mixed-affinity-2-tp2": ("", Deployment("h200", 2, 128, 4096, "mixed", "prefix_affinity", 2)),
+    "mixed-rr-1-preempting": (TIGHT, Deployment("h100", 1, 64, 2048, "mixed", "round_robin", 1)),
+    "nano-tokens-2-tp2-preempting": (TIGHT, Deployment("a100", 2, 64, 2048, "nano", "least_tokens", 2)),
+}
+PINNED_COLUMNS = tuple(f"{m}_p{p}_s" for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99)) + (
+    "output_tok_s", "request_s", "num_rejected", "slo_ratio", "meets_slo", "error")
+EXPECTED = {
+    "nano-rr-1": (
+        0.4590901670774701, 1.7362519428899412, 1.8306705533185959, 0.015483439578006252, 0.01658412546078184,
+        0.017312715426785027, 3.465785739520112, 4.4705657449324345, 4.8075966922360704, 3142.28414466919,
+        16.911579121681264, 0, 1.7362519428899412, False, "",
+    ),
+    "mixed-tokens-2": (
+        0.0363053111250593, 0.05053761835452254, 0.060997964398385694, 0.009437378880358352,
+        0.010170187544060265, 0.010755211719174252, 1.6805649098245927, 2.5581639551235833, 2.917972990269486,
+        4095.598098398229, 22.042255920481303, 0, 0.20340375088120527, True, "",
+    ),
+    "nano-requests-3-tp2": (
+        0.05415739746327608, 0.07034066478064169, 0.10665433029335428, 0.010575354968053313,
+        0.012168222890426832, 0.013917598556880807, 1.842973792793674, 2.9736468969734595, 3.358038290068293,
+        4134.6264645432175, 22.252304175719658, 0, 0.24336445780853663, True, "",
+    ),
+    "mixed-affinity-2-tp2": (
+        0.024382991031866696, 0.035785439475217035, 0.05935465448993656, 0.004866309554748297,
+        0.005357468048387348, 0.005998624182568318, 0.9017772463242255, 1.3953436488654831, 1.51207454383356,
+        4710.908410312237, 25.35381800246979, 0, 0.10714936096774695, True, "",
+    ),
+    "mixed-rr-1-preempting": (
+        22.48924852259289, 40.507190034124, 44.76239732280386, 0.006626798823040881, 0.007719873704270207,
+        0.011412039277314516, 23.62458033584133, 42.265845640673305, 46.09486190000455, 543.9366606384343,
+        2.9274335006194665, 0, 40.507190034124, False, "",
+    ),
+    "nano-tokens-2-tp2-preempting": (
+        10.01115389578967, 18.3149968372634, 20.73071541498832, 0.006888473284371129, 0.007947554334125704,
+        0.012156734052355582, 10.867046462199276, 20.315409937128784, 22.079910409423942, 1022.9165311117396,
+        5.5052735699028, 0, 18.3149968372634, False, "",
+    ),
+}
+
+
+def evaluate_cases() -> dict[str, dict]:
+    logging.disable(logging.WARNING)  # the clipping notice of the workload
+    try:
+        bases = {extra: PlanBase(compose_run_config(WORKLOAD + ([extra] if extra else [])),
+                                 load_catalogue(("a100", "h100", "h200")), SLOConfig(), RouterConfig())
+                 for extra in {extra for extra, _ in CASES.values()}}
+        return {key: evaluate(d, bases[extra]) for key, (extra, d) in CASES.items()}
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return evaluate_cases()
+
+
+@pytest.mark.parametrize("key", CASES)
+def test_a_deployment_gives_the_pinned_plan_row(rows, key):
+    assert tuple(rows[key][c] for c in PINNED_COLUMNS) == EXPECTED[key]
