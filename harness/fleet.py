@@ -28,7 +28,7 @@ from harness.convert import ConfigError
 from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.labels import run_identity
 from harness.metrics import requests_frame, steps_frame, summarize
-from harness.run import require_served, write_tables
+from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ def _sim_fleet(rcs: list[RunConfig]):
     def serve(requests, route, on_step) -> FleetResult:
         replicas = [Replica(i, make_scheduler(rc.scheduler, info, rc.cache), e, SimulatedClock())
                     for i, (e, info, rc) in enumerate(zip(executors, infos, rcs))]
-        return run_fleet(replicas, requests, route, on_step)
+        with cyclic_gc_paused():
+            return run_fleet(replicas, requests, route, on_step)
 
     try:
         yield infos, serve

@@ -5,6 +5,7 @@ router, 1-3 replicas, prefix-cache hits and, on a cache of 24 blocks, preemption
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -80,3 +81,17 @@ def rows():
 @pytest.mark.parametrize("key", CASES)
 def test_a_deployment_gives_the_pinned_plan_row(rows, key):
     assert tuple(rows[key][c] for c in PINNED_COLUMNS) == EXPECTED[key]
+
+
+def test_an_evaluation_leaves_no_reference_cycles():
+    """harness.run.cyclic_gc_paused turns the cycle collector off for simulations: sound only as
+    long as the loop frees its garbage by reference counting alone."""
+    extra, deployment = CASES["mixed-rr-1-preempting"]
+    base = PlanBase(compose_run_config(WORKLOAD + [extra]), load_catalogue(("h100",)), SLOConfig(), RouterConfig())
+    gc.collect()
+    gc.disable()
+    try:
+        evaluate(deployment, base)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
