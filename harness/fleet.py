@@ -109,7 +109,7 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
 
         started = time.perf_counter()
         with bar:
-            result = serve(workload.requests, make_router(router, rc.cache.block_size), on_step)
+            result = serve(workload.requests, make_router(router, rc.cache.block_size), on_step if progress else None)
         wall_s = time.perf_counter() - started
     extra = {
         "backend": rc.backend,

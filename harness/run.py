@@ -103,7 +103,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         if recorder is not None:
             clock = recorder.watch(clock)
         with bar, nullcontext() if wall else cyclic_gc_paused():
-            result = run(scheduler, executor, workload.requests, clock, on_step)
+            result = run(scheduler, executor, workload.requests, clock, on_step if progress else None)
         wall_s = time.perf_counter() - started
     finally:
         executor.shutdown()

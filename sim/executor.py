@@ -39,6 +39,8 @@ class SimExecutor:
         self.cost_model = cost_model
         self.seed = seed
         self._info = info
+        self._vocab_size = vocab_size
+        self._eos_token_id = eos_token_id
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
         self._hooks = StepHooks()
         self._unread = 0  # submitted steps whose result the loop has not read yet
@@ -67,23 +69,25 @@ class SimExecutor:
         seeds = self._request_seeds
         for request_id in plan.released_ids:
             seeds.pop(request_id, None)
-        vocab = self._info.vocab_size
-        eos = self._info.eos_token_id
+        vocab = self._vocab_size
+        eos = self._eos_token_id
         hash_int = xxhash.xxh64_intdigest
         tokens = []
+        append = tokens.append
         for entry in plan.scheduled:
             if not entry.sample:
-                tokens.append(0)
+                append(0)
                 continue
-            request_seed = seeds.get(entry.request_id)
+            request_id = entry.request_id
+            request_seed = seeds.get(request_id)
             if request_seed is None:
-                request_seed = seeds[entry.request_id] = hash_int(entry.request_id.encode(), self.seed)
+                request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
             # The token sampled this step lands at index context_len of the request's token ids.
             position = entry.num_computed_tokens + len(entry.token_ids)
             token = hash_int(position.to_bytes(8, "little"), request_seed) % vocab
             if token == eos:
                 token = (token + 1) % vocab
-            tokens.append(token)
+            append(token)
         return StepResult(tokens, self.cost_model.step_time(plan))
 
     def shutdown(self) -> None:

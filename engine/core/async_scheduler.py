@@ -52,9 +52,10 @@ class AsyncScheduler(Scheduler):
             if not entry.sample:
                 continue
             request = requests[entry.request_id]
-            request.token_ids.append(PLACEHOLDER)
+            tokens = request.token_ids
+            tokens.append(PLACEHOLDER)
             request.num_pending_tokens += 1
-            if len(request.token_ids) - request.num_prompt_tokens >= request.max_tokens:
+            if len(tokens) - request.num_prompt_tokens >= request.max_tokens:
                 self.block_manager.free(request)
                 self.finishing[request.request_id] = request
                 leaving = True
@@ -66,22 +67,27 @@ class AsyncScheduler(Scheduler):
         """Write a step's sampled tokens over its placeholders; returns the requests that finished."""
         finished: list[Request] = []
         any_stopped = False
+        requests = self.requests
+        block_size = self.block_manager.block_size
         for entry, token in zip(plan.scheduled, result.token_ids):
             if not entry.sample:
                 continue
-            request = self.requests.get(entry.request_id)
+            request = requests.get(entry.request_id)
             if request is None:  # aborted, or stopped on EOS in an earlier step
                 continue
+            tokens = request.token_ids
             index = entry.num_computed_tokens + len(entry.token_ids)
-            if index >= len(request.token_ids) or request.token_ids[index] != PLACEHOLDER:
+            if index >= len(tokens) or tokens[index] != PLACEHOLDER:
                 continue  # a stale step of a stopped request whose id a new request took
-            request.token_ids[index] = token
+            tokens[index] = token
             request.num_pending_tokens -= 1
             if request.first_token_time is None:
                 request.first_token_time = now
             reason = self._stop_reason(request, index - request.num_prompt_tokens + 1, token)
             if reason is None:
-                self._register_written(request)
+                # The token just written may complete a computed block that _book() could not hash.
+                if request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:
+                    self._register_computed(request)
                 continue
             if self.finishing.pop(request.request_id, None) is None:
                 any_stopped = True
@@ -96,9 +102,3 @@ class AsyncScheduler(Scheduler):
         if any_stopped:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
-
-    def _register_written(self, request: Request) -> None:
-        """The token just written may complete a computed block that _book() could not hash."""
-        if request.block_table and request.num_computed_tokens // self.block_manager.block_size > \
-                request.num_registered_blocks:
-            self._register_computed(request)

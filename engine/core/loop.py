@@ -144,7 +144,9 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
     def tick(self) -> None:
         """One iteration: admit what has arrived, then plan and execute (or submit) a step."""
         now = self.clock.now()
-        self.admit(now)
+        inbox = self.inbox
+        if inbox and inbox[0].arrival_time <= now:
+            self.admit(now)
         scheduler = self.scheduler
         if not scheduler.has_unfinished():
             if self.in_flight is not None:  # it only computes tokens of requests that already stopped
@@ -173,13 +175,16 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         self.complete(plan, pending.result(), planned_at)
 
     def complete(self, plan: StepPlan, step_result: StepResult, planned_at: float) -> None:
-        self.clock.advance(step_result.duration_s)
-        end = self.clock.now() - step_result.ready_age_s
+        duration = step_result.duration_s
+        clock = self.clock
+        clock.advance(duration)
+        end = clock.now() - step_result.ready_age_s
         finished = self.scheduler.update(plan, step_result, end)
-        start = end - step_result.duration_s if self.overlap else planned_at
-        record = StepRecord(start, step_result.duration_s, plan.stats, step_result.idle_s)
+        start = end - duration if self.overlap else planned_at
+        record = StepRecord(start, duration, plan.stats, step_result.idle_s)
         self.result.steps.append(record)
-        self.result.requests.extend(finished)
+        if finished:
+            self.result.requests.extend(finished)
         if self.on_step is not None:
             self.on_step(self.index, record, finished)
 

@@ -122,19 +122,11 @@ class Scheduler:
             kind = "decode"
         else:
             kind = "mixed"
-        stats = StepStats(
-            step=self._step,
-            kind=kind,
-            num_requests=len(scheduled),
-            num_prefill_tokens=prefill_tokens,
-            num_decode_tokens=decode_tokens,
-            num_waiting=len(self.waiting),
-            num_running=len(self.running),
-            num_free_blocks=self.block_manager.num_free_blocks,
-            num_preempted=len(self._preempted),
-            prefix_hit_tokens=self._hit_tokens,
-            repeated_kv_tokens=repeated * self.block_manager.block_size,
-            decode_repeated_kv_tokens=decode_repeated * self.block_manager.block_size,
+        block_size = self.block_manager.block_size
+        stats = StepStats(  # positional: a StepStats per step, and keywords cost twice the time
+            self._step, kind, len(scheduled), prefill_tokens, decode_tokens, len(self.waiting), len(self.running),
+            self.block_manager.num_free_blocks, len(self._preempted), self._hit_tokens, repeated * block_size,
+            decode_repeated * block_size,
         )
         self._step += 1
         released, self._released = self._released, []
@@ -148,10 +140,11 @@ class Scheduler:
             request = requests[entry.request_id]
             start = entry.num_computed_tokens
             end = start + len(entry.token_ids)
-            if start < request.max_computed_tokens:
-                request.num_recomputed_tokens += min(end, request.max_computed_tokens) - start
+            high = request.max_computed_tokens
+            if start < high:
+                request.num_recomputed_tokens += min(end, high) - start
             request.num_computed_tokens = end
-            if end > request.max_computed_tokens:
+            if end > high:
                 request.max_computed_tokens = end
             if end // block_size > request.num_registered_blocks:
                 self._register_computed(request)
@@ -162,16 +155,18 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
         """Append a step's sampled tokens; returns the requests that finished."""
         finished: list[Request] = []
+        requests = self.requests
         for entry, token in zip(plan.scheduled, result.token_ids):
             if not entry.sample:
                 continue
-            request = self.requests.get(entry.request_id)
+            request = requests.get(entry.request_id)
             if request is None:  # aborted after the step was planned
                 continue
-            request.token_ids.append(token)
+            tokens = request.token_ids
+            tokens.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._stop_reason(request, len(request.token_ids) - request.num_prompt_tokens, token)
+            reason = self._stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
             if reason is not None:
                 self._finish(request, reason, now)
                 finished.append(request)
@@ -209,9 +204,10 @@ class Scheduler:
         block_size = bm.block_size
         running = self.running
         scheduled: list[ScheduledRequest] = []
-        i = 0
-        while i < len(running) and budget > 0:
-            request = running[i]
+        # A preemption pops from the end of running, which this iteration then never reaches.
+        for request in running:
+            if budget <= 0:
+                break
             tokens = request.token_ids
             num_tokens = len(tokens)
             computed = request.num_computed_tokens
@@ -236,7 +232,6 @@ class Scheduler:
                 num_new == 1 and num_tokens > prompt_len,
             ))  # inlined _entry(): this loop runs once per running request per step
             budget -= num_new
-            i += 1
         return scheduled, budget
 
     def _entry(self, request: Request, num_new_tokens: int, is_decode: bool) -> ScheduledRequest:
