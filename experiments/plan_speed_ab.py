@@ -4,9 +4,10 @@ Each deployment (the first --deployments of bench_plan_speed's grid) is evaluate
 turn, in fresh processes that alternate (baseline, this tree, baseline, ...) for --rounds rounds,
 so load from other work on the machine falls on both alike. Each process reports the CPU time of
 evaluate() (time.process_time: what the evaluation itself cost, less sensitive to other processes
-than wall time), its plan.csv row and digests of the fleet's requests and steps tables; the rows
-and tables must be identical between trees. Prints one line per deployment and the ratio of the
-summed times.
+than wall time) and its plan.csv row; in the first round it also serves the deployment again as a
+plain fleet run (untimed) and reports digests of its whole requests and steps tables. Rows and
+tables must be identical between trees. Prints one line per deployment (the best time of each
+tree) and the ratio of the summed times.
 
   python experiments/plan_speed_ab.py --baseline /work/main [--deployments 5] [--rounds 2] [--requests 2000]
 """
@@ -44,15 +45,24 @@ started = time.process_time()
 row = plan.evaluate(deployment, base)
 cpu = time.process_time() - started
 row.pop("eval_s")
-digest = lambda df: hashlib.sha256(pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes()).hexdigest()[:16]
-tables = {"requests": digest(outcomes[0].requests), "steps": digest(outcomes[0].steps)} if outcomes else {}
-print(json.dumps({"cpu_s": cpu, "row": row, "tables": tables, "steps": len(outcomes[0].steps) if outcomes else 0},
-                 default=str))
+tables, steps = {}, 0
+if outcomes and sys.argv[3] == "tables":  # again, untimed, with the full tables of a plain fleet run
+    import dataclasses
+    from harness.fleet_config import FleetConfig
+    d = deployment
+    scheduler = dataclasses.replace(rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
+                                    max_num_batched_tokens=d.max_num_batched_tokens)
+    full = run_fleet_once(dataclasses.replace(rc, scheduler=scheduler, hardware=base.catalogue[d.hardware]),
+                          FleetConfig(d.replicas, d.tp_size), RouterConfig(name=d.router), progress=False)
+    digest = lambda df: hashlib.sha256(pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes()).hexdigest()
+    tables, steps = {"requests": digest(full.requests), "steps": digest(full.steps)}, len(full.steps)
+print(json.dumps({"cpu_s": cpu, "row": row, "tables": tables, "steps": steps}, default=str))
 """
 
 
-def evaluate_in(tree: Path, index: int, requests: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", WORKER, str(index), str(requests)], cwd=tree,
+def evaluate_in(tree: Path, index: int, requests: int, tables: bool) -> dict:
+    command = [sys.executable, "-c", WORKER, str(index), str(requests), "tables" if tables else "-"]
+    done = subprocess.run(command, cwd=tree,
                           env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True)
     if done.returncode:
@@ -76,14 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
             for name in order:
-                result = evaluate_in(trees[name], index, args.requests)
+                result = evaluate_in(trees[name], index, args.requests, tables=round_ == 0)
                 times[name].append(result["cpu_s"])
-                results[name] = result
+                results.setdefault(name, result)
         best = {name: min(ts) for name, ts in times.items()}
         for name in trees:
             totals[name] += best[name]
-        identical = results["baseline"]["row"] == results["this"]["row"] and \
-            results["baseline"]["tables"] == results["this"]["tables"]
+        same_row = json.dumps(results["baseline"]["row"], sort_keys=True) == json.dumps(results["this"]["row"], sort_keys=True)
+        identical = same_row and results["baseline"]["tables"] == results["this"]["tables"]  # (NaN != NaN in a dict)
         same &= identical
         print(f"deployment {index}: {results['this']['steps']} steps; baseline {best['baseline']:.2f} s, "
               f"this {best['this']:.2f} s (x{best['baseline'] / best['this']:.2f}); "

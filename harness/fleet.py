@@ -27,7 +27,7 @@ from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.labels import run_identity
-from harness.metrics import requests_frame, steps_frame, summarize
+from harness.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import build_workload
 
@@ -95,8 +95,9 @@ def _engine_fleet(rc: RunConfig, rcs: list[RunConfig]):
 
 
 def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
-                   label: str = "") -> FleetOutcome:
-    """Serve rc.workload on the fleet to completion."""
+                   label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS) -> FleetOutcome:
+    """Serve rc.workload on the fleet to completion. step_columns: those of the step tables
+    (harness.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read)."""
     rcs = replica_run_configs(rc, fleet)
     with _fleet(rc, rcs) as (infos, serve):
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
@@ -122,14 +123,15 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
         **workload.fit_counts(),
         "wall_s": wall_s,
     }
-    return tabulate(result, [info.num_blocks for info in infos], extra)
+    return tabulate(result, [info.num_blocks for info in infos], extra, step_columns)
 
 
-def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict) -> FleetOutcome:
+def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict,
+             step_columns: tuple[str, ...] = STEP_COLUMNS) -> FleetOutcome:
     """Per-replica and fleet tables and summaries of a FleetResult."""
     requests, steps, summaries, rejected = [], [], [], {}
     for index, (replica, blocks) in enumerate(zip(result.replicas, replica_blocks)):
-        req, st = requests_frame(replica), steps_frame(replica)
+        req, st = requests_frame(replica), steps_frame(replica, step_columns)
         rejected.update(replica.rejected)
         summaries.append(summarize(req, st, replica.makespan_s, blocks,
                                    {**extra, "replica": index, "num_rejected": len(replica.rejected)}))

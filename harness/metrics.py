@@ -8,6 +8,7 @@ clock when the last request finished).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -54,24 +55,28 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
     return frame[list(REQUEST_COLUMNS)]
 
 
-def steps_frame(result: RunResult) -> pd.DataFrame:
-    steps = result.steps
-    stats = [s.stats for s in steps]
-    return pd.DataFrame({
-        "step": np.array([s.step for s in stats], dtype=np.int64),
-        "start": np.array([s.start_s for s in steps], dtype=float),
-        "duration": np.array([s.duration_s for s in steps], dtype=float),
-        "kind": [s.kind for s in stats],
-        "requests": np.array([s.num_requests for s in stats], dtype=np.int64),
-        "prefill_tokens": np.array([s.num_prefill_tokens for s in stats], dtype=np.int64),
-        "decode_tokens": np.array([s.num_decode_tokens for s in stats], dtype=np.int64),
-        "waiting": np.array([s.num_waiting for s in stats], dtype=np.int64),
-        "running": np.array([s.num_running for s in stats], dtype=np.int64),
-        "free_blocks": np.array([s.num_free_blocks for s in stats], dtype=np.int64),
-        "preempted": np.array([s.num_preempted for s in stats], dtype=np.int64),
-        "prefix_hit_tokens": np.array([s.prefix_hit_tokens for s in stats], dtype=np.int64),
-        "repeated_kv_tokens": np.array([s.repeated_kv_tokens for s in stats], dtype=np.int64),
-    }, columns=list(STEP_COLUMNS))
+# column -> (read from the StepRecord or from its StepStats, attribute, dtype; None: Python objects)
+_STEP_SOURCES = {
+    "step": ("stats", "step", np.int64), "start": ("record", "start_s", float),
+    "duration": ("record", "duration_s", float), "kind": ("stats", "kind", None),
+    "requests": ("stats", "num_requests", np.int64), "prefill_tokens": ("stats", "num_prefill_tokens", np.int64),
+    "decode_tokens": ("stats", "num_decode_tokens", np.int64), "waiting": ("stats", "num_waiting", np.int64),
+    "running": ("stats", "num_running", np.int64), "free_blocks": ("stats", "num_free_blocks", np.int64),
+    "preempted": ("stats", "num_preempted", np.int64), "prefix_hit_tokens": ("stats", "prefix_hit_tokens", np.int64),
+    "repeated_kv_tokens": ("stats", "repeated_kv_tokens", np.int64),
+}
+SUMMARY_STEP_COLUMNS = ("prefill_tokens", "requests")  # what summarize() reads of a step table
+
+
+def steps_frame(result: RunResult, columns: tuple[str, ...] = STEP_COLUMNS) -> pd.DataFrame:
+    """The step table, or only the named columns of it (a whole trace has 10^5 steps and more)."""
+    rows = {"record": result.steps, "stats": list(map(attrgetter("stats"), result.steps))}
+    table = {}
+    for column in columns:
+        source, name, dtype = _STEP_SOURCES[column]
+        values = map(attrgetter(name), rows[source])
+        table[column] = list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(result.steps))
+    return pd.DataFrame(table, columns=list(columns))
 
 
 def write_steps(steps: pd.DataFrame, folder: Path) -> Path:

@@ -35,6 +35,7 @@ from harness.config import OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.fleet import run_fleet_once
 from harness.fleet_config import FleetConfig, build_fleet, with_tp_size
+from harness.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
 from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogue
 
@@ -76,8 +77,8 @@ def evaluate(deployment: Deployment, base: PlanBase) -> dict:
         scheduler = dataclasses.replace(base.rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
                                         max_num_batched_tokens=d.max_num_batched_tokens)
         rc = dataclasses.replace(base.rc, scheduler=scheduler, hardware=base.catalogue[d.hardware])
-        outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size),
-                                 dataclasses.replace(base.router, name=d.router), progress=False)
+        outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size), dataclasses.replace(base.router, name=d.router),
+                                 progress=False, step_columns=SUMMARY_STEP_COLUMNS)
     except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
         return {**row, "meets_slo": False, "slo_ratio": math.inf, "error": str(error).splitlines()[0],
                 "eval_s": time.perf_counter() - started}

@@ -57,7 +57,10 @@ class SimExecutor:
         if not self._unread:
             self.cost_model.drained()
         self._unread += 1
-        return self._hooks.submitted(plan, lambda p: _Priced(self._price(p), self))
+        return self._hooks.submitted(plan, self._submit)
+
+    def _submit(self, plan: StepPlan) -> _Priced:
+        return _Priced(self._price(plan), self)
 
     def observe(self, hook: StepHook) -> None:
         self._hooks.add(hook)

@@ -155,7 +155,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                 self.clock.wait_until(self.inbox[0].arrival_time)
             return
         plan = scheduler.schedule(now)
-        if plan.is_empty:
+        if not plan.scheduled:  # plan.is_empty, without a property call on every step
             if self.in_flight is not None:
                 self.finish_in_flight()
                 return

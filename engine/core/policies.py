@@ -40,7 +40,7 @@ class NanoScheduler(Scheduler):
         bm = self.block_manager
         budget = cfg.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
-        while len(self.running) < cfg.max_num_seqs and budget > 0:
+        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             request = self._next_waiting()
             if request is None:
                 break
@@ -89,7 +89,7 @@ class MixedScheduler(Scheduler):
         running = self.running
         if self._preempted and scheduled:
             return scheduled  # NOTE: admitting now would only feed the next preemption
-        while budget > 0 and len(running) < cfg.max_num_seqs:
+        while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             request = self._next_waiting()
             if request is None:
                 break
