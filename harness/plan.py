@@ -38,6 +38,7 @@ from harness.fleet_config import FleetConfig, build_fleet, with_tp_size
 from harness.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
 from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogue
+from harness.run import cyclic_gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,11 @@ def evaluate(deployment: Deployment, base: PlanBase) -> dict:
         scheduler = dataclasses.replace(base.rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
                                         max_num_batched_tokens=d.max_num_batched_tokens)
         rc = dataclasses.replace(base.rc, scheduler=scheduler, hardware=base.catalogue[d.hardware])
-        outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size), dataclasses.replace(base.router, name=d.router),
-                                 progress=False, step_columns=SUMMARY_STEP_COLUMNS)
+        # The whole evaluation without the cycle collector (harness.run.cyclic_gc_paused): its requests
+        # and steps are freed before the collector runs again, so it never scans them.
+        with cyclic_gc_paused():
+            outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size), dataclasses.replace(base.router, name=d.router),
+                                     progress=False, step_columns=SUMMARY_STEP_COLUMNS)
     except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
         return {**row, "meets_slo": False, "slo_ratio": math.inf, "error": str(error).splitlines()[0],
                 "eval_s": time.perf_counter() - started}

@@ -44,8 +44,8 @@ class AsyncScheduler(Scheduler):
         # a block that reaches into placeholders waits until update() knows their tokens
         self.block_manager.register_computed(request, len(request.token_ids) - request.num_pending_tokens)
 
-    def _book(self, scheduled: list[ScheduledRequest]) -> None:
-        super()._book(scheduled)
+    def _book(self, scheduled: list[ScheduledRequest]) -> tuple[int, int]:
+        counts = super()._book(scheduled)
         requests = self.requests
         leaving = False
         for entry in scheduled:
@@ -62,6 +62,7 @@ class AsyncScheduler(Scheduler):
         if leaving:
             finishing = self.finishing
             self.running = [r for r in self.running if r.request_id not in finishing]
+        return counts
 
     def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
         """Write a step's sampled tokens over its placeholders; returns the requests that finished."""

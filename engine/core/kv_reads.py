@@ -45,16 +45,20 @@ def read_blocks(entry: ScheduledRequest, block_size: int) -> Sequence[int]:
     return entry.block_table[:-(-entry.context_len // block_size)]
 
 
-def step_repeated_reads(scheduled: list[ScheduledRequest], bm: BlockManager, num_decodes: int) -> tuple[int, int]:
+def step_repeated_reads(scheduled: list[ScheduledRequest], bm: BlockManager,
+                        num_decodes: int | None = None) -> tuple[int, int]:
     """(repeated block reads of the whole step, of its decode entries alone), with num_decodes of
-    the entries decodes. Call it after the step is planned and before any of its requests frees
-    blocks (the scheduler books it after), so that every entry still holds its table.
+    the entries decodes (None: counted here, only where a block has two holders). Call it after
+    the step is planned and before any of its requests frees blocks (the scheduler books it
+    after), so that every entry still holds its table.
 
     NOTE: entries' whole tables stand in for the blocks they read. A table may run past what its
     entry reads (a prompt whose later chunks are still to come), but only by fresh blocks that no
     other request holds, which add as much to the total as to the distinct count."""
     if not bm.num_extra_refs:
         return 0, 0  # no block has two holders
+    if num_decodes is None:
+        num_decodes = sum(map(_IS_DECODE, scheduled))
     num_prefills = len(scheduled) - num_decodes
     if bm.num_holders != len(scheduled):
         # a holder sits out this step: count over the step's own tables

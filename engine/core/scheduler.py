@@ -10,7 +10,6 @@ step is planned before this one's tokens are known.
 from __future__ import annotations
 
 from collections import deque
-from operator import attrgetter
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import SchedulerConfig
@@ -18,8 +17,6 @@ from engine.core.kv_reads import step_repeated_reads
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 
-_IS_DECODE = attrgetter("is_decode")
-_TOKEN_IDS = attrgetter("token_ids")
 
 
 class Scheduler:
@@ -109,11 +106,10 @@ class Scheduler:
         self._hit_tokens = 0
         self._now = now
         scheduled = self._build_step()
-        decode_tokens = sum(map(_IS_DECODE, scheduled))
         # before _book(), which may free the blocks of requests this step finishes
-        repeated, decode_repeated = step_repeated_reads(scheduled, self.block_manager, decode_tokens)
-        self._book(scheduled)
-        prefill_tokens = sum(map(len, map(_TOKEN_IDS, scheduled))) - decode_tokens
+        repeated, decode_repeated = step_repeated_reads(scheduled, self.block_manager)
+        num_tokens, decode_tokens = self._book(scheduled)
+        prefill_tokens = num_tokens - decode_tokens
         if not scheduled:
             kind = "idle"
         elif not decode_tokens:
@@ -132,14 +128,18 @@ class Scheduler:
         released, self._released = self._released, []
         return StepPlan(scheduled, stats, self._preempted, released)
 
-    def _book(self, scheduled: list[ScheduledRequest]) -> None:
-        """Count a planned step's tokens as computed and offer newly full blocks to the prefix cache."""
+    def _book(self, scheduled: list[ScheduledRequest]) -> tuple[int, int]:
+        """Count a planned step's tokens as computed and offer newly full blocks to the prefix cache.
+        Returns the step's tokens and its decode entries (StepStats counts them)."""
         block_size = self.block_manager.block_size
         requests = self.requests
+        num_tokens = num_decodes = 0
         for entry in scheduled:
             request = requests[entry.request_id]
             start = entry.num_computed_tokens
             end = start + len(entry.token_ids)
+            num_tokens += end - start
+            num_decodes += entry.is_decode
             high = request.max_computed_tokens
             if start < high:
                 request.num_recomputed_tokens += min(end, high) - start
@@ -148,6 +148,7 @@ class Scheduler:
                 request.max_computed_tokens = end
             if end // block_size > request.num_registered_blocks:
                 self._register_computed(request)
+        return num_tokens, num_decodes
 
     def _register_computed(self, request: Request) -> None:
         self.block_manager.register_computed(request)

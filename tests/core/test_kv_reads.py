@@ -133,5 +133,6 @@ def test_any_subset_of_the_holders_is_counted_from_its_own_tables(specs):
                                             request.block_table, True, SamplingParams(), 0, is_decode))
     decodes = sum(e.is_decode for e in entries)
     repeated, decode_repeated = step_repeated_reads(entries, bm, decodes)
+    assert step_repeated_reads(entries, bm) == (repeated, decode_repeated)  # decodes counted there
     assert repeated == repeated_block_reads(read_blocks(e, bs) for e in entries)
     assert decode_repeated == repeated_block_reads(read_blocks(e, bs) for e in entries if e.is_decode)
