@@ -76,7 +76,7 @@ def steps_frame(result: RunResult, columns: tuple[str, ...] = STEP_COLUMNS) -> p
         source, name, dtype = _STEP_SOURCES[column]
         values = map(attrgetter(name), rows[source])
         table[column] = list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(result.steps))
-    return pd.DataFrame(table, columns=list(columns))
+    return pd.DataFrame(table, index=pd.RangeIndex(len(result.steps)), columns=list(columns))
 
 
 def write_steps(steps: pd.DataFrame, folder: Path) -> Path:

@@ -131,3 +131,40 @@ def test_each_simulated_replica_runs_the_single_run_of_the_requests_routed_to_it
         assert _rows(replica) == _rows(alone)
         assert [(s.start_s, s.duration_s, s.stats) for s in replica.steps] == \
             [(s.start_s, s.duration_s, s.stats) for s in alone.steps]
+
+
+def _global_clock_fleet(replicas, requests, router):
+    """The fleet loop as one global event clock: always tick the replica whose next iteration
+    starts earliest; route an arrival once every replica's next iteration starts at or after it.
+    run_fleet runs each replica up to the next arrival instead; it must give the same fleet."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    assignment = {}
+    next_arrival = 0
+    while True:
+        times = [replica.next_event_time() for replica in replicas]
+        earliest = min(range(len(replicas)), key=times.__getitem__)
+        if next_arrival < len(pending) and pending[next_arrival].arrival_time <= times[earliest]:
+            request = pending[next_arrival]
+            assignment[request.request_id] = router.route(request, replicas)
+            replicas[assignment[request.request_id]].inbox.append(request)
+            next_arrival += 1
+        elif times[earliest] == float("inf"):
+            return assignment
+        else:
+            replicas[earliest].tick()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrivals(), st.integers(1, 4), st.sampled_from(ROUTERS), st.sampled_from([FakeExecutor, OverlappingFakeExecutor]),
+       st.integers(12, 40))
+def test_running_each_replica_to_the_next_arrival_is_the_global_event_clock(specs, n, router_name, executor_class,
+                                                                             num_blocks):
+    fleet = run_fleet(_fleet(n, executor_class, num_blocks), _requests(specs),
+                      make_router(RouterConfig(router_name), BLOCK))
+    replicas = _fleet(n, executor_class, num_blocks)
+    assignment = _global_clock_fleet(replicas, _requests(specs), make_router(RouterConfig(router_name), BLOCK))
+    assert fleet.assignment == assignment
+    for ours, theirs in zip(fleet.replicas, replicas):
+        assert sorted(_rows(ours)) == sorted(_rows(theirs.result))
+        assert [(s.start_s, s.duration_s, s.stats) for s in ours.steps] == \
+            [(s.start_s, s.duration_s, s.stats) for s in theirs.result.steps]
