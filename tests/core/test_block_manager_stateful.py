@@ -7,9 +7,11 @@ checked against what was really computed there, not against the manager's own bo
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 
-from hypothesis import settings
+import xxhash
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -143,3 +145,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+@settings(max_examples=100)
+@given(st.integers(0, 2**64 - 1), st.lists(st.integers(0, 2**31), max_size=300))
+def test_a_block_key_is_the_hash_of_its_parent_key_and_its_ids_as_int64(parent, token_ids):
+    """The key format: xxh64 of the parent key (8 bytes, little-endian) and the ids as native int64."""
+    expected = xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + array("q", token_ids).tobytes())
+    assert chain_hash(parent, token_ids) == chain_hash(parent, tuple(token_ids)) == expected
