@@ -15,6 +15,7 @@ one at a time, is priced after cost_model.drained(): nothing runs before it to h
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -24,6 +25,9 @@ from engine.core.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
     from sim.cost_model import CostModel
+
+# position.to_bytes(8, "little") (positions are never negative), in half the time: once per sampled token
+_position_bytes = struct.Struct("<Q").pack
 
 
 class SimExecutor:
@@ -87,7 +91,7 @@ class SimExecutor:
                 request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
             # The token sampled this step lands at index context_len of the request's token ids.
             position = entry.num_computed_tokens + len(entry.token_ids)
-            token = hash_int(position.to_bytes(8, "little"), request_seed) % vocab
+            token = hash_int(_position_bytes(position), request_seed) % vocab
             if token == eos:
                 token = (token + 1) % vocab
             append(token)

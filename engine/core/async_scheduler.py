@@ -69,6 +69,7 @@ class AsyncScheduler(Scheduler):
         finished: list[Request] = []
         any_stopped = False
         requests = self.requests
+        stop_reason = self._stop_reason
         block_size = self.block_manager.block_size
         for entry, token in zip(plan.scheduled, result.token_ids):
             if not entry.sample:
@@ -84,7 +85,7 @@ class AsyncScheduler(Scheduler):
             request.num_pending_tokens -= 1
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._stop_reason(request, index - request.num_prompt_tokens + 1, token)
+            reason = stop_reason(request, index - request.num_prompt_tokens + 1, token)
             if reason is None:
                 # The token just written may complete a computed block that _book() could not hash.
                 if request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:

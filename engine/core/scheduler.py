@@ -157,6 +157,7 @@ class Scheduler:
         """Append a step's sampled tokens; returns the requests that finished."""
         finished: list[Request] = []
         requests = self.requests
+        stop_reason = self._stop_reason
         for entry, token in zip(plan.scheduled, result.token_ids):
             if not entry.sample:
                 continue
@@ -167,7 +168,7 @@ class Scheduler:
             tokens.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
+            reason = stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
             if reason is not None:
                 self._finish(request, reason, now)
                 finished.append(request)

@@ -8,6 +8,7 @@ the whole table."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 
 import pandas as pd
@@ -133,3 +134,20 @@ def test_a_step_table_of_some_columns_is_those_columns_of_the_whole_table():
     assert whole["preempted"].sum() > 0 and whole["prefix_hit_tokens"].sum() > 0
     for columns in (SUMMARY_STEP_COLUMNS, ("kind", "start")):
         pd.testing.assert_frame_equal(steps_frame(result, columns), whole[list(columns)])
+
+
+def test_the_simulator_samples_the_tokens_it_sampled_before():
+    """The simulated tokens (a hash of seed, request and position), preempted requests included:
+    sha256 over every request's ids, recorded at commit 528e89d."""
+    digest = hashlib.sha256()
+    for tp in (1, 2):  # overlapped steps, then plain ones
+        rc = compose_run_config(["model=qwen3-8b", "workload=shared_prefix", "workload.num_requests=60", TIGHT,
+                                 f"execution.tensor_parallel_size={tp}", "output.progress=false"])
+        executor = make_executor(rc)
+        info = executor.info()
+        requests = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size).requests
+        result = run(make_scheduler(rc.scheduler, info, rc.cache), executor, requests, SimulatedClock())
+        assert sum(r.num_preemptions for r in result.requests) > 0
+        for request in result.requests:
+            digest.update(repr(request.token_ids).encode())
+    assert digest.hexdigest() == "3ed20dc8c4c1955e154343c1a6571b564062042df63f058ad041204bdeb709db"
