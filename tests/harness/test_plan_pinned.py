@@ -139,7 +139,7 @@ def test_a_step_table_of_some_columns_is_those_columns_of_the_whole_table():
 
 def test_the_simulator_samples_the_tokens_it_sampled_before():
     """The simulated tokens (a hash of seed, request and position), preempted requests included:
-    sha256 over every request's ids, recorded at commit 528e89d."""
+    sha256 over every request's ids, recorded at commit 0c4f729."""
     digest = hashlib.sha256()
     for tp in (1, 2):  # overlapped steps, then plain ones
         rc = compose_run_config(["model=qwen3-8b", "workload=shared_prefix", "workload.num_requests=60", TIGHT,
