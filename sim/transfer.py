@@ -2,14 +2,16 @@
 
 NOTE: the rule, per part of the fit (sim.profiled), with F = peak_flops and B = mem_bandwidth of
 the source (s) and target (t) HardwareSpec (conf/hardware):
-- decode regimes' size function (a decode step reads every weight once and computes little):
-  memory-bound, x B_s / B_t;
-- prefill regimes' size function at a knot of n tokens: a linear layer of P bf16 parameters
-  computes 2Pn FLOPs and reads 2P bytes, so it takes max(n / F, 1 / B) in units of 2P:
-  x max(n / F_t, 1 / B_t) / max(n / F_s, 1 / B_s), memory-bound for small chunks and compute-bound
-  past n = F / B tokens (295 on an H100);
+- every regime's size function (a step's base at n tokens, before its context terms): the part
+  of it that the roofline explains, e = min(value, r_s(n)) with r(n) the roofline's weights and
+  linear layers of n tokens (sim.roofline: max of the FLOPs over F and the weight bytes over B,
+  with the GPU's efficiencies), moves to e r_t(n) / r_s(n); the rest, the kernels' latency floors
+  that neither bandwidth nor peak FLOP/s set, stays. Decode is memory-bound (r = weights / B) and
+  long prefill chunks compute-bound. Measured on Qwen3-0.6B (a 1.2 GB model whose small steps are
+  mostly kernel floors; experiments/fidelity/h200/): the H200's decode base is 0.93-1.0 of the
+  H100's, not 3.35 / 4.8 = 0.70, and scaling it all by bandwidth predicted TPOT 20-29% short;
 - prefill_attention_pairs (attention FLOPs): compute-bound, x F_s / F_t;
-- decode_context_tokens (KV reads): memory-bound, x B_s / B_t;
+- decode_context_tokens (KV reads): memory-bound, x B_s / B_t (measured: 0.68-0.69 of the H100's);
 - decode_repeated_tokens (its coefficient b: a token read again, from L2, costs a + b, with a the
   decode_context_tokens coefficient): a + b x L2_s / L2_t, a x B_s / B_t, so
   b -> (a + b) L2_s / L2_t - a B_s / B_t; prefill_repeated_tokens: x L2_s / L2_t (L2 =
@@ -17,7 +19,7 @@ the source (s) and target (t) HardwareSpec (conf/hardware):
 - num_seqs, num_seeded (per-row launches, sampler generators), the host and launch fits and the
   launch delay: host work, unchanged (the same host CPU is assumed);
 - gpu fits (device time alone) follow their regime's rule.
-Efficiency factors are taken to be equal on both GPUs; what that misses (an H200 that reaches a
+Efficiency factors are each GPU's own (conf/hardware); what they miss (an H200 that reaches a
 different share of its bandwidth) is the transfer's error, which only a measurement can show.
 """
 
@@ -29,7 +31,8 @@ from sim.features import REPEATED_FEATURES
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled import HOST_REGIME, ProfiledCostModel
 from sim.repeated_reads import FIRST_READS, REPEATED_READS
-from sim.specs import HardwareSpec
+from sim.roofline import RooflineCostModel
+from sim.specs import HardwareSpec, ModelSpec
 
 MEMORY_BOUND_FEATURES = ("decode_context_tokens",)
 COMPUTE_BOUND_FEATURES = ("prefill_attention_pairs",)
@@ -37,33 +40,43 @@ DECODE_REGIMES = ("decode_graph", "decode_eager")
 PREFILL_REGIMES = ("prefill", "prefill_graph")
 
 
-def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpec) -> ProfiledCostModel:
-    """A copy of model (fitted on source) whose device parts are scaled to target (rule above)."""
+def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpec, spec: ModelSpec,
+             tp_size: int = 1) -> ProfiledCostModel:
+    """A copy of model (spec's steps at tp_size, fitted on source) whose device parts are scaled to
+    target (rule above)."""
+    rooflines = (RooflineCostModel(spec, source, tp_size), RooflineCostModel(spec, target, tp_size))
     fits = {}
     for name, fit in model.fits.items():
         part, _, regime = name.rpartition(":")
         if name == HOST_REGIME or part == "launch":
             fits[name] = fit
         else:
-            fits[name] = _scale_fit(fit, regime, source, target)
+            fits[name] = _scale_fit(fit, regime, source, target, rooflines)
     moved = ProfiledCostModel(fits, model.graphs)
     moved.launch_delay_s = model.launch_delay_s
     return moved
 
 
-def knot_scale(regime: str, size: float, source: HardwareSpec, target: HardwareSpec) -> float:
-    """Factor on a regime's size function at one knot (the rule in the module docstring)."""
-    if regime in DECODE_REGIMES:
-        return source.mem_bandwidth / target.mem_bandwidth
-    if regime not in PREFILL_REGIMES:
+def explained_base(roofline: RooflineCostModel, regime: str, size: float) -> float:
+    """Seconds of a regime's step base at `size` tokens that the roofline explains: the linear
+    layers' weights and FLOPs, and the LM head where every row samples (decode)."""
+    if regime not in DECODE_REGIMES + PREFILL_REGIMES:
         raise ValueError(f"no transfer rule for regime {regime!r}; known: {DECODE_REGIMES + PREFILL_REGIMES}")
-    ours = max(size / target.peak_flops, 1.0 / target.mem_bandwidth)
-    theirs = max(size / source.peak_flops, 1.0 / source.mem_bandwidth)
-    return ours / theirs
+    tokens = max(1, int(round(size)))
+    phases = roofline.phase_times(tokens, tokens if regime in DECODE_REGIMES else 0, 0, 0, tokens)
+    return phases["linear"] + phases["lm_head"]
 
 
-def _scale_fit(fit: PiecewiseLinearFit, regime: str, source: HardwareSpec, target: HardwareSpec) -> PiecewiseLinearFit:
-    values = tuple(v * knot_scale(regime, k, source, target) for k, v in zip(fit.knots, fit.knot_values))
+def carried_knot(value: float, regime: str, size: float, rooflines: tuple[RooflineCostModel, RooflineCostModel]) -> float:
+    """A size function's value at one knot on the target: its roofline part rescaled, the rest kept."""
+    source, target = (explained_base(r, regime, size) for r in rooflines)
+    explained = min(value, source)
+    return value - explained + explained * target / source
+
+
+def _scale_fit(fit: PiecewiseLinearFit, regime: str, source: HardwareSpec, target: HardwareSpec,
+               rooflines: tuple[RooflineCostModel, RooflineCostModel]) -> PiecewiseLinearFit:
+    values = tuple(carried_knot(v, regime, k, rooflines) for k, v in zip(fit.knots, fit.knot_values))
     memory = source.mem_bandwidth / target.mem_bandwidth
     l2 = memory
     if source.l2_bandwidth is not None and target.l2_bandwidth is not None:

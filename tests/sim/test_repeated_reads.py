@@ -90,7 +90,7 @@ def test_prior_discounts_repeats_by_the_l2_to_memory_price_ratio():
 def test_transfer_carries_the_l2_price_and_the_memory_price_apart():
     h100, h200 = hardware("h100"), hardware("h200")
     source = with_prior(ProfiledCostModel.load(RUN6_MODEL, GRAPHS), h100)
-    moved = transfer(source, h100, h200)
+    moved = transfer(source, h100, h200, model("qwen3-0.6b"))
     fit, before = moved.fits["decode_graph"], source.fits["decode_graph"]
     coef = dict(zip(fit.linear_features, fit.linear_coefs))
     a = dict(zip(before.linear_features, before.linear_coefs))["decode_context_tokens"]
