@@ -55,6 +55,9 @@ class FidelityConfig:
     profile_path: str | None = None  # a step-timing table (fitted and validated here) or saved coefficients
     grid: str = "full"  # null profile_path: profile the engine with this grid first
     cost_models: tuple[str, ...] = COST_MODELS
+    # a profiled model fitted on another GPU and carried to this run's hardware
+    # (experiments/fidelity/transfer_model.py): its predictions are cost model "carried"
+    carried_profile_path: str | None = None
     interval: IntervalConfig = IntervalConfig()
     results_dir: str | None = None  # null: the run directory
 
@@ -116,7 +119,8 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
 
 
 def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool) -> tuple[list[dict], dict]:
-    """The engine's summaries (repeats) and each cost model's simulated summary of one cell."""
+    """The engine's summaries (repeats) and each cost model's simulated summary of one cell (and
+    the carried model's, where one is given)."""
     engine_runs, meta = [], None
     for i in range(fc.repeats):
         outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
@@ -131,12 +135,18 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
                 sims[name] = simulate_with_interval(sim_rc, fc.interval).summary
             else:
                 sims[name] = run_once(sim_rc, False, label=f"sim {name}").summary
+    if fc.carried_profile_path is not None:
+        carried_rc = sim_run_config(rc, "profiled", fc.carried_profile_path, meta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sims["carried"] = run_once(carried_rc, False, label="sim carried").summary
     return engine_runs, sims
 
 
 def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     fc = to_dataclass(FidelityConfig, section(cfg, "fidelity"), "fidelity")
-    fc = dataclasses.replace(fc, profile_path=existing_path(fc.profile_path, "fidelity.profile_path"))
+    fc = dataclasses.replace(fc, profile_path=existing_path(fc.profile_path, "fidelity.profile_path"),
+                             carried_profile_path=existing_path(fc.carried_profile_path, "fidelity.carried_profile_path"))
     rc = build_run_config(cfg)
     if rc.backend != "engine":
         raise ConfigError(f"backend must be engine for the held-out protocol, got {rc.backend}")

@@ -66,7 +66,7 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> None:
         part = online[online["workload"] == workload]
         for i, metric in enumerate(PLOTTED):
             rows = part[part["metric"] == metric]
-            for cost_model, style in (("profiled", "-"), ("roofline", ":")):
+            for cost_model, style in (("profiled", "-"), ("roofline", ":"), ("carried", "--")):
                 line = rows[rows["cost_model"] == cost_model].sort_values("load_x")
                 if len(line):
                     ax.plot(line["load_x"], 100 * line["err"], style, marker="o", color=f"C{i}",
@@ -96,8 +96,8 @@ def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
     profiled model's median |err| on the latency percentiles (the README's table)."""
     profiled = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)]
     rows = []
-    for (model, load), part in profiled.groupby(["model", "load"]):
-        rows.append({"model": model, "load": load, "cells": len(part), "in_interval": interval_coverage(part),
+    for (model, hardware, load), part in profiled.groupby(["model", "hardware", "load"]):
+        rows.append({"model": model, "hardware": hardware, "load": load, "cells": len(part), "in_interval": interval_coverage(part),
                      "median_abs_err": float(part["err"].abs().median()),
                      "median_engine_spread": float(part["engine_spread"].median())})
     return pd.DataFrame(rows)
@@ -108,5 +108,5 @@ def target_table(table: pd.DataFrame, loads=("0.5", "0.8"), bound: float = 0.10)
     P50/P90 at 50% and 80% load) are within `bound` of the engine (the README's counts)."""
     cells = table[table["metric"].isin(PLOTTED) & table["load"].astype(str).isin(loads)]
     within = cells.assign(within=cells["err"].abs() <= bound)
-    out = within.groupby(["model", "workload", "cost_model"], sort=False)["within"].agg(["sum", "count"])
+    out = within.groupby(["model", "hardware", "workload", "cost_model"], sort=False)["within"].agg(["sum", "count"])
     return out.rename(columns={"sum": "within_10pct", "count": "cells"}).reset_index()

@@ -5,9 +5,12 @@
 # folder WHEELS names: .whl by default; .hyd where a checkout keeps them alone there) and, for the
 # conversation class, .traces (azure_conv_2023.csv). A later call of the same model passes the
 # first call's profile.csv as PROFILE (refitted here on its grid rows: no second profile).
+# HARDWARE (conf/hardware, default h100) names the GPU the call runs on; CARRIED, a model fitted on
+# another GPU and carried to it (transfer_model.py), adds the cost model "carried" to every cell.
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=prefill_heavy,bursty,shared_prefix bash experiments/fidelity/run_gpu.sh
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=decode_heavy,conversation,preempting_bench PROFILE=<copied profile.csv> ...
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=shared_prefix NUM_REQUESTS=80 WHEELS=.hyd bash experiments/fidelity/run_gpu.sh
+#   OUT=$OUT HARDWARE=h200 CARRIED=experiments/fidelity/h200/qwen3-0.6b_from_h100.csv WORKLOADS=decode_heavy ...
 # then, without a GPU: python experiments/fidelity/merge.py <the calls' heldout.csv files>
 set -euo pipefail
 OUT=${OUT:?set OUT}
@@ -16,6 +19,8 @@ WORKLOADS=${WORKLOADS:-prefill_heavy,decode_heavy,conversation,bursty,shared_pre
 NUM_REQUESTS=${NUM_REQUESTS:-100}
 LOADS=${LOADS:-0.5,0.8,0.95}
 PROFILE=${PROFILE:-null}
+HARDWARE=${HARDWARE:-h100}
+CARRIED=${CARRIED:-null}
 WHEELS=${WHEELS:-.whl}
 TAG=${TAG:-$(echo "$WORKLOADS" | tr ',' '-')}
 case $MODEL in
@@ -34,9 +39,10 @@ esac
 mkdir -p "$OUT/$MODEL/$TAG"
 # max_model_len 16,384: above the prefill-heavy class's 10,240, so the grid's long chunks after
 # 12k of cached context are profiled too (harness.profiling.ProfileGrid.long_prefill_*)
-python3 -m harness experiment=fidelity model=$MODEL hardware=h100 backend.model=$CK \
+python3 -m harness experiment=fidelity model=$MODEL hardware=$HARDWARE backend.model=$CK \
     scheduler.max_model_len=16384 "fidelity.workloads=[$WORKLOADS]" \
     "fidelity.loads=[$LOADS]" fidelity.num_requests=$NUM_REQUESTS fidelity.profile_path=$PROFILE \
+    fidelity.carried_profile_path=$CARRIED \
     fidelity.results_dir=$OUT/$MODEL/$TAG hydra.run.dir=$RUN output.progress=false 2>&1 | tee "$OUT/$MODEL/$TAG/run.log"
 for f in profile.csv profile_model.csv validation.csv; do
   [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/$MODEL/"

@@ -79,3 +79,29 @@ def test_the_grid_profiles_steps_that_share_prefix_blocks_and_the_fit_prices_the
     priced = coefficients[(coefficients["kind"] == "linear") & (coefficients["name"] == "decode_repeated_tokens")]
     decode_regimes = set(coefficients["regime"]) & {"decode_graph", "decode_eager"}  # eager only on a CPU
     assert decode_regimes and decode_regimes <= set(priced["regime"])
+
+
+def test_a_carried_model_is_simulated_beside_the_fit_and_the_same_model_predicts_the_same(heldout, tiny_checkpoint,
+                                                                                          tmp_path):
+    """fidelity.carried_profile_path adds cost model "carried" (a fit from another GPU, carried here)
+    to every cell; given this run's own fit it must repeat the profiled point predictions exactly."""
+    _, _, run_dir = heldout
+    fit = run_dir / "profile_model.csv"
+    run_study(compose_config([
+        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
+        "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625", "fidelity.num_requests=3",
+        "fidelity.workloads=[bursty]", "fidelity.loads=[0.8]", f"fidelity.profile_path={fit}",
+        f"fidelity.carried_profile_path={fit}", "fidelity.interval.draws=2", "fidelity.cost_models=[profiled]",
+        f"fidelity.results_dir={tmp_path}"]), tmp_path / "run")
+    table = pd.read_csv(tmp_path / "heldout.csv")
+    carried, profiled = (table[table["cost_model"] == c].reset_index(drop=True) for c in ("carried", "profiled"))
+    assert len(carried) == len(profiled) > 0
+    np.testing.assert_array_equal(carried["sim"], profiled["sim"])
+    assert carried["sim_lo"].isna().all()
+
+
+def test_a_missing_carried_model_is_named_before_the_engine_runs(tiny_checkpoint, tmp_path):
+    with pytest.raises(Exception, match="fidelity.carried_profile_path"):
+        run_study(compose_config([
+            "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny-qwen3", "hardware=cpu",
+            "backend.device=cpu", f"fidelity.carried_profile_path={tmp_path / 'absent.csv'}"]), tmp_path / "run")

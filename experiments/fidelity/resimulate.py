@@ -1,0 +1,96 @@
+"""Simulate the cells of a held-out table again with another profiled model, on the CPU: each
+class at the rate the device call served it (offline cells offline), with the engine's block
+count and its default CUDA graphs, against the engine values the table already holds. For a cost
+model that changed after a device call (a new transfer rule), or one the call did not run.
+
+    python experiments/fidelity/resimulate.py experiments/fidelity/h200/heldout_calls.csv \
+        experiments/fidelity/h200/qwen3-0.6b_from_h100.csv --label carried --model qwen3-0.6b \
+        --hardware h200 --num-blocks 4418 --out /tmp/carried.csv
+
+--check-label profiled re-simulates that cost model's cells too and prints the largest relative
+difference from the device call's own simulation of them (the same model file must be given):
+0 when this script rebuilds the cells exactly as the call did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from harness import fidelity_classes as classes
+from harness.compare import sim_run_config
+from harness.fidelity_report import rel_error
+from harness.run import run_once
+from harness.scripting import compose_run_config, one_line_errors
+
+MAX_MODEL_LEN = 16384  # run_gpu.sh's
+
+
+def cell_config(base, workload: str, load: str, rate: float, num_requests: int, preempt_num_blocks: int):
+    rc = classes.class_run_config(base, workload, num_requests, 1.0, preempt_num_blocks)
+    return rc if load == "offline" else classes.with_rate(rc, workload, rate)
+
+
+def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[str], num_blocks: int,
+               num_requests: int, preempt_num_blocks: int) -> pd.DataFrame:
+    base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
+    reference = table[table["cost_model"] == table["cost_model"].iloc[0]]
+    rows = []
+    cells = list(reference.groupby(["workload", "load"], sort=False))
+    for (workload, load), part in tqdm(cells, desc=f"resimulate {label}", unit="cell"):
+        rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, preempt_num_blocks)
+        blocks = preempt_num_blocks if workload == "preempting_bench" else num_blocks
+        meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
+        sim_rc = sim_run_config(rc, "profiled", str(profile), meta)
+        sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            summary = run_once(sim_rc, False, label=f"sim {label}").summary
+        for _, row in part.iterrows():
+            sim = float(summary[row["metric"]])
+            rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, row["engine"]), "cost_model": label,
+                         "sim_lo": np.nan, "sim_hi": np.nan, "in_interval": None})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", type=Path, help="a device call's heldout.csv")
+    parser.add_argument("profile", type=Path, help="the profiled model (model.csv) to simulate with")
+    parser.add_argument("--label", required=True, help="the cost_model name of the new rows")
+    parser.add_argument("--model", required=True, help="conf/model name")
+    parser.add_argument("--hardware", required=True, help="conf/hardware name the call ran on")
+    parser.add_argument("--num-blocks", type=int, required=True, help="the engine's KV blocks (the call's log)")
+    parser.add_argument("--num-requests", type=int, required=True, help="the call's NUM_REQUESTS")
+    parser.add_argument("--preempt-num-blocks", type=int, default=400)
+    parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        table = pd.read_csv(args.table)
+        overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
+        new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
+                         args.preempt_num_blocks)
+        if args.check_label:
+            keys = ["workload", "load", "metric"]
+            old = table[table["cost_model"] == args.check_label].set_index(keys)["sim"]
+            diff = (new.set_index(keys)["sim"] - old) / old
+            print(f"largest relative difference from the call's {args.check_label} cells: {np.nanmax(np.abs(diff)):.2e}")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        new.to_csv(args.out, index=False)
+        print(new.pivot_table(index=["workload", "load"], columns="metric", values="err").round(3).to_string())
+        return 0
+
+    return one_line_errors(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
