@@ -1,14 +1,18 @@
 """Prediction intervals: how far a simulated P50/P90 may be from what the engine will measure.
 
-NOTE: two sources of error, propagated through the simulation (so that queueing amplifies them as it
-amplifies real ones) rather than added to the answer:
-- the cost model's per-step error: each step's price is divided by (1 + r), r drawn with
-  replacement from the calibration's held-out relative residuals (predicted - measured) /
-  measured (ProfiledCostModel.residuals, harness.calibration.validate), so a draw prices steps as
-  a machine whose steps scatter around the fit as the held-out ones did;
+NOTE: three sources of error, propagated through the simulation (so that queueing amplifies them as
+it amplifies real ones) rather than added to the answer:
+- the cost model's per-step scatter: each step's price is divided by (1 + r) / (1 + m), r drawn
+  with replacement from the calibration's held-out relative residuals (predicted - measured) /
+  measured (ProfiledCostModel.residuals, harness.calibration.validate) and m their median, so a
+  draw's steps scatter around the fit as the held-out ones did. Independent per step, the scatter
+  averages out over a run's thousands of steps; uncentred, it would move every draw the same way
+  by the residuals' median and leave the point prediction at one edge of the interval;
+- the fit's bias on shapes it did not see: one factor per simulated run, uniform in
+  [1 - |m|, 1 + |m|] (a held-out workload may sit on either side of the fit);
 - the spread between machines of one kind: one factor per simulated run, uniform in
-  [1 - machine_spread, 1 + machine_spread], applied to every step of that run; machine_spread is
-  the model's measured figure (MACHINE_SPREAD) unless a config sets one.
+  [1 - machine_spread, 1 + machine_spread]; machine_spread is the model's measured figure
+  (MACHINE_SPREAD) unless a config sets one.
 Each of `draws` runs is the whole simulation under one such perturbation. The interval of a metric
 is a distribution-free prediction interval from the order statistics of its n draws: the k-th
 smallest to the k-th largest, k = max(1, floor((n + 1)(1 - level) / 2)), which holds another draw
@@ -74,12 +78,13 @@ class IntervalConfig:
 
 
 class PerturbedCostModel:
-    """A cost model whose every step price is divided by (1 + a drawn residual) and multiplied by
-    one machine factor (module docstring)."""
+    """A cost model whose every step price is divided by a drawn centred residual factor and
+    multiplied by one run factor (module docstring)."""
 
     def __init__(self, inner, residuals: Sequence[float], machine_factor: float, rng: np.random.Generator) -> None:
         self.inner = inner
-        self._divisors = np.maximum(1.0 + np.asarray(residuals, dtype=float), _MIN_FACTOR)
+        divisors = np.maximum(1.0 + np.asarray(residuals, dtype=float), _MIN_FACTOR)
+        self._divisors = divisors / np.median(divisors) if len(divisors) else divisors
         self.machine_factor = machine_factor
         self._rng = rng
 
@@ -101,9 +106,17 @@ def perturbed_models(make_inner: Callable[[], object], residuals: Sequence[float
         raise ValueError("interval.machine_spread is null: resolve it for the model first (IntervalConfig.for_model)")
     rng = np.random.default_rng(config.seed)
     spread = config.machine_spread
-    return [PerturbedCostModel(make_inner(), residuals, float(rng.uniform(1.0 - spread, 1.0 + spread)),
-                               np.random.default_rng(rng.integers(2**63)))
-            for _ in range(config.draws)]
+    bias = abs(fit_bias(residuals))
+    models = []
+    for _ in range(config.draws):
+        run_factor = rng.uniform(1.0 - spread, 1.0 + spread) * rng.uniform(1.0 - bias, 1.0 + bias)
+        models.append(PerturbedCostModel(make_inner(), residuals, float(run_factor), np.random.default_rng(rng.integers(2**63))))
+    return models
+
+
+def fit_bias(residuals: Sequence[float]) -> float:
+    """The fit's held-out bias: the median relative residual (0 without residuals)."""
+    return float(np.median(residuals)) if len(residuals) else 0.0
 
 
 def interval_columns(point: dict, draws: Sequence[dict], level: float,

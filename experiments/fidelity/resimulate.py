@@ -7,9 +7,11 @@ model that changed after a device call (a new transfer rule), or one the call di
         experiments/fidelity/h200/qwen3-0.6b_from_h100.csv --label carried --model qwen3-0.6b \
         --hardware h200 --num-blocks 4418 --out /tmp/carried.csv
 
---check-label profiled re-simulates that cost model's cells too and prints the largest relative
-difference from the device call's own simulation of them (the same model file must be given):
-0 when this script rebuilds the cells exactly as the call did.
+--check-label profiled prints the largest relative difference of the new point predictions from
+that cost model's in the table (the same model file must be given): 0 when this script rebuilds
+the cells exactly as the call did. --interval adds the prediction interval (sim.interval, the
+default IntervalConfig) as the fidelity run does for its profiled rows; --workloads keeps some
+classes (a call's NUM_REQUESTS may differ between classes).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from tqdm import tqdm
 
 from harness import fidelity_classes as classes
 from harness.compare import sim_run_config
+from harness.fidelity_interval import simulate_with_interval
 from harness.fidelity_report import rel_error
 from harness.run import run_once
 from harness.scripting import compose_run_config, one_line_errors
+from sim.interval import IntervalConfig
 
 MAX_MODEL_LEN = 16384  # run_gpu.sh's
 
@@ -39,7 +43,7 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
 
 
 def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[str], num_blocks: int,
-               num_requests: int, preempt_num_blocks: int) -> pd.DataFrame:
+               num_requests: int, preempt_num_blocks: int, interval: bool = False) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     reference = table[table["cost_model"] == table["cost_model"].iloc[0]]
     rows = []
@@ -52,11 +56,17 @@ def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[s
         sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            summary = run_once(sim_rc, False, label=f"sim {label}").summary
+            if interval:
+                summary = simulate_with_interval(sim_rc, IntervalConfig()).summary
+            else:
+                summary = run_once(sim_rc, False, label=f"sim {label}").summary
         for _, row in part.iterrows():
-            sim = float(summary[row["metric"]])
-            rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, row["engine"]), "cost_model": label,
-                         "sim_lo": np.nan, "sim_hi": np.nan, "in_interval": None})
+            metric, engine = row["metric"], row["engine"]
+            sim = float(summary[metric])
+            lo, hi = summary.get(f"{metric}_lo", np.nan), summary.get(f"{metric}_hi", np.nan)
+            inside = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+            rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, engine), "cost_model": label,
+                         "sim_lo": lo, "sim_hi": hi, "in_interval": inside})
     return pd.DataFrame(rows)
 
 
@@ -71,14 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, required=True, help="the call's NUM_REQUESTS")
     parser.add_argument("--preempt-num-blocks", type=int, default=400)
     parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
+    parser.add_argument("--interval", action="store_true", help="add the prediction interval")
+    parser.add_argument("--workloads", default=None, help="comma-separated classes to keep (default: all)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
     def run() -> int:
         table = pd.read_csv(args.table)
+        if args.workloads:
+            table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
-                         args.preempt_num_blocks)
+                         args.preempt_num_blocks, args.interval)
         if args.check_label:
             keys = ["workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)["sim"]

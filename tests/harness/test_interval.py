@@ -66,6 +66,18 @@ def test_an_interval_without_error_sources_misses_the_truth(rc):
     assert _coverage(rc, IntervalConfig(level=0.9, draws=2, machine_spread=0.0), (), trials=4) <= 0.5
 
 
+def test_a_biased_fit_widens_the_interval_on_both_sides_of_the_point(rc):
+    """Held-out residuals all near -6% (the fit prices unseen shapes 6% cheap): the interval spans
+    the point on both sides by about that bias, since a new workload may sit on either side; the
+    per-step scatter alone does not move a run."""
+    residuals = -0.06 + np.random.default_rng(3).normal(0.0, 0.01, 200)
+    summary = simulate_with_interval(rc, IntervalConfig(draws=19, machine_spread=0.0), _roofline(rc), residuals).summary
+    for metric in ("tpot_p50_s", "tpot_p90_s"):
+        point, lo, hi = summary[metric], summary[f"{metric}_lo"], summary[f"{metric}_hi"]
+        assert lo < 0.98 * point and hi > 1.02 * point
+        assert lo > 0.85 * point and hi < 1.15 * point  # bias, amplified a little by queueing
+
+
 def test_interval_columns_bracket_the_point_prediction(rc):
     summary = simulate_with_interval(rc, IntervalConfig(draws=4, machine_spread=0.1), _roofline(rc), ()).summary
     for metric in METRICS:
