@@ -145,8 +145,9 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
 
 def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     fc = to_dataclass(FidelityConfig, section(cfg, "fidelity"), "fidelity")
-    fc = dataclasses.replace(fc, profile_path=existing_path(fc.profile_path, "fidelity.profile_path"),
-                             carried_profile_path=existing_path(fc.carried_profile_path, "fidelity.carried_profile_path"))
+    fc = dataclasses.replace(
+        fc, profile_path=existing_path(fc.profile_path, "fidelity.profile_path"),
+        carried_profile_path=existing_path(fc.carried_profile_path, "fidelity.carried_profile_path"))
     rc = build_run_config(cfg)
     if rc.backend != "engine":
         raise ConfigError(f"backend must be engine for the held-out protocol, got {rc.backend}")

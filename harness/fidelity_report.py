@@ -97,7 +97,8 @@ def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
     profiled = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)]
     rows = []
     for (model, hardware, load), part in profiled.groupby(["model", "hardware", "load"]):
-        rows.append({"model": model, "hardware": hardware, "load": load, "cells": len(part), "in_interval": interval_coverage(part),
+        rows.append({"model": model, "hardware": hardware, "load": load, "cells": len(part),
+                     "in_interval": interval_coverage(part),
                      "median_abs_err": float(part["err"].abs().median()),
                      "median_engine_spread": float(part["engine_spread"].median())})
     return pd.DataFrame(rows)

@@ -81,15 +81,15 @@ class PerturbedCostModel:
     """A cost model whose every step price is divided by a drawn centred residual factor and
     multiplied by one run factor (module docstring)."""
 
-    def __init__(self, inner, residuals: Sequence[float], machine_factor: float, rng: np.random.Generator) -> None:
+    def __init__(self, inner, residuals: Sequence[float], run_factor: float, rng: np.random.Generator) -> None:
         self.inner = inner
         divisors = np.maximum(1.0 + np.asarray(residuals, dtype=float), _MIN_FACTOR)
         self._divisors = divisors / np.median(divisors) if len(divisors) else divisors
-        self.machine_factor = machine_factor
+        self.run_factor = run_factor  # the machine factor times the bias factor
         self._rng = rng
 
     def step_time(self, plan: StepPlan) -> float:
-        price = self.inner.step_time(plan) * self.machine_factor
+        price = self.inner.step_time(plan) * self.run_factor
         if len(self._divisors):
             price /= self._divisors[self._rng.integers(len(self._divisors))]
         return price
@@ -110,7 +110,8 @@ def perturbed_models(make_inner: Callable[[], object], residuals: Sequence[float
     models = []
     for _ in range(config.draws):
         run_factor = rng.uniform(1.0 - spread, 1.0 + spread) * rng.uniform(1.0 - bias, 1.0 + bias)
-        models.append(PerturbedCostModel(make_inner(), residuals, float(run_factor), np.random.default_rng(rng.integers(2**63))))
+        step_rng = np.random.default_rng(rng.integers(2**63))
+        models.append(PerturbedCostModel(make_inner(), residuals, float(run_factor), step_rng))
     return models
 
 

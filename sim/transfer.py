@@ -67,7 +67,8 @@ def explained_base(roofline: RooflineCostModel, regime: str, size: float) -> flo
     return phases["linear"] + phases["lm_head"]
 
 
-def carried_knot(value: float, regime: str, size: float, rooflines: tuple[RooflineCostModel, RooflineCostModel]) -> float:
+def carried_knot(value: float, regime: str, size: float,
+                 rooflines: tuple[RooflineCostModel, RooflineCostModel]) -> float:
     """A size function's value at one knot on the target: its roofline part rescaled, the rest kept."""
     source, target = (explained_base(r, regime, size) for r in rooflines)
     explained = min(value, source)

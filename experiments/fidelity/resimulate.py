@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from harness import fidelity_classes as classes
 from harness.compare import sim_run_config
+from harness.convert import ConfigError
 from harness.fidelity_interval import simulate_with_interval
 from harness.fidelity_report import rel_error
 from harness.run import run_once
@@ -45,6 +46,9 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
 def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[str], num_blocks: int,
                num_requests: int, preempt_num_blocks: int, interval: bool = False) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
+    table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
+    if table.empty:
+        raise ConfigError(f"the table has no cells of {base.model.name} on {base.hardware.name}")
     reference = table[table["cost_model"] == table["cost_model"].iloc[0]]
     rows = []
     cells = list(reference.groupby(["workload", "load"], sort=False))
@@ -94,10 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval)
         if args.check_label:
-            keys = ["workload", "load", "metric"]
+            keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)["sim"]
             diff = (new.set_index(keys)["sim"] - old) / old
-            print(f"largest relative difference from the call's {args.check_label} cells: {np.nanmax(np.abs(diff)):.2e}")
+            largest = np.nanmax(np.abs(diff))
+            print(f"largest relative difference from the call's {args.check_label} cells: {largest:.2e}")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         new.to_csv(args.out, index=False)
         print(new.pivot_table(index=["workload", "load"], columns="metric", values="err").round(3).to_string())

@@ -73,7 +73,8 @@ def test_linear_terms_follow_their_bound_and_host_work_is_kept(fitted):
     assert coefs["decode_context_tokens"] == pytest.approx(old["decode_context_tokens"] * BW)
     assert coefs["num_seqs"] == old["num_seqs"]
     decode = moved.fits["decode_graph"]
-    assert dict(zip(decode.linear_features, decode.linear_coefs))["num_seeded"] == fitted.fits["decode_graph"].linear_coefs[1]
+    seeded = dict(zip(decode.linear_features, decode.linear_coefs))["num_seeded"]
+    assert seeded == fitted.fits["decode_graph"].linear_coefs[1]
     assert moved.fits["host"] == fitted.fits["host"] and moved.fits["launch:prefill"] == fitted.fits["launch:prefill"]
     assert moved.launch_delay_s == fitted.launch_delay_s
     assert moved.fits["prefill"].ranges == fitted.fits["prefill"].ranges
