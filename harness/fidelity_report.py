@@ -93,12 +93,14 @@ def merge(tables: list[pd.DataFrame]) -> pd.DataFrame:
 
 def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per model and load: cells with an interval, the share holding the engine's value, and the
-    profiled model's median |err| on the latency percentiles (the README's table)."""
+    profiled model's median |err| on the latency percentiles (the README's table); a last row
+    "all" pools every cell of the table."""
     profiled = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)]
+    groups = list(profiled.groupby(["model", "hardware", "load"])) + [(("all", "all", "all"), profiled)]
     rows = []
-    for (model, hardware, load), part in profiled.groupby(["model", "hardware", "load"]):
-        rows.append({"model": model, "hardware": hardware, "load": load, "cells": len(part),
-                     "in_interval": interval_coverage(part),
+    for (model, hardware, load), part in groups:
+        rows.append({"model": model, "hardware": hardware, "load": load,
+                     "cells": int(part["in_interval"].notna().sum()), "in_interval": interval_coverage(part),
                      "median_abs_err": float(part["err"].abs().median()),
                      "median_engine_spread": float(part["engine_spread"].median())})
     return pd.DataFrame(rows)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from harness.fidelity_report import merge, target_table
+from harness.fidelity_report import coverage_table, merge, target_table
 
 
 def test_target_table_counts_only_the_targeted_metrics_and_loads():
@@ -39,3 +40,15 @@ def test_merge_replaces_a_class_of_the_committed_table_with_a_later_calls_rows(t
     assert replaced.sum() == len(new) and (merged.loc[replaced, "err"] == 0.0).all()
     others = committed[~((committed["model"] == "qwen3-0.6b") & (committed["workload"] == "shared_prefix"))]
     pd.testing.assert_frame_equal(merged[~replaced].reset_index(drop=True), others.reset_index(drop=True))
+
+
+def test_coverage_pools_every_cell_with_an_interval_in_its_last_row():
+    rows = [{"model": m, "hardware": "h", "workload": "w", "cost_model": c, "load": "0.5", "metric": "ttft_p50_s",
+             "err": 0.0, "engine_spread": 0.0, "in_interval": inside}
+            for m, c, inside in (("a", "profiled", True), ("a", "profiled", False), ("b", "profiled", True),
+                                 ("b", "roofline", None), ("b", "profiled", None))]
+    table = coverage_table(pd.DataFrame(rows))
+    pooled = table.iloc[-1]
+    assert (pooled["model"], pooled["load"], pooled["cells"]) == ("all", "all", 3)
+    assert pooled["in_interval"] == pytest.approx(2 / 3)
+    assert list(table["in_interval"][:-1]) == [0.5, 1.0]
