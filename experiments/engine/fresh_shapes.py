@@ -31,11 +31,11 @@ def timed(llm: LLM, length: int, rng: np.random.Generator) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     llm = LLM(args.ckpt, max_model_len=16384, enable_prefix_caching=False)
     rng = np.random.default_rng(0)
     rows = []
