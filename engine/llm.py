@@ -46,7 +46,7 @@ def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict, dict, dict, dict]:
 
 class LLM:
     """A model served by the engine; see the module docstring. Keyword arguments are the fields
-    of EngineConfig (dtype, device, attention_backend, fused_kernels, balanced_decode), ExecutionConfig
+    of EngineConfig (dtype, device, attention_backend, fused_kernels, balanced_decode, all_reduce), ExecutionConfig
     (enforce_eager, async_scheduling, prefill_graph_tokens, max_graph_batch_size,
     tensor_parallel_size, seed, gpu_memory_utilization), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
     max_model_len, enable_chunked_prefill) and CacheConfig (block_size, num_blocks,

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import get_attention_backend
-from engine.layers.parallel import Collective, TensorParallel
+from engine.layers.parallel import Collective, FusedReduceNorm, TensorParallel
 from engine.models.qwen3 import Qwen3ForCausalLM
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,12 +58,14 @@ def load_model(
     tp_size: int = 1,
     all_reduce: Collective | None = None,
     all_gather: Collective | None = None,
+    fused_reduce_norm: FusedReduceNorm | None = None,
 ) -> tuple[Qwen3ForCausalLM, Any]:
     """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
 
     dtype None or "auto" takes the config's torch_dtype; attention_backend is a registry name
     ("auto", "torch", "triton", "flash_attn") or a backend object. For tp_size > 1 the model
-    holds rank tp_rank's shard and all_reduce/all_gather combine ranks.
+    holds rank tp_rank's shard and all_reduce/all_gather combine ranks (fused_reduce_norm, where
+    the group has one, sums and normalises in one launch).
     """
     from transformers import AutoConfig  # heavy import, only needed here
 
@@ -78,7 +80,7 @@ def load_model(
     hf_config = AutoConfig.from_pretrained(root)
     if isinstance(attention_backend, str):
         attention_backend = get_attention_backend(attention_backend, device)
-    tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather)
+    tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather, fused_reduce_norm)
     model = Qwen3ForCausalLM(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
     load_weights(model, root)
     return model.eval(), hf_config

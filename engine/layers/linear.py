@@ -122,11 +122,14 @@ class QKVParallelLinear(_ColumnParallel):
 
 
 class RowParallelLinear(nn.Module):
-    """Input features split across ranks; partial outputs summed by tp.all_reduce."""
+    """Input features split across ranks; partial outputs summed by tp.all_reduce, or, with
+    reduce_output=False, returned as this rank's partial sum for the layer after to reduce."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: TensorParallel | None = None):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp: TensorParallel | None = None,
+                 reduce_output: bool = True):
         super().__init__()
         self.tp = tp or TensorParallel()
+        self.reduce_output = reduce_output
         self.input_size = input_size
         self.per = self.tp.split(input_size, "input_size")
         self.weight = _parameter(output_size, self.per)
@@ -142,4 +145,5 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, by rank 0, so the sum over ranks counts it once.
         bias = self.bias if self.tp.rank == 0 else None
-        return self.tp.reduce(F.linear(x, self.weight, bias))
+        partial = F.linear(x, self.weight, bias)
+        return self.tp.reduce(partial) if self.reduce_output else partial

@@ -1,4 +1,5 @@
-"""RMSNorm, optionally fused with the residual add that precedes it in a pre-norm block."""
+"""RMSNorm, optionally fused with the residual add that precedes it in a pre-norm block, and
+with the tensor-parallel sum before that (partial_of: x is this rank's partial sum)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 from torch import nn
 
 from engine.layers.fused import UsesFusedKernels
+from engine.layers.parallel import TensorParallel
 
 
 class RMSNorm(nn.Module, UsesFusedKernels):
@@ -22,10 +24,18 @@ class RMSNorm(nn.Module, UsesFusedKernels):
         return self.weight * xf.to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, partial_of: TensorParallel | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x [..., dim]. With residual: returns (norm(x + residual), x + residual)."""
+        """x [..., dim]. With residual: returns (norm(x + residual), x + residual). With
+        partial_of, x is summed over partial_of's ranks first."""
         fused = self.fused_kernels
+        if partial_of is not None:
+            done = None
+            if fused is not None and residual is not None and fused.applies(x):
+                done = partial_of.reduce_add_rms_norm(x, residual, self.weight, self.eps)
+            if done is not None:
+                return done
+            x = partial_of.reduce(x)
         if fused is not None and fused.applies(x):
             # one kernel: reads x (and residual) once, writes the norm (and the new residual)
             if residual is None:

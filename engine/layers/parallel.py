@@ -9,11 +9,20 @@ than a process-global group lets several replicas live in one process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
 Collective = Callable[[torch.Tensor], torch.Tensor]
+
+
+class FusedReduceNorm(Protocol):
+    """A group's one-launch (sum over ranks, + residual, RMSNorm): engine.tp.symmetric."""
+
+    def applies_to_norm(self, x: torch.Tensor, residual: torch.Tensor) -> bool: ...
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,8 @@ class TensorParallel:
     size: int = 1
     all_reduce: Collective | None = None  # elementwise sum over ranks, same shape out
     all_gather: Collective | None = None  # concatenation over ranks (rank order) along the last dim
+    # Row-parallel outputs all feed a residual add + RMSNorm: with this, those three are one launch
+    fused_reduce_norm: FusedReduceNorm | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -33,6 +44,19 @@ class TensorParallel:
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.size == 1 else self.all_reduce(x)
+
+    @property
+    def defers_reduce(self) -> bool:
+        """Whether row-parallel layers hand their partial sums to the norm after them, which reduces."""
+        return self.size > 1
+
+    def reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The fused launch where the group has one that takes x, else None (reduce, then norm)."""
+        fused = self.fused_reduce_norm
+        if self.size > 1 and fused is not None and fused.applies_to_norm(x, residual):
+            return fused.add_rms_norm(x, residual, weight, eps)
+        return None
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.size == 1 else self.all_gather(x)

@@ -36,7 +36,7 @@ class Qwen3Attention(nn.Module, UsesFusedKernels):
         d = arch.head_dim
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads, arch.qkv_bias, tp)
         self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
-        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, arch.o_bias, tp)
+        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, arch.o_bias, tp, not tp.defers_reduce)
         self.q_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(d, arch.rms_norm_eps) if arch.qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, backend)
@@ -56,7 +56,7 @@ class Qwen3Attention(nn.Module, UsesFusedKernels):
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))  # [T, hidden]
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))  # [T, hidden], partial if tp.defers_reduce
 
 
 class Qwen3MLP(nn.Module):
@@ -64,7 +64,7 @@ class Qwen3MLP(nn.Module):
         super().__init__()
         i = arch.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(arch.hidden_size, [i, i], arch.mlp_bias, tp)
-        self.down_proj = RowParallelLinear(i, arch.hidden_size, arch.mlp_bias, tp)
+        self.down_proj = RowParallelLinear(i, arch.hidden_size, arch.mlp_bias, tp, not tp.defers_reduce)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,15 +78,18 @@ class Qwen3DecoderLayer(nn.Module):
         self.self_attn = Qwen3Attention(arch, backend, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = Qwen3MLP(arch, tp)
+        # with tensor parallelism the projections' partial sums are reduced by the norm after them
+        self.partial_of = tp if tp.defers_reduce else None
 
     def forward(self, x, residual, cos, sin, kv_cache: KVCache, meta: AttentionMetadata):
-        # residual carries the un-normalised stream; the add is fused into the next norm
+        # residual carries the un-normalised stream; the add is fused into the next norm. x is the
+        # embedding (reduced) in the first layer, the previous MLP's output after it.
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, self.partial_of)
         x = self.self_attn(x, cos, sin, kv_cache, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(x, residual, self.partial_of)
         return self.mlp(x), residual
 
 
@@ -146,7 +149,7 @@ class Qwen3ForCausalLM(nn.Module):
         x, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos, sin, kv_cache, meta)
-        x, _ = self.model.norm(x, residual)
+        x, _ = self.model.norm(x, residual, self.model.layers[0].partial_of)
         return x
 
     def set_fused_kernels(self, mode: str, allow_cpu: bool = False) -> int:

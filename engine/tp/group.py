@@ -8,6 +8,7 @@ process (one tensor-parallel engine per process at a time; a new one may start a
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
 
@@ -17,6 +18,7 @@ import torch.distributed as dist
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service: keep it off in NCCL,
 # PyTorch's symmetric memory and NVSHMEM, in this process and in every worker it spawns.
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+log = logging.getLogger(__name__)
 
 
 def apply_safe_env() -> None:
@@ -31,10 +33,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class DistGroup:
-    def __init__(self, rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> None:
+    """all_reduce_mode (EngineConfig.all_reduce): "nccl"; "symmetric", the one-shot kernel of
+    engine.tp.symmetric for small tensors (an error where it cannot run); "auto", that kernel
+    where it runs and agrees with NCCL on every rank, else NCCL."""
+
+    def __init__(self, rank: int, size: int, port: int, device: torch.device, timeout_s: float,
+                 all_reduce_mode: str = "auto") -> None:
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already live in this process: "
                                "shut the other tensor-parallel engine down first")
+        if all_reduce_mode == "symmetric" and device.type != "cuda":
+            raise ValueError(f"all_reduce='symmetric' needs CUDA devices, got {device.type}")
         apply_safe_env()
         self.rank, self.size, self.device = rank, size, device
         if device.type == "cuda":
@@ -46,9 +55,37 @@ class DistGroup:
             world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        try:
+            self.symmetric = self._symmetric(all_reduce_mode) if device.type == "cuda" and size > 1 else None
+        except RuntimeError:
+            self.destroy()  # the next engine in this process may start a group of its own
+            raise
+
+    def _symmetric(self, mode: str):
+        if mode == "nccl":
+            return None
+        from engine.tp.symmetric import SymmetricAllReduce
+
+        reducer, reason = None, ""
+        try:
+            reducer = SymmetricAllReduce.build(self.rank, self.size, self.device)
+        except RuntimeError as error:
+            reason = str(error)
+        # every rank must take the same path, or a step's collectives would never meet
+        everywhere = torch.tensor([0 if reducer is None else 1], device=self.device)
+        dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
+        if int(everywhere.item()) == 1:
+            return reducer
+        if mode == "symmetric":
+            raise RuntimeError(f"all_reduce='symmetric' cannot run on rank {self.rank}: {reason or 'another rank failed'}")
+        log.warning("one-shot all-reduce off, NCCL for every size: %s", reason or "another rank could not set it up")
+        return None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place (callers hand in a fresh tensor)."""
+        """Sum over ranks, in place (callers hand in a fresh tensor). Every rank sees the same
+        shapes, so every rank picks the same path."""
+        if self.symmetric is not None and self.symmetric.applies(x):
+            return self.symmetric(x)
         dist.all_reduce(x)
         return x
 

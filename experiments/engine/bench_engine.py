@@ -20,7 +20,9 @@ rotary, SiLU and sampling kernels), fused_eager (fused without CUDA graphs), syn
 (async_scheduling=False: each step runs to completion before the next is planned; the default
 overlaps them on CUDA), tp2 (tensor_parallel_size=2, needs two GPUs; async scheduling, the
 default at any TP size since issue 16), tp2_sync (tp2 with async_scheduling=False, as tp2 ran
-before issue 16). A variant's row records whether it overlapped steps (async_scheduling).
+before issue 16), tp2_nccl (tp2 with every all-reduce on NCCL, EngineConfig.all_reduce="nccl":
+the default is auto), tp2_oneshot (tp2 with decode-sized all-reduces, fused with the norm after them,
+through engine.tp.symmetric: all_reduce="symmetric"). A variant's row records whether it overlapped steps (async_scheduling).
 
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
 Step phases come from engine.step_timing (host time per phase, device time by CUDA events); the
@@ -62,6 +64,8 @@ VARIANTS = {
     "flash_attn": {"attention_backend": "flash_attn"},
     "tp2": {"tensor_parallel_size": 2},
     "tp2_sync": {"tensor_parallel_size": 2, "async_scheduling": False},
+    "tp2_nccl": {"tensor_parallel_size": 2, "all_reduce": "nccl"},
+    "tp2_oneshot": {"tensor_parallel_size": 2, "all_reduce": "symmetric"},
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.

@@ -4,8 +4,9 @@ Two ranks (one process per GPU), NCCL with NVLink multicast off (engine.tp.group
 for activations of [tokens, hidden] bf16, the time of one all-reduce inside a CUDA graph of
 REPEATS back-to-back calls (as the engine's decode graphs run them), and the same through
 PyTorch symmetric memory's one-shot all-reduce where this torch has it (checked against NCCL's
-sum). The fit `time = latency + bytes / bandwidth` over the decode sizes is what the simulator's
-hardware entry (interconnect_latency_s, and the effective link bandwidth) should carry.
+sum), and through the engine's own one-shot kernel (engine.tp.symmetric, column one_shot_us:
+in place, no copy before it). The fit `time = latency + bytes / bandwidth` over the decode sizes
+is what the simulator's hardware entry (interconnect_latency_s, and the effective link bandwidth) should carry.
 
     python -m experiments.tp.all_reduce_probe --out $OUT/all_reduce   # on a 2-GPU machine
 """
@@ -68,6 +69,9 @@ def _rank(rank: int, size: int, port: int, out: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     group_name = dist.group.WORLD.group_name
+    from engine.tp.symmetric import SymmetricAllReduce
+
+    engine_one_shot = SymmetricAllReduce.build(rank, size, torch.device("cuda", rank))
     rows = []
     for tokens in TOKENS:
         x = torch.randn(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda")
@@ -81,13 +85,17 @@ def _rank(rank: int, size: int, port: int, out: str) -> None:
             got = _symmetric(probe, group_name)()
             matches = bool(torch.allclose(got.view_as(reference).float(), reference.float(), rtol=1e-2, atol=1e-2))
             symm_us = _graph_time_us(symmetric)
+        one_shot_us = _graph_time_us(lambda: engine_one_shot(x)) if engine_one_shot.applies(x) else float("nan")
         rows.append({"tokens": tokens, "bytes": x.numel() * 2, "nccl_us": nccl_us, "symm_one_shot_us": symm_us,
-                     "symm_matches_nccl": matches})
+                     "symm_matches_nccl": matches, "one_shot_us": one_shot_us})
     if rank == 0:
         frame = pd.DataFrame(rows)
         decode = frame[frame.tokens <= 512]
-        slope, intercept = np.polyfit(decode.bytes, decode.nccl_us, 1)
-        frame.attrs["fit"] = f"nccl (decode sizes): {intercept:.1f} us + bytes / {1e-3 / slope:.0f} GB/s"
+        fits = []
+        for column in ("nccl_us", "one_shot_us"):
+            slope, intercept = np.polyfit(decode.bytes, decode[column], 1)
+            fits.append(f"{column[:-3]} (decode sizes): {intercept:.1f} us + bytes / {1e-3 / slope:.0f} GB/s")
+        frame.attrs["fit"] = "\n".join(fits)
         Path(out).mkdir(parents=True, exist_ok=True)
         frame.to_csv(Path(out) / "all_reduce.csv", index=False)
         text = frame.to_string(index=False) + "\n" + frame.attrs["fit"] + "\n"

@@ -114,6 +114,12 @@ def test_unsplittable_model_is_rejected_before_spawning(tiny_qwen3_dir):
     assert not mp.active_children()
 
 
+def test_symmetric_all_reduce_on_cpu_is_rejected_before_spawning(tiny_qwen3_dir):
+    with pytest.raises(ValueError, match="all_reduce='symmetric' needs CUDA"):
+        LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=2, all_reduce="symmetric")
+    assert not mp.active_children() and not dist.is_initialized()
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir, async_scheduling):
     from engine.tp.workers import WorkerError

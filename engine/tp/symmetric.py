@@ -1,0 +1,97 @@
+"""The one-shot all-reduce of kernels.all_reduce, on buffers from PyTorch symmetric memory.
+
+SymmetricAllReduce.build allocates, on every rank of the live process group at once, a data
+buffer (two parities x one slot per rank) and a flag array that every rank maps
+(torch.distributed._symmetric_memory), then checks the kernel against NCCL on probe tensors
+before it is trusted. Tensors up to
+MAX_BYTES (decode steps and small prefills: where NCCL's fixed cost dominates) take the one-shot
+kernel; larger ones, where NCCL's ring moves fewer bytes per link, stay on NCCL
+(engine.tp.group.DistGroup decides, the same way on every rank since every rank sees the same
+shapes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from kernels.all_reduce import MAX_PROGRAMS, one_shot_all_reduce_, one_shot_all_reduce_add_rms_norm
+
+log = logging.getLogger(__name__)
+
+# 4 MiB: a bf16 [512, 4096] activation (the largest decode graph of Qwen3-8B). On 2 x H200 NCCL
+# overtakes a one-shot all-reduce near 8 MiB (experiments/tp/h200x2_async/all_reduce.csv).
+MAX_BYTES = 4 << 20
+MAX_NORM_DIM = 16384  # a row is one program's registers (kernels.all_reduce with the norm)
+
+
+class SymmetricAllReduce:
+    def __init__(self, rank: int, world: int, data, flags, handles) -> None:
+        self.rank, self.world = rank, world
+        self._data, self._flags, self._handles = data, flags, handles  # keep the mappings alive
+        device = data.device
+        self.data_ptrs = torch.tensor(handles[0].buffer_ptrs, dtype=torch.int64, device=device)
+        self.flag_ptrs = torch.tensor(handles[1].buffer_ptrs, dtype=torch.int64, device=device)
+        self.counters = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
+
+    def _state(self, x: torch.Tensor) -> tuple:
+        slot_elems = MAX_BYTES // x.element_size()
+        return self.data_ptrs, self.flag_ptrs, self.counters, slot_elems, self.rank, self.world
+
+    @classmethod
+    def build(cls, rank: int, world: int, device: torch.device) -> SymmetricAllReduce:
+        """Collective: every rank of the default group calls it. Raises RuntimeError where this
+        machine or torch cannot map peers' memory, or the kernel disagrees with NCCL."""
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+        except ImportError as error:
+            raise RuntimeError(f"this torch has no symmetric memory: {error}") from None
+        group = dist.group.WORLD
+        try:
+            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+            if enable is not None:
+                enable(group.group_name)
+            data = symm_mem.empty(2 * world * MAX_BYTES, dtype=torch.uint8, device=device)
+            flags = symm_mem.empty(MAX_PROGRAMS * world, dtype=torch.int32, device=device)
+            flags.zero_()
+            handles = (symm_mem.rendezvous(data, group.group_name), symm_mem.rendezvous(flags, group.group_name))
+        except Exception as error:  # noqa: BLE001 - any failure to map peers means NCCL
+            raise RuntimeError(f"symmetric memory unavailable: {type(error).__name__}: {error}") from None
+        torch.cuda.synchronize(device)
+        dist.barrier()  # every rank's flags are zero before any rank signals
+        reducer = cls(rank, world, data, flags, handles)
+        reducer.check_against_nccl(device)
+        return reducer
+
+    def applies(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
+
+    def applies_to_norm(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        return (self.applies(x) and x.dim() == 2 and x.shape[1] <= MAX_NORM_DIM and residual.is_contiguous()
+                and residual.shape == x.shape and residual.dtype == x.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (x must satisfy applies())."""
+        return one_shot_all_reduce_(x, self._state(x))
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(sum(x) + residual), sum(x) + residual) in one launch (x, residual must satisfy
+        applies_to_norm())."""
+        return one_shot_all_reduce_add_rms_norm(x, residual, weight, eps, self._state(x))
+
+    def check_against_nccl(self, device: torch.device) -> None:
+        """Both ways on rank-dependent values, three calls (both slots and back): raise unless they agree."""
+        for calls, rows in ((1, 1), (2, 700), (3, 33)):
+            x = torch.arange(rows * 1024, dtype=torch.float32, device=device).remainder(97) * (self.rank + 1)
+            expected = x.clone()
+            dist.all_reduce(expected)
+            got = x.clone()
+            for _ in range(calls):
+                got = x.clone()
+                self(got)
+            if not torch.equal(got, expected):
+                raise RuntimeError(f"the one-shot all-reduce disagrees with NCCL on {rows} x 1024 float32 "
+                                   f"(max gap {(got - expected).abs().max().item():.3g})")
