@@ -36,11 +36,12 @@ class EngineConfig:
     balanced_decode: decode steps cut long contexts into pieces of the batch's mean context for the
         Triton decode kernel (kernels.decode_split), so that a ragged batch costs what an even one
         of the same total does; False cuts every sequence into the same number of pieces.
-    all_reduce: the tensor-parallel sum of partial outputs. "symmetric" runs decode-sized tensors
-        through a one-shot kernel over PyTorch symmetric memory, fused with the residual add and
-        RMSNorm after it (engine.tp.symmetric; larger ones through NCCL), and fails where peers'
-        memory cannot be mapped; "nccl" always NCCL; "auto" (default) that kernel where it runs,
-        else NCCL. No effect at tensor_parallel_size 1.
+    all_reduce: the tensor-parallel sum of partial outputs. "nccl" (default) always NCCL;
+        "symmetric" runs decode-sized tensors through a one-shot kernel over PyTorch symmetric
+        memory, fused with the residual add and RMSNorm after it (engine.tp.symmetric; larger
+        ones through NCCL), and fails where peers' memory cannot be mapped; "auto" that kernel
+        where it runs, else NCCL. No effect at tensor_parallel_size 1. Opt-in until the engine-level
+        bf16 GPU test has passed with it (experiments/tp/README.md).
     execution: CUDA graphs, async scheduling (None: on with CUDA, at any tensor_parallel_size),
         tensor parallelism, seed, memory utilisation (engine.core.config.ExecutionConfig).
     """
@@ -51,7 +52,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     fused_kernels: str = "triton"
     balanced_decode: bool = True
-    all_reduce: str = "auto"
+    all_reduce: str = "nccl"
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:

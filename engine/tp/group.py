@@ -38,14 +38,14 @@ class DistGroup:
     where it runs and agrees with NCCL on every rank, else NCCL."""
 
     def __init__(self, rank: int, size: int, port: int, device: torch.device, timeout_s: float,
-                 all_reduce_mode: str = "auto") -> None:
+                 all_reduce_mode: str = "nccl") -> None:
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group is already live in this process: "
                                "shut the other tensor-parallel engine down first")
         if all_reduce_mode == "symmetric" and device.type != "cuda":
             raise ValueError(f"all_reduce='symmetric' needs CUDA devices, got {device.type}")
         apply_safe_env()
-        self.rank, self.size, self.device = rank, size, device
+        self.rank, self.size, self.device, self.port = rank, size, device, port
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL binds each rank's communicator to the current device
         dist.init_process_group(
@@ -66,20 +66,29 @@ class DistGroup:
             return None
         from engine.tp.symmetric import SymmetricAllReduce
 
-        reducer, reason = None, ""
+        name = f"tp-{self.port}"  # one per engine: torch's registry of these names keeps every entry
+        allocated, reducer, reason = None, None, ""
         try:
-            reducer = SymmetricAllReduce.build(self.rank, self.size, self.device)
+            allocated = SymmetricAllReduce.allocate(self.rank, self.size, self.device, name)
         except RuntimeError as error:
             reason = str(error)
-        # every rank must take the same path, or a step's collectives would never meet
-        everywhere = torch.tensor([0 if reducer is None else 1], device=self.device)
-        dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
-        if int(everywhere.item()) == 1:
+        # every rank must take the same path, or a rendezvous or a step's collectives would never meet
+        if self._everywhere(allocated is not None):
+            try:
+                reducer = SymmetricAllReduce.connect(self.rank, self.size, name, allocated)
+            except RuntimeError as error:
+                reason = str(error)
+        if self._everywhere(reducer is not None):
             return reducer
         if mode == "symmetric":
             raise RuntimeError(f"all_reduce='symmetric' cannot run on rank {self.rank}: {reason or 'another rank failed'}")
         log.warning("one-shot all-reduce off, NCCL for every size: %s", reason or "another rank could not set it up")
         return None
+
+    def _everywhere(self, ok: bool) -> bool:
+        flag = torch.tensor([int(ok)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (callers hand in a fresh tensor). Every rank sees the same

@@ -1,9 +1,10 @@
 """The one-shot all-reduce of kernels.all_reduce, on buffers from PyTorch symmetric memory.
 
-SymmetricAllReduce.build allocates, on every rank of the live process group at once, a data
-buffer (two parities x one slot per rank) and a flag array that every rank maps
-(torch.distributed._symmetric_memory), then checks the kernel against NCCL on probe tensors
-before it is trusted. Tensors up to
+SymmetricAllReduce.allocate takes, on each rank of the live process group, a data buffer (two
+parities x one slot per rank) and a flag array from torch.distributed._symmetric_memory;
+connect, once every rank has them (engine.tp.group.DistGroup agrees on that first, so that no
+rank waits in a rendezvous another rank never joins), maps every rank's buffers and checks the
+kernel against NCCL on probe tensors before it is trusted. Tensors up to
 MAX_BYTES (decode steps and small prefills: where NCCL's fixed cost dominates) take the one-shot
 kernel; larger ones, where NCCL's ring moves fewer bytes per link, stay on NCCL
 (engine.tp.group.DistGroup decides, the same way on every rank since every rank sees the same
@@ -40,29 +41,41 @@ class SymmetricAllReduce:
         slot_elems = MAX_BYTES // x.element_size()
         return self.data_ptrs, self.flag_ptrs, self.counters, slot_elems, self.rank, self.world
 
-    @classmethod
-    def build(cls, rank: int, world: int, device: torch.device) -> SymmetricAllReduce:
-        """Collective: every rank of the default group calls it. Raises RuntimeError where this
-        machine or torch cannot map peers' memory, or the kernel disagrees with NCCL."""
+    @staticmethod
+    def allocate(rank: int, world: int, device: torch.device, name: str) -> tuple:
+        """This rank's half of the setup, no collective: register `name` as a symmetric-memory
+        group over the default group's store and allocate the buffers. Raises RuntimeError where
+        this torch or machine cannot.
+
+        NOTE: torch keeps a process-wide registry of symmetric-memory groups whose entries cannot
+        be replaced; the default process group's name repeats for each engine a process starts,
+        so each engine registers a name of its own (the group's port)."""
         try:
             import torch.distributed._symmetric_memory as symm_mem
-        except ImportError as error:
-            raise RuntimeError(f"this torch has no symmetric memory: {error}") from None
-        group = dist.group.WORLD
-        try:
-            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-            if enable is not None:
-                enable(group.group_name)
+            from torch._C._distributed_c10d import _SymmetricMemory
+
+            store = dist.PrefixStore(f"symmetric-all-reduce-{name}", dist.distributed_c10d._get_default_store())
+            _SymmetricMemory.set_group_info(name, rank, world, store)
             data = symm_mem.empty(2 * world * MAX_BYTES, dtype=torch.uint8, device=device)
             flags = symm_mem.empty(MAX_PROGRAMS * world, dtype=torch.int32, device=device)
             flags.zero_()
-            handles = (symm_mem.rendezvous(data, group.group_name), symm_mem.rendezvous(flags, group.group_name))
-        except Exception as error:  # noqa: BLE001 - any failure to map peers means NCCL
+        except Exception as error:  # noqa: BLE001 - any failure here means NCCL
             raise RuntimeError(f"symmetric memory unavailable: {type(error).__name__}: {error}") from None
-        torch.cuda.synchronize(device)
+        return symm_mem, data, flags
+
+    @classmethod
+    def connect(cls, rank: int, world: int, name: str, allocated: tuple) -> SymmetricAllReduce:
+        """Collective, once every rank's allocate() succeeded: map the peers' buffers, then check
+        the kernel against NCCL. Raises RuntimeError if they disagree."""
+        symm_mem, data, flags = allocated
+        try:
+            handles = (symm_mem.rendezvous(data, name), symm_mem.rendezvous(flags, name))
+        except Exception as error:  # noqa: BLE001
+            raise RuntimeError(f"symmetric memory rendezvous failed: {type(error).__name__}: {error}") from None
+        torch.cuda.synchronize(data.device)
         dist.barrier()  # every rank's flags are zero before any rank signals
         reducer = cls(rank, world, data, flags, handles)
-        reducer.check_against_nccl(device)
+        reducer.check_against_nccl(data.device)
         return reducer
 
     def applies(self, x: torch.Tensor) -> bool:

@@ -71,7 +71,8 @@ def _rank(rank: int, size: int, port: int, out: str) -> None:
     group_name = dist.group.WORLD.group_name
     from engine.tp.symmetric import SymmetricAllReduce
 
-    engine_one_shot = SymmetricAllReduce.build(rank, size, torch.device("cuda", rank))
+    allocated = SymmetricAllReduce.allocate(rank, size, torch.device("cuda", rank), f"probe-{port}")
+    engine_one_shot = SymmetricAllReduce.connect(rank, size, f"probe-{port}", allocated)
     rows = []
     for tokens in TOKENS:
         x = torch.randn(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda")
