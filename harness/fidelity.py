@@ -6,15 +6,20 @@ which the fit saw:
 1. capacity: the class served offline by the engine, `repeats` times; its request throughput
    (requests over the time to drain them) is the engine's capacity for that class, and also a
    cell of its own (load "offline": the throughput a simulation must match where arrivals do not
-   bound it);
+   bound it). The offline cell's schedules are compared step by step: each engine repeat against
+   each simulated run and against repeat 0 (harness.fidelity_schedules);
 2. for each load in `loads`, the class's arrivals at load x capacity, served by the engine
    `repeats` times (engine = their mean, engine_spread = (max - min) / mean) and simulated with
    each cost model with the engine's block count and graphs; the profiled model with a
-   prediction interval (sim.interval).
+   prediction interval (sim.interval). loads=[]: an offline-only run (step 1 alone).
 Written to results_dir (default: the run directory): heldout.csv (model, hardware, workload,
-load, metric, engine, sim, err, cost_model, engine_spread, sim_lo, sim_hi, in_interval, rate_req_s)
-and heldout.png (error against load per workload). Only these summaries: per-step tables stay in
-the run directory's memory, never in results_dir.
+load, metric, engine, sim, err, cost_model, engine_spread, sim_lo, sim_hi, in_interval, rate_req_s),
+schedules.csv (model, hardware, workload, cost_model, engine_repeat, schedule_identical,
+first_divergent_step, engine_steps, sim_steps, identical_steps, engine_preemptions,
+sim_preemptions: one row per class, engine repeat and simulated run of the offline cell, plus
+cost model "engine_repeat" rows, each later repeat against repeat 0) and heldout.png (error
+against load per workload; not written for an offline-only run). Only these summaries: per-step
+tables stay in memory, never in results_dir.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_confi
 from harness.convert import ConfigError, to_dataclass
 from harness.fidelity_interval import simulate_with_interval
 from harness.fidelity_report import LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
-from harness.run import make_executor, run_once
+from harness.fidelity_schedules import schedule_rows, schedules_frame
+from harness.run import RunOutcome, make_executor, run_once
 from sim.interval import IntervalConfig
 
 log = logging.getLogger(__name__)
@@ -65,8 +71,10 @@ class FidelityConfig:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
         if bad or not self.workloads:
             raise ValueError(f"fidelity.workloads must be a non-empty subset of {classes.CLASSES}, got {self.workloads}")
-        if not self.loads or not all(0.0 < x <= 1.5 for x in self.loads):
-            raise ValueError(f"fidelity.loads must be fractions of capacity in (0, 1.5], got {self.loads}")
+        # empty: an offline-only run (capacity, offline cells and schedules)
+        if not all(0.0 < x <= 1.5 for x in self.loads):
+            raise ValueError(f"fidelity.loads must be fractions of capacity in (0, 1.5] ([] for offline cells only), "
+                             f"got {list(self.loads)}")
         for name, low in (("repeats", 2), ("num_requests", 1), ("preempt_num_blocks", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -118,13 +126,15 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
     return str(out_dir / "profile_model.csv")
 
 
-def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool) -> tuple[list[dict], dict]:
-    """The engine's summaries (repeats) and each cost model's simulated summary of one cell (and
-    the carried model's, where one is given)."""
+def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool,
+          record_sims: bool = False) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
+    """The engine's runs (repeats) and each cost model's simulated run of one cell (and the
+    carried model's, where one is given). record_sims: the simulated runs' steps carry their
+    schedule hashes (the profiled model's point-estimate run; its interval draws never do)."""
     engine_runs, meta = [], None
     for i in range(fc.repeats):
         outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
-        engine_runs.append(outcome.summary)
+        engine_runs.append(outcome)
         meta = meta or engine_meta(engine.info(), rc, outcome)
     sims = {}
     for name in fc.cost_models:
@@ -132,15 +142,19 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # extrapolation is what a held-out class is for
             if name == "profiled":
-                sims[name] = simulate_with_interval(sim_rc, fc.interval).summary
+                sims[name] = simulate_with_interval(sim_rc, fc.interval, record=record_sims)
             else:
-                sims[name] = run_once(sim_rc, False, label=f"sim {name}").summary
+                sims[name] = run_once(sim_rc, False, label=f"sim {name}", record=record_sims)
     if fc.carried_profile_path is not None:
         carried_rc = sim_run_config(rc, "profiled", fc.carried_profile_path, meta)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            sims["carried"] = run_once(carried_rc, False, label="sim carried").summary
+            sims["carried"] = run_once(carried_rc, False, label="sim carried", record=record_sims)
     return engine_runs, sims
+
+
+def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome]) -> tuple[list[dict], dict[str, dict]]:
+    return [run.summary for run in engine_runs], {name: run.summary for name, run in sims.items()}
 
 
 def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
@@ -159,22 +173,26 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
         executor = make_executor(rc)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"backend=engine: {error}") from None
-    rows = []
+    rows, schedules = [], []
     try:
         profile_path = calibrated_model(executor, rc, fc, out_dir)
         for name in tqdm(fc.workloads, desc="workload classes", disable=not output.progress):
             base = classes.class_run_config(rc, name, fc.num_requests, fc.length_scale, fc.preempt_num_blocks)
             engine = PinnedBlocks(executor, base.cache.num_blocks)
-            engine_runs, sims = serve(engine, base, fc, profile_path, False)
-            capacity = float(np.mean([s["request_s"] for s in engine_runs]))
-            rows += cell_rows(rc, name, "offline", np.nan, engine_runs, sims, OFFLINE_METRICS)
+            engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True)
+            schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
+            engine_summaries, sim_summaries = summaries(engine_runs, sims)
+            del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
+            capacity = float(np.mean([s["request_s"] for s in engine_summaries]))
+            rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries, OFFLINE_METRICS)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
-                engine_runs, sims = serve(engine, cell, fc, profile_path, False)
-                rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_runs, sims, LOAD_METRICS)
+                engine_summaries, sim_summaries = summaries(*serve(engine, cell, fc, profile_path, False))
+                rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries, LOAD_METRICS)
     finally:
         executor.shutdown()
     table = pd.DataFrame(rows)
     table.to_csv(results / "heldout.csv", index=False)
+    schedules_frame(schedules).to_csv(results / "schedules.csv", index=False)
     plot_heldout(table, results / "heldout.png")
     return table

@@ -47,14 +47,17 @@ def interval_coverage(table: pd.DataFrame) -> float:
     return float(inside.astype(bool).mean()) if len(inside) else float("nan")
 
 
-def plot_heldout(table: pd.DataFrame, path: Path) -> None:
+def plot_heldout(table: pd.DataFrame, path: Path) -> bool:
     """Error (sim - engine) / engine against load, one panel per workload class; the engine's own
-    spread as a band around zero."""
+    spread as a band around zero. False, and no file, for a table without load rows (an
+    offline-only run): a figure of empty panels would read as a failed run."""
     from matplotlib.figure import Figure
 
-    online = table[table["load"] != "offline"].copy()
+    online = table[table["load"].astype(str) != "offline"].copy()
+    if online.empty:
+        return False
     online["load_x"] = online["load"].astype(float)
-    workloads = list(dict.fromkeys(table["workload"]))
+    workloads = list(dict.fromkeys(online["workload"]))  # an offline-only class has no panel
     columns = min(3, len(workloads))
     rows = -(-len(workloads) // columns)
     fig = Figure(figsize=(4.6 * columns, 3.6 * rows), layout="constrained")
@@ -83,6 +86,7 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("error (sim - engine) / engine (%)")
     axes[len(workloads) - 1].legend(fontsize=6)
     fig.savefig(path, dpi=110)
+    return True
 
 
 def merge(tables: list[pd.DataFrame]) -> pd.DataFrame:

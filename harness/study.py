@@ -44,7 +44,7 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
 
         table = run_fidelity(cfg, study, output, out_dir)
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"outputs: {out_dir} (heldout.csv, heldout.png; fidelity.results_dir if set)")
+        print(f"outputs: {out_dir} (heldout.csv, schedules.csv, heldout.png; fidelity.results_dir if set)")
         return table
     if study.kind == "plan":
         from harness.plan import run_plan

@@ -1,10 +1,13 @@
 """Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
 with heldout_<model>.png per model, coverage.csv and targets.csv (cells within 10%). No GPU needed.
+The schedules.csv found beside any of the tables (harness.fidelity_schedules) are merged the same
+way into schedules.csv; tables without one (calls from before it existed) are merged as before.
 
     python experiments/fidelity/merge.py experiments/fidelity/calls/*/heldout.csv
 
 A later table's rows replace an earlier one's for the same model, hardware, class, load, metric
-and cost model, so a call that re-measures some classes updates the committed table in place:
+and cost model (schedules: class, cost model and engine repeat), so a call that re-measures some
+classes updates the committed tables in place:
 
     python experiments/fidelity/merge.py experiments/fidelity/heldout.csv <the call's heldout.csv>
 """
@@ -17,8 +20,23 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fidelity_report import coverage_table, merge, plot_heldout, target_table
+from harness.fidelity_schedules import merge_schedules
+from harness.scripting import one_line_errors
 
 HERE = Path(__file__).resolve().parent
+
+
+def merge_schedule_tables(tables: list[Path], out: Path) -> None:
+    """schedules.csv beside the given heldout tables, in their order, merged into out/schedules.csv."""
+    # several tables in one folder share one schedules.csv: read it once, at its first place
+    found = dict.fromkeys(p.parent.resolve() / "schedules.csv" for p in tables)
+    found = [p for p in found if p.is_file()]
+    if not found:
+        return
+    schedules = merge_schedules([pd.read_csv(p) for p in found])
+    schedules.to_csv(out / "schedules.csv", index=False)
+    identical = schedules["schedule_identical"].astype(str) == "True"
+    print(f"schedules: {int(identical.sum())} of {len(schedules)} offline comparisons identical")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,16 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tables", nargs="+", type=Path, help="heldout.csv of each call")
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)
-    table = merge([pd.read_csv(path) for path in args.tables])
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "heldout.csv", index=False)
-    for (model, hardware), part in table.groupby(["model", "hardware"]):
-        plot_heldout(part, args.out / f"heldout_{model}_{hardware}.png")
-    target_table(table).to_csv(args.out / "targets.csv", index=False)
-    coverage = coverage_table(table)
-    coverage.to_csv(args.out / "coverage.csv", index=False)
-    print(coverage.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    return 0
+
+    def run() -> int:
+        table = merge([pd.read_csv(path) for path in args.tables])
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "heldout.csv", index=False)
+        for (model, hardware), part in table.groupby(["model", "hardware"]):
+            plot_heldout(part, args.out / f"heldout_{model}_{hardware}.png")
+        merge_schedule_tables(args.tables, args.out)
+        target_table(table).to_csv(args.out / "targets.csv", index=False)
+        coverage = coverage_table(table)
+        coverage.to_csv(args.out / "coverage.csv", index=False)
+        print(coverage.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        return 0
+
+    return one_line_errors(run)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=decode_heavy,conversation,preempting_bench PROFILE=<copied profile.csv> ...
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=shared_prefix NUM_REQUESTS=80 WHEELS=.hyd bash experiments/fidelity/run_gpu.sh
 #   OUT=$OUT HARDWARE=h200 CARRIED=experiments/fidelity/h200/qwen3-0.6b_from_h100.csv WORKLOADS=decode_heavy ...
+#   OUT=$OUT LOADS=offline PROFILE=<profile.csv> ...   # offline cells alone: capacity and schedules.csv
 # then, without a GPU: python experiments/fidelity/merge.py <the calls' heldout.csv files>
 set -euo pipefail
 OUT=${OUT:?set OUT}
@@ -18,6 +19,7 @@ MODEL=${MODEL:-qwen3-0.6b}
 WORKLOADS=${WORKLOADS:-prefill_heavy,decode_heavy,conversation,bursty,shared_prefix,preempting_bench}
 NUM_REQUESTS=${NUM_REQUESTS:-100}
 LOADS=${LOADS:-0.5,0.8,0.95}
+[ "$LOADS" = offline ] && LOADS=""  # fidelity.loads=[]: no load cells
 PROFILE=${PROFILE:-null}
 HARDWARE=${HARDWARE:-h100}
 CARRIED=${CARRIED:-null}

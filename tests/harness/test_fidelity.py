@@ -1,6 +1,8 @@
 """experiment=fidelity end to end on the CPU engine (tiny model): the held-out pipeline CI runs so
 it cannot rot. Few requests per cell; the numbers are not the point (a shared CPU's timings are
-noise), the table's consistency is."""
+noise), the table's consistency is. Offline, the schedules are: the CPU engine repeats itself and
+every simulation repeats the engine, step by step (as tests/harness/test_compare.py asserts of
+experiment=compare)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.convert import ConfigError
+from harness.fidelity_report import OFFLINE_METRICS
+from harness.fidelity_schedules import COLUMNS as SCHEDULE_COLUMNS
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 
@@ -16,16 +21,17 @@ pytest.importorskip("torch")
 COLUMNS = ["model", "hardware", "workload", "load", "metric", "engine", "sim", "err", "cost_model", "engine_spread",
            "sim_lo", "sim_hi", "in_interval"]
 WORKLOADS = ["prefill_heavy", "conversation", "shared_prefix", "preempting_bench"]
+CPU_RUN = ["experiment=fidelity", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
+           "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625",
+           "fidelity.num_requests=3", "fidelity.interval.draws=2", "fidelity.preempt_num_blocks=12"]
 
 
 @pytest.fixture(scope="module")
 def heldout(tiny_checkpoint, tmp_path_factory):
     run_dir, results = tmp_path_factory.mktemp("fidelity-run"), tmp_path_factory.mktemp("fidelity-results")
     run_study(compose_config([
-        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
-        "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625", "fidelity.num_requests=3",
-        f"fidelity.workloads=[{','.join(WORKLOADS)}]", "fidelity.loads=[0.8]", "fidelity.grid=quick",
-        "fidelity.interval.draws=2", "fidelity.preempt_num_blocks=12", f"fidelity.results_dir={results}"]), run_dir)
+        *CPU_RUN, f"backend.model={tiny_checkpoint}", f"fidelity.workloads=[{','.join(WORKLOADS)}]",
+        "fidelity.loads=[0.8]", "fidelity.grid=quick", f"fidelity.results_dir={results}"]), run_dir)
     return pd.read_csv(results / "heldout.csv"), results, run_dir
 
 
@@ -64,10 +70,59 @@ def test_profiled_rows_carry_an_interval_and_say_whether_the_engine_is_inside(he
 
 def test_results_dir_holds_summaries_only(heldout):
     _, results, run_dir = heldout
-    assert sorted(p.name for p in results.iterdir()) == ["heldout.csv", "heldout.png"]
+    assert sorted(p.name for p in results.iterdir()) == ["heldout.csv", "heldout.png", "schedules.csv"]
     assert (results / "heldout.png").stat().st_size > 0
     assert (run_dir / "profile_model.csv").is_file()  # the grid-only calibration, with residuals
     assert (pd.read_csv(run_dir / "profile_model.csv")["kind"] == "residual").any()
+
+
+def test_schedules_have_a_row_per_class_repeat_and_cost_model_and_offline_they_are_the_engines(heldout):
+    _, results, _ = heldout
+    schedules = pd.read_csv(results / "schedules.csv")
+    assert list(schedules.columns) == list(SCHEDULE_COLUMNS)
+    assert list(dict.fromkeys(schedules["workload"])) == WORKLOADS
+    for workload, part in schedules.groupby("workload"):
+        runs = sorted(zip(part["engine_repeat"], part["cost_model"]))
+        expected = [(0, "profiled"), (0, "roofline"), (1, "engine_repeat"), (1, "profiled"), (1, "roofline")]
+        assert runs == expected, workload
+        assert part["engine_steps"].nunique() == 1 and (part["engine_steps"] > 0).all(), workload
+    # the core's guarantee offline on the CPU backend: one schedule, whoever runs or prices it
+    assert schedules["schedule_identical"].all()
+    assert (schedules["first_divergent_step"] == -1).all()
+    assert (schedules["identical_steps"] == schedules["engine_steps"]).all()
+    assert (schedules["sim_steps"] == schedules["engine_steps"]).all()
+    assert (schedules["sim_preemptions"] == schedules["engine_preemptions"]).all()
+    preempting = schedules[schedules["workload"] == "preempting_bench"]
+    assert (preempting["engine_preemptions"] > 0).all()  # the comparison covers preemption
+
+
+def test_no_loads_is_an_offline_only_run(heldout, tiny_checkpoint, tmp_path):
+    """fidelity.loads=[]: capacity, the offline cells and their schedules (the carried model's
+    too), no load cell and no plot of error against load."""
+    _, _, run_dir = heldout
+    fit = run_dir / "profile_model.csv"
+    run_study(compose_config([
+        *CPU_RUN, f"backend.model={tiny_checkpoint}", "fidelity.workloads=[preempting_bench]", "fidelity.loads=[]",
+        f"fidelity.profile_path={fit}", f"fidelity.carried_profile_path={fit}", "fidelity.cost_models=[roofline]",
+        f"fidelity.results_dir={tmp_path}"]), tmp_path / "run")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["heldout.csv", "schedules.csv"]
+    table = pd.read_csv(tmp_path / "heldout.csv")
+    assert set(table["load"].astype(str)) == {"offline"}
+    assert sorted(set(table["metric"])) == sorted(OFFLINE_METRICS)
+    schedules = pd.read_csv(tmp_path / "schedules.csv")
+    assert sorted(zip(schedules["engine_repeat"], schedules["cost_model"])) == [
+        (0, "carried"), (0, "roofline"), (1, "carried"), (1, "engine_repeat"), (1, "roofline")]
+    assert schedules["schedule_identical"].all() and (schedules["engine_preemptions"] > 0).all()
+
+
+@pytest.mark.parametrize("loads", ["[2.0]", "[0.5,0]", "[-0.1]"])
+def test_bad_loads_stop_the_run_in_one_line_before_the_engine_runs(tiny_checkpoint, tmp_path, loads):
+    with pytest.raises(ConfigError) as error:
+        run_study(compose_config([*CPU_RUN, f"backend.model={tiny_checkpoint}", f"fidelity.loads={loads}"]),
+                  tmp_path / "run")
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("fidelity.loads") and "(0, 1.5]" in message
+    assert not (tmp_path / "run" / "profile.csv").exists()
 
 
 def test_the_grid_profiles_steps_that_share_prefix_blocks_and_the_fit_prices_their_repeats(heldout):

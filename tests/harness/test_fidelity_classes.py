@@ -44,3 +44,10 @@ def test_each_class_has_its_shape(rc):
 def test_bad_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"fidelity.{field}"):
         FidelityConfig(**{field: value})
+
+
+def test_no_loads_is_allowed_and_a_bad_load_is_named_in_one_line():
+    assert FidelityConfig(loads=()).loads == ()  # an offline-only run
+    with pytest.raises(ValueError) as error:
+        FidelityConfig(loads=(0.5, 1.6))
+    assert "\n" not in str(error.value) and "fidelity.loads" in str(error.value) and "[0.5, 1.6]" in str(error.value)

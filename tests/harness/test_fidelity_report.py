@@ -1,13 +1,18 @@
-"""The held-out table's target counts: cells within 10% per model, workload and cost model."""
+"""The held-out table's target counts (cells within 10% per model, workload and cost model), its
+merge, and the offline schedule comparison (schedules.csv) with its merge."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from harness.convert import ConfigError
 from harness.fidelity_report import coverage_table, merge, target_table
+from harness.fidelity_schedules import COLUMNS as SCHEDULE_COLUMNS
+from harness.fidelity_schedules import merge_schedules, schedule_rows, schedules_frame
 
 
 def test_target_table_counts_only_the_targeted_metrics_and_loads():
@@ -52,3 +57,73 @@ def test_coverage_pools_every_cell_with_an_interval_in_its_last_row():
     assert (pooled["model"], pooled["load"], pooled["cells"]) == ("all", "all", 3)
     assert pooled["in_interval"] == pytest.approx(2 / 3)
     assert list(table["in_interval"][:-1]) == [0.5, 1.0]
+
+
+def _steps(hashes: str, preempted: str | None = None) -> pd.DataFrame:
+    """A recorded step table of one letter per step's schedule hash."""
+    flags = [int(c) for c in (preempted or "0" * len(hashes))]
+    return pd.DataFrame({"schedule_hash": list(hashes), "preempted": flags,
+                         "start": [0.1 * i for i in range(len(hashes))]})
+
+
+def test_schedule_rows_say_where_each_run_parts_from_each_repeat_and_the_repeats_from_each_other():
+    rc = SimpleNamespace(model=SimpleNamespace(name="m"), hardware=SimpleNamespace(name="h"))
+    engine = [_steps("abcd", "0100"), _steps("abxd", "0100")]
+    rows = schedule_rows(rc, "w", engine, {"profiled": _steps("abcd", "0100"), "roofline": _steps("abc", "011")})
+    assert list(schedules_frame(rows).columns) == list(SCHEDULE_COLUMNS)
+    table = schedules_frame(rows).set_index(["engine_repeat", "cost_model"])
+    assert list(table.index) == [(0, "profiled"), (0, "roofline"), (1, "profiled"), (1, "roofline"),
+                                 (1, "engine_repeat")]
+    assert table.loc[(0, "profiled"), "schedule_identical"] and table.loc[(0, "profiled"), "first_divergent_step"] == -1
+    # a prefix of the engine's schedule is not the schedule: it parts where it stops
+    assert table.loc[(0, "roofline")][["schedule_identical", "first_divergent_step", "identical_steps", "sim_steps",
+                                       "engine_preemptions", "sim_preemptions"]].tolist() == [False, 3, 3, 3, 1, 2]
+    assert table.loc[(1, "profiled")][["schedule_identical", "first_divergent_step", "identical_steps"]].tolist() == [
+        False, 2, 3]
+    # the engine against itself: repeat 1 parts from repeat 0 at step 2
+    assert table.loc[(1, "engine_repeat")][["schedule_identical", "first_divergent_step", "engine_steps"]].tolist() == [
+        False, 2, 4]
+
+
+def test_merged_schedules_keep_a_later_calls_row_and_reject_a_table_without_the_columns():
+    row = {"model": "m", "hardware": "h", "workload": "w", "cost_model": "profiled", "engine_repeat": 0,
+           "schedule_identical": True, "first_divergent_step": -1, "engine_steps": 4, "sim_steps": 4,
+           "identical_steps": 4, "engine_preemptions": 0, "sim_preemptions": 0}
+    earlier = pd.DataFrame([row, {**row, "engine_repeat": 1}])
+    later = pd.DataFrame([{**row, "schedule_identical": False, "first_divergent_step": 2}])
+    merged = merge_schedules([earlier, later]).set_index("engine_repeat")
+    assert len(merged) == 2 and not merged.loc[0, "schedule_identical"] and merged.loc[1, "schedule_identical"]
+    with pytest.raises(ConfigError, match=r"schedules.csv: missing column\(s\) \['engine_repeat'\]"):
+        merge_schedules([earlier, later.drop(columns=["engine_repeat"])])
+
+
+def test_merge_script_merges_the_schedules_beside_the_tables(tmp_path, capsys):
+    """merge.py finds schedules.csv beside each heldout.csv (a call without one is merged as
+    before); an offline-only model gets no plot."""
+    from experiments.fidelity.merge import main
+
+    committed = pd.read_csv(Path(__file__).resolve().parents[2] / "experiments" / "fidelity" / "heldout.csv")
+    bursty = committed[(committed["model"] == "qwen3-0.6b") & (committed["workload"] == "bursty")]
+    cell = bursty[bursty["hardware"] == bursty["hardware"].iloc[0]]
+    offline_only = cell[cell["load"].astype(str) == "offline"].assign(model="offline-only")
+    assert len(offline_only) and len(offline_only) < len(cell)
+    row = {"model": "qwen3-0.6b", "hardware": cell["hardware"].iloc[0], "workload": "bursty", "cost_model": "roofline",
+           "engine_repeat": 0, "schedule_identical": True, "first_divergent_step": -1, "engine_steps": 9,
+           "sim_steps": 9, "identical_steps": 9, "engine_preemptions": 0, "sim_preemptions": 0}
+    calls = [tmp_path / name for name in ("a", "b", "c")]
+    beside = ([row, {**row, "engine_repeat": 1}], None, [{**row, "schedule_identical": False}])  # b: none
+    for call, table, schedules in zip(calls, (cell, offline_only, cell), beside):
+        call.mkdir()
+        table.to_csv(call / "heldout.csv", index=False)
+        if schedules is not None:
+            pd.DataFrame(schedules).to_csv(call / "schedules.csv", index=False)
+    assert main([*(str(c / "heldout.csv") for c in calls), "--out", str(tmp_path / "out")]) == 0
+    merged = pd.read_csv(tmp_path / "out" / "schedules.csv").set_index("engine_repeat")
+    assert len(merged) == 2 and not merged.loc[0, "schedule_identical"] and merged.loc[1, "schedule_identical"]
+    assert "schedules: 1 of 2 offline comparisons identical" in capsys.readouterr().out
+    plots = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert plots == [f"heldout_qwen3-0.6b_{row['hardware']}.png"]
+    pd.DataFrame([row]).drop(columns=["sim_steps"]).to_csv(calls[0] / "schedules.csv", index=False)
+    assert main([str(calls[0] / "heldout.csv"), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: schedules.csv: missing column(s) ['sim_steps']") and "\n" not in error
