@@ -16,7 +16,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 FUSED_KERNELS = ("off", "triton")
-ALL_REDUCES = ("auto", "nccl", "symmetric")
 
 
 @dataclass(frozen=True)
@@ -36,12 +35,6 @@ class EngineConfig:
     balanced_decode: decode steps cut long contexts into pieces of the batch's mean context for the
         Triton decode kernel (kernels.decode_split), so that a ragged batch costs what an even one
         of the same total does; False cuts every sequence into the same number of pieces.
-    all_reduce: the tensor-parallel sum of partial outputs. "nccl" (default) always NCCL;
-        "symmetric" runs decode-sized tensors through a one-shot kernel over PyTorch symmetric
-        memory, fused with the residual add and RMSNorm after it (engine.tp.symmetric; larger
-        ones through NCCL), and fails where peers' memory cannot be mapped; "auto" that kernel
-        where it runs, else NCCL. No effect at tensor_parallel_size 1. Opt-in until the engine-level
-        bf16 GPU test has passed with it (experiments/tp/README.md).
     execution: CUDA graphs, async scheduling (None: on with CUDA, at any tensor_parallel_size),
         tensor parallelism, seed, memory utilisation (engine.core.config.ExecutionConfig).
     """
@@ -52,7 +45,6 @@ class EngineConfig:
     attention_backend: str = "auto"
     fused_kernels: str = "triton"
     balanced_decode: bool = True
-    all_reduce: str = "nccl"
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
@@ -62,7 +54,6 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("fused_kernels", self.fused_kernels, FUSED_KERNELS)
-        _check_choice("all_reduce", self.all_reduce, ALL_REDUCES)
         if not isinstance(self.balanced_decode, bool):
             raise TypeError(f"EngineConfig.balanced_decode must be a bool, got {type(self.balanced_decode).__name__}")
         if not isinstance(self.execution, ExecutionConfig):

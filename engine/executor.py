@@ -89,7 +89,7 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
     tp = engine_config.execution.tensor_parallel_size
     if device.type == "cuda" and tp > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible CUDA devices")
-    if engine_config.all_reduce == "symmetric" and device.type != "cuda":
+    if engine_config.execution.all_reduce == "symmetric" and device.type != "cuda":
         raise ValueError(f"all_reduce='symmetric' needs CUDA devices, got {device.type}: use 'auto' or 'nccl'")
     config = read_model_config(engine_config.model)
     if config is None:
@@ -199,7 +199,7 @@ class EngineExecutor:
                  for rank in range(1, tp)]
         self.workers = Workers(specs)
         self.workers.replies("start")  # every worker imported its stack and is about to join
-        self.group = DistGroup(0, tp, port, self.device, TP_TIMEOUT_S, cfg.all_reduce)
+        self.group = DistGroup(0, tp, port, self.device, TP_TIMEOUT_S, cfg.execution.all_reduce)
 
     @property
     def tokenizer(self):

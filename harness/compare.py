@@ -167,14 +167,16 @@ def describe(graphs: GraphSizes) -> str:
 def engine_execution(meta: dict) -> ExecutionConfig:
     """The execution settings under which the simulator replays a saved engine run: the graphs
     the engine captured (engine.core.graph_sizes maps them back to the settings exactly), its
-    overlap (runs saved before async scheduling ran their steps one at a time) and its TP size."""
+    overlap (runs saved before async scheduling ran their steps one at a time), its TP size and
+    its all-reduce (runs saved before that setting existed ran NCCL's)."""
     graphs = engine_graph_sizes(meta)
     engine_config = meta.get("engine_config") or {}
-    tp = (engine_config.get("execution") or engine_config).get("tensor_parallel_size", 1)
+    execution = engine_config.get("execution") or engine_config
     return ExecutionConfig(enforce_eager=not graphs, async_scheduling=bool(meta.get("async_scheduling", False)),
                            prefill_graph_tokens=max(graphs.prefill, default=0),
                            max_graph_batch_size=max(graphs.decode, default=ExecutionConfig.max_graph_batch_size),
-                           tensor_parallel_size=tp)
+                           tensor_parallel_size=execution.get("tensor_parallel_size", 1),
+                           all_reduce=execution.get("all_reduce", "nccl"))
 
 
 def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:

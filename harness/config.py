@@ -37,6 +37,7 @@ MOVED_KEYS = {
     "tp_size": "execution.tensor_parallel_size",
     "seed": "execution.seed",
     "gpu_memory_utilization": "execution.gpu_memory_utilization",
+    "all_reduce": "execution.all_reduce",
 }
 STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare", "fidelity", "plan")
 STEP_OUTPUTS = ("full", "none")

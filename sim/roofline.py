@@ -16,13 +16,16 @@ Phases, per rank of a tensor-parallel group:
 - LM head: only for sampled positions (a prefill chunk that does not finish its prompt samples
   nothing); its weights, and float32 logits out;
 - TP communication: two all-reduces per layer plus one after the vocab-parallel embedding (ring:
-  2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each), and an
+  2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each; or, where
+  all_reduce takes the engine's one-shot launch for the step's size (engine.core.collectives),
+  the hardware's one-shot latency plus (tp - 1) x the bytes over its one-shot bandwidth), and an
   all-gather of the sampled rows' logits (in the model's dtype);
 - fixed host overhead per step and per scheduled sequence.
 """
 
 from __future__ import annotations
 
+from engine.core.collectives import one_shot_max_tokens
 from engine.core.plan import StepPlan
 from sim.features import attention_pairs, decode_attention_pairs
 from sim.specs import HardwareSpec, ModelSpec
@@ -31,7 +34,7 @@ _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
 
 
 class RooflineCostModel:
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1) -> None:
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1, all_reduce: str = "nccl") -> None:
         model.check_tp(tp_size)
         self.model = model
         self.hardware = hardware
@@ -72,6 +75,17 @@ class RooflineCostModel:
         # the engine gathers each rank's logits in the weights' dtype and upcasts them after
         self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
         self._latency = hw.interconnect_latency_s
+        self._one_shot_tokens, self._one_shot_latency, self._one_shot_s_per_token = 0, 0.0, 0.0
+        if tp > 1 and all_reduce != "nccl":
+            self._one_shot_tokens = one_shot_max_tokens(all_reduce, hidden, dt)
+            if hw.one_shot_latency_s is not None and hw.one_shot_bandwidth is not None:
+                self._one_shot_latency = hw.one_shot_latency_s
+                self._one_shot_s_per_token = (tp - 1) * hidden * dt / hw.one_shot_bandwidth
+            elif all_reduce == "symmetric":
+                raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
+                                 "execution.all_reduce=symmetric cannot be priced on it")
+            else:  # auto: where the one-shot path is unmeasured, NCCL's price
+                self._one_shot_tokens = 0
 
     def step_time(self, plan: StepPlan) -> float:
         scheduled = plan.scheduled
@@ -112,9 +126,7 @@ class RooflineCostModel:
             memory = (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw
             total += lm_head if lm_head > memory else memory
         if self._num_all_reduces:
-            total += self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
-            if num_sampled:
-                total += self._latency + self._gather_s_per_row * num_sampled
+            total += self.communication_time(num_tokens, num_sampled)
         return total + self._step_overhead + self._seq_overhead * num_seqs
 
     def phase_times(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
@@ -140,11 +152,15 @@ class RooflineCostModel:
     def communication_time(self, num_tokens: int, num_sampled: int) -> float:
         """Seconds of tensor-parallel collectives in a step (0 at tp_size 1): per all-reduce its
         latency plus 2 (tp - 1) / tp of [num_tokens, hidden] activations over one GPU's link
-        (ring), and the latency and (tp - 1) / tp of [num_sampled, vocab] logits (model dtype)
+        (ring), or a one-shot launch's price where the step is small enough for one (module
+        docstring), and the latency and (tp - 1) / tp of [num_sampled, vocab] logits (model dtype)
         all-gathered for sampling. Neither shrinks as tp grows."""
         if not self._num_all_reduces:
             return 0.0
-        comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
+        if num_tokens <= self._one_shot_tokens:
+            comm = self._num_all_reduces * (self._one_shot_latency + self._one_shot_s_per_token * num_tokens)
+        else:
+            comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
         if num_sampled:
             comm += self._latency + self._gather_s_per_row * num_sampled
         return comm

@@ -177,6 +177,11 @@ class HardwareSpec:
     # NCCL reaches ~80% of that on NVLink: 0.5 * 0.8.
     interconnect_efficiency: float = 0.4
     interconnect_latency_s: float = 1.0e-5  # per collective: launch and synchronisation
+    # The engine's one-shot all-reduce (ExecutionConfig.all_reduce, engine.core.collectives): a
+    # launch costs one_shot_latency_s + (tp - 1) x bytes / one_shot_bandwidth (each rank writes its
+    # tensor into every peer's memory). None: not measured, such a run cannot be priced.
+    one_shot_latency_s: float | None = None
+    one_shot_bandwidth: float | None = None
     # $ per GPU-hour to rent one: the deployment search (harness.plan) costs fleets with it; each
     # conf/hardware entry cites its figure. None: unpriced (the search refuses such an entry).
     price_per_gpu_hour: float | None = None
@@ -188,7 +193,7 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("price_per_gpu_hour", "l2_bandwidth") and value is None:
+            if f.name in ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth") and value is None:
                 continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:

@@ -19,7 +19,8 @@ The profiled model is fitted to an engine running on one GPU. At N GPUs, rank 0'
 - communication: the roofline's collectives at N (RooflineCostModel.communication_time): two
   ring all-reduces per layer and one after the embedding, of num_tokens x hidden x dtype bytes,
   each moving 2 (N - 1) / N of the data over the GPU's link (hardware.interconnect_bandwidth x
-  interconnect_efficiency) plus a latency each; the sampled rows' logits gathered to rank 0.
+  interconnect_efficiency) plus a latency each, or the one-shot launches of execution.all_reduce
+  where they apply; the sampled rows' logits gathered to rank 0.
 
 How the TP=1 step splits into host and device:
 - a ProfiledCostModel of an overlapping engine (fits of launch_s and gpu_s per regime): host =
@@ -58,12 +59,12 @@ class TPTransferCostModel:
     """base: a cost model of the engine at TP=1 (anything with step_time(plan)); prices its steps
     at tp_size ranks as the module docstring says."""
 
-    def __init__(self, base, model: ModelSpec, hardware: HardwareSpec, tp_size: int) -> None:
+    def __init__(self, base, model: ModelSpec, hardware: HardwareSpec, tp_size: int, all_reduce: str = "nccl") -> None:
         model.check_tp(tp_size)
         self.base = base
         self.tp_size = tp_size
         self._one = RooflineCostModel(model, hardware, 1)
-        self._many = RooflineCostModel(model, hardware, tp_size)
+        self._many = RooflineCostModel(model, hardware, tp_size, all_reduce)
         self._overlaps = isinstance(base, ProfiledCostModel) and base.prices_overlap
         # overlapped steps: the previous step's price and its launch time (None: nothing in flight)
         self._previous: tuple[float, float] | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.collectives import ALL_REDUCES
+
 POLICIES = ("nano", "mixed")
 
 
@@ -76,6 +78,12 @@ class ExecutionConfig:
     max_graph_batch_size: decode steps of up to this many sequences (and max_num_seqs) replay
         CUDA graphs; larger batches run eagerly.
     tensor_parallel_size: ranks the model is split over.
+    all_reduce: how ranks sum partial outputs (engine.core.collectives): "nccl" (default), NCCL's
+        ring; "symmetric", decode-sized tensors in one-shot launches over symmetric memory, fused
+        with the residual add and RMSNorm after them (engine.tp.symmetric; an error where the GPUs
+        cannot map each other's memory); "auto", that where it runs, else NCCL. The simulator
+        prices the one-shot launches with the hardware's one_shot_* figures. Opt-in until the
+        engine-level bf16 GPU test has passed with it (experiments/tp/README.md).
     seed: seeds the sampling stream of requests that bring no seed of their own.
     gpu_memory_utilization: fraction of device memory the backend may hold (weights,
         activations and the KV cache); the KV cache is sized to fill what is left.
@@ -86,6 +94,7 @@ class ExecutionConfig:
     prefill_graph_tokens: int = 4096
     max_graph_batch_size: int = 512
     tensor_parallel_size: int = 1
+    all_reduce: str = "nccl"
     seed: int = 0
     gpu_memory_utilization: float = 0.9
 
@@ -99,6 +108,8 @@ class ExecutionConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"ExecutionConfig.{name} must be an int >= {low}, got {value!r}")
+        if self.all_reduce not in ALL_REDUCES:
+            raise ValueError(f"ExecutionConfig.all_reduce must be one of {ALL_REDUCES}, got {self.all_reduce!r}")
         seed = self.seed
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"ExecutionConfig.seed must be an int in [0, 2**63), got {seed!r}")

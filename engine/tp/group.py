@@ -33,7 +33,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class DistGroup:
-    """all_reduce_mode (EngineConfig.all_reduce): "nccl"; "symmetric", the one-shot kernel of
+    """all_reduce_mode (ExecutionConfig.all_reduce, engine.core.collectives): "nccl"; "symmetric", the one-shot kernel of
     engine.tp.symmetric for small tensors (an error where it cannot run); "auto", that kernel
     where it runs and agrees with NCCL on every rank, else NCCL."""
 

@@ -18,13 +18,12 @@ import logging
 import torch
 import torch.distributed as dist
 
+from engine.core.collectives import ONE_SHOT_MAX_BYTES
 from kernels.all_reduce import MAX_PROGRAMS, one_shot_all_reduce_, one_shot_all_reduce_add_rms_norm
 
 log = logging.getLogger(__name__)
 
-# 4 MiB: a bf16 [512, 4096] activation (the largest decode graph of Qwen3-8B). On 2 x H200 NCCL
-# overtakes a one-shot all-reduce near 8 MiB (experiments/tp/h200x2_async/all_reduce.csv).
-MAX_BYTES = 4 << 20
+MAX_BYTES = ONE_SHOT_MAX_BYTES
 MAX_NORM_DIM = 16384  # a row is one program's registers (kernels.all_reduce with the norm)
 
 

@@ -20,7 +20,7 @@ def worker_main(spec, conn) -> None:
         device = torch.device("cuda", spec.rank) if spec.device_type == "cuda" else torch.device("cpu")
         conn.send(("hello", None))
         state["group"] = group = DistGroup(spec.rank, spec.size, spec.port, device, spec.timeout_s,
-                                                spec.engine_config.all_reduce)
+                                                spec.engine_config.execution.all_reduce)
         runner = build_runner(spec.engine_config, spec.scheduler_config, spec.cache_config, device, group)
         conn.send(("ready", None))
         return lambda kind, payload: _answer(runner, conn, kind, payload)

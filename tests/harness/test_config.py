@@ -120,6 +120,7 @@ def test_unknown_key_override_is_a_hydra_error():
     ("backend.cost_model=magic", "cost_model"),
     ("execution.tensor_parallel_size=1.5", "execution.tensor_parallel_size"),
     ("execution.async_scheduling=on", "execution.async_scheduling"),
+    ("execution.all_reduce=fast", "all_reduce"),
     ("execution.gpu_memory_utilization=1.5", "gpu_memory_utilization"),
     ("backend.profile_path=no/such/profile.csv", "backend.profile_path"),
 ])
@@ -132,7 +133,8 @@ def test_bad_value_is_one_config_error_naming_the_field(override, field):
 @pytest.mark.parametrize("old, new", [("enforce_eager=true", "execution.enforce_eager"),
                                       ("tp_size=2", "execution.tensor_parallel_size"),
                                       ("max_cuda_graph_batch_size=64", "execution.max_graph_batch_size"),
-                                      ("async_scheduling=on", "execution.async_scheduling")])
+                                      ("async_scheduling=on", "execution.async_scheduling"),
+                                      ("all_reduce=symmetric", "execution.all_reduce")])
 def test_a_backend_key_that_moved_to_execution_is_an_error_naming_the_new_key(backend, old, new):
     message = f"backend.{old.split('=')[0]} is not a backend setting: set {new}"
     assert moved_override([f"backend={backend}", f"backend.{old}"]) == message + " (shared by both backends)"
@@ -142,10 +144,12 @@ def test_a_backend_key_that_moved_to_execution_is_an_error_naming_the_new_key(ba
 
 
 def test_one_execution_section_reaches_either_backend():
-    overrides = ["execution.enforce_eager=true", "execution.seed=7", "execution.async_scheduling=false"]
+    overrides = ["execution.enforce_eager=true", "execution.seed=7", "execution.async_scheduling=false",
+                 "execution.all_reduce=symmetric"]
     sim = build_run_config(compose_config(overrides)).sim.execution
     engine = build_run_config(compose_config(["backend=engine", *overrides])).engine.execution
     assert sim == engine and (sim.enforce_eager, sim.seed, sim.async_scheduling) == (True, 7, False)
+    assert sim.all_reduce == "symmetric"
 
 
 def test_engine_backend_defaults_to_the_model_presets_checkpoint():

@@ -103,6 +103,35 @@ def test_tensor_parallel_splits_compute_and_adds_communication():
     assert p2["communication"] == pytest.approx(ring + gather)
 
 
+def test_one_shot_all_reduce_prices_decode_sized_steps_and_leaves_large_ones_to_the_ring():
+    spec, hw = model("qwen3-8b"), hardware("h200")
+    nccl, one_shot = RooflineCostModel(spec, hw, 2, "nccl"), RooflineCostModel(spec, hw, 2, "symmetric")
+    link = hw.interconnect_bandwidth * hw.interconnect_efficiency
+    gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 2 / link
+    # 140 decode tokens: 140 x 4096 bf16 = 1.1 MB, under the 4 MiB limit (engine.core.collectives)
+    each = hw.one_shot_latency_s + (2 - 1) * 140 * 4096 * 2 / hw.one_shot_bandwidth
+    assert one_shot.communication_time(140, 140) == pytest.approx(73 * each + 140 * (gather - hw.interconnect_latency_s)
+                                                                   + hw.interconnect_latency_s)
+    assert one_shot.communication_time(140, 140) < 0.6 * nccl.communication_time(140, 140)
+    # 512 tokens is the largest one-shot size at hidden 4096 in bf16; 513 goes to the ring
+    assert one_shot.communication_time(513, 1) == pytest.approx(nccl.communication_time(513, 1))
+    assert one_shot.communication_time(512, 1) < nccl.communication_time(512, 1)
+    # the step's price carries the difference whole
+    assert nccl.time_for(140, 140, 140_000, 140_140, 140) - one_shot.time_for(140, 140, 140_000, 140_140, 140) == \
+        pytest.approx(nccl.communication_time(140, 140) - one_shot.communication_time(140, 140))
+
+
+def test_one_shot_all_reduce_needs_the_hardware_figures():
+    spec, a100 = model("qwen3-8b"), hardware("a100")
+    with pytest.raises(ValueError, match="A100.*no one_shot_latency_s.*all_reduce=symmetric"):
+        RooflineCostModel(spec, a100, 2, "symmetric")
+    # auto falls back to the ring where the one-shot launch was never measured, as the engine may
+    auto, nccl = RooflineCostModel(spec, a100, 2, "auto"), RooflineCostModel(spec, a100, 2, "nccl")
+    assert auto.communication_time(64, 64) == nccl.communication_time(64, 64)
+    # and nothing changes without tensor parallelism
+    assert RooflineCostModel(spec, a100, 1, "symmetric").communication_time(64, 64) == 0.0
+
+
 def test_decode_of_large_batch_is_bandwidth_bound_then_overhead_counts():
     hw = dataclasses.replace(hardware("h100"), step_overhead_s=0.0, seq_overhead_s=0.0)
     spec = model("qwen3-0.6b")

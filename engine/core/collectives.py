@@ -1,0 +1,23 @@
+"""Which tensor-parallel all-reduces run as one-shot launches: the one rule of both backends.
+
+ExecutionConfig.all_reduce names the implementation. "nccl": every all-reduce on NCCL's ring;
+"symmetric": tensors of at most ONE_SHOT_MAX_BYTES through the engine's one-shot kernel over
+symmetric memory (engine.tp.symmetric), larger ones on NCCL; "auto": "symmetric" where the GPUs
+can map each other's memory, else "nccl". The engine launches by this rule and the simulator
+prices by it (sim.roofline), with the hardware's one-shot figures.
+"""
+
+from __future__ import annotations
+
+ALL_REDUCES = ("auto", "nccl", "symmetric")
+# 4 MiB: a bf16 [512, 4096] activation (the largest decode graph of Qwen3-8B). On 2 x H200 NCCL
+# overtakes a one-shot all-reduce near 8 MiB (experiments/tp/h200x2_async/all_reduce.csv).
+ONE_SHOT_MAX_BYTES = 4 << 20
+
+
+def one_shot_max_tokens(all_reduce: str, hidden_size: int, dtype_bytes: int) -> int:
+    """Steps of at most this many tokens sum [tokens, hidden] activations in one-shot launches
+    (0: none do)."""
+    if all_reduce == "nccl":
+        return 0
+    return ONE_SHOT_MAX_BYTES // (hidden_size * dtype_bytes)
