@@ -126,7 +126,9 @@ class RooflineCostModel:
             memory = (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw
             total += lm_head if lm_head > memory else memory
         if self._num_all_reduces:
-            total += self.communication_time(num_tokens, num_sampled)
+            total += self._all_reduces_time(num_tokens)
+            if num_sampled:
+                total += self._latency + self._gather_s_per_row * num_sampled
         return total + self._step_overhead + self._seq_overhead * num_seqs
 
     def phase_times(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
@@ -157,13 +159,15 @@ class RooflineCostModel:
         all-gathered for sampling. Neither shrinks as tp grows."""
         if not self._num_all_reduces:
             return 0.0
-        if num_tokens <= self._one_shot_tokens:
-            comm = self._num_all_reduces * (self._one_shot_latency + self._one_shot_s_per_token * num_tokens)
-        else:
-            comm = self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
+        comm = self._all_reduces_time(num_tokens)
         if num_sampled:
             comm += self._latency + self._gather_s_per_row * num_sampled
         return comm
+
+    def _all_reduces_time(self, num_tokens: int) -> float:
+        if num_tokens <= self._one_shot_tokens:
+            return self._num_all_reduces * (self._one_shot_latency + self._one_shot_s_per_token * num_tokens)
+        return self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
 
     def host_time(self, num_seqs: int) -> float:
         """The step's fixed host overhead: the same on every rank count (rank 0's Python)."""

@@ -33,9 +33,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class DistGroup:
-    """all_reduce_mode (ExecutionConfig.all_reduce, engine.core.collectives): "nccl"; "symmetric", the one-shot kernel of
-    engine.tp.symmetric for small tensors (an error where it cannot run); "auto", that kernel
-    where it runs and agrees with NCCL on every rank, else NCCL."""
+    """all_reduce_mode (ExecutionConfig.all_reduce, engine.core.collectives): "nccl";
+    "symmetric", the one-shot kernel of engine.tp.symmetric for small tensors (an error where it
+    cannot run); "auto", that kernel where it runs and agrees with NCCL on every rank, else NCCL."""
 
     def __init__(self, rank: int, size: int, port: int, device: torch.device, timeout_s: float,
                  all_reduce_mode: str = "nccl") -> None:
@@ -81,7 +81,8 @@ class DistGroup:
         if self._everywhere(reducer is not None):
             return reducer
         if mode == "symmetric":
-            raise RuntimeError(f"all_reduce='symmetric' cannot run on rank {self.rank}: {reason or 'another rank failed'}")
+            why = reason or "another rank failed"
+            raise RuntimeError(f"all_reduce='symmetric' cannot run on rank {self.rank}: {why}")
         log.warning("one-shot all-reduce off, NCCL for every size: %s", reason or "another rank could not set it up")
         return None
 

@@ -5,7 +5,8 @@ the reference. Checked: eager calls of many sizes back to back (the slots altern
 handshake must never let a rank overwrite a slot its peer still reads), bf16 and float32, both
 ranks bitwise equal, calls captured in a CUDA graph and replayed on new data, sizes past
 MAX_BYTES left to NCCL, and the launch fused with the residual add and RMSNorm against the same
-three steps in float32 (hidden sizes of Qwen3-0.6B, -8B and one that is no power of two). A failing rank raises, and torch.multiprocessing re-raises it here.
+three steps in float32 (hidden sizes of Qwen3-0.6B, -8B and one that is no power of two). A
+failing rank raises, and torch.multiprocessing re-raises it here.
 """
 
 from __future__ import annotations
