@@ -149,7 +149,7 @@ class Qwen3ForCausalLM(nn.Module):
         x, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos, sin, kv_cache, meta)
-        x, _ = self.model.norm(x, residual, self.model.layers[0].partial_of)
+        x, _ = self.model.norm(x, residual, self.tp if self.tp.defers_reduce else None)
         return x
 
     def set_fused_kernels(self, mode: str, allow_cpu: bool = False) -> int:

@@ -4,16 +4,14 @@ SymmetricAllReduce.allocate takes, on each rank of the live process group, a dat
 parities x one slot per rank) and a flag array from torch.distributed._symmetric_memory;
 connect, once every rank has them (engine.tp.group.DistGroup agrees on that first, so that no
 rank waits in a rendezvous another rank never joins), maps every rank's buffers and checks the
-kernel against NCCL on probe tensors before it is trusted. Tensors up to
-MAX_BYTES (decode steps and small prefills: where NCCL's fixed cost dominates) take the one-shot
-kernel; larger ones, where NCCL's ring moves fewer bytes per link, stay on NCCL
+kernel against NCCL on probe tensors before it is trusted. Tensors up to ONE_SHOT_MAX_BYTES
+(engine.core.collectives: decode steps and small prefills, where NCCL's fixed cost dominates)
+take the one-shot kernel; larger ones, where NCCL's ring moves fewer bytes per link, stay on NCCL
 (engine.tp.group.DistGroup decides, the same way on every rank since every rank sees the same
 shapes).
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 import torch.distributed as dist
@@ -21,9 +19,6 @@ import torch.distributed as dist
 from engine.core.collectives import ONE_SHOT_MAX_BYTES
 from kernels.all_reduce import MAX_PROGRAMS, one_shot_all_reduce_, one_shot_all_reduce_add_rms_norm
 
-log = logging.getLogger(__name__)
-
-MAX_BYTES = ONE_SHOT_MAX_BYTES
 MAX_NORM_DIM = 16384  # a row is one program's registers (kernels.all_reduce with the norm)
 
 
@@ -37,7 +32,7 @@ class SymmetricAllReduce:
         self.counters = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
 
     def _state(self, x: torch.Tensor) -> tuple:
-        slot_elems = MAX_BYTES // x.element_size()
+        slot_elems = ONE_SHOT_MAX_BYTES // x.element_size()
         return self.data_ptrs, self.flag_ptrs, self.counters, slot_elems, self.rank, self.world
 
     @staticmethod
@@ -55,7 +50,7 @@ class SymmetricAllReduce:
 
             store = dist.PrefixStore(f"symmetric-all-reduce-{name}", dist.distributed_c10d._get_default_store())
             _SymmetricMemory.set_group_info(name, rank, world, store)
-            data = symm_mem.empty(2 * world * MAX_BYTES, dtype=torch.uint8, device=device)
+            data = symm_mem.empty(2 * world * ONE_SHOT_MAX_BYTES, dtype=torch.uint8, device=device)
             flags = symm_mem.empty(MAX_PROGRAMS * world, dtype=torch.int32, device=device)
             flags.zero_()
         except Exception as error:  # noqa: BLE001 - any failure here means NCCL
@@ -78,7 +73,7 @@ class SymmetricAllReduce:
         return reducer
 
     def applies(self, x: torch.Tensor) -> bool:
-        return x.is_cuda and x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
+        return x.is_cuda and x.is_contiguous() and x.numel() * x.element_size() <= ONE_SHOT_MAX_BYTES
 
     def applies_to_norm(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         return (self.applies(x) and x.dim() == 2 and x.shape[1] <= MAX_NORM_DIM and residual.is_contiguous()

@@ -75,7 +75,7 @@ def _graphed(group, generator) -> None:
 
 
 def _large_goes_to_nccl(group, generator) -> None:
-    from engine.tp.symmetric import MAX_BYTES
+    from engine.core.collectives import ONE_SHOT_MAX_BYTES as MAX_BYTES
 
     rows = MAX_BYTES // (HIDDEN * 2) + 1
     x = torch.randn(rows, HIDDEN, generator=generator, device="cuda").to(torch.bfloat16)
