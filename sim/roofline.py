@@ -76,16 +76,14 @@ class RooflineCostModel:
         self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
         self._latency = hw.interconnect_latency_s
         self._one_shot_tokens, self._one_shot_latency, self._one_shot_s_per_token = 0, 0.0, 0.0
-        if tp > 1 and all_reduce != "nccl":
-            self._one_shot_tokens = one_shot_max_tokens(all_reduce, hidden, dt)
-            if hw.one_shot_latency_s is not None and hw.one_shot_bandwidth is not None:
-                self._one_shot_latency = hw.one_shot_latency_s
-                self._one_shot_s_per_token = (tp - 1) * hidden * dt / hw.one_shot_bandwidth
-            elif all_reduce == "symmetric":
-                raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
-                                 "execution.all_reduce=symmetric cannot be priced on it")
-            else:  # auto: where the one-shot path is unmeasured, NCCL's price
-                self._one_shot_tokens = 0
+        measured = hw.one_shot_latency_s is not None and hw.one_shot_bandwidth is not None
+        if tp > 1 and all_reduce == "symmetric" and not measured:
+            raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
+                             "execution.all_reduce=symmetric cannot be priced on it")
+        if tp > 1 and all_reduce != "nccl" and measured:  # auto on unmeasured hardware: NCCL's price
+            self._one_shot_tokens = one_shot_max_tokens(hidden, dt)
+            self._one_shot_latency = hw.one_shot_latency_s
+            self._one_shot_s_per_token = (tp - 1) * hidden * dt / hw.one_shot_bandwidth
 
     def step_time(self, plan: StepPlan) -> float:
         scheduled = plan.scheduled

@@ -15,9 +15,7 @@ ALL_REDUCES = ("auto", "nccl", "symmetric")
 ONE_SHOT_MAX_BYTES = 4 << 20
 
 
-def one_shot_max_tokens(all_reduce: str, hidden_size: int, dtype_bytes: int) -> int:
-    """Steps of at most this many tokens sum [tokens, hidden] activations in one-shot launches
-    (0: none do)."""
-    if all_reduce == "nccl":
-        return 0
+def one_shot_max_tokens(hidden_size: int, dtype_bytes: int) -> int:
+    """Where all_reduce is not "nccl", steps of at most this many tokens sum their [tokens, hidden]
+    activations in one-shot launches."""
     return ONE_SHOT_MAX_BYTES // (hidden_size * dtype_bytes)
