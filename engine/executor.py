@@ -166,9 +166,11 @@ class EngineExecutor:
         eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)
         if not eos_token_ids and self.tokenizer.eos_token_id is not None:
             eos_token_ids = (self.tokenizer.eos_token_id,)
+        all_reduce = "" if self.group is None else "nccl" if self.group.symmetric is None else "symmetric"
         self._info = BackendInfo(self.runner.num_blocks, self.runner.block_size, self.runner.arch.vocab_size,
                                  eos_token_ids, execution.overlaps_steps(device.type == "cuda"),
-                                 captured_graph_sizes(self.runner), describe_device(device, self.runner.dtype))
+                                 captured_graph_sizes(self.runner), describe_device(device, self.runner.dtype),
+                                 all_reduce)
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()

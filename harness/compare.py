@@ -84,7 +84,8 @@ class CompareResult:
 def engine_meta(info: BackendInfo, rc: RunConfig, outcome: RunOutcome) -> dict:
     return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_sizes.decode),
             "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": info.device,
-            "async_scheduling": info.overlaps_steps, "engine_config": dataclasses.asdict(rc.engine)}
+            "async_scheduling": info.overlaps_steps, "all_reduce": info.all_reduce,
+            "engine_config": dataclasses.asdict(rc.engine)}
 
 
 def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool, plots: bool,
@@ -168,7 +169,8 @@ def engine_execution(meta: dict) -> ExecutionConfig:
     """The execution settings under which the simulator replays a saved engine run: the graphs
     the engine captured (engine.core.graph_sizes maps them back to the settings exactly), its
     overlap (runs saved before async scheduling ran their steps one at a time), its TP size and
-    its all-reduce (runs saved before that setting existed ran NCCL's)."""
+    its all-reduce as it was set up ("auto" resolved; runs saved before that setting existed ran
+    NCCL's)."""
     graphs = engine_graph_sizes(meta)
     engine_config = meta.get("engine_config") or {}
     execution = engine_config.get("execution") or engine_config
@@ -176,7 +178,7 @@ def engine_execution(meta: dict) -> ExecutionConfig:
                            prefill_graph_tokens=max(graphs.prefill, default=0),
                            max_graph_batch_size=max(graphs.decode, default=ExecutionConfig.max_graph_batch_size),
                            tensor_parallel_size=execution.get("tensor_parallel_size", 1),
-                           all_reduce=execution.get("all_reduce", "nccl"))
+                           all_reduce=meta.get("all_reduce") or execution.get("all_reduce", "nccl"))
 
 
 def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:

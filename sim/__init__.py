@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.core.collectives import priced_all_reduce
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo
 from engine.core.graph_sizes import planned_graph_sizes
@@ -38,6 +39,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         overlaps_steps=execution.overlaps_steps(on_cuda=True),  # it simulates a CUDA device
         graph_sizes=graphs,
         device=f"simulated {hardware.name}",
+        all_reduce=priced_all_reduce(execution.all_reduce, execution.tensor_parallel_size, hardware.prices_one_shot),
     )
     return SimExecutor(cost_model, info, execution.seed)
 

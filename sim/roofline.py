@@ -25,7 +25,7 @@ Phases, per rank of a tensor-parallel group:
 
 from __future__ import annotations
 
-from engine.core.collectives import one_shot_max_tokens
+from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.plan import StepPlan
 from sim.features import attention_pairs, decode_attention_pairs
 from sim.specs import HardwareSpec, ModelSpec
@@ -76,11 +76,10 @@ class RooflineCostModel:
         self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
         self._latency = hw.interconnect_latency_s
         self._one_shot_tokens, self._one_shot_latency, self._one_shot_s_per_token = 0, 0.0, 0.0
-        measured = hw.one_shot_latency_s is not None and hw.one_shot_bandwidth is not None
-        if tp > 1 and all_reduce == "symmetric" and not measured:
+        if tp > 1 and all_reduce == "symmetric" and not hw.prices_one_shot:
             raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
                              "execution.all_reduce=symmetric cannot be priced on it")
-        if tp > 1 and all_reduce != "nccl" and measured:  # auto on unmeasured hardware: NCCL's price
+        if priced_all_reduce(all_reduce, tp, hw.prices_one_shot) == "symmetric":
             self._one_shot_tokens = one_shot_max_tokens(hidden, dt)
             self._one_shot_latency = hw.one_shot_latency_s
             self._one_shot_s_per_token = (tp - 1) * hidden * dt / hw.one_shot_bandwidth

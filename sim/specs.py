@@ -190,6 +190,11 @@ class HardwareSpec:
     # (engine.core.kv_reads, sim.repeated_reads). None: no figure, repeats priced as memory reads.
     l2_bandwidth: float | None = None
 
+    @property
+    def prices_one_shot(self) -> bool:
+        """Whether the one-shot all-reduce's figures are known (engine.core.collectives)."""
+        return self.one_shot_latency_s is not None and self.one_shot_bandwidth is not None
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)

@@ -19,3 +19,12 @@ def one_shot_max_tokens(hidden_size: int, dtype_bytes: int) -> int:
     """Where all_reduce is not "nccl", steps of at most this many tokens sum their [tokens, hidden]
     activations in one-shot launches."""
     return ONE_SHOT_MAX_BYTES // (hidden_size * dtype_bytes)
+
+
+def priced_all_reduce(mode: str, tensor_parallel_size: int, one_shot_measured: bool) -> str:
+    """What a simulated device runs for `mode`: "" on one rank (nothing to sum), "symmetric" where
+    the one-shot kernel would run and its hardware figures are known, else "nccl". "symmetric" on
+    hardware without those figures is the caller's error to raise."""
+    if tensor_parallel_size <= 1:
+        return ""
+    return "symmetric" if mode != "nccl" and one_shot_measured else "nccl"

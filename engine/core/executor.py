@@ -25,6 +25,9 @@ class BackendInfo:
     overlaps_steps: the loop submits step N+1 before reading step N's tokens (submit()).
     graph_sizes: the steps the backend replays as CUDA graphs (empty: every step eager).
     device: what runs the steps, for reports ("NVIDIA H100 80GB HBM3", "cpu", "simulated H100").
+    all_reduce: how the tensor-parallel ranks sum partial outputs, as set up (engine.core.collectives):
+        "nccl" or "symmetric" ("auto" resolved: it falls back to NCCL where the one-shot kernel
+        cannot run); "" with one rank.
     """
 
     num_blocks: int
@@ -34,6 +37,7 @@ class BackendInfo:
     overlaps_steps: bool = False
     graph_sizes: GraphSizes = GraphSizes()
     device: str = ""
+    all_reduce: str = ""
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:

@@ -66,16 +66,15 @@ class DistGroup:
             return None
         from engine.tp.symmetric import SymmetricAllReduce
 
-        name = f"tp-{self.port}"  # one per engine: torch's registry of these names keeps every entry
         allocated, reducer, reason = None, None, ""
         try:
-            allocated = SymmetricAllReduce.allocate(self.rank, self.size, self.device, name)
+            allocated = SymmetricAllReduce.allocate(self.rank, self.size, self.device, self.port)
         except RuntimeError as error:
             reason = str(error)
         # every rank must take the same path, or a rendezvous or a step's collectives would never meet
         if self._everywhere(allocated is not None):
             try:
-                reducer = SymmetricAllReduce.connect(self.rank, self.size, name, allocated)
+                reducer = SymmetricAllReduce.connect(self.rank, self.size, allocated)
             except RuntimeError as error:
                 reason = str(error)
         if self._everywhere(reducer is not None):

@@ -20,6 +20,7 @@ from engine.core.collectives import ONE_SHOT_MAX_BYTES
 from kernels.all_reduce import MAX_PROGRAMS, one_shot_all_reduce_, one_shot_all_reduce_add_rms_norm
 
 MAX_NORM_DIM = 16384  # a row is one program's registers (kernels.all_reduce with the norm)
+GROUP_PREFIX = "tensor-parallel-"  # + the engine's port: the name its symmetric-memory group goes by
 
 
 class SymmetricAllReduce:
@@ -36,32 +37,44 @@ class SymmetricAllReduce:
         return self.data_ptrs, self.flag_ptrs, self.counters, slot_elems, self.rank, self.world
 
     @staticmethod
-    def allocate(rank: int, world: int, device: torch.device, name: str) -> tuple:
-        """This rank's half of the setup, no collective: register `name` as a symmetric-memory
-        group over the default group's store and allocate the buffers. Raises RuntimeError where
-        this torch or machine cannot.
+    def allocate(rank: int, world: int, device: torch.device, port: int) -> tuple:
+        """This rank's half of the setup, no collective: enable symmetric memory for this engine's
+        group and allocate the buffers. Raises RuntimeError where this torch, machine or process
+        cannot.
 
-        NOTE: torch keeps a process-wide registry of symmetric-memory groups whose entries cannot
-        be replaced; the default process group's name repeats for each engine a process starts,
-        so each engine registers a name of its own (the group's port)."""
+        NOTE: torch keeps process-wide registries of symmetric-memory groups whose entries cannot
+        be replaced, and its rendezvous numbers the store keys it exchanges by a per-process count.
+        The default process group's name repeats for each engine a process starts, so each engine
+        registers its group under a name of its own (GROUP_PREFIX + its port; that registry is
+        cleared when the group is destroyed). The count cannot be matched: a second engine's fresh
+        workers would start theirs at zero while this process's goes on, and the rendezvous would
+        wait forever, so a process that set up one engine's buffers sets up no other's."""
         try:
             import torch.distributed._symmetric_memory as symm_mem
-            from torch._C._distributed_c10d import _SymmetricMemory
-
-            store = dist.PrefixStore(f"symmetric-all-reduce-{name}", dist.distributed_c10d._get_default_store())
-            _SymmetricMemory.set_group_info(name, rank, world, store)
+            from torch._C._distributed_c10d import _register_process_group
+        except ImportError as error:
+            raise RuntimeError(f"this torch has no symmetric memory: {error}") from None
+        # torch's own record of the groups this process enabled (no public accessor)
+        earlier = [n for n in getattr(symm_mem, "_group_name_to_store", {}) if n.startswith(GROUP_PREFIX)]
+        if earlier:
+            raise RuntimeError("an earlier tensor-parallel engine in this process set up symmetric memory, "
+                               "and torch's rendezvous cannot be repeated with new workers")
+        name = f"{GROUP_PREFIX}{port}"
+        try:
+            _register_process_group(name, dist.distributed_c10d._get_default_group())
+            symm_mem.enable_symm_mem_for_group(name)
             data = symm_mem.empty(2 * world * ONE_SHOT_MAX_BYTES, dtype=torch.uint8, device=device)
             flags = symm_mem.empty(MAX_PROGRAMS * world, dtype=torch.int32, device=device)
             flags.zero_()
         except Exception as error:  # noqa: BLE001 - any failure here means NCCL
             raise RuntimeError(f"symmetric memory unavailable: {type(error).__name__}: {error}") from None
-        return symm_mem, data, flags
+        return symm_mem, name, data, flags
 
     @classmethod
-    def connect(cls, rank: int, world: int, name: str, allocated: tuple) -> SymmetricAllReduce:
+    def connect(cls, rank: int, world: int, allocated: tuple) -> SymmetricAllReduce:
         """Collective, once every rank's allocate() succeeded: map the peers' buffers, then check
         the kernel against NCCL. Raises RuntimeError if they disagree."""
-        symm_mem, data, flags = allocated
+        symm_mem, name, data, flags = allocated
         try:
             handles = (symm_mem.rendezvous(data, name), symm_mem.rendezvous(flags, name))
         except Exception as error:  # noqa: BLE001

@@ -33,6 +33,8 @@ def _generate(model_dir, tp, params, plans=None, **kw):
         llm.executor.observe(lambda plan, result, timing: plans.append(_decisions(plan)))
     try:
         assert llm.executor.info().overlaps_steps is bool(kw.get("async_scheduling"))
+        # "auto" (the default) on CPU ranks: no symmetric memory, so the ranks sum on the ring
+        assert llm.executor.info().all_reduce == ("nccl" if tp > 1 else "")
         outs = llm.generate(PROMPTS, params, use_tqdm=False)
         workers = llm.executor.workers
         procs = list(workers.procs) if workers else []

@@ -27,13 +27,13 @@ def _rank(rank: int, port: int, failing_rank: int, mode: str, results) -> None:
     group = DistGroup(rank, 2, port, torch.device("cpu"), 30.0)
     connected = []
 
-    def allocate(rank_, world, device, name):
+    def allocate(rank_, world, device, port):
         if rank_ == failing_rank:
             raise RuntimeError("symmetric memory unavailable: no peer mapping here")
-        return ("allocated", name)
+        return ("allocated", port)
 
-    def connect(rank_, world, name, allocated):
-        connected.append(name)
+    def connect(rank_, world, allocated):
+        connected.append(allocated)
         return _Reducer()
 
     symmetric.SymmetricAllReduce.allocate = staticmethod(allocate)
@@ -77,3 +77,15 @@ def test_every_rank_connects_under_one_name_when_all_can():
     got = _run(failing_rank=-1, mode="auto")
     assert got[0][0] == got[1][0] == "reducer"
     assert got[0][1] == got[1][1] and len(got[0][1]) == 1
+
+
+def test_a_process_that_set_up_one_engine_refuses_a_second_before_any_rendezvous(monkeypatch):
+    """torch numbers its rendezvous exchanges per process: rank 0 lives on in the caller's process
+    while each engine's workers start afresh, so a second rendezvous would never meet. The refusal
+    comes from allocate(), before any collective, so DistGroup's agreement turns it into NCCL."""
+    symm_mem = pytest.importorskip("torch.distributed._symmetric_memory")
+    from engine.tp.symmetric import GROUP_PREFIX, SymmetricAllReduce
+
+    monkeypatch.setattr(symm_mem, "_group_name_to_store", {"0": None, f"{GROUP_PREFIX}41000": None})
+    with pytest.raises(RuntimeError, match="an earlier tensor-parallel engine in this process set up symmetric memory"):
+        SymmetricAllReduce.allocate(0, 2, torch.device("cpu"), 41001)

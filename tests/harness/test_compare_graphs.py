@@ -36,3 +36,12 @@ def test_the_settings_read_back_from_captured_graphs_reproduce_them(eager, prefi
     captured = planned_graph_sizes(engine, max_num_seqs, budget, prefill_graphs)
     meta = {"graph_batch_sizes": list(captured.decode), "prefill_graph_sizes": list(captured.prefill)}
     assert planned_graph_sizes(engine_execution(meta), max_num_seqs, budget) == captured
+
+
+def test_the_simulator_replays_the_all_reduce_the_engine_set_up_not_the_one_asked_for():
+    asked = {"graph_batch_sizes": [1, 2], "engine_config": {"execution": {"tensor_parallel_size": 2,
+                                                                        "all_reduce": "auto"}}}
+    assert engine_execution(asked).all_reduce == "auto"
+    assert engine_execution({**asked, "all_reduce": "nccl"}).all_reduce == "nccl"  # auto fell back
+    assert engine_execution({**asked, "all_reduce": "symmetric"}).all_reduce == "symmetric"
+    assert engine_execution({"graph_batch_sizes": [1]}).all_reduce == "nccl"  # saved before the setting

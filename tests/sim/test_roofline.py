@@ -132,6 +132,19 @@ def test_one_shot_all_reduce_needs_the_hardware_figures():
     assert RooflineCostModel(spec, a100, 1, "symmetric").communication_time(64, 64) == 0.0
 
 
+@pytest.mark.parametrize("gpu, tp, mode, reported", [
+    ("h200", 2, "auto", "symmetric"), ("h200", 2, "nccl", "nccl"), ("a100", 2, "auto", "nccl"),
+    ("h200", 1, "auto", ""), ("h100", 2, "symmetric", "symmetric")])
+def test_the_simulated_backend_reports_the_all_reduce_it_prices(gpu, tp, mode, reported):
+    from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
+    from sim import build_sim_executor
+    from sim.config import SimConfig
+
+    sim = SimConfig(execution=ExecutionConfig(tensor_parallel_size=tp, all_reduce=mode))
+    executor = build_sim_executor(model("qwen3-8b"), hardware(gpu), sim, CacheConfig(num_blocks=100), SchedulerConfig())
+    assert executor.info().all_reduce == reported
+
+
 def test_decode_of_large_batch_is_bandwidth_bound_then_overhead_counts():
     hw = dataclasses.replace(hardware("h100"), step_overhead_s=0.0, seq_overhead_s=0.0)
     spec = model("qwen3-0.6b")
