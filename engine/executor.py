@@ -264,7 +264,8 @@ class EngineExecutor:
             self.runner.free_kv_cache()
             self.runner = None
         if self.workers is not None:
-            self.workers.close()
+            group, self.group = self.group, None
+            self.workers.close(group.destroy if group is not None else None)
             self.workers = None
         if self.group is not None:
             self.group.destroy()

@@ -10,15 +10,21 @@ does. A worker that fails reports its traceback on the pipe and exits; rank 0 ra
 WorkerError (engine.worker_loop) of one line, the traceback in its details.
 
 Shutdown sends "shutdown", joins each worker with a timeout, then terminates and kills what is
-left. A weakref finalizer runs the same at interpreter exit if shutdown() was never called, and
-the workers are daemonic, so none outlives the engine's process.
+left. A worker leaves its NCCL group on "shutdown", and a communicator's teardown can wait for
+every rank (a TP=2 shutdown on H200 ran into the join timeout while rank 0 left only after the
+joins), so rank 0 leaves its own meanwhile: close's release, on a thread of its own, so that a
+worker that never gets there cannot hold rank 0 past the timeout. A weakref finalizer runs the
+same at interpreter exit if shutdown() was never called, and the workers are daemonic, so none
+outlives the engine's process.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -28,6 +34,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.worker_loop import WorkerError, error_line
 
 JOIN_TIMEOUT_S = 30.0
+RELEASE_AFTER_EXIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -117,17 +124,24 @@ class Workers:
             raise WorkerError(f"{self.role} {rank} failed during {what!r}: {error_line(payload)}", payload)
         return payload if payload_only else (kind, payload)
 
-    def close(self) -> None:
-        self._finalizer()
+    def close(self, release: Callable[[], None] | None = None) -> None:
+        """Stop the workers; release (rank 0 leaving the group they leave) runs while they stop."""
+        if release is None:
+            self._finalizer()
+        elif self._finalizer.detach() is not None:
+            _stop(self.procs, self.conns, release)
 
 
-def _stop(procs: list[mp.Process], conns: list) -> None:
+def _stop(procs: list[mp.Process], conns: list, release: Callable[[], None] | None = None) -> None:
     for conn in conns:
         try:
             conn.send(("shutdown", None))
         except (OSError, ValueError):
             pass  # already gone
     deadline = time.monotonic() + JOIN_TIMEOUT_S
+    releasing = threading.Thread(target=release, name="tensor-parallel-release", daemon=True) if release else None
+    if releasing is not None:
+        releasing.start()
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
@@ -137,5 +151,7 @@ def _stop(procs: list[mp.Process], conns: list) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join()
+    if releasing is not None:
+        releasing.join(RELEASE_AFTER_EXIT_S)  # with its peers gone, leaving takes no agreement
     for conn in conns:
         conn.close()

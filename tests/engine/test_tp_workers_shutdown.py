@@ -1,0 +1,49 @@
+"""engine.tp.workers.Workers.close: rank 0 leaves the workers' group while they stop.
+
+A worker's NCCL teardown on "shutdown" can wait for rank 0's. These workers model that: on "shutdown" each waits for the event rank 0's release
+sets, and exits 0 only if it came within LEAVE_WAIT_S: a release that ran only after the joins
+would come too late.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+from dataclasses import dataclass
+
+from engine.tp.workers import JOIN_TIMEOUT_S, Workers
+
+LEAVE_WAIT_S = 5.0  # under JOIN_TIMEOUT_S: a worker never released exits non-zero first
+
+
+@dataclass(frozen=True)
+class _Spec:
+    rank: int
+    timeout_s: float
+    left: object  # an Event of the spawn context: rank 0 has left
+
+
+def _leave_together(spec, conn) -> None:
+    while conn.recv()[0] != "shutdown":
+        pass
+    sys.exit(0 if spec.left.wait(LEAVE_WAIT_S) else 3)
+
+
+def _workers(left) -> Workers:
+    return Workers([_Spec(rank, 60.0, left) for rank in (1, 2)], target=_leave_together)
+
+
+def test_release_runs_while_the_workers_stop_so_they_leave_together():
+    left = mp.get_context("spawn").Event()
+    workers = _workers(left)
+    workers.close(left.set)
+    assert [p.exitcode for p in workers.procs] == [0, 0]
+
+
+def test_without_a_release_the_workers_wait_it_out():
+    assert LEAVE_WAIT_S < JOIN_TIMEOUT_S
+    left = mp.get_context("spawn").Event()
+    workers = _workers(left)
+    workers.close()
+    assert [p.exitcode for p in workers.procs] == [3, 3]
+    assert not left.is_set()
