@@ -78,12 +78,11 @@ class ExecutionConfig:
     max_graph_batch_size: decode steps of up to this many sequences (and max_num_seqs) replay
         CUDA graphs; larger batches run eagerly.
     tensor_parallel_size: ranks the model is split over.
-    all_reduce: how ranks sum partial outputs (engine.core.collectives): "nccl" (default), NCCL's
-        ring; "symmetric", decode-sized tensors in one-shot launches over symmetric memory, fused
-        with the residual add and RMSNorm after them (engine.tp.symmetric; an error where the GPUs
-        cannot map each other's memory); "auto", that where it runs, else NCCL. The simulator
-        prices the one-shot launches with the hardware's one_shot_* figures. Opt-in until the
-        engine-level bf16 GPU test has passed with it (experiments/tp/README.md).
+    all_reduce: how ranks sum partial outputs (engine.core.collectives): "nccl", NCCL's ring;
+        "symmetric", decode-sized tensors in one-shot launches over symmetric memory, fused with
+        the residual add and RMSNorm after them (engine.tp.symmetric; an error where the GPUs
+        cannot map each other's memory); "auto" (default), that where it runs, else NCCL. The
+        simulator prices the one-shot launches with the hardware's one_shot_* figures.
     seed: seeds the sampling stream of requests that bring no seed of their own.
     gpu_memory_utilization: fraction of device memory the backend may hold (weights,
         activations and the KV cache); the KV cache is sized to fill what is left.
@@ -94,7 +93,7 @@ class ExecutionConfig:
     prefill_graph_tokens: int = 4096
     max_graph_batch_size: int = 512
     tensor_parallel_size: int = 1
-    all_reduce: str = "nccl"
+    all_reduce: str = "auto"
     seed: int = 0
     gpu_memory_utilization: float = 0.9
 

@@ -20,8 +20,8 @@ rotary, SiLU and sampling kernels), fused_eager (fused without CUDA graphs), syn
 (async_scheduling=False: each step runs to completion before the next is planned; the default
 overlaps them on CUDA), tp2 (tensor_parallel_size=2, needs two GPUs; async scheduling, the
 default at any TP size since issue 16), tp2_sync (tp2 with async_scheduling=False, as tp2 ran
-before issue 16), tp2_nccl (tp2 with every all-reduce on NCCL, ExecutionConfig.all_reduce="nccl":
-the default), tp2_oneshot (tp2 with decode-sized all-reduces, fused with the norm after them,
+before issue 16), tp2_nccl (tp2 with every all-reduce on NCCL, ExecutionConfig.all_reduce="nccl";
+tp2 runs the default, "auto"), tp2_oneshot (tp2 with decode-sized all-reduces, fused with the norm after them,
 through engine.tp.symmetric: all_reduce="symmetric"). A variant's row records whether it overlapped steps (async_scheduling).
 
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
