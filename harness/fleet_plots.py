@@ -54,6 +54,7 @@ def plot_fleet_latency(outcome, path: Path) -> None:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of requests")
-    axes[0].legend(fontsize=8)
+    if axes[0].lines:  # nothing served: empty axes and no legend
+        axes[0].legend(fontsize=8)
     fig.suptitle(_title(outcome.summary, "Latency CDFs"), fontsize=10)
     fig.savefig(path, dpi=110)
