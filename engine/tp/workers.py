@@ -130,6 +130,8 @@ class Workers:
             self._finalizer()
         elif self._finalizer.detach() is not None:
             _stop(self.procs, self.conns, release)
+        else:  # the workers were stopped already: rank 0 still leaves
+            release()
 
 
 def _stop(procs: list[mp.Process], conns: list, release: Callable[[], None] | None = None) -> None:

@@ -47,3 +47,11 @@ def test_without_a_release_the_workers_wait_it_out():
     workers.close()
     assert [p.exitcode for p in workers.procs] == [3, 3]
     assert not left.is_set()
+
+
+def test_a_release_after_the_workers_stopped_still_runs():
+    left = mp.get_context("spawn").Event()
+    workers = _workers(left)
+    workers.close()
+    workers.close(left.set)
+    assert left.is_set()
