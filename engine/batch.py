@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from engine.core.plan import StepPlan
 from engine.graph_buffers import INT32_SEGMENTS, INT64_SEGMENTS
 from kernels.decode_split import balanced_chunk
 from kernels.prefill_tiles import query_tiles
+
+if TYPE_CHECKING:
+    from engine.sharded_sampling import ShardDraw
 
 
 @dataclass
@@ -39,6 +43,8 @@ class HostBatch:
     tile_seq: np.ndarray | None = None  # [graph's tile count] int32 (kernels.prefill_tiles)
     tile_start: np.ndarray | None = None  # [graph's tile count] int32
     decode_chunk: np.ndarray | None = None  # [1] int32, decode steps on CUDA (kernels.decode_split)
+    # tensor parallelism: the step's draw when every rank samples its vocabulary slice (engine.runner)
+    draw: ShardDraw | None = None
 
     def int64_arrays(self) -> list[np.ndarray]:
         return [getattr(self, name) for name in INT64_SEGMENTS]

@@ -181,10 +181,10 @@ class StepOverlap:
         input_ids.index_copy_(0, rows, self.last_sampled.index_select(0, sources))
 
     def finish(self, plan: StepPlan, sample_rows: list[int], sampled: torch.Tensor | None, started: float,
-               start: torch.cuda.Event | None, on_done=None) -> PendingTokens:
+               start: torch.cuda.Event | None, on_done=None, every_rank_sampled: bool = False) -> PendingTokens:
         """Keep the step's sampled ids [num_sampled] for the next step (and send them to the other
-        tensor-parallel ranks) and return its pending result."""
-        if sampled is not None and self.broadcast is not None:
+        tensor-parallel ranks, unless each sampled the same ids itself) and return its pending result."""
+        if sampled is not None and self.broadcast is not None and not every_rank_sampled:
             self.broadcast(sampled)
         self.last_sampled = sampled
         self.last_sampled_rows = {plan.scheduled[i].request_id: k for k, i in enumerate(sample_rows)} if (
@@ -205,11 +205,12 @@ class StepOverlap:
         clock.last_end = end
         return pending
 
-    def receive(self, num_sampled: int) -> None:
-        """A tensor-parallel rank other than 0: take the ids rank 0 broadcast after sampling the
-        step just queued (the counterpart of finish()'s broadcast), for the next step's placeholders."""
-        self.last_sampled = None
-        if num_sampled:
+    def receive(self, num_sampled: int, sampled: torch.Tensor | None = None) -> None:
+        """A tensor-parallel rank other than 0: keep the ids of the step just queued for the next
+        step's placeholders: sampled, those this rank drew itself (engine.sharded_sampling), else
+        rank 0's broadcast after sampling (the counterpart of finish()'s broadcast)."""
+        self.last_sampled = sampled
+        if num_sampled and sampled is None:
             ids = torch.empty(num_sampled, dtype=torch.int64, device=self.device)
             self.last_sampled = self.broadcast(ids)
 

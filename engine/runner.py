@@ -14,9 +14,11 @@ per-request state: seeded draws are keyed by (seed, output index) in the sampler
 plan.released_ids needs no handling here.
 
 Under tensor parallelism every rank holds a runner; rank 0 (the driver) builds each step's
-HostBatch, hands it to the other ranks, and alone samples. Overlapped, it hands them the step's
-placeholder map too and broadcasts the sampled ids on the device (engine.overlap); the other
-ranks run the same step through follow().
+HostBatch and hands it to the other ranks. Where the rows allow it, the batch carries the step's
+draw and every rank samples its slice of the vocabulary (engine.sharded_sampling); otherwise the
+ranks gather the logits and rank 0 alone samples. Overlapped, rank 0 hands them the step's
+placeholder map too and, when it alone sampled, broadcasts the ids on the device
+(engine.overlap); the other ranks run the same step through follow().
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from engine.models.arch import ModelArch
 from engine.overlap import PendingTokens, Placeholders, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
+from engine.sharded_sampling import ShardedSampler
 from engine.step_sampling import sample_step, step_logits, tokens_per_entry
 from engine.step_timing import StepTimer
 
@@ -54,9 +57,11 @@ class ModelRunner:
         device: torch.device,
         driver: bool = True,
         broadcast: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        """broadcast: the tensor-parallel group's broadcast from rank 0 (overlapped steps send the
-        sampled ids through it); None without tensor parallelism."""
+        """broadcast, all_gather: the tensor-parallel group's broadcast from rank 0 (overlapped
+        steps send the ids rank 0 sampled through it) and concatenation over ranks (the ranks'
+        vocabulary slices exchange their best tokens through it); None without tensor parallelism."""
         self.model = model
         self.hf_config = hf_config
         self.arch = ModelArch.from_hf_config(hf_config)
@@ -80,6 +85,8 @@ class ModelRunner:
         # before any graph capture: graphs replay whichever elementwise kernels the layers use
         set_fused_kernels(model, engine_config.fused_kernels, self.device)
         self.sampler = Sampler(engine_config.execution.seed, self.device, engine_config.fused_kernels)
+        self.sharded_sampler = ShardedSampler(model.lm_head, all_gather, self.device, self.sampler.uses_kernel) if (
+            all_gather is not None) else None
         self.staging = HostStaging(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -168,8 +175,16 @@ class ModelRunner:
 
     def build_batch(self, plan: StepPlan) -> HostBatch:
         decode_split = (self.num_kv_heads, self.num_sms) if self.balance_decode else None
-        return build_host_batch(plan, self.block_size, self.max_blocks_per_seq, self.graphs, self.prefill_graphs,
-                                decode_split)
+        batch = build_host_batch(plan, self.block_size, self.max_blocks_per_seq, self.graphs, self.prefill_graphs,
+                                 decode_split)
+        # NOTE: any rank, not only the driver: each rank builds its own batches of the warm-up
+        # steps (engine.kv_sizing), and all must pick the same path for the collectives to match
+        if self.sharded_sampler is not None and batch.sample_rows:
+            entries = [plan.scheduled[i] for i in batch.sample_rows]
+            batch.draw = self.sampler.shard_draw([e.sampling_params for e in entries],
+                                                 [e.num_output_tokens for e in entries],
+                                                 self.model.lm_head.num_embeddings)
+        return batch
 
     def upload(self, batch: HostBatch) -> ModelInputs:
         return upload_batch(self.staging, batch, self.graphs, self.prefill_graphs)
@@ -188,8 +203,8 @@ class ModelRunner:
                 placeholders=None) -> tuple[ModelInputs, torch.Tensor | None]:
         """Queue a built step's device work: upload, placeholder ids (engine.overlap), forward,
         logits and sampling. Returns the inputs and the sampled ids [num_sampled] (None when
-        nothing samples, or with plan None: a non-driver rank computes the logits for the LM
-        head's gather and samples nothing)."""
+        nothing samples, or with plan None when the ranks gather the logits: a non-driver rank
+        then computes its slice for the gather and samples nothing)."""
         timer = self.timer
         inputs = self.upload(batch)
         if placeholders is not None:
@@ -201,6 +216,8 @@ class ModelRunner:
             timer.mark()
         if not inputs.sample_rows:
             return inputs, None
+        if batch.draw is not None:  # every rank, the same ids
+            return inputs, self.sharded_sampler.sample(hidden[inputs.logits_indices], batch.draw)
         logits = step_logits(self.model, hidden, inputs.logits_indices)  # [num_sampled, vocab]
         if plan is None:
             return inputs, None
@@ -259,15 +276,17 @@ class ModelRunner:
             timer.mark()
             marks, fields = timer.detach(), _timer_fields(batch)
             on_done = lambda: timer.record(*marks, **fields)  # noqa: E731 - once the events are complete
-        return self.overlap.finish(plan, inputs.sample_rows, sampled, started, start, on_done)
+        return self.overlap.finish(plan, inputs.sample_rows, sampled, started, start, on_done,
+                                   every_rank_sampled=batch.draw is not None)
 
     @torch.inference_mode()
     def follow(self, batch: HostBatch, placeholders: Placeholders) -> None:
         """A non-driver tensor-parallel rank's side of submit(): queue the same step, its
-        placeholders filled from the ids rank 0 broadcast after the previous step, then take this
-        step's ids from rank 0's broadcast. Returns at once; nothing goes back to rank 0."""
-        self._launch(batch, None, placeholders)
-        self.overlap.receive(len(batch.sample_rows))
+        placeholders filled from the previous step's ids, then keep this step's: sampled here
+        from the vocabulary slice, or taken from rank 0's broadcast. Returns at once; nothing
+        goes back to rank 0."""
+        _, sampled = self._launch(batch, None, placeholders)
+        self.overlap.receive(len(batch.sample_rows), sampled)
 
 
 def _timer_fields(batch: HostBatch) -> dict[str, int]:

@@ -30,10 +30,11 @@ import numpy as np
 import torch
 
 from engine.config import FUSED_KERNELS as FUSED_KERNEL_MODES
-from engine.core.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams, samples_by_shard
 from engine.host_staging import HostStaging
 from engine.sampler_filters import FilterGroup, FilterPlan, cutoffs, plan_filters
 from engine.sampler_noise import key_words, keys_for, log_exponential, seed_for
+from engine.sharded_sampling import ShardDraw
 
 __all__ = ["Sampler", "seed_for"]
 
@@ -52,6 +53,7 @@ class _Rows:
     seeds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # [S]
     num_unseeded: int = 0  # rows sampled from the engine's stream
     inv_temp: torch.Tensor | None = None  # [N] float32; greedy rows: 1 (torch path) or 0 (kernel)
+    shard_inv_temp: np.ndarray | None = None  # [N] float32 on the host, greedy rows 0 (engine.sharded_sampling)
     greedy_rows: torch.Tensor | None = None  # [G] int64, torch path, None when G == 0
     seeded_index: torch.Tensor | None = None  # [S] int64, torch path
     groups: list[FilterGroup] = field(default_factory=list)
@@ -115,6 +117,20 @@ class Sampler:
             log_e.index_fill_(0, rows.greedy_rows, 0.0)  # no noise: the argmax of the logits
         return scores.sub_(log_e).argmax(dim=-1)
 
+    def shard_draw(self, params: Sequence[SamplingParams], output_indices: Sequence[int],
+                   vocab: int) -> ShardDraw | None:
+        """The draw of a step whose rows tensor-parallel ranks sample from their vocabulary slices
+        (engine.sharded_sampling), or None when they cannot: a row filters by top-k or top-p, or
+        the noise of unseeded rows comes from torch's generator (the torch path on CUDA). Takes
+        the same draws from the engine's stream as sample() would."""
+        if not self.hash_every_row or not samples_by_shard(params):
+            return None
+        n = len(params)
+        rows = self._composition(params, vocab)
+        if rows.all_greedy:
+            return ShardDraw(np.zeros(n, np.float32), np.zeros((n, 2), np.int32))
+        return ShardDraw(rows.shard_inv_temp, key_words(self._host_keys(rows, n, output_indices)))
+
     def _log_noise(self, rows: _Rows, words: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         """log E [N, vocab], E ~ Exp(1): hashed for every row, or torch's generator for the
         unseeded rows with the hash written over the seeded ones (torch path on CUDA)."""
@@ -136,6 +152,13 @@ class Sampler:
 
     def _upload_keys(self, rows: _Rows, num_rows: int, output_indices: Sequence[int]) -> torch.Tensor | None:
         """This step's noise keys as int32 words: [N, 2] when every row is hashed, else [S, 2] (seeded rows)."""
+        keys = self._host_keys(rows, num_rows, output_indices)
+        if keys is None:
+            return None  # torch path, no seeded row: no keys this step
+        return self.staging.upload([key_words(keys)], torch.int32)[0]
+
+    def _host_keys(self, rows: _Rows, num_rows: int, output_indices: Sequence[int]) -> np.ndarray | None:
+        """This step's noise keys [N] (every row hashed) or [S] (seeded rows) uint64; None when none."""
         seeded = rows.seeded_rows
         keys = None
         if len(seeded):
@@ -146,9 +169,7 @@ class Sampler:
             if keys is not None:
                 every[seeded] = keys
             keys = every
-        if keys is None:
-            return None  # torch path, no seeded row: no keys this step
-        return self.staging.upload([key_words(keys)], torch.int32)[0]
+        return keys
 
     def _composition(self, params: Sequence[SamplingParams], vocab: int) -> _Rows:
         """The cached _Rows of this batch composition, rebuilt only when a row's params change."""
@@ -183,7 +204,8 @@ class Sampler:
         i64 = iter(self.staging.upload([a.astype(np.int64) for a in ints], torch.int64))
         rows = _Rows(params, vocab, all_greedy=False, seeded_rows=seeded_rows,
                      seeds=np.array([seeds[i] for i in seeded_rows.tolist()], dtype=np.uint64),
-                     num_unseeded=int((~greedy).sum()) - len(seeded_rows), inv_temp=next(f32))
+                     num_unseeded=int((~greedy).sum()) - len(seeded_rows), inv_temp=next(f32),
+                     shard_inv_temp=np.where(greedy, 0.0, inv_temp).astype(np.float32))
         device_greedy, rows.seeded_index = next(i64), next(i64)
         rows.greedy_rows = device_greedy if len(greedy_rows) and not kernel else None
         for plan in plans:

@@ -77,9 +77,10 @@ def _mix_(x: torch.Tensor, tmp: torch.Tensor) -> None:
             x *= mul
 
 
-def hash_bits(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """words [rows, 2] int32 -> [rows, vocab] int32 holding hash32(v, key_row)'s bits."""
-    v = torch.arange(vocab, dtype=torch.int32, device=words.device)
+def hash_bits(words: torch.Tensor, vocab: int, first: int = 0) -> torch.Tensor:
+    """words [rows, 2] int32 -> [rows, vocab] int32 holding hash32(v, key_row)'s bits for
+    v = first .. first + vocab - 1 (a tensor-parallel rank's slice of the vocabulary)."""
+    v = torch.arange(first, first + vocab, dtype=torch.int32, device=words.device)
     x = v[None, :] ^ words[:, :1]  # [rows, vocab]
     tmp = torch.empty_like(x)
     _mix_(x, tmp)
@@ -88,9 +89,10 @@ def hash_bits(words: torch.Tensor, vocab: int) -> torch.Tensor:
     return x
 
 
-def log_exponential(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """words [rows, 2] int32 -> log E [rows, vocab] float32 with E = -log(u) ~ Exp(1)."""
-    bits = hash_bits(words, vocab)
+def log_exponential(words: torch.Tensor, vocab: int, first: int = 0) -> torch.Tensor:
+    """words [rows, 2] int32 -> log E [rows, vocab] float32 with E = -log(u) ~ Exp(1), for
+    vocabulary entries first .. first + vocab - 1."""
+    bits = hash_bits(words, vocab, first)
     torch.bitwise_right_shift(bits, 32 - UNIFORM_BITS, out=bits)
     bits &= (1 << UNIFORM_BITS) - 1
     u = bits.float().add_(0.5).mul_(2.0**-UNIFORM_BITS)

@@ -18,8 +18,10 @@ Phases, per rank of a tensor-parallel group:
 - TP communication: two all-reduces per layer plus one after the vocab-parallel embedding (ring:
   2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each; or, where
   all_reduce takes the engine's one-shot launch for the step's size (engine.core.collectives),
-  the hardware's one-shot latency plus (tp - 1) x the bytes over its one-shot bandwidth), and an
-  all-gather of the sampled rows' logits (in the model's dtype);
+  the hardware's one-shot latency plus (tp - 1) x the bytes over its one-shot bandwidth); for the
+  sampled rows, one exchange of each rank's best tokens (a latency: a few bytes a row,
+  engine.sharded_sampling), or an all-gather of their logits (in the model's dtype) when a row
+  filters by top-k or top-p (engine.core.sampling_params.samples_by_shard);
 - fixed host overhead per step and per scheduled sequence.
 """
 
@@ -27,10 +29,17 @@ from __future__ import annotations
 
 from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.plan import StepPlan
+from engine.core.sampling_params import samples_by_shard
 from sim.features import attention_pairs, decode_attention_pairs
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
+
+
+def gathers_logits(plan: StepPlan) -> bool:
+    """Whether tensor-parallel ranks gather the step's sampled rows' logits (a row filters by
+    top-k or top-p) rather than exchange their best tokens."""
+    return not samples_by_shard(e.sampling_params for e in plan.scheduled if e.sample)
 
 
 class RooflineCostModel:
@@ -98,18 +107,21 @@ class RooflineCostModel:
             pairs = decode_attention_pairs(context, num_tokens)  # one new token each
         else:
             pairs = sum(attention_pairs(len(entry.token_ids), entry.num_computed_tokens) for entry in scheduled)
-        return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs, plan.stats.repeated_kv_tokens)
+        whole_vocab = bool(self._num_all_reduces and num_sampled) and gathers_logits(plan)
+        return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs, plan.stats.repeated_kv_tokens,
+                             whole_vocab)
 
     def drained(self) -> None:
         """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""
 
     def time_for(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
-                 num_seqs: int, repeated_tokens: int = 0) -> float:
+                 num_seqs: int, repeated_tokens: int = 0, whole_vocab: bool = False) -> float:
         """Price a step from its totals.
 
         context_tokens: KV tokens already in the cache that the step's requests attend to;
         attention_pairs: (query, key) pairs over all requests, causal; repeated_tokens: of the
-        context tokens, those read again from a block another request of the step read.
+        context tokens, those read again from a block another request of the step read;
+        whole_vocab: tensor-parallel ranks gather the sampled rows' logits (gathers_logits).
         """
         bw = self._bandwidth
         linear = self._linear_flops_per_token * num_tokens / self._matmul_rate
@@ -125,11 +137,11 @@ class RooflineCostModel:
         if self._num_all_reduces:
             total += self._all_reduces_time(num_tokens)
             if num_sampled:
-                total += self._latency + self._gather_s_per_row * num_sampled
+                total += self._latency + (self._gather_s_per_row * num_sampled if whole_vocab else 0.0)
         return total + self._step_overhead + self._seq_overhead * num_seqs
 
     def phase_times(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
-                    num_seqs: int, repeated_tokens: int = 0) -> dict[str, float]:
+                    num_seqs: int, repeated_tokens: int = 0, whole_vocab: bool = False) -> dict[str, float]:
         """Seconds per phase; their sum is time_for() (reports use it to explain a prediction).
 
         time_for() repeats this arithmetic without building a dict: it runs once per step.
@@ -145,20 +157,20 @@ class RooflineCostModel:
             lm_head = max(self._lm_flops_per_row * num_sampled / self._matmul_rate,
                           (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw)
         return {"linear": linear, "attention": attention, "lm_head": lm_head,
-                "communication": self.communication_time(num_tokens, num_sampled),
+                "communication": self.communication_time(num_tokens, num_sampled, whole_vocab),
                 "overhead": self.host_time(num_seqs)}
 
-    def communication_time(self, num_tokens: int, num_sampled: int) -> float:
+    def communication_time(self, num_tokens: int, num_sampled: int, whole_vocab: bool = False) -> float:
         """Seconds of tensor-parallel collectives in a step (0 at tp_size 1): per all-reduce its
         latency plus 2 (tp - 1) / tp of [num_tokens, hidden] activations over one GPU's link
         (ring), or a one-shot launch's price where the step is small enough for one (module
-        docstring), and the latency and (tp - 1) / tp of [num_sampled, vocab] logits (model dtype)
-        all-gathered for sampling. Neither shrinks as tp grows."""
+        docstring); for sampling, one latency, plus (tp - 1) / tp of [num_sampled, vocab] logits
+        (model dtype) when whole_vocab (they are gathered). Neither shrinks as tp grows."""
         if not self._num_all_reduces:
             return 0.0
         comm = self._all_reduces_time(num_tokens)
         if num_sampled:
-            comm += self._latency + self._gather_s_per_row * num_sampled
+            comm += self._latency + (self._gather_s_per_row * num_sampled if whole_vocab else 0.0)
         return comm
 
     def _all_reduces_time(self, num_tokens: int) -> float:

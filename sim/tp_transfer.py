@@ -20,7 +20,8 @@ The profiled model is fitted to an engine running on one GPU. At N GPUs, rank 0'
   ring all-reduces per layer and one after the embedding, of num_tokens x hidden x dtype bytes,
   each moving 2 (N - 1) / N of the data over the GPU's link (hardware.interconnect_bandwidth x
   interconnect_efficiency) plus a latency each, or the one-shot launches of execution.all_reduce
-  where they apply; the sampled rows' logits gathered to rank 0.
+  where they apply; the ranks' best tokens exchanged for sampling, or the sampled rows' logits
+  gathered where a row filters by top-k or top-p (sim.roofline.gathers_logits).
 
 How the TP=1 step splits into host and device:
 - a ProfiledCostModel of an overlapping engine (fits of launch_s and gpu_s per regime): host =
@@ -36,7 +37,7 @@ Applied to the roofline at TP=1, the transfer gives the roofline at N exactly.
 
 Not modelled (the 2 x H200 validation in experiments/tp/ measures what they cost together): the
 hand-off of each step's batch from rank 0 to the other ranks, the broadcast of the sampled ids
-when steps overlap, and all-reduces slower than the link's bandwidth at small messages beyond
+when steps overlap and rank 0 alone sampled, and all-reduces slower than the link's bandwidth at small messages beyond
 the fixed latency. Against the engine on 2 x H200 with overlapped TP=2 steps (Qwen3-8B bench,
 experiments/tp/README.md): +5.3% with NCCL's all-reduce, +6.9% and +8.9% for NCCL and the
 one-shot all-reduce measured side by side in a later call.
@@ -49,7 +50,7 @@ from operator import attrgetter
 from engine.core.plan import StepPlan
 from sim.features import step_features
 from sim.profiled import ProfiledCostModel
-from sim.roofline import RooflineCostModel
+from sim.roofline import RooflineCostModel, gathers_logits
 from sim.specs import HardwareSpec, ModelSpec
 
 _token_ids = attrgetter("token_ids")
@@ -79,7 +80,7 @@ class TPTransferCostModel:
         num_sampled = sum(map(_sample, plan.scheduled))
         config_host = self._one.host_time(len(plan.scheduled))
         sharded_one = self._one.step_time(plan) - config_host
-        comm = self._many.communication_time(num_tokens, num_sampled)
+        comm = self._many.communication_time(num_tokens, num_sampled, bool(num_sampled) and gathers_logits(plan))
         sharded_many = self._many.step_time(plan) - comm - config_host
         ratio = sharded_many / sharded_one if sharded_one > 0 else 1.0 / self.tp_size
         host, device_one, launch = self._split(plan, config_host)

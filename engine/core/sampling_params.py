@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -50,6 +51,19 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_whole_vocab(self) -> bool:
+        """Top-k or top-p on a sampled row: its cutoff is a function of every vocabulary entry, so
+        tensor-parallel ranks cannot draw it from their own slices (engine.sharded_sampling)."""
+        return not self.greedy and (self.top_k != -1 or self.top_p < 1.0)
+
+
+def samples_by_shard(params: Iterable[SamplingParams]) -> bool:
+    """Whether tensor-parallel ranks draw these rows' tokens from their slices of the vocabulary
+    and exchange a few bytes a row, rather than gathering the rows' logits (the engine's rule,
+    and what the simulator prices)."""
+    return not any(p.needs_whole_vocab for p in params)
 
 
 def _check_number(field: str, value: object, types: tuple[type, ...]) -> None:

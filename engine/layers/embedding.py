@@ -46,3 +46,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         # hidden [N, hidden] -> logits [N, vocab]: float32, or the weights' dtype without upcast
         logits = self.tp.gather(F.linear(hidden, self.weight))[:, : self.num_embeddings]
         return logits.float() if upcast else logits
+
+    @property
+    def real_rows(self) -> int:
+        """This rank's rows that are real vocabulary entries (the last rank's tail is padding)."""
+        return max(0, min(self.rows, self.num_embeddings - self.first))
+
+    def shard_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> this rank's logits [N, real_rows] in the weights' dtype: vocabulary
+        entries first .. first + real_rows - 1, nothing gathered (engine.sharded_sampling)."""
+        return F.linear(hidden, self.weight[: self.real_rows])

@@ -26,9 +26,12 @@ def _engine(model_dir, tp, **kw):
                tensor_parallel_size=tp, **kw)
 
 
-def _generate(model_dir, tp, params, plans=None, **kw):
-    """Tokens of each prompt; plans (a list) collects each step's decisions in step order."""
+def _generate(model_dir, tp, params, plans=None, on_start=None, **kw):
+    """Tokens of each prompt; plans (a list) collects each step's decisions in step order;
+    on_start(llm) runs before generating."""
     llm = _engine(model_dir, tp, **kw)
+    if on_start is not None:
+        on_start(llm)
     if plans is not None:
         llm.executor.observe(lambda plan, result, timing: plans.append(_decisions(plan)))
     try:
@@ -84,6 +87,33 @@ def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir):
     assert got == want
     assert plans_async == plans_sync  # ignore_eos: the overlapped schedule is the plain one
     assert any(preempted for _, preempted in plans_sync)
+    assert not mp.active_children()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_tp2_samples_from_vocabulary_slices_and_matches_tp1(tiny_qwen3_dir, async_scheduling):
+    # no top-k or top-p: every rank draws from its slice of the vocabulary and no logits are
+    # gathered (engine.sharded_sampling); the engine's own stream (the unseeded row) included
+    params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=7),
+              SamplingParams(temperature=0.9, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=1.3, max_tokens=10, ignore_eos=True, seed=2)]
+    calls = {"by_slice": 0, "gathered": 0}
+
+    def counted(name, call):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return call(*args, **kwargs)
+        return wrapper
+
+    def count(llm):
+        runner = llm.executor.runner
+        runner.sharded_sampler.sample = counted("by_slice", runner.sharded_sampler.sample)
+        runner.model.compute_logits = counted("gathered", runner.model.compute_logits)
+
+    want = _generate(tiny_qwen3_dir, 1, params)
+    assert _generate(tiny_qwen3_dir, 2, params, on_start=count, async_scheduling=async_scheduling) == want
+    assert calls["by_slice"] >= 10 and calls["gathered"] == 0
     assert not mp.active_children()
 
 

@@ -88,9 +88,18 @@ def _report(name, payload):
 def test_tp2_async_equals_tp1_sync_float32(tmp_path_factory):
     model_dir = _checkpoint(tmp_path_factory, "float32")
     prompts = _prompts(8)
-    # greedy and seeded sampling (a draw keyed by seed and token index: a shifted placeholder shows)
-    params = [GREEDY if i % 2 else SamplingParams(temperature=1.0, top_p=0.95, max_tokens=NUM_TOKENS,
-                                                  ignore_eos=True, seed=i) for i in range(len(prompts))]
+    # greedy, seeded (a draw keyed by seed and token index: a shifted placeholder shows) and
+    # unseeded sampling (the engine's stream). The top-p rows stop halfway: until then the ranks
+    # gather the logits, after that each samples its vocabulary slice (engine.sharded_sampling)
+    def params_of(i: int) -> SamplingParams:
+        kind = i % 4
+        if kind == 0:
+            return GREEDY
+        return SamplingParams(temperature=[1.0, 0.8, 1.0][kind - 1], top_p=0.95 if kind == 3 else 1.0,
+                              max_tokens=NUM_TOKENS // 2 if kind == 3 else NUM_TOKENS, ignore_eos=True,
+                              seed=None if kind == 2 else i)
+
+    params = [params_of(i) for i in range(len(prompts))]
     want, tp1_overlapped = _generate(model_dir, prompts, 1, params, async_scheduling=False)
     got, tp2_overlapped = _generate(model_dir, prompts, 2, params)
     _report("tp_float32", {"identical": sum(a == b for a, b in zip(want, got)), "prompts": len(prompts),

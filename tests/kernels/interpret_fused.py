@@ -105,6 +105,26 @@ def test_sampler_kernel_path_matches_torch_path_for_seeded_rows():
     sampler_checks.check_seeded_rows_match(_kernel_sampler, lambda seed: Sampler(seed), "cpu")
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocabulary_slices_draw_the_kernel_token_of_the_whole_vocabulary(world):
+    # 20,000 entries: several CHUNK-wide pieces per slice, the last slice shorter; quantised
+    # logits tie often, so the lowest-index rule across slices is exercised too
+    from engine.core.sampling_params import SamplingParams
+    from tests.engine.test_sharded_sampling import sample_sharded
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    vocab, rows = 20_000, 6
+    weight = torch.randint(-2, 3, (vocab, 8), generator=gen).float() / 4
+    hidden = torch.randn(rows, 8, generator=gen).round()
+    params = [SamplingParams(temperature=t, seed=s) for t, s in
+              zip([0.0, 0.6, 1.0, 0.0, 1.3, 0.9], [None, 4, None, None, 11, None])]
+    indices = list(range(rows))
+    want = _kernel_sampler(7).sample(hidden @ weight.T, params, indices)
+    draw = _kernel_sampler(7).shard_draw(params, indices, vocab)
+    for got in sample_sharded(hidden, weight, draw, world, kernel=True):
+        assert torch.equal(got, want)
+
+
 # ---- the decode attention kernel's work split -----------------------------------------------
 
 

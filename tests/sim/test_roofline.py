@@ -99,8 +99,11 @@ def test_tensor_parallel_splits_compute_and_adds_communication():
     # ring all-reduce, by hand: 2 * 36 + 1 collectives of 16384 x 4096 bf16 activations
     link = hw.interconnect_bandwidth * hw.interconnect_efficiency
     ring = 73 * (hw.interconnect_latency_s + 2 * (1 / 2) * 16384 * 4096 * 2 / link)
-    gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 2 / link  # bf16 logits all-gathered
-    assert p2["communication"] == pytest.approx(ring + gather)
+    # sampling: the ranks exchange their best tokens (one latency), or gather bf16 logits when a
+    # row filters by top-k or top-p
+    assert p2["communication"] == pytest.approx(ring + hw.interconnect_latency_s)
+    gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 2 / link
+    assert two.phase_times(*args, whole_vocab=True)["communication"] == pytest.approx(ring + gather)
 
 
 def test_one_shot_all_reduce_prices_decode_sized_steps_and_leaves_large_ones_to_the_ring():
@@ -110,8 +113,9 @@ def test_one_shot_all_reduce_prices_decode_sized_steps_and_leaves_large_ones_to_
     gather = hw.interconnect_latency_s + (1 / 2) * spec.vocab_size * 2 / link
     # 140 decode tokens: 140 x 4096 bf16 = 1.1 MB, under the 4 MiB limit (engine.core.collectives)
     each = hw.one_shot_latency_s + (2 - 1) * 140 * 4096 * 2 / hw.one_shot_bandwidth
-    assert one_shot.communication_time(140, 140) == pytest.approx(73 * each + 140 * (gather - hw.interconnect_latency_s)
-                                                                   + hw.interconnect_latency_s)
+    assert one_shot.communication_time(140, 140, True) == pytest.approx(
+        73 * each + 140 * (gather - hw.interconnect_latency_s) + hw.interconnect_latency_s)
+    assert one_shot.communication_time(140, 140) == pytest.approx(73 * each + hw.interconnect_latency_s)
     assert one_shot.communication_time(140, 140) < 0.6 * nccl.communication_time(140, 140)
     # 512 tokens is the largest one-shot size at hidden 4096 in bf16; 513 goes to the ring
     assert one_shot.communication_time(513, 1) == pytest.approx(nccl.communication_time(513, 1))
@@ -119,6 +123,25 @@ def test_one_shot_all_reduce_prices_decode_sized_steps_and_leaves_large_ones_to_
     # the step's price carries the difference whole
     assert nccl.time_for(140, 140, 140_000, 140_140, 140) - one_shot.time_for(140, 140, 140_000, 140_140, 140) == \
         pytest.approx(nccl.communication_time(140, 140) - one_shot.communication_time(140, 140))
+
+
+def test_a_top_p_row_makes_tensor_parallel_ranks_gather_the_logits():
+    from engine.core.sampling_params import SamplingParams
+
+    spec, hw = model("qwen3-8b"), hardware("h200")
+    two = RooflineCostModel(spec, hw, 2)
+    rows = [decode(1000, f"r{i}") for i in range(64)]
+    plain = two.step_time(plan(*rows))
+    rows[5] = dataclasses.replace(rows[5], sampling_params=SamplingParams(temperature=0.7, top_p=0.9))
+    link = hw.interconnect_bandwidth * hw.interconnect_efficiency
+    assert two.step_time(plan(*rows)) - plain == pytest.approx(64 * (1 / 2) * spec.vocab_size * 2 / link)
+    # a row that does not sample (a prefill chunk short of its prompt's end) does not count
+    rows[5] = dataclasses.replace(rows[5], sample=False)
+    assert two.step_time(plan(*rows)) < plain
+    # one rank: nothing to gather or exchange
+    one = RooflineCostModel(spec, hw, 1)
+    rows[5] = dataclasses.replace(rows[5], sample=True)
+    assert one.step_time(plan(*rows)) == pytest.approx(one.step_time(plan(*[decode(1000, f"r{i}") for i in range(64)])))
 
 
 def test_one_shot_all_reduce_needs_the_hardware_figures():

@@ -26,21 +26,23 @@ DECODE_256 = decode_batch([800] * 256)
 PREFILL_8K = plan(prefill(8192))
 
 
-def expected_communication(spec, hw, tp, num_tokens, num_sampled):
+def expected_communication(spec, hw, tp, num_tokens, num_sampled, whole_vocab=False):
     """Written out from the documented rule, independently of the roofline's precomputed terms."""
     link = hw.interconnect_bandwidth * hw.interconnect_efficiency
     all_reduce = hw.interconnect_latency_s + 2 * (tp - 1) / tp * num_tokens * spec.hidden_size * spec.dtype_bytes / link
     gather = hw.interconnect_latency_s + (tp - 1) / tp * num_sampled * spec.vocab_size * spec.dtype_bytes / link
-    return (2 * spec.num_layers + 1) * all_reduce + gather
+    return (2 * spec.num_layers + 1) * all_reduce + (gather if whole_vocab else hw.interconnect_latency_s)
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
 @pytest.mark.parametrize("tokens, sampled", [(256, 256), (8192, 1), (1, 1)])
-def test_communication_is_two_ring_all_reduces_per_layer_plus_embedding_and_gather(tp, tokens, sampled):
+@pytest.mark.parametrize("whole_vocab", [False, True])
+def test_communication_is_two_ring_all_reduces_per_layer_plus_embedding_and_sampling(tp, tokens, sampled,
+                                                                                     whole_vocab):
     cost = RooflineCostModel(QWEN8B, H200, tp)
-    assert cost.communication_time(tokens, sampled) == pytest.approx(
-        expected_communication(QWEN8B, H200, tp, tokens, sampled), rel=1e-12)
-    assert RooflineCostModel(QWEN8B, H200, 1).communication_time(tokens, sampled) == 0.0
+    assert cost.communication_time(tokens, sampled, whole_vocab) == pytest.approx(
+        expected_communication(QWEN8B, H200, tp, tokens, sampled, whole_vocab), rel=1e-12)
+    assert RooflineCostModel(QWEN8B, H200, 1).communication_time(tokens, sampled, whole_vocab) == 0.0
 
 
 def test_communication_reads_the_link_from_the_hardware_config():
