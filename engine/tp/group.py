@@ -111,5 +111,14 @@ class DistGroup:
         return x
 
     def destroy(self) -> None:
-        if dist.is_initialized():
+        """Leave the group. NCCL communicators are aborted rather than finalized: finalizing waits
+        for every rank to finalize, and on 2 x H200 rank 0 waited there until its worker was
+        terminated, 30 s a shutdown (experiments/tp/shutdown_probe.py). An engine that stops has
+        nothing left to agree on with its peers."""
+        if not dist.is_initialized():
+            return
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if self.device.type == "cuda" and abort is not None:
+            abort()
+        else:
             dist.destroy_process_group()

@@ -3,6 +3,11 @@ messages until "shutdown" (see engine.tp.workers for the protocol)."""
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
+import sys
+
 import torch
 
 from engine.tp.group import DistGroup, apply_safe_env
@@ -11,6 +16,9 @@ from engine.worker_loop import serve
 
 def worker_main(spec, conn) -> None:
     apply_safe_env()
+    # `kill -USR1 <pid>` prints every thread's stack: a rank that does not answer can be read
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(spec.num_threads)
     state = {}
 
@@ -26,10 +34,18 @@ def worker_main(spec, conn) -> None:
         return lambda kind, payload: _answer(runner, conn, kind, payload)
 
     def stop() -> None:
-        if "group" in state:
+        if "group" in state and spec.device_type != "cuda":
             state["group"].destroy()
 
     serve(conn, start, stop)
+    if spec.device_type == "cuda":
+        # NOTE: a CUDA worker leaves without tearing its NCCL communicator down. On 2 x H200 that
+        # teardown, destroy or abort alike, held the worker ~30 s until rank 0 terminated it,
+        # although rank 0 had left within 0.5 s (experiments/tp/shutdown_probe.py); nothing is
+        # left to agree on, and the driver frees the process's device memory as it exits.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _answer(runner, conn, kind: str, payload) -> None:

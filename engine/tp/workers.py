@@ -10,10 +10,10 @@ does. A worker that fails reports its traceback on the pipe and exits; rank 0 ra
 WorkerError (engine.worker_loop) of one line, the traceback in its details.
 
 Shutdown sends "shutdown", joins each worker with a timeout, then terminates and kills what is
-left. A worker leaves its NCCL group on "shutdown", and a communicator's teardown can wait for
-every rank (a TP=2 shutdown on H200 ran into the join timeout while rank 0 left only after the
-joins), so rank 0 leaves its own meanwhile: close's release, on a thread of its own, so that a
-worker that never gets there cannot hold rank 0 past the timeout. A weakref finalizer runs the
+left. Rank 0 leaves its group meanwhile (close's release, on a thread of its own, so that a
+worker that never exits cannot hold rank 0 past the timeout); a CUDA worker exits without
+tearing its communicator down (engine.tp.worker_main: on 2 x H200 that teardown held each
+shutdown for the whole 30 s join timeout). A weakref finalizer runs the
 same at interpreter exit if shutdown() was never called, and the workers are daemonic, so none
 outlives the engine's process.
 """
