@@ -57,6 +57,7 @@ class _Rows:
     greedy_rows: torch.Tensor | None = None  # [G] int64, torch path, None when G == 0
     seeded_index: torch.Tensor | None = None  # [S] int64, torch path
     groups: list[FilterGroup] = field(default_factory=list)
+    by_shard: bool = True  # engine.core.sampling_params.samples_by_shard, once per composition
 
 
 class Sampler:
@@ -123,12 +124,14 @@ class Sampler:
         (engine.sharded_sampling), or None when they cannot: a row filters by top-k or top-p, or
         the noise of unseeded rows comes from torch's generator (the torch path on CUDA). Takes
         the same draws from the engine's stream as sample() would."""
-        if not self.hash_every_row or not samples_by_shard(params):
+        if not self.hash_every_row:
             return None
         n = len(params)
         rows = self._composition(params, vocab)
         if rows.all_greedy:
             return ShardDraw(np.zeros(n, np.float32), np.zeros((n, 2), np.int32))
+        if not rows.by_shard:
+            return None
         return ShardDraw(rows.shard_inv_temp, key_words(self._host_keys(rows, n, output_indices)))
 
     def _log_noise(self, rows: _Rows, words: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
@@ -205,7 +208,8 @@ class Sampler:
         rows = _Rows(params, vocab, all_greedy=False, seeded_rows=seeded_rows,
                      seeds=np.array([seeds[i] for i in seeded_rows.tolist()], dtype=np.uint64),
                      num_unseeded=int((~greedy).sum()) - len(seeded_rows), inv_temp=next(f32),
-                     shard_inv_temp=np.where(greedy, 0.0, inv_temp).astype(np.float32))
+                     shard_inv_temp=np.where(greedy, 0.0, inv_temp).astype(np.float32),
+                     by_shard=samples_by_shard(params))
         device_greedy, rows.seeded_index = next(i64), next(i64)
         rows.greedy_rows = device_greedy if len(greedy_rows) and not kernel else None
         for plan in plans:

@@ -123,3 +123,23 @@ def test_the_padding_of_the_last_slice_never_wins(world):
     for got in sample_sharded(hidden, weight, draw, world):
         assert got.tolist() == [0, 0]
     assert np.all(draw.inv_temp == 0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_lm_head_slices_hold_the_real_vocabulary_rows_only(world):
+    # vocab 7: ranks of 4 rows (2 ranks) or 3 rows (3 ranks), the last one partly padding, which
+    # shard_logits leaves out; together the slices are the whole vocabulary's logits
+    from engine.layers.embedding import ParallelLMHead
+    from engine.layers.parallel import TensorParallel
+
+    vocab, dim = 7, 4
+    weight = torch.randn(vocab, dim, generator=torch.Generator().manual_seed(1))
+    hidden = torch.randn(3, dim, generator=torch.Generator().manual_seed(2))
+    slices = []
+    for rank in range(world):
+        head = ParallelLMHead(vocab, dim, TensorParallel(rank, world, lambda t: t, lambda t: t))
+        head.weight_loader(head.weight, weight)
+        assert head.real_rows == max(0, min(head.rows, vocab - head.first))
+        slices.append(head.shard_logits(hidden))
+    assert [s.shape[1] for s in slices][-1] < -(-vocab // world)  # the padded rank is shorter
+    torch.testing.assert_close(torch.cat(slices, dim=1), hidden @ weight.T)
