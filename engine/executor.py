@@ -7,10 +7,11 @@ wall clock (synchronising CUDA, so the time is the step's, not the launch's).
 With tensor_parallel_size > 1 this process is rank 0 on cuda:0 and drives one spawned worker
 process per other rank (engine.tp): every rank loads its shard, profiles, allocates the same
 number of blocks (the smallest any rank can hold) and captures the same graphs; each step's
-HostBatch goes to the workers before rank 0 runs it, and rank 0 alone samples. Overlapped steps
-(async scheduling, the default on CUDA) work the same way: the batch goes out with its placeholder
-map, and rank 0 broadcasts the sampled ids on the device (engine.overlap); rank 0 waits on no
-worker per step.
+HostBatch goes to the workers before rank 0 runs it, with the step's draw when every rank samples
+its slice of the vocabulary (engine.sharded_sampling; otherwise rank 0 alone samples). Overlapped
+steps (async scheduling, the default on CUDA) work the same way: the batch goes out with its
+placeholder map, and every rank holds the ids the next step needs (engine.overlap); rank 0 waits
+on no worker per step.
 """
 
 from __future__ import annotations

@@ -22,15 +22,16 @@ each sampling request's row in them, the device clock and the pinned buffers the
 through. The runner queues the step's device work itself, on the same path as a plain step
 (engine.runner).
 
-Under tensor parallelism every rank fills its placeholders, from the same ids: rank 0 samples
-and broadcasts the ids through the process group right after sampling (a device-side collective
-queued on the stream, NCCL on GPU), and the other ranks receive them into their own last_sampled.
-Rank 0 sends each step's placeholder map (rows, sources) along with its batch, so that a worker
-needs no plan and no request ids. Broadcasting rather than sampling on every rank keeps one
-source of truth for the tokens: ranks that sampled for themselves would have to agree bit for
-bit (the same kernels, noise and top-p cut-offs on every device), and a disagreement would
-silently split their KV caches; the broadcast of a few hundred int64 values costs far less than
-a second sampler pass.
+Under tensor parallelism every rank fills its placeholders, from the same ids. Usually every
+rank holds them already: each sampled its slice of the vocabulary and all picked the token from
+the same exchanged bests (engine.sharded_sampling), one reduction over identical bytes, so the
+ids agree bit for bit without a broadcast. Where the ranks gathered the logits instead (a top-k
+or top-p row), rank 0 alone samples and broadcasts the ids through the process group right
+after sampling (a device-side collective queued on the stream, NCCL on GPU), and the other ranks
+receive them into their own last_sampled: ranks sampling the whole vocabulary each for itself
+would have to agree on every top-p cut-off, and a disagreement would silently split their KV
+caches. Rank 0 sends each step's placeholder map (rows, sources) along with its batch, so that
+a worker needs no plan and no request ids.
 """
 
 from __future__ import annotations

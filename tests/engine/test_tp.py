@@ -3,7 +3,8 @@
 A TP engine must produce exactly the single-process engine's tokens (float32 on CPU: the sums
 over ranks differ from the single matmul only by rounding far below any sampling margin), and
 leave no process behind. With async scheduling (the CPU runs it when asked; CUDA by default)
-every rank fills step N+1's placeholders from the ids rank 0 broadcast after step N, so the
+every rank fills step N+1's placeholders from step N's ids (drawn from its vocabulary slice,
+or broadcast by rank 0 where a top-p row made the ranks gather the logits), so the
 tokens and, with ignore_eos, the schedule must be those of a TP=1 engine running steps one at a
 time.
 """
