@@ -12,8 +12,9 @@ than STALL x the median left out. An executor that overlaps steps (async schedul
 it serves: each repeat is submitted before the previous one's result is read, and its duration is
 its span on the device (engine.overlap), so host work it hides is not counted; such rows also
 carry launch_s (host time of submit()) and gpu_s (the span with the device held busy until the
-step was fully queued: its device time alone), from which sim.profiled prices how much of a
-launch-bound step (an eager prefill) the step before it hides.
+step was fully queued: its device time alone) and lead_s (the wall time of the step submitted to
+an idle device less gpu_s), from which sim.profiled prices how much of a launch-bound step (an
+eager prefill) the step before it hides, and what a step after an idle gap pays.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
 (batch x mean context, contexts spread over [mean/2, 3 mean/2]), mixed steps (one prefill chunk
@@ -65,13 +66,14 @@ class OverlappedTiming:
     durations: list[float]  # spans of repeats submitted back to back
     launch_s: float  # mean host time of one submit(): building, uploading and launching the step
     gpu_s: float | None  # mean span with the device held busy until every launch was queued
+    lead_s: float | None = None  # wall time of the step submitted to an idle device, less gpu_s
 
 
 def time_plan_overlapped(executor: Executor, plan: StepPlan, grid: ProfileGrid) -> OverlappedTiming:
     """Time a shape as an overlapping executor serves it: each repeat submitted before the
-    previous one's result is read. Also the two things that decide how much of a launch-bound
-    step the previous step hides (sim.profiled): the host time of submit() and, where the
-    executor can hold its device (hold_device() returns True), the device time alone."""
+    previous one's result is read. Also what decides how much of a step the previous one hides
+    (sim.profiled): the host time of submit() and, where the executor can hold its device
+    (hold_device() returns True), the device time alone and the lead."""
     for _ in range(grid.warmup):
         executor.execute(plan)
     durations: list[float] = []
@@ -102,7 +104,17 @@ def time_plan_overlapped(executor: Executor, plan: StepPlan, grid: ProfileGrid) 
         executor.hold_device(2 * launch + 0.005)
         spans.append(executor.submit(plan).result().duration_s)
         gpu = min(spans)
+        lead = max(0.0, statistics.median(_wall_from_idle(executor, plan) for _ in range(3)) - gpu)
+        return OverlappedTiming(durations, launch, gpu, lead)
     return OverlappedTiming(durations, launch, gpu)
+
+
+def _wall_from_idle(executor: Executor, plan: StepPlan) -> float:
+    """Wall time from submit() on an idle device until the step's tokens are on the host: what a
+    step after an idle gap costs a served run's clock."""
+    started = time.perf_counter()
+    executor.submit(plan).result()
+    return time.perf_counter() - started
 
 
 def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGrid, progress=None) -> pd.DataFrame:
@@ -136,7 +148,7 @@ def _profile_row(executor: Executor, plan: StepPlan, grid: ProfileGrid, overlapp
     if overlapped:
         timing = time_plan_overlapped(executor, plan, grid)
         durations = timing.durations
-        extra = {"launch_s": timing.launch_s, "gpu_s": timing.gpu_s}
+        extra = {"launch_s": timing.launch_s, "gpu_s": timing.gpu_s, "lead_s": timing.lead_s}
     else:
         durations = time_plan(executor, plan, grid)
     row = step_features(plan, graphs)

@@ -27,13 +27,17 @@ prefill: ~20 ms of Python launches for Qwen3-0.6B against ~2 ms of kernels) is p
 behind the step before it. A profile of an overlapping engine (harness.profiling) measures, per
 shape, launch_s (host time of submit()) and gpu_s (device time alone), and a real run records
 launch_s of every step; then two more fits per regime, "launch:<regime>" and "gpu:<regime>", and
-step_time() prices an eager step as max(gpu, launch - hidden) with hidden = min(max(0, launch -
-gpu), the host time left free during the previous step = its priced duration less its own launch
-time less launch_delay_s, the loop's own work before it launches the next step: reading the
-previous result, update(), schedule(), building the batch; fitted on real steps,
-harness.calibration); a prefill graph step as its gpu time. predict() does the
-same for a table in step order with its previous_duration_s column (the measured duration of each
-row's predecessor; without it each step is priced alone).
+step_time() prices an eager step as max(gpu + max(0, lead - free), launch - free) and a prefill
+graph step as gpu + max(0, lead - free), where free is the host time left free during the
+previous step (its priced duration less its own launch time less launch_delay_s, the loop's own
+work before it launches the next step: reading the previous result, update(), schedule(),
+building the batch; fitted on real steps, harness.calibration; 0 with nothing in flight) and
+lead, a third fit ("lead:<regime>", from the profile's lead_s), the host time from submit() until
+the device can run the step without waiting, measured as the wall time of the step submitted to an
+idle device less its device time. A step after an idle gap pays its whole lead; one behind a long
+step pays none. predict() does the same for a table in step order with its previous_duration_s
+column (the measured duration of each row's predecessor; without it a row is priced as the grid
+measured it, behind a repeat of itself).
 """
 
 from __future__ import annotations
@@ -74,8 +78,13 @@ _FALLBACK = {"prefill": ("prefill", "prefill_graph"), "prefill_graph": ("prefill
              "decode_graph": ("decode_graph", "decode_eager", "prefill", "prefill_graph"),
              "decode_eager": ("decode_eager", "decode_graph", "prefill", "prefill_graph")}
 _MIN_DURATION_S = 1e-6
-# Overlap fits: "<part>:<regime>" of the columns launch_s and gpu_s of an overlapping profile.
-OVERLAP_PARTS = {"launch": "launch_s", "gpu": "gpu_s"}
+# Overlap fits: "<part>:<regime>" of the columns launch_s, gpu_s and lead_s of an overlapping
+# profile. Pricing overlap needs launch and gpu; a profile without lead_s prices no lead.
+OVERLAP_PARTS = {"launch": "launch_s", "gpu": "gpu_s", "lead": "lead_s"}
+REQUIRED_OVERLAP_PARTS = ("launch", "gpu")
+# Parts that are host time (the same on another GPU; no device-side prior applies to them). Lead
+# can be zero, so it is fitted to absolute, not relative, error.
+HOST_PARTS = ("launch", "lead")
 OVERLAP_REGIMES = tuple(f"{part}:{regime}" for part in OVERLAP_PARTS for regime in REGIMES)
 EAGER_REGIMES = ("prefill", "decode_eager")
 # Graph regimes priced by their device time alone (gpu_s, measured after the device sat idle)
@@ -149,7 +158,7 @@ class ProfiledCostModel:
                 if len(rows):
                     fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
                         rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
-                        size, max_knots, min_support)
+                        size, max_knots, min_support, relative=part != "lead")
         if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
             rows = df[df["host_s"] <= HOST_STALL_S]
             size, linear = HOST_FIT
@@ -208,7 +217,8 @@ class ProfiledCostModel:
 
     @property
     def prices_overlap(self) -> bool:
-        return all(f"{part}:prefill" in self.fits or f"{part}:prefill_graph" in self.fits for part in OVERLAP_PARTS)
+        return all(f"{part}:prefill" in self.fits or f"{part}:prefill_graph" in self.fits
+                   for part in REQUIRED_OVERLAP_PARTS)
 
     def step_time(self, plan: StepPlan) -> float:
         features = step_features(plan, self.graphs)
@@ -226,22 +236,33 @@ class ProfiledCostModel:
 
     def overlapped(self, features: Mapping[str, float], duration: float,
                    previous: tuple[float, float] | None) -> float:
-        """An eager step: the longer of its device time and its launch time, less what the
-        previous step (its duration, its launch time) hides of the launches. A prefill graph step:
-        its device time (DEVICE_PRICED_REGIMES). Other steps (decode graphs, launched in one call)
-        keep the grid's duration."""
+        """A prefill or eager step, from the previous step's end on the device to its own end.
+
+        The host starts submitting it `free` seconds before the device is done with the previous
+        step (that step's duration less its own launch time and the loop's launch_delay_s; 0 with
+        nothing in flight). Its device work cannot start before its lead (host time from submit()
+        until the device can run it without waiting: the batch built and uploaded, the first
+        launches ahead) nor end before its launches do:
+        max(gpu + max(0, lead - free), launch - free). A prefill graph step is launched in one
+        call, so only its lead counts (DEVICE_PRICED_REGIMES). Decode graph steps keep the grid's
+        duration of back-to-back repeats."""
         regime = _regime(features)
-        if regime in DEVICE_PRICED_REGIMES:
-            gpu = self._part("gpu", features)
-            return gpu if gpu > 0 else duration
-        if regime not in EAGER_REGIMES:
+        if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
             return duration
-        gpu, launch = self._part("gpu", features), self._part("launch", features)
-        hidden = 0.0
-        if previous is not None:
-            free = max(0.0, previous[0] - previous[1] - self.launch_delay_s)
-            hidden = min(max(0.0, launch - gpu), free)
-        return max(gpu, launch - hidden, _MIN_DURATION_S)
+        gpu, launch, lead = (self._part(part, features) for part in ("gpu", "launch", "lead"))
+        if regime in DEVICE_PRICED_REGIMES and gpu <= 0:
+            return duration
+        free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
+        waited = gpu + max(0.0, lead - free)
+        if regime in DEVICE_PRICED_REGIMES:
+            return waited
+        return max(waited, launch - free, _MIN_DURATION_S)
+
+    def _behind_itself(self, features: Mapping[str, float]) -> tuple[float, float]:
+        """(duration, launch) of the step's own predecessor in the grid's back-to-back repeats: with
+        its lead hidden, the longer of its device time and its launches."""
+        launch = self._part("launch", features)
+        return max(self._part("gpu", features), launch), launch
 
     def overlap_parts(self, features: Mapping[str, float]) -> tuple[float, float]:
         """(launch_s, gpu_s) of the step's regime: the host time of submit() and the device time
@@ -279,7 +300,8 @@ class ProfiledCostModel:
     def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
         """Predicted duration_s for each row of a step-timing table; with include_host, plus the
         host time (the whole loop step, what step_time() returns). With a previous_duration_s
-        column and an overlapping profile, eager steps are priced after their measured predecessor."""
+        column and an overlapping profile, eager and prefill graph steps are priced after their
+        measured predecessor; a row without one as the grid measured it, behind a repeat of itself."""
         df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
         rows = df.to_dict("records")
         predicted = np.array([self.predict_features(row) for row in rows])
@@ -287,7 +309,7 @@ class ProfiledCostModel:
             launches = [self._part("launch", row) for row in rows]
             for i, row in enumerate(rows):
                 before = row.get("previous_duration_s", float("nan")) if i else float("nan")
-                previous = (before, launches[i - 1]) if before == before else None  # NaN: priced alone
+                previous = (before, launches[i - 1]) if before == before else self._behind_itself(row)
                 predicted[i] = self.overlapped(row, predicted[i], previous)
         if include_host:
             predicted += np.array([self.host_time(row) for row in rows])

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.piecewise import PiecewiseLinearFit
-from sim.profiled import ProfiledCostModel
+from sim.profiled import HOST_PARTS, ProfiledCostModel
 from sim.specs import HardwareSpec
 
 FIRST_READS = "decode_context_tokens"
@@ -52,7 +52,7 @@ def with_prior(model: ProfiledCostModel, hardware: HardwareSpec) -> ProfiledCost
     fits = dict(model.fits)
     for name, fit in model.fits.items():
         part, _, _ = name.rpartition(":")
-        if part == "launch" or REPEATED_READS in fit.linear_features:
+        if part in HOST_PARTS or REPEATED_READS in fit.linear_features:
             continue
         coef = prior_coefficient(fit, ratio)
         if coef is not None:

@@ -16,8 +16,8 @@ the source (s) and target (t) HardwareSpec (conf/hardware):
   decode_context_tokens coefficient): a + b x L2_s / L2_t, a x B_s / B_t, so
   b -> (a + b) L2_s / L2_t - a B_s / B_t; prefill_repeated_tokens: x L2_s / L2_t (L2 =
   l2_bandwidth; where either GPU has no L2 figure, B stands in for it);
-- num_seqs, num_seeded (per-row launches, sampler generators), the host and launch fits and the
-  launch delay: host work, unchanged (the same host CPU is assumed);
+- num_seqs, num_seeded (per-row launches, sampler generators), the host, launch and lead fits and
+  the launch delay: host work, unchanged (the same host CPU is assumed);
 - gpu fits (device time alone) follow their regime's rule.
 Efficiency factors are each GPU's own (conf/hardware); what they miss (an H200 that reaches a
 different share of its bandwidth) is the transfer's error, which only a measurement can show.
@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from sim.features import REPEATED_FEATURES
 from sim.piecewise import PiecewiseLinearFit
-from sim.profiled import HOST_REGIME, ProfiledCostModel
+from sim.profiled import HOST_PARTS, HOST_REGIME, ProfiledCostModel
 from sim.repeated_reads import FIRST_READS, REPEATED_READS
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
@@ -48,7 +48,7 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
     fits = {}
     for name, fit in model.fits.items():
         part, _, regime = name.rpartition(":")
-        if name == HOST_REGIME or part == "launch":
+        if name == HOST_REGIME or part in HOST_PARTS:
             fits[name] = fit
         else:
             fits[name] = _scale_fit(fit, regime, source, target, rooflines)

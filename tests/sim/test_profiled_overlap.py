@@ -108,3 +108,56 @@ def test_the_loop_delay_before_a_launch_is_recovered_from_real_steps():
     model.launch_delay_s = fit_launch_delay(model, no_overlap)
     assert model.launch_delay_s > 0.0015
     assert model.predict(no_overlap) == pytest.approx(no_overlap["duration_s"].to_numpy(), rel=1e-9)
+
+
+LEAD_PREFILL = 0.003  # host time before the device can run a prefill: building, uploading, launching ahead
+
+
+@pytest.fixture(scope="module")
+def lead_model():
+    profile = overlapping_profile()
+    lead = np.where(profile["num_prefill_tokens"] > 0, LEAD_PREFILL, 0.0005)
+    fitted = ProfiledCostModel.fit(profile.assign(lead_s=lead), GRAPH)
+    assert fitted.prices_overlap and "lead:prefill" in fitted.fits
+    return fitted
+
+
+def test_a_device_bound_prefill_after_an_idle_gap_pays_its_lead(lead_model):
+    big = plan(prefill(16384))
+    gpu = true_time(step_features(big, GRAPH))
+    assert lead_model.step_time(at_step(big, 0)) == pytest.approx(gpu + LEAD_PREFILL, rel=0.02)
+    lead_model.drained()  # an idle gap mid-run: nothing in flight either
+    assert lead_model.step_time(at_step(big, 5)) == pytest.approx(gpu + LEAD_PREFILL, rel=0.02)
+
+
+def test_the_lead_hides_behind_the_step_before_it_as_far_as_its_free_host_time_goes(lead_model):
+    big = plan(prefill(16384))
+    gpu = true_time(step_features(big, GRAPH))
+    short = decode_batch([100] * 4)  # leaves the host less free time than the lead
+    short_time = lead_model.step_time(at_step(short, 1))
+    free = short_time - LAUNCH_DECODE
+    assert 0 < free < LEAD_PREFILL
+    assert lead_model.step_time(at_step(big, 2)) == pytest.approx(gpu + LEAD_PREFILL - free, rel=0.02)
+    lead_model.step_time(at_step(decode_batch([3000] * 200), 3))  # free time enough for the whole lead
+    assert lead_model.step_time(at_step(big, 4)) == pytest.approx(gpu, rel=0.02)
+
+
+def test_grid_rows_are_priced_as_measured_behind_a_repeat_of_themselves(lead_model):
+    # a device-bound step repeated back to back: the host prepares each repeat while the one
+    # before runs, so the lead is hidden (gpu - launch > lead); the grid measured gpu
+    big = plan(prefill(16384))
+    row = pd.DataFrame([step_features(big, GRAPH)])
+    gpu = true_time(row.iloc[0])
+    assert gpu - LAUNCH_PREFILL > LEAD_PREFILL
+    assert lead_model.predict(row)[0] == pytest.approx(gpu, rel=0.02)
+
+
+def test_a_profile_without_lead_prices_as_before(model, lead_model):
+    steps = [plan(prefill(16384)), decode_batch([100] * 4), plan(prefill(300)), plan(prefill(8192))]
+    for p in (model, lead_model):
+        p.drained()
+    without = [model.step_time(at_step(s, i)) for i, s in enumerate(steps)]
+    gpu = true_time(step_features(steps[0], GRAPH))
+    assert without[0] == pytest.approx(gpu, rel=0.02)  # nothing before it, and no lead priced
+    with_lead = [lead_model.step_time(at_step(s, i)) for i, s in enumerate(steps)]
+    assert with_lead[0] > without[0] and with_lead[3] >= without[3]

@@ -43,6 +43,7 @@ def fitted():
         "decode_graph": _fit("graph_batch_size", [1, 64, 512], ["decode_context_tokens", "num_seeded"], decode_values),
         "host": _fit("num_seqs", [1, 512], ["num_prefill_tokens"]),
         "launch:prefill": _fit("num_tokens", [16, 4096], ["num_seqs"]),
+        "lead:prefill": _fit("num_tokens", [16, 4096], ["num_seqs"]),
         "gpu:decode_graph": _fit("graph_batch_size", [1, 512], ["decode_context_tokens"]),
     }
     m = ProfiledCostModel(fits)
@@ -76,6 +77,7 @@ def test_linear_terms_follow_their_bound_and_host_work_is_kept(fitted):
     seeded = dict(zip(decode.linear_features, decode.linear_coefs))["num_seeded"]
     assert seeded == fitted.fits["decode_graph"].linear_coefs[1]
     assert moved.fits["host"] == fitted.fits["host"] and moved.fits["launch:prefill"] == fitted.fits["launch:prefill"]
+    assert moved.fits["lead:prefill"] == fitted.fits["lead:prefill"]  # host time before the device can start
     assert moved.launch_delay_s == fitted.launch_delay_s
     assert moved.fits["prefill"].ranges == fitted.fits["prefill"].ranges
 
