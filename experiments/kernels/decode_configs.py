@@ -10,16 +10,13 @@ the context once) beside the measured copy ceiling.
 
 from __future__ import annotations
 
-import argparse
 from itertools import product
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 import kernels.decode_attention as decode
-from experiments.kernels.timing import bench_graph, copy_ceiling
+from experiments.kernels.timing import bench_graph, decode_bandwidth_table
 from kernels.decode_split import balanced_chunk
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE, MAX_LEN = 16, 8, 128, 256, 4096
@@ -58,20 +55,12 @@ def one_batch(batch: int, rng: np.random.Generator) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame([row for batch in BATCHES for row in one_batch(batch, rng)])
-    ceiling = copy_ceiling() / 1e12
-    frame["of_copy"] = frame.read_tb_s / ceiling
-    frame.to_csv(args.out / "decode_configs.csv", index=False)
+    frame, ceiling, out = decode_bandwidth_table(argv, __doc__.splitlines()[0], one_batch, BATCHES, "decode_configs")
     best = frame.loc[frame.groupby("batch").us.idxmin()]
     default = frame[(frame.block_n == 64) & (frame.warps == 4) & (frame.stages == 2)]
     text = (f"copy ceiling {ceiling:.2f} TB/s\ndefault (64/4/2):\n{default.to_string(index=False)}\n"
             f"best per batch:\n{best.to_string(index=False)}\n")
-    (args.out / "decode_configs.txt").write_text(text)
+    (out / "decode_configs.txt").write_text(text)
     print(text)
 
 

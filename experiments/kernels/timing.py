@@ -45,3 +45,25 @@ def matmul_ceiling() -> float:
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     return 2 * 8192**3 / (bench(lambda: a @ b) * 1e-3)
+
+
+def decode_bandwidth_table(argv, description: str, one_batch, batches, name: str):
+    """The decode probes' common main: --out, one_batch(batch, rng) rows for each batch with
+    of_copy (read_tb_s over the copy ceiling measured now), saved as out/name.csv.
+    Returns the frame, the ceiling in TB/s and the output folder."""
+    import argparse
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame([row for batch in batches for row in one_batch(batch, rng)])
+    ceiling = copy_ceiling() / 1e12
+    frame = frame.assign(of_copy=frame.read_tb_s / ceiling)
+    frame.to_csv(args.out / f"{name}.csv", index=False)
+    return frame, ceiling, args.out
