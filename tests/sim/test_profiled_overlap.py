@@ -153,11 +153,15 @@ def test_grid_rows_are_priced_as_measured_behind_a_repeat_of_themselves(lead_mod
 
 
 def test_a_profile_without_lead_prices_as_before(model, lead_model):
-    steps = [plan(prefill(16384)), decode_batch([100] * 4), plan(prefill(300)), plan(prefill(8192))]
-    for p in (model, lead_model):
-        p.drained()
+    # a long prefill after an idle gap, then one behind a launch-bound prefill (which leaves the
+    # host no free time): without a lead each is priced max(gpu, launch), with one gpu + lead
+    steps = [plan(prefill(16384)), plan(prefill(300)), plan(prefill(8192))]
+    for m in (model, lead_model):
+        m.drained()
     without = [model.step_time(at_step(s, i)) for i, s in enumerate(steps)]
-    gpu = true_time(step_features(steps[0], GRAPH))
-    assert without[0] == pytest.approx(gpu, rel=0.02)  # nothing before it, and no lead priced
     with_lead = [lead_model.step_time(at_step(s, i)) for i, s in enumerate(steps)]
-    assert with_lead[0] > without[0] and with_lead[3] >= without[3]
+    for i in (0, 2):
+        gpu = true_time(step_features(steps[i], GRAPH))
+        assert without[i] == pytest.approx(max(gpu, LAUNCH_PREFILL), rel=0.02)
+        assert with_lead[i] == pytest.approx(max(gpu + LEAD_PREFILL, LAUNCH_PREFILL), rel=0.02)
+        assert with_lead[i] > without[i]
