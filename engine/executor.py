@@ -26,7 +26,7 @@ import torch
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks
+from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import StepPlan, StepResult
 from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.models.arch import ModelArch
@@ -216,8 +216,8 @@ class EngineExecutor:
     def info(self) -> BackendInfo:
         return self._info
 
-    def observe(self, hook: StepHook) -> None:
-        self._hooks.add(hook)
+    def observe(self, hook: StepHook) -> Unobserve:
+        return self._hooks.add(hook)
 
     def execute(self, plan: StepPlan) -> StepResult:
         if self.runner is None:

@@ -76,6 +76,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
              record: bool | None = None) -> RunOutcome:
     """Serve rc.workload to completion; executor overrides the configured backend (tests).
     record: add step features, schedule hashes (and host times) to steps; None: engine runs only."""
+    stop_recording = None
     if executor is None:
         try:
             executor = make_executor(rc)
@@ -90,7 +91,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         clock = WallClock() if wall else SimulatedClock()
         recorder = StepRecorder(info.graph_sizes, wall) if (wall if record is None else record) else None
         if recorder is not None:
-            executor.observe(recorder)
+            # a shared engine serves many runs: this run's recorder must not watch the next ones
+            stop_recording = executor.observe(recorder)
         total = len(workload.requests)
         bar = tqdm(total=total, desc=label or rc.workload.label, unit="req", disable=not progress,
                    mininterval=0.5, leave=False, dynamic_ncols=True)
@@ -106,6 +108,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
             result = run(scheduler, executor, workload.requests, clock, on_step if progress else None)
         wall_s = time.perf_counter() - started
     finally:
+        if stop_recording is not None:
+            stop_recording()
         executor.shutdown()
     if result.rejected:
         first = next(iter(result.rejected.items()))

@@ -22,8 +22,8 @@ class KeepAlive:
     def submit(self, plan):
         return self.inner.submit(plan)
 
-    def observe(self, hook) -> None:
-        self.inner.observe(hook)
+    def observe(self, hook):
+        return self.inner.observe(hook)
 
     def hold_device(self, seconds: float) -> bool:
         return self.inner.hold_device(seconds)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks
+from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
@@ -66,8 +66,8 @@ class SimExecutor:
     def _submit(self, plan: StepPlan) -> _Priced:
         return _Priced(self._price(plan), self)
 
-    def observe(self, hook: StepHook) -> None:
-        self._hooks.add(hook)
+    def observe(self, hook: StepHook) -> Unobserve:
+        return self._hooks.add(hook)
 
     def hold_device(self, seconds: float) -> bool:
         return False  # no device queue to hold

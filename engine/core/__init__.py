@@ -2,7 +2,7 @@
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
-from engine.core.executor import BackendInfo, Executor, PendingStep, StepHook, StepTiming
+from engine.core.executor import BackendInfo, Executor, PendingStep, StepHook, StepTiming, Unobserve
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.policies import make_scheduler
@@ -13,5 +13,5 @@ from engine.core.scheduler import Scheduler
 __all__ = [
     "BackendInfo", "BlockManager", "CacheConfig", "ExecutionConfig", "Executor", "FinishReason", "GraphSizes",
     "KVCacheSpec", "PendingStep", "Request", "RequestStatus", "SamplingParams", "ScheduledRequest", "Scheduler",
-    "SchedulerConfig", "StepHook", "StepPlan", "StepResult", "StepStats", "StepTiming", "make_scheduler",
+    "SchedulerConfig", "StepHook", "StepPlan", "StepResult", "StepStats", "StepTiming", "Unobserve", "make_scheduler",
 ]

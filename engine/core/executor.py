@@ -3,7 +3,9 @@
 A caller asks info() once for what it needs to know (cache geometry, vocabulary, EOS ids,
 whether steps overlap, the CUDA graphs it replays) and never probes the executor for more.
 Steps go in as StepPlans (engine.core.plan) through execute() or, overlapped, submit(); whoever
-wants to watch them (the harness's recorder, a profiler) registers a StepHook with observe().
+wants to watch them (the harness's recorder, a profiler) registers a StepHook with observe(), and
+calls what observe() returned once done watching: an executor shared by several runs would
+otherwise call every earlier run's hooks on each later step.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class StepHook(Protocol):
         or as the PendingStep of submit() hands its result over."""
 
 
+# what observe() returns: call it to stop the hook (later calls do nothing)
+Unobserve = Callable[[], None]
+
+
 class Executor(Protocol):
     """execute() runs a step to completion. submit() returns once the step is queued; when
     info().overlaps_steps the loop then plans the next step while this one runs, and the next
@@ -81,7 +87,7 @@ class Executor(Protocol):
 
     def submit(self, plan: StepPlan) -> PendingStep: ...
 
-    def observe(self, hook: StepHook) -> None: ...
+    def observe(self, hook: StepHook) -> Unobserve: ...
 
     def hold_device(self, seconds: float) -> bool:
         """Keep the device busy for about `seconds` before the next step (True), or do nothing
@@ -110,8 +116,15 @@ class StepHooks:
     def __init__(self) -> None:
         self._hooks: list[StepHook] = []
 
-    def add(self, hook: StepHook) -> None:
-        self._hooks.append(hook)
+    def add(self, hook: StepHook) -> Unobserve:
+        hooks = self._hooks
+        hooks.append(hook)
+
+        def remove() -> None:
+            if hook in hooks:
+                hooks.remove(hook)
+
+        return remove
 
     def executed(self, plan: StepPlan, execute: Callable[[StepPlan], StepResult]) -> StepResult:
         if not self._hooks:

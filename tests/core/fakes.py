@@ -49,8 +49,8 @@ class FakeExecutor:
     def submit(self, plan: StepPlan):
         return self.hooks.submitted(plan, lambda p: CompletedStep(self._compute(p)))
 
-    def observe(self, hook: StepHook) -> None:
-        self.hooks.add(hook)
+    def observe(self, hook: StepHook):
+        return self.hooks.add(hook)
 
     def hold_device(self, seconds: float) -> bool:
         return False

@@ -12,6 +12,7 @@ from harness.report import collect
 from harness.report import main as report_main
 from harness.run import run_once
 from harness.metrics import read_steps
+from harness.recording import StepRecorder
 from harness.study import run_study
 from tests.core.fakes import OverlappingFakeExecutor
 from tests.harness.conftest import compose_config
@@ -172,3 +173,28 @@ def test_report_keeps_identical_runs_and_sweeps_without_points(tmp_path):
     assert len(table) == 4
     assert sorted(table["run"].str.rsplit("/", n=1).str[-1]) == ["a", "b", "sweep[scheduler.policy=mixed]",
                                                                  "sweep[scheduler.policy=nano]"]
+
+
+def test_a_shared_executor_stops_calling_a_finished_runs_recorder(monkeypatch):
+    # The held-out protocol serves dozens of recorded runs on one loaded engine; a recorder left
+    # watching would cost every later step its host time once per earlier run.
+    rc = build_run_config(compose_config(["workload.num_requests=12", "workload.arrival=offline",
+                                          "workload.rate=null"]))
+    shared = OverlappingFakeExecutor(400, rc.cache.block_size, vocab_size=rc.model.vocab_size)
+    recorded = []
+    record_step = StepRecorder.__call__
+    monkeypatch.setattr(StepRecorder, "__call__", lambda self, *step: (recorded.append(id(self)), record_step(self, *step)))
+    watched = []
+    shared.observe(lambda plan, result, timing: watched.append(plan.stats.step))
+    runs = [run_once(rc, progress=False, executor=shared, record=True) for _ in range(3)]
+    steps = len(runs[0].steps)
+    assert steps > 1 and [len(run.steps) for run in runs] == [steps] * 3
+    assert len(recorded) == 3 * steps and len(set(recorded)) == 3  # each step recorded once, by its run
+    assert len(watched) == 3 * steps  # a hook registered outside the runs keeps watching
+    seen = []
+    stop = shared.observe(lambda plan, result, timing: seen.append(plan.stats.step))
+    run_once(rc, progress=False, executor=shared, record=False)
+    stop()
+    stop()  # a second call does nothing
+    run_once(rc, progress=False, executor=shared, record=False)
+    assert seen == list(range(steps))
