@@ -12,8 +12,8 @@ than STALL x the median left out. An executor that overlaps steps (async schedul
 it serves: each repeat is submitted before the previous one's result is read, and its duration is
 its span on the device (engine.overlap), so host work it hides is not counted; such rows also
 carry launch_s (host time of submit()) and gpu_s (the span with the device held busy until the
-step was fully queued: its device time alone) and lead_s (the wall time of the step submitted to
-an idle device less gpu_s), from which sim.profiled prices how much of a launch-bound step (an
+step was fully queued: its device time alone) and lead_s (the time from submit() on an idle device
+until the device finished the step, less gpu_s), from which sim.profiled prices how much of a launch-bound step (an
 eager prefill) the step before it hides, and what a step after an idle gap pays.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
@@ -66,7 +66,7 @@ class OverlappedTiming:
     durations: list[float]  # spans of repeats submitted back to back
     launch_s: float  # mean host time of one submit(): building, uploading and launching the step
     gpu_s: float | None  # mean span with the device held busy until every launch was queued
-    lead_s: float | None = None  # wall time of the step submitted to an idle device, less gpu_s
+    lead_s: float | None = None  # submit() on an idle device until the device is done, less gpu_s
 
 
 def time_plan_overlapped(executor: Executor, plan: StepPlan, grid: ProfileGrid) -> OverlappedTiming:
@@ -104,17 +104,19 @@ def time_plan_overlapped(executor: Executor, plan: StepPlan, grid: ProfileGrid) 
         executor.hold_device(2 * launch + 0.005)
         spans.append(executor.submit(plan).result().duration_s)
         gpu = min(spans)
-        lead = max(0.0, statistics.median(_wall_from_idle(executor, plan) for _ in range(3)) - gpu)
+        lead = max(0.0, statistics.median(_end_from_idle(executor, plan) for _ in range(3)) - gpu)
         return OverlappedTiming(durations, launch, gpu, lead)
     return OverlappedTiming(durations, launch, gpu)
 
 
-def _wall_from_idle(executor: Executor, plan: StepPlan) -> float:
-    """Wall time from submit() on an idle device until the step's tokens are on the host: what a
-    step after an idle gap costs a served run's clock."""
+def _end_from_idle(executor: Executor, plan: StepPlan) -> float:
+    """Wall time from submit() on an idle device until the device finished the step: what a step
+    after an idle gap costs a served run's clock. The tokens reach the host a little later (the
+    wait's wake-up and the copy out: ready_age_s), which a served run does not count: it stamps
+    a token when the device is done."""
     started = time.perf_counter()
-    executor.submit(plan).result()
-    return time.perf_counter() - started
+    result = executor.submit(plan).result()
+    return time.perf_counter() - started - result.ready_age_s
 
 
 def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGrid, progress=None) -> pd.DataFrame:
