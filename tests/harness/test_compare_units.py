@@ -18,6 +18,7 @@ from engine.core.plan import KVCacheSpec, StepResult
 from harness.calibration import validate
 from harness.compare import CompareConfig
 from harness.compare_tables import roofline_step_times, schedule_table
+from harness import profiling
 from harness.profiling import ProfileGrid, build_plan, profile_executor
 from harness.profiling_grid import SHARED_KINDS
 from harness.recording import StepRecorder
@@ -218,3 +219,38 @@ def test_validation_of_a_noiseless_law_has_small_held_out_errors():
 def test_compare_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         CompareConfig(**kwargs)
+
+
+class _VirtualDevice:
+    """An overlapping executor on a virtual clock: submit() costs `host` of host time before the
+    device can start, the device runs `gpu`, and the tokens reach the host `tail` after it ends."""
+
+    host, gpu, tail = 0.002, 0.005, 0.0007
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def submit(self, plan):
+        self.clock[0] += self.host
+        return self
+
+    def result(self) -> StepResult:
+        self.clock[0] += self.gpu + self.tail
+        return StepResult([0], self.gpu, 0.0, self.tail)
+
+    def execute(self, plan) -> StepResult:
+        return self.submit(plan).result()
+
+    def hold_device(self, seconds: float) -> bool:
+        return True
+
+
+def test_lead_is_the_host_time_before_the_device_not_the_wait_for_the_tokens(monkeypatch):
+    # A served run stamps a token when the device is done with it (ready_age_s), so the lead a
+    # step after an idle gap pays ends there: host time before the device starts, not the copy out.
+    clock = [0.0]
+    monkeypatch.setattr(profiling.time, "perf_counter", lambda: clock[0])
+    device = _VirtualDevice(clock)
+    timing = profiling.time_plan_overlapped(device, None, ProfileGrid(warmup=1, repeats=3, min_repeats=3))
+    assert timing.gpu_s == pytest.approx(device.gpu)
+    assert timing.lead_s == pytest.approx(device.host)
