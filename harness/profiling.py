@@ -13,8 +13,9 @@ it serves: each repeat is submitted before the previous one's result is read, an
 its span on the device (engine.overlap), so host work it hides is not counted; such rows also
 carry launch_s (host time of submit()) and gpu_s (the span with the device held busy until the
 step was fully queued: its device time alone) and lead_s (the time from submit() on an idle device
-until the device finished the step, less gpu_s), from which sim.profiled prices how much of a launch-bound step (an
-eager prefill) the step before it hides, and what a step after an idle gap pays.
+until the device finished the step, less gpu_s), from which sim.profiled prices how much of a
+launch-bound step (an eager prefill) the step before it hides, and what a step after an idle gap
+pays.
 
 Shapes: prefill steps (total new tokens x sequences x cached context per sequence), decode steps
 (batch x mean context, contexts spread over [mean/2, 3 mean/2]), mixed steps (one prefill chunk

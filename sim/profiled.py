@@ -34,8 +34,8 @@ work before it launches the next step: reading the previous result, update(), sc
 building the batch; fitted on real steps, harness.calibration; 0 with nothing in flight) and
 lead, a third fit ("lead:<regime>", from the profile's lead_s), the host time from submit() until
 the device can run the step without waiting, measured as the time from submit() on an idle device
-until the device finished the step, less its device time. A step after an idle gap pays its whole lead; one behind a long
-step pays none. predict() does the same for a table in step order with its previous_duration_s
+until the device finished the step, less its device time. A step after an idle gap pays its whole
+lead; one behind a long step pays none. predict() does the same for a table in step order with its previous_duration_s
 column (the measured duration of each row's predecessor; without it a row is priced as the grid
 measured it, behind a repeat of itself).
 """

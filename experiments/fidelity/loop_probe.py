@@ -1,22 +1,22 @@
-"""Where a served run's small-batch decode steps spend time that the grid's back-to-back steps do not.
+"""Where a served run's steps spend their time, against a saved fit, kind of step by kind of step.
 
-On some H100 hosts the engine's TPOT at light load came out 4-20% above the profiled model's
-(`h100_lead/README.md`, "The other classes"), while the grid of the same model priced the steps
-as before. This serves one workload class on the engine (harness.fidelity_classes, at a rate or
-offline), records every step, and splits its time by kind of step against a saved fit
-(harness.compare_tables.replay: the step's device span, the device's idle gap before it, the
-host time of its submit(), the price of each), with every garbage collection of the run timed
-(gc.callbacks). Then it times a few decode shapes the way the grid does (time_plan_overlapped)
-on the same machine, so the fit's machine and this one can be told apart.
+The grid times each shape back to back; a served run puts the scheduler, the recorders and the
+loop between steps, and small-batch decode steps are close to host-bound. This serves one
+workload class on the engine (harness.fidelity_classes, at a rate or offline), records every step
+and splits its time by kind of step (harness.compare_tables.replay: the step's device span, the
+device's idle gap before it, the host time of its submit(), the fit's price of each), with every
+garbage collection of the run timed (gc.callbacks). Then it times a few decode shapes the way the
+grid does (time_plan_overlapped) on the same machine, so the fit's machine and this one can be
+told apart.
 
-    python experiments/fidelity/loop_probe.py --model qwen3-0.6b --fit experiments/fidelity/h100_lead/profile_model.csv \
+    python experiments/fidelity/loop_probe.py --model qwen3-0.6b \
+        --fit experiments/fidelity/h100_lead/profile_model.csv \
         --workload conversation --rates 0,30.7,49.1 --out $OUT/loop
 
 Each cell is served twice: with Python's garbage collector as the engine runs it, and with it off.
 The runner's step timer (engine.step_timing) splits each decode step's submit() into its phases, and
 the last cell is served once more under cProfile. Writes steps.csv.gz (the replay, every step),
-gc.csv (collections), grid.csv, host_profile.txt and summary.txt.
-"""
+gc.csv (collections), grid.csv, host_profile.txt and summary.txt."""
 
 from __future__ import annotations
 
@@ -109,10 +109,10 @@ def grid_rows(executor, sched, model: ProfiledCostModel) -> list[dict]:
 
 def phase_summary(records: list[dict]) -> str:
     """Host time per phase of submit() (engine.step_timing), decode steps by batch bucket, in ms."""
-    if not records:
-        return "no phase records"
     frame = pd.DataFrame(records)
-    frame = frame[frame["graph_size"] > 0]  # decode graph steps
+    if frame.empty or not (frame["graph_size"] > 0).any():
+        return "no decode graph steps"
+    frame = frame[frame["graph_size"] > 0]
     group = pd.cut(frame["num_seqs"], BATCH_BUCKETS).astype(str)
     host = [c for c in frame.columns if c.startswith("host_")]
     means = (1e3 * frame.groupby(group)[host].mean()).round(3).rename(columns=lambda c: f"{c[:-2]}_ms")
@@ -123,10 +123,7 @@ def serve(executor, rc, model: ProfiledCostModel, collect_garbage: bool,
           profile: cProfile.Profile | None = None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
     """One engine run of rc: its summary line with the step table, the replay and the collections."""
     paused = not collect_garbage and gc.isenabled()
-    runner = getattr(executor, "runner", None)
-    timer = StepTimer(executor.device) if runner is not None else None
-    if runner is not None:
-        runner.timer = timer
+    executor.runner.timer = timer = StepTimer(executor.device)  # an EngineExecutor: the probe is the engine's
     if paused:
         gc.disable()
     try:
@@ -139,8 +136,7 @@ def serve(executor, rc, model: ProfiledCostModel, collect_garbage: bool,
     finally:
         if paused:
             gc.enable()
-        if runner is not None:
-            runner.timer = None
+        executor.runner.timer = None
     steps = outcome.steps
     # launch_s: host time of submit(), recorded where steps overlap (CUDA)
     launches = steps["launch_s"] if "launch_s" in steps.columns else np.nan
@@ -149,16 +145,17 @@ def serve(executor, rc, model: ProfiledCostModel, collect_garbage: bool,
         replayed = replay(steps, {"profiled": model}).assign(launch_s=launches)
     pauses = pd.DataFrame(collections.rows, columns=["at_s", "generation", "pause_s"])
     s = outcome.summary
-    rate = {"trace": f"x{rc.workload.rate_scale:.3g}", "offline": ""}.get(rc.workload.arrival, f"{rc.workload.rate} req/s")
-    head = (f"{rc.workload.name}, {rc.workload.arrival} {rate}, {s['num_submitted']} requests, garbage collector "
-            f"{'on' if collect_garbage else 'off'}: TPOT P50 {1e3 * s['tpot_p50_s']:.3f} ms, P90 "
-            f"{1e3 * s['tpot_p90_s']:.3f} ms, TTFT P50 {1e3 * s['ttft_p50_s']:.2f} ms, P90 {1e3 * s['ttft_p90_s']:.2f} ms, "
-            f"output {s['output_tok_s']:.0f} tok/s")
-    gc_text = (pauses.groupby("generation")["pause_s"].agg(["count", "sum", "max"]).mul([1, 1e3, 1e3]).round(2)
-               .to_string() if len(pauses) else "none")
-    text = "\n".join([head, step_summary(replayed).to_string(), "garbage collections (count, total and longest pause, ms):",
-                      gc_text, "host ms per phase of a decode step's submit():",
-                      phase_summary(timer.records if timer else []), ""])
+    workload = rc.workload
+    rate = {"trace": f"x{workload.rate_scale:.3g}", "offline": ""}.get(workload.arrival, f"{workload.rate} req/s")
+    head = (f"{workload.name}, {workload.arrival} {rate}, {s['num_submitted']} requests, garbage collector "
+            f"{'on' if collect_garbage else 'off'}: TPOT P50 {1e3 * s['tpot_p50_s']:.3f} ms, "
+            f"P90 {1e3 * s['tpot_p90_s']:.3f} ms, TTFT P50 {1e3 * s['ttft_p50_s']:.2f} ms, "
+            f"P90 {1e3 * s['ttft_p90_s']:.2f} ms, output {s['output_tok_s']:.0f} tok/s")
+    pause_ms = pauses.groupby("generation")["pause_s"].agg(["count", "sum", "max"]).mul([1, 1e3, 1e3]).round(2)
+    text = "\n".join([head, step_summary(replayed).to_string(),
+                      "garbage collections (count, total and longest pause, ms):",
+                      pause_ms.to_string() if len(pauses) else "none",
+                      "host ms per phase of a decode step's submit():", phase_summary(timer.records), ""])
     return text, replayed, pauses
 
 
