@@ -3,7 +3,7 @@
 The engine (backend=engine) is profiled on the grid (or a given profile is used): the only thing
 the profiled model is fitted on. Then for each workload class (harness.fidelity_classes), none of
 which the fit saw:
-1. capacity: the class served offline by the engine, `repeats` times; its request throughput
+1. capacity: the class served offline by the engine once unmeasured (warmup), then `repeats` times; its request throughput
    (requests over the time to drain them) is the engine's capacity for that class, and also a
    cell of its own (load "offline": the throughput a simulation must match where arrivals do not
    bound it). The offline cell's schedules are compared step by step: each engine repeat against
@@ -41,7 +41,7 @@ from harness.shared_executor import KeepAlive
 from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fidelity_interval import simulate_with_interval
-from harness.fidelity_report import LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
+from harness.fidelity_report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
 from harness.fidelity_schedules import schedule_rows, schedules_frame
 from harness.run import RunOutcome, make_executor, run_once
 from sim.interval import IntervalConfig
@@ -57,7 +57,8 @@ class FidelityConfig:
     repeats: int = 2  # engine runs per cell
     num_requests: int = 200
     length_scale: float = 1.0  # lengths of the classes x this (CPU: 1/16)
-    preempt_num_blocks: int = 400
+    preempt_num_blocks: int | None = None  # the preempting bench's pool; None: sized to preempt
+    warmup: bool = True  # serve each class once, unmeasured, before its cells
     profile_path: str | None = None  # a step-timing table (fitted and validated here) or saved coefficients
     grid: str = "full"  # null profile_path: profile the engine with this grid first
     cost_models: tuple[str, ...] = COST_MODELS
@@ -77,6 +78,8 @@ class FidelityConfig:
                              f"got {list(self.loads)}")
         for name, low in (("repeats", 2), ("num_requests", 1), ("preempt_num_blocks", 1)):
             value = getattr(self, name)
+            if value is None and name == "preempt_num_blocks":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"fidelity.{name} must be an int >= {low}, got {value!r}")
         if not 0.0 < self.length_scale <= 1.0:
@@ -153,6 +156,14 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
     return engine_runs, sims
 
 
+def warm_up(engine, rc: RunConfig) -> None:
+    """Serve the class offline once, unmeasured. A class's first run on an engine meets shapes
+    no earlier run had (eager prefills of its lengths: new kernel specialisations, a larger
+    allocation); on an H100 its eager prefills took 54 ms against 36 ms after, which made the
+    offline cell's first repeat slow by up to 20% of its TTFT."""
+    run_once(rc, False, executor=engine, label=f"warm-up {rc.workload.name}", record=False)
+
+
 def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome]) -> tuple[list[dict], dict[str, dict]]:
     return [run.summary for run in engine_runs], {name: run.summary for name, run in sims.items()}
 
@@ -179,16 +190,20 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
         for name in tqdm(fc.workloads, desc="workload classes", disable=not output.progress):
             base = classes.class_run_config(rc, name, fc.num_requests, fc.length_scale, fc.preempt_num_blocks)
             engine = PinnedBlocks(executor, base.cache.num_blocks)
+            if fc.warmup:
+                warm_up(engine, base)
             engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True)
             schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
             engine_summaries, sim_summaries = summaries(engine_runs, sims)
             del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
             capacity = float(np.mean([s["request_s"] for s in engine_summaries]))
-            rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries, OFFLINE_METRICS)
+            rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries,
+                              OFFLINE_METRICS + COUNTED_METRICS)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
                 engine_summaries, sim_summaries = summaries(*serve(engine, cell, fc, profile_path, False))
-                rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries, LOAD_METRICS)
+                rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,
+                                  LOAD_METRICS + COUNTED_METRICS)
     finally:
         executor.shutdown()
     table = pd.DataFrame(rows)

@@ -9,7 +9,9 @@ of one RunConfig. Lengths are written in tokens for a GPU model and multiplied b
   at length_scale 1, else conversation-like uniform lengths scaled down;
 - bursty: gamma arrivals with CV 4, the bench's lengths;
 - shared_prefix: 8 system prompts of 1,024 tokens ahead of every request (prefix-cache hits);
-- preempting_bench: the bench's lengths with the KV cache pinned to preempt_num_blocks blocks.
+- preempting_bench: the bench's lengths with the KV cache pinned to a pool the class's requests
+  oversubscribe as nano-vllm's bench oversubscribes 400 blocks (preempting_pool_blocks), so it
+  preempts at any num_requests; a fixed preempt_num_blocks overrides it.
 Every class is built offline (the drain measures the engine's capacity); with_rate() then sets
 its arrivals to a rate.
 """
@@ -34,6 +36,11 @@ _LENGTHS = {"prefill_heavy": (2048, 8192, 16, 48), "decode_heavy": (512, 1536, 1
             "shared_prefix": (50, 500, 50, 300), "preempting_bench": (100, 1024, 100, 1024)}
 _ARRIVAL = {"conversation": "trace", "bursty": "gamma"}
 _SHARED_PREFIX_LEN = 1024
+# nano-vllm's bench with a 400-block pool of 256-token blocks: 256 requests of ~1,124 tokens each
+# (prompt and output uniform in 100-1,024) ask for 1,124 blocks, 2.8x the pool, and preempt
+# (142 preemptions in experiments/fidelity/h100_offline). A fixed pool stops preempting when fewer
+# requests are served (80 requests ask for 351 of its 400 blocks), so the pool follows the demand.
+PREEMPT_OVERSUBSCRIPTION = 2.8
 
 
 def _scaled(tokens: int, scale: float) -> int:
@@ -45,9 +52,19 @@ def max_model_len(base: int, scale: float) -> int:
     return max(base, _scaled(LONG_MAX_MODEL_LEN, scale))
 
 
+def preempting_pool_blocks(num_requests: int, length_scale: float, block_size: int) -> int:
+    """KV blocks that the preempting bench's requests oversubscribe PREEMPT_OVERSUBSCRIPTION times
+    (their mean prompt plus output), but never fewer than its longest request needs alone."""
+    p_lo, p_hi, o_lo, o_hi = (_scaled(t, length_scale) for t in _LENGTHS["preempting_bench"])
+    demand = num_requests * ((p_lo + p_hi) / 2 + (o_lo + o_hi) / 2) / block_size
+    longest = -(-(p_hi + o_hi) // block_size)
+    return max(longest, int(np.ceil(demand / PREEMPT_OVERSUBSCRIPTION)))
+
+
 def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: float,
-                     preempt_num_blocks: int) -> RunConfig:
-    """rc serving class `name` offline (arrivals are set later by with_rate)."""
+                     preempt_num_blocks: int | None = None) -> RunConfig:
+    """rc serving class `name` offline (arrivals are set later by with_rate). preempt_num_blocks:
+    the preempting bench's pool; None sizes it to the class (preempting_pool_blocks)."""
     if name not in CLASSES:
         raise ValueError(f"fidelity.workloads: unknown class {name!r}; known: {CLASSES}")
     p_lo, p_hi, o_lo, o_hi = (_scaled(t, length_scale) for t in _LENGTHS[name])
@@ -62,7 +79,8 @@ def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: 
         if name == "shared_prefix" else None)
     cache = rc.cache
     if name == "preempting_bench":
-        cache = dataclasses.replace(cache, num_blocks=preempt_num_blocks)
+        blocks = preempt_num_blocks or preempting_pool_blocks(num_requests, length_scale, cache.block_size)
+        cache = dataclasses.replace(cache, num_blocks=blocks)
     return dataclasses.replace(rc, workload=workload, cache=cache)
 
 

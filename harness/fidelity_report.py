@@ -11,10 +11,11 @@ from harness.compare_tables import rel_error
 
 LOAD_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
 OFFLINE_METRICS = ("request_s", "output_tok_s", "ttft_p50_s", "tpot_p50_s")
+COUNTED_METRICS = ("preemptions",)  # a run's count, beside every cell's latencies
 PLOTTED = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 READABLE = {"ttft_p50_s": "TTFT P50", "ttft_p90_s": "TTFT P90", "tpot_p50_s": "TPOT P50", "tpot_p90_s": "TPOT P90",
             "e2e_p50_s": "E2E P50", "e2e_p90_s": "E2E P90", "request_s": "throughput (req/s)",
-            "output_tok_s": "output throughput (tok/s)"}
+            "output_tok_s": "output throughput (tok/s)", "preemptions": "preemptions"}
 
 
 def engine_spread(values: np.ndarray) -> float:
@@ -89,10 +90,39 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> bool:
     return True
 
 
+CELL_KEYS = ["model", "hardware", "workload", "load", "metric", "cost_model"]
+
+
 def merge(tables: list[pd.DataFrame]) -> pd.DataFrame:
     """Held-out tables of several device calls (one per model or per group of classes) as one."""
     merged = pd.concat(tables, ignore_index=True)
-    return merged.drop_duplicates(["model", "hardware", "workload", "load", "metric", "cost_model"], keep="last")
+    return merged.drop_duplicates(CELL_KEYS, keep="last")
+
+
+def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """Held-out tables whose calls served the same cells (other machines, other leases) as one
+    table of every call's repeats: engine is the mean over all repeats, engine_repeats their
+    count, engine_calls the calls pooled, and engine_spread the larger of a call's own spread and
+    the calls' means apart ((max - min) / mean), so it says what a machine changes. The simulated
+    side (sim, the interval) is the last table's, and err and in_interval are taken again against
+    the pooled engine. A cell served by one call passes through unchanged."""
+    table = pd.concat([t.assign(engine_calls=t.get("engine_calls", 1)) for t in tables], ignore_index=True)
+    table["engine_repeats"] = table["engine_repeats"].fillna(1).astype(int)
+    rows = []
+    for _, cell in table.groupby(CELL_KEYS, sort=False, dropna=False):
+        row = cell.iloc[-1].to_dict()
+        if len(cell) > 1:
+            weights = cell["engine_repeats"].to_numpy(dtype=float)
+            means = cell["engine"].to_numpy(dtype=float)
+            engine = float(np.average(means, weights=weights))
+            apart = float(np.ptp(means) / engine) if engine else 0.0
+            row.update(engine=engine, engine_repeats=int(weights.sum()), engine_calls=int(cell["engine_calls"].sum()),
+                       engine_spread=max(apart, float(cell["engine_spread"].max())),
+                       err=rel_error(float(row["sim"]), engine))
+            lo, hi = row.get("sim_lo", np.nan), row.get("sim_hi", np.nan)
+            row["in_interval"] = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+        rows.append(row)
+    return pd.DataFrame(rows, columns=table.columns)
 
 
 def coverage_table(table: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,12 @@ and cost model (schedules: class, cost model and engine repeat), so a call that 
 classes updates the committed tables in place:
 
     python experiments/fidelity/merge.py experiments/fidelity/heldout.csv <the call's heldout.csv>
+
+A call that serves committed cells again, to measure them on another machine, is pooled instead:
+every call's repeats count, and engine_spread says how far the calls' means lie apart
+(harness.fidelity_report.pool):
+
+    python experiments/fidelity/merge.py experiments/fidelity/heldout.csv --pool <the call's heldout.csv>
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.fidelity_report import coverage_table, merge, plot_heldout, target_table
+from harness.fidelity_report import coverage_table, merge, plot_heldout, pool, target_table
 from harness.fidelity_schedules import merge_schedules
 from harness.scripting import one_line_errors
 
@@ -42,11 +48,15 @@ def merge_schedule_tables(tables: list[Path], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tables", nargs="+", type=Path, help="heldout.csv of each call")
+    parser.add_argument("--pool", nargs="+", type=Path, default=[],
+                        help="heldout.csv of calls that served the tables' cells again: pooled, not replaced")
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args(argv)
 
     def run() -> int:
         table = merge([pd.read_csv(path) for path in args.tables])
+        if args.pool:
+            table = pool([table, *(pd.read_csv(path) for path in args.pool)])
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "heldout.csv", index=False)
         for (model, hardware), part in table.groupby(["model", "hardware"]):

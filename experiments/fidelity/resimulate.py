@@ -38,13 +38,13 @@ from sim.interval import IntervalConfig
 MAX_MODEL_LEN = 16384  # run_gpu.sh's
 
 
-def cell_config(base, workload: str, load: str, rate: float, num_requests: int, preempt_num_blocks: int):
+def cell_config(base, workload: str, load: str, rate: float, num_requests: int, preempt_num_blocks: int | None):
     rc = classes.class_run_config(base, workload, num_requests, 1.0, preempt_num_blocks)
     return rc if load == "offline" else classes.with_rate(rc, workload, rate)
 
 
 def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[str], num_blocks: int,
-               num_requests: int, preempt_num_blocks: int, interval: bool = False) -> pd.DataFrame:
+               num_requests: int, preempt_num_blocks: int | None, interval: bool = False) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -54,7 +54,7 @@ def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[s
     cells = list(reference.groupby(["workload", "load"], sort=False))
     for (workload, load), part in tqdm(cells, desc=f"resimulate {label}", unit="cell"):
         rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, preempt_num_blocks)
-        blocks = preempt_num_blocks if workload == "preempting_bench" else num_blocks
+        blocks = rc.cache.num_blocks if workload == "preempting_bench" else num_blocks
         meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
         sim_rc = sim_run_config(rc, "profiled", str(profile), meta)
         sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", required=True, help="conf/hardware name the call ran on")
     parser.add_argument("--num-blocks", type=int, required=True, help="the engine's KV blocks (the call's log)")
     parser.add_argument("--num-requests", type=int, required=True, help="the call's NUM_REQUESTS")
-    parser.add_argument("--preempt-num-blocks", type=int, default=400)
+    parser.add_argument("--preempt-num-blocks", type=int, default=None,
+                        help="the preempting bench's pool as the call pinned it (default: sized as the protocol "
+                             "sizes it; 400 for calls before it was)")
     parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
     parser.add_argument("--interval", action="store_true", help="add the prediction interval")
     parser.add_argument("--workloads", default=None, help="comma-separated classes to keep (default: all)")

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from harness.convert import ConfigError
-from harness.fidelity_report import OFFLINE_METRICS
+from harness import fidelity
+from harness.fidelity_report import COUNTED_METRICS, OFFLINE_METRICS
 from harness.fidelity_schedules import COLUMNS as SCHEDULE_COLUMNS
 from harness.study import run_study
 from tests.harness.conftest import compose_config
@@ -46,7 +47,10 @@ def test_every_cell_has_both_cost_models_and_the_engines_repeats(heldout):
     # a metric no request has (TPOT of one-token outputs) is NaN on both sides, never made up
     measured = table["engine"].notna()
     assert (table.loc[measured, "engine_spread"] >= 0).all()
-    assert np.allclose(table["err"], (table["sim"] - table["engine"]) / table["engine"], equal_nan=True)
+    nonzero = table["engine"] != 0  # a count (preemptions) may be 0 on both sides: err 0
+    assert np.allclose(table.loc[nonzero, "err"], (table["sim"] - table["engine"])[nonzero] / table["engine"][nonzero],
+                       equal_nan=True)
+    assert (table.loc[~nonzero & (table["sim"] == 0), "err"] == 0).all()
     assert measured[table["metric"].str.startswith("ttft")].all()
 
 
@@ -96,11 +100,20 @@ def test_schedules_have_a_row_per_class_repeat_and_cost_model_and_offline_they_a
     assert (preempting["engine_preemptions"] > 0).all()  # the comparison covers preemption
 
 
-def test_no_loads_is_an_offline_only_run(heldout, tiny_checkpoint, tmp_path):
+def test_no_loads_is_an_offline_only_run(heldout, tiny_checkpoint, tmp_path, monkeypatch):
     """fidelity.loads=[]: capacity, the offline cells and their schedules (the carried model's
-    too), no load cell and no plot of error against load."""
+    too), no load cell and no plot of error against load. The class is served once, unmeasured,
+    before its first measured repeat (fidelity.warmup)."""
     _, _, run_dir = heldout
     fit = run_dir / "profile_model.csv"
+    labels = []
+
+    def run_once_noting_labels(rc, *args, **kwargs):
+        labels.append(kwargs.get("label", ""))
+        return run_once(rc, *args, **kwargs)
+
+    run_once = fidelity.run_once
+    monkeypatch.setattr(fidelity, "run_once", run_once_noting_labels)
     run_study(compose_config([
         *CPU_RUN, f"backend.model={tiny_checkpoint}", "fidelity.workloads=[preempting_bench]", "fidelity.loads=[]",
         f"fidelity.profile_path={fit}", f"fidelity.carried_profile_path={fit}", "fidelity.cost_models=[roofline]",
@@ -108,7 +121,8 @@ def test_no_loads_is_an_offline_only_run(heldout, tiny_checkpoint, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["heldout.csv", "schedules.csv"]
     table = pd.read_csv(tmp_path / "heldout.csv")
     assert set(table["load"].astype(str)) == {"offline"}
-    assert sorted(set(table["metric"])) == sorted(OFFLINE_METRICS)
+    assert sorted(set(table["metric"])) == sorted(OFFLINE_METRICS + COUNTED_METRICS)
+    assert labels[:3] == ["warm-up preempting_bench", "engine preempting_bench #0", "engine preempting_bench #1"]
     schedules = pd.read_csv(tmp_path / "schedules.csv")
     assert sorted(zip(schedules["engine_repeat"], schedules["cost_model"])) == [
         (0, "carried"), (0, "roofline"), (1, "carried"), (1, "engine_repeat"), (1, "roofline")]

@@ -7,7 +7,9 @@ import pytest
 
 from harness.config import build_run_config
 from harness.fidelity import FidelityConfig
-from harness.fidelity_classes import CLASSES, class_run_config, max_model_len, trace_rate, with_rate
+from harness.fidelity_classes import (CLASSES, PREEMPT_OVERSUBSCRIPTION, class_run_config, max_model_len,
+                                      preempting_pool_blocks, trace_rate, with_rate)
+from harness.run import run_once
 from harness.workloads import build_workload
 from tests.harness.conftest import compose_config
 
@@ -37,6 +39,22 @@ def test_each_class_has_its_shape(rc):
     assert shared.prefix_len == 512 and shared.fraction == 1.0
     for name in CLASSES:
         assert class_run_config(rc, name, 50, 1.0, 400).workload.arrival == "offline"  # the drain first
+
+
+@pytest.mark.parametrize("num_requests", [12, 40, 80, 256])
+def test_the_preempting_bench_preempts_at_any_size_unless_its_pool_is_fixed(rc, num_requests):
+    """Its own pool: the requests ask for PREEMPT_OVERSUBSCRIPTION times its blocks (a fixed
+    400-block pool held all of 80 requests and preempted none), and the simulator drains it with
+    preemptions; the longest request still fits alone. A given pool is kept as given."""
+    cell = class_run_config(rc, "preempting_bench", num_requests, 1.0)
+    pool, block = cell.cache.num_blocks, cell.cache.block_size
+    assert pool == preempting_pool_blocks(num_requests, 1.0, block)
+    requests = build_workload(cell.workload, 16384).requests
+    demand = sum(-(-(len(r.prompt_token_ids) + r.sampling_params.max_tokens) // block) for r in requests)
+    assert pool >= -(-(1024 + 1024) // block)
+    assert demand / pool > PREEMPT_OVERSUBSCRIPTION - 1
+    assert run_once(cell, False).summary["preemptions"] > 0
+    assert class_run_config(rc, "preempting_bench", num_requests, 1.0, 400).cache.num_blocks == 400
 
 
 @pytest.mark.parametrize("field, value", [("workloads", ("nope",)), ("loads", (0.0,)), ("repeats", 1),

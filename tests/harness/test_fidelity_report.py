@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.convert import ConfigError
-from harness.fidelity_report import coverage_table, merge, target_table
+from harness.fidelity_report import coverage_table, merge, pool, target_table
 from harness.fidelity_schedules import COLUMNS as SCHEDULE_COLUMNS
 from harness.fidelity_schedules import merge_schedules, schedule_rows, schedules_frame
 
@@ -45,6 +45,32 @@ def test_merge_replaces_a_class_of_the_committed_table_with_a_later_calls_rows(t
     assert replaced.sum() == len(new) and (merged.loc[replaced, "err"] == 0.0).all()
     others = committed[~((committed["model"] == "qwen3-0.6b") & (committed["workload"] == "shared_prefix"))]
     pd.testing.assert_frame_equal(merged[~replaced].reset_index(drop=True), others.reset_index(drop=True))
+
+
+def _cell(engine: float, repeats: int, spread: float, sim: float = 1.0, metric: str = "ttft_p50_s") -> dict:
+    return {"model": "m", "hardware": "h", "workload": "w", "load": "0.5", "metric": metric, "engine": engine,
+            "sim": sim, "err": (sim - engine) / engine, "cost_model": "profiled", "engine_spread": spread,
+            "sim_lo": 0.95, "sim_hi": 1.05, "in_interval": 0.95 <= engine <= 1.05, "rate_req_s": 3.0,
+            "engine_repeats": repeats}
+
+
+def test_pool_weighs_every_calls_repeats_and_says_how_far_the_machines_lie_apart():
+    """A cell served by two calls (two machines): the engine is the mean over all repeats, err and
+    in_interval are taken against it, the spread is the calls' means apart where that exceeds a
+    call's own; a cell served once passes through as it was."""
+    first = pd.DataFrame([_cell(0.90, 2, 0.01), _cell(2.0, 2, 0.03, sim=2.1, metric="tpot_p50_s")])
+    second = pd.DataFrame([_cell(1.02, 4, 0.02)])
+    pooled = pool([first, second]).set_index("metric")
+    cell = pooled.loc["ttft_p50_s"]
+    assert cell["engine"] == pytest.approx((2 * 0.90 + 4 * 1.02) / 6)
+    assert cell["engine_repeats"] == 6 and cell["engine_calls"] == 2
+    assert cell["engine_spread"] == pytest.approx(0.12 / cell["engine"])
+    assert cell["err"] == pytest.approx((1.0 - cell["engine"]) / cell["engine"])
+    assert bool(cell["in_interval"]) is True  # 0.98 is inside, though the first call's 0.90 was not
+    once = pooled.loc["tpot_p50_s"]
+    assert (once["engine"], once["engine_spread"], once["engine_calls"]) == (2.0, 0.03, 1)
+    assert len(pool([pooled.reset_index(), pd.DataFrame([_cell(1.0, 2, 0.5)])])) == 2
+    assert pool([pooled.reset_index(), pd.DataFrame([_cell(1.0, 2, 0.5)])]).iloc[0]["engine_calls"] == 3
 
 
 def test_coverage_pools_every_cell_with_an_interval_in_its_last_row():
