@@ -103,9 +103,10 @@ def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
     """Held-out tables whose calls served the same cells (other machines, other leases) as one
     table of every call's repeats: engine is the mean over all repeats, engine_repeats their
     count, engine_calls the calls pooled, and engine_spread the larger of a call's own spread and
-    the calls' means apart ((max - min) / mean), so it says what a machine changes. The simulated
-    side (sim, the interval) is the last table's, and err and in_interval are taken again against
-    the pooled engine. A cell served by one call passes through unchanged."""
+    the calls' means apart ((max - min) / mean), so it says what a machine changes. Each call set
+    its rates from the capacity it measured, and simulated its cells at those rates: the simulated
+    side (sim and its interval) is pooled with the same weights, so both sides average the same
+    cells, and err and in_interval are taken again. A cell served by one call passes through."""
     table = pd.concat([t.assign(engine_calls=t.get("engine_calls", 1)) for t in tables], ignore_index=True)
     table["engine_repeats"] = table["engine_repeats"].fillna(1).astype(int)
     rows = []
@@ -116,10 +117,12 @@ def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
             means = cell["engine"].to_numpy(dtype=float)
             engine = float(np.average(means, weights=weights))
             apart = float(np.ptp(means) / engine) if engine else 0.0
+            sim, lo, hi = (float(np.average(cell[c].to_numpy(dtype=float), weights=weights))
+                           for c in ("sim", "sim_lo", "sim_hi"))
             row.update(engine=engine, engine_repeats=int(weights.sum()), engine_calls=int(cell["engine_calls"].sum()),
-                       engine_spread=max(apart, float(cell["engine_spread"].max())),
-                       err=rel_error(float(row["sim"]), engine))
-            lo, hi = row.get("sim_lo", np.nan), row.get("sim_hi", np.nan)
+                       engine_spread=max(apart, float(cell["engine_spread"].max())), sim=sim,
+                       err=rel_error(sim, engine), sim_lo=lo, sim_hi=hi, rate_req_s=float(np.average(
+                           cell["rate_req_s"].to_numpy(dtype=float), weights=weights)))
             row["in_interval"] = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
         rows.append(row)
     return pd.DataFrame(rows, columns=table.columns)

@@ -59,13 +59,14 @@ def test_pool_weighs_every_calls_repeats_and_says_how_far_the_machines_lie_apart
     in_interval are taken against it, the spread is the calls' means apart where that exceeds a
     call's own; a cell served once passes through as it was."""
     first = pd.DataFrame([_cell(0.90, 2, 0.01), _cell(2.0, 2, 0.03, sim=2.1, metric="tpot_p50_s")])
-    second = pd.DataFrame([_cell(1.02, 4, 0.02)])
+    second = pd.DataFrame([_cell(1.02, 4, 0.02, sim=1.03)])
     pooled = pool([first, second]).set_index("metric")
     cell = pooled.loc["ttft_p50_s"]
     assert cell["engine"] == pytest.approx((2 * 0.90 + 4 * 1.02) / 6)
+    assert cell["sim"] == pytest.approx((2 * 1.0 + 4 * 1.03) / 6)  # each call simulated its own rates
     assert cell["engine_repeats"] == 6 and cell["engine_calls"] == 2
     assert cell["engine_spread"] == pytest.approx(0.12 / cell["engine"])
-    assert cell["err"] == pytest.approx((1.0 - cell["engine"]) / cell["engine"])
+    assert cell["err"] == pytest.approx((cell["sim"] - cell["engine"]) / cell["engine"])
     assert bool(cell["in_interval"]) is True  # 0.98 is inside, though the first call's 0.90 was not
     once = pooled.loc["tpot_p50_s"]
     assert (once["engine"], once["engine_spread"], once["engine_calls"]) == (2.0, 0.03, 1)
