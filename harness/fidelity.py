@@ -3,8 +3,8 @@
 The engine (backend=engine) is profiled on the grid (or a given profile is used): the only thing
 the profiled model is fitted on. Then for each workload class (harness.fidelity_classes), none of
 which the fit saw:
-1. capacity: the class served offline by the engine once unmeasured (warmup), then `repeats` times; its request throughput
-   (requests over the time to drain them) is the engine's capacity for that class, and also a
+1. capacity: the class served offline by the engine once unmeasured (warmup), then `repeats`
+   times; its request throughput (requests over the time to drain them) is the engine's capacity for that class, and also a
    cell of its own (load "offline": the throughput a simulation must match where arrivals do not
    bound it). The offline cell's schedules are compared step by step: each engine repeat against
    each simulated run and against repeat 0 (harness.fidelity_schedules);
@@ -76,10 +76,11 @@ class FidelityConfig:
         if not all(0.0 < x <= 1.5 for x in self.loads):
             raise ValueError(f"fidelity.loads must be fractions of capacity in (0, 1.5] ([] for offline cells only), "
                              f"got {list(self.loads)}")
-        for name, low in (("repeats", 2), ("num_requests", 1), ("preempt_num_blocks", 1)):
+        checked = [("repeats", 2), ("num_requests", 1)]
+        if self.preempt_num_blocks is not None:  # None: sized to the class
+            checked.append(("preempt_num_blocks", 1))
+        for name, low in checked:
             value = getattr(self, name)
-            if value is None and name == "preempt_num_blocks":
-                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"fidelity.{name} must be an int >= {low}, got {value!r}")
         if not 0.0 < self.length_scale <= 1.0:
@@ -159,8 +160,9 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
 def warm_up(engine, rc: RunConfig) -> None:
     """Serve the class offline once, unmeasured. A class's first run on an engine meets shapes
     no earlier run had (eager prefills of its lengths: new kernel specialisations, a larger
-    allocation); on an H100 its eager prefills took 54 ms against 36 ms after, which made the
-    offline cell's first repeat slow by up to 20% of its TTFT."""
+    allocation); on an H100 its eager prefills took 54 ms against 36 ms after
+    (experiments/fidelity/h100_second_lease/loop_probe_shared_prefix.txt), and the offline TTFT of
+    the first class of a call spread 20-22% between its repeats (heldout.csv)."""
     run_once(rc, False, executor=engine, label=f"warm-up {rc.workload.name}", record=False)
 
 

@@ -79,8 +79,9 @@ def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: 
         if name == "shared_prefix" else None)
     cache = rc.cache
     if name == "preempting_bench":
-        blocks = preempt_num_blocks or preempting_pool_blocks(num_requests, length_scale, cache.block_size)
-        cache = dataclasses.replace(cache, num_blocks=blocks)
+        if preempt_num_blocks is None:
+            preempt_num_blocks = preempting_pool_blocks(num_requests, length_scale, cache.block_size)
+        cache = dataclasses.replace(cache, num_blocks=preempt_num_blocks)
     return dataclasses.replace(rc, workload=workload, cache=cache)
 
 

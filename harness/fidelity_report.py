@@ -24,6 +24,11 @@ def engine_spread(values: np.ndarray) -> float:
     return float(np.ptp(values) / mean) if mean else 0.0
 
 
+def holds(lo: float, hi: float, engine: float) -> bool | None:
+    """Whether the interval [lo, hi] holds the engine's value; None where there is no interval."""
+    return bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+
+
 def cell_rows(rc, workload: str, load: str, rate: float, engine_runs: list[dict], sims: dict[str, dict],
               metrics) -> list[dict]:
     """One row per metric and cost model of a cell."""
@@ -33,7 +38,7 @@ def cell_rows(rc, workload: str, load: str, rate: float, engine_runs: list[dict]
         engine = float(np.mean(values))
         for cost_model, summary in sims.items():
             lo, hi = summary.get(f"{metric}_lo", np.nan), summary.get(f"{metric}_hi", np.nan)
-            inside = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+            inside = holds(lo, hi, engine)
             rows.append({"model": rc.model.name, "hardware": rc.hardware.name, "workload": workload, "load": load,
                          "metric": metric, "engine": engine, "sim": float(summary[metric]),
                          "err": rel_error(float(summary[metric]), engine), "cost_model": cost_model,
@@ -116,14 +121,13 @@ def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
             weights = cell["engine_repeats"].to_numpy(dtype=float)
             means = cell["engine"].to_numpy(dtype=float)
             engine = float(np.average(means, weights=weights))
-            apart = float(np.ptp(means) / engine) if engine else 0.0
             sim, lo, hi = (float(np.average(cell[c].to_numpy(dtype=float), weights=weights))
                            for c in ("sim", "sim_lo", "sim_hi"))
             row.update(engine=engine, engine_repeats=int(weights.sum()), engine_calls=int(cell["engine_calls"].sum()),
-                       engine_spread=max(apart, float(cell["engine_spread"].max())), sim=sim,
+                       engine_spread=max(engine_spread(means), float(cell["engine_spread"].max())), sim=sim,
                        err=rel_error(sim, engine), sim_lo=lo, sim_hi=hi, rate_req_s=float(np.average(
                            cell["rate_req_s"].to_numpy(dtype=float), weights=weights)))
-            row["in_interval"] = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+            row["in_interval"] = holds(lo, hi, engine)
         rows.append(row)
     return pd.DataFrame(rows, columns=table.columns)
 

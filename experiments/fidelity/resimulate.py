@@ -30,7 +30,7 @@ from harness import fidelity_classes as classes
 from harness.compare import sim_run_config
 from harness.convert import ConfigError
 from harness.fidelity_interval import simulate_with_interval
-from harness.fidelity_report import rel_error
+from harness.fidelity_report import holds, rel_error
 from harness.run import run_once
 from harness.scripting import compose_run_config, one_line_errors
 from sim.interval import IntervalConfig
@@ -68,7 +68,7 @@ def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[s
             metric, engine = row["metric"], row["engine"]
             sim = float(summary[metric])
             lo, hi = summary.get(f"{metric}_lo", np.nan), summary.get(f"{metric}_hi", np.nan)
-            inside = bool(lo <= engine <= hi) if np.isfinite(lo) and np.isfinite(hi) else None
+            inside = holds(lo, hi, engine)
             rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, engine), "cost_model": label,
                          "sim_lo": lo, "sim_hi": hi, "in_interval": inside})
     return pd.DataFrame(rows)

@@ -65,7 +65,7 @@ def test_pool_weighs_every_calls_repeats_and_says_how_far_the_machines_lie_apart
     assert cell["engine"] == pytest.approx((2 * 0.90 + 4 * 1.02) / 6)
     assert cell["sim"] == pytest.approx((2 * 1.0 + 4 * 1.03) / 6)  # each call simulated its own rates
     assert cell["engine_repeats"] == 6 and cell["engine_calls"] == 2
-    assert cell["engine_spread"] == pytest.approx(0.12 / cell["engine"])
+    assert cell["engine_spread"] == pytest.approx(0.12 / 0.96)  # the calls' means apart
     assert cell["err"] == pytest.approx((cell["sim"] - cell["engine"]) / cell["engine"])
     assert bool(cell["in_interval"]) is True  # 0.98 is inside, though the first call's 0.90 was not
     once = pooled.loc["tpot_p50_s"]
