@@ -30,6 +30,7 @@ from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, 
 from engine.core.plan import StepPlan, StepResult
 from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.models.arch import ModelArch
+from engine.kv_sizing import kv_cache_torch_dtype
 from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
 
@@ -127,7 +128,8 @@ class EngineExecutor:
                 device = torch.device("cuda", 0)
         self.device = device
         backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size,
-                                        engine_dtype(engine_config, device))
+                                        kv_cache_torch_dtype(cache_config.kv_cache_dtype,
+                                                             engine_dtype(engine_config, device)))
         self.attention_backend = backend.name
         self._spin_cycles_per_s: float | None = None  # hold_device's calibration
         self._hooks = StepHooks()

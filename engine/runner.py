@@ -35,7 +35,8 @@ from engine.core.graph_sizes import decode_graph_sizes, prefill_graph_sizes
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs
 from engine.host_staging import HostStaging
-from engine.kv_sizing import MemoryProfile, cpu_kv_blocks, profile_memory, profiled_kv_blocks, warm_up
+from engine.kv_sizing import (MemoryProfile, cpu_kv_blocks, kv_cache_torch_dtype, profile_memory, profiled_kv_blocks,
+                              warm_up)
 from engine.layers.fused import set_fused_kernels
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.models.arch import ModelArch
@@ -71,6 +72,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.driver = driver  # samples; False on tensor-parallel ranks other than 0
         self.dtype = next(model.parameters()).dtype
+        self.kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, self.dtype)
         self.block_size = cache_config.block_size
         # NOTE: under tensor parallelism a rank holds only its share of the KV heads; the model knows
         # how many (it may replicate heads when there are fewer than ranks).
@@ -102,7 +104,7 @@ class ModelRunner:
     @property
     def block_bytes(self) -> int:
         """Bytes of K and V for one block over all layers."""
-        elem = self.dtype.itemsize
+        elem = self.kv_dtype.itemsize
         return 2 * self.arch.num_layers * self.block_size * self.num_kv_heads * self.arch.head_dim * elem
 
     def determine_num_blocks(self, graph_reserve: bool = False) -> int:
@@ -134,7 +136,7 @@ class ModelRunner:
         shape = (self.arch.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
         # Zeros, not empty: padded block-table entries are read (and masked) by some backends,
         # and masked garbage that happens to be NaN would still poison the weighted sum.
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.arch.num_layers)]
         self.num_blocks = num_blocks
 

@@ -145,6 +145,8 @@ def model_spec(data: Any) -> Any:
     if not isinstance(data, dict):
         return to_dataclass(ModelSpec, data, "model")  # which names the problem
     own = dict(data)
+    if "kv_cache_dtype" in own:
+        raise ConfigError("model.kv_cache_dtype: the KV cache's dtype is set by cache.kv_cache_dtype")
     preset = own.pop("preset", None)
     if preset is None:
         return to_dataclass(ModelSpec, own, "model")
@@ -180,12 +182,13 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         elif isinstance(backend["model"], str):
             backend["model"] = str(_resolve_path(backend["model"]))
         engine_cfg = to_dataclass(EngineConfig, backend, "backend")
+    cache = to_dataclass(CacheConfig, section(cfg, "cache"), "cache")
     return RunConfig(
         backend=name,
         scheduler=to_dataclass(SchedulerConfig, section(cfg, "scheduler"), "scheduler"),
-        cache=to_dataclass(CacheConfig, section(cfg, "cache"), "cache"),
+        cache=cache,
         workload=to_dataclass(WorkloadConfig, section(cfg, "workload"), "workload"),
-        model=model_spec(section(cfg, "model")),
+        model=model_spec(section(cfg, "model")).with_kv_cache(cache.kv_cache_dtype),
         hardware=to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware"),
         sim=sim_cfg,
         engine=engine_cfg,

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.validation import check_cache_pair, check_last_dim_contiguous
+from kernels.validation import NARROW_CACHE_DTYPES, check_cache_pair, check_last_dim_contiguous
 
 
 @triton.jit
@@ -26,6 +26,8 @@ def _store_kvcache_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SATURATE: tl.constexpr,  # clamp to +-CACHE_MAX first: a narrow cache (fp8) a cast could overflow
+    CACHE_MAX: tl.constexpr,
 ):
     tok = tl.program_id(0)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -39,8 +41,11 @@ def _store_kvcache_kernel(
     k = tl.load(k_ptr + tok * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + tok * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     dst = slot * stride_slot + h[:, None] * stride_ch + d[None, :]
-    tl.store(k_cache_ptr + dst, k, mask=mask)
-    tl.store(v_cache_ptr + dst, v, mask=mask)
+    if SATURATE:
+        k = tl.clamp(k.to(tl.float32), -CACHE_MAX, CACHE_MAX)
+        v = tl.clamp(v.to(tl.float32), -CACHE_MAX, CACHE_MAX)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kvcache(
@@ -50,7 +55,8 @@ def store_kvcache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64, < 0 = skip
 ) -> None:
-    """Write k[i], v[i] into cache slot slot_mapping[i] for every i with a non-negative slot."""
+    """Write k[i], v[i] into cache slot slot_mapping[i] for every i with a non-negative slot. An fp8
+    cache takes k and v of any float dtype, saturated to its range (a scale of 1)."""
     check_cache_pair(k_cache, v_cache)
     for name, t in (("k", k), ("v", v)):
         if t.dim() != 3 or tuple(t.shape[1:]) != tuple(k_cache.shape[2:]):
@@ -58,7 +64,7 @@ def store_kvcache(
                 f"{name} must be [num_tokens, {k_cache.shape[2]}, {k_cache.shape[3]}] to match the "
                 f"cache, got {tuple(t.shape)}"
             )
-        if t.dtype != k_cache.dtype:
+        if t.dtype != k_cache.dtype and k_cache.dtype not in NARROW_CACHE_DTYPES:
             raise TypeError(f"{name}.dtype {t.dtype} must equal the cache dtype {k_cache.dtype}")
         check_last_dim_contiguous(name, t)
     if k.shape[0] != v.shape[0] or slot_mapping.shape != (k.shape[0],):
@@ -87,5 +93,7 @@ def store_kvcache(
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        SATURATE=k_cache.dtype in NARROW_CACHE_DTYPES,
+        CACHE_MAX=torch.finfo(k_cache.dtype).max,
         num_warps=4,
     )

@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Caches narrower than the model's dtype: the store kernel casts new K/V into them and the
+# attention kernels upcast what they read to the query's dtype.
+NARROW_CACHE_DTYPES = (torch.float8_e4m3fn,)
 
 # The attention kernels take exp2 of scores pre-multiplied by scale * log2(e) (cheaper than exp).
 LOG2E = 1.4426950408889634
@@ -28,9 +31,9 @@ def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
             f"v_cache must match k_cache in shape and strides, got {tuple(v_cache.shape)} "
             f"vs {tuple(k_cache.shape)}"
         )
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in SUPPORTED_DTYPES:
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in SUPPORTED_DTYPES + NARROW_CACHE_DTYPES:
         raise TypeError(
-            f"cache dtype must be one of {SUPPORTED_DTYPES} and equal for k and v, got "
+            f"cache dtype must be one of {SUPPORTED_DTYPES + NARROW_CACHE_DTYPES} and equal for k and v, got "
             f"{k_cache.dtype} and {v_cache.dtype}"
         )
     check_last_dim_contiguous("k_cache", k_cache)
@@ -47,7 +50,7 @@ def check_query(q: torch.Tensor, k_cache: torch.Tensor) -> int:
         raise ValueError(
             f"q must be [num_tokens, num_heads, head_dim={k_cache.shape[3]}], got {tuple(q.shape)}"
         )
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and not (k_cache.dtype in NARROW_CACHE_DTYPES and q.dtype in SUPPORTED_DTYPES):
         raise TypeError(f"q.dtype {q.dtype} must equal the cache dtype {k_cache.dtype}")
     num_kv_heads = k_cache.shape[2]
     if q.shape[1] % num_kv_heads != 0:

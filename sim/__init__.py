@@ -23,6 +23,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned.
     cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws)."""
     execution = sim.execution
+    model = model.with_kv_cache(cache.kv_cache_dtype)
     num_blocks = cache.num_blocks
     if num_blocks is None:
         num_blocks = plan_num_blocks(model, hardware, cache.block_size, execution.gpu_memory_utilization,

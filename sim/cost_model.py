@@ -35,9 +35,9 @@ def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
                     graphs: GraphSizes | Sequence[int] = ()) -> CostModel:
     if sim.cost_model == "roofline":
         return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce)
-    # NOTE: a profile is specific to the model, hardware and tp_size it was measured with; those
-    # arguments only choose the CSV, through the config that named it, except that a TP=1 profile
-    # (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
+    # NOTE: a profile is specific to the model, hardware, KV-cache dtype and tp_size it was
+    # measured with; those arguments only choose the CSV, through the config that named it, except
+    # that a TP=1 profile (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
     # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
     profiled = with_prior(ProfiledCostModel.load(sim.profile_path, graphs), hardware)
     if sim.transfers_tp:

@@ -12,8 +12,10 @@ ranks.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+from engine.core.config import KV_CACHE_DTYPES, kv_element_bytes
 
 from engine.core.model_shapes import DTYPE_BYTES as _DTYPE_BYTES
 from engine.core.model_shapes import ModelShape, model_shape
@@ -41,6 +43,7 @@ class ModelSpec:
     vocab_size: int
     dtype_bytes: int = 2
     tie_word_embeddings: bool = False
+    kv_cache_dtype: str = "auto"  # what the KV cache stores: the cache's setting (with_kv_cache)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -48,6 +51,8 @@ class ModelSpec:
             _check_positive("ModelSpec", name, getattr(self, name), (int,))
         if self.dtype_bytes not in (1, 2, 4) or isinstance(self.dtype_bytes, bool):
             raise ValueError(f"ModelSpec.dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"ModelSpec.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention")
@@ -55,7 +60,7 @@ class ModelSpec:
     @classmethod
     def from_shape(cls, shape: ModelShape) -> ModelSpec:
         """The simulator's view of a named model: its shape and the width of its weights."""
-        shared = {f.name for f in fields(cls)} - {"dtype_bytes"}
+        shared = {f.name for f in fields(cls)} - {"dtype_bytes", "kv_cache_dtype"}
         return cls(dtype_bytes=shape.dtype_bytes, **{name: getattr(shape, name) for name in shared})
 
     @classmethod
@@ -130,7 +135,12 @@ class ModelSpec:
 
     def kv_bytes_per_token_per_rank(self, tp_size: int = 1) -> int:
         """K and V of one token over all layers, on one rank."""
-        return 2 * self.num_layers * self.kv_heads_per_rank(tp_size) * self.head_dim * self.dtype_bytes
+        element = kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
+        return 2 * self.num_layers * self.kv_heads_per_rank(tp_size) * self.head_dim * element
+
+    def with_kv_cache(self, kv_cache_dtype: str) -> ModelSpec:
+        """This model with the KV cache a CacheConfig.kv_cache_dtype stores (engine.core.config)."""
+        return replace(self, kv_cache_dtype=kv_cache_dtype)
 
     @property
     def num_params(self) -> int:

@@ -23,9 +23,21 @@ def store_kv(
     num_kv_heads, head_dim = k_cache.shape[-2:]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    # view (not reshape): a silent copy here would drop the writes.
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[valid].to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[valid].to(v_cache.dtype))
+    for new, cache in ((k, k_cache), (v, v_cache)):
+        # view (not reshape): a silent copy here would drop the writes.
+        rows, values = cache.view(-1, num_kv_heads, head_dim), to_cache_dtype(new[valid], cache.dtype)
+        if cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no float8 kernel; the bits are the same
+            rows, values = rows.view(torch.uint8), values.view(torch.uint8)
+        rows.index_copy_(0, slots, values)
+
+
+def to_cache_dtype(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """x as the cache stores it: an fp8 cache saturates at its largest finite value (float8 e4m3
+    has no infinity, and a cast out of range may give NaN), as the Triton store kernel does."""
+    if cache_dtype == torch.float8_e4m3fn:
+        limit = torch.finfo(cache_dtype).max
+        x = x.clamp(-limit, limit)
+    return x.to(cache_dtype)
 
 
 class TorchAttentionBackend:
@@ -78,8 +90,8 @@ class TorchAttentionBackend:
         # Slots past seq_len may hold stale data or NaN from an uninitialised cache; a masked score
         # of NaN would still poison softmax, so zero them rather than rely on the mask.
         in_seq = (key_pos[None, :] < seq_lens[:, None])[:, :, None, None]
-        keys = torch.where(in_seq, keys, 0).to(q.dtype)
-        values = torch.where(in_seq, values, 0).to(q.dtype)
+        keys = torch.where(in_seq, keys.to(q.dtype), 0)
+        values = torch.where(in_seq, values.to(q.dtype), 0)
 
         # query j of sequence b sits at position seq_len - query_len + j
         q_pos = seq_lens[:, None] - query_lens[:, None] + torch.arange(max_q, device=device)[None, :]

@@ -44,13 +44,26 @@ class SchedulerConfig:
             )
 
 
+# What a KV cache may store: "auto" is the model's own dtype; "fp8" is float8 e4m3 (range +-448),
+# written with a scale of 1, as vLLM does when a checkpoint brings no KV scales. Half the bytes of
+# bf16, so twice the tokens in the same memory and half the bytes a decode step reads.
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
+    """Bytes of one cached K or V element: the one place both backends size a KV block from."""
+    return 1 if kv_cache_dtype == "fp8" else model_dtype_bytes
+
+
 @dataclass(frozen=True)
 class CacheConfig:
-    """KV-cache geometry. num_blocks None means "ask the backend" (engine: profiled; sim: planned)."""
+    """KV-cache geometry. num_blocks None means "ask the backend" (engine: profiled; sim: planned).
+    kv_cache_dtype: one of KV_CACHE_DTYPES."""
 
     block_size: int = 256
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
@@ -59,6 +72,8 @@ class CacheConfig:
             isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
             raise ValueError(f"CacheConfig.num_blocks must be a positive int or None, got {self.num_blocks!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"CacheConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ overlaps them on CUDA), tp2 (tensor_parallel_size=2, needs two GPUs; async sched
 default at any TP size since issue 16), tp2_sync (tp2 with async_scheduling=False, as tp2 ran
 before issue 16), tp2_nccl (tp2 with every all-reduce on NCCL, ExecutionConfig.all_reduce="nccl";
 tp2 runs the default, "auto"), tp2_oneshot (tp2 with decode-sized all-reduces, fused with the norm after them,
-through engine.tp.symmetric: all_reduce="symmetric"). A variant's row records whether it overlapped steps (async_scheduling).
+through engine.tp.symmetric: all_reduce="symmetric"), fp8_kv (default with an fp8 KV cache,
+CacheConfig.kv_cache_dtype="fp8": half the bytes per cached token; its fraction_of_bound is left
+empty, the bound being the bf16 cache's). A variant's row records whether it overlapped steps (async_scheduling).
 
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
 Step phases come from engine.step_timing (host time per phase, device time by CUDA events); the
@@ -66,6 +68,7 @@ VARIANTS = {
     "tp2_sync": {"tensor_parallel_size": 2, "async_scheduling": False},
     "tp2_nccl": {"tensor_parallel_size": 2, "all_reduce": "nccl"},
     "tp2_oneshot": {"tensor_parallel_size": 2, "all_reduce": "symmetric"},
+    "fp8_kv": {"kv_cache_dtype": "fp8"},
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.
@@ -147,7 +150,8 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
         "mean_decode_batch": decode.num_decode_tokens.mean(), "executor_s": steps.duration_s.sum(),
         "between_steps_s": wall - steps.duration_s.sum(), "startup_s": startup_s,
         "fraction_of_bound": (out_tokens / wall / H100_BOUND_TOK_S[args.preset]
-                              if args.preset in H100_BOUND_TOK_S and "H100" in device_name else float("nan")),
+                              if args.preset in H100_BOUND_TOK_S and "H100" in device_name
+                              and "kv_cache_dtype" not in VARIANTS[variant] else float("nan")),
     }
     for col in [c for c in steps.columns if c.startswith(("host_", "gpu_"))]:
         row[f"decode_mean_{col[:-2]}_us"] = 1e6 * decode[col].mean()
