@@ -29,8 +29,8 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import StepPlan, StepResult
 from engine.graph_use import captured_graph_sizes, graphs_detached
-from engine.models.arch import ModelArch
 from engine.kv_sizing import kv_cache_torch_dtype
+from engine.models.arch import ModelArch
 from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
 

@@ -35,7 +35,7 @@ CPU_KV_CACHE_BYTES = 512 * 1024**2
 
 def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype | None) -> torch.dtype | None:
     """What the KV cache holds for CacheConfig.kv_cache_dtype (engine.core.config.KV_CACHE_DTYPES):
-    fp8 is float8 e4m3 (the kernels upcast it to the model's dtype as they read it)."""
+    fp8 is float8 e4m3, which the attention backends convert as they read it."""
     return torch.float8_e4m3fn if kv_cache_dtype == "fp8" else model_dtype
 
 
