@@ -7,7 +7,7 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Caches narrower than the model's dtype: the store kernel casts new K/V into them and the
-# attention kernels upcast what they read to the query's dtype.
+# attention kernels convert what they read (to fp16 for fp8: kernels/decode_attention.py).
 NARROW_CACHE_DTYPES = (torch.float8_e4m3fn,)
 
 # The attention kernels take exp2 of scores pre-multiplied by scale * log2(e) (cheaper than exp).

@@ -53,7 +53,8 @@ def one_batch(batch: int, rng: np.random.Generator) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - a shape that does not compile (shared memory) is reported
             print(f"batch {batch} {block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
             ms = float("nan")
-        rows.append({"batch": batch, "kv_dtype": str(kv_dtype).removeprefix("torch."), "block_n": block_n, "warps": warps, "stages": stages, "us": ms * 1e3,
+        rows.append({"batch": batch, "kv_dtype": str(kv_dtype).removeprefix("torch."), "block_n": block_n,
+                     "warps": warps, "stages": stages, "us": ms * 1e3,
                      "read_tb_s": read_bytes / (ms * 1e-3) / 1e12})
     return rows
 

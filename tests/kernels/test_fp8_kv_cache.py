@@ -1,6 +1,6 @@
 """The Triton kernels over an fp8 (float8 e4m3) KV cache, against the float32 reference reading the
 same fp8 values: the store saturates and rounds as torch's cast does, and decode and prefill
-attention upcast what they read."""
+attention convert what they read."""
 
 from __future__ import annotations
 
