@@ -124,11 +124,13 @@ class ReplicaSearch:
         """The next count to try, at most cap (dominance); None when the search is over."""
         if self.done:
             return None
-        if self.passing is None:  # grow, but never to a cost the known best already beats
+        # never a count whose cost the known best already beats; a bisection midpoint past the cap
+        # tries the cap instead, which may still pass and beat the best
+        if self.passing is None:
             proposal = min(max(1, 2 * self.failing), self.max_replicas, cap)
         else:
-            proposal = (self.failing + self.passing) // 2
-        if proposal <= self.failing or proposal > cap or (self.passing is not None and proposal >= self.passing):
+            proposal = min((self.failing + self.passing) // 2, cap)
+        if proposal <= self.failing or (self.passing is not None and proposal >= self.passing):
             self.done = True
             return None
         return proposal

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from harness.convert import ConfigError
@@ -50,6 +50,8 @@ def test_growth_stops_on_a_latency_floor():
 
 
 @settings(max_examples=30, deadline=None)
+# the cheapest (13 x a100) lies below a bisection midpoint (14) that the best found so far caps
+@example(needed_on={"h100": 6, "a100": 13, "h200": 5}, tp_sizes=[1])
 @given(st.dictionaries(st.sampled_from(["a100", "h100", "h200"]), st.integers(1, 20), min_size=3, max_size=3),
        st.lists(st.sampled_from([1, 2]), min_size=1, max_size=2, unique=True))
 def test_search_returns_the_brute_force_cheapest(needed_on, tp_sizes):
