@@ -29,9 +29,10 @@ class EngineConfig:
     attention_backend: "auto" resolves in engine.attention (flash_attn, then triton on CUDA;
         torch everywhere else).
     fused_kernels: "triton" (default) runs fused Triton kernels on CUDA (RMSNorm with the residual
-        add, q/k norm with the rotary embedding, SiLU-and-mul, one-pass Gumbel-max sampling);
-        "off" runs the layers' and the sampler's torch ops (the reference). No effect on CPU.
-        Verified and measured on H100 in experiments/fused/h100_run1/ (10.5k -> 15.9k tok/s).
+        add, q/k norm with the rotary embedding and the paged-cache store, SiLU-and-mul, one-pass
+        Gumbel-max sampling); "off" runs the layers' and the sampler's torch ops (the reference).
+        No effect on CPU. Verified and measured on H100 in experiments/fused/h100_run1/ (10.5k ->
+        15.9k tok/s).
     balanced_decode: decode steps cut long contexts into pieces of the batch's mean context for the
         Triton decode kernel (kernels.decode_split), so that a ragged batch costs what an even one
         of the same total does; False cuts every sequence into the same number of pieces.

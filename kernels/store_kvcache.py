@@ -26,7 +26,7 @@ def _store_kvcache_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    SATURATE: tl.constexpr,  # clamp to +-CACHE_MAX first: a narrow cache (fp8) a cast could overflow
+    SATURATE: tl.constexpr,  # saturate_to_cache
     CACHE_MAX: tl.constexpr,
 ):
     tok = tl.program_id(0)
@@ -41,22 +41,21 @@ def _store_kvcache_kernel(
     k = tl.load(k_ptr + tok * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + tok * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     dst = slot * stride_slot + h[:, None] * stride_ch + d[None, :]
+    tl.store(k_cache_ptr + dst, saturate_to_cache(k, SATURATE, CACHE_MAX, k_cache_ptr), mask=mask)
+    tl.store(v_cache_ptr + dst, saturate_to_cache(v, SATURATE, CACHE_MAX, v_cache_ptr), mask=mask)
+
+
+@triton.jit
+def saturate_to_cache(x, SATURATE: tl.constexpr, CACHE_MAX: tl.constexpr, cache_ptr):
+    """x in the cache's dtype; a narrow cache (fp8, SATURATE) clamps to +-CACHE_MAX first, which a
+    plain cast could overflow."""
     if SATURATE:
-        k = tl.clamp(k.to(tl.float32), -CACHE_MAX, CACHE_MAX)
-        v = tl.clamp(v.to(tl.float32), -CACHE_MAX, CACHE_MAX)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        x = tl.clamp(x.to(tl.float32), -CACHE_MAX, CACHE_MAX)
+    return x.to(cache_ptr.dtype.element_ty)
 
 
-def store_kvcache(
-    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [num_tokens] int64, < 0 = skip
-) -> None:
-    """Write k[i], v[i] into cache slot slot_mapping[i] for every i with a non-negative slot. An fp8
-    cache takes k and v of any float dtype, saturated to its range (a scale of 1)."""
+def check_store(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """store_kvcache's arguments (also those of the store fused into kernels.rotary)."""
     check_cache_pair(k_cache, v_cache)
     for name, t in (("k", k), ("v", v)):
         if t.dim() != 3 or tuple(t.shape[1:]) != tuple(k_cache.shape[2:]):
@@ -74,6 +73,18 @@ def store_kvcache(
         )
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping.dtype must be int32 or int64, got {slot_mapping.dtype}")
+
+
+def store_kvcache(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, < 0 = skip
+) -> None:
+    """Write k[i], v[i] into cache slot slot_mapping[i] for every i with a non-negative slot. An fp8
+    cache takes k and v of any float dtype, saturated to its range (a scale of 1)."""
+    check_store(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return

@@ -40,8 +40,6 @@ def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     # NOTE: kernels address a slot as slot * stride(1), which needs blocks laid end to end.
     if k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1):
         raise ValueError("k_cache blocks must be contiguous: stride(0) == block_size * stride(1)")
-    if k_cache.shape[3] < 16:
-        raise ValueError(f"head_dim must be >= 16 for the Triton kernels, got {k_cache.shape[3]}")
 
 
 def check_query(q: torch.Tensor, k_cache: torch.Tensor) -> int:
@@ -52,6 +50,8 @@ def check_query(q: torch.Tensor, k_cache: torch.Tensor) -> int:
         )
     if q.dtype != k_cache.dtype and not (k_cache.dtype in NARROW_CACHE_DTYPES and q.dtype in SUPPORTED_DTYPES):
         raise TypeError(f"q.dtype {q.dtype} must equal the cache dtype {k_cache.dtype}")
+    if k_cache.shape[3] < 16:  # tl.dot's smallest operand
+        raise ValueError(f"head_dim must be >= 16 for the Triton attention kernels, got {k_cache.shape[3]}")
     num_kv_heads = k_cache.shape[2]
     if q.shape[1] % num_kv_heads != 0:
         raise ValueError(

@@ -23,8 +23,8 @@ class AttentionBackend(Protocol):
     def forward(
         self,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
@@ -36,7 +36,9 @@ class AttentionBackend(Protocol):
         k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
         v may be a non-contiguous view (a slice of the fused qkv output, unit stride on the last
         dim); q and k are contiguous. Cache slots a sequence does not own may hold any bits.
-        1) write k, v at meta.slot_mapping (slots < 0 are padding and are not written);
+        1) write k, v at meta.slot_mapping (slots < 0 are padding and are not written); k and v
+           are both None when the caller has already written them there (kernels.rotary's
+           fused store);
         2) query j of sequence i sits at position seq_len - query_len + j and attends to cache
            positions 0..its own position of that sequence; GQA when num_heads > num_kv_heads.
         Returns [num_tokens, num_heads, head_dim]; rows of padding tokens are unspecified.

@@ -94,7 +94,8 @@ class FlashAttnBackend:
         if self._fa4 is None and k_cache.shape[1] % FA2_PAGE_MULTIPLE:
             raise ValueError(f"attention backend 'flash_attn': flash-attn 2 needs block_size to be a "
                              f"multiple of {FA2_PAGE_MULTIPLE}, got {k_cache.shape[1]}")
-        self._store(k, v, k_cache, v_cache, meta.slot_mapping)
+        if k is not None:  # None: the caller's fused kernel has stored them
+            self._store(k, v, k_cache, v_cache, meta.slot_mapping)
         if self._fa4 is not None:
             return self._forward_fa4(q, k_cache, v_cache, meta, scale)
         return self._forward_fa2(q, k_cache, v_cache, meta, scale)

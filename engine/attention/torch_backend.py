@@ -59,7 +59,8 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if k is not None:  # None: the caller's fused kernel has stored them
+            store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_tokens, num_heads, head_dim = q.shape
         block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
         device = q.device

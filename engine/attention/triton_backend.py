@@ -43,7 +43,8 @@ class TritonAttentionBackend:
         meta,  # engine.attention.metadata.AttentionMetadata
         scale: float,
     ) -> torch.Tensor:
-        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if k is not None:  # None: the caller's fused kernel has stored them
+            store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return paged_decode_attention(
                 q,

@@ -49,9 +49,11 @@ class Qwen3Attention(nn.Module, UsesFusedKernels):
         v = v.view(t, self.num_kv_heads, d)
         fused = self.fused_kernels
         if fused is not None and fused.applies(q):
-            # norm + rotation of q and k in place, in the qkv buffer (the views stay strided)
+            # norm + rotation of q and k in place, in the qkv buffer (the views stay strided), and
+            # k and v stored into the paged cache by the same kernel
             norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
-            fused.qk_norm_rope_(q, k, cos, sin, *norms, self.eps)
+            fused.qk_norm_rope_(q, k, cos, sin, *norms, self.eps, store=(v, *kv_cache, meta.slot_mapping))
+            k = v = None
         else:
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)

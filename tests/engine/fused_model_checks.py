@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from engine.attention import make_metadata, slot_mapping_for
+from engine.attention.torch_backend import store_kv
 from engine.layers.fused import FusedKernels, UsesFusedKernels
 from kernels.elementwise_reference import add_rms_norm_ref, qk_norm_rope_ref, rms_norm_ref, silu_and_mul_ref
 
@@ -23,10 +24,12 @@ def _add_rms_norm(x, residual, weight, eps):
     return out.to(x.dtype), summed.to(x.dtype)
 
 
-def _qk_norm_rope_(q, k, cos, sin, q_weight=None, k_weight=None, eps=1e-6):
+def _qk_norm_rope_(q, k, cos, sin, q_weight=None, k_weight=None, eps=1e-6, store=None):
     rq, rk = qk_norm_rope_ref(q, k, cos, sin, q_weight, k_weight, eps)
     q.copy_(rq)
     k.copy_(rk)
+    if store is not None:  # (v, k_cache, v_cache, slot_mapping), as kernels.rotary stores them
+        store_kv(k, *store)
     return q, k
 
 

@@ -155,3 +155,35 @@ def check_gumbel_argmax(device: str, rows: int, vocab: int, with_cutoff: bool, s
     if cutoff is not None:
         picked = logits.gather(1, out[:, None]).squeeze(1)
         assert (picked >= cutoff).all(), f"a token below its row's cutoff was drawn (seed {seed})"
+
+
+def check_qk_norm_rope_store(device: str, dtype: torch.dtype, cache_dtype: torch.dtype, tokens: int, seed: int) -> None:
+    """The store fused into qk_norm_rope_ writes exactly what store_kvcache writes after it, in the
+    same slots (padding slot -1 skipped), and nothing else of the cache."""
+    from kernels.rotary import qk_norm_rope_
+    from kernels.store_kvcache import store_kvcache
+
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, head_dim, blocks, page = 16, 8, 128, 32, 16
+    qkv = _randn(gen, tokens, (heads + 2 * kv_heads) * head_dim, device=device, dtype=dtype, scale=200.0)  # fp8 saturates
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in (q, k, v))
+    cos, sin = (t.to(device) for t in rope_tables(torch.randint(0, 4096, (tokens,), generator=gen), head_dim))
+    qw = _randn(gen, head_dim, device=device, dtype=dtype, scale=0.3) + 1
+    kw = _randn(gen, head_dim, device=device, dtype=dtype, scale=0.3) + 1
+    slots = torch.randperm(blocks * page, generator=gen)[:tokens]
+    slots[tokens // 2] = -1  # a padded row
+    slots = slots.to(device)
+    cache_k = _randn(gen, blocks, page, kv_heads, head_dim, device=device, dtype=dtype).to(cache_dtype)
+    cache_v = _randn(gen, blocks, page, kv_heads, head_dim, device=device, dtype=dtype).to(cache_dtype)
+    expected_k, expected_v, got_k, got_v = cache_k.clone(), cache_v.clone(), cache_k, cache_v
+    qkv_plain = qkv.clone()
+    q2, k2, v2 = (t.view(tokens, -1, head_dim) for t in qkv_plain.split(
+        [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1))
+    qk_norm_rope_(q2, k2, cos, sin, qw, kw, 1e-6)
+    store_kvcache(k2, v2, expected_k, expected_v, slots)
+    qk_norm_rope_(q, k, cos, sin, qw, kw, 1e-6, store=(v, got_k, got_v, slots))
+    what = f"qk_norm_rope_ store T={tokens} {dtype} -> {cache_dtype} seed {seed}"
+    assert torch.equal(qkv, qkv_plain), what + ": q/k differ from the unfused call"
+    for got, expected in ((got_k, expected_k), (got_v, expected_v)):
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), what + ": cache differs"

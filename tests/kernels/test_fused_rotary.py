@@ -35,3 +35,11 @@ def test_qk_norm_rope_rejects_bad_arguments():
         qk_norm_rope_(q, k, cos, cos, torch.ones(64, device="cuda", dtype=torch.bfloat16), None)
     with pytest.raises(TypeError, match="share a dtype"):
         qk_norm_rope_(q, k.float(), cos, cos)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("cache", ["model", "fp8"])
+@pytest.mark.parametrize("tokens", [3, 300])
+def test_qk_norm_rope_stores_what_store_kvcache_stores(dtype, cache, tokens):
+    cache_dtype = dtype if cache == "model" else torch.float8_e4m3fn
+    cases.check_qk_norm_rope_store("cuda", dtype, cache_dtype, tokens, fresh_seed())
