@@ -1,5 +1,7 @@
 """Qwen3's per-head q/k RMSNorm and the rotary embedding, applied to q and k in place, in one
 kernel with one program per token.
+The same launch can also write the rotated k and v into the paged KV cache (store=), which
+saves the separate store kernel.
 
 The unfused path spends ~36 launches a layer here (two per-head norms of ~9 ops each, two
 rotations of ~9 ops each); this reads each q and k element once and writes it once. q and k may
