@@ -135,7 +135,7 @@ def qk_norm_rope_(
         q, k, cos, sin, q_weight if has_norm else cos, k_weight if has_norm else cos,
         v, k_cache, v_cache, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-        v.stride(0), v.stride(1), k_cache.stride(-3) if store is not None else 0, k_cache.stride(-2),
+        v.stride(0), v.stride(1), k_cache.stride(-3), k_cache.stride(-2),
         num_heads, k.shape[1], eps,
         HALF=half, BLOCK_QH=triton.next_power_of_2(num_heads), BLOCK_KH=triton.next_power_of_2(k.shape[1]),
         BLOCK_HALF=triton.next_power_of_2(half), HAS_NORM=has_norm, STORE=store is not None,

@@ -11,9 +11,10 @@ each program accumulates (x * g) @ W.T and the row's sum of squares in the same 
 scales by 1 / rms at the end. The programs of the first column tile write the residual sum,
 which every program recomputes from x and residual.
 
-On an H100 it took 1.7-10x the time of the three kernels it replaces (cuBLAS GEMMs), so the
-engine does not use it. Rounding differs from the unfused path by one rounding: x * g is rounded
-to the weight's dtype before the dot product, where the unfused path rounds x / rms first.
+On an H100 it took 1.7-4.2x the time of the kernels it replaces (cuBLAS GEMMs among them) with
+its best tiles, up to 10x with its default tiles, so the engine does not use it. Rounding differs
+from the unfused path by one rounding: x * g is rounded to the weight's dtype before the dot
+product, where the unfused path rounds x / rms first.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from kernels.validation import SUPPORTED_DTYPES
 MAX_ROWS = 512
 
 
-# Eager prefills of up to MAX_ROWS tokens reach this kernel with any row count: a specialisation
-# on it (rows == 1, rows % 16) would compile in the middle of a served run.
+# One compiled kernel for every row count, as an engine serving ragged eager steps would need.
 @triton.jit(do_not_specialize=["rows"])
 def _norm_linear_kernel(
     x_ptr, res_ptr, res_out_ptr, g_ptr, w_ptr, out_ptr,
