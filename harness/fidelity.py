@@ -19,7 +19,8 @@ first_divergent_step, engine_steps, sim_steps, identical_steps, engine_preemptio
 sim_preemptions: one row per class, engine repeat and simulated run of the offline cell, plus
 cost model "engine_repeat" rows, each later repeat against repeat 0) and heldout.png (error
 against load per workload; not written for an offline-only run). Only these summaries: per-step
-tables stay in memory, never in results_dir.
+tables stay in memory, never in results_dir; fidelity.steps_dir, where set, gets each engine run's
+steps priced by each cost model (harness.fidelity_steps).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class FidelityConfig:
     carried_profile_path: str | None = None
     interval: IntervalConfig = IntervalConfig()
     results_dir: str | None = None  # null: the run directory
+    steps_dir: str | None = None  # each engine run's steps priced by each cost model (harness.fidelity_steps)
 
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
@@ -166,6 +168,18 @@ def warm_up(engine, rc: RunConfig) -> None:
     run_once(rc, False, executor=engine, label=f"warm-up {rc.workload.name}", record=False)
 
 
+def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
+               profile_path: str, engine) -> None:
+    """The cell's per-step replays under fc.steps_dir (harness.fidelity_steps); nothing without one."""
+    if fc.steps_dir is None:
+        return
+    from harness.fidelity_steps import predictors, write_replays
+
+    meta = engine_meta(engine.info(), rc, engine_runs[0])
+    write_replays(Path(fc.steps_dir), name, load, [run.steps for run in engine_runs],
+                  predictors(rc, fc.cost_models, profile_path, meta))
+
+
 def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome]) -> tuple[list[dict], dict[str, dict]]:
     return [run.summary for run in engine_runs], {name: run.summary for name, run in sims.items()}
 
@@ -195,6 +209,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             if fc.warmup:
                 warm_up(engine, base)
             engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True)
+            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine)
             schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
             engine_summaries, sim_summaries = summaries(engine_runs, sims)
             del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
@@ -203,7 +218,10 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
                               OFFLINE_METRICS + COUNTED_METRICS)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
-                engine_summaries, sim_summaries = summaries(*serve(engine, cell, fc, profile_path, False))
+                engine_runs, sims = serve(engine, cell, fc, profile_path, False)
+                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine)
+                engine_summaries, sim_summaries = summaries(engine_runs, sims)
+                del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,
                                   LOAD_METRICS + COUNTED_METRICS)
     finally:

@@ -12,6 +12,7 @@
 #   OUT=$OUT MODEL=qwen3-0.6b WORKLOADS=shared_prefix NUM_REQUESTS=80 WHEELS=.hyd bash experiments/fidelity/run_gpu.sh
 #   OUT=$OUT HARDWARE=h200 CARRIED=experiments/fidelity/h200/qwen3-0.6b_from_h100.csv WORKLOADS=decode_heavy ...
 #   OUT=$OUT LOADS=offline PROFILE=<profile.csv> ...   # offline cells alone: capacity and schedules.csv
+#   STEPS=1 ...   # every engine run's steps priced by each cost model, under $OUT/<model>/<tag>/steps/
 # then, without a GPU: python experiments/fidelity/merge.py <the calls' heldout.csv files>
 set -euo pipefail
 OUT=${OUT:?set OUT}
@@ -23,6 +24,7 @@ LOADS=${LOADS:-0.5,0.8,0.95}
 PROFILE=${PROFILE:-null}
 HARDWARE=${HARDWARE:-h100}
 CARRIED=${CARRIED:-null}
+STEPS=${STEPS:-}
 WHEELS=${WHEELS:-.whl}
 TAG=${TAG:-$(echo "$WORKLOADS" | tr ',' '-')}
 case $MODEL in
@@ -39,12 +41,14 @@ case ",$WORKLOADS," in
                     cp .traces/azure_conv_2023.csv .;;  # workload.trace_path is read from the cwd
 esac
 mkdir -p "$OUT/$MODEL/$TAG"
+STEPS_DIR=null
+[ -n "$STEPS" ] && STEPS_DIR=$OUT/$MODEL/$TAG/steps
 # max_model_len 16,384: above the prefill-heavy class's 10,240, so the grid's long chunks after
 # 12k of cached context are profiled too (harness.profiling.ProfileGrid.long_prefill_*)
 python3 -m harness experiment=fidelity model=$MODEL hardware=$HARDWARE backend.model=$CK \
     scheduler.max_model_len=16384 "fidelity.workloads=[$WORKLOADS]" \
     "fidelity.loads=[$LOADS]" fidelity.num_requests=$NUM_REQUESTS fidelity.profile_path=$PROFILE \
-    fidelity.carried_profile_path=$CARRIED \
+    fidelity.carried_profile_path=$CARRIED fidelity.steps_dir=$STEPS_DIR \
     fidelity.results_dir=$OUT/$MODEL/$TAG hydra.run.dir=$RUN output.progress=false 2>&1 | tee "$OUT/$MODEL/$TAG/run.log"
 for f in profile.csv profile_model.csv validation.csv; do
   [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/$MODEL/"

@@ -32,7 +32,8 @@ def heldout(tiny_checkpoint, tmp_path_factory):
     run_dir, results = tmp_path_factory.mktemp("fidelity-run"), tmp_path_factory.mktemp("fidelity-results")
     run_study(compose_config([
         *CPU_RUN, f"backend.model={tiny_checkpoint}", f"fidelity.workloads=[{','.join(WORKLOADS)}]",
-        "fidelity.loads=[0.8]", "fidelity.grid=quick", f"fidelity.results_dir={results}"]), run_dir)
+        "fidelity.loads=[0.8]", "fidelity.grid=quick", f"fidelity.results_dir={results}",
+        f"fidelity.steps_dir={run_dir / 'steps'}"]), run_dir)
     return pd.read_csv(results / "heldout.csv"), results, run_dir
 
 
@@ -98,6 +99,27 @@ def test_schedules_have_a_row_per_class_repeat_and_cost_model_and_offline_they_a
     assert (schedules["sim_preemptions"] == schedules["engine_preemptions"]).all()
     preempting = schedules[schedules["workload"] == "preempting_bench"]
     assert (preempting["engine_preemptions"] > 0).all()  # the comparison covers preemption
+
+
+def test_steps_dir_holds_each_engine_runs_steps_priced_by_each_cost_model(heldout):
+    """fidelity.steps_dir: a replay per engine run of every cell; its profiled prices are the fit's
+    own prices of the recorded features, and only the shared-prefix class can read blocks again."""
+    from sim.profiled import ProfiledCostModel
+
+    _, _, run_dir = heldout
+    names = sorted(p.name for p in (run_dir / "steps").iterdir())
+    assert names == sorted(f"{w}_{load}_{r}.csv.gz" for w in WORKLOADS for load in ("offline", "0.8") for r in (0, 1))
+    fit = ProfiledCostModel.load(run_dir / "profile_model.csv")
+    for name in names:
+        steps = pd.read_csv(run_dir / "steps" / name)
+        assert len(steps) > 0 and list(steps["step"]) == list(range(len(steps))), name
+        assert {"predicted_profiled_s", "predicted_roofline_s", "decode_repeated_tokens"} <= set(steps.columns)
+        if not name.startswith("shared_prefix"):
+            assert steps["decode_repeated_tokens"].sum() == 0, name
+        features = steps.rename(columns={"measured_execute_s": "duration_s"})
+        features["previous_duration_s"] = features["duration_s"].shift(1).where(features["step"] != 0)
+        np.testing.assert_allclose(steps["predicted_execute_profiled_s"], fit.predict(features), rtol=1e-9)
+        assert (steps["predicted_roofline_s"] > 0).all() and (steps["measured_s"] > 0).all(), name
 
 
 def test_no_loads_is_an_offline_only_run(heldout, tiny_checkpoint, tmp_path, monkeypatch):
