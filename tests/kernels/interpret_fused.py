@@ -25,6 +25,25 @@ pytestmark = [
 ]
 F32 = torch.float32
 
+
+@pytest.fixture(autouse=True, scope="module")
+def loop_bounds_from_one_element_arrays():
+    """Triton 3.6's interpreter turns a tensor into a Python int with int(array), which numpy 2.4
+    refuses for an array of one element that is not 0-d: a range() over a bound computed at run
+    time (the decode kernel's key tiles) then fails. The kernels are right; the interpreter's
+    tensors index through .item() here instead."""
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(interpreter, "_patch_lang_tensor", patched)
+        yield
+
 @pytest.mark.parametrize("hidden", [100, 1024, 2560, 4096])
 def test_norms(hidden):
     cases.check_rms_norm("cpu", F32, 5, hidden, fresh_seed())
