@@ -190,10 +190,15 @@ def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, met
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
 
 
-def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = False, plots: bool = True,
-            executor=None) -> CompareResult:
+def step_pricer(sim_rc: RunConfig, meta: dict):
+    """The cost model a simulated run of sim_rc prices steps with, on the engine's CUDA graphs."""
     from sim.cost_model import make_cost_model
 
+    return make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim, engine_graph_sizes(meta))
+
+
+def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = False, plots: bool = True,
+            executor=None) -> CompareResult:
     # Paths are checked before the engine runs for minutes, not when the simulator needs them.
     cc = dataclasses.replace(cc, profile_path=existing_path(cc.profile_path, "compare.profile_path"),
                              engine_dir=existing_path(cc.engine_dir, "compare.engine_dir"))
@@ -213,7 +218,7 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
                 intervals[f"sim_{name}"] = outcome.summary
             else:
                 outcome = run_once(sim_rc, progress, label=f"sim {name}", record=True)
-            predictors[name] = make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim, engine_graph_sizes(engine.meta))
+            predictors[name] = step_pricer(sim_rc, engine.meta)
         for w in caught:
             log.warning("sim %s: %s", name, w.message)
         write_outcome(outcome, out_dir / f"sim_{name}", plots)

@@ -1,7 +1,7 @@
-"""The held-out protocol's per-step replays (fidelity.steps_dir): every engine run's steps, each priced
-by every cost model from its recorded features (harness.compare_tables.replay), with the recorded
-features beside them, so a file can be priced again by another fit. A cell's percentiles say that a class is mispriced;
-these tables say which steps are.
+"""The held-out protocol's per-step replays (fidelity.steps_dir): every engine run's steps, each
+priced by every cost model from its recorded features (harness.compare_tables.replay), with those
+features beside them, so a file can be priced again by another fit. A cell's percentiles say that
+a class is mispriced; these tables say which steps are.
 
 Files: <steps_dir>/<class>_<load>_<repeat>.csv.gz (load "offline" for the drain). They are raw
 per-step tables: kept out of the repository, summarised by experiments/fidelity/step_groups.py.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare import engine_graph_sizes, sim_run_config
+from harness.compare import sim_run_config, step_pricer
 from harness.compare_tables import replay
 from harness.config import RunConfig
 from sim.features import FEATURE_COLUMNS
@@ -25,13 +25,7 @@ KEPT_FEATURES = (*FEATURE_COLUMNS, "launch_s", "host_s")
 
 def predictors(rc: RunConfig, cost_models: tuple[str, ...], profile_path: str, meta: dict) -> dict[str, object]:
     """Each cost model as the simulated runs of the cell price steps."""
-    from sim.cost_model import make_cost_model
-
-    priced = {}
-    for name in cost_models:
-        sim_rc = sim_run_config(rc, name, profile_path, meta)
-        priced[name] = make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim, engine_graph_sizes(meta))
-    return priced
+    return {name: step_pricer(sim_run_config(rc, name, profile_path, meta), meta) for name in cost_models}
 
 
 def replay_with_features(steps: pd.DataFrame, priced: dict[str, object]) -> pd.DataFrame:
