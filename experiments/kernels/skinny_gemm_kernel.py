@@ -143,13 +143,13 @@ def _skinny_gemm_kernel(
     x_ptr, w_ptr, y_ptr, partial_ptr, counter_ptr,
     M, N, K, k_steps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    STATIC_STEPS: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_GDC: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, USE_GDC: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     if PREFETCH:
         # weights never depend on the kernel ahead: start pulling this program's into L2 before
         # waiting for it, so the wait and the weight reads overlap
-        _prefetch_weights(w_ptr, tl.program_id(1), tl.program_id(2), k_steps, N, K, BLOCK_N, BLOCK_K, STATIC_STEPS)
+        _prefetch_weights(w_ptr, tl.program_id(1), tl.program_id(2), k_steps, N, K, BLOCK_N, BLOCK_K)
     if USE_GDC:
         # Programmatic dependent launch: this grid may be resident before the kernel ahead of it
         # ends; it waits here until that kernel's writes are visible, and at once lets the kernel
@@ -164,7 +164,7 @@ def _skinny_gemm_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _partial_product(x_ptr, w_ptr, rm, rn, pid_k, k_steps, M, N, K,
-                           BLOCK_M, BLOCK_N, BLOCK_K, STATIC_STEPS, DOT_PRECISION)
+                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
     if SPLIT_K == 1:
         _store_output(y_ptr, acc, rm, rn, M, N)
     else:
@@ -173,12 +173,11 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def _prefetch_weights(w_ptr, pid_n, pid_k, k_steps, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      STATIC_STEPS: tl.constexpr):
+def _prefetch_weights(w_ptr, pid_n, pid_k, k_steps, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """An L2 prefetch of every 128-byte line of the program's weight slice (bf16: 64 columns)."""
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     lines = pid_k * k_steps * BLOCK_K + tl.arange(0, BLOCK_K // 64) * 64
-    for _ in range(0, STATIC_STEPS if STATIC_STEPS > 0 else k_steps):
+    for _ in range(0, k_steps):
         ok = (rn < N)[:, None] & (lines < K)[None, :]
         ptrs = tl.where(ok, w_ptr + rn.to(tl.int64)[:, None] * K + lines[None, :], w_ptr)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
@@ -189,7 +188,7 @@ def _prefetch_weights(w_ptr, pid_n, pid_k, k_steps, N, K, BLOCK_N: tl.constexpr,
 @triton.jit
 def _partial_product(x_ptr, w_ptr, rm, rn, pid_k, k_steps, M, N, K,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     STATIC_STEPS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr):
     """x[rm, ks] @ w[rn, ks].T in fp32 over split pid_k's k_steps K tiles; columns past K read 0
     (the last split may run past K, or start there when K is short)."""
     rk = pid_k * k_steps * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -198,10 +197,7 @@ def _partial_product(x_ptr, w_ptr, rm, rn, pid_k, k_steps, M, N, K,
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]  # [BLOCK_M, BLOCK_K]
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # NOTE: Triton's interpreter (numpy >= 2.4) cannot loop over a runtime scalar, so on CPU the
-    # wrapper passes the trip count as a constant too; on the GPU it stays a runtime value so that
-    # one compiled kernel serves every K. (Not via a variable: the interpreter makes it a tensor.)
-    for _ in range(0, STATIC_STEPS if STATIC_STEPS > 0 else k_steps):
+    for _ in range(0, k_steps):
         k_ok = (rk < K)[None, :]
         a = tl.load(x_ptrs, mask=m_ok & k_ok, other=0.0)
         b = tl.load(w_ptrs, mask=n_ok & k_ok, other=0.0)
@@ -288,7 +284,6 @@ def skinny_linear(
     _skinny_gemm_kernel[config.grid(m, n)](
         x, weight, y, partials, counters, m, n, k, steps,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-        STATIC_STEPS=steps if x.device.type == "cpu" else 0,
         # float32 inputs get float32 products (tf32 would round them to 10 bits)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_GDC=pdl, PREFETCH=pdl and prefetch,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,

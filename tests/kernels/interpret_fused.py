@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.kernels import fused_cases as cases
+from tests.kernels.interpreter_compat import one_element_indices
 from tests.kernels.paged_batch import fresh_seed
 
 pytestmark = [
@@ -27,21 +28,9 @@ F32 = torch.float32
 
 
 @pytest.fixture(autouse=True, scope="module")
-def loop_bounds_from_one_element_arrays():
-    """Triton 3.6's interpreter turns a tensor into a Python int with int(array), which numpy 2.4
-    refuses for an array of one element that is not 0-d: a range() over a bound computed at run
-    time (the decode kernel's key tiles) then fails. The kernels are right; the interpreter's
-    tensors index through .item() here instead."""
-    from triton.runtime import interpreter
-
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(interpreter, "_patch_lang_tensor", patched)
+def loop_bounds_computed_at_run_time():
+    """Loops over run-time bounds (the decode kernel's key tiles) under numpy 2.4: interpreter_compat."""
+    with one_element_indices():
         yield
 
 @pytest.mark.parametrize("hidden", [100, 1024, 2560, 4096])
