@@ -107,8 +107,11 @@ def replay(engine_steps: pd.DataFrame, predictors: dict[str, object]) -> pd.Data
                         "measured_execute_s": steps["duration"], "measured_host_s": host})
     out["measured_s"] = out["measured_execute_s"] + out["measured_host_s"]
     table = steps.rename(columns={"duration": "duration_s"})
-    # the measured predecessor of each step: what it hid of an overlapped eager step (sim.profiled)
+    # the measured predecessor of each step: what it hid of an overlapped eager step (sim.profiled);
+    # none after the loop slept for an arrival (nothing was in flight: the step pays its whole lead)
     table["previous_duration_s"] = table["duration_s"].shift(1).where(table["step"] != 0)
+    if "slept_s" in table.columns:
+        table.loc[table["slept_s"] > 0, "previous_duration_s"] = 0.0
     for name, model in predictors.items():
         if isinstance(model, RooflineCostModel):
             predicted = roofline_step_times(model, table)

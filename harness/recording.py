@@ -17,7 +17,10 @@ Columns:
   With overlapped steps (submit()), host_s is the executor's idle_s, the time the device waited
   for the step after the previous one ended, less the sleep in that gap: the host time that was
   not hidden behind the device; and launch_s, the host time of the submit() call (building,
-  uploading and launching the step), which sim.profiled fits the launch time of eager steps on.
+  uploading and launching the step), which sim.profiled fits the launch time of eager steps on;
+- slept_s (wall clock only): the time the loop slept waiting for an arrival before the step. The
+  loop sleeps only with no step in flight, so a step with slept_s > 0 found the device idle and
+  paid its whole lead, as a simulated step after cost_model.drained() does.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ class _RecordingClock:
 
 
 class StepRecorder:
-    """A StepHook that keeps one row per step (FEATURE_COLUMNS, schedule hash, host_s, launch_s).
+    """A StepHook that keeps one row per step (FEATURE_COLUMNS, schedule hash, host_s, launch_s,
+    slept_s).
 
     The loop only sleeps while no step is in flight, so the sleep since the previous row always
     lies before the call of this row's step: that is what host_s leaves out."""
@@ -94,14 +98,15 @@ class StepRecorder:
         # NOTE: the row is ints and one string, which the garbage collector stops tracking; keeping
         # the plans instead made its full passes long (0.2-0.4 s stalls on the engine's clock).
         # Building it counts as host time of the next step, like the rest of the loop.
-        self.rows.append((*step_features(plan, self.graphs).values(), schedule_hash(plan), host, launch))
+        slept = asleep if self.wall else None
+        self.rows.append((*step_features(plan, self.graphs).values(), schedule_hash(plan), host, launch, slept))
         self._last_return = timing.returned_s
         self._asleep_at_last_row = self.asleep_s
 
     def frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s", "launch_s"])
+        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s", "launch_s", "slept_s"])
         if not self.wall:
-            frame = frame.drop(columns=["host_s"])
+            frame = frame.drop(columns=["host_s", "slept_s"])
         if frame["launch_s"].isna().all():  # steps not overlapped: nothing was launched ahead
             frame = frame.drop(columns=["launch_s"])
         return frame

@@ -17,7 +17,7 @@ from engine.core.graph_sizes import GraphSizes, decode_graph_sizes
 from engine.core.plan import KVCacheSpec, StepResult
 from harness.calibration import validate
 from harness.compare import CompareConfig
-from harness.compare_tables import roofline_step_times, schedule_table
+from harness.compare_tables import replay, roofline_step_times, schedule_table
 from harness import profiling
 from harness.profiling import ProfileGrid, build_plan, profile_executor
 from harness.profiling_grid import SHARED_KINDS
@@ -76,6 +76,8 @@ def _recorded_wall_run(executor, max_tokens: int):
     assert recorder.asleep_s > 0.05  # the requests arrive 40 ms apart and each takes ~10 ms
     accounted = sum(s.duration_s for s in result.steps) + frame["host_s"].sum() + recorder.asleep_s
     assert 0 <= result.makespan_s - accounted < 0.01
+    # each sleep is the one before a step: the first request's, then each later arrival's
+    assert abs(frame["slept_s"].sum() - recorder.asleep_s) < 1e-9 and (frame["slept_s"] > 0).sum() >= 3
     return result, frame
 
 
@@ -117,6 +119,26 @@ def test_recorded_host_time_of_overlapped_steps_is_the_device_idle_time_less_sle
     assert frame["launch_s"].notna().all()  # submit() was timed
     # back-to-back decode steps were queued before the device finished the previous one
     assert (frame["host_s"] < 1e-3).mean() > 0.5
+
+
+def test_a_replayed_step_after_a_sleep_has_no_predecessor_to_hide_behind():
+    """The loop sleeps only with nothing in flight, so the replay prices such a step after an idle
+    device (previous duration 0: its whole lead), as the simulator does after drained()."""
+    seen = {}
+
+    class Pricer:
+        def predict(self, table, include_host=False):
+            seen["previous"] = table["previous_duration_s"].tolist()
+            return np.full(len(table), 1e-3)
+
+    steps = pd.DataFrame({"step": range(4), "kind": ["prefill", "decode", "prefill", "decode"],
+                          "num_seqs": 1, "num_tokens": [9, 1, 9, 1], "cuda_graph": 1,
+                          "duration": [2e-3, 1e-3, 3e-3, 1e-3], "host_s": 0.0,
+                          "slept_s": [0.0, 0.0, 0.05, 0.0]})
+    out = replay(steps, {"profiled": Pricer()})
+    previous = seen["previous"]
+    assert np.isnan(previous[0]) and previous[1] == 2e-3 and previous[2] == 0.0 and previous[3] == 3e-3
+    assert np.allclose(out["predicted_profiled_s"], 1e-3)
 
 
 def test_roofline_from_features_equals_its_step_time():
