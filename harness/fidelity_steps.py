@@ -20,7 +20,7 @@ from harness.config import RunConfig
 from sim.features import FEATURE_COLUMNS
 
 # kept beside the replay's own columns: what a cost model prices a step from, so a file can be priced again
-KEPT_FEATURES = (*FEATURE_COLUMNS, "launch_s", "host_s")
+KEPT_FEATURES = (*FEATURE_COLUMNS, "launch_s", "host_s", "slept_s")
 
 
 def predictors(rc: RunConfig, cost_models: tuple[str, ...], profile_path: str, meta: dict) -> dict[str, object]:

@@ -113,7 +113,7 @@ def test_steps_dir_holds_each_engine_runs_steps_priced_by_each_cost_model(heldou
     for name in names:
         steps = pd.read_csv(run_dir / "steps" / name)
         assert len(steps) > 0 and list(steps["step"]) == list(range(len(steps))), name
-        assert {"predicted_profiled_s", "predicted_roofline_s", "decode_repeated_tokens"} <= set(steps.columns)
+        assert {"predicted_profiled_s", "predicted_roofline_s", "decode_repeated_tokens", "slept_s"} <= set(steps.columns)
         if not name.startswith("shared_prefix"):
             assert steps["decode_repeated_tokens"].sum() == 0, name
         features = steps.rename(columns={"measured_execute_s": "duration_s"})
