@@ -34,7 +34,7 @@ def projections(model: str) -> dict[str, tuple[int, int]]:
 
 
 def measure(model: str) -> list[dict]:
-    from experiments.kernels.timing import bench_graph
+    from experiments.kernels.timing import per_layer_us
 
     layers = MODELS[model][-1]
     rows = []
@@ -44,13 +44,7 @@ def measure(model: str) -> list[dict]:
             x = torch.randn(batch, n_in, device="cuda", dtype=torch.bfloat16)
             for library in LIBRARIES:
                 torch.backends.cuda.preferred_blas_library(library)
-
-                def run():
-                    for w in weights:
-                        F.linear(x, w)
-
-                run()
-                us = bench_graph(run) * 1e3 / layers
+                us = per_layer_us(F.linear, weights, x)
                 rows.append({"model": model, "projection": name, "batch": batch, "library": library,
                              "us": us, "weight_tb_s": n_out * n_in * 2 / (us * 1e-6) / 1e12})
         del weights

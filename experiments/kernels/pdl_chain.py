@@ -20,9 +20,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-LAYERS = 28
-WIDTHS = (1024, 6144, 1024, 4096, 1024)  # a layer's chain: each projection's in and out features
+MODEL = "qwen3-0.6b"
 BATCHES = (1, 8, 64, 140)
+
+
+def chain_widths(model: str = MODEL) -> tuple[int, ...]:
+    """A layer's chain, hidden -> gate/up -> hidden -> qkv -> hidden: each projection's in and out
+    features, with the model's weight sizes (each reads the one before's output, so it cannot be
+    the real qkv -> o order, whose o reads only the attention output)."""
+    from experiments.kernels.decode_gemms import MODELS, projections
+
+    hidden, shapes = MODELS[model][0], projections(model)
+    return hidden, shapes["gate_up"][0], hidden, shapes["qkv"][0], hidden
+
+
+def num_layers(model: str = MODEL) -> int:
+    from experiments.kernels.decode_gemms import MODELS
+
+    return MODELS[model][-1]
 
 
 def build(batch: int):
@@ -31,13 +46,15 @@ def build(batch: int):
     from experiments.kernels.skinny_gemm_kernel import SkinnyGemmWorkspace, default_config, num_sms
 
     sms = num_sms(torch.cuda.current_device())
-    weights = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-                for k, n in zip(WIDTHS, WIDTHS[1:])] for _ in range(LAYERS)]
-    configs = [default_config(batch, n, k, sms) for k, n in zip(WIDTHS, WIDTHS[1:])]
+    widths = chain_widths()
+    shapes = list(zip(widths, widths[1:]))  # (in, out) of each projection
+    weights = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for k, n in shapes]
+               for _ in range(num_layers())]
+    configs = [default_config(batch, n, k, sms) for k, n in shapes]
     workspace = SkinnyGemmWorkspace("cuda")
-    for (k, n), config in zip(zip(WIDTHS, WIDTHS[1:]), configs):
+    for (k, n), config in zip(shapes, configs):
         workspace.reserve(batch, n, config)
-    x = torch.randn(batch, WIDTHS[0], device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, widths[0], device="cuda", dtype=torch.bfloat16)
     return weights, configs, workspace, x
 
 
@@ -81,7 +98,7 @@ def measure(batches=BATCHES) -> list[dict]:
         torch.cuda.synchronize()
         identical = all(bool(torch.equal(plain, other)) for other in others)
         for name, run in runs.items():
-            us = bench_graph(run) * 1e3 / LAYERS
+            us = bench_graph(run) * 1e3 / num_layers()
             rows.append({"batch": batch, "chain": name, "us_per_layer": us, "us_per_kernel": us / 4,
                          "pdl_output_identical": identical, "configs": " ".join(c.label() for c in configs)})
             print(rows[-1], flush=True)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.kernels.decode_gemms import MODELS, projections
+from experiments.kernels.timing import per_layer_us
 from experiments.kernels.skinny_gemm_kernel import (
     GemmConfig,
     SkinnyGemmWorkspace,
@@ -51,17 +52,6 @@ def candidates(batch: int, n: int, k: int, num_sms: int, shared_memory: int) -> 
     return [c for c in configs if c.shared_memory_bytes(BF16_BYTES) <= shared_memory]
 
 
-def _per_layer_us(linear, weights: list[torch.Tensor], x: torch.Tensor) -> float:
-    from experiments.kernels.timing import bench_graph
-
-    def run():
-        for w in weights:
-            linear(x, w)
-
-    run()
-    return bench_graph(run) * 1e3 / len(weights)
-
-
 def _time_config(config: GemmConfig, weights, x, workspace: SkinnyGemmWorkspace) -> dict:
     """us per layer, or the reason there is none."""
     ref = F.linear(x, weights[0])
@@ -69,7 +59,7 @@ def _time_config(config: GemmConfig, weights, x, workspace: SkinnyGemmWorkspace)
     try:
         first = skinny_linear(x, weights[0], config, workspace)
         torch.testing.assert_close(first, ref, rtol=1.6e-2, atol=1e-2)
-        us = _per_layer_us(lambda a, w: skinny_linear(a, w, config, workspace), weights, x)
+        us = per_layer_us(lambda a, w: skinny_linear(a, w, config, workspace), weights, x)
         # hundreds of replays later (split-K counters reused each time) the same bits come out
         if not torch.equal(skinny_linear(x, weights[0], config, workspace), first):
             return {"us": float("nan"), "error": "output changed after the graph replays"}
@@ -88,7 +78,7 @@ def measure(model: str, name: str, batches, num_sms: int, shared_memory: int, pr
         progress.set_postfix_str(f"{model} {name} batch {batch}")
         x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
         base = {"model": model, "projection": name, "batch": batch, "n": n, "k": k}
-        rows.append({**base, "config": "cublas", "default": False, "us": _per_layer_us(F.linear, weights, x),
+        rows.append({**base, "config": "cublas", "default": False, "us": per_layer_us(F.linear, weights, x),
                      "error": ""})
         default = default_config(batch, n, k, num_sms, BF16_BYTES)
         for config in candidates(batch, n, k, num_sms, shared_memory):

@@ -30,6 +30,18 @@ def bench_graph(fn) -> float:
     return bench(graph.replay)
 
 
+def per_layer_us(linear, weights, x) -> float:
+    """Microseconds per layer of linear(x, w) over every layer's own weight, as one CUDA-graph
+    replay (so each weight comes from memory, as in a decode step); warmed up once first."""
+
+    def run():
+        for w in weights:
+            linear(x, w)
+
+    run()
+    return bench_graph(run) * 1e3 / len(weights)
+
+
 def both(fn) -> tuple[float, float]:
     return bench(fn), bench_graph(fn)
 
