@@ -112,15 +112,34 @@ def _decode_split_body(
         kv_mask = pos_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
-        s = tl.where(pos_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-        m = m_new
+        m, l, acc = _attend_tile(q, k, v, pos_ok, m, l, acc, qk_scale)
+    _write_output(out_ptr, mid_o_ptr, mid_lse_ptr, arrivals_ptr, m, l, acc, num_splits, stride_ot, stride_oh,
+                  seq, kvh, split, heads, g_ok, d, d_ok, used, NUM_HEADS, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
 
+
+@triton.jit
+def _attend_tile(q, k, v, keys_ok, m, l, acc, qk_scale):
+    """One tile of keys folded into a program's running softmax (log2 units): (m, l, acc) after it.
+    q [BLOCK_G, d]; k, v [BLOCK_N, d] in q's dtype; keys_ok [BLOCK_N] masks keys past the chunk."""
+    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N]
+    s = tl.where(keys_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    return m_new, l, acc
+
+
+@triton.jit
+def _write_output(
+    out_ptr, mid_o_ptr, mid_lse_ptr, arrivals_ptr, m, l, acc, num_splits, stride_ot, stride_oh,
+    seq, kvh, split, heads, g_ok, d, d_ok, used,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """A program's result: the output itself when its sequence has one program, else its partial,
+    and the merge of all partials by the last of the sequence's programs to arrive."""
     # seq_len 0 (a padded row) leaves l == 0: it must produce zeros, never 0/0.
     has = l > 0
     o = acc / tl.where(has, l, 1.0)[:, None]
