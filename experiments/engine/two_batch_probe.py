@@ -24,32 +24,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-import triton
-import triton.language as tl
 
-from experiments.kernels.timing import bench, copy_ceiling
+from experiments.kernels.timing import bench, copy_ceiling, read_ceiling
 
 BLOCK_SIZE = 256
 MAX_MODEL_LEN = 4096
 STEPS = (0, 128, 256, 384, 512, 640, 768, 896, 1000)
-
-
-@triton.jit
-def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    start = tl.program_id(0) * BLOCK
-    acc = tl.zeros([BLOCK], tl.float32)
-    for offset in range(start, n, tl.num_programs(0) * BLOCK):
-        acc += tl.load(x_ptr + offset + tl.arange(0, BLOCK), mask=offset + tl.arange(0, BLOCK) < n).to(tl.float32)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
-
-
-def read_ceiling() -> float:
-    """Bytes per second of a read-only pass over 2 GiB (what a decode kernel does)."""
-    x = torch.randn(1024**3, dtype=torch.bfloat16, device="cuda")
-    programs = 8 * torch.cuda.get_device_properties(0).multi_processor_count
-    out = torch.empty(programs, dtype=torch.float32, device="cuda")
-    ms = bench(lambda: _read_kernel[(programs,)](x, out, x.numel(), BLOCK=4096, num_warps=8))
-    return x.numel() * 2 / (ms * 1e-3)
 
 
 def build_model(preset: str):
@@ -80,6 +60,7 @@ class Half:
 
     def __init__(self, contexts: np.ndarray, tables: list[np.ndarray], num_kv_heads: int, device) -> None:
         from engine.attention.metadata import AttentionMetadata
+        from kernels.decode_attention import DecodeArrivals
         from kernels.decode_split import balanced_chunk
 
         n = len(contexts)
@@ -99,8 +80,6 @@ class Half:
             seq_lens=put(contexts.astype(np.int32)), block_tables=put(table), max_query_len=1,
             max_seq_len=MAX_MODEL_LEN, is_decode_only=True, decode_chunk=put(np.array([chunk], dtype=np.int32)),
         )  # fmt: skip
-        from kernels.decode_attention import DecodeArrivals
-
         self.arrivals = DecodeArrivals()
 
 

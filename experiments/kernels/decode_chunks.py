@@ -13,17 +13,14 @@ pieces make the waves finer at the price of more partials to merge. This times t
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from itertools import product
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 import kernels.decode_attention as decode
-from experiments.kernels.timing import bench_graph
+from experiments.kernels.timing import bench_graph, decode_bandwidth_table
 from kernels.decode_split import balanced_chunk
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE, MAX_CONTEXT = 16, 8, 128, 256, 2000
@@ -72,18 +69,6 @@ class RaggedBatch:
         return {"us": ms * 1e3, "read_tb_s": self.read_bytes / (ms * 1e-3) / 1e12, "max_abs_error": error}
 
 
-def sweep(argv, description: str, one_batch, name: str) -> tuple[pd.DataFrame, Path]:
-    """The decode probes' main: one_batch(batch, rng) rows for every batch, saved as out/name.csv."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame([row for batch in BATCHES for row in one_batch(batch, rng)])
-    frame.to_csv(args.out / f"{name}.csv", index=False)
-    return frame, args.out
-
-
 def one_batch(batch: int, rng: np.random.Generator) -> list[dict]:
     b = RaggedBatch.make(batch, rng)
     lens, q, k_cache, v_cache, tables, seq_lens = b.lens, b.q, b.k_cache, b.v_cache, b.tables, b.seq_lens
@@ -108,12 +93,8 @@ def one_batch(batch: int, rng: np.random.Generator) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    frame, out = sweep(argv, __doc__.splitlines()[0], one_batch, "decode_chunks")
-    from experiments.engine.two_batch_probe import read_ceiling
-
-    ceiling = read_ceiling() / 1e12
-    frame = frame.assign(of_read=frame.read_tb_s / ceiling)
-    frame.to_csv(out / "decode_chunks.csv", index=False)
+    frame, ceiling, out = decode_bandwidth_table(argv, __doc__.splitlines()[0], one_batch, BATCHES, "decode_chunks",
+                                                 ceiling="read")
     wide = frame.pivot_table(index=["batch", "tile"], columns="divisor", values="us")
     text = (f"read ceiling {ceiling:.2f} TB/s, {torch.cuda.get_device_name()}\n{frame.to_string(index=False)}\n\n"
             f"us by chunk divisor (1: the engine's chunk):\n{wide.round(1).to_string()}\n")

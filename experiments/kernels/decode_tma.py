@@ -27,7 +27,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 import kernels.decode_attention as decode
 from kernels.decode_attention import _attend_tile, _chunk_of, _write_output
-from experiments.kernels.decode_chunks import HEAD_DIM, KV_HEADS, RaggedBatch, sweep
+from experiments.kernels.decode_chunks import BATCHES, HEAD_DIM, KV_HEADS, RaggedBatch
+from experiments.kernels.timing import decode_bandwidth_table
 from kernels.decode_split import balanced_chunk, choose_num_splits
 from kernels.reference import decode_attention_ref
 from kernels.validation import LOG2E
@@ -113,7 +114,8 @@ def one_batch(batch: int, rng: np.random.Generator) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    frame, out = sweep(argv, __doc__.splitlines()[0], one_batch, "decode_tma")
+    frame, _, out = decode_bandwidth_table(argv, __doc__.splitlines()[0], one_batch, BATCHES, "decode_tma",
+                                           ceiling="read")
     wide = frame.pivot_table(index="kernel", columns="batch", values="us")
     text = f"{torch.cuda.get_device_name()}\n{frame.to_string(index=False)}\n\nus per launch:\n{wide.round(1).to_string()}\n"
     (out / "decode_tma.txt").write_text(text)
