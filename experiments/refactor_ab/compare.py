@@ -41,11 +41,11 @@ def differences(before: Path, after: Path) -> list[str]:
     return problems
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     problems = differences(args.before, args.after)
     count = len(list(args.before.rglob("*.csv*")))
     if problems:
