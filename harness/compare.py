@@ -24,18 +24,22 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig
 
 from engine.core import BackendInfo, ExecutionConfig, GraphSizes
 from harness import compare_tables as tables
-from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
+from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
 from sim.profiled import ExtrapolationWarning
+
+if TYPE_CHECKING:
+    from harness.study import StudyConfig
 
 log = logging.getLogger(__name__)
 GRIDS = ("quick", "full")

@@ -30,6 +30,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -39,7 +40,7 @@ from tqdm import tqdm
 from harness import fidelity_classes as classes
 from harness.compare import GRIDS, engine_meta, sim_run_config
 from harness.shared_executor import KeepAlive
-from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
+from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fidelity_interval import simulate_with_interval
 from harness.fidelity_report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
@@ -47,6 +48,9 @@ from harness.fidelity_schedules import schedule_rows, schedules_frame
 from harness.run import RunOutcome, make_executor, run_once
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
+
+if TYPE_CHECKING:
+    from harness.study import StudyConfig
 
 log = logging.getLogger(__name__)
 
