@@ -4,7 +4,8 @@ A router sees each replica through ReplicaLoad (what a load balancer in front of
 could know: the requests each one holds and the tokens they still need) and answers an index.
 The same routers front simulated replicas and engine replicas (engine.core.fleet). A router is
 built per run (make_router) and may keep state across calls (round-robin's cursor); nothing is
-shared between runs.
+shared between runs. Each router registers its class in ROUTER_REGISTRY under the name
+router.name takes, so adding one is one class and its registration.
 
 What a router sees, per kind of fleet (tokens: engine.core.loop.tokens_left over the requests):
 - engine replicas (run_fleet_wall; ReplicaView, a proxy's view): requests count from the moment
