@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.attention.registry import ATTENTION_BACKENDS
 from engine.core.config import ExecutionConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 FUSED_KERNELS = ("off", "triton")
 
 
@@ -26,8 +26,8 @@ class EngineConfig:
     dtype: "auto" is float32 on CPU (bfloat16 matmuls on CPU are slow and lose the precision the
         differential tests need) and the checkpoint's own dtype on CUDA.
     device: "auto" is CUDA when available, else CPU.
-    attention_backend: "auto" resolves in engine.attention (flash_attn, then triton on CUDA;
-        torch everywhere else).
+    attention_backend: a name in engine.attention.registry.ATTENTION; "auto" resolves there
+        (flash_attn, then triton on CUDA; torch everywhere else).
     fused_kernels: "triton" (default) runs fused Triton kernels on CUDA (RMSNorm with the residual
         add, q/k norm with the rotary embedding and the paged-cache store, SiLU-and-mul, one-pass
         Gumbel-max sampling); "off" runs the layers' and the sampler's torch ops (the reference).

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from harness.config import CapacityConfig, OutputConfig, RunConfig, StudyConfig, build_run_config
+from harness.config import CapacityConfig, OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.labels import metric_label, run_identity, table_title
 from harness.metrics import percentile
@@ -30,6 +30,8 @@ from harness.sweep import point_configs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from harness.study import StudyConfig
 
 
 def _with_rate(rc: RunConfig, arrival: str, rate: float | None) -> RunConfig:

@@ -24,26 +24,30 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig
 
 from engine.core import BackendInfo, ExecutionConfig, GraphSizes
 from harness import compare_tables as tables
-from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
+from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
+from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
 from sim.profiled import ExtrapolationWarning
 
+if TYPE_CHECKING:
+    from harness.study import StudyConfig
+
 log = logging.getLogger(__name__)
-COST_MODELS = ("profiled", "roofline")
 GRIDS = ("quick", "full")
 
 
 @dataclass(frozen=True)
 class CompareConfig:
-    cost_models: tuple[str, ...] = COST_MODELS
+    cost_models: tuple[str, ...] = COST_MODELS.names()
     profile_path: str | None = None  # null: profile the engine first (grid below) and fit on that
     grid: str = "quick"  # inline profile: quick (seconds) or full (harness.profiling.ProfileGrid())
     engine_dir: str | None = None  # a saved engine run to compare against, instead of running the engine
@@ -54,7 +58,8 @@ class CompareConfig:
     def __post_init__(self) -> None:
         bad = [c for c in self.cost_models if c not in COST_MODELS]
         if bad or not self.cost_models:
-            raise ValueError(f"compare.cost_models must be a non-empty subset of {COST_MODELS}, got {self.cost_models}")
+            raise ValueError(f"compare.cost_models must be a non-empty subset of {list(COST_MODELS.names())}, "
+                             f"got {self.cost_models}")
         if self.grid not in GRIDS:
             raise ValueError(f"compare.grid must be one of {GRIDS}, got {self.grid!r}")
         if self.engine_dir and not self.profile_path and "profiled" in self.cost_models:

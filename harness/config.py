@@ -6,7 +6,7 @@ Layout of the composed config (conf/config.yaml):
   workload             -> harness.workloads.WorkloadConfig
   execution            -> engine.core ExecutionConfig, built once and handed to either backend
   backend              -> name "sim" + SimConfig fields, or name "engine" + EngineConfig fields
-  study                -> StudyConfig: what to do with it (one run, a sweep, a capacity search, the bench)
+  study                -> harness.study.StudyConfig: what to do with it (one run, a sweep, a capacity search, ...)
   output               -> OutputConfig
 """
 
@@ -20,13 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from engine.core import CacheConfig, ExecutionConfig, SchedulerConfig
+from harness.backends import BACKENDS
 from harness.checkpoints import default_checkpoint_dir
 from harness.convert import ConfigError, to_dataclass
 from harness.paths import CONF_DIR, REPO_ROOT
 from harness.workloads import WorkloadConfig
 
-__all__ = ["CONF_DIR", "REPO_ROOT", "RunConfig", "build_run_config", "build_study", "existing_path", "section"]
-BACKENDS = ("sim", "engine")
+__all__ = ["CONF_DIR", "REPO_ROOT", "RunConfig", "build_run_config", "existing_path", "section"]
 # Keys of the backend groups that live in the shared execution section.
 MOVED_KEYS = {
     "enforce_eager": "execution.enforce_eager",
@@ -39,7 +39,6 @@ MOVED_KEYS = {
     "gpu_memory_utilization": "execution.gpu_memory_utilization",
     "all_reduce": "execution.all_reduce",
 }
-STUDY_KINDS = ("single", "sweep", "capacity", "bench", "compare", "fidelity", "plan")
 STEP_OUTPUTS = ("full", "none")
 
 
@@ -67,35 +66,6 @@ class CapacityConfig:
             raise ValueError(f"study.capacity.rate_high must be > rate_low={self.rate_low}, got {self.rate_high}")
         if self.max_probes < 1:
             raise ValueError(f"study.capacity.max_probes must be >= 1, got {self.max_probes}")
-
-
-@dataclass(frozen=True)
-class StudyConfig:
-    """kind: single (one run), sweep (one run per value of `param`), capacity (a rate search per
-    value of `param`, or once when param is null), bench (one run, printed like nano-vllm's bench),
-    compare (engine vs simulator on one workload: harness.compare, settings in the compare section).
-    param is a dotted config key (scheduler.max_num_batched_tokens) or a group name (hardware).
-    """
-
-    name: str = "run"
-    kind: str = "single"
-    param: str | None = None
-    values: tuple[Any, ...] = ()
-    metrics: tuple[str, ...] = ("output_tok_s", "ttft_p90_s", "tpot_p90_s", "preemptions")
-    log_x: bool = False
-    capacity: CapacityConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in STUDY_KINDS:
-            raise ValueError(f"study.kind must be one of {STUDY_KINDS}, got {self.kind!r}")
-        if self.kind == "sweep" and (not self.param or not self.values):
-            raise ValueError("study.param and study.values must be set for a sweep (values: a non-empty list)")
-        if self.param and not self.values:
-            raise ValueError(f"study.values must list the values of study.param={self.param!r}")
-        if self.param and self.kind not in ("sweep", "capacity"):
-            raise ValueError(f"study.param is only used by study.kind=sweep or capacity, got kind={self.kind!r}")
-        if self.kind == "capacity" and self.capacity is None:
-            raise ValueError("study.capacity must be set (SLOs and search range) when study.kind=capacity")
 
 
 @dataclass(frozen=True)
@@ -164,7 +134,7 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     backend = dict(section(cfg, "backend"))
     name = backend.pop("name", None)
     if name not in BACKENDS:
-        raise ConfigError(f"backend.name must be one of {BACKENDS}, got {name!r}")
+        raise ConfigError(BACKENDS.unknown(name))
     for key in backend:
         if key in MOVED_KEYS:
             raise ConfigError(f"backend.{key} is not a backend setting: set {MOVED_KEYS[key]} (shared by both backends)")
@@ -204,13 +174,6 @@ def moved_override(overrides: list[str]) -> str | None:
         if group == "backend" and field in MOVED_KEYS:
             return f"{key} is not a backend setting: set {MOVED_KEYS[field]} (shared by both backends)"
     return None
-
-
-def build_study(cfg: DictConfig) -> tuple[StudyConfig, OutputConfig]:
-    return (
-        to_dataclass(StudyConfig, section(cfg, "study"), "study"),
-        to_dataclass(OutputConfig, section(cfg, "output"), "output"),
-    )
 
 
 def existing_path(value: str | None, field: str) -> str | None:

@@ -30,6 +30,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -39,16 +40,19 @@ from tqdm import tqdm
 from harness import fidelity_classes as classes
 from harness.compare import GRIDS, engine_meta, sim_run_config
 from harness.shared_executor import KeepAlive
-from harness.config import OutputConfig, RunConfig, StudyConfig, build_run_config, existing_path, section
+from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fidelity_interval import simulate_with_interval
 from harness.fidelity_report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
 from harness.fidelity_schedules import schedule_rows, schedules_frame
 from harness.run import RunOutcome, make_executor, run_once
+from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
 
+if TYPE_CHECKING:
+    from harness.study import StudyConfig
+
 log = logging.getLogger(__name__)
-COST_MODELS = ("profiled", "roofline")
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class FidelityConfig:
     warmup: bool = True  # serve each class once, unmeasured, before its cells
     profile_path: str | None = None  # a step-timing table (fitted and validated here) or saved coefficients
     grid: str = "full"  # null profile_path: profile the engine with this grid first
-    cost_models: tuple[str, ...] = COST_MODELS
+    cost_models: tuple[str, ...] = COST_MODELS.names()
     # a profiled model fitted on another GPU and carried to this run's hardware
     # (experiments/fidelity/transfer_model.py): its predictions are cost model "carried"
     carried_profile_path: str | None = None
@@ -90,7 +94,8 @@ class FidelityConfig:
         if self.grid not in GRIDS:
             raise ValueError(f"fidelity.grid must be one of {GRIDS}, got {self.grid!r}")
         if not self.cost_models or any(c not in COST_MODELS for c in self.cost_models):
-            raise ValueError(f"fidelity.cost_models must be a non-empty subset of {COST_MODELS}, got {self.cost_models}")
+            raise ValueError(f"fidelity.cost_models must be a non-empty subset of {list(COST_MODELS.names())}, "
+                             f"got {self.cost_models}")
 
 
 class PinnedBlocks(KeepAlive):

@@ -8,11 +8,14 @@ import numpy as np
 import pandas as pd
 
 from harness.compare_tables import rel_error
+from sim.cost_model import COST_MODELS
 
 LOAD_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
 OFFLINE_METRICS = ("request_s", "output_tok_s", "ttft_p50_s", "tpot_p50_s")
 COUNTED_METRICS = ("preemptions",)  # a run's count, beside every cell's latencies
 PLOTTED = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+# each cost model's line; "carried" is a profiled model fitted on another GPU (harness.fidelity)
+LINE_STYLES = {"profiled": "-", "roofline": ":", "carried": "--"}
 READABLE = {"ttft_p50_s": "TTFT P50", "ttft_p90_s": "TTFT P90", "tpot_p50_s": "TPOT P50", "tpot_p90_s": "TPOT P90",
             "e2e_p50_s": "E2E P50", "e2e_p90_s": "E2E P90", "request_s": "throughput (req/s)",
             "output_tok_s": "output throughput (tok/s)", "preemptions": "preemptions"}
@@ -75,11 +78,11 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> bool:
         part = online[online["workload"] == workload]
         for i, metric in enumerate(PLOTTED):
             rows = part[part["metric"] == metric]
-            for cost_model, style in (("profiled", "-"), ("roofline", ":"), ("carried", "--")):
+            for cost_model in (*COST_MODELS.names(), "carried"):
                 line = rows[rows["cost_model"] == cost_model].sort_values("load_x")
                 if len(line):
-                    ax.plot(line["load_x"], 100 * line["err"], style, marker="o", color=f"C{i}",
-                            label=f"{READABLE[metric]} ({cost_model})")
+                    ax.plot(line["load_x"], 100 * line["err"], LINE_STYLES.get(cost_model, "-."), marker="o",
+                            color=f"C{i}", label=f"{READABLE[metric]} ({cost_model})")
         spread = part[part["cost_model"] == part["cost_model"].iloc[0]] if len(part) else part
         if len(spread):
             band = spread.groupby("load_x")["engine_spread"].max()

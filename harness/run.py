@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from engine.core import Executor, GraphSizes, make_scheduler
 from engine.core.loop import SimulatedClock, WallClock, run
+from harness.backends import BACKENDS
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.labels import run_identity, run_title
@@ -43,15 +44,8 @@ class RunOutcome:
 
 
 def make_executor(rc: RunConfig) -> Executor:
-    if rc.backend == "sim":
-        from sim import build_sim_executor
-
-        return build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler)
-    from engine.executor import EngineExecutor
-    from harness.checkpoints import ensure_checkpoint
-
-    ensure_checkpoint(rc.engine.model, rc.model)
-    return EngineExecutor(rc.engine, rc.scheduler, rc.cache)
+    """The executor of the backend rc names (harness.backends)."""
+    return BACKENDS.get(rc.backend)(rc)
 
 
 @contextmanager

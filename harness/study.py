@@ -1,55 +1,82 @@
-"""What one `python -m harness` invocation does with its config: a run, a sweep, a capacity search
-or the bench, writing everything into out_dir (Hydra's run directory)."""
+"""What one `python -m harness` invocation does with its config: the study that study.kind names
+(one run, a sweep, a capacity search, the bench, a comparison, a fidelity study, a plan), writing
+everything into out_dir (Hydra's run directory).
+
+Studies live in STUDIES by kind. A study is a function (cfg, study, output, out_dir) -> table that
+prints its table and an `outputs:` line naming what it wrote; adding one is one function here
+that imports its module and calls it, so the heavy studies load only when asked for.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import pandas as pd
 from omegaconf import DictConfig
 
-from harness.config import build_run_config, build_study, section
-from harness.convert import ConfigError
+from engine.core.registry import Registry
+from harness.config import CapacityConfig, OutputConfig, build_run_config, section
+from harness.convert import ConfigError, to_dataclass
 from harness.fleet_config import build_fleet
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
+
+
+class Study(Protocol):
+    def __call__(self, cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+        """Run the study into out_dir, print its table and outputs line, return the table."""
+
+
+STUDIES: Registry[Study] = Registry("study.kind")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """kind: a name in STUDIES: single (one run), sweep (one run per value of `param`), capacity
+    (a rate search per value of `param`, or once when param is null), bench (one run, printed like
+    nano-vllm's bench), compare (engine vs simulator on one workload: harness.compare, settings in
+    the compare section), fidelity (harness.fidelity), plan (deployment search: harness.plan).
+    param is a dotted config key (scheduler.max_num_batched_tokens) or a group name (hardware).
+    """
+
+    name: str = "run"
+    kind: str = "single"
+    param: str | None = None
+    values: tuple[Any, ...] = ()
+    metrics: tuple[str, ...] = ("output_tok_s", "ttft_p90_s", "tpot_p90_s", "preemptions")
+    log_x: bool = False
+    capacity: CapacityConfig | None = None
+
+    def __post_init__(self) -> None:
+        STUDIES.check(self.kind)
+        if self.kind == "sweep" and (not self.param or not self.values):
+            raise ValueError("study.param and study.values must be set for a sweep (values: a non-empty list)")
+        if self.param and not self.values:
+            raise ValueError(f"study.values must list the values of study.param={self.param!r}")
+        if self.param and self.kind not in ("sweep", "capacity"):
+            raise ValueError(f"study.param is only used by study.kind=sweep or capacity, got kind={self.kind!r}")
+        if self.kind == "capacity" and self.capacity is None:
+            raise ValueError("study.capacity must be set (SLOs and search range) when study.kind=capacity")
+
+
+def build_study(cfg: DictConfig) -> tuple[StudyConfig, OutputConfig]:
+    return (
+        to_dataclass(StudyConfig, section(cfg, "study"), "study"),
+        to_dataclass(OutputConfig, section(cfg, "output"), "output"),
+    )
 
 
 def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     """Run what cfg.study asks for; returns its table (one summary row per run or configuration)."""
     study, output = build_study(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if study.kind == "sweep":
-        from harness.sweep import run_sweep
+    return STUDIES.get(study.kind)(cfg, study, output, out_dir)
 
-        table = run_sweep(cfg, study, output, out_dir)
-        print(format_table(table, ["value"]))
-        print(f"outputs: {out_dir} (sweep.csv, sweep.png)")
-        return table
-    if study.kind == "capacity":
-        from harness.capacity import run_capacity
 
-        table = run_capacity(cfg, study, output, out_dir)
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"outputs: {out_dir} (capacity.csv, capacity_probes.csv, capacity.png)")
-        return table
-    if study.kind == "compare":
-        from harness.compare import run_compare
-
-        table = run_compare(cfg, study, output, out_dir)
-        print(f"outputs: {out_dir} (compare.csv, compare.md, compare_*.csv, compare_*.png, engine/, sim_*/)")
-        return table
-    if study.kind == "fidelity":
-        from harness.fidelity import run_fidelity
-
-        table = run_fidelity(cfg, study, output, out_dir)
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"outputs: {out_dir} (heldout.csv, schedules.csv, heldout.png; fidelity.results_dir if set)")
-        return table
-    if study.kind == "plan":
-        from harness.plan import run_plan
-
-        return run_plan(cfg, output, out_dir)
+def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench: bool) -> pd.DataFrame:
+    """One run (or one fleet) of the configured workload; bench: print nano-vllm's bench line too."""
     rc = build_run_config(cfg)
     fleet, router = build_fleet(cfg)
     interval = cfg.get("interval")
@@ -62,7 +89,6 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         return run_fleet_study(rc, fleet, router, output, out_dir)
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)
-        from harness.convert import to_dataclass
         from harness.fidelity_interval import simulate_with_interval
         from sim.interval import IntervalConfig
 
@@ -73,7 +99,7 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     write_outcome(outcome, out_dir, output.plots, output.steps)
     require_served(outcome)
     print(format_summary(outcome.summary))
-    if study.kind == "bench":
+    if bench:
         print(bench_line(outcome.summary))
     print(f"outputs: {out_dir}")
     return pd.DataFrame([outcome.summary])
@@ -84,3 +110,59 @@ def bench_line(row: dict) -> str:
     clock = "simulated" if row["backend"] == "sim" else "wall"
     return (f"bench: {row['output_tokens']} output tokens in {row['makespan_s']:.2f} s ({clock} time): "
             f"{row['output_tok_s']:.2f} tok/s")
+
+
+@STUDIES.register("single")
+def _single(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    return _serve_workload(cfg, output, out_dir, bench=False)
+
+
+@STUDIES.register("sweep")
+def _sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    from harness.sweep import run_sweep
+
+    table = run_sweep(cfg, study, output, out_dir)
+    print(format_table(table, ["value"]))
+    print(f"outputs: {out_dir} (sweep.csv, sweep.png)")
+    return table
+
+
+@STUDIES.register("capacity")
+def _capacity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    from harness.capacity import run_capacity
+
+    table = run_capacity(cfg, study, output, out_dir)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"outputs: {out_dir} (capacity.csv, capacity_probes.csv, capacity.png)")
+    return table
+
+
+@STUDIES.register("bench")
+def _bench(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    return _serve_workload(cfg, output, out_dir, bench=True)
+
+
+@STUDIES.register("compare")
+def _compare(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    from harness.compare import run_compare
+
+    table = run_compare(cfg, study, output, out_dir)
+    print(f"outputs: {out_dir} (compare.csv, compare.md, compare_*.csv, compare_*.png, engine/, sim_*/)")
+    return table
+
+
+@STUDIES.register("fidelity")
+def _fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    from harness.fidelity import run_fidelity
+
+    table = run_fidelity(cfg, study, output, out_dir)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"outputs: {out_dir} (heldout.csv, schedules.csv, heldout.png; fidelity.results_dir if set)")
+    return table
+
+
+@STUDIES.register("plan")
+def _plan(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    from harness.plan import run_plan
+
+    return run_plan(cfg, output, out_dir)  # prints its own table and outputs line

@@ -10,15 +10,18 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config import CONF_DIR, OutputConfig, RunConfig, StudyConfig, build_run_config
+from harness.config import CONF_DIR, OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.run import require_served, run_once, write_outcome
+
+if TYPE_CHECKING:
+    from harness.study import StudyConfig
 
 GROUPS = ("model", "hardware", "workload", "scheduler", "backend")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.config import ExecutionConfig
-
-COST_MODELS = ("roofline", "profiled")
+from sim.cost_model import COST_MODELS
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """cost_model: "roofline" (from shapes and peaks) or "profiled" (fitted to profile_path, a
-    step-timing CSV written by the engine's profiler or coefficients saved by ProfiledCostModel).
+    """cost_model: a name in sim.cost_model.COST_MODELS: "roofline" (from shapes and peaks) or
+    "profiled" (fitted to profile_path, a step-timing CSV written by the engine's profiler or
+    coefficients saved by ProfiledCostModel).
     vocab_size None: the model's.
     execution: the settings the engine would run with (graphs, overlap, TP size, seed, memory);
     the simulator prices the steps the engine would run under them. With overlapped steps the
@@ -33,8 +33,7 @@ class SimConfig:
     profile_tp_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.cost_model not in COST_MODELS:
-            raise ValueError(f"SimConfig.cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
+        COST_MODELS.check(self.cost_model)
         if self.cost_model == "profiled" and not self.profile_path:
             raise ValueError("SimConfig.profile_path must name a step-timing CSV when cost_model='profiled'")
         tp = self.execution.tensor_parallel_size if isinstance(self.execution, ExecutionConfig) else None

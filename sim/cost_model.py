@@ -1,4 +1,5 @@
-"""Cost models price a step: the CostModel protocol and the factory that picks one from SimConfig.
+"""Cost models price a step: the CostModel protocol, the registry of cost models by name
+(backend.cost_model) and the factory that builds the one SimConfig names.
 
 - RooflineCostModel (sim/roofline.py): from the model's shape and the hardware's peaks; needs no
   measurement, so it is the uncalibrated prediction.
@@ -8,17 +9,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.config import SimConfig
+from engine.core.registry import Registry
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
 from sim.tp_transfer import TPTransferCostModel
+
+if TYPE_CHECKING:  # sim.config validates cost_model names through this module's registry
+    from sim.config import SimConfig
 
 
 class CostModel(Protocol):
@@ -31,14 +35,20 @@ class CostModel(Protocol):
         nothing hides its launches."""
 
 
-def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
-                    graphs: GraphSizes | Sequence[int] = ()) -> CostModel:
-    if sim.cost_model == "roofline":
-        return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce)
+Graphs = GraphSizes | Sequence[int]
+CostModelBuilder = Callable[[ModelSpec, HardwareSpec, "SimConfig", Graphs], CostModel]
+
+# NOTE: registration order is the order compare and fidelity report cost models in by default.
+COST_MODELS: Registry[CostModelBuilder] = Registry("backend.cost_model")
+
+
+@COST_MODELS.register("profiled")
+def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs) -> CostModel:
     # NOTE: a profile is specific to the model, hardware, KV-cache dtype and tp_size it was
     # measured with; those arguments only choose the CSV, through the config that named it, except
     # that a TP=1 profile (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
     # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
+    assert sim.profile_path is not None  # SimConfig requires it for this cost model
     profiled = with_prior(ProfiledCostModel.load(sim.profile_path, graphs), hardware)
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size,
@@ -46,4 +56,15 @@ def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     return profiled
 
 
-__all__ = ["CostModel", "ProfiledCostModel", "RooflineCostModel", "TPTransferCostModel", "make_cost_model"]
+@COST_MODELS.register("roofline")
+def _roofline(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs) -> CostModel:
+    return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce)
+
+
+def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs = ()) -> CostModel:
+    """The cost model sim.cost_model names, built for this model and hardware."""
+    return COST_MODELS.get(sim.cost_model)(model, hardware, sim, graphs)
+
+
+__all__ = ["COST_MODELS", "CostModel", "ProfiledCostModel", "RooflineCostModel", "TPTransferCostModel",
+           "make_cost_model"]

@@ -4,7 +4,8 @@ A router sees each replica through ReplicaLoad (what a load balancer in front of
 could know: the requests each one holds and the tokens they still need) and answers an index.
 The same routers front simulated replicas and engine replicas (engine.core.fleet). A router is
 built per run (make_router) and may keep state across calls (round-robin's cursor); nothing is
-shared between runs.
+shared between runs. Each router registers its class in ROUTER_REGISTRY under the name
+router.name takes, so adding one is one class and its registration.
 
 What a router sees, per kind of fleet (tokens: engine.core.loop.tokens_left over the requests):
 - engine replicas (run_fleet_wall; ReplicaView, a proxy's view): requests count from the moment
@@ -23,20 +24,19 @@ Ties go to the lowest replica index, so a run is reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import xxhash
 
+from engine.core.registry import Registry
 from engine.core.request import Request
-
-ROUTERS = ("round_robin", "least_requests", "least_tokens", "prefix_affinity")
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """name: one of ROUTERS. prefix_blocks and max_imbalance are read by prefix_affinity only.
+    """name: a registered router (ROUTERS). prefix_blocks and max_imbalance are read by prefix_affinity only.
 
     prefix_affinity hashes the prompt's first prefix_blocks full KV blocks (block_size tokens
     each; fewer when the prompt is shorter) and sends the request to replica hash % N, so
@@ -51,8 +51,7 @@ class RouterConfig:
     max_imbalance: int = 16
 
     def __post_init__(self) -> None:
-        if self.name not in ROUTERS:
-            raise ValueError(f"router.name must be one of {list(ROUTERS)}, got {self.name!r}")
+        ROUTER_REGISTRY.check(self.name)
         for field in ("prefix_blocks", "max_imbalance"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -73,11 +72,27 @@ class Router(Protocol):
     def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int: ...
 
 
-def _least(replicas: Sequence[ReplicaLoad], key) -> int:
+class RegisteredRouter:
+    """A router the registry can build: from_config makes a fresh one for a run (block_size: the
+    KV cache's). A router with no settings is built by calling its class."""
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, block_size: int) -> Router:
+        return cls()
+
+    def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
+        raise NotImplementedError
+
+
+ROUTER_REGISTRY: Registry[type[RegisteredRouter]] = Registry("router.name")
+
+
+def _least(replicas: Sequence[ReplicaLoad], key: Callable[[ReplicaLoad], int]) -> int:
     return min(range(len(replicas)), key=lambda i: key(replicas[i]))
 
 
-class RoundRobin:
+@ROUTER_REGISTRY.register("round_robin")
+class RoundRobin(RegisteredRouter):
     def __init__(self) -> None:
         self._next = 0
 
@@ -87,20 +102,27 @@ class RoundRobin:
         return index
 
 
-class LeastRequests:
+@ROUTER_REGISTRY.register("least_requests")
+class LeastRequests(RegisteredRouter):
     def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
         return _least(replicas, lambda r: r.outstanding_requests())
 
 
-class LeastTokens:
+@ROUTER_REGISTRY.register("least_tokens")
+class LeastTokens(RegisteredRouter):
     """KV-aware: the replica with the least work left in tokens (prompt to prefill + output to decode)."""
 
     def route(self, request: Request, replicas: Sequence[ReplicaLoad]) -> int:
         return _least(replicas, lambda r: r.outstanding_tokens())
 
 
-class PrefixAffinity:
+@ROUTER_REGISTRY.register("prefix_affinity")
+class PrefixAffinity(RegisteredRouter):
     """RouterConfig states the rule (hash of the first blocks; least_requests when overloaded)."""
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, block_size: int) -> Router:
+        return cls(block_size, config.prefix_blocks, config.max_imbalance)
 
     def __init__(self, block_size: int, prefix_blocks: int, max_imbalance: int) -> None:
         self.block_size = block_size
@@ -127,10 +149,8 @@ class PrefixAffinity:
 
 def make_router(config: RouterConfig, block_size: int) -> Router:
     """A fresh router (its own state) for one run; block_size is the KV cache's (prefix_affinity)."""
-    if config.name == "round_robin":
-        return RoundRobin()
-    if config.name == "least_requests":
-        return LeastRequests()
-    if config.name == "least_tokens":
-        return LeastTokens()
-    return PrefixAffinity(block_size, config.prefix_blocks, config.max_imbalance)
+    return ROUTER_REGISTRY.get(config.name).from_config(config, block_size)
+
+
+# the names router.name accepts, in registration order
+ROUTERS: tuple[str, ...] = ROUTER_REGISTRY.names()

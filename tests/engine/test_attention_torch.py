@@ -174,10 +174,14 @@ def _fake_backends(monkeypatch, problems: dict[str, str | None]):
     from types import SimpleNamespace
 
     from engine.attention import registry
+    from engine.core.registry import Registry
 
     monkeypatch.setattr(registry, "_problem", lambda name, block_size, dtype: problems.get(name))
-    for name in ("flash_attn", "triton"):
-        monkeypatch.setitem(registry._FACTORIES, name, lambda name=name: SimpleNamespace(name=name))
+    fakes: Registry = Registry("attention_backend")
+    fakes.add("torch", registry.ATTENTION.get("torch"))
+    for name in ("triton", "flash_attn"):
+        fakes.add(name, lambda name=name: SimpleNamespace(name=name))
+    monkeypatch.setattr(registry, "ATTENTION", fakes)
 
 
 def test_auto_routes_phases_when_both_gpu_backends_serve_the_cache(monkeypatch):

@@ -11,8 +11,9 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from engine.core import CacheConfig, SchedulerConfig
 from engine.core.model_shapes import RENAMED
-from harness.config import CONF_DIR, REPO_ROOT, StudyConfig, build_run_config, build_study, moved_override
+from harness.config import CONF_DIR, REPO_ROOT, build_run_config, moved_override
 from harness.convert import ConfigError, to_dataclass
+from harness.study import StudyConfig, build_study
 from harness.sweep import point_configs
 from harness.workloads import WorkloadConfig
 from sim.config import SimConfig

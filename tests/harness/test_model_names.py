@@ -11,8 +11,9 @@ import pytest
 
 from engine.core.model_shapes import MODEL_SHAPES, RENAMED
 from harness.checkpoints import CHECKPOINT_ROOT
-from harness.config import CONF_DIR, REPO_ROOT, StudyConfig, build_run_config
+from harness.config import CONF_DIR, REPO_ROOT, build_run_config
 from harness.convert import ConfigError
+from harness.study import StudyConfig
 from harness.sweep import point_configs
 from sim.specs import ModelSpec
 from tests.harness.conftest import compose_config

@@ -12,10 +12,10 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.config import REPO_ROOT, build_study
+from harness.config import REPO_ROOT
 from harness.convert import ConfigError
 from harness.metrics import LEGACY_STEPS_FILE, STEPS_FILE, read_steps
-from harness.study import run_study
+from harness.study import build_study, run_study
 from tests.harness.conftest import compose_config
 
 QUICK = ["workload.num_requests=12", "output.plots=false"]

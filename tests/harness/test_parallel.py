@@ -16,10 +16,11 @@ import ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.config import CONF_DIR, StudyConfig, build_run_config
+from harness.config import CONF_DIR, build_run_config
 from harness.convert import ConfigError
 from harness.parallel import parallel_map
 from harness.run import run_once
+from harness.study import StudyConfig
 from harness.sweep import point_configs
 from tests.harness.conftest import compose_config
 
