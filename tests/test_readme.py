@@ -3,9 +3,12 @@
 Every ```bash line (continuations joined) and every ```python block of README.md is one snippet.
 They run in README order in a copy of the tree (no outputs/, checkpoints/ or report/ from earlier
 runs), each from the copy's root, as a newcomer would type them. Snippets matching SKIP never run
-here, with the reason given; those matching SLOW run only in the slow suite (`-m slow`), and the
-default test checks that no fast snippet needs a slow one's output. Keys are substrings of the
-snippet; a key that matches nothing is an error, so the lists follow the README.
+here, with the reason given (a GPU-only command carries the comment `# on a GPU`); those matching
+SLOW run only in the slow suite (`-m slow`), and the default test checks that no fast snippet needs
+a slow one's output. Snippets matching TRACES read the traces in ../shared/traces beside the
+checkout: the copy gets the same folder beside it, and where the checkout has none (a fresh
+clone) they are left out, which the test says. Keys are substrings of the snippet; a key that
+matches nothing is an error, so the lists follow the README.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,24 +30,21 @@ SKIP = {
     "pip install": "installs packages (CI has done it before the tests run)",
     "python -m pytest": "the test suite itself",
     "# on a GPU": "needs CUDA",
-    "workload=trace_azure_conv": "reads ../shared/traces/, which is beside the checkout, not in it",
-    "RAY_AUTH_MODE": "on a Ray cluster (not for local runs)",
-    "ray start": "on a Ray cluster (not for local runs)",
-    "ray stop": "on a Ray cluster (not for local runs)",
-    "hydra/launcher=ray_cluster": "joins a running Ray cluster",
 }
 SLOW = {
     "experiment=preemption": "a sweep of whole bench runs",
     "experiment=prefix_cache": "a sweep of whole runs",
     "experiment=chunked_prefill": "a sweep of whole runs",
-    "experiment=policy": "a sweep of whole runs",
     "experiment=capacity": "a rate search of many runs",
     "experiment=compare": "engine then simulator runs",
     "backend=engine": "the engine on CPU",
-    "hydra/launcher=ray ": "starts a local Ray (tests/harness/test_parallel.py covers it in the default suite)",
+    "workload.num_requests=2000": "a deployment search over 2,000 trace requests",
 }
+TRACES = {"workload=trace_azure_conv": "reads the Azure conversation trace"}
+SHARED = REPO.parent / "shared"  # ../shared/traces: where a trace workload's file is looked up
 # What a snippet writes that a later one reads: (writer key, reader key).
-DEPENDS = [("hydra/launcher=joblib", "harness.report"), ("engine.checkpoint", "LLM(")]
+DEPENDS = [("hydra/launcher=joblib", "harness.report"), ("engine.checkpoint", "LLM("),
+           ("hydra.run.dir=outputs/first", "outputs/first/summary.csv")]
 COPY_IGNORE = shutil.ignore_patterns(".git", "outputs", "multirun", "checkpoints", "report", "__pycache__",
                                      ".pytest_cache", ".hypothesis", "*.egg-info", ".benchmarks", "build")
 TIMEOUT_S = 1800  # per snippet; the capacity search takes minutes on a loaded 2-core machine
@@ -69,11 +70,17 @@ def _matching(code: str, keys: dict[str, str]) -> str | None:
 def _run_in_order(tmp_path: Path, include_slow: bool) -> list[str]:
     root = tmp_path / "repo"
     shutil.copytree(REPO, root, ignore=COPY_IGNORE)
+    has_traces = (SHARED / "traces").is_dir()
+    if has_traces:
+        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
     # `python` in a snippet is the interpreter running the tests (CI's environment)
     env = {**os.environ, "MPLBACKEND": "Agg", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     ran = []
     for lang, code in snippets(README.read_text()):
         if _matching(code, SKIP) or (not include_slow and _matching(code, SLOW)):
+            continue
+        if not has_traces and _matching(code, TRACES):
+            warnings.warn(f"not run: {SHARED / 'traces'} is missing, and this snippet reads it: {code}")
             continue
         argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-c", code]
         result = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
@@ -84,7 +91,7 @@ def _run_in_order(tmp_path: Path, include_slow: bool) -> list[str]:
 
 def test_every_skip_and_slow_key_names_a_readme_snippet():
     codes = [code for _, code in snippets(README.read_text())]
-    for key in {**SKIP, **SLOW}:
+    for key in {**SKIP, **SLOW, **TRACES}:
         assert any(key in code for code in codes), f"{key!r} matches no README snippet: update tests/test_readme.py"
     assert any(lang == "python" for lang, _ in snippets(README.read_text()))
 
@@ -104,6 +111,9 @@ def test_readme_snippets_run_in_order(tmp_path):
     root = tmp_path / "repo"
     # what the snippets promise to write
     assert list((root / "outputs").rglob("steps.csv.gz")) and (root / "report" / "report.csv").is_file()
+    assert (root / "outputs" / "first" / "summary.csv").is_file()
+    if (SHARED / "traces").is_dir():
+        assert any(_matching(code, TRACES) for code in ran)
 
 
 @pytest.mark.slow

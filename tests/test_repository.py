@@ -1,8 +1,10 @@
-"""Repository hygiene a newcomer meets: generated folders are ignored by git, and the README says
-which test suites the default `pytest` leaves out."""
+"""Repository hygiene a newcomer meets: generated folders are ignored by git, the README opens with
+the two commands (install and run; install and test), and it says which test suites the default
+`pytest` leaves out, without counts that would go stale."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tomllib
@@ -30,3 +32,19 @@ def test_readme_says_how_to_run_the_excluded_suites():
     assert excluded.strip("'\"") == "not slow and not gpu"
     for text in (excluded, "python -m pytest -m slow", "python -m pytest -m gpu", 'python -m pytest -m ""'):
         assert text in readme, text
+
+
+def test_readme_opens_with_the_two_commands():
+    """The first two code blocks are what CI runs on a clean machine: install, then the main job;
+    install, then the tests."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    install = 'pip install torch==2.13.0 && pip install -e ".[dev]"'
+    assert blocks[0].strip() == f"{install} && python -m harness"
+    assert blocks[1].strip() == f"{install} && python -m pytest"
+
+
+def test_readme_states_no_test_counts():
+    """Counts of tests change with every commit; the README says how to count them instead."""
+    readme = (REPO / "README.md").read_text()
+    assert not re.search(r"\d[\d,]* of [\d,]+ tests", readme)
+    assert "--collect-only" in readme

@@ -1,0 +1,109 @@
+"""The guide and docs/ stay true to the tree: links resolve, the outputs reference lists the
+columns a run really writes, the architecture map names files that exist, and its seam snippet runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = sorted((REPO / "docs").glob("*.md"))
+PAGES = [REPO / "README.md", *DOCS]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+CODE_BLOCK = re.compile(r"```.*?```", re.S)
+
+
+def _links(page: Path) -> list[str]:
+    return LINK.findall(CODE_BLOCK.sub("", page.read_text()))
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of the page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", CODE_BLOCK.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_the_docs_exist_and_the_readme_links_each():
+    names = {page.name for page in DOCS}
+    assert {"architecture.md", "extending.md", "outputs.md", "results.md"} <= names
+    linked = {Path(target.split("#")[0]).name for target in _links(REPO / "README.md")}
+    assert names <= linked, f"docs the README does not link: {names - linked}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_resolves(page):
+    for target in _links(page):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.exists(), f"{page.name}: link to {target} does not resolve"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in _anchors(resolved), f"{page.name}: no heading #{anchor} in {path or page.name}"
+
+
+def test_the_link_check_catches_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n[ok](page.md#title) [gone](missing.md) `[not a link](in code)`\n```\n[x](y.md)\n```\n")
+    assert _links(page) == ["page.md#title", "missing.md"]
+    assert "title" in _anchors(page)
+
+
+def test_the_readme_is_a_guide_under_200_lines():
+    assert len((REPO / "README.md").read_text().splitlines()) < 200
+
+
+def _section_columns(text: str, heading: str) -> list[str]:
+    """The `name` cells of the tables under a heading (up to the next heading of any level)."""
+    body = re.split(rf"^#+ {re.escape(heading)}\s*$", text, flags=re.M)[1]
+    body = re.split(r"^#", body, flags=re.M)[0]
+    return re.findall(r"^\| `([a-z0-9_]+)` \|", body, re.M)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The headers a small simulated run writes: single and a fleet of two."""
+    out = tmp_path_factory.mktemp("runs")
+    common = ["workload=poisson", "workload.rate=20", "workload.num_requests=8", "output.progress=false",
+              "output.plots=false"]
+    for name, extra in (("single", []), ("fleet", ["fleet.replicas=2"])):
+        subprocess.run([sys.executable, "-m", "harness", *common, *extra, f"hydra.run.dir={out / name}"],
+                       cwd=REPO, check=True, capture_output=True)
+    return {name: {f: list(pd.read_csv(out / name / f, nrows=0).columns)
+                   for f in ("requests.csv", "steps.csv.gz", "summary.csv")} for name in ("single", "fleet")}
+
+
+def test_the_outputs_reference_lists_exactly_the_columns_a_run_writes(written):
+    text = (REPO / "docs" / "outputs.md").read_text()
+    for file in ("requests.csv", "steps.csv.gz", "summary.csv"):
+        documented = _section_columns(text, file)
+        assert len(documented) == len(set(documented)), f"{file}: a column is listed twice"
+        assert documented == written["single"][file], f"docs/outputs.md, {file}: listed {documented}"
+    fleet = _section_columns(text, "Fleet summary columns")
+    assert set(written["fleet"]["summary.csv"]) == set(written["single"]["summary.csv"]) | set(fleet)
+    for file in ("requests.csv", "steps.csv.gz"):  # a fleet adds `replica`, which the reference says
+        assert written["fleet"][file] == [*written["single"][file], "replica"]
+    assert "`replica`" in text
+
+
+def test_the_architecture_map_names_files_that_exist():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text.split("## Which file holds which mechanism")[1]
+    paths = [p for row in re.findall(r"^\|.*\| (`.+`) \|$", table, re.M) for p in re.findall(r"`([^`]+)`", row)]
+    assert len(paths) > 40
+    missing = [p for p in paths if not (REPO / p).exists()]
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_seam_snippet_in_the_architecture_map_runs():
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "architecture.md").read_text(), re.S)
+    assert len(blocks) == 1
+    result = subprocess.run([sys.executable, "-c", blocks[0]], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps, recorded = re.fullmatch(r"(\d+) steps; (\d+) recorded\n", result.stdout).groups()
+    assert int(steps) == int(recorded) > 0
