@@ -85,7 +85,7 @@ def test_read_steps_takes_either_compression_and_names_the_commit_when_neither_i
     ("calibration/summarize_run.py", ["h100_run6"]),  # its repeatability table reads run 5
     ("calibration/refit.py", ["experiments/calibration/h100_run6/qwen3_0_6b", "--out", "{tmp}/refit"]),
     ("calibration/recompare.py", ["experiments/calibration/h100_run6/qwen3_0_6b", "--profile",
-                                  "experiments/calibration/h100_run6/qwen3_0_6b/model.csv", "--out", "{tmp}/re"]),
+                                  "profiles/h100/qwen3-0.6b.csv", "--out", "{tmp}/re"]),
 ])
 def test_scripts_whose_raw_inputs_left_the_tree_stop_with_one_line(name, argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
@@ -190,6 +190,7 @@ def test_gpu_run_compares_with_the_calibration_runs_own_workload_overrides(tmp_p
     bench = " ".join(meta["stages"]["compare_bench"]["overrides"])
     assert len(lines) == 4 and all("-m harness experiment=compare" in line for line in lines)
     assert bench in lines[0] and "workload=gamma" in lines[1]
+    assert all(f"compare.profile_path={REPO}/profiles/h100/qwen3-0.6b.csv " in line for line in lines)  # the shipped fit
     assert [line.rsplit("hydra.run.dir=", 1)[1] for line in lines] == [
         f"{tmp_path}/compare_{w}_r{r}" for r in (1, 2) for w in ("bench", "gamma")]
 
