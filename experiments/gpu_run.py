@@ -10,7 +10,7 @@ Steps run in the order given; each writes its output to <out>/<step>.log and pri
   bench      experiments/engine/bench_engine.py for --model's checkpoint, --variants -> bench/
   calibrate  experiments/calibration/calibrate_and_compare.py for --model on --workloads -> <model>/
   compare    python -m harness experiment=compare for --model on each of --workloads, priced by
-             --calibration's model.csv, --repeats times -> compare_<workload>[_r<i>]/
+             --profile, --repeats times -> compare_<workload>[_r<i>]/
   probe      each of --probes (experiments/ scripts that take --model and --out, run with -m)
              -> probe_<name>/
   bundle     everything under --out in one bundle.tar.gz (a device call returns a limited number
@@ -54,7 +54,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tests", nargs="*", default=[], help="pytest paths (default: every gpu test)")
     parser.add_argument("--probes", nargs="*", default=[], help="experiments/ scripts, e.g. prefill_graphs/step_probe.py")
     parser.add_argument("--calibration", type=Path, default=None,
-                        help="calibration folder for compare (default experiments/calibration/h100_run6/<model, _ for - and .>)")
+                        help="calibration run whose meta.json gives compare's stage overrides "
+                             "(default experiments/calibration/h100_run6/<model, _ for - and .>)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="profiled model for compare (default the shipped profiles/h100/<model>.csv)")
     parser.add_argument("--repeats", type=int, default=1, help="compare: runs of each workload, fresh process each")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for calibrate/compare")
     parser.add_argument("--limit-s", type=float, default=540.0, help="the whole call: no step runs past it")
@@ -69,6 +72,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.out = args.out.resolve()
     if args.calibration is None:
         args.calibration = REPO / "experiments" / "calibration" / "h100_run6" / args.model.replace("-", "_").replace(".", "_")
+    if args.profile is None:
+        args.profile = REPO / "profiles" / "h100" / f"{args.model}.csv"
     return args
 
 
@@ -152,7 +157,7 @@ def commands(args: argparse.Namespace, runner: Runner, step: str) -> None:
             for workload in args.workloads:
                 name = f"compare_{workload}" + (f"_r{repeat}" if args.repeats > 1 else "")
                 runner.run(step, [py, "-m", "harness", "experiment=compare", f"model={args.model}",
-                                  f"compare.profile_path={args.calibration / 'model.csv'}", "output.progress=false",
+                                  f"compare.profile_path={args.profile}", "output.progress=false",
                                   *workload_overrides(args, workload), *args.overrides,
                                   f"hydra.run.dir={out / name}"], log_name=name)
     elif step == "bundle":

@@ -143,6 +143,8 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     if name == "sim":
         if backend.get("profile_path"):
             backend["profile_path"] = existing_path(backend["profile_path"], "backend.profile_path")
+        elif backend.get("cost_model") == "profiled":
+            backend.update(_shipped_profile(cfg, backend))
         sim_cfg = to_dataclass(SimConfig, backend, "backend")
     else:
         from engine.config import EngineConfig
@@ -163,6 +165,16 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         sim=sim_cfg,
         engine=engine_cfg,
     )
+
+
+def _shipped_profile(cfg: DictConfig, backend: dict) -> dict:
+    """profile_path (and the TP size it was measured at, unless set) of the run's hardware and model."""
+    from harness.profiles import PROFILE_TP_SIZE, shipped_profile
+
+    hardware = section(cfg, "hardware")
+    path = shipped_profile(hardware.get("name") if isinstance(hardware, dict) else None,
+                           model_spec(section(cfg, "model")).name)
+    return {"profile_path": str(path), "profile_tp_size": backend.get("profile_tp_size") or PROFILE_TP_SIZE}
 
 
 def moved_override(overrides: list[str]) -> str | None:

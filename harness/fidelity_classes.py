@@ -1,4 +1,4 @@
-"""The held-out protocol's workload classes (issue 14): traffic no calibration saw, each a change
+"""The held-out protocol's workload classes: traffic no calibration saw, each a change
 of one RunConfig. Lengths are written in tokens for a GPU model and multiplied by length_scale
 (a CPU run of the tiny model uses 1/16), so the classes keep their shape at any size.
 
@@ -38,7 +38,7 @@ _ARRIVAL = {"conversation": "trace", "bursty": "gamma"}
 _SHARED_PREFIX_LEN = 1024
 # nano-vllm's bench with a 400-block pool of 256-token blocks: 256 requests of ~1,124 tokens each
 # (prompt and output uniform in 100-1,024) ask for 1,124 blocks, 2.8x the pool, and preempt
-# (142 preemptions in experiments/fidelity/h100_offline). A fixed pool stops preempting when fewer
+# (142 preemptions when an H100 engine serves it). A fixed pool stops preempting when fewer
 # requests are served (80 requests ask for 351 of its 400 blocks), so the pool follows the demand.
 PREEMPT_OVERSUBSCRIPTION = 2.8
 

@@ -151,8 +151,8 @@ def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def target_table(table: pd.DataFrame, loads=("0.5", "0.8"), bound: float = 0.10) -> pd.DataFrame:
-    """Per model, workload and cost model: how many of the issue's target cells (TTFT and TPOT
-    P50/P90 at 50% and 80% load) are within `bound` of the engine (the README's counts)."""
+    """Per model, workload and cost model: how many of the target cells (TTFT and TPOT P50/P90
+    at 50% and 80% load) are within `bound` of the engine."""
     cells = table[table["metric"].isin(PLOTTED) & table["load"].astype(str).isin(loads)]
     within = cells.assign(within=cells["err"].abs() <= bound)
     out = within.groupby(["model", "hardware", "workload", "cost_model"], sort=False)["within"].agg(["sum", "count"])

@@ -48,8 +48,8 @@ class ProfileGrid:
     # as replayed where it fits a prefill graph. Past the graph limit a served prompt runs eagerly,
     # and a prompt longer than max_num_batched_tokens is served in chunks at growing offsets, whose
     # attention grows with the context (c * (o + c/2) pairs); without these rows the eager fit
-    # extrapolates from a few multi-sequence steps (a 4,808-token prompt priced 17 ms, took 32 ms:
-    # issue 14). Shapes past max_model_len are skipped: profile with max_model_len >= 16k for them.
+    # extrapolates from a few multi-sequence steps (a 4,808-token prompt priced 17 ms took 32 ms).
+    # Shapes past max_model_len are skipped: profile with max_model_len >= 16k for them.
     long_prefill_tokens: tuple[int, ...] = (1024, 2048, 3072, 4096, 5120, 6144, 8192)
     long_prefill_contexts: tuple[int, ...] = (0, 4096, 8192, 12288)
     num_random: int = 60
@@ -57,8 +57,8 @@ class ProfileGrid:
     # a step reads a shared block once per sequence: engine.core.kv_reads). Decode batches whose
     # sequences share one of `groups` prefixes, each sequence with a tail of its own (uniform in
     # [tail/2, 3 tail/2]); prefill chunks after a hit on one prefix; mixed steps whose decodes
-    # share one. Without them the fit priced a shared block's repeated reads like first reads
-    # (issue 14: shared-prefix traffic, TPOT +19-34%). Prefixes count in whole blocks.
+    # share one. Without them the fit prices a shared block's repeated reads like first reads
+    # (shared-prefix traffic's TPOT 19-34% too high). Prefixes count in whole blocks.
     shared_prefix_tokens: tuple[int, ...] = (1024, 3072)
     shared_prefix_groups: tuple[int, ...] = (1, 8)
     shared_decode_batches: tuple[int, ...] = (32, 128, 256)

@@ -30,7 +30,7 @@ import numpy as np
 from engine.core.plan import StepPlan
 
 # The spread between machines, per model: half the largest relative spread, (max - min) / mean,
-# of the engine's TTFT and TPOT P50/P90 between the lent H100s that served the same workloads
+# of the engine's TTFT and TPOT P50/P90 between H100 machines that served the same workloads
 # (experiments/calibration/README.md, "How well the engine repeats itself": Qwen3-0.6B on three
 # machines, largest Azure TTFT P90, 9.10-10.51 ms; Qwen3-8B on two, Azure TTFT P50, 37.22-38.44
 # ms; tests/harness/test_interval.py derives both from that table). NOTE: those are latency

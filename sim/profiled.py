@@ -90,10 +90,10 @@ EAGER_REGIMES = ("prefill", "decode_eager")
 # Graph regimes priced by their device time alone (gpu_s, measured after the device sat idle)
 # rather than by the span of back-to-back repeats: repeats of one compute-bound prefill keep the
 # device at full power, and its clock drops, while a served prefill runs between decode steps.
-# Calibration run 5 (H100), summed over the online runs' prefill graph steps: the span fit priced
+# Summed over the prefill graph steps of served online runs on an H100, the span fit priced
 # Qwen3-8B's 9-11% above what they took, the device-time fit 3-6%; decode graph steps are the
 # other way round (span 0-3% under, device time 1-5% under), so they keep the span
-# (experiments/calibration/price_check.py).
+# (experiments/calibration/price_check.py compares the two fits on a run's steps).
 DEVICE_PRICED_REGIMES = ("prefill_graph",)
 
 

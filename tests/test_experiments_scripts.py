@@ -85,7 +85,7 @@ def test_read_steps_takes_either_compression_and_names_the_commit_when_neither_i
     ("calibration/summarize_run.py", ["h100_run6"]),  # its repeatability table reads run 5
     ("calibration/refit.py", ["experiments/calibration/h100_run6/qwen3_0_6b", "--out", "{tmp}/refit"]),
     ("calibration/recompare.py", ["experiments/calibration/h100_run6/qwen3_0_6b", "--profile",
-                                  "experiments/calibration/h100_run6/qwen3_0_6b/model.csv", "--out", "{tmp}/re"]),
+                                  "profiles/h100/qwen3-0.6b.csv", "--out", "{tmp}/re"]),
 ])
 def test_scripts_whose_raw_inputs_left_the_tree_stop_with_one_line(name, argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
@@ -190,6 +190,7 @@ def test_gpu_run_compares_with_the_calibration_runs_own_workload_overrides(tmp_p
     bench = " ".join(meta["stages"]["compare_bench"]["overrides"])
     assert len(lines) == 4 and all("-m harness experiment=compare" in line for line in lines)
     assert bench in lines[0] and "workload=gamma" in lines[1]
+    assert all(f"compare.profile_path={REPO}/profiles/h100/qwen3-0.6b.csv " in line for line in lines)  # the shipped fit
     assert [line.rsplit("hydra.run.dir=", 1)[1] for line in lines] == [
         f"{tmp_path}/compare_{w}_r{r}" for r in (1, 2) for w in ("bench", "gamma")]
 
@@ -210,23 +211,3 @@ def test_gpu_run_bundles_what_the_call_wrote(tmp_path, capsys):
     with tarfile.open(tmp_path / "bundle.tar.gz") as bundle:
         assert "./compare_bench/compare.md" in bundle.getnames()
         assert not any(name.endswith("bundle.tar.gz") for name in bundle.getnames())
-
-
-def test_two_batch_summary_prices_every_bench_step_and_the_floors_at_the_read_ceiling():
-    probe = script("engine/two_batch_probe.py")
-    rows = [{"step": step, "batch": 8, "kv_gb": 3.0, "variant": variant, "ms": ms, "preset": "qwen3-0.6b",
-             "copy_tb_s": 2.9, "read_tb_s": 3.0}
-            for step in (0, 1000) for variant, ms in (("one", 2.0 + step / 1000), ("attention_only", 1.0))]
-    text = probe.summary(pd.DataFrame(rows))
-    # 'one' rises linearly from 2 to 3 ms over steps 0-1,000 and stays at 3 ms to step 1,023
-    one = sum(2.0 + min(s, 1000) / 1000 for s in range(1024)) / 1e3
-    assert f"'one': {round(one, 3)}" in text and "'attention_only': 1.024" in text
-    assert "'kv_s': 1.024" in text  # 3 GB a step at 3 TB/s, 1,024 steps
-    billions_of_params = 0.596  # Qwen3-0.6B's layers and its (tied) LM head, 2 bytes each
-    assert f"({billions_of_params * 2:.2f} GB of weights a step)" in text
-
-
-def test_two_batch_probe_needs_an_output_folder_to_run(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        script("engine/two_batch_probe.py").main([])
-    assert exit_info.value.code == 2 and "--out is required" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Carry a profiled model (model.csv) fitted on one GPU to another by their datasheet ratios
 (sim.transfer; the rule is in that module's docstring). No GPU needed.
 
-    python experiments/fidelity/transfer_model.py experiments/calibration/h100_run6/qwen3_0_6b/model.csv \
+    python experiments/fidelity/transfer_model.py profiles/h100/qwen3-0.6b.csv \
         --model qwen3-0.6b --source h100 --target h200 --out qwen3-0.6b_h200_from_h100.csv
 """
 

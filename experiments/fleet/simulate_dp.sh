@@ -12,7 +12,7 @@ SIMS=${2:-$OUT}
 source experiments/fleet/dp_common.sh
 PROFILE=${PROFILE:-$OUT/qwen3-0.6b_h200_from_h100.csv}
 [ -f "$PROFILE" ] || python experiments/fidelity/transfer_model.py \
-    experiments/calibration/h100_run6/qwen3_0_6b/model.csv --model qwen3-0.6b --source h100 --target h200 \
+    profiles/h100/qwen3-0.6b.csv --model qwen3-0.6b --source h100 --target h200 \
     --out "$PROFILE"
 RATE=$(python -c "import re; print(re.search(r'rate ([0-9.]+)', open('$OUT/rate.txt').read()).group(1))")
 [ -f azure_conv_2023.csv ] || cp ../shared/traces/azure_conv_2023.csv .

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
 
 def bench(fn) -> float:
@@ -54,37 +53,16 @@ def copy_ceiling() -> float:
     return 2 * x.numel() * x.element_size() / (ms * 1e-3)
 
 
-@triton.jit
-def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    start = tl.program_id(0) * BLOCK
-    acc = tl.zeros([BLOCK], tl.float32)
-    for offset in range(start, n, tl.num_programs(0) * BLOCK):
-        acc += tl.load(x_ptr + offset + tl.arange(0, BLOCK), mask=offset + tl.arange(0, BLOCK) < n).to(tl.float32)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
-
-
-def read_ceiling() -> float:
-    """Bytes per second of a read-only pass over 2 GiB (what a decode kernel does)."""
-    x = torch.randn(1024**3, dtype=torch.bfloat16, device="cuda")
-    programs = 8 * torch.cuda.get_device_properties(0).multi_processor_count
-    out = torch.empty(programs, dtype=torch.float32, device="cuda")
-    ms = bench(lambda: _read_kernel[(programs,)](x, out, x.numel(), BLOCK=4096, num_warps=8))
-    return x.numel() * 2 / (ms * 1e-3)
-
-
-CEILINGS = {"copy": copy_ceiling, "read": read_ceiling}
-
-
 def matmul_ceiling() -> float:
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     return 2 * 8192**3 / (bench(lambda: a @ b) * 1e-3)
 
 
-def decode_bandwidth_table(argv, description: str, one_batch, batches, name: str, ceiling: str = "copy"):
-    """The decode probes' common main: --out, one_batch(batch, rng) rows for each batch with
-    of_<ceiling> (read_tb_s over the copy or the read-only ceiling, measured now), saved as
-    out/name.csv. Returns the frame, the ceiling in TB/s and the output folder."""
+def decode_bandwidth_table(argv, description: str, one_batch, batches, name: str):
+    """A decode probe's main: --out, one_batch(batch, rng) rows for each batch with of_copy
+    (read_tb_s over the copy ceiling, measured now), saved as out/name.csv. Returns the frame,
+    the ceiling in TB/s and the output folder."""
     import argparse
     from pathlib import Path
 
@@ -97,7 +75,7 @@ def decode_bandwidth_table(argv, description: str, one_batch, batches, name: str
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     frame = pd.DataFrame([row for batch in batches for row in one_batch(batch, rng)])
-    tb_s = CEILINGS[ceiling]() / 1e12
-    frame = frame.assign(**{f"of_{ceiling}": frame.read_tb_s / tb_s})
+    tb_s = copy_ceiling() / 1e12
+    frame = frame.assign(of_copy=frame.read_tb_s / tb_s)
     frame.to_csv(args.out / f"{name}.csv", index=False)
     return frame, tb_s, args.out

@@ -165,15 +165,6 @@ def test_decode_attention_with_balanced_chunks(splits, monkeypatch):
         torch.testing.assert_close(out[:-1], ref[:-1], rtol=1e-4, atol=1e-4, msg=f"seed {seed}, chunk {chunk}")
 
 
-@pytest.mark.parametrize("rows, dim, out_rows", [(1, 64, 48), (5, 100, 96), (20, 256, 160)])
-@pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("silu_mul", [False, True])
-def test_norm_linear(rows, dim, out_rows, with_residual, silu_mul):
-    from tests.kernels.norm_linear_cases import check_norm_linear
-
-    check_norm_linear("cpu", F32, rows, dim, out_rows, with_residual, silu_mul, fresh_seed())
-
-
 @pytest.mark.parametrize("tokens", [3, 20])
 def test_qk_norm_rope_store(tokens):
     cases.check_qk_norm_rope_store("cpu", F32, F32, tokens, fresh_seed())

@@ -21,12 +21,12 @@ from tests.sim.helpers import LawExecutor, decode, decode_batch, hardware, model
 
 pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")
 GRAPHS = GraphSizes(decode_graph_sizes(512, 512), prefill_graph_sizes(4096))
-RUN6_MODEL = "experiments/calibration/h100_run6/qwen3_0_6b/model.csv"
+H100_PROFILE = "profiles/h100/qwen3-0.6b.csv"
 PLANS = [decode_batch([1300] * 8), decode_batch(list(range(100, 100 + 64 * 30, 30))), decode_batch([2048] * 256),
          decode_batch([500] * 600), plan(prefill(300, 1024)), plan(*(prefill(64, 1024, rid=f"p{i}") for i in range(16))),
          plan(prefill(5000, 0)), plan(prefill(512, 0), *(decode(1100, rid=f"d{i}") for i in range(64)))]
 # What the code before repeated reads were priced predicted for PLANS (none shares a block): the
-# committed run-6 profile of Qwen3-0.6B (executor time), and the roofline.
+# shipped H100 profile of Qwen3-0.6B (executor time), and the roofline.
 BEFORE = {
     "profiled": [0.0019028848185325886, 0.003856614569405401, 0.02104827186151909, 0.005294469026509378,
                  0.0023855156833473986, 0.0038512193837046834, 0.01840555298331091, 0.005264421852811333],
@@ -46,7 +46,7 @@ def shared(step, repeated: int, decode_repeated: int | None = None):
 
 
 def test_steps_that_share_nothing_are_priced_as_before():
-    profiled = with_prior(ProfiledCostModel.load(RUN6_MODEL, GRAPHS), hardware("h100"))
+    profiled = with_prior(ProfiledCostModel.load(H100_PROFILE, GRAPHS), hardware("h100"))
     assert [profiled.predict_features(step_features(p, GRAPHS)) for p in PLANS] == pytest.approx(BEFORE["profiled"],
                                                                                                   rel=1e-12)
     for key in (("qwen3-0.6b", "h100"), ("qwen3-8b", "h200")):
@@ -68,7 +68,7 @@ def test_roofline_prices_a_repeated_token_at_l2_bandwidth():
 
 
 def test_prior_discounts_repeats_by_the_l2_to_memory_price_ratio():
-    base = ProfiledCostModel.load(RUN6_MODEL, GRAPHS)
+    base = ProfiledCostModel.load(H100_PROFILE, GRAPHS)
     h100 = hardware("h100")
     ratio = l2_price_ratio(h100)
     assert ratio == pytest.approx(3.35 / 8.986)
@@ -89,7 +89,7 @@ def test_prior_discounts_repeats_by_the_l2_to_memory_price_ratio():
 
 def test_transfer_carries_the_l2_price_and_the_memory_price_apart():
     h100, h200 = hardware("h100"), hardware("h200")
-    source = with_prior(ProfiledCostModel.load(RUN6_MODEL, GRAPHS), h100)
+    source = with_prior(ProfiledCostModel.load(H100_PROFILE, GRAPHS), h100)
     moved = transfer(source, h100, h200, model("qwen3-0.6b"))
     fit, before = moved.fits["decode_graph"], source.fits["decode_graph"]
     coef = dict(zip(fit.linear_features, fit.linear_coefs))
