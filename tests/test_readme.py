@@ -26,7 +26,6 @@ SKIP = {
     "pip install": "installs packages (CI has done it before the tests run)",
     "python -m pytest": "the test suite itself",
     "# on a GPU": "needs CUDA",
-    "workload=trace_azure_conv": "reads ../shared/traces/, which is beside the checkout, not in it",
     "RAY_AUTH_MODE": "on a Ray cluster (not for local runs)",
     "ray start": "on a Ray cluster (not for local runs)",
     "ray stop": "on a Ray cluster (not for local runs)",
@@ -69,6 +68,8 @@ def _matching(code: str, keys: dict[str, str]) -> str | None:
 def _run_in_order(tmp_path: Path, include_slow: bool) -> list[str]:
     root = tmp_path / "repo"
     shutil.copytree(REPO, root, ignore=COPY_IGNORE)
+    # the traces sit beside the checkout (../shared/traces), so beside the copy too
+    (tmp_path / "shared").symlink_to(REPO.parent / "shared")
     # `python` in a snippet is the interpreter running the tests (CI's environment)
     env = {**os.environ, "MPLBACKEND": "Agg", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     ran = []
