@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None,
                         help="where the row goes (default: outputs/bench/plan_speed.csv, not tracked by git)")
-    parser.add_argument("--update-results", action="store_true", help="write the committed experiments/results/plan_speed.csv")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write the committed experiments/results/plan_speed.csv")
     args = parser.parse_args(argv)
     if args.update_results and args.out is not None:
         parser.error("--out and --update-results name two places; give one")

@@ -85,8 +85,8 @@ def grid_indices(tp_sizes: list[int] | None) -> list[int]:
     """Positions in bench_plan_speed's grid (asked of this tree, like the evaluations) of the
     deployments of these TP sizes."""
     listing = "from experiments import bench_plan_speed as b; print([d.tp_size for d in b.grid(len(b.space()))])"
-    done = subprocess.run([sys.executable, "-c", listing], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", listing], cwd=REPO, capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     sizes = json.loads(done.stdout.strip().splitlines()[-1])
     return [i for i, tp in enumerate(sizes) if tp_sizes is None or tp in tp_sizes]
 

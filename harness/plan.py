@@ -233,7 +233,8 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     summary = plan_summary(table, slo, label, workload, max_model_len, rc.workload.oversize)
     pd.DataFrame([summary]).to_csv(out_dir / "plan_summary.csv", index=False)
     over = f"{workload.num_clipped or workload.num_skipped:,} requests over max_model_len" if note else ""
-    title = f"{rc.model.name}, {label}{'; ' + over if over else ''}, SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s"
+    title = (f"{rc.model.name}, {label}{'; ' + over if over else ''}, "
+             f"SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s")
     plot_plan(table, slo, title, out_dir / "plan.png")
     print(f"{len(table)} deployments evaluated ({label}); outputs: {out_dir} (plan.csv, plan_summary.csv, plan.png)")
     if not summary["meets_slo"]:

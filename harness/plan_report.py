@@ -20,7 +20,8 @@ def fit_note(workload: Workload, cfg: WorkloadConfig, max_model_len: int) -> str
     reduced workload), with both ways out; None when all fit."""
     total = len(workload.requests) + workload.num_skipped
     if workload.num_skipped:
-        done = f"{workload.num_skipped:,} of {total:,} requests are longer than max_model_len={max_model_len} and left out"
+        done = (f"{workload.num_skipped:,} of {total:,} requests are longer than max_model_len={max_model_len} and "
+                "left out")
         other = "workload.oversize=clip to plan for them clipped"
     elif workload.num_clipped:
         done = (f"{workload.num_clipped:,} of {total:,} requests are longer than max_model_len={max_model_len} and "

@@ -243,10 +243,11 @@ def test_bench_sim_speed_writes_the_committed_results_only_when_asked(tmp_path, 
     monkeypatch.setattr(bench, "time_case", lambda overrides: row)
     monkeypatch.setattr(bench, "profile_case", lambda overrides: {"simulator": 1.0})
     bench.main(["--repeats", "1", "--profile"])
-    assert sorted(p.name for p in (tmp_path / "outputs" / "bench").iterdir()) == ["sim_speed.csv", "sim_speed_profile.csv"]
+    both = ["sim_speed.csv", "sim_speed_profile.csv"]
+    assert sorted(p.name for p in (tmp_path / "outputs" / "bench").iterdir()) == both
     assert not (tmp_path / "committed").exists()  # untracked by default (.gitignore: outputs/)
     bench.main(["--repeats", "1", "--profile", "--update-results"])
-    assert sorted(p.name for p in (tmp_path / "committed").iterdir()) == ["sim_speed.csv", "sim_speed_profile.csv"]
+    assert sorted(p.name for p in (tmp_path / "committed").iterdir()) == both
     with pytest.raises(SystemExit):
         bench.main(["--update-results", "--out", "x.csv"])
 
@@ -266,7 +267,8 @@ def test_bench_plan_speed_writes_the_committed_result_only_when_asked(monkeypatc
 
 def test_plan_speed_ab_names_what_differs_and_keeps_the_tp_sizes_asked_for():
     ab = script("plan_speed_ab.py")
-    same = {"row": {"ttft_p50_s": 0.5, "error": "", "e2e_p99_s": float("nan")}, "tables": {"requests": "a", "steps": "b"}}
+    same = {"row": {"ttft_p50_s": 0.5, "error": "", "e2e_p99_s": float("nan")},
+            "tables": {"requests": "a", "steps": "b"}}
     assert ab.differences(same, json.loads(json.dumps(same))) == []
     other = {"row": {**same["row"], "ttft_p50_s": 0.6}, "tables": {"requests": "a", "steps": "c"}}
     assert ab.differences(same, other) == ["ttft_p50_s", "steps table"]

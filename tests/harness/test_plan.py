@@ -93,9 +93,9 @@ def test_plan_writes_every_deployment_and_the_fewest_replicas(tmp_path, capsys):
 
 
 def test_an_slo_no_deployment_meets_names_the_nearest_and_what_to_relax(tmp_path, capsys):
-    with pytest.raises(ConfigError, match=r"^slo: no deployment in the search space meets P90 TTFT <= 1e-05 s") as error:
+    with pytest.raises(ConfigError, match=r"^slo: no deployment in the search space meets P90 TTFT <= 1e-05 s") as err:
         run_study(compose_config(PLAN_SMALL + ["slo.ttft_p90_s=1e-5", "plan.num_closest=2"]), tmp_path)
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(err.value)
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(out) if line.startswith("no deployment meets"))
     assert len(out) - start == 1 + 2 + 1  # the heading, the 2 nearest, what to relax
@@ -107,7 +107,7 @@ def test_an_slo_no_deployment_meets_names_the_nearest_and_what_to_relax(tmp_path
     # the relaxed target it suggests is met by the nearest deployment, and not far above it
     relaxed = float(re.search(r"slo\.ttft_p90_s=([0-9.e-]+) would admit the nearest", out[-1]).group(1))
     assert nearest["ttft_p90_s"] <= relaxed <= 1.1 * nearest["ttft_p90_s"]
-    assert f"slo.ttft_p90_s={relaxed:g}" in str(error.value)
+    assert f"slo.ttft_p90_s={relaxed:g}" in str(err.value)
 
 
 def test_a_catalogue_entry_without_a_price_names_the_field(tmp_path, monkeypatch):
