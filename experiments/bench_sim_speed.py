@@ -13,7 +13,8 @@ is reported beside the rest (set-up and tables). --profile adds a cProfile run o
 each case and splits its time between the scheduler core (engine/core), the simulator (sim/), the
 harness and the rest (numpy, pandas, ...), charging built-ins to the module that called them.
 
-  python experiments/bench_sim_speed.py [--repeats 3] [--profile] [--out experiments/results/sim_speed.csv]
+  python experiments/bench_sim_speed.py [--repeats 3] [--profile] [--out outputs/bench/sim_speed.csv]
+  python experiments/bench_sim_speed.py --repeats 3 --profile --update-results   # the committed results
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ CASES = {
         ["model=qwen3-8b", "hardware=h100", "workload=trace_azure_conv", "scheduler.max_model_len=16384"], 30.0),
     "nano_bench_qwen3_0_6b_h100": (["model=qwen3-0.6b", "hardware=h100", "experiment=bench"], 2.0),
 }
+RESULTS = REPO_ROOT / "experiments" / "results" / "sim_speed.csv"  # committed, rewritten only on request
 COMPONENTS = (("engine/core/", "core scheduler"), ("/sim/", "simulator"), ("/harness/", "harness"))
 
 
@@ -103,8 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, choices=range(1, 101), metavar="1..100")
     parser.add_argument("--profile", action="store_true", help="also split the time by component (cProfile)")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "experiments" / "results" / "sim_speed.csv")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the rows go, and the split beside it as <stem>_profile.csv "
+                             "(default: outputs/bench/sim_speed.csv, not tracked by git)")
+    parser.add_argument("--update-results", action="store_true",
+                        help="write the committed experiments/results/sim_speed.csv (and its _profile.csv)")
     args = parser.parse_args(argv)
+    if args.update_results and args.out is not None:
+        parser.error("--out and --update-results name two places; give one")
+    args.out = RESULTS if args.update_results else args.out or Path("outputs", "bench", "sim_speed.csv")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,

@@ -262,7 +262,7 @@ def format_report(rc: RunConfig, engine: EngineSide, profile_path, offline: bool
                   schedule: pd.DataFrame, targets: pd.DataFrame) -> str:
     meta = engine.meta
     graphs = engine_graph_sizes(meta)
-    lines = [f"# Simulated vs measured: {rc.workload.name} ({'offline' if offline else rc.workload.arrival} arrivals)",
+    lines = [f"# Simulated vs measured: {rc.workload.label} ({'offline' if offline else rc.workload.arrival} arrivals)",
              "", f"- engine: {engine.summary.get('model', '?')} on {meta.get('device', '?')}, "
                  f"{meta['num_blocks']} KV blocks of {rc.cache.block_size} tokens, CUDA graphs: {describe(graphs)}",
              f"- simulator: model {rc.model.name}, hardware {rc.hardware.name}, same block count; profiled "

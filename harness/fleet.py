@@ -101,7 +101,7 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
     rcs = replica_run_configs(rc, fleet)
     with _fleet(rc, rcs) as (infos, serve):
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
-        bar = tqdm(total=len(workload.requests), desc=label or f"{fleet.replicas} x {rc.workload.name}", unit="req",
+        bar = tqdm(total=len(workload.requests), desc=label or f"{fleet.replicas} x {rc.workload.label}", unit="req",
                    disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
 
         def on_step(index, record, finished) -> None:

@@ -38,7 +38,9 @@ from harness.fleet_config import FleetConfig, build_fleet, with_tp_size
 from harness.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
 from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogue
+from harness.plan_report import DEPLOYMENT_COLUMNS, fit_note, nearest_lines, plan_summary
 from harness.run import cyclic_gc_paused
+from harness.workloads import build_workload, fit_warnings_muted
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,10 @@ def evaluate(deployment: Deployment, base: PlanBase) -> dict:
                                         max_num_batched_tokens=d.max_num_batched_tokens)
         rc = dataclasses.replace(base.rc, scheduler=scheduler, hardware=base.catalogue[d.hardware])
         # The whole evaluation without the cycle collector (harness.run.cyclic_gc_paused): its requests
-        # and steps are freed before the collector runs again, so it never scans them.
-        with cyclic_gc_paused():
+        # and steps are freed before the collector runs again, so it never scans them. Every
+        # deployment serves the same requests at the same max_model_len: run_plan reports their
+        # fit once, not once per deployment.
+        with cyclic_gc_paused(), fit_warnings_muted():
             outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size), dataclasses.replace(base.router, name=d.router),
                                      progress=False, step_columns=SUMMARY_STEP_COLUMNS)
     except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
@@ -201,7 +205,8 @@ def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
 
 
 def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    """`python -m harness experiment=plan ...`: plan.csv, plan.png, the cheapest deployment (or the closest)."""
+    """`python -m harness experiment=plan ...`: plan.csv, plan_summary.csv, plan.png, the cheapest
+    deployment (or the nearest, and a ConfigError naming the SLO)."""
     from harness.plan_plots import plot_plan
 
     rc = build_run_config(cfg)
@@ -210,29 +215,37 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     plan, slo = build_plan(cfg)
     _, router = build_fleet(cfg)
     base = PlanBase(rc, load_catalogue(plan.hardware), slo, router)
+    configs = configurations(plan, rc)
+    label, max_model_len = rc.workload.label, rc.scheduler.max_model_len
+    # Built once up front: a bad trace fails here once, and the fit is reported once for the plan.
+    # NOTE: clipped requests are planned for, with a warning, not refused: a deployment's
+    # max_model_len is often the limit it will serve, and a planner wants the answer with the caveat.
+    with fit_warnings_muted():
+        workload = build_workload(rc.workload, max_model_len)
+    note = fit_note(workload, rc.workload, max_model_len)
+    if note:
+        log.warning(note)
     mapper = map if plan.parallel_backend == "serial" else partial(
         parallel_map, backend=plan.parallel_backend, address=plan.parallel_address,
         num_workers=plan.parallel_num_workers)
-    table = search(configurations(plan, rc), base, plan.max_replicas, plan.batch_size, output.progress, mapper)
+    table = search(configs, base, plan.max_replicas, plan.batch_size, output.progress, mapper)
     table.to_csv(out_dir / "plan.csv", index=False)
-    title = f"{rc.model.name}, {rc.workload.name}, SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s"
+    summary = plan_summary(table, slo, label, workload, max_model_len, rc.workload.oversize)
+    pd.DataFrame([summary]).to_csv(out_dir / "plan_summary.csv", index=False)
+    over = f"{workload.num_clipped or workload.num_skipped:,} requests over max_model_len" if note else ""
+    title = (f"{rc.model.name}, {label}{'; ' + over if over else ''}, "
+             f"SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s")
     plot_plan(table, slo, title, out_dir / "plan.png")
-    meeting = table[table["meets_slo"]].sort_values(["cost_per_hour", "ttft_p90_s"])
-    columns = ["cost_per_hour", "hardware", "tp_size", "replicas", "gpus", "policy", "router", "max_num_seqs",
-               "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s", "slo_ratio"]
-    print(f"{len(table)} deployments evaluated ({base.rc.workload.name}); outputs: {out_dir} (plan.csv, plan.png)")
-    if meeting.empty:
-        closest = table.sort_values(["slo_ratio", "cost_per_hour"]).head(plan.num_closest)
-        print("no deployment meets the SLO; the closest (slo_ratio: worst of P90 TTFT and TPOT over its target):")
-        print(closest[[c for c in columns if c in closest]].to_string(index=False))
-        raise ConfigError(f"slo: no deployment in the search space meets P90 TTFT <= {slo.ttft_p90_s:g} s and "
-                          f"TPOT <= {slo.tpot_p90_s:g} s; the {len(closest)} closest are listed above")
-    cheapest = meeting.iloc[0]
+    print(f"{len(table)} deployments evaluated ({label}); outputs: {out_dir} (plan.csv, plan_summary.csv, plan.png)")
+    if not summary["meets_slo"]:
+        lines, error = nearest_lines(table, slo, plan.num_closest)
+        print("\n".join(lines))
+        raise ConfigError(error)
     log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %d, %d GPUs), policy %s, router %s, "
              "max_num_seqs %d, max_num_batched_tokens %d: P90 TTFT %.3f s, P90 TPOT %.4f s",
-             cheapest["cost_per_hour"], cheapest["replicas"], cheapest["hardware"], cheapest["tp_size"],
-             cheapest["gpus"], cheapest["policy"], cheapest["router"], cheapest["max_num_seqs"],
-             cheapest["max_num_batched_tokens"], cheapest["ttft_p90_s"], cheapest["tpot_p90_s"])
-    print("cheapest deployment meeting the SLO:")
-    print(meeting.head(1)[columns].to_string(index=False))
+             *(summary[c] for c in ("cost_per_hour", "replicas", "hardware", "tp_size", "gpus", "policy", "router",
+                                    "max_num_seqs", "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s")))
+    # the fit's warning came before the search's output: the answer says again that it is for the fitted requests
+    print(f"cheapest deployment meeting the SLO{f' (with {over}: see the warning above)' if over else ''}:")
+    print(pd.DataFrame([summary])[list(DEPLOYMENT_COLUMNS)].to_string(index=False))
     return table

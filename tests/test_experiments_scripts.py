@@ -211,3 +211,50 @@ def test_gpu_run_bundles_what_the_call_wrote(tmp_path, capsys):
     with tarfile.open(tmp_path / "bundle.tar.gz") as bundle:
         assert "./compare_bench/compare.md" in bundle.getnames()
         assert not any(name.endswith("bundle.tar.gz") for name in bundle.getnames())
+
+
+def test_bench_sim_speed_writes_the_committed_results_only_when_asked(tmp_path, monkeypatch):
+    bench = script("bench_sim_speed.py")
+    assert bench.RESULTS == REPO / "experiments" / "results" / "sim_speed.csv"
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "committed" / "sim_speed.csv")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench.os, "sched_setaffinity", lambda *a: None, raising=False)  # not the test process
+    row = {"requests": 1, "steps": 1, "simulated_makespan_s": 1.0, "output_tok_s": 1.0, "loop_s": 0.1,
+           "setup_and_tables_s": 0.1, "total_s": 0.2}
+    monkeypatch.setattr(bench, "time_case", lambda overrides: row)
+    monkeypatch.setattr(bench, "profile_case", lambda overrides: {"simulator": 1.0})
+    bench.main(["--repeats", "1", "--profile"])
+    both = ["sim_speed.csv", "sim_speed_profile.csv"]
+    assert sorted(p.name for p in (tmp_path / "outputs" / "bench").iterdir()) == both
+    assert not (tmp_path / "committed").exists()  # untracked by default (.gitignore: outputs/)
+    bench.main(["--repeats", "1", "--profile", "--update-results"])
+    assert sorted(p.name for p in (tmp_path / "committed").iterdir()) == both
+    with pytest.raises(SystemExit):
+        bench.main(["--update-results", "--out", "x.csv"])
+
+
+def test_bench_plan_speed_writes_the_committed_result_only_when_asked(monkeypatch):
+    bench = script("bench_plan_speed.py")
+    written = []
+    monkeypatch.setattr(bench, "run", lambda args: written.append(args.out) or 0)
+    bench.main([])
+    bench.main(["--out", "mine.csv"])
+    bench.main(["--update-results"])
+    assert written == [Path("outputs", "bench", "plan_speed.csv"), Path("mine.csv"),
+                       REPO / "experiments" / "results" / "plan_speed.csv"]
+    with pytest.raises(SystemExit):
+        bench.main(["--update-results", "--out", "x.csv"])
+
+
+def test_plan_speed_ab_names_what_differs_and_keeps_the_tp_sizes_asked_for():
+    ab = script("plan_speed_ab.py")
+    same = {"row": {"ttft_p50_s": 0.5, "error": "", "e2e_p99_s": float("nan")},
+            "tables": {"requests": "a", "steps": "b"}}
+    assert ab.differences(same, json.loads(json.dumps(same))) == []
+    other = {"row": {**same["row"], "ttft_p50_s": 0.6}, "tables": {"requests": "a", "steps": "c"}}
+    assert ab.differences(same, other) == ["ttft_p50_s", "steps table"]
+    bench = script("bench_plan_speed.py")
+    everything = bench.grid(len(bench.space()))
+    tp1 = ab.grid_indices([1])
+    assert tp1 == [i for i, d in enumerate(everything) if d.tp_size == 1] and len(tp1) == len(everything) // 2
+    assert ab.grid_indices(None) == list(range(len(everything)))

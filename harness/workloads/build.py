@@ -10,6 +10,8 @@ cut and the tokens each lost; requests skipped): nothing is truncated silently.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,7 @@ class Workload:
     prompt_tokens_clipped: int = 0  # prompt tokens cut, over all requests
     output_tokens_clipped: int = 0  # output tokens cut, over all requests
     num_skipped: int = 0  # requests dropped because they did not fit
+    longest: int = 0  # the longest request before fitting (prompt + output tokens): the max_model_len fitting all
 
     def fit_counts(self) -> dict[str, int]:
         """What fitting max_model_len cost: the summary.csv columns."""
@@ -65,6 +68,7 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         prompt = prompt + prefix_len
 
     keep = np.ones(n, dtype=bool)
+    longest = int((prompt + output).max()) if n else 0
     over = prompt + output > max_model_len
     num_over = int(over.sum())
     clipped = {}
@@ -96,7 +100,24 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         )
         rid = str(i + cfg.start_row) if trace is not None else str(i)
         requests.append(Request(rid, ids, params, arrival_time=float(arrival[i])))
-    return Workload(requests, num_skipped=num_over if cfg.oversize == "skip" else 0, **clipped)
+    return Workload(requests, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
+
+
+class _Drop(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextmanager
+def fit_warnings_muted() -> Iterator[None]:
+    """build_workload's clip and skip warnings are not logged within: for a caller that builds
+    the same workload many times (one per deployment of a plan) and reports its fit once."""
+    drop = _Drop()
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 def _clip(cfg: WorkloadConfig, prompt: np.ndarray, output: np.ndarray, over: np.ndarray,

@@ -17,6 +17,8 @@ DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces"
 ARRIVAL_COLUMN = "arrived_at"
 PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
+# what a trace of lengths only (no arrival times) is replayed with: its lengths at Poisson arrivals
+LENGTHS_ONLY_RECIPE = "workload=trace_lengths workload.trace_path=FILE workload.rate=REQ_PER_S"
 
 
 class TraceError(ValueError):
@@ -52,7 +54,10 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     frame.columns = [str(c).strip() for c in frame.columns]
     for column in columns:
         if column not in frame.columns:
-            raise TraceError(f"{path}, line 1 (header): missing column {column!r}; found {list(frame.columns)}")
+            hint = ""
+            if column == ARRIVAL_COLUMN:
+                hint = f"; for a trace of lengths only, draw Poisson arrival times: {LENGTHS_ONLY_RECIPE}"
+            raise TraceError(f"{path}, line 1 (header): missing column {column!r}; found {list(frame.columns)}{hint}")
     if frame.empty:
         raise TraceError(f"{path}: the trace has a header but no request rows")
     if start_row >= len(frame):

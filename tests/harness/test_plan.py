@@ -1,15 +1,19 @@
 """The deployment search: the fewest replicas by growth and bisection, the cheapest deployment
-under the dominance rule, bad input in one line, and the SLO no deployment meets."""
+under the dominance rule, bad input in one line, the SLO no deployment meets, and a plan on a
+user's trace (its own workload, named after the file, its fit to max_model_len reported once)."""
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 
 import pandas as pd
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from harness.config import build_run_config
 from harness.convert import ConfigError
 from harness.plan import Deployment, PlanBase, ReplicaSearch, search
 from harness.plan_config import SLOConfig, load_catalogue
@@ -88,11 +92,22 @@ def test_plan_writes_every_deployment_and_the_fewest_replicas(tmp_path, capsys):
     assert "cheapest deployment meeting the SLO" in capsys.readouterr().out
 
 
-def test_an_slo_no_deployment_meets_lists_the_closest_and_fails(tmp_path, capsys):
-    with pytest.raises(ConfigError, match=r"slo: no deployment in the search space meets"):
+def test_an_slo_no_deployment_meets_names_the_nearest_and_what_to_relax(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"^slo: no deployment in the search space meets P90 TTFT <= 1e-05 s") as err:
         run_study(compose_config(PLAN_SMALL + ["slo.ttft_p90_s=1e-5", "plan.num_closest=2"]), tmp_path)
-    assert "the closest" in capsys.readouterr().out
-    assert len(pd.read_csv(tmp_path / "plan.csv")) >= 2
+    assert "\n" not in str(err.value)
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("no deployment meets"))
+    assert len(out) - start == 1 + 2 + 1  # the heading, the 2 nearest, what to relax
+    table = pd.read_csv(tmp_path / "plan.csv")
+    summary = pd.read_csv(tmp_path / "plan_summary.csv").iloc[0]
+    assert len(table) >= 2 and not summary["meets_slo"] and summary["deployments_evaluated"] == len(table)
+    nearest = table.sort_values(["slo_ratio", "cost_per_hour"]).iloc[0]
+    assert summary["ttft_p90_s"] == pytest.approx(nearest["ttft_p90_s"])
+    # the relaxed target it suggests is met by the nearest deployment, and not far above it
+    relaxed = float(re.search(r"slo\.ttft_p90_s=([0-9.e-]+) would admit the nearest", out[-1]).group(1))
+    assert nearest["ttft_p90_s"] <= relaxed <= 1.1 * nearest["ttft_p90_s"]
+    assert f"slo.ttft_p90_s={relaxed:g}" in str(err.value)
 
 
 def test_a_catalogue_entry_without_a_price_names_the_field(tmp_path, monkeypatch):
@@ -114,3 +129,41 @@ def test_bad_plan_input_is_one_line_naming_the_field(override, message, tmp_path
     with pytest.raises(ConfigError, match=message) as error:
         run_study(compose_config(PLAN_SMALL + [override]), tmp_path)
     assert "\n" not in str(error.value)
+
+
+def test_the_plans_own_workload_gives_way_to_any_other():
+    rc = build_run_config(compose_config(["experiment=plan"]))
+    assert (rc.workload.arrival, rc.workload.rate, rc.workload.num_requests, rc.workload.label) == \
+        ("poisson", 40.0, 400, "poisson")
+    trace = build_run_config(compose_config(["experiment=plan", "workload=trace_azure_conv",
+                                             "workload.num_requests=2000"])).workload
+    assert (trace.arrival, trace.rate, trace.num_requests, trace.label) == ("trace", None, 2000, "azure_conv_2023")
+    assert build_run_config(compose_config(["experiment=plan", "workload.rate=20"])).workload.rate == 20.0
+
+
+def test_a_plan_on_a_trace_is_named_after_it_and_reports_its_fit_once(tmp_path, caplog, capsys):
+    """A user's trace with requests over max_model_len: every deployment plans the clipped requests;
+    the warning (with both ways out) comes once, and plan_summary.csv counts them."""
+    lines = [f"{0.02 * i},{3000 if i % 4 == 0 else 200},{50}" for i in range(40)]
+    path = tmp_path / "my_trace.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(lines) + "\n")
+    overrides = [o for o in PLAN_SMALL if not o.startswith("workload.")]
+    overrides += ["workload=trace", f"workload.trace_path={path}", "scheduler.max_model_len=2048",
+                  "plan.hardware=[a100,h100,h200]"]
+    with caplog.at_level(logging.WARNING), pytest.raises(ConfigError, match="^slo: no deployment"):
+        run_study(compose_config(overrides + ["slo.ttft_p90_s=1e-5"]), tmp_path / "none")  # every deployment tried
+    fit = [r.getMessage() for r in caplog.records if "longer than max_model_len" in r.getMessage()]
+    assert fit == ["workload my_trace: 10 of 40 requests are longer than max_model_len=2048 and planned clipped "
+                   "(10,020 prompt and 0 output tokens cut); to plan for them whole, set scheduler.max_model_len=3050 "
+                   "(the longest request), or workload.oversize=skip to leave them out"]
+    assert len(pd.read_csv(tmp_path / "none" / "plan.csv")) > 3
+    summary = pd.read_csv(tmp_path / "none" / "plan_summary.csv").iloc[0]
+    assert (summary["workload"], summary["num_requests"], summary["num_clipped"], summary["num_skipped"]) == \
+        ("my_trace", 40, 10, 0)
+    assert summary["longest_request_tokens"] == 3050 and not summary["meets_slo"]
+    assert "deployments evaluated (my_trace)" in capsys.readouterr().out
+
+    run_study(compose_config(overrides + ["workload.oversize=skip"]), tmp_path / "met")
+    summary = pd.read_csv(tmp_path / "met" / "plan_summary.csv").iloc[0]
+    assert (summary["num_requests"], summary["num_clipped"], summary["num_skipped"]) == (30, 0, 10)
+    assert summary["meets_slo"] and "(with 10 requests over max_model_len" in capsys.readouterr().out

@@ -140,6 +140,24 @@ def test_generic_trace_missing_column_names_file_line_and_column(tmp_path):
         build_workload(rc.workload, 4096)
 
 
+def test_a_trace_without_arrival_times_is_told_the_lengths_only_recipe_which_works(tmp_path):
+    path = _trace(tmp_path, "num_prefill_tokens,num_decode_tokens\n12,3\n40,8\n7,1\n", "lengths.csv")
+    rc = build_run_config(compose_config(["workload=trace", f"workload.trace_path={path}"]))
+    with pytest.raises(TraceError, match=r"missing column 'arrived_at'.*for a trace of lengths only, draw Poisson "
+                                         r"arrival times: workload=trace_lengths workload.trace_path=FILE "
+                                         r"workload.rate=REQ_PER_S$"):
+        build_workload(rc.workload, 4096)
+    with pytest.raises(ConfigError, match=r"^workload\.rate: Missing mandatory value"):
+        build_run_config(compose_config(["workload=trace_lengths", f"workload.trace_path={path}"]))
+    rc = build_run_config(compose_config(["workload=trace_lengths", f"workload.trace_path={path}", "workload.rate=2"]))
+    assert rc.workload.label == "lengths" and rc.workload.num_requests is None  # every row
+    requests = build_workload(rc.workload, 4096).requests
+    assert [len(r.prompt_token_ids) for r in requests] == [12, 40, 7]
+    assert [r.sampling_params.max_tokens for r in requests] == [3, 8, 1]
+    times = [r.arrival_time for r in requests]
+    assert times[0] == 0.0 and times == sorted(times) and len(set(times)) == 3  # drawn, not the trace's
+
+
 def test_label_without_name_or_trace_is_the_arrival_process():
     cfg = dataclasses.replace(_fixed(5, 5), name=None)
     assert cfg.label == "offline"
