@@ -17,8 +17,8 @@ class SchedulerConfig:
     """Budgets and policy of the scheduler.
 
     policy: a name in engine.core.policies.POLICIES: "nano" (a step is all prefill or all decode,
-    prefill first) or "mixed" (vLLM V1: one token budget, running requests first, then new prefill
-    chunks).
+    prefill first), "mixed" (vLLM V1: one token budget, running requests first, then new prefill
+    chunks) or "sjf" (mixed, admitting the shortest prompts first).
     max_num_seqs bounds the running set, not only one step's batch: a request that holds
     KV blocks but can never be scheduled would only waste cache.
     """

@@ -2,7 +2,7 @@
 
 A new policy is one file here: a Policy subclass (engine.core.policies.base) registered with
 `@POLICIES.register("name")`, imported below so that the name is known wherever SchedulerConfig
-is, and a conf/scheduler/<name>.yaml.
+is, and a conf/scheduler/<name>.yaml. sjf.py is a short example that only reorders the queue.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from engine.core.async_scheduler import AsyncScheduler
 from engine.core.policies.base import POLICIES, FcfsQueue, Policy, RequestQueue
 from engine.core.policies.mixed import MixedPolicy
 from engine.core.policies.nano import NanoPolicy
+from engine.core.policies.sjf import ShortestJobFirstPolicy
 from engine.core.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from engine.core.config import CacheConfig, SchedulerConfig
     from engine.core.executor import BackendInfo
 
-__all__ = ["POLICIES", "FcfsQueue", "MixedPolicy", "NanoPolicy", "Policy", "RequestQueue",
+__all__ = ["POLICIES", "FcfsQueue", "MixedPolicy", "NanoPolicy", "Policy", "RequestQueue", "ShortestJobFirstPolicy",
            "make_scheduler"]
 
 
