@@ -9,22 +9,28 @@ carry the placeholder, which the backend replaces with the token it sampled on t
 With ignore_eos and no stop tokens the schedule is the same as the plain Scheduler's; a request
 that stops on EOS is in the next step already, which computes one token that is thrown away.
 A request preempted while its token is pending waits at the head of the queue until it lands.
+Any policy runs overlapped: this class only overrides hooks of the plain Scheduler.
 """
 
 from __future__ import annotations
 
-from engine.core.config import SchedulerConfig
-from engine.core.plan import PLACEHOLDER, KVCacheSpec, ScheduledRequest, StepPlan, StepResult
+from typing import TYPE_CHECKING
+
+from engine.core.plan import PLACEHOLDER, KVCacheSpec, ScheduledRequest
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
+if TYPE_CHECKING:
+    from engine.core.config import SchedulerConfig
+    from engine.core.policies.base import Policy
+
 
 class AsyncScheduler(Scheduler):
-    """Mixed in ahead of a policy (make_scheduler): the policy builds the batch, this books it."""
+    """The plain Scheduler, booking each planned step before its tokens are known."""
 
-    def __init__(self, config: SchedulerConfig, kv_spec: KVCacheSpec, enable_prefix_caching: bool = True,
-                 eos_token_id: int | None = None) -> None:
-        super().__init__(config, kv_spec, enable_prefix_caching, eos_token_id)
+    def __init__(self, config: SchedulerConfig, kv_spec: KVCacheSpec, policy: Policy,
+                 enable_prefix_caching: bool = True, eos_token_id: int | None = None) -> None:
+        super().__init__(config, kv_spec, policy, enable_prefix_caching, eos_token_id)
         # Booked to reach max_tokens in a planned step, blocks already freed; update() finishes them.
         self.finishing: dict[str, Request] = {}
 
@@ -35,8 +41,8 @@ class AsyncScheduler(Scheduler):
         self._finish(request, FinishReason.ABORTED, now)
         return True
 
-    def _next_waiting(self) -> Request | None:
-        head = super()._next_waiting()
+    def next_waiting(self) -> Request | None:
+        head = super().next_waiting()
         # preempted while its last token is still being sampled: it cannot be recomputed yet
         return None if head is None or head.num_pending_tokens else head
 
@@ -55,7 +61,7 @@ class AsyncScheduler(Scheduler):
             tokens = request.token_ids
             tokens.append(PLACEHOLDER)
             request.num_pending_tokens += 1
-            if len(tokens) - request.num_prompt_tokens >= request.max_tokens:
+            if len(tokens) - request.num_prompt_tokens >= request.max_tokens:  # type: ignore[operator]
                 self.block_manager.free(request)
                 self.finishing[request.request_id] = request
                 leaving = True
@@ -64,43 +70,27 @@ class AsyncScheduler(Scheduler):
             self.running = [r for r in self.running if r.request_id not in finishing]
         return counts
 
-    def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
-        """Write a step's sampled tokens over its placeholders; returns the requests that finished."""
-        finished: list[Request] = []
-        any_stopped = False
-        requests = self.requests
-        stop_reason = self._stop_reason
-        block_size = self.block_manager.block_size
-        for entry, token in zip(plan.scheduled, result.token_ids):
-            if not entry.sample:
-                continue
-            request = requests.get(entry.request_id)
-            if request is None:  # aborted, or stopped on EOS in an earlier step
-                continue
-            tokens = request.token_ids
-            index = entry.num_computed_tokens + len(entry.token_ids)
-            if index >= len(tokens) or tokens[index] != PLACEHOLDER:
-                continue  # a stale step of a stopped request whose id a new request took
-            tokens[index] = token
-            request.num_pending_tokens -= 1
-            if request.first_token_time is None:
-                request.first_token_time = now
-            reason = stop_reason(request, index - request.num_prompt_tokens + 1, token)
-            if reason is None:
-                # The token just written may complete a computed block that _book() could not hash.
-                if request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:
-                    self._register_computed(request)
-                continue
-            if self.finishing.pop(request.request_id, None) is None:
-                any_stopped = True
-                if request.status is RequestStatus.WAITING:
-                    self.waiting.remove(request)  # preempted while its token was pending
-            if len(request.token_ids) > index + 1:
-                del request.token_ids[index + 1:]  # a later step's placeholder: its token is dropped
-                request.num_computed_tokens = min(request.num_computed_tokens, index + 1)
-            request.num_pending_tokens = 0
-            self._finish(request, reason, now)
-            finished.append(request)
-        if any_stopped:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-        return finished
+    def _take_token(self, request: Request, entry: ScheduledRequest, token: int, now: float) -> FinishReason | None:
+        """Write the token over its placeholder; why the request stops with it, None if it goes on."""
+        tokens = request.token_ids
+        index = entry.num_computed_tokens + len(entry.token_ids)
+        if index >= len(tokens) or tokens[index] != PLACEHOLDER:
+            return None  # a stale step of a stopped request whose id a new request took
+        tokens[index] = token
+        request.num_pending_tokens -= 1
+        if request.first_token_time is None:
+            request.first_token_time = now
+        reason = self._stop_reason(request, index - request.num_prompt_tokens + 1, token)
+        if reason is None:
+            # The token just written may complete a computed block that _book() could not hash.
+            if (request.num_computed_tokens // self.block_manager.block_size > request.num_registered_blocks
+                    and request.block_table):
+                self._register_computed(request)
+            return None
+        if self.finishing.pop(request.request_id, None) is None and request.status is RequestStatus.WAITING:
+            self.waiting.remove_request(request)  # preempted while its token was pending
+        if len(tokens) > index + 1:
+            del tokens[index + 1:]  # a later step's placeholder: its token is dropped
+            request.num_computed_tokens = min(request.num_computed_tokens, index + 1)
+        request.num_pending_tokens = 0
+        return reason

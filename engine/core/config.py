@@ -5,16 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.collectives import ALL_REDUCES
+from engine.core.policies import POLICIES as POLICY_REGISTRY
 
-POLICIES = ("nano", "mixed")
+# The names SchedulerConfig.policy takes, as registered by engine.core.policies' built-in policies
+# (harness.plan_config checks plan.policies against them).
+POLICIES = POLICY_REGISTRY.names()
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Budgets and policy of the scheduler.
 
-    policy: "nano" (a step is all prefill or all decode, prefill first) or "mixed"
-    (vLLM V1: one token budget, running requests first, then new prefill chunks).
+    policy: a name in engine.core.policies.POLICIES: "nano" (a step is all prefill or all decode,
+    prefill first), "mixed" (vLLM V1: one token budget, running requests first, then new prefill
+    chunks) or "sjf" (mixed, admitting the shortest prompts first).
     max_num_seqs bounds the running set, not only one step's batch: a request that holds
     KV blocks but can never be scheduled would only waste cache.
     """
@@ -26,8 +30,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"SchedulerConfig.policy must be one of {POLICIES}, got {self.policy!r}")
+        POLICY_REGISTRY.check(self.policy)
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

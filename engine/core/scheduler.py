@@ -1,42 +1,50 @@
-"""The scheduler: queues, admission checks, step bookkeeping. Policies decide the batch.
+"""The scheduler: queues, admission checks, step bookkeeping. Its policy decides the batch.
 
-schedule() plans a step from the waiting and running queues and counts its tokens as computed;
-update() appends the tokens the backend sampled and finishes requests on length, EOS or a stop
-token, freeing their blocks. Policies (engine/core/policies.py) differ only in how a step's
-batch is assembled. engine.core.async_scheduler extends this for overlapped steps, where the next
-step is planned before this one's tokens are known.
+schedule() asks the policy (engine/core/policies) for a step's batch and counts its tokens as
+computed; update() appends the tokens the backend sampled and finishes requests on length, EOS or
+a stop token, freeing their blocks. The policy also orders the waiting queue. The methods under
+"for policies" are the mechanism a policy builds a batch with. engine.core.async_scheduler
+overrides a few hooks for overlapped steps, where the next step is planned before this one's
+tokens are known.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from typing import TYPE_CHECKING
 
 from engine.core.block_manager import BlockManager
-from engine.core.config import SchedulerConfig
 from engine.core.kv_reads import step_repeated_reads
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 
+if TYPE_CHECKING:
+    from engine.core.config import SchedulerConfig
+    from engine.core.policies.base import Policy
 
 
 class Scheduler:
-    """Shared mechanism. Subclasses implement _build_step() and nothing else."""
+    """Queues and bookkeeping of one replica; `policy` assembles each step's batch."""
 
     def __init__(
         self,
         config: SchedulerConfig,
         kv_spec: KVCacheSpec,
+        policy: Policy,
         enable_prefix_caching: bool = True,
         eos_token_id: int | None = None,
     ) -> None:
         self.config = config
+        self.policy = policy
         self.block_manager = BlockManager(kv_spec.num_blocks, kv_spec.block_size, enable_prefix_caching)
         self.eos_token_id = eos_token_id
-        self.waiting: deque[Request] = deque()
+        self.waiting = policy.make_queue()
         self.running: list[Request] = []  # oldest first; preemption takes from the end
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.preempted: list[str] = []  # ids preempted in the step being planned
         self._released: list[str] = []
         self._step = 0
+        self._hit_tokens = 0
+        self._now = 0.0
         self.num_preemptions = 0
 
     # ---- admission ---------------------------------------------------------------------
@@ -74,7 +82,7 @@ class Scheduler:
             )
         request.max_tokens = max_tokens
         self.requests[rid] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
 
     def abort(self, request_id: str, now: float = 0.0) -> bool:
         """Finish a waiting or running request as ABORTED and free its blocks. False if unknown."""
@@ -84,7 +92,7 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
         else:
-            self.waiting.remove(request)
+            self.waiting.remove_request(request)
         self._finish(request, FinishReason.ABORTED, now)
         return True
 
@@ -102,10 +110,10 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------
 
     def schedule(self, now: float = 0.0) -> StepPlan:
-        self._preempted: list[str] = []
+        self.preempted = []
         self._hit_tokens = 0
         self._now = now
-        scheduled = self._build_step()
+        scheduled = self.policy.build_step(self)
         # before _book(), which may free the blocks of requests this step finishes
         repeated, decode_repeated = step_repeated_reads(scheduled, self.block_manager)
         num_tokens, decode_tokens = self._book(scheduled)
@@ -121,12 +129,12 @@ class Scheduler:
         block_size = self.block_manager.block_size
         stats = StepStats(  # positional: a StepStats per step, and keywords cost twice the time
             self._step, kind, len(scheduled), prefill_tokens, decode_tokens, len(self.waiting), len(self.running),
-            self.block_manager.num_free_blocks, len(self._preempted), self._hit_tokens, repeated * block_size,
+            self.block_manager.num_free_blocks, len(self.preempted), self._hit_tokens, repeated * block_size,
             decode_repeated * block_size,
         )
         self._step += 1
         released, self._released = self._released, []
-        return StepPlan(scheduled, stats, self._preempted, released)
+        return StepPlan(scheduled, stats, self.preempted, released)
 
     def _book(self, scheduled: list[ScheduledRequest]) -> tuple[int, int]:
         """Count a planned step's tokens as computed and offer newly full blocks to the prefix cache.
@@ -154,21 +162,17 @@ class Scheduler:
         self.block_manager.register_computed(request)
 
     def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
-        """Append a step's sampled tokens; returns the requests that finished."""
+        """Record a step's sampled tokens; returns the requests that finished."""
         finished: list[Request] = []
         requests = self.requests
-        stop_reason = self._stop_reason
+        take_token = self._take_token
         for entry, token in zip(plan.scheduled, result.token_ids):
             if not entry.sample:
                 continue
             request = requests.get(entry.request_id)
             if request is None:  # aborted after the step was planned
                 continue
-            tokens = request.token_ids
-            tokens.append(token)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            reason = stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
+            reason = take_token(request, entry, token, now)
             if reason is not None:
                 self._finish(request, reason, now)
                 finished.append(request)
@@ -176,10 +180,18 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return finished
 
+    def _take_token(self, request: Request, entry: ScheduledRequest, token: int, now: float) -> FinishReason | None:
+        """Give the request the token entry sampled; why it stops with it, None if it goes on."""
+        tokens = request.token_ids
+        tokens.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        return self._stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
+
     def _stop_reason(self, request: Request, num_output_tokens: int, token: int) -> FinishReason | None:
         """Why the request stops with token as its num_output_tokens-th output, None if it goes on."""
         params = request.sampling_params
-        if num_output_tokens >= request.max_tokens:
+        if num_output_tokens >= request.max_tokens:  # type: ignore[operator]  # add() resolved None
             return FinishReason.LENGTH
         if token == self.eos_token_id and not params.ignore_eos:
             return FinishReason.EOS
@@ -187,16 +199,19 @@ class Scheduler:
             return FinishReason.STOP
         return None
 
-    # ---- helpers for policies -------------------------------------------------------------
+    # ---- for policies: the mechanism a batch is built with ----------------------------------
 
-    def _build_step(self) -> list[ScheduledRequest]:
-        raise NotImplementedError
+    def next_waiting(self) -> Request | None:
+        """The waiting request a policy may admit next (the queue's head), None if none."""
+        return self.waiting.peek_request() if self.waiting else None
 
-    def _next_waiting(self) -> Request | None:
-        """The waiting request a policy may admit next (FCFS: only the head), None if none."""
-        return self.waiting[0] if self.waiting else None
+    def start_running(self, request: Request) -> None:
+        """Move request, the head of the waiting queue, to the end of the running queue."""
+        self.waiting.pop_request()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
-    def _schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], int]:
+    def schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], int]:
         """Give running requests, oldest first, what they still need to compute, within budget.
 
         A request that cannot get blocks preempts the youngest running request, itself last.
@@ -232,11 +247,12 @@ class Scheduler:
                 request.request_id, tokens[computed:target], computed, request.block_table,
                 target == num_tokens, request.sampling_params, num_tokens - prompt_len,
                 num_new == 1 and num_tokens > prompt_len,
-            ))  # inlined _entry(): this loop runs once per running request per step
+            ))  # inlined entry(): this loop runs once per running request per step
             budget -= num_new
         return scheduled, budget
 
-    def _entry(self, request: Request, num_new_tokens: int, is_decode: bool) -> ScheduledRequest:
+    def entry(self, request: Request, num_new_tokens: int, is_decode: bool) -> ScheduledRequest:
+        """The plan's entry for request computing its next num_new_tokens tokens."""
         start = request.num_computed_tokens
         end = start + num_new_tokens
         num_tokens = len(request.token_ids)
@@ -251,7 +267,7 @@ class Scheduler:
             is_decode,
         )
 
-    def _admit(self, request: Request, hits: list[int], num_tokens: int) -> None:
+    def admit(self, request: Request, hits: list[int], num_tokens: int) -> None:
         """Give a waiting request its cached prefix and blocks for num_tokens."""
         bm = self.block_manager
         bm.record_lookup(request, len(hits))
@@ -264,14 +280,14 @@ class Scheduler:
             request.first_scheduled_time = self._now
 
     def _preempt(self, request: Request) -> None:
-        """Drop the request's KV and send it to the front of the queue to be recomputed."""
+        """Drop the request's KV and send it back to the waiting queue (FCFS: its front) to be recomputed."""
         self.block_manager.free(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
-        self._preempted.append(request.request_id)
+        self.waiting.prepend_request(request)
+        self.preempted.append(request.request_id)
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
         self.block_manager.free(request)

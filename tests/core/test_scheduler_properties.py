@@ -56,6 +56,16 @@ def _serve(config, block_size, num_blocks, specs):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_every_request_finishes_once_with_its_tokens(case):
+    check_every_request_finishes_once_with_its_tokens(case)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_step_limits_and_plan_consistency(case):
+    check_step_limits_and_plan_consistency(case)
+
+
+def check_every_request_finishes_once_with_its_tokens(case):
     config, block_size, num_blocks, specs = case
     scheduler, executor, requests, result = _serve(config, block_size, num_blocks, specs)
     assert not result.rejected
@@ -73,9 +83,7 @@ def test_every_request_finishes_once_with_its_tokens(case):
     assert [r.token_ids for r in result.requests] == [r.token_ids for r in reference.requests]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
-def test_step_limits_and_plan_consistency(case):
+def check_step_limits_and_plan_consistency(case):
     config, block_size, num_blocks, specs = case
     _, executor, _, result = _serve(config, block_size, num_blocks, specs)
     for plan in executor.plans:
