@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from engine.models.arch import ModelArch, hf_tensor_shapes
-from engine.models.presets import PRESETS, preset_config
+from engine.core.model_shapes import ModelShape
+from engine.models.presets import PRESETS, hf_tensor_shapes, preset_config
 from engine.tokenizer_builder import ENDOFTEXT, IM_END, build_tokenizer, save_tokenizer, special_token_ids
 
 _DTYPES: dict[str, tuple[torch.dtype, str]] = {
@@ -66,7 +66,7 @@ def write_checkpoint(
 
     for stale in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
         stale.unlink()
-    specs = hf_tensor_shapes(ModelArch.from_hf_config(config))
+    specs = hf_tensor_shapes(ModelShape.from_hf_config(config))
     torch_dtype, _ = _DTYPES[dtype_name]
     elem = torch_dtype.itemsize
     shards = _plan_shards(specs, elem, max_shard_bytes)

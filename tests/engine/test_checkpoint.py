@@ -14,8 +14,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.checkpoint import main, write_checkpoint
-from engine.models.arch import ModelArch, hf_tensor_shapes
-from engine.models.presets import PRESETS, preset_config
+from engine.core.model_shapes import ModelShape
+from engine.models.presets import PRESETS, hf_tensor_shapes, preset_config
 
 
 def _digest(d) -> dict[str, str]:
@@ -39,7 +39,7 @@ def test_qwen3_presets_carry_published_config(preset):
     assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["tie_word_embeddings"]) == (kv, inter, tied)
     assert (cfg["head_dim"], cfg["vocab_size"], cfg["rope_theta"]) == (128, 151936, 1000000)
     assert (cfg["rms_norm_eps"], cfg["max_position_embeddings"], cfg["torch_dtype"]) == (1e-6, 40960, "bfloat16")
-    params = sum(math.prod(shape) for _, shape in hf_tensor_shapes(ModelArch.from_hf_config(cfg)))
+    params = sum(math.prod(shape) for _, shape in hf_tensor_shapes(ModelShape.from_hf_config(cfg)))
     assert params / 1e9 == pytest.approx(billions, abs=0.05)
 
 
@@ -98,7 +98,7 @@ def test_dtype_override_and_sharded_index(tmp_path):
         total += t.numel() * 2
     assert index["metadata"]["total_size"] == total
     names = set(index["weight_map"])
-    assert names == {n for n, _ in hf_tensor_shapes(ModelArch.from_hf_config(preset_config("tiny-llama")))}
+    assert names == {n for n, _ in hf_tensor_shapes(ModelShape.from_hf_config(preset_config("tiny-llama")))}
 
 
 def test_rewrite_with_other_sharding_leaves_no_stale_shards(tmp_path):
