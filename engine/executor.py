@@ -27,10 +27,10 @@ from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
+from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan, StepResult
 from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.kv_sizing import kv_cache_torch_dtype
-from engine.models.arch import ModelArch
 from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
 
@@ -96,13 +96,13 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
     config = read_model_config(engine_config.model)
     if config is None:
         return
-    arch = ModelArch.from_hf_config(config)
-    kv_ok = arch.num_kv_heads % tp == 0 or tp % arch.num_kv_heads == 0
-    if arch.num_heads % tp or arch.intermediate_size % tp or not kv_ok:
+    shape = ModelShape.from_hf_config(config)
+    kv_ok = shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0
+    if shape.num_heads % tp or shape.intermediate_size % tp or not kv_ok:
         raise ValueError(
-            f"tensor_parallel_size={tp} must divide num_attention_heads={arch.num_heads} and "
-            f"intermediate_size={arch.intermediate_size}, and divide or be a multiple of "
-            f"num_key_value_heads={arch.num_kv_heads}"
+            f"tensor_parallel_size={tp} must divide num_attention_heads={shape.num_heads} and "
+            f"intermediate_size={shape.intermediate_size}, and divide or be a multiple of "
+            f"num_key_value_heads={shape.num_kv_heads}"
         )
 
 
@@ -170,7 +170,7 @@ class EngineExecutor:
         if not eos_token_ids and self.tokenizer.eos_token_id is not None:
             eos_token_ids = (self.tokenizer.eos_token_id,)
         all_reduce = "" if self.group is None else "nccl" if self.group.symmetric is None else "symmetric"
-        self._info = BackendInfo(self.runner.num_blocks, self.runner.block_size, self.runner.arch.vocab_size,
+        self._info = BackendInfo(self.runner.num_blocks, self.runner.block_size, self.runner.shape.vocab_size,
                                  eos_token_ids, execution.overlaps_steps(device.type == "cuda"),
                                  captured_graph_sizes(self.runner), describe_device(device, self.runner.dtype),
                                  all_reduce)

@@ -1,4 +1,5 @@
-"""Load a Hugging Face-format checkpoint directory into Qwen3ForCausalLM.
+"""Load a Hugging Face-format checkpoint directory into the model class its config.json names
+(engine.models.build_model, by model_type).
 
 Every checkpoint tensor goes through the weight_loader of the parameter it maps to, which takes
 this rank's shard; q/k/v and gate/up land in their fused parameters by shard id. Every
@@ -22,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import get_attention_backend
 from engine.layers.parallel import Collective, FusedReduceNorm, TensorParallel
-from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models import DecoderForCausalLM, build_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that the model derives itself.
@@ -59,7 +60,7 @@ def load_model(
     all_reduce: Collective | None = None,
     all_gather: Collective | None = None,
     fused_reduce_norm: FusedReduceNorm | None = None,
-) -> tuple[Qwen3ForCausalLM, Any]:
+) -> tuple[DecoderForCausalLM, Any]:
     """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
 
     dtype None or "auto" takes the config's torch_dtype; attention_backend is a registry name
@@ -81,7 +82,7 @@ def load_model(
     if isinstance(attention_backend, str):
         attention_backend = get_attention_backend(attention_backend, device)
     tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather, fused_reduce_norm)
-    model = Qwen3ForCausalLM(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
+    model = build_model(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
     load_weights(model, root)
     return model.eval(), hf_config
 
@@ -101,7 +102,7 @@ def _weight_files(root: Path) -> list[Path]:
     return files
 
 
-def _target(model: Qwen3ForCausalLM, hf_name: str) -> tuple[str, str | int | None]:
+def _target(model: DecoderForCausalLM, hf_name: str) -> tuple[str, str | int | None]:
     """HF tensor name -> (our parameter name, shard id)."""
     parts = hf_name.split(".")
     for i, part in enumerate(parts):
@@ -111,9 +112,9 @@ def _target(model: Qwen3ForCausalLM, hf_name: str) -> tuple[str, str | int | Non
     return hf_name, None
 
 
-def load_weights(model: Qwen3ForCausalLM, root: Path) -> None:
+def load_weights(model: DecoderForCausalLM, root: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    tied = model.arch.tie_word_embeddings
+    tied = model.shape.tie_word_embeddings
     # Which (parameter, shard) pairs must be filled: one per HF tensor the model consumes.
     expected: dict[tuple[str, str | int | None], str] = {}
     for name, param in model.named_parameters():  # deduplicated: a tied head is the embedding
@@ -155,7 +156,7 @@ def _tensors(path: Path):
         raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
 
 
-def _hf_names(model: Qwen3ForCausalLM, param_name: str) -> list[str]:
+def _hf_names(model: DecoderForCausalLM, param_name: str) -> list[str]:
     """Inverse of _target: the HF tensors that together fill one of our parameters."""
     names = [
         param_name.replace(f".{fused}.", f".{hf}.")

@@ -32,6 +32,7 @@ from engine.batch import HostBatch, build_host_batch
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.graph_sizes import decode_graph_sizes, prefill_graph_sizes
+from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs
 from engine.host_staging import HostStaging
@@ -39,7 +40,6 @@ from engine.kv_sizing import (MemoryProfile, cpu_kv_blocks, kv_cache_torch_dtype
                               warm_up)
 from engine.layers.fused import set_fused_kernels
 from engine.model_inputs import ModelInputs, upload_batch
-from engine.models.arch import ModelArch
 from engine.overlap import PendingTokens, Placeholders, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
 from engine.sampler import Sampler
@@ -65,7 +65,7 @@ class ModelRunner:
         vocabulary slices exchange their best tokens through it); None without tensor parallelism."""
         self.model = model
         self.hf_config = hf_config
-        self.arch = ModelArch.from_hf_config(hf_config)
+        self.shape = ModelShape.from_hf_config(hf_config)
         self.engine_config = engine_config
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
@@ -77,7 +77,7 @@ class ModelRunner:
         # NOTE: under tensor parallelism a rank holds only its share of the KV heads; the model knows
         # how many (it may replicate heads when there are fewer than ranks).
         self.num_kv_heads = getattr(model, "num_kv_heads", None) or max(
-            1, self.arch.num_kv_heads // engine_config.execution.tensor_parallel_size)
+            1, self.shape.num_kv_heads // engine_config.execution.tensor_parallel_size)
         self.max_blocks_per_seq = -(-scheduler_config.max_model_len // self.block_size)
         # Decode steps tell the Triton decode kernel their fair share of keys per program, so
         # that a ragged batch costs what an even one of the same total does (kernels.decode_split).
@@ -105,7 +105,7 @@ class ModelRunner:
     def block_bytes(self) -> int:
         """Bytes of K and V for one block over all layers."""
         elem = self.kv_dtype.itemsize
-        return 2 * self.arch.num_layers * self.block_size * self.num_kv_heads * self.arch.head_dim * elem
+        return 2 * self.shape.num_layers * self.block_size * self.num_kv_heads * self.shape.head_dim * elem
 
     def determine_num_blocks(self, graph_reserve: bool = False) -> int:
         """CacheConfig.num_blocks if set; else sized by profiling (CUDA) or a fixed budget (CPU).
@@ -133,11 +133,11 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.free_kv_cache()  # before taking the new one, so that both never coexist
-        shape = (self.arch.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
+        shape = (self.shape.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.shape.head_dim)
         # Zeros, not empty: padded block-table entries are read (and masked) by some backends,
         # and masked garbage that happens to be NaN would still poison the weighted sum.
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.arch.num_layers)]
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.shape.num_layers)]
         self.num_blocks = num_blocks
 
     def capture_decode_graphs(self, capture: bool = True) -> None:

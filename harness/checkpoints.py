@@ -2,7 +2,9 @@
 
 `backend=engine model=qwen3-0.6b` with backend.model left null serves a checkpoint of that model's
 published shape with random weights (real speed, no hub): written once, on first use, to
-checkpoints/<preset>/ under the repository root (git-ignored), then reused.
+checkpoints/<preset>/ under the repository root (git-ignored), then reused. The folder appears only
+once the write is complete (engine.checkpoint), so a run interrupted while writing it leaves
+nothing that a later run would take for a checkpoint: that run writes it again.
 """
 
 from __future__ import annotations
@@ -43,11 +45,16 @@ def default_checkpoint_dir(model_spec) -> Path:
 
 
 def ensure_checkpoint(model_dir: str, model_spec) -> None:
-    """Write the default checkpoint if model_dir is the model's default folder and is still empty."""
+    """Write the default checkpoint if model_dir is the model's default folder and holds none yet."""
     path = Path(model_dir)
-    if path != CHECKPOINT_ROOT / model_spec.name or (path / "config.json").exists():
+    if path != CHECKPOINT_ROOT / model_spec.name:
         return
-    from engine.checkpoint import write_checkpoint
+    from engine.checkpoint import is_complete, write_checkpoint
 
-    log.info("writing a random-weight %s checkpoint to %s (first use)", model_spec.name, path)
+    if is_complete(path):
+        return
+    if path.exists():
+        log.warning("%s is an incomplete checkpoint (an interrupted write?); writing it again", path)
+    else:
+        log.info("writing a random-weight %s checkpoint to %s (first use)", model_spec.name, path)
     write_checkpoint(preset_for(model_spec), path, seed=0)

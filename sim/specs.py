@@ -1,8 +1,9 @@
 """Model shape and hardware figures: everything the cost models and the memory planner know.
 
 Both are frozen dataclasses. HardwareSpec's fields are exactly the keys of conf/hardware/*.yaml;
-a ModelSpec comes from a named model of engine.core.model_shapes (conf/model/<name>.yaml names
-it as `preset` and may override any ModelSpec field).
+a ModelSpec is an engine.core.model_shapes.ModelShape (the one description of a model) plus the KV
+cache's dtype: conf/model/<name>.yaml names a described model as `preset` and may override any
+of its fields.
 
 Per-rank quantities take the tensor-parallel size as an argument; the sharding follows
 Megatron-style TP as nano-vllm does it: attention heads, MLP columns and the vocabulary are split
@@ -17,84 +18,32 @@ from typing import Any
 
 from engine.core.config import KV_CACHE_DTYPES, kv_element_bytes
 
-from engine.core.model_shapes import DTYPE_BYTES as _DTYPE_BYTES
-from engine.core.model_shapes import ModelShape, model_shape
-
-
-def _check_positive(owner: str, name: str, value: Any, types: tuple[type, ...]) -> None:
-    if isinstance(value, bool) or not isinstance(value, types):
-        allowed = " or ".join(t.__name__ for t in types)
-        raise TypeError(f"{owner}.{name} must be {allowed}, got {type(value).__name__} ({value!r})")
-    if not value > 0:
-        raise ValueError(f"{owner}.{name} must be > 0, got {value!r}")
+from engine.core.model_shapes import ModelShape, check_positive, model_shape
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer's shape (Qwen3 / Qwen2 / Llama family; biases are ignored)."""
+class ModelSpec(ModelShape):
+    """The simulator's view of a model: every field of its description (engine.core.model_shapes,
+    so a field added there is a field here, and a conf/model override) and what its KV cache
+    stores. Prices the Qwen3 / Qwen2 / Llama decoders alike: biases are ignored."""
 
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    dtype_bytes: int = 2
-    tie_word_embeddings: bool = False
     kv_cache_dtype: str = "auto"  # what the KV cache stores: the cache's setting (with_kv_cache)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "vocab_size"):
-            _check_positive("ModelSpec", name, getattr(self, name), (int,))
-        if self.dtype_bytes not in (1, 2, 4) or isinstance(self.dtype_bytes, bool):
-            raise ValueError(f"ModelSpec.dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
+        super().__post_init__()
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"ModelSpec.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be a multiple of "
-                             f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention")
 
     @classmethod
     def from_shape(cls, shape: ModelShape) -> ModelSpec:
-        """The simulator's view of a named model: its shape and the width of its weights."""
-        shared = {f.name for f in fields(cls)} - {"dtype_bytes", "kv_cache_dtype"}
-        return cls(dtype_bytes=shape.dtype_bytes, **{name: getattr(shape, name) for name in shared})
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelSpec:
-        """Read a Hugging Face config.json (as a dict) of a Qwen3, Qwen2 or Llama model."""
-        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                               "intermediate_size", "vocab_size") if k not in config]
-        if missing:
-            raise ValueError(f"HF config lacks {missing}: not a Qwen3/Qwen2/Llama config.json")
-        heads = config["num_attention_heads"]
-        hidden = config["hidden_size"]
-        dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-        dtype = str(dtype).removeprefix("torch.")
-        if dtype not in _DTYPE_BYTES:
-            raise ValueError(f"HF config dtype {dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
-        head_dim = config.get("head_dim") or hidden // heads
-        return cls(
-            name=name or config.get("_name_or_path") or config.get("model_type", "model"),
-            num_layers=config["num_hidden_layers"],
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=head_dim,
-            intermediate_size=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
-            dtype_bytes=_DTYPE_BYTES[dtype],
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        )
+        """The simulator's view of a described model, its KV cache storing the model's dtype."""
+        return cls(**{f.name: getattr(shape, f.name) for f in fields(ModelShape)})
 
     # ---- tensor parallelism -----------------------------------------------------------------
 
     def check_tp(self, tp_size: int) -> None:
         """Raise ValueError unless the shape shards evenly over tp_size ranks."""
-        _check_positive("tp_size", "value", tp_size, (int,))
+        check_positive("tp_size", "value", tp_size, (int,))
         for name in ("num_heads", "intermediate_size", "vocab_size"):
             if getattr(self, name) % tp_size:
                 raise ValueError(f"tp_size={tp_size} must divide {self.name}'s {name} ({getattr(self, name)})")
@@ -217,13 +166,13 @@ class HardwareSpec:
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)  # "80.0e+9" in YAML
                     object.__setattr__(self, f.name, value)
-                _check_positive("HardwareSpec", f.name, value, (int,))
+                check_positive("HardwareSpec", f.name, value, (int,))
             elif f.name.endswith("_s"):
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                     raise ValueError(f"HardwareSpec.{f.name} must be a number >= 0, got {value!r}")
                 object.__setattr__(self, f.name, float(value))
             else:
-                _check_positive("HardwareSpec", f.name, value, (int, float))
+                check_positive("HardwareSpec", f.name, value, (int, float))
                 object.__setattr__(self, f.name, float(value))
                 if f.name.endswith("_efficiency") and value > 1:
                     raise ValueError(f"HardwareSpec.{f.name} must be in (0, 1], got {value!r}")

@@ -1,18 +1,25 @@
-"""Every model the project knows by name: the one place its shape is written down.
+"""The one description of a model: its shape, the architecture it belongs to, and every named model.
 
-A name here is the model's only spelling. It is the Hydra option (`model=qwen3-0.6b`, file
-conf/model/qwen3-0.6b.yaml), the checkpoint preset (`python -m engine.checkpoint --preset
+ModelShape is what a Hugging Face config.json says about a dense decoder, in this project's
+names. Everything else derives from it: the simulator's sim.specs.ModelSpec (a ModelShape plus
+the KV cache's setting), the config.json the checkpoint writer ships (engine.models.presets), and
+the engine, which reads a checkpoint's config.json with ModelShape.from_hf_config and builds the
+class that ARCHITECTURES names for its model_type. Plain data, so the simulator reads it without
+torch.
+
+A name in MODEL_SHAPES is the model's only spelling. It is the Hydra option (`model=qwen3-0.6b`,
+file conf/model/qwen3-0.6b.yaml), the checkpoint preset (`python -m engine.checkpoint --preset
 qwen3-0.6b`) and the folder of its random-weight checkpoint (`checkpoints/qwen3-0.6b/`).
-Both backends derive from these records: sim.specs.ModelSpec (what the simulator prices) and
-engine.models.presets (the config.json the checkpoint writer ships). Plain data, so the simulator
-reads it without torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, TypeVar
 
-MODEL_TYPES = ("qwen3", "qwen2", "llama")
+from engine.core.registry import Registry
+
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 # The project's own tokenizer (engine.tokenizer_builder) has exactly this many ids; the tiny
 # models' vocabulary matches it so every embedding row is reachable.
@@ -20,11 +27,59 @@ TOKENIZER_VOCAB_SIZE = 512
 
 
 @dataclass(frozen=True)
+class Architecture:
+    """What one Hugging Face model_type changes in the decoder every architecture shares
+    (pre-norm, RoPE, grouped-query attention, SwiGLU), and where the engine's class for it lives."""
+
+    hf_class: str  # config.json's "architectures" entry, and the name of the engine's class
+    module: str  # the engine module defining hf_class; only the engine imports it (torch)
+    qk_norm: bool  # an RMSNorm over each head of q and of k, before the rotation
+    fixed_qkv_bias: bool  # q/k/v always carry a bias and o never does; no attention_bias switch
+    config_keys: tuple[str, ...]  # the optional config.json keys its Hugging Face config class has
+
+
+# Every architecture, by Hugging Face model_type. A new one is a module defining its class (see
+# engine/models/llama.py) and one entry here; the engine finds the class through this entry.
+ARCHITECTURES: Registry[Architecture] = Registry("model_type")
+_QWEN_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers")
+ARCHITECTURES.add("qwen3", Architecture(
+    "Qwen3ForCausalLM", "engine.models.qwen3", qk_norm=True, fixed_qkv_bias=False,
+    config_keys=(*_QWEN_WINDOW, "attention_bias", "attention_dropout", "rope_scaling")))
+ARCHITECTURES.add("qwen2", Architecture(
+    "Qwen2ForCausalLM", "engine.models.qwen2", qk_norm=False, fixed_qkv_bias=True, config_keys=_QWEN_WINDOW))
+ARCHITECTURES.add("llama", Architecture(
+    "LlamaForCausalLM", "engine.models.llama", qk_norm=False, fixed_qkv_bias=False,
+    config_keys=("attention_bias", "mlp_bias")))
+
+
+def check_positive(owner: str, name: str, value: Any, types: tuple[type, ...]) -> None:
+    """TypeError unless value is one of types (never a bool), ValueError unless it is > 0."""
+    is_number = not isinstance(value, bool) and isinstance(value, types)
+    if not is_number:
+        allowed = " or ".join(t.__name__ for t in types)
+        raise TypeError(f"{owner}.{name} must be {allowed}, got {type(value).__name__} ({value!r})")
+    if not value > 0:
+        raise ValueError(f"{owner}.{name} must be > 0, got {value!r}")
+
+
+class _HasToDict(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+S = TypeVar("S", bound="ModelShape")
+_INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+               "vocab_size", "max_position_embeddings")
+_REQUIRED_HF_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """A dense decoder's shape and the few numbers its config.json adds (RoPE, norm epsilon)."""
+    """A dense decoder's shape and the few numbers its config.json adds (RoPE, norm epsilon).
+
+    The defaults are what a config.json that leaves a key out means (the Hugging Face classes'
+    defaults, as the engine has always read them)."""
 
     name: str
-    model_type: str  # the Hugging Face family: qwen3 (q/k norm), qwen2 (q/k/v bias) or llama
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -32,22 +87,108 @@ class ModelShape:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    tie_word_embeddings: bool
-    dtype: str  # the checkpoint's torch_dtype
-    max_position_embeddings: int
-    rope_theta: float = 1_000_000.0
+    model_type: str = "qwen3"  # the Hugging Face family, a name of ARCHITECTURES
+    tie_word_embeddings: bool = False
+    dtype: str = "bfloat16"  # the checkpoint's torch_dtype
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
-    source: str = ""  # where the numbers come from
+    attention_bias: bool = False  # q, k, v and o carry a bias (families with that switch)
+    mlp_bias: bool = False  # gate, up and down carry a bias (families with that switch)
+    source: str = field(default="", compare=False)  # where the numbers come from
 
     def __post_init__(self) -> None:
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"ModelShape.model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
+        owner = type(self).__name__
+        for name in _INT_FIELDS:
+            check_positive(owner, name, getattr(self, name), (int,))
+        for name in ("rope_theta", "rms_norm_eps"):
+            check_positive(owner, name, getattr(self, name), (int, float))
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(f"{owner}.{ARCHITECTURES.unknown(self.model_type)}")
         if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"ModelShape.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ValueError(f"{owner}.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{owner}.num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention")
+        for switch in ("attention_bias", "mlp_bias"):
+            if getattr(self, switch) and switch not in self.architecture.config_keys:
+                raise ValueError(f"{owner}.{switch}: a {self.model_type} model has no such switch; expected false")
+
+    @property
+    def architecture(self) -> Architecture:
+        return ARCHITECTURES.get(self.model_type)
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture.qk_norm
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias or self.architecture.fixed_qkv_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.attention_bias
+
+    @classmethod
+    def from_hf_config(cls: type[S], config: Mapping[str, Any] | _HasToDict, name: str | None = None) -> S:
+        """Read a Hugging Face config.json (the dict, or a transformers PretrainedConfig); ValueError
+        names what this project cannot serve. A key left out means the field's default."""
+        cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
+        missing = [key for key in _REQUIRED_HF_KEYS if key not in cfg]
+        if missing:
+            raise ValueError(f"config lacks {missing}: not a config.json of a {list(ARCHITECTURES.names())} model")
+        model_type = cfg.get("model_type")
+        if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
+            raise ValueError(f"config model_type={model_type!r} is not supported; expected one of "
+                             f"{list(ARCHITECTURES.names())}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config hidden_act={cfg['hidden_act']!r} is not supported; expected 'silu'")
+        if cfg.get("use_sliding_window"):
+            raise ValueError("config use_sliding_window=true is not supported; expected false")
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or _default("dtype")).removeprefix("torch.")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"config torch_dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        # a switch the family's config class does not have is off, whatever the file says
+        switches = ARCHITECTURES.get(model_type).config_keys
+        return cls(
+            name=str(name or cfg.get("_name_or_path") or model_type),
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            model_type=model_type,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", _default("tie_word_embeddings"))),
+            dtype=dtype,
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or _default("max_position_embeddings")),
+            rope_theta=_rope_theta(cfg),
+            rms_norm_eps=float(cfg.get("rms_norm_eps") or _default("rms_norm_eps")),
+            attention_bias="attention_bias" in switches and bool(cfg.get("attention_bias", False)),
+            mlp_bias="mlp_bias" in switches and bool(cfg.get("mlp_bias", False)),
+        )
+
+
+def _default(name: str) -> Any:
+    """ModelShape's default for a field: what a config.json without that key means."""
+    return next(f.default for f in fields(ModelShape) if f.name == name)
+
+
+def _rope_theta(cfg: Mapping[str, Any]) -> float:
+    # transformers 4.x writes rope_theta (+ rope_scaling); 5.x folds both into rope_parameters.
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise ValueError(f"config rope type {rope_type!r} is not supported; expected 'default'")
+    return float(params.get("rope_theta") or cfg.get("rope_theta") or _default("rope_theta"))
 
 
 def _qwen3(name: str, layers: int, hidden: int, heads: int, intermediate: int, tied: bool) -> ModelShape:
@@ -55,16 +196,16 @@ def _qwen3(name: str, layers: int, hidden: int, heads: int, intermediate: int, t
     return ModelShape(
         name=name, model_type="qwen3", num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=8,
         head_dim=128, intermediate_size=intermediate, vocab_size=151936, tie_word_embeddings=tied,
-        dtype="bfloat16", max_position_embeddings=40960,
+        dtype="bfloat16", max_position_embeddings=40960, rope_theta=1_000_000.0,
         source=f"https://huggingface.co/Qwen/{name.title()}/blob/main/config.json",
     )
 
 
-def _tiny(name: str, model_type: str, **overrides) -> ModelShape:
+def _tiny(name: str, model_type: str, **overrides: Any) -> ModelShape:
     # Two layers over the project's tokenizer, in float32 so CPU runs are exact.
-    base = dict(
+    base: dict[str, Any] = dict(
         num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-        vocab_size=TOKENIZER_VOCAB_SIZE, dtype="float32", max_position_embeddings=2048,
+        vocab_size=TOKENIZER_VOCAB_SIZE, dtype="float32", max_position_embeddings=2048, rope_theta=1_000_000.0,
         source="test model of this project",
     )
     return ModelShape(name=name, model_type=model_type, **{**base, **overrides})

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     runner = llm.executor.runner
     t = args.tokens
     ops, meta = op_calls(runner, t)
-    model, arch, dev = runner.model, runner.arch, runner.device
+    model, arch, dev = runner.model, runner.shape, runner.device
     lines = [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, tokens {t}", "", "host us per call:"]
     with torch.inference_mode():
         for name, fn in ops.items():
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def op_calls(runner, t: int):
     """name -> a call of one op the eager forward launches, on t tokens; and the attention metadata."""
-    model, arch = runner.model, runner.arch
+    model, arch = runner.model, runner.shape
     dev, dt = runner.device, runner.dtype
     heads, kvh, d = arch.num_heads, runner.num_kv_heads, arch.head_dim
     x = torch.randn(t, arch.hidden_size, device=dev, dtype=dt)

@@ -13,9 +13,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.checkpoint import main, write_checkpoint
-from engine.models.arch import ModelArch, hf_tensor_shapes
-from engine.models.presets import PRESETS, preset_config
+from engine.checkpoint import is_complete, main, write_checkpoint
+from engine.core.model_shapes import ModelShape
+from engine.models.presets import PRESETS, hf_tensor_shapes, preset_config
 
 
 def _digest(d) -> dict[str, str]:
@@ -39,7 +39,7 @@ def test_qwen3_presets_carry_published_config(preset):
     assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["tie_word_embeddings"]) == (kv, inter, tied)
     assert (cfg["head_dim"], cfg["vocab_size"], cfg["rope_theta"]) == (128, 151936, 1000000)
     assert (cfg["rms_norm_eps"], cfg["max_position_embeddings"], cfg["torch_dtype"]) == (1e-6, 40960, "bfloat16")
-    params = sum(math.prod(shape) for _, shape in hf_tensor_shapes(ModelArch.from_hf_config(cfg)))
+    params = sum(math.prod(shape) for _, shape in hf_tensor_shapes(ModelShape.from_hf_config(cfg)))
     assert params / 1e9 == pytest.approx(billions, abs=0.05)
 
 
@@ -98,7 +98,7 @@ def test_dtype_override_and_sharded_index(tmp_path):
         total += t.numel() * 2
     assert index["metadata"]["total_size"] == total
     names = set(index["weight_map"])
-    assert names == {n for n, _ in hf_tensor_shapes(ModelArch.from_hf_config(preset_config("tiny-llama")))}
+    assert names == {n for n, _ in hf_tensor_shapes(ModelShape.from_hf_config(preset_config("tiny-llama")))}
 
 
 def test_rewrite_with_other_sharding_leaves_no_stale_shards(tmp_path):
@@ -145,3 +145,74 @@ def test_real_size_checkpoint_streams_in_bounded_memory(tmp_path):
     assert size == pytest.approx(2 * 0.596e9, rel=0.01)
     assert peak_bytes < size / 2
     assert set(PRESETS) >= {"qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-32b"}
+
+
+def _interrupt_after(monkeypatch, files: int) -> None:
+    """Make the weight writer raise once it has written `files` safetensors files, as Ctrl-C would."""
+    import engine.checkpoint as checkpoint
+
+    real, written = checkpoint._write_safetensors, []
+
+    def write(path, *args):
+        if len(written) == files:
+            path.write_bytes(b"\0" * 100)  # the file it was part-way through
+            raise KeyboardInterrupt
+        real(path, *args)
+        written.append(path)
+
+    monkeypatch.setattr(checkpoint, "_write_safetensors", write)
+
+
+@pytest.mark.parametrize("files", [0, 2])
+def test_an_interrupted_write_leaves_no_folder_and_the_next_write_succeeds(tmp_path, monkeypatch, files):
+    out = tmp_path / "ckpt"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, files)
+        with pytest.raises(KeyboardInterrupt):
+            write_checkpoint("tiny-qwen3", out, max_shard_bytes=50_000)
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor the partial one
+    write_checkpoint("tiny-qwen3", out, max_shard_bytes=50_000)
+    again = write_checkpoint("tiny-qwen3", tmp_path / "b", max_shard_bytes=50_000)
+    assert is_complete(out) and _digest(out) == _digest(again)
+
+
+def test_an_interrupted_rewrite_keeps_the_earlier_checkpoint(tmp_path, monkeypatch):
+    before = _digest(write_checkpoint("tiny-llama", tmp_path / "ckpt", seed=1))
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 0)
+        with pytest.raises(KeyboardInterrupt):
+            write_checkpoint("tiny-llama", tmp_path / "ckpt", seed=2)
+    assert _digest(tmp_path / "ckpt") == before and [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_a_killed_writers_partial_folder_is_removed_by_the_next_write(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    abandoned = tmp_path / f".ckpt.partial-{dead}-0123abcd"
+    live = tmp_path / f".ckpt.partial-{1}-0123abcd"  # pid 1 is always alive: a writer still at work
+    other = tmp_path / f".other.partial-{dead}-0123abcd"  # another checkpoint's
+    for folder in (abandoned, live, other):
+        (folder / "config.json").parent.mkdir()
+        (folder / "config.json").write_text("{}")
+    write_checkpoint("tiny-qwen3", tmp_path / "ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", live.name, other.name])
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_refused_not_replaced(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="out_dir=.*neither an empty folder nor a checkpoint"):
+        write_checkpoint("tiny-qwen3", tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--preset", "tiny-qwen3", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "neither an empty folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_is_complete_spots_a_truncated_or_missing_shard(tmp_path):
+    d = write_checkpoint("tiny-qwen2", tmp_path / "d", max_shard_bytes=50_000)
+    assert is_complete(d)
+    shard = sorted(d.glob("model-*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert not is_complete(d)
+    shard.unlink()
+    assert not is_complete(d) and not is_complete(tmp_path / "missing")

@@ -47,7 +47,7 @@ def test_fused_call_sites_give_the_torch_path_logits(preset, request):
             m.fused_kernels = stand_in
     calls = count_calls(model)
     got = prefill_then_decode(model, "cpu")
-    layers = model.arch.num_layers
+    layers = model.shape.num_layers
     # per forward: q/k + rotary and SiLU once a layer; the first input norm alone has no residual;
     # every other norm (input norms after layer 0, post-attention norms, the final norm) adds one
     assert calls == {"qk_norm_rope_": 2 * layers, "silu_and_mul": 2 * layers, "rms_norm": 2,
@@ -81,7 +81,7 @@ def test_fused_model_matches_torch_path_on_cuda(qwen3_0_6b_dir, attention_backen
     assert model.set_fused_kernels("triton") > 0
     calls = count_calls(model)
     got = prefill_then_decode(model, "cuda", **shape)
-    assert calls["qk_norm_rope_"] == 2 * model.arch.num_layers
+    assert calls["qk_norm_rope_"] == 2 * model.shape.num_layers
     for step, (ours, ref) in enumerate(zip(got, expected)):
         # bf16 through 28 layers, rounded once per fused op instead of once per torch op
         # (a wiring bug, e.g. an unrotated k or a lost residual, is an O(1) error)

@@ -31,7 +31,7 @@ def test_bfloat16_override_gives_bf16_weights_and_float32_logits(tiny_qwen3_dir)
     with torch.no_grad():
         logits = model.compute_logits(hidden[[2, 8]])
         want = ref_model.compute_logits(_prefill_hidden(ref_model, IDS)[[2, 8]])
-    assert logits.shape == (2, model.arch.vocab_size) and logits.dtype == torch.float32
+    assert logits.shape == (2, model.shape.vocab_size) and logits.dtype == torch.float32
     # bf16 keeps ~3 significant digits; a wrong row or position would be off by the logit scale
     torch.testing.assert_close(logits, want, rtol=0, atol=0.05 * float(want.abs().max()))
 
@@ -42,7 +42,7 @@ def test_compute_logits_only_for_given_rows(tiny_llama_dir):
     with torch.no_grad():
         every = model.compute_logits(hidden)
         last = model.compute_logits(hidden[-1:])
-    assert every.shape == (len(IDS), model.arch.vocab_size)
+    assert every.shape == (len(IDS), model.shape.vocab_size)
     torch.testing.assert_close(last, every[-1:])
 
 

@@ -1,5 +1,6 @@
 """The simulator's ModelSpec and the checkpoint the engine loads agree on every shape field,
-for every named model, because both derive from engine.core.model_shapes."""
+for every named model, because both derive from engine.core.model_shapes; each model_type is
+built as its own class, found through ARCHITECTURES."""
 
 from __future__ import annotations
 
@@ -13,31 +14,26 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from engine.checkpoint import main, write_checkpoint
-from engine.core.model_shapes import MODEL_SHAPES, RENAMED, ModelShape
-from engine.models.arch import ModelArch, hf_tensor_shapes
-from engine.models.presets import hf_config, preset_config
+from engine.core.model_shapes import ARCHITECTURES, MODEL_SHAPES, RENAMED, ModelShape
+from engine.models import build_model, model_class
+from engine.models.presets import hf_config, hf_tensor_shapes, preset_config
 from sim.specs import ModelSpec
 
-# ModelSpec field -> ModelArch field (the loader's reading of config.json)
-ARCH_FIELD = {
-    "num_layers": "num_layers", "hidden_size": "hidden_size", "num_heads": "num_heads",
-    "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size",
-    "vocab_size": "vocab_size", "tie_word_embeddings": "tie_word_embeddings",
-}
-SHAPE_FIELDS = {f.name for f in dataclasses.fields(ModelSpec)} - {"name"}
 TINY = sorted(name for name in MODEL_SHAPES if name.startswith("tiny-"))
 
 
-def test_every_spec_field_but_the_width_is_read_by_the_loader():
-    # dtype_bytes is compared through torch_dtype; kv_cache_dtype is the cache's (CacheConfig), not the checkpoint's
-    assert SHAPE_FIELDS - set(ARCH_FIELD) == {"dtype_bytes", "kv_cache_dtype"}
+def test_the_simulators_spec_is_the_description_plus_the_caches_dtype():
+    # a field added to ModelShape is a ModelSpec field (and a conf/model override) without a second list
+    spec_fields = [f.name for f in dataclasses.fields(ModelSpec)]
+    assert spec_fields == [f.name for f in dataclasses.fields(ModelShape)] + ["kv_cache_dtype"]
 
 
 def _assert_agree(config: dict, spec: ModelSpec) -> None:
-    arch = ModelArch.from_hf_config(config)
-    for spec_field, arch_field in ARCH_FIELD.items():
-        assert getattr(arch, arch_field) == getattr(spec, spec_field), spec_field
-    assert ModelSpec.from_hf_config(config, name=spec.name) == spec  # dtype_bytes too
+    # The engine reads config.json with ModelShape.from_hf_config; the simulator's spec of the
+    # same file must be the named model's spec, field for field (dtype too).
+    assert ModelSpec.from_hf_config(config, name=spec.name) == spec
+    shape = ModelShape.from_hf_config(config, name=spec.name)
+    assert ModelSpec.from_shape(shape) == spec and shape.dtype_bytes == spec.dtype_bytes
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -64,7 +60,7 @@ def test_preset_config_has_the_simulators_shape(name):
 @pytest.mark.parametrize("name", sorted(n for n, s in MODEL_SHAPES.items() if s.model_type == "qwen3"))
 def test_simulator_counts_the_checkpoints_parameters(name):
     # Qwen3 has q/k norms and no biases, exactly the tensors ModelSpec counts.
-    tensors = hf_tensor_shapes(ModelArch.from_hf_config(preset_config(name)))
+    tensors = hf_tensor_shapes(ModelShape.from_hf_config(preset_config(name)))
     assert sum(math.prod(shape) for _, shape in tensors) == ModelSpec.from_shape(MODEL_SHAPES[name]).num_params
 
 
@@ -98,3 +94,46 @@ def test_other_spelling_of_a_preset_names_the_model(old, new, tmp_path, capsys):
     error_lines = [line for line in err.splitlines() if line.startswith("python -m engine.checkpoint: error")]
     assert len(error_lines) == 1 and f"--preset {new}" in error_lines[0]
     assert not (tmp_path / "cli").exists()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_each_model_type_builds_its_own_class(name):
+    from engine.attention.registry import get_attention_backend
+
+    shape = MODEL_SHAPES[name]
+    model = build_model(preset_config(name), get_attention_backend("torch", "cpu"))
+    assert type(model) is model_class(shape.model_type)
+    assert type(model).__name__ == shape.architecture.hf_class == preset_config(name)["architectures"][0]
+    assert model.shape == ModelShape.from_hf_config(preset_config(name)) and model.shape.model_type == shape.model_type
+    attn = model.model.layers[0].self_attn
+    assert (attn.q_norm is not None) == shape.qk_norm == (shape.model_type == "qwen3")
+    assert (attn.qkv_proj.bias is not None) == shape.qkv_bias == (shape.model_type == "qwen2")
+    assert attn.o_proj.bias is None
+    other = next(t for t in ARCHITECTURES.names() if t != shape.model_type)
+    with pytest.raises(ValueError, match=f"cannot serve model_type='{shape.model_type}'"):
+        model_class(other)(preset_config(name), get_attention_backend("torch", "cpu"))
+
+
+def test_unknown_model_type_lists_the_known_ones():
+    config = {**preset_config("tiny-llama"), "model_type": "mistral"}
+    known = r"\['qwen3', 'qwen2', 'llama'\]"
+    with pytest.raises(ValueError, match=rf"model_type='mistral' is not supported; expected one of {known}"):
+        ModelShape.from_hf_config(config)
+    with pytest.raises(ValueError, match=rf"^model_type must be one of {known}, got 'mistral'"):
+        model_class("mistral")
+    with pytest.raises(ValueError, match=r"ModelShape.model_type must be one of"):
+        dataclasses.replace(MODEL_SHAPES["tiny-llama"], model_type="mistral")
+
+
+@pytest.mark.parametrize("switch, model_type", [("attention_bias", "qwen2"), ("mlp_bias", "qwen3")])
+def test_a_bias_switch_the_family_lacks_is_refused(switch, model_type):
+    with pytest.raises(ValueError, match=f"{switch}: a {model_type} model has no such switch"):
+        ModelShape("m", 2, 64, 4, 2, 16, 128, 512, model_type=model_type, **{switch: True})
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_attention_bias_puts_a_bias_on_all_four_projections(model_type):
+    shape = ModelShape("m", 1, 64, 4, 2, 16, 128, 512, model_type=model_type, attention_bias=True)
+    names = {n for n, _ in hf_tensor_shapes(shape)}
+    assert {f"model.layers.0.self_attn.{p}_proj.bias" for p in "qkvo"} <= names
+    assert ModelShape.from_hf_config(hf_config(shape), name="m") == shape

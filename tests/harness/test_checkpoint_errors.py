@@ -75,3 +75,25 @@ def test_a_fleet_whose_replicas_cannot_load_stops_in_one_line_through_the_cli(tm
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: engine replica 1 failed during 'load': ") and "truncated or corrupt" in last
     assert "Traceback" not in result.stderr
+
+
+def test_the_default_checkpoint_is_written_again_when_cut_short(tmp_path, monkeypatch, truncated):
+    # A checkpoint left truncated by an interrupted in-place write is rewritten, not served.
+    import harness.checkpoints as checkpoints
+    from engine.checkpoint import is_complete
+    from engine.core.model_shapes import MODEL_SHAPES
+    from sim.specs import ModelSpec
+
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_ROOT", tmp_path)
+    spec = ModelSpec.from_shape(MODEL_SHAPES["tiny-qwen3"])
+    folder = tmp_path / "tiny-qwen3"
+    shutil.copytree(truncated, folder)
+    assert not is_complete(folder)
+    checkpoints.ensure_checkpoint(str(folder), spec)
+    assert is_complete(folder)
+    weights = (folder / "model.safetensors").stat().st_mtime_ns
+    checkpoints.ensure_checkpoint(str(folder), spec)  # complete: left alone
+    assert (folder / "model.safetensors").stat().st_mtime_ns == weights
+    shutil.rmtree(folder)
+    checkpoints.ensure_checkpoint(str(folder), spec)  # missing: written
+    assert is_complete(folder) and sorted(p.name for p in tmp_path.iterdir()) == ["tiny-qwen3", "truncated"]

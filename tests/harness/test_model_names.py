@@ -51,9 +51,10 @@ def test_other_spelling_on_the_command_line_prints_one_line(tmp_path):
 
 
 def test_fields_override_the_preset_and_only_those():
-    rc = build_run_config(compose_config(["model=qwen3-8b", "+model.num_layers=4", "+model.dtype_bytes=1"]))
+    rc = build_run_config(compose_config(["model=qwen3-8b", "+model.num_layers=4", "+model.dtype=float8_e4m3fn"]))
     preset = ModelSpec.from_shape(MODEL_SHAPES["qwen3-8b"])
-    assert rc.model == dataclasses.replace(preset, num_layers=4, dtype_bytes=1)
+    assert rc.model == dataclasses.replace(preset, num_layers=4, dtype="float8_e4m3fn")
+    assert rc.model.dtype_bytes == 1 and rc.model.weight_bytes == rc.model.num_params
 
 
 def test_overridden_shape_needs_its_own_checkpoint_folder(tmp_path):

@@ -75,7 +75,7 @@ def test_model_with_fused_kernels_matches_torch_path(preset, tmp_path):
     assert model.set_fused_kernels("triton", allow_cpu=True) > 0
     calls = count_calls(model)
     got = prefill_then_decode(model, "cpu")
-    assert calls["qk_norm_rope_"] == calls["silu_and_mul"] == 2 * model.arch.num_layers
+    assert calls["qk_norm_rope_"] == calls["silu_and_mul"] == 2 * model.shape.num_layers
     for ours, ref in zip(got, expected):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
 

@@ -49,8 +49,8 @@ def test_model_spec_carries_every_shape_field_of_its_model(name):
         if f.name == "kv_cache_dtype":  # the cache's setting, not the model's: the model's own dtype
             assert spec.kv_cache_dtype == "auto"
             continue
-        expected = shape.dtype_bytes if f.name == "dtype_bytes" else getattr(shape, f.name)
-        assert getattr(spec, f.name) == expected, f.name
+        assert getattr(spec, f.name) == getattr(shape, f.name), f.name
+    assert spec.dtype_bytes == shape.dtype_bytes
     assert preset_fields(name) == dataclasses.asdict(spec)
 
 

@@ -9,6 +9,7 @@ QWEN3_8B_HF = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
     "vocab_size": 151936, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06,
 }
 
 
@@ -18,7 +19,7 @@ def test_from_hf_config_reads_qwen3_shape():
 
 
 def test_from_hf_config_defaults_head_dim_and_kv_heads_and_reads_dtype_key():
-    llama = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 8, "intermediate_size": 128,
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 8, "intermediate_size": 128,
              "vocab_size": 512, "dtype": "float32"}
     spec = ModelSpec.from_hf_config(llama, name="l")
     assert (spec.head_dim, spec.num_kv_heads, spec.dtype_bytes, spec.tie_word_embeddings) == (8, 8, 4, False)
@@ -65,8 +66,11 @@ def test_model_spec_validates_fields():
         ModelSpec("m", 2, 64, 4, 3, 16, 128, 512)
     with pytest.raises(TypeError, match="hidden_size"):
         ModelSpec("m", 2, 64.0, 4, 2, 16, 128, 512)
-    with pytest.raises(ValueError, match="dtype_bytes"):
-        ModelSpec("m", 2, 64, 4, 2, 16, 128, 512, dtype_bytes=3)
+    with pytest.raises(ValueError, match=r"ModelSpec\.dtype must be one of \['bfloat16'"):
+        ModelSpec("m", 2, 64, 4, 2, 16, 128, 512, dtype="int3")
+    with pytest.raises(ValueError, match="ModelSpec.kv_cache_dtype must be one of"):
+        ModelSpec("m", 2, 64, 4, 2, 16, 128, 512, kv_cache_dtype="int3")
+    assert ModelSpec("m", 2, 64, 4, 2, 16, 128, 512, dtype="float8_e4m3fn").dtype_bytes == 1
 
 
 def test_hardware_spec_validates_efficiencies_and_coerces_numbers():
