@@ -57,7 +57,8 @@ def test_experiment_composes_and_converts(name):
 
 
 # Options with a mandatory value (???) the user must give.
-REQUIRED = {"trace": ["workload.trace_path=my_trace.csv"]}
+REQUIRED = {"trace": ["workload.trace_path=my_trace.csv"],
+            "trace_lengths": ["workload.trace_path=my_trace.csv", "workload.rate=2"]}
 
 
 @pytest.mark.parametrize("group", ["model", "hardware", "workload", "scheduler"])
