@@ -3,7 +3,7 @@ evaluations of a 2,000-request trace in under 5 minutes on 2 cores.
 
 The deployments are the first --evaluations of a seeded shuffle of a grid (hardware x TP x
 max_num_seqs x max_num_batched_tokens x policy x router x 1-2 replicas) for Qwen3-8B on the first
-2,000 requests of the Azure conversation trace. They go through harness.plan.evaluate_all, the
+2,000 requests of the Azure conversation trace. They go through harness.plan.search.evaluate_all, the
 search's single evaluation call site, with a joblib map over --jobs processes plugged in there.
 The row records the load average too: on a shared machine the wall time is an upper bound.
 
@@ -30,8 +30,8 @@ import pandas as pd
 
 from engine.core.routers import RouterConfig
 from harness.parallel import parallel_map
-from harness.plan import Deployment, PlanBase, evaluate_all
-from harness.plan_config import SLOConfig, load_catalogue
+from harness.plan.search import Deployment, PlanBase, evaluate_all
+from harness.plan.config import SLOConfig, load_catalogue
 from harness.scripting import compose_run_config, one_line_errors
 
 REPO = Path(__file__).resolve().parents[1]

@@ -34,14 +34,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Runs inside each tree with only the APIs both trees have: bench_plan_speed's grid and overrides,
-# harness.plan.evaluate, and harness.plan.run_fleet_once wrapped to keep the outcome.
+# harness.plan.search.evaluate, and harness.plan.search.run_fleet_once wrapped to keep the outcome.
 WORKER = """
 import hashlib, json, sys, time
 import pandas as pd
-import harness.plan as plan
+import harness.plan.search as plan
 from experiments import bench_plan_speed as bench
 from engine.core.routers import RouterConfig
-from harness.plan_config import SLOConfig, load_catalogue
+from harness.plan.config import SLOConfig, load_catalogue
 from harness.scripting import compose_run_config
 
 index, requests = int(sys.argv[1]), int(sys.argv[2])
@@ -59,7 +59,7 @@ row.pop("eval_s")
 tables, steps = {}, 0
 if outcomes and sys.argv[3] == "tables":  # again, untimed, with the full tables of a plain fleet run
     import dataclasses
-    from harness.fleet_config import FleetConfig
+    from harness.fleet.config import FleetConfig
     d = deployment
     scheduler = dataclasses.replace(rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
                                     max_num_batched_tokens=d.max_num_batched_tokens)

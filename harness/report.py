@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "report.csv", index=False)
-    from harness.plots import plot_sweep
+    from harness.output.plots import plot_sweep
 
     common = os.path.commonpath(list(table["run"])) if len(table) > 1 else ""
     table["label"] = [os.path.relpath(r, common) if common else Path(r).name for r in table["run"]]

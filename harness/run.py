@@ -4,7 +4,7 @@ The simulator runs on a SimulatedClock (time jumps by each step's priced duratio
 a WallClock (measured time). Outputs go to a directory: requests.csv, steps.csv.gz (unless
 output.steps=none), summary.csv and, unless disabled, timeline.png and latency_cdf.png. Engine runs
 (and runs asked to record) also carry each step's features, schedule fingerprint and host time in
-the step table (harness.recording).
+the step table (harness.output.recording).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from harness.backends import BACKENDS
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.labels import run_identity, run_title
-from harness.metrics import requests_frame, steps_frame, summarize, write_steps
-from harness.recording import StepRecorder
+from harness.output.metrics import requests_frame, steps_frame, summarize, write_steps
+from harness.output.recording import StepRecorder
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True, steps:
     """The run's tables (and plots) in out_dir; steps="none" leaves the per-step table out."""
     write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, steps)
     if plots:
-        from harness.plots import plot_latency_cdfs, plot_timeline
+        from harness.output.plots import plot_latency_cdfs, plot_timeline
 
         plot_timeline(outcome.steps, outcome.num_blocks, out_dir / "timeline.png", outcome.summary)
         plot_latency_cdfs(outcome.requests, out_dir / "latency_cdf.png", run_title(outcome.summary))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from harness.metrics import LEGACY_STEPS_FILE, STEPS_FILE, steps_path
+from harness.output.metrics import LEGACY_STEPS_FILE, STEPS_FILE, steps_path
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -135,17 +135,17 @@ def open_probe_engine(ckpt: str, num_blocks: int, max_num_seqs: int = 256, max_m
 
 
 def probe_plan(executor, sched, entries, seed: int = 0):
-    """A step of the given (new tokens, cached tokens, is_decode) entries (harness.profiling.build_plan)."""
+    """A step of the given (new tokens, cached tokens, is_decode) entries (harness.calibration.profiling.build_plan)."""
     import numpy as np
 
-    from harness.profiling import build_plan
+    from harness.calibration.profiling import build_plan
 
     return build_plan(entries, executor.info().kv_cache_spec, sched, np.random.default_rng(seed), executor.info().vocab_size)
 
 
 def probe_grid():
     """Repeats for probe timings: more than the calibration grid's, as each probe times few shapes."""
-    from harness.profiling import ProfileGrid
+    from harness.calibration.profiling import ProfileGrid
 
     return ProfileGrid(warmup=2, repeats=12, min_repeats=12, max_seconds_per_shape=5.0)
 

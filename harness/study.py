@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from engine.core.registry import Registry
 from harness.config import CapacityConfig, OutputConfig, build_run_config, section
 from harness.convert import ConfigError, to_dataclass
-from harness.fleet_config import build_fleet
+from harness.fleet.config import build_fleet
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
 
@@ -36,8 +36,8 @@ STUDIES: Registry[Study] = Registry("study.kind")
 class StudyConfig:
     """kind: a name in STUDIES: single (one run), sweep (one run per value of `param`), capacity
     (a rate search per value of `param`, or once when param is null), bench (one run, printed like
-    nano-vllm's bench), compare (engine vs simulator on one workload: harness.compare, settings in
-    the compare section), fidelity (harness.fidelity), plan (deployment search: harness.plan).
+    nano-vllm's bench), compare (engine vs simulator on one workload: harness.compare.study, settings in
+    the compare section), fidelity (harness.fidelity.study), plan (deployment search: harness.plan.search).
     param is a dotted config key (scheduler.max_num_batched_tokens) or a group name (hardware).
     """
 
@@ -84,12 +84,12 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
         if interval is not None:
             raise ConfigError("interval: prediction intervals are computed for a single run, not a fleet "
                               f"(fleet.replicas={fleet.replicas}); set interval=null")
-        from harness.fleet import run_fleet_study
+        from harness.fleet.run import run_fleet_study
 
         return run_fleet_study(rc, fleet, router, output, out_dir)
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)
-        from harness.fidelity_interval import simulate_with_interval
+        from harness.fidelity.interval import simulate_with_interval
         from sim.interval import IntervalConfig
 
         outcome = simulate_with_interval(rc, to_dataclass(IntervalConfig, section(cfg, "interval"), "interval"),
@@ -119,7 +119,7 @@ def _single(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: 
 
 @STUDIES.register("sweep")
 def _sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.sweep import run_sweep
+    from harness.sweeps.sweep import run_sweep
 
     table = run_sweep(cfg, study, output, out_dir)
     print(format_table(table, ["value"]))
@@ -129,7 +129,7 @@ def _sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: P
 
 @STUDIES.register("capacity")
 def _capacity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.capacity import run_capacity
+    from harness.sweeps.capacity import run_capacity
 
     table = run_capacity(cfg, study, output, out_dir)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -144,7 +144,7 @@ def _bench(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: P
 
 @STUDIES.register("compare")
 def _compare(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.compare import run_compare
+    from harness.compare.study import run_compare
 
     table = run_compare(cfg, study, output, out_dir)
     print(f"outputs: {out_dir} (compare.csv, compare.md, compare_*.csv, compare_*.png, engine/, sim_*/)")
@@ -153,7 +153,7 @@ def _compare(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir:
 
 @STUDIES.register("fidelity")
 def _fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.fidelity import run_fidelity
+    from harness.fidelity.study import run_fidelity
 
     table = run_fidelity(cfg, study, output, out_dir)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -163,6 +163,6 @@ def _fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir
 
 @STUDIES.register("plan")
 def _plan(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.plan import run_plan
+    from harness.plan.search import run_plan
 
     return run_plan(cfg, output, out_dir)  # prints its own table and outputs line

@@ -4,7 +4,7 @@ NOTE: three sources of error, propagated through the simulation (so that queuein
 it amplifies real ones) rather than added to the answer:
 - the cost model's per-step scatter: each step's price is divided by (1 + r) / (1 + m), r drawn
   with replacement from the calibration's held-out relative residuals (predicted - measured) /
-  measured (ProfiledCostModel.residuals, harness.calibration.validate) and m their median, so a
+  measured (ProfiledCostModel.residuals, harness.calibration.fit.validate) and m their median, so a
   draw's steps scatter around the fit as the held-out ones did. Independent per step, the scatter
   averages out over a run's thousands of steps; uncentred, it would move every draw the same way
   by the residuals' median and leave the point prediction at one edge of the interval;

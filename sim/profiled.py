@@ -24,14 +24,14 @@ duration_s, the executor's part (gpu_s for device-priced rows: priced_measuremen
 Overlapped steps (async scheduling): the engine launches step N+1 from the host while the device
 still runs step N, so an eager step whose launches take longer than its device work (a small
 prefill: ~20 ms of Python launches for Qwen3-0.6B against ~2 ms of kernels) is partly hidden
-behind the step before it. A profile of an overlapping engine (harness.profiling) measures, per
+behind the step before it. A profile of an overlapping engine (harness.calibration.profiling) measures, per
 shape, launch_s (host time of submit()) and gpu_s (device time alone), and a real run records
 launch_s of every step; then two more fits per regime, "launch:<regime>" and "gpu:<regime>", and
 step_time() prices an eager step as max(gpu + max(0, lead - free), launch - free) and a prefill
 graph step as gpu + max(0, lead - free), where free is the host time left free during the
 previous step (its priced duration less its own launch time less launch_delay_s, the loop's own
 work before it launches the next step: reading the previous result, update(), schedule(),
-building the batch; fitted on real steps, harness.calibration; 0 with nothing in flight) and
+building the batch; fitted on real steps, harness.calibration.fit; 0 with nothing in flight) and
 lead, a third fit ("lead:<regime>", from the profile's lead_s), the host time from submit() until
 the device can run the step without waiting, measured as the time from submit() on an idle device
 until the device finished the step, less its device time. A step after an idle gap pays its whole
@@ -130,7 +130,7 @@ class ProfiledCostModel:
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
         self.launch_delay_s = 0.0  # see the module docstring
-        # (predicted - measured) / measured of steps the fit never saw (harness.calibration.validate):
+        # (predicted - measured) / measured of steps the fit never saw (harness.calibration.fit.validate):
         # what sim.interval resamples for a prediction interval
         self.residuals: tuple[float, ...] = ()
 

@@ -1,5 +1,5 @@
 """How well a profiled model prices steps it never saw: the measurement it prices, relative errors
-and a random hold-out fit (harness.calibration builds the calibration's validation table on these)."""
+and a random hold-out fit (harness.calibration.fit builds the calibration's validation table on these)."""
 
 from __future__ import annotations
 

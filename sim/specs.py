@@ -141,7 +141,7 @@ class HardwareSpec:
     # tensor into every peer's memory). None: not measured, such a run cannot be priced.
     one_shot_latency_s: float | None = None
     one_shot_bandwidth: float | None = None
-    # $ per GPU-hour to rent one: the deployment search (harness.plan) costs fleets with it; each
+    # $ per GPU-hour to rent one: the deployment search (harness.plan.search) costs fleets with it; each
     # conf/hardware entry cites its figure. None: unpriced (the search refuses such an entry).
     price_per_gpu_hour: float | None = None
     # bytes/s the L2 cache serves reads at (peak, scaled by bandwidth_efficiency like

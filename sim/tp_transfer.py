@@ -27,7 +27,7 @@ How the TP=1 step splits into host and device:
 - a ProfiledCostModel of an overlapping engine (fits of launch_s and gpu_s per regime): host =
   the launch time (building the batch, launching) + launch_delay_s (the loop's work before a
   launch: reading the previous result, update(), schedule(); fitted on real steps by
-  harness.calibration), device = the device time alone. Its host fit is left out: under
+  harness.calibration.fit), device = the device time alone. Its host fit is left out: under
   overlap it measured how long the device sat idle, a consequence of the host work, not more of it;
 - a ProfiledCostModel without those fits: host = the hardware config's step_overhead_s +
   seq_overhead_s x num_seqs (RooflineCostModel.host_time) + its host fit (the loop's time

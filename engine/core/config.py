@@ -8,7 +8,7 @@ from engine.core.collectives import ALL_REDUCES
 from engine.core.policies import POLICIES as POLICY_REGISTRY
 
 # The names SchedulerConfig.policy takes, as registered by engine.core.policies' built-in policies
-# (harness.plan_config checks plan.policies against them).
+# (harness.plan.config checks plan.policies against them).
 POLICIES = POLICY_REGISTRY.names()
 
 

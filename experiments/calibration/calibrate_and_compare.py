@@ -9,19 +9,19 @@ experiment=compare, as `python -m harness experiment=compare` takes them) and ap
 except three kinds:
   STAGE:OVERRIDE      only for the runs of one stage: calibration, calibration_online, bench,
                       poisson, azure (STAGES below holds each stage's own overrides)
-  grid.FIELD=VALUE    a field of the profile grid (harness.profiling.ProfileGrid)
+  grid.FIELD=VALUE    a field of the profile grid (harness.calibration.profiling.ProfileGrid)
   calibrate.FIELD=VALUE  a field of CalibrateConfig below (calibrate.out is required)
 
 Stages, each written to calibrate.out as soon as it is done (no stage starts after
 calibrate.deadline_s):
-1. profile.csv: harness.profiling over the grid (rows "grid") and random shapes (rows "random");
+1. profile.csv: harness.calibration.profiling over the grid (rows "grid") and random shapes (rows "random");
 2. calibration/: a real run of a calibration workload (bench lengths, seed 1, short outputs, so
    decode batches span 1..max_num_seqs), steps recorded with host times; then
    calibration_online/: a later window of the Azure conversation trace, which no target uses, so
    that the fit sees the small prefills and ragged decodes that arrivals make;
 3. model.csv (executor time fitted on the grid, host time on the calibration steps) and
    validation.csv (held-out errors: grid split, random shapes, the calibration runs' steps);
-4. compare_<workload>/: harness.compare against model.csv: bench (nano-vllm's, offline), poisson
+4. compare_<workload>/: harness.compare.study against model.csv: bench (nano-vllm's, offline), poisson
    (bench lengths at calibrate.poisson_load of the engine's offline request throughput measured
    by the bench stage, unless poisson:workload.rate is given), azure (the Azure conversation trace);
 5. meta.json: command, overrides, versions, stage times (calibration/recompare.py reads it).
@@ -42,12 +42,12 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from harness.calibration import validate
-from harness.compare import CompareConfig, compare
+from harness.calibration.fit import validate
+from harness.compare.study import CompareConfig, compare
 from harness.shared_executor import EagerSteps, KeepAlive
 from harness.config import section
 from harness.convert import to_dataclass
-from harness.profiling import ProfileGrid, profile_executor
+from harness.calibration.profiling import ProfileGrid, profile_executor
 from harness.run import make_executor, run_once, write_outcome
 from harness.scripting import compose_config, compose_run_config, one_line_errors
 

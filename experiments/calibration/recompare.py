@@ -5,7 +5,7 @@ simulator with another calibration (e.g. one refitted by refit.py).
       --out $OUT/qwen3_0_6b/refit
 
 For each compare_<name>/ of the folder, the workload overrides recorded in meta.json are composed
-again (the saved engine.json must match them: harness.compare checks) and harness.compare runs with
+again (the saved engine.json must match them: harness.compare.study checks) and harness.compare.study runs with
 compare.engine_dir = that folder's engine/ run. The simulator side is deterministic, so the same
 command always writes the same tables.
 """
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from harness.compare import CompareConfig, compare
+from harness.compare.study import CompareConfig, compare
 from harness.scripting import compose_run_config, one_line_errors, require, steps_table_path
 
 

@@ -4,7 +4,7 @@
 
 Reads profile.csv (the grid and random shapes), calibration/steps.csv(.gz) (the calibration run's
 recorded steps; with --extra-steps, other recorded runs too) and meta.json (the engine's CUDA-graph
-sizes) from the folder; writes model.csv and validation.csv (harness.calibration.validate) to --out. Steps recorded before the num_seeded
+sizes) from the folder; writes model.csv and validation.csv (harness.calibration.fit.validate) to --out. Steps recorded before the num_seeded
 feature existed get it from the workload's temperature (--temperature: every harness request
 carries a seed, so with temperature > 0 every sampled row was seeded).
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.calibration import validate, with_seeded_rows
-from harness.compare import engine_graph_sizes
+from harness.calibration.fit import validate, with_seeded_rows
+from harness.compare.study import engine_graph_sizes
 from harness.scripting import read_steps, require
 
 

@@ -2,8 +2,8 @@
 
 The grid times each shape back to back; a served run puts the scheduler, the recorders and the
 loop between steps, and small-batch decode steps are close to host-bound. This serves one
-workload class on the engine (harness.fidelity_classes, at a rate or offline), records every step
-and splits its time by kind of step (harness.compare_tables.replay: the step's device span, the
+workload class on the engine (harness.fidelity.classes, at a rate or offline), records every step
+and splits its time by kind of step (harness.compare.tables.replay: the step's device span, the
 device's idle gap before it, the host time of its submit(), the fit's price of each), with every
 garbage collection of the run timed (gc.callbacks). Then it times a few decode shapes the way the
 grid does (time_plan_overlapped) on the same machine, so the fit's machine and this one can be
@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 
 from engine.step_timing import StepTimer
-from harness import fidelity_classes as classes
-from harness.compare_tables import replay
-from harness.profiling import time_plan_overlapped
+from harness.fidelity import classes
+from harness.compare.tables import replay
+from harness.calibration.profiling import time_plan_overlapped
 from harness.run import make_executor, run_once
 from harness.scripting import compose_run_config, probe_grid, probe_plan
 from harness.shared_executor import KeepAlive

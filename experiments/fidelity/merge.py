@@ -1,6 +1,6 @@
 """Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
 with heldout_<model>.png per model, coverage.csv and targets.csv (cells within 10%). No GPU needed.
-The schedules.csv found beside any of the tables (harness.fidelity_schedules) are merged the same
+The schedules.csv found beside any of the tables (harness.fidelity.schedules) are merged the same
 way into schedules.csv; tables without one (calls from before it existed) are merged as before.
 
     python experiments/fidelity/merge.py experiments/fidelity/calls/*/heldout.csv
@@ -13,7 +13,7 @@ classes updates the committed tables in place:
 
 A call that serves committed cells again, to measure them on another machine, is pooled instead:
 every call's repeats count, and engine_spread says how far the calls' means lie apart
-(harness.fidelity_report.pool):
+(harness.fidelity.report.pool):
 
     python experiments/fidelity/merge.py experiments/fidelity/heldout.csv --pool <the call's heldout.csv>
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.fidelity_report import coverage_table, merge, plot_heldout, pool, target_table
-from harness.fidelity_schedules import merge_schedules
+from harness.fidelity.report import coverage_table, merge, plot_heldout, pool, target_table
+from harness.fidelity.schedules import merge_schedules
 from harness.scripting import one_line_errors
 
 HERE = Path(__file__).resolve().parent

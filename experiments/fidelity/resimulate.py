@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from harness import fidelity_classes as classes
-from harness.compare import sim_run_config
+from harness.fidelity import classes
+from harness.compare.study import sim_run_config
 from harness.convert import ConfigError
-from harness.fidelity_interval import simulate_with_interval
-from harness.fidelity_report import holds, rel_error
+from harness.fidelity.interval import simulate_with_interval
+from harness.fidelity.report import holds, rel_error
 from harness.run import run_once
 from harness.scripting import compose_run_config, one_line_errors
 from sim.interval import IntervalConfig

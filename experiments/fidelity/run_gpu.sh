@@ -44,7 +44,7 @@ mkdir -p "$OUT/$MODEL/$TAG"
 STEPS_DIR=null
 [ -n "$STEPS" ] && STEPS_DIR=$OUT/$MODEL/$TAG/steps
 # max_model_len 16,384: above the prefill-heavy class's 10,240, so the grid's long chunks after
-# 12k of cached context are profiled too (harness.profiling.ProfileGrid.long_prefill_*)
+# 12k of cached context are profiled too (harness.calibration.profiling.ProfileGrid.long_prefill_*)
 python3 -m harness experiment=fidelity model=$MODEL hardware=$HARDWARE backend.model=$CK \
     scheduler.max_model_len=16384 "fidelity.workloads=[$WORKLOADS]" \
     "fidelity.loads=[$LOADS]" fidelity.num_requests=$NUM_REQUESTS fidelity.profile_path=$PROFILE \

@@ -1,6 +1,6 @@
 """Measured against predicted step time by kind of step, from per-step replays: a comparison's
 compare_steps.csv (`experiment=compare`) or the held-out protocol's fidelity.steps_dir files
-(harness.fidelity_steps). Decode steps are grouped by batch size, prefill and mixed steps by whether
+(harness.fidelity.steps). Decode steps are grouped by batch size, prefill and mixed steps by whether
 they replayed a CUDA graph or ran eagerly (past the prefill graphs). No GPU needed.
 
     python experiments/fidelity/step_groups.py RUN_DIR_OR_REPLAY [...] [--cost-model profiled]

@@ -5,7 +5,7 @@ a served prefill-heavy run keeps the device busy for minutes. This times a few s
 Qwen3-0.6B three ways, as an overlapping engine serves them (each step submitted before the
 previous one's result is read):
 
-- "grid": as the profiler does (harness.profiling.time_plan_overlapped), before any load;
+- "grid": as the profiler does (harness.calibration.profiling.time_plan_overlapped), before any load;
 - "sustained": back to back for --seconds, every step's span and launch time kept;
 - "grid after": the profiler's timing again, straight after the sustained load.
 
@@ -24,7 +24,7 @@ import time
 
 import pandas as pd
 
-from harness.profiling import time_plan_overlapped
+from harness.calibration.profiling import time_plan_overlapped
 from harness.scripting import open_probe_engine, probe_args, probe_grid, probe_parser, probe_plan
 
 SHAPES = {  # name -> entries (new tokens, cached tokens, is_decode)

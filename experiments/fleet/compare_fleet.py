@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare_tables import markdown
+from harness.compare.tables import markdown
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 TARGET = 0.10

@@ -92,7 +92,7 @@ def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
     """Whole graph decode steps, balanced_decode off and on: even vs ragged batches."""
     import statistics
 
-    from harness.profiling import time_plan_overlapped
+    from harness.calibration.profiling import time_plan_overlapped
     from harness.scripting import open_probe_engine, probe_grid, probe_plan
 
     grid = probe_grid()

@@ -1,7 +1,7 @@
 """Prefill steps with and without prefill CUDA graphs, on the GPU: for one-sequence prefills of
 several lengths (and a mixed step), the host time of submit() (launch_s), the step's span when
 submitted back to back as the async engine serves them, and its device time alone (gpu_s, device
-held until the launches are queued: harness.profiling.time_plan_overlapped).
+held until the launches are queued: harness.calibration.profiling.time_plan_overlapped).
 
     python experiments/prefill_graphs/step_probe.py --model qwen3-0.6b --out $OUT/q06
 
@@ -14,7 +14,7 @@ import statistics
 
 import pandas as pd
 
-from harness.profiling import time_plan_overlapped
+from harness.calibration.profiling import time_plan_overlapped
 from harness.scripting import open_probe_engine, probe_args, probe_grid, probe_parser, probe_plan
 
 SHAPES = {  # name -> entries (new tokens, cached tokens, is_decode)

@@ -3,7 +3,7 @@
 Input: two `experiment=compare` runs of one workload (run.sh in this folder makes them on 2 x H200):
   --tp1 DIR  at tensor_parallel_size 1, with the profiled model (DIR/profile.csv, profiled inline)
   --tp2 DIR  at tensor_parallel_size 2, with the roofline
-This script fits the TP=1 calibration (profile grid + the TP=1 run's steps, harness.calibration) and
+This script fits the TP=1 calibration (profile grid + the TP=1 run's steps, harness.calibration.fit) and
 prices the TP=2 workload with it through sim/tp_transfer.py (the engine's
 block count, graph sizes and step overlap, as in the TP=2 engine run) and writes tp_compare.csv
 and tp_compare.md: output tok/s, TTFT/TPOT P50/P90 of every source, each one's error against the
@@ -20,9 +20,9 @@ from pathlib import Path
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from harness.calibration import fit_calibration
-from harness.compare import engine_graph_sizes, sim_run_config
-from harness.compare_tables import markdown
+from harness.calibration.fit import fit_calibration
+from harness.compare.study import engine_graph_sizes, sim_run_config
+from harness.compare.tables import markdown
 from harness.config import CONF_DIR, build_run_config
 from harness.run import run_once
 
@@ -30,7 +30,7 @@ METRICS = ("output_tok_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s
 
 
 def calibrate_tp1(tp1: Path, out: Path) -> Path:
-    """The TP=1 calibration as harness.calibration makes it: the grid, plus the real TP=1 run's
+    """The TP=1 calibration as harness.calibration.fit makes it: the grid, plus the real TP=1 run's
     steps for the loop's work before each launch (launch_delay_s), which TP=2 no longer hides."""
     meta = json.loads((tp1 / "engine" / "engine.json").read_text())
     model = fit_calibration(pd.read_csv(tp1 / "profile.csv"), pd.read_csv(tp1 / "engine" / "steps.csv"),

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.metrics import read_steps
+from harness.output.metrics import read_steps
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 

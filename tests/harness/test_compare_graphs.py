@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from engine.core.config import ExecutionConfig
 from engine.core.graph_sizes import GraphSizes, planned_graph_sizes, prefill_graph_sizes
-from harness.compare import engine_execution, engine_graph_sizes, sim_run_config
+from harness.compare.study import engine_execution, engine_graph_sizes, sim_run_config
 from harness.config import build_run_config
 from tests.harness.conftest import compose_config
 

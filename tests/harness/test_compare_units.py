@@ -15,13 +15,13 @@ from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, m
 from engine.core.loop import WallClock, run
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes
 from engine.core.plan import KVCacheSpec, StepResult
-from harness.calibration import validate
-from harness.compare import CompareConfig
-from harness.compare_tables import replay, roofline_step_times, schedule_table
-from harness import profiling
-from harness.profiling import ProfileGrid, build_plan, profile_executor
-from harness.profiling_grid import SHARED_KINDS
-from harness.recording import StepRecorder
+from harness.calibration.fit import validate
+from harness.compare.study import CompareConfig
+from harness.compare.tables import replay, roofline_step_times, schedule_table
+from harness.calibration import profiling as profiling
+from harness.calibration.profiling import ProfileGrid, build_plan, profile_executor
+from harness.calibration.grid import SHARED_KINDS
+from harness.output.recording import StepRecorder
 from sim.features import step_features
 from sim.roofline import RooflineCostModel
 from tests.core.fakes import FakeExecutor

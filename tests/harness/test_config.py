@@ -14,7 +14,7 @@ from engine.core.model_shapes import RENAMED
 from harness.config import CONF_DIR, REPO_ROOT, build_run_config, moved_override
 from harness.convert import ConfigError, to_dataclass
 from harness.study import StudyConfig, build_study
-from harness.sweep import point_configs
+from harness.sweeps.sweep import point_configs
 from harness.workloads import WorkloadConfig
 from sim.config import SimConfig
 from sim.specs import HardwareSpec, ModelSpec
@@ -36,14 +36,14 @@ def test_experiment_composes_and_converts(name):
     assert isinstance(rc.workload, WorkloadConfig) and isinstance(rc.model, ModelSpec)
     assert isinstance(rc.hardware, HardwareSpec)
     if study.kind == "compare":  # the engine first, then the simulator with its settings
-        from harness.compare import CompareConfig
+        from harness.compare.study import CompareConfig
         from harness.config import section
 
         assert rc.backend == "engine" and isinstance(to_dataclass(CompareConfig, section(cfg, "compare"), "compare"),
                                                      CompareConfig)
     elif study.kind == "fidelity":  # the engine, then the simulator per cell
         from harness.config import section
-        from harness.fidelity import FidelityConfig
+        from harness.fidelity.study import FidelityConfig
 
         assert rc.backend == "engine" and isinstance(
             to_dataclass(FidelityConfig, section(cfg, "fidelity"), "fidelity"), FidelityConfig)

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from harness.convert import ConfigError
-from harness import fidelity
-from harness.fidelity_report import COUNTED_METRICS, OFFLINE_METRICS
-from harness.fidelity_schedules import COLUMNS as SCHEDULE_COLUMNS
+from harness.fidelity import study as fidelity
+from harness.fidelity.report import COUNTED_METRICS, OFFLINE_METRICS
+from harness.fidelity.schedules import COLUMNS as SCHEDULE_COLUMNS
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from harness.convert import ConfigError
-from harness.fidelity_report import coverage_table, merge, pool, target_table
-from harness.fidelity_schedules import COLUMNS as SCHEDULE_COLUMNS
-from harness.fidelity_schedules import merge_schedules, schedule_rows, schedules_frame
+from harness.fidelity.report import coverage_table, merge, pool, target_table
+from harness.fidelity.schedules import COLUMNS as SCHEDULE_COLUMNS
+from harness.fidelity.schedules import merge_schedules, schedule_rows, schedules_frame
 
 
 def test_target_table_counts_only_the_targeted_metrics_and_loads():

@@ -1,4 +1,4 @@
-"""Prediction intervals (sim.interval, harness.fidelity_interval) on a synthetic problem whose
+"""Prediction intervals (sim.interval, harness.fidelity.interval) on a synthetic problem whose
 truth is known: the "engine" is the simulator with a cost model = the model's price x one machine
 factor x a per-step error drawn from a known distribution; the model's residuals are measured on
 a separate calibration sample of that distribution. A 90% interval must hold the truth's P50/P90
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.config import build_run_config
-from harness.fidelity_interval import simulate_with_interval
+from harness.fidelity.interval import simulate_with_interval
 from harness.run import run_once
 from sim import build_sim_executor
 from sim.interval import DEFAULT_MACHINE_SPREAD, MACHINE_SPREAD, IntervalConfig, PerturbedCostModel
@@ -94,7 +94,7 @@ def test_bad_interval_settings_are_named(field, value):
 def test_compare_table_says_whether_the_engine_falls_inside():
     import pandas as pd
 
-    from harness.compare_tables import interval_columns
+    from harness.compare.tables import interval_columns
 
     table = pd.DataFrame({"metric": ["ttft_p50_s", "ttft_p90_s", "output_tok_s"], "engine": [1.0, 2.0, 5.0],
                           "sim_profiled": [1.1, 1.5, 5.0]})

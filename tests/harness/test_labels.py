@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import compare_plots
-from harness.compare_tables import markdown, schedule_table, targets
+from harness.compare import plots as compare_plots
+from harness.compare.tables import markdown, schedule_table, targets
 from harness.labels import metric_label, run_title, table_title
-from harness.plots import plot_latency_cdfs, plot_sweep, plot_timeline
+from harness.output.plots import plot_latency_cdfs, plot_sweep, plot_timeline
 from harness.run import run_once
 from harness.config import build_run_config
 from tests.harness.conftest import compose_config

@@ -14,7 +14,7 @@ from harness.checkpoints import CHECKPOINT_ROOT
 from harness.config import CONF_DIR, REPO_ROOT, build_run_config
 from harness.convert import ConfigError
 from harness.study import StudyConfig
-from harness.sweep import point_configs
+from harness.sweeps.sweep import point_configs
 from sim.specs import ModelSpec
 from tests.harness.conftest import compose_config
 

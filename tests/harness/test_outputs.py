@@ -14,7 +14,7 @@ import pytest
 
 from harness.config import REPO_ROOT
 from harness.convert import ConfigError
-from harness.metrics import LEGACY_STEPS_FILE, STEPS_FILE, read_steps
+from harness.output.metrics import LEGACY_STEPS_FILE, STEPS_FILE, read_steps
 from harness.study import build_study, run_study
 from tests.harness.conftest import compose_config
 

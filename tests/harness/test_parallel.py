@@ -21,7 +21,7 @@ from harness.convert import ConfigError
 from harness.parallel import parallel_map
 from harness.run import run_once
 from harness.study import StudyConfig
-from harness.sweep import point_configs
+from harness.sweeps.sweep import point_configs
 from tests.harness.conftest import compose_config
 
 REPO = CONF_DIR.parent

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from harness.config import build_run_config
 from harness.convert import ConfigError
-from harness.plan import Deployment, PlanBase, ReplicaSearch, search
-from harness.plan_config import SLOConfig, load_catalogue
+from harness.plan.search import Deployment, PlanBase, ReplicaSearch, search
+from harness.plan.config import SLOConfig, load_catalogue
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 
@@ -114,7 +114,7 @@ def test_a_catalogue_entry_without_a_price_names_the_field(tmp_path, monkeypatch
     (tmp_path / "hardware").mkdir()
     (tmp_path / "hardware" / "gpu_x.yaml").write_text(
         "name: X\npeak_flops: 1.0e+12\nmem_bandwidth: 1.0e+12\nmem_bytes: 1000000000\ninterconnect_bandwidth: 1.0e+9\n")
-    monkeypatch.setattr("harness.plan_config.CONF_DIR", tmp_path)
+    monkeypatch.setattr("harness.plan.config.CONF_DIR", tmp_path)
     with pytest.raises(ConfigError, match=r"^hardware/gpu_x.price_per_gpu_hour is missing"):
         load_catalogue(("gpu_x",))
 

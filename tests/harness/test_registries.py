@@ -13,7 +13,7 @@ from engine.core.routers import ROUTER_REGISTRY, ROUTERS, RouterConfig
 from harness.backends import BACKENDS
 from harness.config import CONF_DIR, build_run_config
 from harness.convert import ConfigError
-from harness.fleet_config import build_fleet
+from harness.fleet.config import build_fleet
 from harness.study import STUDIES, StudyConfig, build_study
 from sim.config import SimConfig
 from sim.cost_model import COST_MODELS

@@ -11,7 +11,7 @@ import pytest
 
 from engine.core.config import SchedulerConfig
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, prefill_graph_sizes
-from harness.profiling import LONG_PREFILL, ProfileGrid, profile_executor
+from harness.calibration.profiling import LONG_PREFILL, ProfileGrid, profile_executor
 from sim.features import attention_pairs, step_features
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
 from tests.sim.helpers import LawExecutor, plan, prefill

@@ -86,7 +86,7 @@ def test_table_prediction_uses_each_rows_measured_predecessor(model, tmp_path):
 
 
 def test_the_loop_delay_before_a_launch_is_recovered_from_real_steps():
-    from harness.calibration import fit_launch_delay
+    from harness.calibration.fit import fit_launch_delay
 
     model = ProfiledCostModel.fit(overlapping_profile(), GRAPH)
     steps = [decode_batch([1000 + 40 * i] * (20 + 5 * i)) if i % 2 == 0 else plan(prefill(100 + 37 * i))

@@ -11,7 +11,7 @@ import pytest
 
 from engine.core.config import SchedulerConfig
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes, prefill_graph_sizes
-from harness.profiling import ProfileGrid, profile_executor
+from harness.calibration.profiling import ProfileGrid, profile_executor
 from sim.features import step_features
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import REPEATED_READS, l2_price_ratio, with_prior

@@ -1,13 +1,13 @@
 """`python -m harness experiment=fidelity`: the held-out protocol of issue 14 as one run.
 
 The engine (backend=engine) is profiled on the grid (or a given profile is used): the only thing
-the profiled model is fitted on. Then for each workload class (harness.fidelity_classes), none of
+the profiled model is fitted on. Then for each workload class (harness.fidelity.classes), none of
 which the fit saw:
 1. capacity: the class served offline by the engine once unmeasured (warmup), then `repeats`
    times; its request throughput (requests over the time to drain them) is the engine's capacity for that class, and also a
    cell of its own (load "offline": the throughput a simulation must match where arrivals do not
    bound it). The offline cell's schedules are compared step by step: each engine repeat against
-   each simulated run and against repeat 0 (harness.fidelity_schedules);
+   each simulated run and against repeat 0 (harness.fidelity.schedules);
 2. for each load in `loads`, the class's arrivals at load x capacity, served by the engine
    `repeats` times (engine = their mean, engine_spread = (max - min) / mean) and simulated with
    each cost model with the engine's block count and graphs; the profiled model with a
@@ -20,7 +20,7 @@ sim_preemptions: one row per class, engine repeat and simulated run of the offli
 cost model "engine_repeat" rows, each later repeat against repeat 0) and heldout.png (error
 against load per workload; not written for an offline-only run). Only these summaries: per-step
 tables stay in memory, never in results_dir; fidelity.steps_dir, where set, gets each engine run's
-steps priced by each cost model (harness.fidelity_steps).
+steps priced by each cost model (harness.fidelity.steps).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from harness import fidelity_classes as classes
-from harness.compare import GRIDS, engine_meta, sim_run_config
+from harness.fidelity import classes
+from harness.compare.study import GRIDS, engine_meta, sim_run_config
 from harness.shared_executor import KeepAlive
 from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
-from harness.fidelity_interval import simulate_with_interval
-from harness.fidelity_report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
-from harness.fidelity_schedules import schedule_rows, schedules_frame
+from harness.fidelity.interval import simulate_with_interval
+from harness.fidelity.report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
+from harness.fidelity.schedules import schedule_rows, schedules_frame
 from harness.run import RunOutcome, make_executor, run_once
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
@@ -72,7 +72,7 @@ class FidelityConfig:
     carried_profile_path: str | None = None
     interval: IntervalConfig = IntervalConfig()
     results_dir: str | None = None  # null: the run directory
-    steps_dir: str | None = None  # each engine run's steps priced by each cost model (harness.fidelity_steps)
+    steps_dir: str | None = None  # each engine run's steps priced by each cost model (harness.fidelity.steps)
 
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
@@ -116,8 +116,8 @@ class PinnedBlocks(KeepAlive):
 
 def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> str:
     """A model file with residuals: fitted on the grid only (issue 14: calibrate from the profiling grid)."""
-    from harness.calibration import validate
-    from harness.profiling import ProfileGrid, profile_executor
+    from harness.calibration.fit import validate
+    from harness.calibration.profiling import ProfileGrid, profile_executor
     graphs = executor.info().graph_sizes
     if fc.profile_path is not None:
         table = pd.read_csv(fc.profile_path)
@@ -175,10 +175,10 @@ def warm_up(engine, rc: RunConfig) -> None:
 
 def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
                profile_path: str, engine) -> None:
-    """The cell's per-step replays under fc.steps_dir (harness.fidelity_steps); nothing without one."""
+    """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps); nothing without one."""
     if fc.steps_dir is None:
         return
-    from harness.fidelity_steps import predictors, write_replays
+    from harness.fidelity.steps import predictors, write_replays
 
     meta = engine_meta(engine.info(), rc, engine_runs[0])
     write_replays(Path(fc.steps_dir), name, load, [run.steps for run in engine_runs],

@@ -1,4 +1,4 @@
-"""The held-out protocol's schedule identity (harness.fidelity): schedules.csv.
+"""The held-out protocol's schedule identity (harness.fidelity.study): schedules.csv.
 
 Offline, a simulated run makes the engine's decisions step by step (the same core, and no arrival
 that the two clocks could order differently), so a class whose offline schedule is not the
@@ -6,7 +6,7 @@ engine's points at a decision that depends on the backend rather than at a cost 
 offline cell of each class is compared: under arrivals the clocks decide what is admitted when,
 so schedules part by design.
 
-One row per class, engine repeat and run compared (harness.compare_tables.schedule_table on the
+One row per class, engine repeat and run compared (harness.compare.tables.schedule_table on the
 recorded schedule_hash of each step):
 - cost_model <name> ("profiled", "roofline", "carried"): repeat `engine_repeat` of the engine
   against that cost model's simulation (the profiled model's point-estimate run, not the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.compare_tables import schedule_table
+from harness.compare.tables import schedule_table
 from harness.convert import ConfigError
 
 COLUMNS = ("model", "hardware", "workload", "cost_model", "engine_repeat", "schedule_identical",
@@ -62,7 +62,7 @@ def schedules_frame(rows: list[dict]) -> pd.DataFrame:
 
 def merge_schedules(tables: list[pd.DataFrame]) -> pd.DataFrame:
     """schedules.csv of several device calls as one; a later call's row replaces an earlier one's
-    for the same model, hardware, class, cost model and engine repeat (as harness.fidelity_report.merge)."""
+    for the same model, hardware, class, cost model and engine repeat (as harness.fidelity.report.merge)."""
     for table in tables:
         missing = [c for c in COLUMNS if c not in table.columns]
         if missing:

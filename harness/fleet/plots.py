@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from harness.plots import MAX_POINTS
+from harness.output.plots import MAX_POINTS
 
 
 def _title(summary: dict, what: str) -> str:

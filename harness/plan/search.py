@@ -33,12 +33,12 @@ from tqdm import tqdm
 from engine.core.routers import RouterConfig
 from harness.config import OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
-from harness.fleet import run_fleet_once
-from harness.fleet_config import FleetConfig, build_fleet, with_tp_size
-from harness.metrics import SUMMARY_STEP_COLUMNS
+from harness.fleet.run import run_fleet_once
+from harness.fleet.config import FleetConfig, build_fleet, with_tp_size
+from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
-from harness.plan_config import PlanConfig, SLOConfig, build_plan, load_catalogue
-from harness.plan_report import DEPLOYMENT_COLUMNS, fit_note, nearest_lines, plan_summary
+from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue
+from harness.plan.report import DEPLOYMENT_COLUMNS, fit_note, nearest_lines, plan_summary
 from harness.run import cyclic_gc_paused
 from harness.workloads import build_workload, fit_warnings_muted
 
@@ -207,7 +207,7 @@ def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
 def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     """`python -m harness experiment=plan ...`: plan.csv, plan_summary.csv, plan.png, the cheapest
     deployment (or the nearest, and a ConfigError naming the SLO)."""
-    from harness.plan_plots import plot_plan
+    from harness.plan.plots import plot_plan
 
     rc = build_run_config(cfg)
     if rc.backend != "sim":

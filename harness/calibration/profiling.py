@@ -1,6 +1,6 @@
 """Time an executor over a grid of step shapes: the table the profiled cost model is fitted on.
 
-Each shape is a StepPlan built directly (no scheduler, harness.profiling_grid): every scheduled
+Each shape is a StepPlan built directly (no scheduler, harness.calibration.grid): every scheduled
 entry gets blocks of its own in the KV pool (disjoint block tables, as a real batch has) but for
 a prefix it shares with others where the shape says so, random token ids, and the workloads'
 sampling parameters (temperature 0.6 and a seed per request: seeded rows cost the sampler a
@@ -41,7 +41,7 @@ import pandas as pd
 from engine.core.config import SchedulerConfig
 from engine.core.executor import Executor
 from engine.core.plan import StepPlan
-from harness.profiling_grid import DECODE_KINDS, LONG_PREFILL, ProfileGrid, build_plan
+from harness.calibration.grid import DECODE_KINDS, LONG_PREFILL, ProfileGrid, build_plan
 from sim.features import step_features
 
 __all__ = ["LONG_PREFILL", "OverlappedTiming", "ProfileGrid", "build_plan", "profile_executor", "time_plan",

@@ -36,7 +36,7 @@ class PlanConfig:
     """Every combination of hardware x tp_sizes x max_num_seqs x max_num_batched_tokens x policies
     x routers is one configuration; for each the search finds the fewest replicas (up to
     max_replicas) that meet the SLO. num_closest: deployments listed when none meets it.
-    batch_size: deployments evaluated per round (harness.plan.search)."""
+    batch_size: deployments evaluated per round (harness.plan.search.search)."""
 
     hardware: tuple[str, ...] = ("a100", "h100", "h200")
     tp_sizes: tuple[int, ...] = (1,)

@@ -1,4 +1,4 @@
-"""The held-out table's rows and its plot (harness.fidelity)."""
+"""The held-out table's rows and its plot (harness.fidelity.study)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.compare_tables import rel_error
+from harness.compare.tables import rel_error
 from sim.cost_model import COST_MODELS
 
 LOAD_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
 OFFLINE_METRICS = ("request_s", "output_tok_s", "ttft_p50_s", "tpot_p50_s")
 COUNTED_METRICS = ("preemptions",)  # a run's count, beside every cell's latencies
 PLOTTED = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
-# each cost model's line; "carried" is a profiled model fitted on another GPU (harness.fidelity)
+# each cost model's line; "carried" is a profiled model fitted on another GPU (harness.fidelity.study)
 LINE_STYLES = {"profiled": "-", "roofline": ":", "carried": "--"}
 READABLE = {"ttft_p50_s": "TTFT P50", "ttft_p90_s": "TTFT P90", "tpot_p50_s": "TPOT P50", "tpot_p90_s": "TPOT P90",
             "e2e_p50_s": "E2E P50", "e2e_p90_s": "E2E P90", "request_s": "throughput (req/s)",

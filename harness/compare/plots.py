@@ -1,5 +1,5 @@
 """PNG plots of a comparison: metrics side by side and per-step predicted vs measured (latency CDFs:
-harness.plots.plot_latency_cdfs)."""
+harness.output.plots.plot_latency_cdfs)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fit the profiled cost model from an engine profile and say how well it predicts steps it never saw.
 
-Inputs: a profile (harness.profiling: rows of set "grid" and "random") and, optionally, the steps
+Inputs: a profile (harness.calibration.profiling: rows of set "grid" and "random") and, optionally, the steps
 of a real engine run recorded by the harness (steps.csv: features, `duration` = the executor's
 measured time, `host_s` = the loop's time around it).
 

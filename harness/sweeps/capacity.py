@@ -24,9 +24,9 @@ from omegaconf import DictConfig
 from harness.config import CapacityConfig, OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.labels import metric_label, run_identity, table_title
-from harness.metrics import percentile
+from harness.output.metrics import percentile
 from harness.run import run_once
-from harness.sweep import point_configs
+from harness.sweeps.sweep import point_configs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,5 +1,5 @@
 """The held-out protocol's per-step replays (fidelity.steps_dir): every engine run's steps, each
-priced by every cost model from its recorded features (harness.compare_tables.replay), with those
+priced by every cost model from its recorded features (harness.compare.tables.replay), with those
 features beside them, so a file can be priced again by another fit. A cell's percentiles say that
 a class is mispriced; these tables say which steps are.
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare import sim_run_config, step_pricer
-from harness.compare_tables import replay
+from harness.compare.study import sim_run_config, step_pricer
+from harness.compare.tables import replay
 from harness.config import RunConfig
 from sim.features import FEATURE_COLUMNS
 

@@ -1,4 +1,4 @@
-"""The profiling grid: which step shapes harness.profiling times, built as StepPlans.
+"""The profiling grid: which step shapes harness.calibration.profiling times, built as StepPlans.
 
 Each shape is a list of entries, (new tokens, cached tokens before them, is_decode) and, for a
 sequence that shares a prefix, a fourth item (group, prefix tokens): the entries of one group read

@@ -59,7 +59,7 @@ def slug(param: str, value: Any) -> str:
 
 
 def run_sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.plots import plot_sweep
+    from harness.output.plots import plot_sweep
 
     rows = []
     for value, rc in point_configs(cfg, study):

@@ -5,7 +5,7 @@ The engine runs first (it sizes its KV cache; every step is recorded with its fe
 fingerprint and host time), then the simulator once per cost model with cache.num_blocks and the
 CUDA-graph sizes the engine had. The profiled model's calibration is compare.profile_path (saved
 coefficients or a step-timing table, e.g. under experiments/calibration/), or, when null, a quick
-profile of the engine's own executor taken just before the run (harness.profiling). With
+profile of the engine's own executor taken just before the run (harness.calibration.profiling). With
 compare.engine_dir the engine side is read from a saved run (a previous comparison's engine/
 folder) instead: the simulation side and the report need no GPU.
 
@@ -30,7 +30,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from engine.core import BackendInfo, ExecutionConfig, GraphSizes
-from harness import compare_tables as tables
+from harness.compare import tables
 from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
 from harness.run import RunOutcome, make_executor, run_once, write_outcome
@@ -49,7 +49,7 @@ GRIDS = ("quick", "full")
 class CompareConfig:
     cost_models: tuple[str, ...] = COST_MODELS.names()
     profile_path: str | None = None  # null: profile the engine first (grid below) and fit on that
-    grid: str = "quick"  # inline profile: quick (seconds) or full (harness.profiling.ProfileGrid())
+    grid: str = "quick"  # inline profile: quick (seconds) or full (harness.calibration.profiling.ProfileGrid())
     engine_dir: str | None = None  # a saved engine run to compare against, instead of running the engine
     throughput_tol: float = 0.05
     latency_tol: float = 0.10
@@ -97,7 +97,7 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
                     executor=None) -> tuple[EngineSide, str | None]:
     """Run (or load) the engine; returns it and the profile path to use (fitted inline if needed)."""
     if cc.engine_dir:
-        from harness.calibration import with_seeded_rows
+        from harness.calibration.fit import with_seeded_rows
 
         folder = Path(cc.engine_dir)
         if not (folder / "engine.json").is_file():
@@ -110,7 +110,7 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
                 raise ConfigError(f"compare.engine_dir: the saved engine run had another {name} config "
                                   f"({', '.join(f'{name}.{k}={meta[name].get(k)!r}' for k in differ)}); "
                                   "pass the same overrides")
-        from harness.metrics import read_steps
+        from harness.output.metrics import read_steps
 
         try:
             steps = with_seeded_rows(read_steps(folder), meta["workload"]["temperature"])
@@ -143,8 +143,8 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
 
 
 def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) -> Path:
-    from harness.calibration import validate
-    from harness.profiling import ProfileGrid, profile_executor
+    from harness.calibration.fit import validate
+    from harness.calibration.profiling import ProfileGrid, profile_executor
 
     sizes = executor.info().graph_sizes
     grid = ProfileGrid.quick() if cc.grid == "quick" else ProfileGrid()
@@ -217,7 +217,7 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if name == "profiled" and cc.interval is not None:
-                from harness.fidelity_interval import simulate_with_interval
+                from harness.fidelity.interval import simulate_with_interval
 
                 outcome = simulate_with_interval(sim_rc, cc.interval, progress=progress, record=True)
                 intervals[f"sim_{name}"] = outcome.summary
@@ -245,8 +245,8 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
     targets.to_csv(out_dir / "compare_targets.csv", index=False)
     (out_dir / "compare.md").write_text(report)
     if plots:
-        from harness import compare_plots
-        from harness.plots import plot_latency_cdfs
+        from harness.compare import plots as compare_plots
+        from harness.output.plots import plot_latency_cdfs
 
         from harness.labels import run_title
 

@@ -5,7 +5,7 @@
   the relative error of each simulated run against the engine: (sim - engine) / engine (0 where
   both are 0).
 - schedule_table: per simulated run, whether its step sequence is the engine's (same requests,
-  same token counts, same preemptions, step by step: harness.recording.schedule_hash), else the
+  same token counts, same preemptions, step by step: harness.output.recording.schedule_hash), else the
   first step where they part and the time each clock read there.
 - replay: every measured engine step priced by each cost model from its recorded features, so
   the per-step error is the cost model's alone, whatever the schedules did. Measured = the

@@ -25,9 +25,9 @@ from engine.core.loop import Replica, SimulatedClock, WallClock
 from engine.core.routers import RouterConfig, make_router
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
-from harness.fleet_config import FleetConfig, backend_tp_size, replica_run_configs
+from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.labels import run_identity
-from harness.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
+from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import build_workload
 
@@ -97,7 +97,7 @@ def _engine_fleet(rc: RunConfig, rcs: list[RunConfig]):
 def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
                    label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS) -> FleetOutcome:
     """Serve rc.workload on the fleet to completion. step_columns: those of the step tables
-    (harness.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read)."""
+    (harness.output.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read)."""
     rcs = replica_run_configs(rc, fleet)
     with _fleet(rc, rcs) as (infos, serve):
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
@@ -154,7 +154,7 @@ def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True
         write_tables(outcome.requests[mine], outcome.steps[outcome.steps["replica"] == index], row, {},
                      out_dir / f"replica_{index}", steps)
     if plots:
-        from harness.fleet_plots import plot_fleet_latency, plot_fleet_load
+        from harness.fleet.plots import plot_fleet_latency, plot_fleet_load
 
         plot_fleet_load(outcome, out_dir / "load.png")
         plot_fleet_latency(outcome, out_dir / "latency_cdf.png")

@@ -1,0 +1,1 @@
+"""experiment=compare: one workload on the engine, then on the simulator, side by side."""

@@ -1,0 +1,1 @@
+"""experiment=fidelity: the held-out protocol (workload classes x loads, engine vs simulator)."""

@@ -1,0 +1,1 @@
+"""experiment=plan: the cheapest deployment meeting an SLO, searched by simulation."""
