@@ -76,7 +76,7 @@ def test_backends_declare_their_capabilities():
 
 
 def test_triton_backend_captures_both_kinds_of_step():
-    pytest.importorskip("triton")
+    pytest.importorskip("triton", reason="the Triton backend needs triton (the gpu extra)")
     from engine.attention.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend()
