@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.loop import Clock, FleetStepHook, Replica, RunResult
-from engine.core.remote_replica import Report, ReplicaView
+from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import Request
 from engine.core.routers import ReplicaLoad, Router
 
