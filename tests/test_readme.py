@@ -4,8 +4,11 @@ Every ```bash line (continuations joined) and every ```python block of README.md
 They run in README order in a copy of the tree (no outputs/, checkpoints/ or report/ from earlier
 runs), each from the copy's root, as a newcomer would type them. Snippets matching SKIP never run
 here, with the reason given; those matching SLOW run only in the slow suite (`-m slow`), and the
-default test checks that no fast snippet needs a slow one's output. Keys are substrings of the
-snippet; a key that matches nothing is an error, so the lists follow the README.
+default test checks that no fast snippet needs a slow one's output. The data folder ../shared/
+sits beside a checkout, not in it: the copy gets it beside itself too (a link), and snippets
+matching NEEDS_TRACES run only where its traces are (the slow test then reports itself skipped,
+naming them). Keys are substrings of the snippet; a key that matches nothing is an error, so the
+lists follow the README.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+SHARED = REPO.parent / "shared"  # the data beside the checkout (CI puts a read-only copy there)
 
 SKIP = {
     "pip install": "installs packages (CI has done it before the tests run)",
     "python -m pytest": "the test suite itself",
     "# on a GPU": "needs CUDA",
-    "workload=trace_azure_conv": "reads ../shared/traces/, which is beside the checkout, not in it",
     "RAY_AUTH_MODE": "on a Ray cluster (not for local runs)",
     "ray start": "on a Ray cluster (not for local runs)",
     "ray stop": "on a Ray cluster (not for local runs)",
@@ -39,8 +42,14 @@ SLOW = {
     "experiment=policy": "a sweep of whole runs",
     "experiment=capacity": "a rate search of many runs",
     "experiment=compare": "engine then simulator runs",
+    "workload=trace_azure_conv": "a day of conversation arrivals (a minute); the plan evaluates many fleets on it",
     "backend=engine": "the engine on CPU",
     "hydra/launcher=ray ": "starts a local Ray (tests/harness/test_parallel.py covers it in the default suite)",
+}
+# Snippets that read ../shared/traces/ (workload=arxiv is experiment=chunked_prefill's workload).
+NEEDS_TRACES = {
+    "workload=trace_azure_conv": "../shared/traces/azure_conv_2023.csv",
+    "experiment=chunked_prefill": "../shared/traces/arxiv_summarization.csv",
 }
 # What a snippet writes that a later one reads: (writer key, reader key).
 DEPENDS = [("hydra/launcher=joblib", "harness.report"), ("engine.checkpoint", "LLM(")]
@@ -66,25 +75,32 @@ def _matching(code: str, keys: dict[str, str]) -> str | None:
     return next((key for key in keys if key in code), None)
 
 
-def _run_in_order(tmp_path: Path, include_slow: bool) -> list[str]:
+def _run_in_order(tmp_path: Path, include_slow: bool) -> tuple[list[str], list[str]]:
+    """(the snippets that ran, those left out for want of ../shared/traces), in README order."""
     root = tmp_path / "repo"
     shutil.copytree(REPO, root, ignore=COPY_IGNORE)
+    if SHARED.is_dir():
+        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
+    has_traces = (SHARED / "traces").is_dir()
     # `python` in a snippet is the interpreter running the tests (CI's environment)
     env = {**os.environ, "MPLBACKEND": "Agg", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    ran = []
+    ran, no_traces = [], []
     for lang, code in snippets(README.read_text()):
         if _matching(code, SKIP) or (not include_slow and _matching(code, SLOW)):
+            continue
+        if not has_traces and _matching(code, NEEDS_TRACES):
+            no_traces.append(code)
             continue
         argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-c", code]
         result = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
         assert result.returncode == 0, f"README snippet failed:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
         ran.append(code)
-    return ran
+    return ran, no_traces
 
 
 def test_every_skip_and_slow_key_names_a_readme_snippet():
     codes = [code for _, code in snippets(README.read_text())]
-    for key in {**SKIP, **SLOW}:
+    for key in {**SKIP, **SLOW, **NEEDS_TRACES}:
         assert any(key in code for code in codes), f"{key!r} matches no README snippet: update tests/test_readme.py"
     assert any(lang == "python" for lang, _ in snippets(README.read_text()))
 
@@ -96,10 +112,12 @@ def test_no_fast_snippet_needs_a_slow_or_skipped_one():
         readers = [i for i, c in enumerate(codes) if reader in c]
         assert writers and readers and min(writers) < min(readers), (writer, reader)
         assert not any(_matching(codes[i], SKIP) or _matching(codes[i], SLOW) for i in writers), writer
+    # the default suite needs nothing beside the checkout
+    assert all(_matching(c, SLOW) or _matching(c, SKIP) for c in codes if _matching(c, NEEDS_TRACES))
 
 
 def test_readme_snippets_run_in_order(tmp_path):
-    ran = _run_in_order(tmp_path, include_slow=False)
+    ran, _ = _run_in_order(tmp_path, include_slow=False)
     assert any("LLM(" in code for code in ran) and any(code.startswith("python -m harness") for code in ran)
     root = tmp_path / "repo"
     # what the snippets promise to write
@@ -108,5 +126,8 @@ def test_readme_snippets_run_in_order(tmp_path):
 
 @pytest.mark.slow
 def test_readme_snippets_run_in_order_with_the_slow_ones(tmp_path):
-    ran = _run_in_order(tmp_path, include_slow=True)
+    ran, no_traces = _run_in_order(tmp_path, include_slow=True)
     assert any(_matching(code, SLOW) for code in ran)
+    if no_traces:
+        pytest.skip(f"ran {len(ran)} snippets; {len(no_traces)} read ../shared/traces/, which is not beside "
+                    f"the checkout: {', '.join(sorted({_matching(c, NEEDS_TRACES) for c in no_traces}))}")
