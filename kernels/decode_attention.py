@@ -36,7 +36,7 @@ from kernels.validation import (
 __all__ = ["choose_num_splits", "paged_decode_attention"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

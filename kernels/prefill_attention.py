@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.prefill_tiles import LONG_QUERY, tile_shape
 from kernels.validation import (
     LOG2E,
     check_block_tables,
@@ -25,7 +26,6 @@ from kernels.validation import (
     check_int_tensor,
     check_query,
 )
-from kernels.prefill_tiles import LONG_QUERY, tile_shape
 
 __all__ = ["LONG_QUERY", "paged_prefill_attention"]
 
@@ -64,7 +64,8 @@ def _attend_tiles(
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
-    tile_seq_ptr, tile_start_ptr, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch,
+    tile_seq_ptr, tile_start_ptr, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, TILE_MAP: tl.constexpr,
 ):  # fmt: skip
@@ -164,7 +165,8 @@ def paged_prefill_attention(
     default = tile_shape(group, max_query_len, q.element_size())
     if tiles is not None:
         if block_m or block_n or num_warps:
-            raise ValueError("a tile map is built for the default tile shape: do not pass block_m, block_n or num_warps")
+            raise ValueError("a tile map is built for the default tile shape: "
+                             "do not pass block_m, block_n or num_warps")
         tile_seq, tile_start = tiles
         check_int_tensor("tile_seq", tile_seq, (tile_seq.numel(),))
         check_int_tensor("tile_start", tile_start, (tile_seq.numel(),))

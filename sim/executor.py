@@ -79,7 +79,7 @@ class SimExecutor:
         vocab = self._vocab_size
         eos = self._eos_token_id
         hash_int = xxhash.xxh64_intdigest
-        tokens = []
+        tokens: list[int] = []
         append = tokens.append
         for entry in plan.scheduled:
             if not entry.sample:

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from engine.core.graph_sizes import GraphSizes, padded_size
 from engine.core.plan import StepPlan
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 # The repeated-read columns: each a share of the step's KV reads that a GPU serves from L2
 # (sim.repeated_reads prices them).
@@ -42,7 +47,11 @@ def as_graph_sizes(sizes: GraphSizes | Sequence[int]) -> GraphSizes:
     return sizes if isinstance(sizes, GraphSizes) else GraphSizes(decode=tuple(sizes))
 
 
-def attention_pairs(new_tokens, cached_tokens):
+# token counts: ints, or numpy arrays (and pandas columns, untyped here) of them elementwise
+Counts = TypeVar("Counts", int, "npt.NDArray[np.int64]")
+
+
+def attention_pairs(new_tokens: Counts, cached_tokens: Counts) -> Counts:
     """Causal (query, key) pairs of a chunk of new_tokens after cached_tokens already in the cache:
     query j (0-based) sees cached + j + 1 keys, so the chunk reads n*c + n(n+1)/2 keys in all,
     quadratic in the context. Works on ints and, elementwise, on numpy arrays / pandas columns.
@@ -51,7 +60,7 @@ def attention_pairs(new_tokens, cached_tokens):
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
 
 
-def decode_attention_pairs(context_tokens, num_decodes):
+def decode_attention_pairs(context_tokens: Counts, num_decodes: Counts) -> Counts:
     """attention_pairs(1, c) summed over num_decodes decodes whose cached contexts sum to
     context_tokens (each new token sees its context and itself)."""
     return context_tokens + num_decodes

@@ -22,12 +22,16 @@ the unperturbed prediction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.core.plan import StepPlan
+
+if TYPE_CHECKING:  # sim.cost_model picks the models this one wraps
+    from sim.cost_model import CostModel
 
 # The spread between machines, per model: half the largest relative spread, (max - min) / mean,
 # of the engine's TTFT and TPOT P50/P90 between H100 machines that served the same workloads
@@ -81,7 +85,8 @@ class PerturbedCostModel:
     """A cost model whose every step price is divided by a drawn centred residual factor and
     multiplied by one run factor (module docstring)."""
 
-    def __init__(self, inner, residuals: Sequence[float], run_factor: float, rng: np.random.Generator) -> None:
+    def __init__(self, inner: CostModel, residuals: Sequence[float], run_factor: float,
+                 rng: np.random.Generator) -> None:
         self.inner = inner
         divisors = np.maximum(1.0 + np.asarray(residuals, dtype=float), _MIN_FACTOR)
         self._divisors = divisors / np.median(divisors) if len(divisors) else divisors
@@ -91,14 +96,14 @@ class PerturbedCostModel:
     def step_time(self, plan: StepPlan) -> float:
         price = self.inner.step_time(plan) * self.run_factor
         if len(self._divisors):
-            price /= self._divisors[self._rng.integers(len(self._divisors))]
+            price /= float(self._divisors[self._rng.integers(len(self._divisors))])
         return price
 
     def drained(self) -> None:
         self.inner.drained()
 
 
-def perturbed_models(make_inner: Callable[[], object], residuals: Sequence[float],
+def perturbed_models(make_inner: Callable[[], CostModel], residuals: Sequence[float],
                      config: IntervalConfig) -> list[PerturbedCostModel]:
     """config.draws perturbed cost models, each around a fresh inner model (cost models keep the
     previous step's price for overlap, so draws must not share one)."""
@@ -120,11 +125,11 @@ def fit_bias(residuals: Sequence[float]) -> float:
     return float(np.median(residuals)) if len(residuals) else 0.0
 
 
-def interval_columns(point: dict, draws: Sequence[dict], level: float,
+def interval_columns(point: Mapping[str, Any], draws: Sequence[Mapping[str, Any]], level: float,
                      metrics: Sequence[str] = INTERVAL_METRICS) -> dict[str, float]:
     """<metric>_lo and <metric>_hi for each metric: the prediction interval of the draws (module
     docstring), widened to hold the point prediction."""
-    out = {}
+    out: dict[str, float] = {}
     for metric in metrics:
         values = np.array([d[metric] for d in draws], dtype=float)
         values = values[np.isfinite(values)]

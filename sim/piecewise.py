@@ -109,4 +109,4 @@ def _hat_column(x: np.ndarray, knots: np.ndarray, k: int) -> np.ndarray:
         return np.ones_like(x)
     unit = np.zeros(len(knots))
     unit[k] = 1.0
-    return np.interp(x, knots, unit)
+    return np.asarray(np.interp(x, knots, unit))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from sim.features import GraphSizes
+from engine.core.graph_sizes import GraphSizes
 from sim.profiled import DEVICE_PRICED_REGIMES, ExtrapolationWarning, ProfiledCostModel
 from sim.step_table import complete_columns, table_regimes
 
@@ -17,18 +17,20 @@ from sim.step_table import complete_columns, table_regimes
 def priced_measurement(df: pd.DataFrame) -> np.ndarray:
     """What the model prices of each row of a step-timing table: gpu_s for the device-priced
     regimes where the row has it (a profile of an overlapping engine), else duration_s."""
-    measured = df["duration_s"].to_numpy(dtype=float)
+    measured: np.ndarray = df["duration_s"].to_numpy(dtype=float)
     if "gpu_s" not in df:
         return measured
-    gpu = df["gpu_s"].to_numpy(dtype=float)
-    device = table_regimes(complete_columns(df)).isin(DEVICE_PRICED_REGIMES).to_numpy() & (gpu > 0)
+    gpu: np.ndarray = df["gpu_s"].to_numpy(dtype=float)
+    device: np.ndarray = table_regimes(complete_columns(df)).isin(DEVICE_PRICED_REGIMES).to_numpy() & (gpu > 0)
     return np.where(device, gpu, measured)
 
 
 def relative_errors(model: ProfiledCostModel, df: pd.DataFrame) -> np.ndarray:
     """(predicted - measured) / measured for each row (measured: priced_measurement)."""
     measured = priced_measurement(df)
-    return (model.predict(df) - measured) / measured
+    predicted: np.ndarray = model.predict(df)
+    errors: np.ndarray = (predicted - measured) / measured
+    return errors
 
 
 def holdout_validation(df: pd.DataFrame, test_fraction: float = 0.2, seed: int = 0,

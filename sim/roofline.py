@@ -89,9 +89,11 @@ class RooflineCostModel:
             raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
                              "execution.all_reduce=symmetric cannot be priced on it")
         if priced_all_reduce(all_reduce, tp, hw.prices_one_shot) == "symmetric":
+            latency, bandwidth = hw.one_shot_latency_s, hw.one_shot_bandwidth
+            assert latency is not None and bandwidth is not None  # hw.prices_one_shot
             self._one_shot_tokens = one_shot_max_tokens(hidden, dt)
-            self._one_shot_latency = hw.one_shot_latency_s
-            self._one_shot_s_per_token = (tp - 1) * hidden * dt / hw.one_shot_bandwidth
+            self._one_shot_latency = latency
+            self._one_shot_s_per_token = (tp - 1) * hidden * dt / bandwidth
 
     def step_time(self, plan: StepPlan) -> float:
         scheduled = plan.scheduled

@@ -18,7 +18,8 @@ def table_regimes(df: pd.DataFrame) -> pd.Series:
     df = complete_columns(df)
     prefill = df["num_prefill_tokens"].to_numpy() > 0
     graph = df["cuda_graph"].to_numpy().astype(bool)
-    kind = np.where(prefill, np.where(graph, "prefill_graph", "prefill"), np.where(graph, "decode_graph", "decode_eager"))
+    kind = np.where(prefill, np.where(graph, "prefill_graph", "prefill"),
+                    np.where(graph, "decode_graph", "decode_eager"))
     return pd.Series(kind, index=df.index)
 
 

@@ -46,12 +46,16 @@ one-shot all-reduce measured side by side in a later call.
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from engine.core.plan import StepPlan
 from sim.features import step_features
 from sim.profiled import ProfiledCostModel
 from sim.roofline import RooflineCostModel, gathers_logits
 from sim.specs import HardwareSpec, ModelSpec
+
+if TYPE_CHECKING:  # sim.cost_model builds this model: a runtime import would be a circle
+    from sim.cost_model import CostModel
 
 _token_ids = attrgetter("token_ids")
 _sample = attrgetter("sample")
@@ -61,13 +65,15 @@ class TPTransferCostModel:
     """base: a cost model of the engine at TP=1 (anything with step_time(plan)); prices its steps
     at tp_size ranks as the module docstring says."""
 
-    def __init__(self, base, model: ModelSpec, hardware: HardwareSpec, tp_size: int, all_reduce: str = "nccl") -> None:
+    def __init__(self, base: CostModel, model: ModelSpec, hardware: HardwareSpec, tp_size: int,
+                 all_reduce: str = "nccl") -> None:
         model.check_tp(tp_size)
         self.base = base
         self.tp_size = tp_size
         self._one = RooflineCostModel(model, hardware, 1)
         self._many = RooflineCostModel(model, hardware, tp_size, all_reduce)
-        self._overlaps = isinstance(base, ProfiledCostModel) and base.prices_overlap
+        # the profile that prices overlapped steps, where the base is one
+        self._overlapped = base if isinstance(base, ProfiledCostModel) and base.prices_overlap else None
         # overlapped steps: the previous step's price and its launch time (None: nothing in flight)
         self._previous: tuple[float, float] | None = None
 
@@ -96,12 +102,12 @@ class TPTransferCostModel:
         terms = self.terms(plan)
         device = terms["device"] + terms["communication"]
         duration = terms["host"] + device
-        if self._overlaps and terms["launch"] > 0:
+        if self._overlapped is not None and terms["launch"] > 0:
             launch = terms["launch"]
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
             previous = self._previous if plan.stats.step else None
             if previous is not None:
-                free = max(0.0, previous[0] - previous[1] - self.base.launch_delay_s)
+                free = max(0.0, previous[0] - previous[1] - self._overlapped.launch_delay_s)
                 duration = max(device, launch - min(max(0.0, launch - device), free))
             self._previous = (duration, launch)
         return duration

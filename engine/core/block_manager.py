@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import xxhash
 
@@ -81,18 +82,18 @@ class BlockManager:
             hits.append(block)
         return hits
 
-    def num_blocks_to_allocate(self, request: Request, num_tokens: int, hits: list[int] = ()) -> int:
+    def num_blocks_to_allocate(self, request: Request, num_tokens: int, hits: Sequence[int] = ()) -> int:
         """Free blocks consumed if the request's table grows to cover num_tokens (hits first)."""
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
         fresh = self.blocks_for(num_tokens) - len(request.block_table) - len(hits)
         return revived + max(fresh, 0)
 
-    def can_allocate(self, request: Request, num_tokens: int, hits: list[int] = ()) -> bool:
+    def can_allocate(self, request: Request, num_tokens: int, hits: Sequence[int] = ()) -> bool:
         return self.num_blocks_to_allocate(request, num_tokens, hits) <= len(self.free_pool)
 
     # ---- mutations -----------------------------------------------------------------------
 
-    def allocate(self, request: Request, num_tokens: int, hits: list[int] = ()) -> None:
+    def allocate(self, request: Request, num_tokens: int, hits: Sequence[int] = ()) -> None:
         """Grow the request's table to cover num_tokens, starting with the cache hits.
 
         The caller checks can_allocate first; running out here is a scheduler bug.

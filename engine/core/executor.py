@@ -149,13 +149,15 @@ class _ObservedStep:
 
     def __init__(self, pending: PendingStep, plan: StepPlan, timing: StepTiming, hooks: list[StepHook]) -> None:
         self._pending = pending
-        self._plan = plan
+        self._plan: StepPlan | None = plan
         self._timing = timing
         self._hooks = hooks
 
     def result(self) -> StepResult:
         result = self._pending.result()
+        plan = self._plan
+        assert plan is not None, "a step's result is taken once"
         for hook in self._hooks:
-            hook(self._plan, result, self._timing)
+            hook(plan, result, self._timing)
         self._plan = None  # the plan's entries need not outlive the step
         return result

@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from engine.core.loop import Clock, FleetStepHook, Replica, RunResult
-from engine.core.remote_replica import Report, ReplicaView
+from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import Request
 from engine.core.routers import ReplicaLoad, Router
 
@@ -109,10 +109,10 @@ def run_fleet_wall(links: ReplicaLinks, requests: Iterable[Request], router: Rou
             timeout -= WAKE_EARLY_S
         for index, kind, payload in links.receive(timeout):
             if kind == "report":
-                _collect(index, payload, views[index], results[index], on_step)
+                _collect(index, cast(Report, payload), views[index], results[index], on_step)
             elif kind == "done":
                 done.add(index)
-                results[index].makespan_s = payload
+                results[index].makespan_s = cast(float, payload)
             else:
                 raise RuntimeError(f"replica {index}: unexpected message {kind!r}")
     return _in_submission_order(results, pending, assignment)

@@ -103,7 +103,7 @@ class Replica:
     """One core (scheduler) and its executor, fed through an inbox of requests in arrival order:
 run() drives one alone, engine.core.fleet drives several behind a router."""
 
-    def __init__(self, index: int, scheduler: Scheduler, executor, clock: Clock) -> None:
+    def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
         self.index = index
         self.scheduler = scheduler
         self.executor = executor
@@ -170,6 +170,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
             self.complete(plan, self.executor.execute(plan), now)
 
     def finish_in_flight(self) -> None:
+        assert self.in_flight is not None, "only a step in flight can finish"
         plan, pending, planned_at = self.in_flight
         self.in_flight = None
         self.complete(plan, pending.result(), planned_at)

@@ -8,6 +8,7 @@ so a batch that mixes prefill chunks and decodes is expressible.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from engine.core.sampling_params import SamplingParams
 
 # A sampling entry's token while it is still being sampled on the device: with overlapped steps

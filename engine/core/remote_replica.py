@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from engine.core.loop import Replica, RunResult, StepRecord, tokens_left
 from engine.core.request import Request
@@ -38,7 +40,17 @@ class Report:
     outstanding_tokens: int  # Replica.outstanding_tokens() when the report was made
 
 
-def serve_replica(replica: Replica, conn) -> bool:
+class Connection(Protocol):
+    """The replica's end of its duplex connection: multiprocessing's Connection, or a stand-in."""
+
+    def poll(self) -> bool: ...
+
+    def recv(self) -> Any: ...
+
+    def send(self, obj: Any) -> None: ...
+
+
+def serve_replica(replica: Replica, conn: Connection) -> bool:
     """Serve the requests that arrive on conn (a multiprocessing Connection, or anything with its
     poll/recv/send) until "end" has come and nothing is left, then send ("done", makespan_s) and
     return False; return True at once on "shutdown".
@@ -71,7 +83,7 @@ def serve_replica(replica: Replica, conn) -> bool:
             conn.send(("report", report))
 
 
-def _messages(conn, block: bool):
+def _messages(conn: Connection, block: bool) -> Iterator[Any]:
     if block:
         yield conn.recv()
     while conn.poll():

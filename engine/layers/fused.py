@@ -11,8 +11,8 @@ such layer of a model; the runner calls it once, before any CUDA graph is captur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

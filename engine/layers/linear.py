@@ -44,7 +44,8 @@ class _ColumnParallel(nn.Module):
     rows this rank takes, offset of those rows in the fused parameter).
     """
 
-    def __init__(self, input_size: int, shards: dict[ShardId, tuple[int, int, int, int]], bias: bool, tp: TensorParallel):
+    def __init__(self, input_size: int, shards: dict[ShardId, tuple[int, int, int, int]], bias: bool,
+                 tp: TensorParallel):
         super().__init__()
         self.tp = tp
         self.shards = shards

@@ -8,8 +8,9 @@ than a process-global group lets several replicas live in one process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 

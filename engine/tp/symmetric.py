@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from engine.core.collectives import ONE_SHOT_MAX_BYTES
-from kernels.all_reduce import MAX_PROGRAMS, one_shot_all_reduce_, one_shot_all_reduce_add_rms_norm
 
 MAX_NORM_DIM = 16384  # a row is one program's registers (kernels.all_reduce with the norm)
 GROUP_PREFIX = "tensor-parallel-"  # + the engine's port: the name its symmetric-memory group goes by
@@ -30,7 +29,10 @@ class SymmetricAllReduce:
         device = data.device
         self.data_ptrs = torch.tensor(handles[0].buffer_ptrs, dtype=torch.int64, device=device)
         self.flag_ptrs = torch.tensor(handles[1].buffer_ptrs, dtype=torch.int64, device=device)
-        self.counters = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
+        from kernels import all_reduce  # Triton: allocate() checked that it imports
+
+        self._kernels = all_reduce
+        self.counters = torch.zeros(all_reduce.MAX_PROGRAMS, dtype=torch.int32, device=device)
 
     def _state(self, x: torch.Tensor) -> tuple:
         slot_elems = ONE_SHOT_MAX_BYTES // x.element_size()
@@ -59,6 +61,10 @@ class SymmetricAllReduce:
         if earlier:
             raise RuntimeError("an earlier tensor-parallel engine in this process set up symmetric memory, "
                                "and torch's rendezvous cannot be repeated with new workers")
+        try:  # the kernel is Triton's, an optional dependency (the gpu extra)
+            from kernels.all_reduce import MAX_PROGRAMS
+        except ImportError as error:
+            raise RuntimeError(f"the one-shot all-reduce needs Triton: {error}") from None
         name = f"{GROUP_PREFIX}{port}"
         try:
             _register_process_group(name, dist.distributed_c10d._get_default_group())
@@ -94,13 +100,13 @@ class SymmetricAllReduce:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (x must satisfy applies())."""
-        return one_shot_all_reduce_(x, self._state(x))
+        return self._kernels.one_shot_all_reduce_(x, self._state(x))
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(sum(x) + residual), sum(x) + residual) in one launch (x, residual must satisfy
         applies_to_norm())."""
-        return one_shot_all_reduce_add_rms_norm(x, residual, weight, eps, self._state(x))
+        return self._kernels.one_shot_all_reduce_add_rms_norm(x, residual, weight, eps, self._state(x))
 
     def check_against_nccl(self, device: torch.device) -> None:
         """Both ways on rank-dependent values, three calls (both slots and back): raise unless they agree."""

@@ -8,7 +8,7 @@ make(seed) returns a Sampler; logits are built on `device`.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -38,7 +38,8 @@ def check_seeded_independent_of_batch(make: MakeSampler, device: str, draws: int
     seen = []
     for index in range(draws):
         alone = make(0).sample(target[None], [mine], [index]).item()
-        batch = torch.cat([_logits(2, 1000, index, 1.0, device), target[None], _logits(2, 1000, index + 100, 1.0, device)])
+        batch = torch.cat([_logits(2, 1000, index, 1.0, device), target[None],
+                           _logits(2, 1000, index + 100, 1.0, device)])
         in_batch = make(77).sample(batch, others[:2] + [mine] + others[2:], [3, 0, index, 8, 1])[2].item()
         assert alone == in_batch, f"draw {index}: {alone} alone, {in_batch} in a batch"
         seen.append(alone)

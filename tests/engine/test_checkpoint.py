@@ -62,7 +62,8 @@ def test_same_seed_same_bytes_other_seed_other_weights(tmp_path):
 def test_tokenizer_is_deterministic_across_processes(tmp_path):
     # Hash-map iteration order changes between processes; the trained merges must not.
     code = "from engine.tokenizer_builder import build_tokenizer; print(build_tokenizer().to_str())"
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)}
     assert len(outs) == 1
 
 

@@ -9,8 +9,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
-from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.graph_sizes import decode_graph_sizes
+from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
 from engine.rank import build_runner
 from kernels.decode_split import balanced_chunk
@@ -152,7 +152,8 @@ def test_larger_batches_and_prefill_stay_eager(tiny_qwen3_dir):
     prefill, decode = _decode_batch(rng, 24, 4, 64, runner.num_blocks)
     assert runner.build_batch(prefill).graph_size is None
     assert runner.build_batch(decode).graph_size == 24
-    runner.graphs.sizes = tuple(s for s in runner.graphs.sizes if s <= 16)  # as if max_num_seqs exceeded the largest graph
+    # as if max_num_seqs exceeded the largest graph
+    runner.graphs.sizes = tuple(s for s in runner.graphs.sizes if s <= 16)
     assert runner.build_batch(decode).graph_size is None
 
 

@@ -30,7 +30,8 @@ def qwen3_dir(tmp_path_factory):
     return write_checkpoint("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b"), dtype="bfloat16")
 
 
-def _reference_logits(model, ids: list[int], block_size: int = 256, kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _reference_logits(model, ids: list[int], block_size: int = 256,
+                      kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Float32 logits of every position, the torch attention backend over the whole sequence."""
     caches = model.make_kv_caches(-(-len(ids) // block_size), block_size, kv_dtype)
     table = list(range(len(caches[0][0])))

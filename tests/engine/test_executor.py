@@ -10,16 +10,17 @@ import torch
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.loop import SimulatedClock, run
+from engine.core.policies import make_scheduler
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
-from engine.core.policies import make_scheduler
 from engine.executor import EngineExecutor
 from engine.kv_sizing import CPU_KV_CACHE_BYTES
 
 SCHED = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
 
 
-def _executor(model_dir, cache=CacheConfig(block_size=8), **engine) -> EngineExecutor:
+def _executor(model_dir, cache: CacheConfig | None = None, **engine) -> EngineExecutor:
+    cache = cache or CacheConfig(block_size=8)
     return EngineExecutor(EngineConfig(model=str(model_dir), device="cpu", **engine), SCHED, cache)
 
 

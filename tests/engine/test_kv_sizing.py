@@ -77,13 +77,13 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.gpu
 @needs_cuda
 def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
+    import gc
+
     from engine.checkpoint import write_checkpoint
-    from engine.core.plan import StepPlan
-    from engine.executor import EngineExecutor
     from engine.config import EngineConfig
     from engine.core.config import CacheConfig
-
-    import gc
+    from engine.core.plan import StepPlan
+    from engine.executor import EngineExecutor
 
     gc.collect()  # tensors of earlier tests in this process would count as this engine's weights
     torch.cuda.empty_cache()

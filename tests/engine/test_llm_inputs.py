@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.outputs import ThroughputMeter
 from engine.core.plan import StepStats
+from engine.outputs import ThroughputMeter
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 

@@ -129,7 +129,8 @@ def test_backend_engine_fleet_replicas_two_runs_through_the_harness(tiny_qwen3_d
 
     overrides = ["model=tiny-qwen3", "backend=engine", f"backend.model={tiny_qwen3_dir}", "backend.device=cpu",
                  "workload=poisson", "workload.rate=50", "workload.num_requests=12", "workload.prompt_len.high=160",
-                 "workload.output_len.low=4", "workload.output_len.high=24", "workload.prompt_len.low=20", "scheduler.max_model_len=512", "cache.block_size=16",
+                 "workload.output_len.low=4", "workload.output_len.high=24", "workload.prompt_len.low=20",
+                 "scheduler.max_model_len=512", "cache.block_size=16",
                  "cache.num_blocks=64", "fleet.replicas=2", "router=least_requests", "output.plots=false"]
     run_study(compose_config(overrides), tmp_path)
     requests = pd.read_csv(tmp_path / "requests.csv")

@@ -10,9 +10,8 @@ import torch
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from engine.core.plan import PLACEHOLDER, ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
-from engine.core.plan import PLACEHOLDER
 from engine.rank import build_runner
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -26,7 +25,8 @@ def _plan(entries, step=1):
 def runner(tiny_qwen3_dir):
     sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128, max_model_len=64)
     cache = CacheConfig(block_size=4, num_blocks=64)
-    runner = build_runner(EngineConfig(model=str(tiny_qwen3_dir), attention_backend="torch"), sched, cache, torch.device("cpu"))
+    config = EngineConfig(model=str(tiny_qwen3_dir), attention_backend="torch")
+    runner = build_runner(config, sched, cache, torch.device("cpu"))
     runner.allocate_kv_cache(cache.num_blocks)
     return runner
 
@@ -76,7 +76,7 @@ def test_backends_declare_their_capabilities():
 
 
 def test_triton_backend_captures_both_kinds_of_step():
-    pytest.importorskip("triton")
+    pytest.importorskip("triton", reason="the Triton backend needs triton (the gpu extra)")
     from engine.attention.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend()

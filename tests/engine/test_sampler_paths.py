@@ -72,7 +72,8 @@ def test_a_rows_cutoff_does_not_depend_on_its_batch():
     logits = torch.randn(7, vocab, generator=torch.Generator().manual_seed(1)) * 2
     params = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_p=0.6),
               SamplingParams(temperature=0.0, top_k=3), SamplingParams(temperature=0.9),
-              SamplingParams(temperature=0.5, top_k=2000, top_p=0.95), SamplingParams(temperature=2.0, top_k=40, top_p=0.3),
+              SamplingParams(temperature=0.5, top_k=2000, top_p=0.95),
+              SamplingParams(temperature=2.0, top_k=40, top_p=0.3),
               SamplingParams(temperature=1.0, top_k=1500)]
     rows = Sampler()._composition(params, vocab)
     assert sorted(g.width for g in rows.groups) == [40, vocab]  # topk over the small ks, sort for the rest

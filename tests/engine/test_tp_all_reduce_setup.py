@@ -8,6 +8,8 @@ allocate, no rank may enter the (collective) connect step, "auto" falls back to 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -89,3 +91,15 @@ def test_a_process_that_set_up_one_engine_refuses_a_second_before_any_rendezvous
     monkeypatch.setattr(symm_mem, "_group_name_to_store", {"0": None, f"{GROUP_PREFIX}41000": None})
     with pytest.raises(RuntimeError, match="an earlier tensor-parallel engine in this process set up symmetric memory"):
         SymmetricAllReduce.allocate(0, 2, torch.device("cpu"), 41001)
+
+
+def test_allocate_without_triton_is_a_reason_for_nccl(monkeypatch):
+    """The kernel is Triton's (the gpu extra): where it does not import, allocate() says so as the
+    RuntimeError that DistGroup turns into NCCL, before any buffer or collective."""
+    symm_mem = pytest.importorskip("torch.distributed._symmetric_memory")
+    from engine.tp.symmetric import SymmetricAllReduce
+
+    monkeypatch.setattr(symm_mem, "_group_name_to_store", {})
+    monkeypatch.setitem(sys.modules, "kernels.all_reduce", None)  # importing it raises ImportError
+    with pytest.raises(RuntimeError, match="the one-shot all-reduce needs Triton"):
+        SymmetricAllReduce.allocate(0, 2, torch.device("cpu"), 41002)

@@ -1,8 +1,8 @@
 """engine.tp.workers.Workers.close: rank 0 leaves the workers' group while they stop.
 
-A worker's NCCL teardown on "shutdown" can wait for rank 0's. These workers model that: on "shutdown" each waits for the event rank 0's release
-sets, and exits 0 only if it came within LEAVE_WAIT_S: a release that ran only after the joins
-would come too late.
+A worker's NCCL teardown on "shutdown" can wait for rank 0's. These workers model that: on
+"shutdown" each waits for the event rank 0's release sets, and exits 0 only if it came within
+LEAVE_WAIT_S: a release that ran only after the joins would come too late.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +31,7 @@ SEQS = [2, 8, 32]  # scheduler.max_num_seqs of the sweep: three different schedu
 
 @pytest.fixture(scope="module")
 def local_ray():
+    ray = pytest.importorskip("ray", reason="needs Ray: the ray extra (pip install -e '.[ray]'; dev brings it)")
     context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield context.address_info["gcs_address"]
     ray.shutdown()

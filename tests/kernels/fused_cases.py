@@ -36,7 +36,8 @@ def check_rms_norm(device: str, dtype: torch.dtype, tokens: int, dim: int, seed:
 
     gen = torch.Generator().manual_seed(seed)
     # rows with very different scales: the norm must remove them
-    x = _randn(gen, tokens, dim, device=device, dtype=dtype) * torch.logspace(-2, 2, tokens).to(dtype).to(device)[:, None]
+    scales = torch.logspace(-2, 2, tokens).to(dtype).to(device)[:, None]
+    x = _randn(gen, tokens, dim, device=device, dtype=dtype) * scales
     w = _randn(gen, dim, device=device, dtype=dtype, scale=0.2) + 1
     out = rms_norm(x, w, 1e-6)
     assert out.shape == x.shape and out.dtype == dtype
@@ -165,7 +166,8 @@ def check_qk_norm_rope_store(device: str, dtype: torch.dtype, cache_dtype: torch
 
     gen = torch.Generator().manual_seed(seed)
     heads, kv_heads, head_dim, blocks, page = 16, 8, 128, 32, 16
-    qkv = _randn(gen, tokens, (heads + 2 * kv_heads) * head_dim, device=device, dtype=dtype, scale=200.0)  # fp8 saturates
+    # scale 200: values past the fp8 range, which the store saturates
+    qkv = _randn(gen, tokens, (heads + 2 * kv_heads) * head_dim, device=device, dtype=dtype, scale=200.0)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k, v = (t.view(tokens, -1, head_dim) for t in (q, k, v))
     cos, sin = (t.to(device) for t in rope_tables(torch.randint(0, 4096, (tokens,), generator=gen), head_dim))

@@ -35,7 +35,8 @@ def test_fused_kernels_replay_in_a_cuda_graph():
     def fresh():
         qkv_width = (heads + 2 * kv_heads) * head_dim
         cos, sin = rope_tables(torch.randint(0, 4096, (tokens,), generator=gen), head_dim)
-        return [torch.randn(tokens, hidden, generator=gen).to(**bf16), torch.randn(tokens, hidden, generator=gen).to(**bf16),
+        return [torch.randn(tokens, hidden, generator=gen).to(**bf16),
+                torch.randn(tokens, hidden, generator=gen).to(**bf16),
                 torch.randn(tokens, qkv_width, generator=gen).to(**bf16), cos.cuda(), sin.cuda(),
                 torch.randn(tokens, 2 * inter, generator=gen).to(**bf16)]
 
