@@ -25,9 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from engine.worker_loop import WorkerError
 from harness.arguments import check_arguments
 from harness.convert import ConfigError
+from harness.paths import CONF_DIR
 from harness.run_folder import Interrupted, UniqueDirs, finish_interrupted, remove_if_unused
 from harness.workloads import TraceError
-from harness.paths import CONF_DIR
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -63,9 +63,11 @@ def _values(override) -> list[str] | None:
         return []
     if not override.is_sweep_override():
         return [override.get_value_element_as_str()]
+    from hydra.errors import HydraException
+
     try:
         return list(override.sweep_string_iterator())
-    except Exception:  # glob(...) and interval sweeps: Hydra expands them against what exists
+    except HydraException:  # glob(...) and interval sweeps: Hydra expands them against what exists
         return None
 
 
@@ -115,7 +117,7 @@ def _check_keys(parsed: list, conf_dir: Path) -> str | None:
             if culprit is None:
                 first = str(error).splitlines()[0] if str(error) else type(error).__name__
                 return first + (f" ({str(cause).splitlines()[0]})" if cause is not None else "")
-            parent, _, name = key.rpartition(".")
+            parent = key.rpartition(".")[0]
             base = compose(config_name="config", overrides=[line for line in overrides if line != culprit])
             node = OmegaConf.select(base, parent) if parent else base
             keys = ", ".join(sorted(str(k) for k in node)) if OmegaConf.is_dict(node) else ""

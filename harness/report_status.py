@@ -69,6 +69,7 @@ def asked_jobs(multirun_yaml: Path) -> tuple[set[str], list[tuple] | None]:
     """(swept keys, one (key, value) tuple per job asked for), or None for sweeps that cannot be
     counted here (glob, interval)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
     hydra = OmegaConf.load(multirun_yaml).get("hydra", {})
@@ -82,7 +83,7 @@ def asked_jobs(multirun_yaml: Path) -> tuple[set[str], list[tuple] | None]:
             continue
         try:
             values = list(override.sweep_string_iterator())
-        except Exception:  # glob or interval sweeps: not a list of values
+        except HydraException:  # glob or interval sweeps: not a list of values
             return set(), None
         choices.append([f"{override.key_or_group}={v}" for v in values])
     swept = {c[0].split("=", 1)[0] for c in choices}
@@ -90,12 +91,12 @@ def asked_jobs(multirun_yaml: Path) -> tuple[set[str], list[tuple] | None]:
 
 
 def multirun_status(root: Path) -> Multirun:
+    from omegaconf import OmegaConf
+
     swept, asked = asked_jobs(root / "multirun.yaml")
     run = Multirun(root, asked)
     found = set()
     for job in sorted(p for p in root.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()):
-        from omegaconf import OmegaConf
-
         found.add(_override_pairs(list(OmegaConf.load(job / ".hydra" / "overrides.yaml")), swept))
         if (job / INTERRUPTED).is_file():
             run.interrupted.append(job.name)
