@@ -5,21 +5,28 @@ Examples:
   python -m harness experiment=preemption
   python -m harness model=qwen3-8b scheduler=mixed workload=trace_azure_conv scheduler.max_num_seqs=128
   python -m harness -m scheduler=nano,mixed hydra/launcher=joblib    # multirun, then python -m harness.report
+
+Every way it can end badly ends with one line on stderr: a config mistake (exit 2, checked before
+Hydra composes anything where Hydra would print its search path), a failed engine process (1),
+Ctrl-C (130) or SIGTERM (143), after which the run folder is complete and marked INTERRUPTED, or
+gone (harness.run_folder).
 """
 
 from __future__ import annotations
 
-import shutil
+import signal
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from engine.worker_loop import WorkerError
-from harness.config import CONF_DIR, moved_override
+from harness.arguments import check_arguments
 from harness.convert import ConfigError
+from harness.paths import CONF_DIR
+from harness.run_folder import Interrupted, UniqueDirs, finish_interrupted, remove_if_unused
 from harness.workloads import TraceError
 
 
@@ -39,23 +46,46 @@ def main(cfg: DictConfig) -> None:
         # An engine process failed (its traceback is error.details): one line, as above.
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt as interrupt:
+        signum, name = _signal_of(interrupt)
+        print(f"interrupted ({name}): {finish_interrupted(out_dir, name, _planned_runs(cfg))}", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
 
 
-def remove_if_unused(out_dir: Path) -> None:
-    """Delete a run folder that holds only what Hydra wrote before the run (.hydra/, the job log),
-    and the parents it leaves empty, up to the working directory."""
-    if not out_dir.is_dir() or any(p.name != ".hydra" and p.suffix != ".log" for p in out_dir.iterdir()):
-        return
-    shutil.rmtree(out_dir)
-    cwd = Path.cwd().resolve()
-    parent = out_dir.resolve().parent
-    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
+def _signal_of(interrupt: KeyboardInterrupt) -> tuple[int, str]:
+    if isinstance(interrupt, Interrupted):
+        return interrupt.signum, interrupt.name
+    return int(signal.SIGINT), "SIGINT"
+
+
+def _planned_runs(cfg: DictConfig) -> int | None:
+    """How many runs the study meant to write (a sweep's points), None when that is not a count."""
+    study = cfg.get("study") or {}
+    return len(study.get("values") or []) if study.get("kind") == "sweep" else None
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signum, signal.Signals(signum).name)
+
+
+def cli(argv: list[str]) -> None:
+    """Check the command line, then hand it to Hydra; SIGTERM ends the run as Ctrl-C does."""
+    if (problem := check_arguments(argv)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    # conf/config.yaml's hydra.run.dir claims its folder through this resolver (never another run's)
+    folders = UniqueDirs()
+    OmegaConf.register_new_resolver("unique_dir", folders, replace=True)
+    try:
+        main()
+    except KeyboardInterrupt as interrupt:  # before or between runs: no run folder is open
+        signum, name = _signal_of(interrupt)
+        for folder in folders.claimed:  # claimed, but the run never started in it
+            remove_if_unused(folder)
+        print(f"interrupted ({name}) before a run folder was written", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
 
 
 if __name__ == "__main__":
-    if (moved := moved_override(sys.argv[1:])) is not None:
-        print(f"error: {moved}", file=sys.stderr)
-        raise SystemExit(2)
-    main()
+    cli(sys.argv[1:])

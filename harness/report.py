@@ -2,8 +2,10 @@
 
 The report walks each DIR for summary.csv files (single runs, Hydra multirun job folders, sweep
 points) and sweep.csv files (of sweeps that wrote no points), stacks their rows with the run folder
-as `run`, writes report.csv and
-report.png (chosen metrics per run) into --out, and prints the table.
+as `run`, writes report.csv and report.png (chosen metrics per run) into --out, and prints the
+table. A study that did not finish is named before the table, and its rows say so in the `status`
+column: a run folder marked INTERRUPTED (harness.run_folder), or a Hydra multirun whose job folders
+are fewer than its swept overrides ask for (harness.report_status).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from harness.report_status import run_status, staging, unfinished_multirun_roots, unfinished_studies
 
 TABLE_COLUMNS = (
     "output_tok_s", "total_tok_s", "request_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s",
@@ -33,11 +37,12 @@ def format_summary(row: dict) -> str:
         f"throughput  in {row['input_tok_s']:,.1f} tok/s | out {row['output_tok_s']:,.1f} tok/s | "
         f"total {row['total_tok_s']:,.1f} tok/s | {row['request_s']:.3f} req/s",
     ]
+    # seconds, as in summary.csv (ttft_p90_s, ...) and the plots
     latency = pd.DataFrame(
-        {stat: [row[f"{m}_{stat}_s"] * 1e3 for m in ("ttft", "tpot", "e2e")] for stat in ("mean", "p50", "p90", "p99")},
-        index=["TTFT (ms)", "TPOT (ms)", "E2E (ms)"],
+        {f"{stat} (s)": [row[f"{m}_{stat}_s"] for m in ("ttft", "tpot", "e2e")] for stat in ("mean", "p50", "p90", "p99")},
+        index=["TTFT", "TPOT", "E2E"],
     )
-    lines.append(latency.to_string(float_format=lambda v: f"{v:,.2f}"))
+    lines.append(latency.to_string(float_format=lambda v: f"{v:.5f}"))
     lines.append(
         f"preemptions {row['preemptions']} | recomputed tokens {row['recomputed_tokens']} | "
         f"prefix hit rate {100 * row['prefix_hit_rate']:.1f}% ({row['cached_tokens']} cached tokens)"
@@ -67,18 +72,22 @@ def collect(dirs: list[Path]) -> pd.DataFrame:
         if not root.exists():
             raise FileNotFoundError(f"{root}: no such run directory")
         for path in sorted(root.rglob("summary.csv")):
-            summaries.setdefault(path.resolve(), path)
+            if not staging(path):
+                summaries.setdefault(path.resolve(), path)
         for path in sorted(root.rglob("sweep.csv")):
-            if not (path.parent / "points").is_dir():
+            if not staging(path) and not (path.parent / "points").is_dir():
                 sweeps.setdefault(path.resolve(), path)
     frames = []
+    unfinished = unfinished_multirun_roots(dirs)
     for path in summaries.values():
         frame = pd.read_csv(path)
         frame.insert(0, "run", str(path.parent))
+        frame.insert(1, "status", run_status(path.parent, unfinished))
         frames.append(frame)
     for path in sweeps.values():
         frame = pd.read_csv(path)
         frame.insert(0, "run", [f"{path.parent}[{p}={v}]" for p, v in zip(frame["param"], frame["value"])])
+        frame.insert(1, "status", run_status(path.parent, unfinished))
         frames.append(frame.drop(columns=["param", "value"]))
     if not frames:
         raise FileNotFoundError(f"no summary.csv or sweep.csv under {[str(d) for d in dirs]}")
@@ -96,14 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    unfinished = unfinished_studies(args.dirs)
+    for line in unfinished:
+        print(f"INCOMPLETE: {line}")
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "report.csv", index=False)
     from harness.output.plots import plot_sweep
 
     common = os.path.commonpath(list(table["run"])) if len(table) > 1 else ""
     table["label"] = [os.path.relpath(r, common) if common else Path(r).name for r in table["run"]]
-    plot_sweep(table, "label", tuple(args.metrics), args.out / "report.png", xlabel="run", title="Report")
-    print(format_table(table, ["label", "backend", "policy", "workload"]))
+    title = "Report" + (" (INCOMPLETE: see status)" if unfinished else "")
+    plot_sweep(table, "label", tuple(args.metrics), args.out / "report.png", xlabel="run", title=title)
+    print(format_table(table, ["label", "status", "backend", "policy", "workload"]))
+    if unfinished:
+        print(f"{len(unfinished)} stud{'y' if len(unfinished) == 1 else 'ies'} did not finish (listed above)")
     print(f"wrote {args.out / 'report.csv'} and {args.out / 'report.png'}")
     return 0
 

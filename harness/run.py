@@ -28,6 +28,7 @@ from harness.convert import ConfigError
 from harness.labels import run_identity, run_title
 from harness.output.metrics import requests_frame, steps_frame, summarize, write_steps
 from harness.output.recording import StepRecorder
+from harness.run_folder import staged
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -127,25 +128,33 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
 
 def write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, rejected: dict[str, str],
                  out_dir: Path, steps_mode: str = "full") -> None:
-    """requests.csv, steps.csv.gz (unless steps_mode is "none"), summary.csv and rejected.csv."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    requests.to_csv(out_dir / "requests.csv", index=False)
+    """requests.csv, steps.csv.gz (unless steps_mode is "none"), summary.csv and rejected.csv, each
+    under its name only once complete (summary.csv last: harness.run_folder.staged)."""
+    with staged(out_dir) as staging:
+        _write_tables(requests, steps, summary, rejected, staging, steps_mode)
+
+
+def _write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, rejected: dict[str, str],
+                  folder: Path, steps_mode: str) -> None:
+    requests.to_csv(folder / "requests.csv", index=False)
     if steps_mode == "full":
-        write_steps(steps, out_dir)
-    pd.DataFrame([summary]).to_csv(out_dir / "summary.csv", index=False)
+        write_steps(steps, folder)
+    pd.DataFrame([summary]).to_csv(folder / "summary.csv", index=False)
     if rejected:
         pd.DataFrame({"request_id": list(rejected), "error": list(rejected.values())}).to_csv(
-            out_dir / "rejected.csv", index=False)
+            folder / "rejected.csv", index=False)
 
 
 def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:
-    """The run's tables (and plots) in out_dir; steps="none" leaves the per-step table out."""
-    write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, steps)
-    if plots:
-        from harness.output.plots import plot_latency_cdfs, plot_timeline
+    """The run's tables (and plots) in out_dir; steps="none" leaves the per-step table out. Files
+    appear in out_dir only once all of them are written (an interrupted run leaves none)."""
+    with staged(out_dir) as staging:
+        _write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, staging, steps)
+        if plots:
+            from harness.output.plots import plot_latency_cdfs, plot_timeline
 
-        plot_timeline(outcome.steps, outcome.num_blocks, out_dir / "timeline.png", outcome.summary)
-        plot_latency_cdfs(outcome.requests, out_dir / "latency_cdf.png", run_title(outcome.summary))
+            plot_timeline(outcome.steps, outcome.num_blocks, staging / "timeline.png", outcome.summary)
+            plot_latency_cdfs(outcome.requests, staging / "latency_cdf.png", run_title(outcome.summary))
 
 
 def require_served(outcome, label: str = "") -> None:

@@ -284,11 +284,31 @@ def format_report(rc: RunConfig, engine: EngineSide, profile_path, offline: bool
     return "\n".join(lines)
 
 
+def refuse_engine_without_gpu(rc: RunConfig, study: str, tiny_ok: bool) -> None:
+    """A ConfigError for an engine study meant for a GPU on a machine without one (it would write a
+    GB-sized checkpoint and run for hours), unless backend.device=cpu asks for the CPU explicitly
+    or, with tiny_ok, the model is one of the tiny test models."""
+    if rc.backend != "engine" or rc.engine.device != "auto" or (tiny_ok and rc.model.name.startswith("tiny")):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    advice = (f"with the CPU settings of conf/experiment/{study}.yaml" if rc.model.name.startswith("tiny") else
+              f"with a tiny model (model=tiny-qwen3 hardware=cpu, as conf/experiment/{study}.yaml shows); "
+              f"{rc.model.name} would take hours")
+    raise ConfigError(f"experiment={study} is meant for a GPU and this machine has none: to run it on the CPU, "
+                      f"set backend.device=cpu, {advice}")
+
+
 def run_compare(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     cc = to_dataclass(CompareConfig, section(cfg, "compare"), "compare")
     if output.steps != "full":
         raise ConfigError(f"output.steps={output.steps} does not apply to study.kind=compare: the replay and "
                           "compare.engine_dir read each run's step table (use output.steps=full)")
-    result = compare(build_run_config(cfg), cc, out_dir, output.progress, output.plots)
+    rc = build_run_config(cfg)
+    if cc.engine_dir is None:  # a saved engine run needs no engine
+        refuse_engine_without_gpu(rc, "compare", tiny_ok=True)
+    result = compare(rc, cc, out_dir, output.progress, output.plots)
     print(result.report)
     return result.table

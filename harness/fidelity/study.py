@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from harness.fidelity import classes
-from harness.compare.study import GRIDS, engine_meta, sim_run_config
+from harness.compare.study import GRIDS, engine_meta, refuse_engine_without_gpu, sim_run_config
 from harness.shared_executor import KeepAlive
 from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
@@ -197,6 +197,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
     rc = build_run_config(cfg)
     if rc.backend != "engine":
         raise ConfigError(f"backend must be engine for the held-out protocol, got {rc.backend}")
+    refuse_engine_without_gpu(rc, "fidelity", tiny_ok=False)
     rc = dataclasses.replace(rc, scheduler=dataclasses.replace(
         rc.scheduler, max_model_len=classes.max_model_len(rc.scheduler.max_model_len, fc.length_scale)))
     results = Path(fc.results_dir) if fc.results_dir else out_dir
@@ -208,7 +209,10 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
     rows, schedules = [], []
     try:
         profile_path = calibrated_model(executor, rc, fc, out_dir)
-        for name in tqdm(fc.workloads, desc="workload classes", disable=not output.progress):
+        # one tick per cell (a class offline, then at each load), so the bar shows the whole run
+        cells = tqdm(total=len(fc.workloads) * (1 + len(fc.loads)), desc="fidelity cells", unit="cell",
+                     disable=not output.progress)
+        for name in fc.workloads:
             base = classes.class_run_config(rc, name, fc.num_requests, fc.length_scale, fc.preempt_num_blocks)
             engine = PinnedBlocks(executor, base.cache.num_blocks)
             if fc.warmup:
@@ -221,6 +225,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             capacity = float(np.mean([s["request_s"] for s in engine_summaries]))
             rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries,
                               OFFLINE_METRICS + COUNTED_METRICS)
+            cells.update(1)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
                 engine_runs, sims = serve(engine, cell, fc, profile_path, False)
@@ -229,6 +234,8 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
                 del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,
                                   LOAD_METRICS + COUNTED_METRICS)
+                cells.update(1)
+        cells.close()
     finally:
         executor.shutdown()
     table = pd.DataFrame(rows)

@@ -28,6 +28,7 @@ def plot_fleet_load(outcome, path: Path) -> None:
         held.plot(time, (steps["running"] + steps["waiting"]).to_numpy(), lw=0.8, label=f"replica {index}")
         kv.plot(time, 100.0 * (1.0 - steps["free_blocks"].to_numpy() / blocks), lw=0.8, label=f"replica {index}")
     held.set_ylabel("requests held (running + waiting)")
+    held.set_ylim(bottom=0)
     kv.set_ylabel("KV cache used (%)")
     kv.set_ylim(0, 105)
     kv.set_xlabel("time (s)")
@@ -53,7 +54,7 @@ def plot_fleet_latency(outcome, path: Path) -> None:
         ax.set_xlabel(f"{label} (s)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("fraction of requests")
+    axes[0].set_ylabel("fraction of requests (0-1)")
     if axes[0].lines:  # nothing served: empty axes and no legend
         axes[0].legend(fontsize=8)
     fig.suptitle(_title(outcome.summary, "Latency CDFs"), fontsize=10)

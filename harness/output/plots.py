@@ -39,6 +39,7 @@ def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path, summary: dic
     queue.plot(time, steps["running"].to_numpy(), lw=0.8, label="running")
     queue.plot(time, steps["waiting"].to_numpy(), lw=0.8, label="waiting")
     queue.set_ylabel("requests (count)")
+    queue.set_ylim(bottom=0)
     queue.set_xlabel("time (s)")
     queue.legend(loc="upper right")
     fig.savefig(path, dpi=110)
@@ -69,8 +70,9 @@ def plot_latency_cdfs(requests: pd.DataFrame | dict[str, pd.DataFrame], path: Pa
 
 def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path, log_x: bool = False,
                group: str | None = None, xlabel: str | None = None, title: str = "Sweep") -> Figure:
-    """One panel per metric against x; one line per value of `group` when given. A metric that is
-    zero (or missing) in every row gets no panel: it is named in a note under the title instead."""
+    """One panel per metric against x; one line per value of `group` when given; y axes start at
+    zero. A metric that is zero (or missing) in every row gets no panel: it is named in a note
+    under the title instead."""
     unknown = [m for m in metrics if m not in table.columns]
     if unknown:
         log.warning("not plotting %s: not summary columns (see summary.csv for the names)", unknown)
@@ -101,6 +103,9 @@ def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path
                           fontsize=8 if long else 10)
         if log_x and numeric:
             ax.set_xscale("log")
+        # from zero: a 0.2% change should look like one, not like a cliff
+        lowest = pd.to_numeric(table[metric], errors="coerce").min()
+        ax.set_ylim(bottom=min(0.0, lowest) if pd.notna(lowest) else 0.0)
         ax.set_xlabel(xlabel or metric_label(x))
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)

@@ -26,6 +26,7 @@ from harness.convert import ConfigError
 from harness.labels import metric_label, run_identity, table_title
 from harness.output.metrics import percentile
 from harness.run import run_once
+from harness.run_folder import write_csv
 from harness.sweeps.sweep import point_configs
 
 if TYPE_CHECKING:
@@ -109,8 +110,8 @@ def run_capacity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
         probes.extend(point_probes)
     table = pd.DataFrame(rows)
     probe_table = pd.DataFrame(probes)
-    table.to_csv(out_dir / "capacity.csv", index=False)
-    probe_table.to_csv(out_dir / "capacity_probes.csv", index=False)
+    write_csv(probe_table, out_dir / "capacity_probes.csv", index=False)
+    write_csv(table, out_dir / "capacity.csv", index=False)
     plot_capacity(table, probe_table, study.capacity, out_dir / "capacity.png")
     return table
 
@@ -128,7 +129,10 @@ def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig
             line, = ax.plot(part["rate"], part[metric], marker="o", label=f"{label}: {row['capacity_req_s']:.3g} req/s")
             ax.axvline(row["capacity_req_s"], color=line.get_color(), ls=":", lw=1)
         ax.axhline(slo, color="black", ls="--", lw=1, label="SLO")
+        # log latency: past capacity it grows by orders of magnitude, and a linear axis from zero
+        # would flatten every passing probe onto the floor; the rate axis starts at zero
         ax.set_yscale("log")
+        ax.set_xlim(left=0)
         ax.set_xlabel(metric_label("rate"))
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)

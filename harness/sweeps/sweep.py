@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from harness.config import CONF_DIR, OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.run import require_served, run_once, write_outcome
+from harness.run_folder import write_csv
 
 if TYPE_CHECKING:
     from harness.study import StudyConfig
@@ -70,7 +71,7 @@ def run_sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir
         require_served(outcome, f"sweep point {label}")
         rows.append({"param": study.param, "value": value, **outcome.summary})
     table = pd.DataFrame(rows)
-    table.to_csv(out_dir / "sweep.csv", index=False)
+    write_csv(table, out_dir / "sweep.csv", index=False)
     plot_sweep(table, "value", study.metrics, out_dir / "sweep.png", log_x=study.log_x, xlabel=study.param,
                title=f"Sweep of {study.param}")
     return table

@@ -18,7 +18,7 @@ from engine.core.plan import KVCacheSpec, StepResult
 from harness.calibration.fit import validate
 from harness.compare.study import CompareConfig
 from harness.compare.tables import replay, roofline_step_times, schedule_table
-from harness.calibration import profiling as profiling
+from harness.calibration import profiling
 from harness.calibration.profiling import ProfileGrid, build_plan, profile_executor
 from harness.calibration.grid import SHARED_KINDS
 from harness.output.recording import StepRecorder

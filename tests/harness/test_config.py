@@ -219,6 +219,8 @@ def test_cli_bad_value_prints_one_line_and_exits_2(tmp_path):
 
 def test_cli_unknown_group_option_names_the_options(tmp_path):
     result = _harness(["model=qwen9"], tmp_path)
-    assert result.returncode == 1
-    assert "Could not find 'model/qwen9'" in result.stderr and "qwen3-8b" in result.stderr
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: model must be one of [")
+    assert "qwen9" in lines[0] and "qwen3-8b" in lines[0] and "tiny-qwen3" in lines[0]
     assert "Traceback" not in result.stderr

@@ -1,0 +1,126 @@
+"""The command line of `python -m harness`, checked before Hydra sees it.
+
+Hydra refuses a config group option that does not exist (`hardware=h300`) or a key that is not in
+the config (`scheduler.max_num_seq=4`) with its search path over many lines and exit status 1.
+check_arguments finds those mistakes first and says each in one line naming the group or key and
+what it may be, for `+group=`, `++group=` and multirun (`-m group=a,b`) lists alike.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from harness.config import moved_override
+from harness.paths import CONF_DIR
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of a config group: its conf/<group>/*.yaml files, less the other spellings of a
+    model name that exist only to be refused with the right name."""
+    from engine.core.model_shapes import RENAMED
+
+    names = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    return [n for n in names if not (group == "model" and n in RENAMED)]
+
+
+@cache
+def config_groups(conf_dir: Path = CONF_DIR) -> frozenset[str]:
+    """The groups of conf/: its folders holding YAML files (Hydra's own, under hydra/, excluded)."""
+    return frozenset(p.name for p in conf_dir.iterdir()
+                     if p.is_dir() and p.name != "hydra" and any(p.glob("*.yaml")))
+
+
+def check_arguments(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """The one-line error for a command line Hydra would refuse at length, None when it is fine
+    (or when it uses Hydra's own flags, which Hydra checks)."""
+    if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
+        return None  # --cfg, --help, -cn, ...: Hydra's flags, Hydra's messages
+    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
+    if (moved := moved_override(overrides)) is not None:
+        return moved
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as error:
+        return f"cannot read the override: {str(error).splitlines()[0]}"
+    parsed = [o for o in parsed if not o.key_or_group.startswith("hydra")]
+    for override in parsed:
+        if (problem := _check_group(override, conf_dir)) is not None:
+            return problem
+    if any("." in o.key_or_group for o in parsed):
+        return _check_keys(parsed, conf_dir)
+    return None
+
+
+def _values(override) -> list[str] | None:
+    """The values an override gives (each one of a multirun list), None for a glob or other sweep."""
+    if override.is_delete():
+        return []
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    from hydra.errors import HydraException
+
+    try:
+        return list(override.sweep_string_iterator())
+    except HydraException:  # glob(...) and interval sweeps: Hydra expands them against what exists
+        return None
+
+
+def _check_group(override, conf_dir: Path) -> str | None:
+    group = override.key_or_group
+    if group not in config_groups(conf_dir):
+        return None
+    options = group_options(group, conf_dir)
+    for value in _values(override) or []:
+        exists = (conf_dir / group / f"{value}.yaml").is_file()  # another spelling: refused later, by name
+        if not exists:
+            return f"{group} must be one of [{', '.join(options)}], got {value!r} (conf/{group}/)"
+    return None
+
+
+def _first_value(override) -> str:
+    """The override as one composition takes it: a multirun list's first value."""
+    if not override.is_sweep_override():
+        return override.input_line
+    values = _values(override)
+    prefix = override.input_line[: len(override.input_line) - len(override.input_line.lstrip("+~"))]
+    return f"{prefix}{override.key_or_group}={values[0]}" if values else ""
+
+
+def _sets_under(line: str, key: str) -> bool:
+    """Whether the override line sets key or a key inside it."""
+    target = line.lstrip("+~").split("=", 1)[0]
+    return target == key or target.startswith(f"{key}.")
+
+
+def _check_keys(parsed: list, conf_dir: Path) -> str | None:
+    """Compose the config once with the overrides (a multirun list: its first value) and turn
+    Hydra's refusal of a key into one line."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    overrides = [line for line in map(_first_value, parsed) if line]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        try:
+            compose(config_name="config", overrides=overrides)
+            return None
+        except (HydraException, ValueError) as error:
+            cause = error.__cause__
+            key = getattr(cause, "full_key", None)
+            culprit = next((line for line in overrides if key and _sets_under(line, key)), None)
+            if culprit is None:
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                return first + (f" ({str(cause).splitlines()[0]})" if cause is not None else "")
+            parent = key.rpartition(".")[0]
+            base = compose(config_name="config", overrides=[line for line in overrides if line != culprit])
+            node = OmegaConf.select(base, parent) if parent else base
+            keys = ", ".join(sorted(str(k) for k in node)) if OmegaConf.is_dict(node) else ""
+            where = f"{parent} has" if parent else "the config has"
+            return (f"{key} is not a config key ({where} [{keys}]); "
+                    f"to add a key anyway, write +{culprit.lstrip('+~')}")
