@@ -16,7 +16,6 @@ captured first into the same pool.
 
 from __future__ import annotations
 
-
 import torch
 
 from engine.attention.metadata import AttentionMetadata

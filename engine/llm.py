@@ -20,9 +20,9 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from engine.core.loop import RunResult, StepRecord, WallClock, run
+from engine.core.policies import make_scheduler
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
-from engine.core.policies import make_scheduler
 from engine.executor import EngineExecutor, max_position_embeddings
 from engine.outputs import RequestOutput, ThroughputMeter
 

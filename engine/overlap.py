@@ -42,11 +42,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.core.plan import StepPlan, StepResult
-from engine.core.plan import PLACEHOLDER
+from engine.core.plan import PLACEHOLDER, StepPlan, StepResult
 from engine.host_staging import HostStaging
 from engine.step_sampling import tokens_per_entry
-
 
 # (input rows holding a placeholder, row of the previous step's sampled ids to copy there), or
 # None when a step has none

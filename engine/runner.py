@@ -24,7 +24,7 @@ placeholder map too and, when it alone sampled, broadcasts the ids on the device
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -36,8 +36,14 @@ from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs
 from engine.host_staging import HostStaging
-from engine.kv_sizing import (MemoryProfile, cpu_kv_blocks, kv_cache_torch_dtype, profile_memory, profiled_kv_blocks,
-                              warm_up)
+from engine.kv_sizing import (
+    MemoryProfile,
+    cpu_kv_blocks,
+    kv_cache_torch_dtype,
+    profile_memory,
+    profiled_kv_blocks,
+    warm_up,
+)
 from engine.layers.fused import set_fused_kernels
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.overlap import PendingTokens, Placeholders, StepOverlap
@@ -46,6 +52,7 @@ from engine.sampler import Sampler
 from engine.sharded_sampling import ShardedSampler
 from engine.step_sampling import sample_step, step_logits, tokens_per_entry
 from engine.step_timing import StepTimer
+
 
 class ModelRunner:
     def __init__(

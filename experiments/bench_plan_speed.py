@@ -30,8 +30,8 @@ import pandas as pd
 
 from engine.core.routers import RouterConfig
 from harness.parallel import parallel_map
-from harness.plan.search import Deployment, PlanBase, evaluate_all
 from harness.plan.config import SLOConfig, load_catalogue
+from harness.plan.search import Deployment, PlanBase, evaluate_all
 from harness.scripting import compose_run_config, one_line_errors
 
 REPO = Path(__file__).resolve().parents[1]

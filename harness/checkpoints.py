@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from harness.paths import REPO_ROOT
 from harness.convert import ConfigError
+from harness.paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
 CHECKPOINT_ROOT = REPO_ROOT / "checkpoints"

@@ -52,8 +52,8 @@ import pandas as pd
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from sim.features import as_graph_sizes, step_features
-from sim.step_table import complete_columns, table_regimes
 from sim.piecewise import PiecewiseLinearFit
+from sim.step_table import complete_columns, table_regimes
 
 # regime -> (size feature, linear features)
 # num_seeded: rows sampled with a per-request seed cost a generator each on the host (a profile

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from engine.core.config import KV_CACHE_DTYPES, kv_element_bytes
-
 from engine.core.model_shapes import ModelShape, check_positive, model_shape
 
 

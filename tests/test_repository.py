@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = ["outputs/run/x/summary.csv", "multirun/run/x/summary.csv", "report/report.csv",

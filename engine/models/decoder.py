@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.core.model_shapes import ModelShape
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -27,7 +28,6 @@ from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, 
 from engine.layers.norm import RMSNorm
 from engine.layers.parallel import TensorParallel
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
-from engine.core.model_shapes import ModelShape
 from engine.models.materialize import materialize_parameters
 
 KVCache = tuple[torch.Tensor, torch.Tensor]

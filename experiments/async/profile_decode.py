@@ -17,8 +17,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine import LLM
-from harness.workloads import WorkloadConfig, build_workload
 from harness.scripting import probe_args, probe_parser
+from harness.workloads import WorkloadConfig, build_workload
 
 
 def main(argv: list[str] | None = None) -> None:

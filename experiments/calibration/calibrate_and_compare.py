@@ -43,13 +43,13 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.calibration.fit import validate
+from harness.calibration.profiling import ProfileGrid, profile_executor
 from harness.compare.study import CompareConfig, compare
-from harness.shared_executor import EagerSteps, KeepAlive
 from harness.config import section
 from harness.convert import to_dataclass
-from harness.calibration.profiling import ProfileGrid, profile_executor
 from harness.run import make_executor, run_once, write_outcome
 from harness.scripting import compose_config, compose_run_config, one_line_errors
+from harness.shared_executor import EagerSteps, KeepAlive
 
 log = logging.getLogger("calibrate")
 TARGETS = ("bench", "poisson", "azure")

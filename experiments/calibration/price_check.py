@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.scripting import read_steps, require
 from engine.core.model_shapes import RENAMED
+from harness.scripting import read_steps, require
 from sim.profiled import ProfiledCostModel, complete_columns, table_regimes
 
 ROOT = Path(__file__).resolve().parent

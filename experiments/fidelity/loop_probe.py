@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 
 from engine.step_timing import StepTimer
-from harness.fidelity import classes
-from harness.compare.tables import replay
 from harness.calibration.profiling import time_plan_overlapped
+from harness.compare.tables import replay
+from harness.fidelity import classes
 from harness.run import make_executor, run_once
 from harness.scripting import compose_run_config, probe_grid, probe_plan
 from harness.shared_executor import KeepAlive

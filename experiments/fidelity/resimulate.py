@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from harness.fidelity import classes
 from harness.compare.study import sim_run_config
 from harness.convert import ConfigError
+from harness.fidelity import classes
 from harness.fidelity.interval import simulate_with_interval
 from harness.fidelity.report import holds, rel_error
 from harness.run import run_once

@@ -17,7 +17,6 @@ Writes kernel.csv (and step.csv with --ckpt) and prints them.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import torch

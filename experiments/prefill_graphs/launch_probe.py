@@ -20,12 +20,12 @@ import torch
 
 from engine import LLM
 from engine.attention.metadata import make_metadata
+from harness.scripting import probe_args, probe_parser
 from kernels.activation import silu_and_mul
 from kernels.prefill_attention import paged_prefill_attention
 from kernels.rmsnorm import add_rms_norm, rms_norm
 from kernels.rotary import qk_norm_rope_
 from kernels.store_kvcache import store_kvcache
-from harness.scripting import probe_args, probe_parser
 
 
 def host_per_call(fn, calls: int = 400) -> float:

@@ -246,9 +246,8 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
     (out_dir / "compare.md").write_text(report)
     if plots:
         from harness.compare import plots as compare_plots
-        from harness.output.plots import plot_latency_cdfs
-
         from harness.labels import run_title
+        from harness.output.plots import plot_latency_cdfs
 
         runs = list(summaries)
         title = run_title({**summaries["engine"], "hardware": engine.meta.get("device", "measured")})

@@ -37,15 +37,15 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from harness.fidelity import classes
 from harness.compare.study import GRIDS, engine_meta, refuse_engine_without_gpu, sim_run_config
-from harness.shared_executor import KeepAlive
 from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
+from harness.fidelity import classes
 from harness.fidelity.interval import simulate_with_interval
 from harness.fidelity.report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
 from harness.fidelity.schedules import schedule_rows, schedules_frame
 from harness.run import RunOutcome, make_executor, run_once
+from harness.shared_executor import KeepAlive
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
 

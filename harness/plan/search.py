@@ -33,8 +33,8 @@ from tqdm import tqdm
 from engine.core.routers import RouterConfig
 from harness.config import OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
-from harness.fleet.run import run_fleet_once
 from harness.fleet.config import FleetConfig, build_fleet, with_tp_size
+from harness.fleet.run import run_fleet_once
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
 from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import (CacheConfig, FinishReason, Request, RequestStatus, SamplingParams,
-                         SchedulerConfig, StepResult, make_scheduler)
+from engine.core import (
+    CacheConfig,
+    FinishReason,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    SchedulerConfig,
+    StepResult,
+    make_scheduler,
+)
 from engine.core.loop import SimulatedClock, run
 from tests.core.fakes import FakeExecutor, backend_info
 

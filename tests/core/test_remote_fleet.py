@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.fleet import run_fleet, run_fleet_wall
 from engine.core.loop import Replica, SimulatedClock, WallClock, run, tokens_left
-from engine.core.remote_replica import Report, ReplicaView, serve_replica
+from engine.core.remote_replica import ReplicaView, Report, serve_replica
 from engine.core.routers import ROUTERS, RouterConfig, make_router
 from engine.worker_loop import WorkerError, error_line, serve
 from tests.core.fakes import FakeExecutor, OverlappingFakeExecutor

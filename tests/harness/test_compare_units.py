@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import dataclasses
 import time
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
-from engine.core.loop import WallClock, run
 from engine.core.graph_sizes import GraphSizes, decode_graph_sizes
+from engine.core.loop import WallClock, run
 from engine.core.plan import KVCacheSpec, StepResult
+from harness.calibration import profiling
 from harness.calibration.fit import validate
+from harness.calibration.grid import SHARED_KINDS
+from harness.calibration.profiling import ProfileGrid, build_plan, profile_executor
 from harness.compare.study import CompareConfig
 from harness.compare.tables import replay, roofline_step_times, schedule_table
-from harness.calibration import profiling
-from harness.calibration.profiling import ProfileGrid, build_plan, profile_executor
-from harness.calibration.grid import SHARED_KINDS
 from harness.output.recording import StepRecorder
 from sim.features import step_features
 from sim.roofline import RooflineCostModel

@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 
 from harness.config import build_run_config
+from harness.fidelity.classes import (
+    CLASSES,
+    PREEMPT_OVERSUBSCRIPTION,
+    class_run_config,
+    max_model_len,
+    preempting_pool_blocks,
+    trace_rate,
+    with_rate,
+)
 from harness.fidelity.study import FidelityConfig
-from harness.fidelity.classes import (CLASSES, PREEMPT_OVERSUBSCRIPTION, class_run_config, max_model_len,
-                                      preempting_pool_blocks, trace_rate, with_rate)
 from harness.run import run_once
 from harness.workloads import build_workload
 from tests.harness.conftest import compose_config

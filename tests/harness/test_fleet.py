@@ -7,9 +7,9 @@ import pytest
 
 from harness.config import build_run_config
 from harness.convert import ConfigError
-from harness.output.metrics import read_steps
-from harness.fleet.run import run_fleet_once
 from harness.fleet.config import FleetConfig, build_fleet
+from harness.fleet.run import run_fleet_once
+from harness.output.metrics import read_steps
 from harness.run import run_once
 from harness.study import run_study
 from tests.harness.conftest import compose_config

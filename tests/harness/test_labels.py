@@ -9,10 +9,10 @@ import pytest
 
 from harness.compare import plots as compare_plots
 from harness.compare.tables import markdown, schedule_table, targets
+from harness.config import build_run_config
 from harness.labels import metric_label, run_title, table_title
 from harness.output.plots import plot_latency_cdfs, plot_sweep, plot_timeline
 from harness.run import run_once
-from harness.config import build_run_config
 from tests.harness.conftest import compose_config
 
 IDENTITY = {"model": "Qwen3-8B", "hardware": "H100-SXM", "workload": "bench", "policy": "mixed"}

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.config import CONF_DIR, build_run_config
+from harness.config import CONF_DIR
 from harness.convert import ConfigError
 from harness.parallel import parallel_map
 from harness.run import run_once

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from harness.config import build_run_config
 from harness.convert import ConfigError
-from harness.plan.search import Deployment, PlanBase, ReplicaSearch, search
 from harness.plan.config import SLOConfig, load_catalogue
+from harness.plan.search import Deployment, PlanBase, ReplicaSearch, search
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 

@@ -8,11 +8,11 @@ import pytest
 
 from harness.config import build_run_config
 from harness.convert import ConfigError
+from harness.output.metrics import read_steps
+from harness.output.recording import StepRecorder
 from harness.report import collect
 from harness.report import main as report_main
 from harness.run import run_once
-from harness.output.metrics import read_steps
-from harness.output.recording import StepRecorder
 from harness.study import run_study
 from tests.core.fakes import OverlappingFakeExecutor
 from tests.harness.conftest import compose_config

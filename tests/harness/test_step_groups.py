@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from experiments.fidelity.step_groups import main, step_groups
 
 

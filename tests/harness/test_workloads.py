@@ -9,8 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.workloads import (DEFAULT_TRACE_DIR, LengthConfig, SharedPrefixConfig, TraceError, WorkloadConfig,
-                               build_workload)
+from harness.workloads import (
+    DEFAULT_TRACE_DIR,
+    LengthConfig,
+    SharedPrefixConfig,
+    TraceError,
+    WorkloadConfig,
+    build_workload,
+)
 
 AZURE = DEFAULT_TRACE_DIR / "azure_conv_2023.csv"
 needs_traces = pytest.mark.skipif(not AZURE.is_file(), reason="../shared/traces not beside the checkout")

@@ -7,8 +7,16 @@ import random
 
 import pytest
 
-from engine.core import (BackendInfo, CacheConfig, ExecutionConfig, FinishReason, Request, SamplingParams,
-                         SchedulerConfig, make_scheduler)
+from engine.core import (
+    BackendInfo,
+    CacheConfig,
+    ExecutionConfig,
+    FinishReason,
+    Request,
+    SamplingParams,
+    SchedulerConfig,
+    make_scheduler,
+)
 from engine.core.executor import StepTiming
 from engine.core.loop import SimulatedClock, run
 from sim import RooflineCostModel, SimConfig, SimExecutor, build_sim_executor, plan_num_blocks
