@@ -70,27 +70,45 @@ class AsyncScheduler(Scheduler):
             self.running = [r for r in self.running if r.request_id not in finishing]
         return counts
 
-    def _take_token(self, request: Request, entry: ScheduledRequest, token: int, now: float) -> FinishReason | None:
-        """Write the token over its placeholder; why the request stops with it, None if it goes on."""
-        tokens = request.token_ids
-        index = entry.num_computed_tokens + len(entry.token_ids)
-        if index >= len(tokens) or tokens[index] != PLACEHOLDER:
-            return None  # a stale step of a stopped request whose id a new request took
-        tokens[index] = token
-        request.num_pending_tokens -= 1
-        if request.first_token_time is None:
-            request.first_token_time = now
-        reason = self._stop_reason(request, index - request.num_prompt_tokens + 1, token)
-        if reason is None:
-            # The token just written may complete a computed block that _book() could not hash.
-            if (request.num_computed_tokens // self.block_manager.block_size > request.num_registered_blocks
-                    and request.block_table):
-                self._register_computed(request)
-            return None
+    def _take_tokens(
+        self, scheduled: list[ScheduledRequest], token_ids: list[int], now: float
+    ) -> list[tuple[Request, FinishReason]]:
+        """Write each sampling entry's token over its placeholder; returns the requests that stop, and why."""
+        stops: list[tuple[Request, FinishReason]] = []
+        requests = self.requests
+        stop_reason = self._stop_reason
+        block_size = self.block_manager.block_size
+        for entry, token in zip(scheduled, token_ids):
+            if not entry.sample:
+                continue
+            request = requests.get(entry.request_id)
+            if request is None:  # aborted, or stopped on EOS in an earlier step
+                continue
+            tokens = request.token_ids
+            index = entry.num_computed_tokens + len(entry.token_ids)
+            if index >= len(tokens) or tokens[index] != PLACEHOLDER:
+                continue  # a stale step of a stopped request whose id a new request took
+            tokens[index] = token
+            request.num_pending_tokens -= 1
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = stop_reason(request, index - request.num_prompt_tokens + 1, token)
+            if reason is None:
+                # The token just written may complete a computed block that _book() could not hash.
+                if request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:
+                    self._register_computed(request)
+            else:
+                self._settle_stop(request, index)
+                stops.append((request, reason))
+        return stops
+
+    def _settle_stop(self, request: Request, index: int) -> None:
+        """Take a request that stops with its token at index out of the queues, and drop what was
+        booked after that token, so that _finish() sees it as if it had stopped unplanned."""
         if self.finishing.pop(request.request_id, None) is None and request.status is RequestStatus.WAITING:
             self.waiting.remove_request(request)  # preempted while its token was pending
+        tokens = request.token_ids
         if len(tokens) > index + 1:
             del tokens[index + 1:]  # a later step's placeholder: its token is dropped
             request.num_computed_tokens = min(request.num_computed_tokens, index + 1)
         request.num_pending_tokens = 0
-        return reason

@@ -164,29 +164,37 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult, now: float = 0.0) -> list[Request]:
         """Record a step's sampled tokens; returns the requests that finished."""
         finished: list[Request] = []
+        for request, reason in self._take_tokens(plan.scheduled, result.token_ids, now):
+            self._finish(request, reason, now)
+            finished.append(request)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return finished
+
+    def _take_tokens(
+        self, scheduled: list[ScheduledRequest], token_ids: list[int], now: float
+    ) -> list[tuple[Request, FinishReason]]:
+        """Give each sampling entry's request its token; returns the requests that stop, and why.
+
+        One call per step, not per token: this loop runs once per running request per step.
+        """
+        stops: list[tuple[Request, FinishReason]] = []
         requests = self.requests
-        take_token = self._take_token
-        for entry, token in zip(plan.scheduled, result.token_ids):
+        stop_reason = self._stop_reason
+        for entry, token in zip(scheduled, token_ids):
             if not entry.sample:
                 continue
             request = requests.get(entry.request_id)
             if request is None:  # aborted after the step was planned
                 continue
-            reason = take_token(request, entry, token, now)
+            tokens = request.token_ids
+            tokens.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
             if reason is not None:
-                self._finish(request, reason, now)
-                finished.append(request)
-        if finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-        return finished
-
-    def _take_token(self, request: Request, entry: ScheduledRequest, token: int, now: float) -> FinishReason | None:
-        """Give the request the token entry sampled; why it stops with it, None if it goes on."""
-        tokens = request.token_ids
-        tokens.append(token)
-        if request.first_token_time is None:
-            request.first_token_time = now
-        return self._stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
+                stops.append((request, reason))
+        return stops
 
     def _stop_reason(self, request: Request, num_output_tokens: int, token: int) -> FinishReason | None:
         """Why the request stops with token as its num_output_tokens-th output, None if it goes on."""
