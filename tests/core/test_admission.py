@@ -146,7 +146,8 @@ def test_sampling_params_type_errors():
         ({"policy": "fifo"}, "policy must be one of"),
         ({"max_num_seqs": 0}, "max_num_seqs must be a positive int"),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens must be >= max_num_seqs"),
-        ({"enable_chunked_prefill": False, "max_num_seqs": 8, "max_num_batched_tokens": 100, "max_model_len": 200}, "chunked prefill"),
+        ({"enable_chunked_prefill": False, "max_num_seqs": 8, "max_num_batched_tokens": 100, "max_model_len": 200},
+         "chunked prefill"),
     ],
 )
 def test_scheduler_config_validation(kwargs, message):

@@ -23,7 +23,7 @@ def arrivals(draw, max_requests=24):
     n = draw(st.integers(1, max_requests))
     heads = [[h] * BLOCK for h in range(3)]
     specs = []
-    for i in range(n):
+    for _ in range(n):
         head = draw(st.sampled_from(heads))
         tail = draw(st.lists(st.integers(10, 40), min_size=0, max_size=20))
         specs.append((head + tail, draw(st.integers(1, 12)), draw(st.floats(0, 0.05, allow_nan=False))))
@@ -120,7 +120,8 @@ def test_unknown_router_names_the_field_and_the_choices():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(arrivals(), st.integers(2, 3), st.sampled_from(ROUTERS), st.sampled_from([FakeExecutor, OverlappingFakeExecutor]))
+@given(arrivals(), st.integers(2, 3), st.sampled_from(ROUTERS),
+       st.sampled_from([FakeExecutor, OverlappingFakeExecutor]))
 def test_each_simulated_replica_runs_the_single_run_of_the_requests_routed_to_it(specs, n, router_name, kind):
     """Steps overlap (or not) in a fleet's replica as in a single run: routing only picks the inbox."""
     fleet = run_fleet(_fleet(n, kind), _requests(specs), make_router(RouterConfig(router_name), BLOCK))
@@ -155,8 +156,8 @@ def _global_clock_fleet(replicas, requests, router):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(arrivals(), st.integers(1, 4), st.sampled_from(ROUTERS), st.sampled_from([FakeExecutor, OverlappingFakeExecutor]),
-       st.integers(12, 40))
+@given(arrivals(), st.integers(1, 4), st.sampled_from(ROUTERS),
+       st.sampled_from([FakeExecutor, OverlappingFakeExecutor]), st.integers(12, 40))
 def test_running_each_replica_to_the_next_arrival_is_the_global_event_clock(specs, n, router_name, executor_class,
                                                                              num_blocks):
     fleet = run_fleet(_fleet(n, executor_class, num_blocks), _requests(specs),

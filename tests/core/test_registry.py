@@ -27,7 +27,8 @@ def test_an_unknown_name_is_refused_naming_the_field_and_the_choices():
     routers: Registry[str] = Registry("router.name")
     routers.add("round_robin", "rr")
     routers.add("least_requests", "lr")
-    with pytest.raises(ValueError, match=r"router.name must be one of \['round_robin', 'least_requests'\], got 'least_request'"):
+    message = r"router.name must be one of \['round_robin', 'least_requests'\], got 'least_request'"
+    with pytest.raises(ValueError, match=message):
         routers.get("least_request")
     with pytest.raises(ValueError, match="router.name"):
         routers.check(3)
