@@ -41,7 +41,9 @@ class HostStaging:
         self._events: dict[tuple[torch.dtype, int], torch.cuda.Event] = {}
         self._turn: dict[torch.dtype, int] = {}
 
-    def upload(self, arrays: list[np.ndarray], dtype: torch.dtype, out: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def upload(
+        self, arrays: list[np.ndarray], dtype: torch.dtype, out: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
         """The arrays, concatenated, in one copy; returned as views shaped like the arrays.
 
         out: a device buffer to copy into (from its start) instead of a fresh tensor.

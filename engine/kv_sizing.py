@@ -118,7 +118,8 @@ def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, St
                                            tokens if kind == "decode" else 0, 0, 0, 0, 0, 0))
 
     decode = [1] * max_seqs
-    return plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan(decode, "decode"), plan(decode, "decode", True)
+    return (plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan(decode, "decode"),
+            plan(decode, "decode", True))
 
 
 def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:

@@ -48,9 +48,9 @@ class LLM:
     """A model served by the engine; see the module docstring. Keyword arguments are the fields
     of EngineConfig (dtype, device, attention_backend, fused_kernels, balanced_decode), ExecutionConfig
     (enforce_eager, async_scheduling, prefill_graph_tokens, max_graph_batch_size,
-    tensor_parallel_size, all_reduce, seed, gpu_memory_utilization), SchedulerConfig (policy, max_num_seqs, max_num_batched_tokens,
-    max_model_len, enable_chunked_prefill) and CacheConfig (block_size, num_blocks,
-    enable_prefix_caching). max_model_len defaults to the smaller of SchedulerConfig's default
+    tensor_parallel_size, all_reduce, seed, gpu_memory_utilization), SchedulerConfig (policy,
+    max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill) and CacheConfig
+    (block_size, num_blocks, enable_prefix_caching). max_model_len defaults to the smaller of SchedulerConfig's default
     and the model's max_position_embeddings; max_num_seqs to the smaller of its default and
     max_num_batched_tokens.
     """

@@ -39,7 +39,8 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 
 def resolve_dtype(config: dict[str, Any], override: str | torch.dtype | None, config_path: Path) -> torch.dtype:
-    value = override if override not in (None, "auto") else config.get("torch_dtype") or config.get("dtype") or "float32"
+    from_config = config.get("torch_dtype") or config.get("dtype") or "float32"
+    value = override if override not in (None, "auto") else from_config
     if isinstance(value, torch.dtype):
         if value not in _DTYPES.values():
             raise ValueError(f"dtype={value} is not supported; expected one of {sorted(_DTYPES)}")
@@ -117,7 +118,7 @@ def load_weights(model: DecoderForCausalLM, root: Path) -> None:
     tied = model.shape.tie_word_embeddings
     # Which (parameter, shard) pairs must be filled: one per HF tensor the model consumes.
     expected: dict[tuple[str, str | int | None], str] = {}
-    for name, param in model.named_parameters():  # deduplicated: a tied head is the embedding
+    for name, _ in model.named_parameters():  # deduplicated: a tied head is the embedding
         for hf_name in _hf_names(model, name):
             expected[_target(model, hf_name)] = hf_name
     seen: set[tuple[str, str | int | None]] = set()

@@ -154,7 +154,8 @@ class StepOverlap:
     def begin(self, plan: StepPlan) -> None:
         """Call at the start of submit(), before the step is built."""
         clock = self.clock
-        if plan.stats.step == 0:  # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
+        # a new run (a fresh scheduler): the device's idle time since the last one is not this run's
+        if plan.stats.step == 0:
             clock.last_end = None
             clock.last_return = None
         # NOTE: re-anchored whenever the device has nothing queued (a profiling spin counts as

@@ -45,7 +45,8 @@ def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig,
     rank resolves engine_config.attention_backend from the same inputs, so all run the same one."""
     tp = engine_config.execution.tensor_parallel_size
     backend = get_attention_backend(engine_config.attention_backend, device, cache_config.block_size,
-                                    kv_cache_torch_dtype(cache_config.kv_cache_dtype, engine_dtype(engine_config, device)))
+                                    kv_cache_torch_dtype(cache_config.kv_cache_dtype,
+                                                         engine_dtype(engine_config, device)))
     model, hf_config = load_model(
         engine_config.model,
         dtype=resolve_dtype(engine_config.dtype, device),

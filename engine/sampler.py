@@ -13,8 +13,9 @@ seed share the sampler's own stream, seeded once by EngineConfig.seed.
 
 Two paths. The torch path (the reference; on CPU, and on CUDA with fused_kernels="off") computes
 the hash as integer tensor ops. The kernel path (fused_kernels="triton", the engine's default, on
-CUDA) samples every row in one Triton pass over the logits (kernels/sampling.py). Unseeded rows get hash keys from a numpy stream seeded by
-EngineConfig.seed, except on the torch path on CUDA, where torch's generator draws their noise.
+CUDA) samples every row in one Triton pass over the logits (kernels/sampling.py). Unseeded rows
+get hash keys from a numpy stream seeded by EngineConfig.seed, except on the torch path on CUDA,
+where torch's generator draws their noise.
 
 Host work per step is kept off the device's critical path: the per-row parameters are turned
 into device tensors once per batch composition (decode batches keep theirs for many steps), and

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                             text=True).stdout.strip()
     common = {
         "device": device(), "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
-        "command": " ".join(["python experiments/bench_sim_speed.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python experiments/bench_sim_speed.py",
+                             *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
     }
     rows, profile_rows = [], []
     for case in args.cases:

@@ -52,7 +52,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", default="default", help="bench_engine.py variants, comma-separated")
     parser.add_argument("--bench-args", default="", help="more bench_engine.py arguments, e.g. '--no-profile'")
     parser.add_argument("--tests", nargs="*", default=[], help="pytest paths (default: every gpu test)")
-    parser.add_argument("--probes", nargs="*", default=[], help="experiments/ scripts, e.g. prefill_graphs/step_probe.py")
+    parser.add_argument("--probes", nargs="*", default=[],
+                        help="experiments/ scripts, e.g. prefill_graphs/step_probe.py")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="calibration run whose meta.json gives compare's stage overrides "
                              "(default experiments/calibration/h100_run6/<model, _ for - and .>)")
@@ -71,7 +72,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     args.out = args.out.resolve()
     if args.calibration is None:
-        args.calibration = REPO / "experiments" / "calibration" / "h100_run6" / args.model.replace("-", "_").replace(".", "_")
+        folder = args.model.replace("-", "_").replace(".", "_")
+        args.calibration = REPO / "experiments" / "calibration" / "h100_run6" / folder
     if args.profile is None:
         args.profile = REPO / "profiles" / "h100" / f"{args.model}.csv"
     return args

@@ -6,8 +6,8 @@ of the dot products), so each K/V row is read from memory once per group. The sp
 results are merged by their log-sum-exp in the same launch: each program of a split sequence
 stores its partial, then counts itself in on a per-(sequence, KV head) arrival counter, and the
 program that arrives last merges them all and sets the counter back to zero. A separate merge
-pass would cost a kernel per layer per decode step: about 6 us of mostly empty programs on an
-H100 plus its launch gap in the graph (experiments/engine/h100_run3/).
+pass would cost a kernel per layer per decode step: a launch of mostly empty programs plus its
+launch gap in the graph.
 
 The split count only sets parallelism: each sequence's chunk length is derived in the kernel from
 its real length (and, when the step passes one, the batch's fair share of keys per program:

@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # sim.cost_model picks the models this one wraps
 
 # The spread between machines, per model: half the largest relative spread, (max - min) / mean,
 # of the engine's TTFT and TPOT P50/P90 between H100 machines that served the same workloads
-# (experiments/calibration/README.md, "How well the engine repeats itself": Qwen3-0.6B on three
-# machines, largest Azure TTFT P90, 9.10-10.51 ms; Qwen3-8B on two, Azure TTFT P50, 37.22-38.44
-# ms; tests/harness/test_interval.py derives both from that table). NOTE: those are latency
+# (experiments/calibration/engine_repeatability.csv: Qwen3-0.6B on three machines, largest Azure
+# TTFT P90, 9.10-10.51 ms; Qwen3-8B on two, Azure TTFT P50, 37.22-38.44 ms;
+# tests/harness/test_interval.py derives both from that file). NOTE: those are latency
 # percentiles at 70% load, which queueing amplifies from step time; taking their spread for the
 # step factor's is an upper bound (the 0.6B's decode steps moved 2-4% between those machines).
 # The measurement is on H100s; another GPU takes its model's figure as it is.

@@ -123,7 +123,8 @@ class ProfiledCostModel:
         if unknown:
             raise ValueError(f"unknown regimes {sorted(unknown)}; known: {sorted(REGIMES)}")
         if "prefill" not in fits and "prefill_graph" not in fits:
-            raise ValueError("a profiled cost model needs prefill steps in its profile (regime 'prefill' or 'prefill_graph')")
+            raise ValueError(
+                "a profiled cost model needs prefill steps in its profile (regime 'prefill' or 'prefill_graph')")
         self.fits = dict(fits)
         self.graphs = as_graph_sizes(graphs)  # which steps the engine replays as CUDA graphs
         self._warned: set[tuple[str, str]] = set()

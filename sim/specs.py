@@ -156,7 +156,8 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth") and value is None:
+            optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth")
+            if f.name in optional and value is None:
                 continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:

@@ -107,3 +107,38 @@ def test_the_seam_snippet_in_the_architecture_map_runs():
     assert result.returncode == 0, result.stderr[-3000:]
     steps, recorded = re.fullmatch(r"(\d+) steps; (\d+) recorded\n", result.stdout).groups()
     assert int(steps) == int(recorded) > 0
+
+
+def _extending_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (REPO / "docs" / "extending.md").read_text(), re.S)
+
+
+def test_each_extension_registry_is_defined_in_the_file_the_page_names():
+    boxes = re.findall(r"\*\*Registry\*\* `(\w+)` in `([^`]+)`", (REPO / "docs" / "extending.md").read_text())
+    assert {name for name, _ in boxes} >= {"POLICIES", "ROUTER_REGISTRY", "COST_MODELS", "ARCHITECTURES", "BACKENDS",
+                                          "STUDIES", "ATTENTION"}
+    for name, path in boxes:
+        assert re.search(rf"^{name}\b[^=\n]*= *Registry\(", (REPO / path).read_text(), re.M), f"{name} not in {path}"
+
+
+def test_the_router_sketch_registers_and_routes_as_shown():
+    sketch = next(block for block in _extending_blocks() if '@ROUTER_REGISTRY.register("power_of_two")' in block)
+    check = """
+from engine.core.request import Request
+from engine.core.routers import RouterConfig, make_router
+from engine.core.sampling_params import SamplingParams
+
+class Load:
+    def __init__(self, tokens): self.tokens = tokens
+    def outstanding_requests(self): return 0
+    def outstanding_tokens(self): return self.tokens
+
+router = make_router(RouterConfig(name="power_of_two"), 16)
+picks = {router.route(Request(str(i), [1] * 8, SamplingParams(max_tokens=1)), [Load(5), Load(0), Load(9)])
+         for i in range(50)}
+assert picks <= {0, 1} and 1 in picks, picks   # replica 2 only ever pairs with a less loaded one
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", sketch + check], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr[-3000:]

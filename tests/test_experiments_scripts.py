@@ -190,7 +190,8 @@ def test_gpu_run_compares_with_the_calibration_runs_own_workload_overrides(tmp_p
     bench = " ".join(meta["stages"]["compare_bench"]["overrides"])
     assert len(lines) == 4 and all("-m harness experiment=compare" in line for line in lines)
     assert bench in lines[0] and "workload=gamma" in lines[1]
-    assert all(f"compare.profile_path={REPO}/profiles/h100/qwen3-0.6b.csv " in line for line in lines)  # the shipped fit
+    shipped_fit = f"compare.profile_path={REPO}/profiles/h100/qwen3-0.6b.csv "
+    assert all(shipped_fit in line for line in lines)
     assert [line.rsplit("hydra.run.dir=", 1)[1] for line in lines] == [
         f"{tmp_path}/compare_{w}_r{r}" for r in (1, 2) for w in ("bench", "gamma")]
 

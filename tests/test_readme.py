@@ -80,7 +80,7 @@ def _run_in_order(tmp_path: Path, include_slow: bool) -> list[str]:
         if _matching(code, SKIP) or (not include_slow and _matching(code, SLOW)):
             continue
         if not has_traces and _matching(code, TRACES):
-            warnings.warn(f"not run: {SHARED / 'traces'} is missing, and this snippet reads it: {code}")
+            warnings.warn(f"not run: {SHARED / 'traces'} is missing, and this snippet reads it: {code}", stacklevel=2)
             continue
         argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-c", code]
         result = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)

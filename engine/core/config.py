@@ -76,7 +76,8 @@ class CacheConfig:
         ):
             raise ValueError(f"CacheConfig.num_blocks must be a positive int or None, got {self.num_blocks!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"CacheConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+            raise ValueError(
+                f"CacheConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,13 @@ Each extension point owns one Registry. An entry registers itself where it is de
 name configs use for it, so adding one is one file plus one registration; the names a config
 accepts, and the message that refuses a wrong one, come from the registry.
 
-    POLICIES: Registry[type[Scheduler]] = Registry("scheduler.policy")
+    POLICIES: Registry[type[Policy]] = Registry("scheduler.policy")   # engine/core/policies/base.py
 
-    @POLICIES.register("fcfs")
-    class FcfsScheduler(Scheduler): ...
+    @POLICIES.register("sjf")
+    class ShortestJobFirstPolicy(MixedPolicy): ...
 
-    POLICIES.get("fcfs")      # the class; an unknown name raises ValueError listing the known ones
-    POLICIES.names()          # ("fcfs", ...), in registration order
+    POLICIES.get("sjf")       # the class; an unknown name raises ValueError listing the known ones
+    POLICIES.names()          # ("mixed", "nano", "sjf"), in registration order
 
 NOTE: a registry is filled when the modules holding its entries are imported; the module that
 defines an extension point imports its built-in entries, so names() is complete once that

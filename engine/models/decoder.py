@@ -46,7 +46,9 @@ class DecoderAttention(nn.Module, UsesFusedKernels):
         self.k_norm = RMSNorm(d, shape.rms_norm_eps) if shape.qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, backend)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata):
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ):
         t, d = x.shape[0], self.head_dim
         q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
         q = q.view(t, self.num_heads, d)  # [T, heads, head_dim]

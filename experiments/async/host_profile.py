@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.cuda.synchronize()
     profiler.disable()
     text = io.StringIO()
-    text.write(f"eager steps: {len(llm.last_run.steps)}, mean wall per step {plain * 1e3:.2f} ms without the profiler\n")
+    text.write(f"eager steps: {len(llm.last_run.steps)}, "
+               f"mean wall per step {plain * 1e3:.2f} ms without the profiler\n")
     for key in ("tottime", "cumulative"):
         stats = pstats.Stats(profiler, stream=text)
         stats.sort_stats(key).print_stats(35)

@@ -28,9 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     args = probe_args(parser, argv)
     out = args.out
     llm = LLM(args.ckpt, max_model_len=args.max_model_len)
-    requests = build_workload(WorkloadConfig(num_requests=args.requests), args.max_model_len, llm.executor.info().vocab_size).requests
+    vocab_size = llm.executor.info().vocab_size
+    requests = build_workload(WorkloadConfig(num_requests=args.requests), args.max_model_len, vocab_size).requests
     prompts = [r.prompt_token_ids for r in requests]
-    params = [dataclasses.replace(r.sampling_params, seed=None, max_tokens=min(args.max_tokens, r.sampling_params.max_tokens))
+    params = [dataclasses.replace(r.sampling_params, seed=None,
+                                  max_tokens=min(args.max_tokens, r.sampling_params.max_tokens))
               for r in requests]
     llm.generate(prompts, params, use_tqdm=False)
     torch.cuda.synchronize()

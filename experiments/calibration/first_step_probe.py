@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
                 if profiler:
                     profiler.disable()
                 wall = time.perf_counter() - start
-                lines.append(f"{name} #{attempt}: wall {1e3 * wall:.1f} ms, step duration {1e3 * result.duration_s:.1f} ms")
+                lines.append(f"{name} #{attempt}: wall {1e3 * wall:.1f} ms, "
+                             f"step duration {1e3 * result.duration_s:.1f} ms")
                 print(lines[-1], flush=True)
                 if profiler:
                     text = io.StringIO()

@@ -4,9 +4,9 @@
 
 Reads profile.csv (the grid and random shapes), calibration/steps.csv(.gz) (the calibration run's
 recorded steps; with --extra-steps, other recorded runs too) and meta.json (the engine's CUDA-graph
-sizes) from the folder; writes model.csv and validation.csv (harness.calibration.fit.validate) to --out. Steps recorded before the num_seeded
-feature existed get it from the workload's temperature (--temperature: every harness request
-carries a seed, so with temperature > 0 every sampled row was seeded).
+sizes) from the folder; writes model.csv and validation.csv (harness.calibration.fit.validate) to
+--out. Steps recorded before the num_seeded feature existed get it from the workload's temperature
+(--temperature: every harness request carries a seed, so with temperature > 0 every sampled row was seeded).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--temperature", type=float, default=0.6, help="the calibration workload's temperature")
     parser.add_argument("--extra-steps", type=Path, nargs="*", default=[],
-                        help="steps tables (or run folders) of other recorded engine runs to fit on too (e.g. other workloads)")
+                        help="steps tables (or run folders) of other recorded engine runs to fit on too "
+                             "(e.g. other workloads)")
     args = parser.parse_args(argv)
     meta = json.loads(require(args.folder / "meta.json").read_text())
     sizes = engine_graph_sizes(meta)

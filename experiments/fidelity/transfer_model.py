@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         source_rc = compose_run_config([f"hardware={args.source}", f"model={args.model}"])
         target = compose_run_config([f"hardware={args.target}"]).hardware
-        carried = transfer(ProfiledCostModel.load(args.profile), source_rc.hardware, target, source_rc.model, args.tp_size)
+        carried = transfer(ProfiledCostModel.load(args.profile), source_rc.hardware, target, source_rc.model,
+                           args.tp_size)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         carried.to_csv(args.out)
         print(f"{args.profile} ({source_rc.hardware.name}) -> {args.out} ({target.name})")

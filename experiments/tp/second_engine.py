@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         except RuntimeError as error:
             print("engine", i, mode, "refused:", error, flush=True)
             continue
-        print("engine", i, mode, "up", llm.executor.info().all_reduce, round(time.perf_counter() - start, 1), flush=True)
+        print("engine", i, mode, "up", llm.executor.info().all_reduce, round(time.perf_counter() - start, 1),
+              flush=True)
         try:
             outputs = llm.generate(prompts, SamplingParams(max_tokens=8), use_tqdm=False)
             print("engine", i, [o.token_ids for o in outputs], flush=True)

@@ -86,7 +86,7 @@ def test_sharded_model_matches_unsharded(request, model_fixture, tp_size):
         t.join()
     if errors:
         raise errors[0]
-    for rank, (got, model) in enumerate(results):
+    for got, model in results:
         assert model.num_kv_heads == max(1, full.num_kv_heads // tp_size)
         assert model.lm_head.weight.shape[0] == full.lm_head.weight.shape[0] // tp_size
         for g, w in zip(got, want):

@@ -1,4 +1,5 @@
-"""Shared builders for simulator tests: specs of named models and conf/hardware, and step plans from (new, cached) counts."""
+"""Shared builders for simulator tests: specs of named models and conf/hardware, and step plans from
+(new, cached) counts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prefill CUDA graphs on the simulator's side: which steps the features mark as graph replays and
-at what padded size, the "prefill_graph" regime of the profiled model, priced by device time (tests/harness/test_compare_graphs.py: the sizes a
-comparison reads back from a saved engine run)."""
+at what padded size, the "prefill_graph" regime of the profiled model, priced by device time
+(tests/harness/test_compare_graphs.py: the sizes a comparison reads back from a saved engine run)."""
 
 from __future__ import annotations
 

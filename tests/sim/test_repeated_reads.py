@@ -23,7 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarni
 GRAPHS = GraphSizes(decode_graph_sizes(512, 512), prefill_graph_sizes(4096))
 H100_PROFILE = "profiles/h100/qwen3-0.6b.csv"
 PLANS = [decode_batch([1300] * 8), decode_batch(list(range(100, 100 + 64 * 30, 30))), decode_batch([2048] * 256),
-         decode_batch([500] * 600), plan(prefill(300, 1024)), plan(*(prefill(64, 1024, rid=f"p{i}") for i in range(16))),
+         decode_batch([500] * 600), plan(prefill(300, 1024)),
+         plan(*(prefill(64, 1024, rid=f"p{i}") for i in range(16))),
          plan(prefill(5000, 0)), plan(prefill(512, 0), *(decode(1100, rid=f"d{i}") for i in range(64)))]
 # What the code before repeated reads were priced predicted for PLANS (none shares a block): the
 # shipped H100 profile of Qwen3-0.6B (executor time), and the roofline.
@@ -61,7 +62,8 @@ def test_roofline_prices_a_repeated_token_at_l2_bandwidth():
     repeated = 255 * 1024
     saved = roofline.step_time(step) - roofline.step_time(shared(step, repeated))
     kv = model("qwen3-0.6b").kv_bytes_per_token
-    per_token = kv / (h100.mem_bandwidth * h100.bandwidth_efficiency) - kv / (h100.l2_bandwidth * h100.bandwidth_efficiency)
+    efficiency = h100.bandwidth_efficiency
+    per_token = kv / (h100.mem_bandwidth * efficiency) - kv / (h100.l2_bandwidth * efficiency)
     assert saved == pytest.approx(per_token * repeated, rel=1e-9)
     no_l2 = RooflineCostModel(model("qwen3-0.6b"), dataclasses.replace(h100, l2_bandwidth=None))
     assert no_l2.step_time(shared(step, repeated)) == no_l2.step_time(step)

@@ -19,8 +19,8 @@ def test_from_hf_config_reads_qwen3_shape():
 
 
 def test_from_hf_config_defaults_head_dim_and_kv_heads_and_reads_dtype_key():
-    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 8, "intermediate_size": 128,
-             "vocab_size": 512, "dtype": "float32"}
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 8,
+             "intermediate_size": 128, "vocab_size": 512, "dtype": "float32"}
     spec = ModelSpec.from_hf_config(llama, name="l")
     assert (spec.head_dim, spec.num_kv_heads, spec.dtype_bytes, spec.tie_word_embeddings) == (8, 8, 4, False)
 
