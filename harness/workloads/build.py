@@ -21,7 +21,16 @@ from engine.core import Request, SamplingParams
 from harness.convert import ConfigError
 from harness.workloads.config import WorkloadConfig
 from harness.workloads.lengths import draw_arrivals, draw_lengths
-from harness.workloads.trace import ARRIVAL_COLUMN, OUTPUT_COLUMN, PROMPT_COLUMN, read_trace, resolve_trace_path
+from harness.workloads.mooncake import block_seed, prompt_token_ids
+from harness.workloads.trace import (
+    ARRIVAL_COLUMN,
+    HASH_COLUMN,
+    OUTPUT_COLUMN,
+    PROMPT_COLUMN,
+    is_mooncake,
+    read_trace,
+    resolve_trace_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +87,15 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
                     cfg.label, num_over, n, max_model_len)
     elif num_over:
         prompt, output, clipped = _clip(cfg, prompt, output, over, max_model_len)
-    # Token ids: one draw for every request's own tokens (those not from a shared group prefix).
-    own = np.where(group >= 0, np.maximum(prompt - prefix_len, 0), prompt)
-    flat = np.random.default_rng(token_seq).integers(0, bound, size=int(own.sum()), dtype=np.int64)
+    if trace is not None and HASH_COLUMN in trace:
+        # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
+        own = np.where(keep, prompt, 0)
+        rows = (np.arange(n) + cfg.start_row).tolist()
+        flat = prompt_token_ids(trace[HASH_COLUMN].tolist(), own, rows, block_seed(token_seq), bound)
+    else:
+        # Token ids: one draw for every request's own tokens (those not from a shared group prefix).
+        own = np.where(group >= 0, np.maximum(prompt - prefix_len, 0), prompt)
+        flat = np.random.default_rng(token_seq).integers(0, bound, size=int(own.sum()), dtype=np.int64)
     ends = np.cumsum(own)
     seeds = np.random.default_rng(seed_seq).integers(0, 2**62, size=n)
     # NOTE: ids come from one shared pool of Python ints so that millions of prompt tokens cost
@@ -155,6 +170,8 @@ def _load_trace(cfg: WorkloadConfig) -> pd.DataFrame | None:
     if cfg.output_len.dist == "trace":
         columns.append(OUTPUT_COLUMN)
     path = resolve_trace_path(cfg.trace_path, cfg.trace_dir)
+    if cfg.prompt_len.dist == "trace" and is_mooncake(path):
+        columns.append(HASH_COLUMN)  # the prompts' tokens follow the trace's blocks
     return read_trace(path, columns, cfg.start_row, cfg.num_requests)
 
 

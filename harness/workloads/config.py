@@ -4,7 +4,8 @@ A workload is three independent choices, each drawn from its own seeded stream (
 arrival rate does not change the token ids):
 - lengths: prompt_len and output_len, each uniform, fixed, or read from a trace;
 - arrivals: offline (all at t=0), poisson or gamma at `rate` req/s, or the trace's own times;
-- token ids: uniform below max_token_id, optionally behind a shared system prompt (shared_prefix).
+- token ids: uniform below max_token_id, optionally behind a shared system prompt (shared_prefix);
+  a Mooncake trace's prompts (.jsonl) follow its hash_ids instead (harness.workloads.mooncake).
 
 A setting that the chosen sources would not read (a trace path on a synthetic workload, a rate
 on offline arrivals, `low` on fixed lengths) is an error, not a silent no-op.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness.workloads.trace import is_mooncake
 
 LENGTH_DISTS = ("uniform", "fixed", "trace")
 LENGTH_FIELDS = {"uniform": ("low", "high"), "fixed": ("value",), "trace": ()}  # what each dist reads
@@ -119,6 +122,9 @@ class WorkloadConfig:
             raise ValueError(f"{where}.oversize must be one of {OVERSIZE}, got {self.oversize!r}")
         if self.shared_prefix is not None:
             self.shared_prefix.validate(f"{where}.shared_prefix")
+            if self.prompt_len.dist == "trace" and is_mooncake(self.trace_path):
+                raise ValueError(f"{where}.shared_prefix is not used with a Mooncake trace ({self.trace_path}): its "
+                                 f"hash_ids say which prompts share which blocks; set {where}.shared_prefix=null")
 
     @property
     def uses_trace(self) -> bool:

@@ -1,10 +1,16 @@
-"""Reading request traces (CSV): path resolution and validation with file/row/column errors.
+"""Reading request traces: path resolution and validation with file/row/column errors.
 
-Rows are numbered as a spreadsheet shows them: the header is line 1, the first request line 2.
+Two formats, told apart by the file's suffix:
+- CSV (any suffix but .jsonl): a header row, then one request a row. Rows are numbered as a
+  spreadsheet shows them: the header is line 1, the first request line 2.
+- Mooncake JSONL (.jsonl): one JSON object a line, `timestamp` (ms), `input_length`,
+  `output_length` and `hash_ids` (ids of the prompt's 512-token blocks, harness.workloads.mooncake).
+  It is read into the CSV columns (times in seconds) plus a `hash_ids` column of lists.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -17,6 +23,12 @@ DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces"
 ARRIVAL_COLUMN = "arrived_at"
 PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
+HASH_COLUMN = "hash_ids"  # Mooncake traces only: the prompt's block ids
+MOONCAKE_SUFFIX = ".jsonl"
+# the Mooncake field each column is read from; timestamps are in milliseconds
+MOONCAKE_FIELDS = {ARRIVAL_COLUMN: "timestamp", PROMPT_COLUMN: "input_length", OUTPUT_COLUMN: "output_length",
+                   HASH_COLUMN: "hash_ids"}
+MAX_HASH_ID = 2**63 - 1
 # what a trace of lengths only (no arrival times) is replayed with: its lengths at Poisson arrivals
 LENGTHS_ONLY_RECIPE = "workload=trace_lengths workload.trace_path=FILE workload.rate=REQ_PER_S"
 
@@ -45,6 +57,8 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
 
     Length columns must hold integers >= 1; the arrival column finite numbers >= 0.
     """
+    if is_mooncake(path):
+        return read_mooncake(path, columns, start_row, num_rows)
     try:
         frame = pd.read_csv(path, skipinitialspace=True)
     except pd.errors.EmptyDataError:
@@ -101,3 +115,76 @@ def _raise_first(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, 
 
 def _line(index: int) -> int:
     return int(index) + 2  # header is line 1
+
+
+def is_mooncake(path: Path | str) -> bool:
+    """Whether a trace file is read as Mooncake JSONL (by its suffix) rather than as CSV."""
+    return Path(path).suffix.lower() == MOONCAKE_SUFFIX
+
+
+def read_mooncake(path: Path, columns: list[str], start_row: int = 0, num_rows: int | None = None) -> pd.DataFrame:
+    """read_trace for Mooncake JSONL: lines are numbered from 1, and errors name the JSON field."""
+    rows: dict[str, list] = {column: [] for column in columns}
+    index: list[int] = []
+    total = 0
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            total += 1
+            row = total - 1
+            if row < start_row or (num_rows is not None and row >= start_row + num_rows):
+                continue  # outside the window: neither parsed nor checked, as CSV rows are not
+            record = _json_object(path, number, line)
+            for column in columns:
+                rows[column].append(_mooncake_value(path, number, record, column))
+            index.append(row)
+    if total == 0:
+        raise TraceError(f"{path}: the trace file is empty (expected one JSON object a line with "
+                         f"{[MOONCAKE_FIELDS[c] for c in columns]})")
+    if start_row >= total:
+        raise TraceError(f"{path}: workload.start_row={start_row} but the trace has only {total} rows")
+    out = {c: np.asarray(v, dtype=np.float64 if c == ARRIVAL_COLUMN else np.int64) for c, v in rows.items()
+           if c != HASH_COLUMN}
+    if HASH_COLUMN in rows:
+        out[HASH_COLUMN] = pd.Series(rows[HASH_COLUMN], index=index, dtype=object)
+    return pd.DataFrame(out, index=index, columns=columns)
+
+
+def _json_object(path: Path, number: int, line: str) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{path}, line {number}: not valid JSON ({error.msg}, column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise TraceError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def _mooncake_value(path: Path, number: int, record: dict, column: str):
+    """One checked field of a Mooncake record, in the column's unit (seconds for times)."""
+    name = MOONCAKE_FIELDS[column]
+    where = f"{path}, line {number}, field {name!r}"
+    if name not in record:
+        raise TraceError(f"{where}: missing; found {sorted(record)}")
+    value = record[name]
+    if column == HASH_COLUMN:
+        if not isinstance(value, list) or not all(_is_int(v) and 0 <= v <= MAX_HASH_ID for v in value):
+            raise TraceError(f"{where}: must be a list of integers in [0, 2**63), got {_shown(value)}")
+        return value
+    if column == ARRIVAL_COLUMN:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise TraceError(f"{where}: must be a finite time >= 0 milliseconds, got {_shown(value)}")
+        return value / 1000.0
+    if not (_is_int(value) or (isinstance(value, float) and value.is_integer())) or value < 1:
+        raise TraceError(f"{where}: must be a whole number of tokens >= 1, got {_shown(value)}")
+    return int(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
