@@ -74,8 +74,9 @@ def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
         # deployment serves the same requests at the same max_model_len: run_plan reports their
         # fit once, not once per deployment.
         with cyclic_gc_paused(), fit_warnings_muted():
-            outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size), dataclasses.replace(base.router, name=d.router),
-                                     progress=False, step_columns=SUMMARY_STEP_COLUMNS)
+            outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size),
+                                     dataclasses.replace(base.router, name=d.router), progress=False,
+                                     step_columns=SUMMARY_STEP_COLUMNS)
     except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
         return PlanRow(d, base.cost_per_hour(d), slo_ratio=math.inf, meets_slo=False,
                        error=str(error).splitlines()[0], eval_s=time.perf_counter() - started)
@@ -87,8 +88,9 @@ def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
         output_tok_s=s.output_tok_s, request_s=s.request_s, num_rejected=s.labels.num_rejected)
     ratio = max(s.ttft_p90_s / base.slo.ttft_p90_s, s.tpot_p90_s / base.slo.tpot_p90_s)
     ratio = ratio if math.isfinite(ratio) else math.inf
-    return PlanRow(d, base.cost_per_hour(d), slo_ratio=ratio, meets_slo=bool(ratio <= 1.0 and measures.num_rejected == 0),
-                   error="", eval_s=time.perf_counter() - started, measures=measures)
+    meets = bool(ratio <= 1.0 and measures.num_rejected == 0)
+    return PlanRow(d, base.cost_per_hour(d), slo_ratio=ratio, meets_slo=meets, error="",
+                   eval_s=time.perf_counter() - started, measures=measures)
 
 
 def evaluate_all(deployments: list[Deployment], base: PlanBase, mapper: Callable = map) -> list[PlanRow]:

@@ -88,7 +88,8 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         capacity = low
     at = [r for r in probes if r["rate"] == capacity]
     row = {
-        "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s, "tpot_slo_s": cap.tpot_slo_s,
+        "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s,
+        "tpot_slo_s": cap.tpot_slo_s,
         "percentile": p, "offline_request_s": offline.summary.request_s, "num_probes": len(probes),
         "capped_by_max_probes": capped,
         f"ttft_p{p:g}_s_at_capacity": at[0][f"ttft_p{p:g}_s"] if at else np.nan,
