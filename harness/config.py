@@ -137,7 +137,8 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(BACKENDS.unknown(name))
     for key in backend:
         if key in MOVED_KEYS:
-            raise ConfigError(f"backend.{key} is not a backend setting: set {MOVED_KEYS[key]} (shared by both backends)")
+            raise ConfigError(f"backend.{key} is not a backend setting: set {MOVED_KEYS[key]} "
+                              "(shared by both backends)")
     backend["execution"] = to_dataclass(ExecutionConfig, section(cfg, "execution"), "execution")
     sim_cfg = engine_cfg = None
     if name == "sim":

@@ -39,7 +39,8 @@ def format_summary(row: dict) -> str:
     ]
     # seconds, as in summary.csv (ttft_p90_s, ...) and the plots
     latency = pd.DataFrame(
-        {f"{stat} (s)": [row[f"{m}_{stat}_s"] for m in ("ttft", "tpot", "e2e")] for stat in ("mean", "p50", "p90", "p99")},
+        {f"{stat} (s)": [row[f"{m}_{stat}_s"] for m in ("ttft", "tpot", "e2e")]
+         for stat in ("mean", "p50", "p90", "p99")},
         index=["TTFT", "TPOT", "E2E"],
     )
     lines.append(latency.to_string(float_format=lambda v: f"{v:.5f}"))

@@ -28,6 +28,7 @@ from harness.convert import ConfigError
 from harness.labels import run_identity, run_title
 from harness.output.metrics import requests_frame, steps_frame, summarize, write_steps
 from harness.output.recording import StepRecorder
+from harness.output.summary import FitCounts, RunLabels, RunSummary
 from harness.run_folder import staged
 from harness.workloads import build_workload
 
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 class RunOutcome:
     requests: pd.DataFrame
     steps: pd.DataFrame
-    summary: dict
+    summary: RunSummary
     num_blocks: int
     rejected: dict[str, str] = field(default_factory=dict)
     graph_sizes: GraphSizes = GraphSizes()  # the CUDA graphs the backend ran with
@@ -114,19 +115,13 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
     steps = steps_frame(result)
     if recorder is not None:
         steps = pd.concat([steps, recorder.frame()], axis=1)
-    extra = {
-        "backend": rc.backend,
-        **run_identity(rc),
-        "num_submitted": total,
-        "num_rejected": len(result.rejected),
-        **workload.fit_counts(),
-        "wall_s": wall_s,
-    }
-    summary = summarize(requests, steps, result.makespan_s, info.num_blocks, extra)
+    labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=total,
+                       num_rejected=len(result.rejected), fit=FitCounts(**workload.fit_counts()), wall_s=wall_s)
+    summary = summarize(requests, steps, result.makespan_s, info.num_blocks, labels)
     return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes)
 
 
-def write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, rejected: dict[str, str],
+def write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: RunSummary, rejected: dict[str, str],
                  out_dir: Path, steps_mode: str = "full") -> None:
     """requests.csv, steps.csv.gz (unless steps_mode is "none"), summary.csv and rejected.csv, each
     under its name only once complete (summary.csv last: harness.run_folder.staged)."""
@@ -134,12 +129,12 @@ def write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, rej
         _write_tables(requests, steps, summary, rejected, staging, steps_mode)
 
 
-def _write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, rejected: dict[str, str],
+def _write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: RunSummary, rejected: dict[str, str],
                   folder: Path, steps_mode: str) -> None:
     requests.to_csv(folder / "requests.csv", index=False)
     if steps_mode == "full":
         write_steps(steps, folder)
-    pd.DataFrame([summary]).to_csv(folder / "summary.csv", index=False)
+    pd.DataFrame([summary.to_row()]).to_csv(folder / "summary.csv", index=False)
     if rejected:
         pd.DataFrame({"request_id": list(rejected), "error": list(rejected.values())}).to_csv(
             folder / "rejected.csv", index=False)
@@ -161,13 +156,13 @@ def require_served(outcome, label: str = "") -> None:
     """A run (a RunOutcome, or a fleet's FleetOutcome) that served no request has no metrics to
     report: a ConfigError saying why."""
     summary = outcome.summary
-    if summary["num_requests"]:
+    if summary.num_requests:
         return
     where = f"{label}: " if label else ""
     if outcome.rejected:
         rid, error = next(iter(outcome.rejected.items()))
-        raise ConfigError(f"{where}nothing was served: all {summary['num_submitted']} requests were rejected at "
+        raise ConfigError(f"{where}nothing was served: all {summary.labels.num_submitted} requests were rejected at "
                           f"admission (e.g. request {rid}: {error}); see rejected.csv")
     raise ConfigError(f"{where}nothing was served: the workload has no request left to serve "
-                      f"({summary['num_skipped']} skipped by workload.oversize=skip as longer than "
+                      f"({summary.labels.fit.num_skipped} skipped by workload.oversize=skip as longer than "
                       "scheduler.max_model_len)")

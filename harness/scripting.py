@@ -140,7 +140,8 @@ def probe_plan(executor, sched, entries, seed: int = 0):
 
     from harness.calibration.profiling import build_plan
 
-    return build_plan(entries, executor.info().kv_cache_spec, sched, np.random.default_rng(seed), executor.info().vocab_size)
+    info = executor.info()
+    return build_plan(entries, info.kv_cache_spec, sched, np.random.default_rng(seed), info.vocab_size)
 
 
 def probe_grid():

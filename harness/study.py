@@ -102,7 +102,7 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
     if bench:
         print(bench_line(outcome.summary))
     print(f"outputs: {out_dir}")
-    return pd.DataFrame([outcome.summary])
+    return pd.DataFrame([outcome.summary.to_row()])
 
 
 def bench_line(row: dict) -> str:

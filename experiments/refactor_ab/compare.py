@@ -2,7 +2,7 @@
 
     python experiments/refactor_ab/compare.py BEFORE AFTER
 
-Columns that time the harness itself (eval_s: seconds an evaluation took on this machine) are
+Columns that time the harness itself (eval_s, wall_s: seconds taken on this machine) are
 left out; everything a user reads as a result must be equal. Exits 1 and lists the differences.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 # wall-clock timings of the tool, not results
-TIMING_COLUMNS = {"eval_s"}
+TIMING_COLUMNS = {"eval_s", "wall_s"}
 
 
 def differences(before: Path, after: Path) -> list[str]:

@@ -4,8 +4,8 @@ Each shape is a StepPlan built directly (no scheduler, harness.calibration.grid)
 entry gets blocks of its own in the KV pool (disjoint block tables, as a real batch has) but for
 a prefix it shares with others where the shape says so, random token ids, and the workloads'
 sampling parameters (temperature 0.6 and a seed per request: seeded rows cost the sampler a
-generator each, a host cost a profile without seeds misses). A shape is executed `warmup` times, then timed `repeats` times
-(fewer when a shape is slow: at most max_seconds_per_shape once min_repeats are in); the row
+generator each, a host cost a profile without seeds misses). A shape is executed `warmup` times,
+then timed `repeats` times (fewer when a shape is slow: at most max_seconds_per_shape once min_repeats are in); the row
 holds sim.features.step_features of the plan and the mean of the executor's own reported
 durations (EngineExecutor synchronises, so that is the step's time on the device), repeats more
 than STALL x the median left out. An executor that overlaps steps (async scheduling) is timed as
@@ -159,6 +159,6 @@ def _profile_row(executor: Executor, plan: StepPlan, grid: ProfileGrid, overlapp
     # The mean, as the clock sums step times (host-bound steps vary a lot between repeats);
     # a repeat beyond STALL x the median is a collector pause, not the shape's cost.
     kept = [d for d in durations if d <= STALL * median]
-    row.update(set=shape_set, kind=kind, duration_s=sum(kept) / len(kept), duration_median_s=median, duration_min_s=min(durations),
-               duration_max_s=max(durations), repeats=len(durations), **extra)
+    row.update(set=shape_set, kind=kind, duration_s=sum(kept) / len(kept), duration_median_s=median,
+               duration_min_s=min(durations), duration_max_s=max(durations), repeats=len(durations), **extra)
     return row

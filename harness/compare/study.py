@@ -22,9 +22,10 @@ import dataclasses
 import json
 import logging
 import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -69,12 +70,21 @@ class CompareConfig:
                 raise ValueError(f"compare.{name} must be > 0, got {getattr(self, name)}")
 
 
-@dataclass
-class EngineSide:
+@dataclass(frozen=True, eq=False)  # tables do not compare
+class Side:
+    """One run of the comparison: the engine, or sim_<cost model>."""
+
+    name: str
     requests: pd.DataFrame
     steps: pd.DataFrame
-    summary: dict
-    meta: dict  # num_blocks, graph_batch_sizes, prefill_graph_sizes, device, ...
+    # a RunSummary, or the engine's summary.csv row where it was loaded from compare.engine_dir
+    summary: Mapping[str, Any]
+    has_interval: bool = False  # the summary carries <metric>_lo/_hi (sim.interval)
+
+
+@dataclass(frozen=True, eq=False)
+class EngineSide(Side):
+    meta: dict = field(default_factory=dict)  # num_blocks, graph_batch_sizes, prefill_graph_sizes, device, ...
 
 
 @dataclass
@@ -101,7 +111,8 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
 
         folder = Path(cc.engine_dir)
         if not (folder / "engine.json").is_file():
-            raise ConfigError(f"compare.engine_dir: {folder} has no engine.json (expected a comparison's engine/ folder)")
+            raise ConfigError(f"compare.engine_dir: {folder} has no engine.json "
+                              "(expected a comparison's engine/ folder)")
         meta = json.loads((folder / "engine.json").read_text())
         for name in ("workload", "scheduler"):
             ours = json.loads(json.dumps(dataclasses.asdict(getattr(rc, name))))
@@ -116,8 +127,8 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
             steps = with_seeded_rows(read_steps(folder), meta["workload"]["temperature"])
         except FileNotFoundError as error:
             raise ConfigError(f"compare.engine_dir: {error}") from None
-        side = EngineSide(pd.read_csv(folder / "requests.csv"), steps,
-                          pd.read_csv(folder / "summary.csv").iloc[0].to_dict(), meta)
+        side = EngineSide("engine", pd.read_csv(folder / "requests.csv"), steps,
+                          pd.read_csv(folder / "summary.csv").iloc[0].to_dict(), meta=meta)
         return side, cc.profile_path
     if rc.backend != "engine":
         raise ConfigError(f"backend must be engine for a comparison (or set compare.engine_dir), got {rc.backend}")
@@ -139,7 +150,7 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
                 cache=dataclasses.asdict(rc.cache))
     write_outcome(outcome, out_dir / "engine", plots)
     (out_dir / "engine" / "engine.json").write_text(json.dumps(meta, indent=1, default=str))
-    return EngineSide(outcome.requests, outcome.steps, outcome.summary, meta), profile_path
+    return EngineSide("engine", outcome.requests, outcome.steps, outcome.summary, meta=meta), profile_path
 
 
 def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) -> Path:
@@ -209,9 +220,8 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
                              engine_dir=existing_path(cc.engine_dir, "compare.engine_dir"))
     out_dir.mkdir(parents=True, exist_ok=True)
     engine, profile_path = run_engine_side(rc, cc, out_dir, progress, plots, executor)
-    summaries = {"engine": engine.summary}
-    requests = {"engine": engine.requests}
-    sim_steps, predictors, intervals = {}, {}, {}
+    sims: list[Side] = []
+    predictors = {}
     for name in cc.cost_models:
         sim_rc = sim_run_config(rc, name, profile_path, engine.meta)
         with warnings.catch_warnings(record=True) as caught:
@@ -220,18 +230,18 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
                 from harness.fidelity.interval import simulate_with_interval
 
                 outcome = simulate_with_interval(sim_rc, cc.interval, progress=progress, record=True)
-                intervals[f"sim_{name}"] = outcome.summary
             else:
                 outcome = run_once(sim_rc, progress, label=f"sim {name}", record=True)
             predictors[name] = step_pricer(sim_rc, engine.meta)
         for w in caught:
             log.warning("sim %s: %s", name, w.message)
         write_outcome(outcome, out_dir / f"sim_{name}", plots)
-        summaries[f"sim_{name}"] = outcome.summary
-        requests[f"sim_{name}"] = outcome.requests
-        sim_steps[f"sim_{name}"] = outcome.steps
-    table = tables.interval_columns(tables.metrics_table(summaries), intervals)
-    schedule = tables.schedule_table(engine.steps, sim_steps)
+        sims.append(Side(f"sim_{name}", outcome.requests, outcome.steps, outcome.summary,
+                         has_interval=name == "profiled" and cc.interval is not None))
+    sides = [engine, *sims]
+    table = tables.metrics_table({side.name: side.summary for side in sides})
+    table = tables.interval_columns(table, {side.name: side.summary for side in sims if side.has_interval})
+    schedule = tables.schedule_table(engine.steps, {side.name: side.steps for side in sims})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the sims already reported extrapolation
         replayed = tables.replay(engine.steps, predictors)
@@ -249,11 +259,11 @@ def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = Fa
         from harness.labels import run_title
         from harness.output.plots import plot_latency_cdfs
 
-        runs = list(summaries)
-        title = run_title({**summaries["engine"], "hardware": engine.meta.get("device", "measured")})
+        runs = [side.name for side in sides]
+        title = run_title({**engine.summary, "hardware": engine.meta.get("device", "measured")})
         compare_plots.plot_metrics(table, runs, out_dir / "compare_metrics.png", title)
         compare_plots.plot_steps(replayed, list(cc.cost_models), out_dir / "compare_steps.png", title)
-        plot_latency_cdfs(requests, out_dir / "compare_latency.png", title)
+        plot_latency_cdfs({side.name: side.requests for side in sides}, out_dir / "compare_latency.png", title)
     return CompareResult(table, schedule, replayed, targets, report)
 
 
@@ -272,7 +282,8 @@ def format_report(rc: RunConfig, engine: EngineSide, profile_path, offline: bool
         if row["schedule_identical"]:
             lines.append(f"- {row['run']}: schedule_identical: True ({row['engine_steps']} steps, step by step)")
         else:
-            lines.append(f"- {row['run']}: schedule_identical: False; first divergent step {row['first_divergent_step']} "
+            lines.append(f"- {row['run']}: schedule_identical: False; first divergent step "
+                         f"{row['first_divergent_step']} "
                          f"(engine t={row['engine_time_at_divergence_s']:.3f} s, sim t="
                          f"{row['sim_time_at_divergence_s']:.3f} s); {row['identical_steps']} of "
                          f"{row['engine_steps']} engine steps identical ({row['sim_steps']} sim steps)")

@@ -55,8 +55,8 @@ def interval_columns(table: pd.DataFrame, intervals: dict[str, dict]) -> pd.Data
     columns lo_<run>, hi_<run> and in_interval_<run>: whether the engine's value falls inside."""
     table = table.copy()
     for run, summary in intervals.items():
-        lo = table["metric"].map(lambda m: summary.get(f"{m}_lo", np.nan)).astype(float)
-        hi = table["metric"].map(lambda m: summary.get(f"{m}_hi", np.nan)).astype(float)
+        lo = table["metric"].map({m: summary.get(f"{m}_lo", np.nan) for m in table["metric"]}).astype(float)
+        hi = table["metric"].map({m: summary.get(f"{m}_hi", np.nan) for m in table["metric"]}).astype(float)
         table[f"lo_{run}"], table[f"hi_{run}"] = lo, hi
         inside = (lo <= table["engine"]) & (table["engine"] <= hi)
         table[f"in_interval_{run}"] = inside.where(lo.notna() & hi.notna())
@@ -75,10 +75,12 @@ def schedule_table(engine_steps: pd.DataFrame, sims: dict[str, pd.DataFrame]) ->
             "run": name, "engine_steps": len(theirs), "sim_steps": len(ours),
             "schedule_identical": first < 0,
             "first_divergent_step": first,
-            "engine_time_at_divergence_s": float(engine_steps["start"].iloc[first]) if 0 <= first < len(theirs) else np.nan,
+            "engine_time_at_divergence_s":
+                float(engine_steps["start"].iloc[first]) if 0 <= first < len(theirs) else np.nan,
             "sim_time_at_divergence_s": float(steps["start"].iloc[first]) if 0 <= first < len(ours) else np.nan,
             "identical_steps": int((theirs[:common] == ours[:common]).sum()),
-            "engine_preemptions": int(engine_steps["preempted"].sum()), "sim_preemptions": int(steps["preempted"].sum()),
+            "engine_preemptions": int(engine_steps["preempted"].sum()),
+            "sim_preemptions": int(steps["preempted"].sum()),
         })
     return pd.DataFrame(rows)
 

@@ -40,9 +40,9 @@ def simulate_with_interval(rc: RunConfig, config: IntervalConfig, make_inner: Ca
         return run_once(rc, progress, executor=executor, label=label, record=keep)
 
     point = run_with(point_model, "sim", record)
-    draws = [run_with(m, f"interval draw {i}", False).summary
+    draws = [run_with(m, f"interval draw {i}", False).summary.metrics()
              for i, m in enumerate(perturbed_models(make_inner, residuals, config))]
-    summary = {**point.summary, **interval_columns(point.summary, draws, config.level),
-               "interval_level": config.level, "interval_draws": config.draws,
-               "interval_machine_spread": config.machine_spread}
+    summary = point.summary.with_extras({
+        **interval_columns(point.summary.metrics(), draws, config.level), "interval_level": config.level,
+        "interval_draws": config.draws, "interval_machine_spread": config.machine_spread})
     return dataclasses.replace(point, summary=summary)

@@ -4,10 +4,10 @@ The engine (backend=engine) is profiled on the grid (or a given profile is used)
 the profiled model is fitted on. Then for each workload class (harness.fidelity.classes), none of
 which the fit saw:
 1. capacity: the class served offline by the engine once unmeasured (warmup), then `repeats`
-   times; its request throughput (requests over the time to drain them) is the engine's capacity for that class, and also a
-   cell of its own (load "offline": the throughput a simulation must match where arrivals do not
-   bound it). The offline cell's schedules are compared step by step: each engine repeat against
-   each simulated run and against repeat 0 (harness.fidelity.schedules);
+   times; its request throughput (requests over the time to drain them) is the engine's capacity
+   for that class, and also a cell of its own (load "offline": the throughput a simulation must
+   match where arrivals do not bound it). The offline cell's schedules are compared step by step:
+   each engine repeat against each simulated run and against repeat 0 (harness.fidelity.schedules);
 2. for each load in `loads`, the class's arrivals at load x capacity, served by the engine
    `repeats` times (engine = their mean, engine_spread = (max - min) / mean) and simulated with
    each cost model with the engine's block count and graphs; the profiled model with a
@@ -77,7 +77,8 @@ class FidelityConfig:
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
         if bad or not self.workloads:
-            raise ValueError(f"fidelity.workloads must be a non-empty subset of {classes.CLASSES}, got {self.workloads}")
+            raise ValueError(f"fidelity.workloads must be a non-empty subset of {classes.CLASSES}, "
+                             f"got {self.workloads}")
         # empty: an offline-only run (capacity, offline cells and schedules)
         if not all(0.0 < x <= 1.5 for x in self.loads):
             raise ValueError(f"fidelity.loads must be fractions of capacity in (0, 1.5] ([] for offline cells only), "
@@ -110,7 +111,8 @@ class PinnedBlocks(KeepAlive):
         if self.num_blocks is None:
             return info
         if self.num_blocks > info.num_blocks:
-            raise ConfigError(f"fidelity.preempt_num_blocks={self.num_blocks} exceeds the engine's {info.num_blocks} blocks")
+            raise ConfigError(f"fidelity.preempt_num_blocks={self.num_blocks} exceeds the engine's "
+                              f"{info.num_blocks} blocks")
         return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 

@@ -12,7 +12,8 @@ from harness.output.plots import MAX_POINTS
 
 def _title(summary: dict, what: str) -> str:
     return (f"{what}: {summary.get('model', '?')} on {summary.get('replicas', '?')} x {summary.get('hardware', '?')} "
-            f"(TP {summary.get('tp_sizes', '?')}), {summary.get('workload', '?')}, policy {summary.get('policy', '?')}, "
+            f"(TP {summary.get('tp_sizes', '?')}), {summary.get('workload', '?')}, "
+            f"policy {summary.get('policy', '?')}, "
             f"router {summary.get('router', '?')}")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +28,7 @@ from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
+from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import build_workload
 
@@ -38,8 +39,8 @@ log = logging.getLogger(__name__)
 class FleetOutcome:
     requests: pd.DataFrame  # every replica's requests, with a replica column
     steps: pd.DataFrame  # every replica's steps, with a replica column
-    summary: dict  # the fleet's row
-    replica_summaries: list[dict]
+    summary: RunSummary  # the fleet's row
+    replica_summaries: list[RunSummary]
     replica_blocks: list[int]
     rejected: dict[str, str] = field(default_factory=dict)
 
@@ -112,38 +113,32 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
         with bar:
             result = serve(workload.requests, make_router(router, rc.cache.block_size), on_step if progress else None)
         wall_s = time.perf_counter() - started
-    extra = {
-        "backend": rc.backend,
-        **run_identity(rc),
-        "router": router.name,
-        "replicas": fleet.replicas,
-        "tp_sizes": " ".join(str(backend_tp_size(r)) for r in rcs),
-        "gpus": sum(backend_tp_size(r) for r in rcs),
-        "num_submitted": len(workload.requests),
-        **workload.fit_counts(),
-        "wall_s": wall_s,
-    }
-    return tabulate(result, [info.num_blocks for info in infos], extra, step_columns)
+    tp_sizes = [backend_tp_size(r) for r in rcs]
+    shape = FleetLabels(router=router.name, replicas=fleet.replicas, tp_sizes=" ".join(map(str, tp_sizes)),
+                        gpus=sum(tp_sizes))
+    labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests), num_rejected=0,
+                       fit=FitCounts(**workload.fit_counts()), wall_s=wall_s, fleet=shape)
+    return tabulate(result, [info.num_blocks for info in infos], labels, step_columns)
 
 
-def tabulate(result: FleetResult, replica_blocks: list[int], extra: dict,
+def tabulate(result: FleetResult, replica_blocks: list[int], labels: RunLabels,
              step_columns: tuple[str, ...] = STEP_COLUMNS) -> FleetOutcome:
-    """Per-replica and fleet tables and summaries of a FleetResult."""
+    """Per-replica and fleet tables and summaries of a FleetResult; labels' num_rejected is counted here."""
     requests, steps, summaries, rejected = [], [], [], {}
     for index, (replica, blocks) in enumerate(zip(result.replicas, replica_blocks)):
         req, st = requests_frame(replica), steps_frame(replica, step_columns)
         rejected.update(replica.rejected)
-        summaries.append(summarize(req, st, replica.makespan_s, blocks,
-                                   {**extra, "replica": index, "num_rejected": len(replica.rejected)}))
+        mine = replace(labels, replica=index, num_rejected=len(replica.rejected))
+        summaries.append(summarize(req, st, replica.makespan_s, blocks, mine))
         requests.append(req.assign(replica=index))
         steps.append(st.assign(replica=index))
     fleet_requests = pd.concat(requests, ignore_index=True)
     fleet_steps = pd.concat(steps, ignore_index=True)
     summary = summarize(fleet_requests, fleet_steps, result.makespan_s, sum(replica_blocks),
-                        {**extra, "num_rejected": len(rejected)})
+                        replace(labels, num_rejected=len(rejected)))
     if rejected:
         log.warning("%d of %d requests were rejected at admission, e.g. %s: %s", len(rejected),
-                    extra.get("num_submitted", "?"), *next(iter(rejected.items())))
+                    labels.num_submitted, *next(iter(rejected.items())))
     return FleetOutcome(fleet_requests, fleet_steps, summary, summaries, replica_blocks, rejected)
 
 
@@ -169,7 +164,7 @@ def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, out
     write_fleet_outcome(outcome, out_dir, output.plots, output.steps)
     require_served(outcome)
     print(format_summary(outcome.summary))
-    per_replica = pd.DataFrame(outcome.replica_summaries)
+    per_replica = pd.DataFrame([s.to_row() for s in outcome.replica_summaries])
     print(per_replica[["replica", "num_requests", "ttft_p90_s", "tpot_p90_s", "output_tok_s"]].to_string(index=False))
     print(f"outputs: {out_dir} (requests.csv, steps.csv.gz, summary.csv, replica_*/, load.png, latency_cdf.png)")
-    return pd.DataFrame([outcome.summary])
+    return pd.DataFrame([outcome.summary.to_row()])

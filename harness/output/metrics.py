@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from engine.core.loop import RunResult
+from harness.output.summary import RunLabels, RunSummary
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 99)  # RunSummary has a field for each
 # Per-step tables run to hundreds of MB on a whole trace: written gzipped (pandas reads them as
 # they are); requests.csv and summary.csv stay plain.
 STEPS_FILE = "steps.csv.gz"
@@ -99,13 +100,19 @@ def read_steps(folder: Path) -> pd.DataFrame:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, num_blocks: int,
-              extra: dict | None = None) -> dict:
+              labels: RunLabels | None = None) -> RunSummary:
     """The summary row: throughput over the makespan, latency percentiles, cache behaviour."""
-    row: dict = dict(extra or {})
     span = makespan_s if makespan_s > 0 else float("nan")
     input_tokens = int(requests["prompt_tokens"].sum())
     output_tokens = int(requests["output_tokens"].sum())
-    row.update(
+    latency = {}
+    for metric in ("ttft", "tpot", "e2e"):
+        latency[f"{metric}_mean_s"] = float(requests[metric].mean())  # NaN when no request has the metric
+        for p in PERCENTILES:
+            latency[f"{metric}_p{p}_s"] = percentile(requests, metric, p)
+    cached = int(requests["cached_tokens"].sum())
+    computed_prefill = int(steps["prefill_tokens"].sum())
+    return RunSummary(
         num_requests=len(requests),
         makespan_s=makespan_s,
         input_tokens=input_tokens,
@@ -114,14 +121,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, nu
         output_tok_s=output_tokens / span,
         total_tok_s=(input_tokens + output_tokens) / span,
         request_s=len(requests) / span,
-    )
-    for metric in ("ttft", "tpot", "e2e"):
-        row[f"{metric}_mean_s"] = float(requests[metric].mean())  # NaN when no request has the metric
-        for p in PERCENTILES:
-            row[f"{metric}_p{p}_s"] = percentile(requests, metric, p)
-    cached = int(requests["cached_tokens"].sum())
-    computed_prefill = int(steps["prefill_tokens"].sum())
-    row.update(
+        **latency,
         preemptions=int(requests["preemptions"].sum()),
         recomputed_tokens=int(requests["recomputed_tokens"].sum()),
         cached_tokens=cached,
@@ -130,8 +130,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, nu
         num_blocks=num_blocks,
         num_steps=len(steps),
         mean_batch_requests=float(steps["requests"].mean()) if len(steps) else 0.0,
+        labels=labels,
     )
-    return row
 
 
 def percentile(requests: pd.DataFrame, metric: str, p: float) -> float:

@@ -86,8 +86,10 @@ def load_catalogue(names: tuple[str, ...]) -> dict:
     for i, name in enumerate(names):
         path = CONF_DIR / "hardware" / f"{name}.yaml"
         if not path.is_file():
-            raise ConfigError(f"plan.hardware[{i}]: no catalogue entry conf/hardware/{name}.yaml; available: {available}")
-        spec = to_dataclass(HardwareSpec, OmegaConf.to_container(OmegaConf.load(path), resolve=True), f"hardware/{name}")
+            raise ConfigError(f"plan.hardware[{i}]: no catalogue entry conf/hardware/{name}.yaml; "
+                              f"available: {available}")
+        entry = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        spec = to_dataclass(HardwareSpec, entry, f"hardware/{name}")
         if spec.price_per_gpu_hour is None:
             raise ConfigError(f"hardware/{name}.price_per_gpu_hour is missing: every plan.hardware entry needs "
                               "a $/GPU-hour figure (cited, or marked as an assumption)")

@@ -39,23 +39,13 @@ from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
 from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue
 from harness.plan.report import DEPLOYMENT_COLUMNS, fit_note, nearest_lines, plan_summary
+from harness.plan.row import Deployment, PlanMeasures, PlanRow
 from harness.run import cyclic_gc_paused
 from harness.workloads import build_workload, fit_warnings_muted
 
 log = logging.getLogger(__name__)
 
 PLATEAU = 0.8  # growth stops once doubling the replicas improves the SLO ratio by less than 20%
-
-
-@dataclass(frozen=True)
-class Deployment:
-    hardware: str  # a conf/hardware entry
-    tp_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    policy: str
-    router: str
-    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -71,10 +61,9 @@ class PlanBase:
         return self.catalogue[d.hardware].price_per_gpu_hour * d.tp_size * d.replicas
 
 
-def evaluate(deployment: Deployment, base: PlanBase) -> dict:
+def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
     """Simulate one deployment on the workload; one plan.csv row."""
     d = deployment
-    row = {**dataclasses.asdict(d), "gpus": d.tp_size * d.replicas, "cost_per_hour": base.cost_per_hour(d)}
     started = time.perf_counter()
     try:
         scheduler = dataclasses.replace(base.rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
@@ -85,25 +74,26 @@ def evaluate(deployment: Deployment, base: PlanBase) -> dict:
         # deployment serves the same requests at the same max_model_len: run_plan reports their
         # fit once, not once per deployment.
         with cyclic_gc_paused(), fit_warnings_muted():
-            outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size), dataclasses.replace(base.router, name=d.router),
-                                     progress=False, step_columns=SUMMARY_STEP_COLUMNS)
+            outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size),
+                                     dataclasses.replace(base.router, name=d.router), progress=False,
+                                     step_columns=SUMMARY_STEP_COLUMNS)
     except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
-        return {**row, "meets_slo": False, "slo_ratio": math.inf, "error": str(error).splitlines()[0],
-                "eval_s": time.perf_counter() - started}
-    summary = outcome.summary
-    for metric in ("ttft", "tpot", "e2e"):
-        for p in (50, 90, 99):
-            row[f"{metric}_p{p}_s"] = summary[f"{metric}_p{p}_s"]
-    ratio = max(summary["ttft_p90_s"] / base.slo.ttft_p90_s, summary["tpot_p90_s"] / base.slo.tpot_p90_s)
+        return PlanRow(d, base.cost_per_hour(d), slo_ratio=math.inf, meets_slo=False,
+                       error=str(error).splitlines()[0], eval_s=time.perf_counter() - started)
+    s = outcome.summary
+    measures = PlanMeasures(
+        ttft_p50_s=s.ttft_p50_s, ttft_p90_s=s.ttft_p90_s, ttft_p99_s=s.ttft_p99_s,
+        tpot_p50_s=s.tpot_p50_s, tpot_p90_s=s.tpot_p90_s, tpot_p99_s=s.tpot_p99_s,
+        e2e_p50_s=s.e2e_p50_s, e2e_p90_s=s.e2e_p90_s, e2e_p99_s=s.e2e_p99_s,
+        output_tok_s=s.output_tok_s, request_s=s.request_s, num_rejected=s.labels.num_rejected)
+    ratio = max(s.ttft_p90_s / base.slo.ttft_p90_s, s.tpot_p90_s / base.slo.tpot_p90_s)
     ratio = ratio if math.isfinite(ratio) else math.inf
-    row.update(output_tok_s=summary["output_tok_s"], request_s=summary["request_s"],
-               num_rejected=summary["num_rejected"], slo_ratio=ratio,
-               meets_slo=bool(ratio <= 1.0 and summary["num_rejected"] == 0), error="",
-               eval_s=time.perf_counter() - started)
-    return row
+    meets = bool(ratio <= 1.0 and measures.num_rejected == 0)
+    return PlanRow(d, base.cost_per_hour(d), slo_ratio=ratio, meets_slo=meets, error="",
+                   eval_s=time.perf_counter() - started, measures=measures)
 
 
-def evaluate_all(deployments: list[Deployment], base: PlanBase, mapper: Callable = map) -> list[dict]:
+def evaluate_all(deployments: list[Deployment], base: PlanBase, mapper: Callable = map) -> list[PlanRow]:
     """The one place deployments are evaluated; mapper(fn, items) may be a parallel map."""
     return list(mapper(partial(evaluate, base=base), deployments))
 
@@ -139,15 +129,15 @@ class ReplicaSearch:
             return None
         return proposal
 
-    def record(self, replicas: int, row: dict) -> None:
-        if row["error"]:
+    def record(self, replicas: int, row: PlanRow) -> None:
+        if row.error:
             self.done = True  # more replicas of a configuration that cannot run do not help
-        elif row["meets_slo"]:
+        elif row.meets_slo:
             self.passing = replicas if self.passing is None else min(self.passing, replicas)
         elif replicas > self.failing:
-            if self.passing is None and row["slo_ratio"] > PLATEAU * self.failing_ratio:
+            if self.passing is None and row.slo_ratio > PLATEAU * self.failing_ratio:
                 self.done = True
-            self.failing, self.failing_ratio = replicas, row["slo_ratio"]
+            self.failing, self.failing_ratio = replicas, row.slo_ratio
 
 
 def search(configs: Iterable[Deployment], base: PlanBase, max_replicas: int, batch_size: int = 1,
@@ -156,8 +146,8 @@ def search(configs: Iterable[Deployment], base: PlanBase, max_replicas: int, bat
     next deployments of the active searches (cheapest first, so a cheap fleet meeting the SLO prunes
     the dearer ones early); a single replica's result is shared by every router."""
     searches = [ReplicaSearch(c, max_replicas) for c in configs]
-    rows: list[dict] = []
-    single: dict[Deployment, dict] = {}  # replicas=1 results by configuration, router left out
+    rows: list[PlanRow] = []
+    single: dict[Deployment, PlanRow] = {}  # replicas=1 results by configuration, router left out
     best = math.inf
     with tqdm(desc="deployments evaluated", unit="dep", disable=not progress, leave=False) as bar:
         while True:
@@ -174,16 +164,16 @@ def search(configs: Iterable[Deployment], base: PlanBase, max_replicas: int, bat
             todo = [d for _, d in batch if _router_free(d) not in single]
             fresh = dict(zip(todo, evaluate_all(todo, base, mapper)))
             for s, deployment in batch:
-                row = fresh.get(deployment) or {**single[_router_free(deployment)], "router": deployment.router,
-                                                 "eval_s": 0.0}
+                row = fresh.get(deployment) or dataclasses.replace(single[_router_free(deployment)],
+                                                                   deployment=deployment, eval_s=0.0)
                 if deployment.replicas == 1:
                     single.setdefault(_router_free(deployment), row)
                 s.record(deployment.replicas, row)
                 rows.append(row)
-                if row["meets_slo"]:
-                    best = min(best, row["cost_per_hour"])
+                if row.meets_slo:
+                    best = min(best, row.cost_per_hour)
             bar.update(len(todo))
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row.as_dict() for row in rows])
 
 
 def _router_free(d: Deployment) -> Deployment:

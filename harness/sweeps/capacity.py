@@ -54,18 +54,18 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         tpot = percentile(outcome.requests, "tpot", p)
         ok = bool(ttft <= cap.ttft_slo_s and tpot <= cap.tpot_slo_s)
         probes.append({"config": label, "rate": rate, f"ttft_p{p:g}_s": ttft, f"tpot_p{p:g}_s": tpot,
-                       "meets_slo": ok, "output_tok_s": outcome.summary["output_tok_s"],
-                       "request_s": outcome.summary["request_s"]})
+                       "meets_slo": ok, "output_tok_s": outcome.summary.output_tok_s,
+                       "request_s": outcome.summary.request_s})
         return ok
 
     offline = run_once(_with_rate(rc, "offline", None), progress, label=f"{label} offline")
-    if not offline.summary["num_requests"]:
+    if not offline.summary.num_requests:
         # No throughput to start the bracket from (it would be NaN); say why instead.
         rid, error = next(iter(offline.rejected.items()), ("?", "no request served"))
-        raise ConfigError(f"capacity search {label}: all {offline.summary['num_submitted']} requests were rejected "
+        raise ConfigError(f"capacity search {label}: all {offline.summary.labels.num_submitted} requests were rejected "
                           f"at admission (e.g. {rid}: {error})")
-    high = cap.rate_high if cap.rate_high is not None else offline.summary["request_s"]
-    low = cap.rate_low if cap.rate_low is not None else 0.25 * offline.summary["request_s"]
+    high = cap.rate_high if cap.rate_high is not None else offline.summary.request_s
+    low = cap.rate_low if cap.rate_low is not None else 0.25 * offline.summary.request_s
     capped = False
     if high <= low:
         raise ConfigError(f"study.capacity.rate_low={low} is not below the upper rate {high:.4g} req/s")
@@ -88,8 +88,9 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         capacity = low
     at = [r for r in probes if r["rate"] == capacity]
     row = {
-        "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s, "tpot_slo_s": cap.tpot_slo_s,
-        "percentile": p, "offline_request_s": offline.summary["request_s"], "num_probes": len(probes),
+        "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s,
+        "tpot_slo_s": cap.tpot_slo_s,
+        "percentile": p, "offline_request_s": offline.summary.request_s, "num_probes": len(probes),
         "capped_by_max_probes": capped,
         f"ttft_p{p:g}_s_at_capacity": at[0][f"ttft_p{p:g}_s"] if at else np.nan,
         f"tpot_p{p:g}_s_at_capacity": at[0][f"tpot_p{p:g}_s"] if at else np.nan,

@@ -69,7 +69,7 @@ def run_sweep(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir
         if output.point_outputs:
             write_outcome(outcome, out_dir / "points" / slug(study.param, value), output.plots, output.steps)
         require_served(outcome, f"sweep point {label}")
-        rows.append({"param": study.param, "value": value, **outcome.summary})
+        rows.append({"param": study.param, "value": value, **outcome.summary.to_row()})
     table = pd.DataFrame(rows)
     write_csv(table, out_dir / "sweep.csv", index=False)
     plot_sweep(table, "value", study.metrics, out_dir / "sweep.png", log_x=study.log_x, xlabel=study.param,

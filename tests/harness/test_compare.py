@@ -19,9 +19,9 @@ from tests.harness.conftest import compose_config
 pytest.importorskip("torch")
 
 # Small blocks and a small cache: the offline batch preempts.
-TINY = ["model=tiny-qwen3", "hardware=cpu", "backend.device=cpu", "workload.num_requests=12", "workload.prompt_len.high=160",
-        "workload.output_len.low=8", "workload.output_len.high=48", "scheduler.max_model_len=512",
-        "cache.block_size=16", "cache.num_blocks=40"]
+TINY = ["model=tiny-qwen3", "hardware=cpu", "backend.device=cpu", "workload.num_requests=12",
+        "workload.prompt_len.high=160", "workload.output_len.low=8", "workload.output_len.high=48",
+        "scheduler.max_model_len=512", "cache.block_size=16", "cache.num_blocks=40"]
 
 
 @pytest.fixture(scope="module")

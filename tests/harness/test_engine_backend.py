@@ -18,8 +18,9 @@ STEP_DECISIONS = ["kind", "requests", "prefill_tokens", "decode_tokens", "waitin
 def test_engine_and_sim_runs_share_the_schedule(tiny_checkpoint):
     # Small blocks and a small cache so that the offline batch preempts. Steps run one at a time on
     # both sides (the engine on CPU cannot overlap them), so the queue snapshots agree too.
-    common = ["execution.async_scheduling=false", "model=tiny-qwen3", "workload.num_requests=12", "workload.prompt_len.high=160", "workload.output_len.high=48",
-              "workload.output_len.low=8", "scheduler.max_model_len=512", "cache.block_size=16", "cache.num_blocks=40"]
+    common = ["execution.async_scheduling=false", "model=tiny-qwen3", "workload.num_requests=12",
+              "workload.prompt_len.high=160", "workload.output_len.high=48", "workload.output_len.low=8",
+              "scheduler.max_model_len=512", "cache.block_size=16", "cache.num_blocks=40"]
     engine_rc = build_run_config(compose_config(common + ["backend=engine", f"backend.model={tiny_checkpoint}",
                                                           "backend.device=cpu"]))
     sim_rc = build_run_config(compose_config(common))
@@ -33,10 +34,12 @@ def test_engine_and_sim_runs_share_the_schedule(tiny_checkpoint):
 
 
 def test_engine_and_sim_count_the_same_repeated_reads_of_shared_prefixes(tiny_checkpoint):
-    common = ["execution.async_scheduling=false", "model=tiny-qwen3", "workload=shared_prefix", "workload.arrival=offline", "workload.rate=null",
+    common = ["execution.async_scheduling=false", "model=tiny-qwen3", "workload=shared_prefix",
+              "workload.arrival=offline", "workload.rate=null",
               "workload.num_requests=10", "workload.prompt_len.low=8", "workload.prompt_len.high=40",
               "workload.output_len.low=8", "workload.output_len.high=24", "workload.shared_prefix.num_groups=2",
-              "workload.shared_prefix.prefix_len=64", "scheduler.max_model_len=512", "scheduler.max_num_batched_tokens=80", "scheduler.max_num_seqs=8",
+              "workload.shared_prefix.prefix_len=64", "scheduler.max_model_len=512",
+              "scheduler.max_num_batched_tokens=80", "scheduler.max_num_seqs=8",
               "cache.block_size=16", "cache.num_blocks=250"]
     engine = run_once(build_run_config(compose_config(common + [
         "backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu"])), progress=False)

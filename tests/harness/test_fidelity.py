@@ -67,7 +67,8 @@ def test_profiled_rows_carry_an_interval_and_say_whether_the_engine_is_inside(he
     table, _, _ = heldout
     latency = table["metric"].str.contains("_p[59]0_s") & (table["load"] == "0.8")
     profiled = table[(table["cost_model"] == "profiled") & latency]
-    assert len(profiled) and (profiled["sim_lo"] <= profiled["sim"]).all() and (profiled["sim"] <= profiled["sim_hi"]).all()
+    assert len(profiled)
+    assert (profiled["sim_lo"] <= profiled["sim"]).all() and (profiled["sim"] <= profiled["sim_hi"]).all()
     inside = (profiled["sim_lo"] <= profiled["engine"]) & (profiled["engine"] <= profiled["sim_hi"])
     assert (profiled["in_interval"].astype(str) == inside.astype(str)).all()
     assert table.loc[table["cost_model"] == "roofline", "sim_lo"].isna().all()
@@ -113,7 +114,8 @@ def test_steps_dir_holds_each_engine_runs_steps_priced_by_each_cost_model(heldou
     for name in names:
         steps = pd.read_csv(run_dir / "steps" / name)
         assert len(steps) > 0 and list(steps["step"]) == list(range(len(steps))), name
-        assert {"predicted_profiled_s", "predicted_roofline_s", "decode_repeated_tokens", "slept_s"} <= set(steps.columns)
+        expected = {"predicted_profiled_s", "predicted_roofline_s", "decode_repeated_tokens", "slept_s"}
+        assert expected <= set(steps.columns)
         if not name.startswith("shared_prefix"):
             assert steps["decode_repeated_tokens"].sum() == 0, name
         features = steps.rename(columns={"measured_execute_s": "duration_s"})
@@ -179,7 +181,8 @@ def test_a_carried_model_is_simulated_beside_the_fit_and_the_same_model_predicts
     _, _, run_dir = heldout
     fit = run_dir / "profile_model.csv"
     run_study(compose_config([
-        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
+        "experiment=fidelity", f"backend.model={tiny_checkpoint}", "model=tiny-qwen3", "hardware=cpu",
+        "backend.device=cpu",
         "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625", "fidelity.num_requests=3",
         "fidelity.workloads=[bursty]", "fidelity.loads=[0.8]", f"fidelity.profile_path={fit}",
         f"fidelity.carried_profile_path={fit}", "fidelity.interval.draws=2", "fidelity.cost_models=[profiled]",

@@ -50,7 +50,8 @@ def _coverage(rc, config: IntervalConfig, residuals, trials: int) -> float:
     hits = []
     for seed in range(trials):
         run = dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, seed=seed))
-        predicted = simulate_with_interval(run, dataclasses.replace(config, seed=seed), _roofline(rc), residuals).summary
+        seeded = dataclasses.replace(config, seed=seed)
+        predicted = simulate_with_interval(run, seeded, _roofline(rc), residuals).summary
         truth = _truth(run, seed)
         hits += [predicted[f"{m}_lo"] <= truth[m] <= predicted[f"{m}_hi"] for m in METRICS]
     return float(np.mean(hits))

@@ -103,7 +103,8 @@ def test_compare_targets_read_as_words():
     table = pd.DataFrame({**errors, "err_sim_same": [0.01] * 6, "err_sim_other": [-0.2] * 6})
     result = targets(table, schedule, offline=True, throughput_tol=0.05, latency_tol=0.1)
     identical = result[result["target"] == "schedule identical"].set_index("run")
-    assert identical.loc["sim_same", "value_is"] == "all 3 steps identical" and np.isnan(identical.loc["sim_same", "value"])
+    assert identical.loc["sim_same", "value_is"] == "all 3 steps identical"
+    assert np.isnan(identical.loc["sim_same", "value"])
     assert identical.loc["sim_other", "value_is"] == "first divergent step (0-based): 1"
     assert identical.loc["sim_other", "value"] == 1 and not identical.loc["sim_other", "met"]
     throughput = result[result["target"] == "output_tok_s within 5% of the engine"].set_index("run")

@@ -4,6 +4,7 @@ user's trace (its own workload, named after the file, its fit to max_model_len r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from harness.config import build_run_config
 from harness.convert import ConfigError
 from harness.plan.config import SLOConfig, load_catalogue
+from harness.plan.row import PlanRow
 from harness.plan.search import Deployment, PlanBase, ReplicaSearch, search
 from harness.study import run_study
 from tests.harness.conftest import compose_config
@@ -26,9 +28,8 @@ PLAN_SMALL = ["experiment=plan", "model=qwen3-0.6b", "workload.num_requests=60",
               "plan.policies=[nano]", "plan.routers=[round_robin,least_requests]", "plan.max_replicas=8"]
 
 
-def _row(d: Deployment, ok: bool, ratio: float) -> dict:
-    return {"replicas": d.replicas, "meets_slo": ok, "slo_ratio": ratio, "error": "", "router": d.router,
-            "cost_per_hour": 0.0}
+def _row(d: Deployment, ok: bool, ratio: float) -> PlanRow:
+    return PlanRow(d, cost_per_hour=0.0, slo_ratio=ratio, meets_slo=ok, error="", eval_s=0.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -68,8 +69,8 @@ def test_search_returns_the_brute_force_cheapest(needed_on, tp_sizes):
         return math.ceil(needed_on[d.hardware] / d.tp_size)
 
     def synthetic(fn, deployments):
-        return [{**_row(d, d.replicas >= need(d), need(d) / d.replicas), "cost_per_hour": base.cost_per_hour(d),
-                 "hardware": d.hardware, "tp_size": d.tp_size} for d in deployments]
+        return [dataclasses.replace(_row(d, d.replicas >= need(d), need(d) / d.replicas),
+                                    cost_per_hour=base.cost_per_hour(d)) for d in deployments]
 
     table = search(configs, base, max_replicas=64, mapper=synthetic)
     brute = min(base.cost_per_hour(Deployment(**{**c.__dict__, "replicas": need(c)})) for c in configs)

@@ -144,7 +144,8 @@ def test_a_step_table_of_some_columns_is_those_columns_of_the_whole_table():
     result = run(make_scheduler(rc.scheduler, info, rc.cache), executor, requests, SimulatedClock())
     whole = steps_frame(result)
     fields = ("step", "start_s", "duration_s", "kind", "num_requests", "num_prefill_tokens", "num_decode_tokens",
-              "num_waiting", "num_running", "num_free_blocks", "num_preempted", "prefix_hit_tokens", "repeated_kv_tokens")
+              "num_waiting", "num_running", "num_free_blocks", "num_preempted", "prefix_hit_tokens",
+              "repeated_kv_tokens")
     expected = pd.DataFrame([[getattr(s, f) if hasattr(s, f) else getattr(s.stats, f) for f in fields]
                              for s in result.steps], columns=list(STEP_COLUMNS))
     pd.testing.assert_frame_equal(whole, expected)

@@ -167,7 +167,8 @@ def test_report_keeps_identical_runs_and_sweeps_without_points(tmp_path):
     quick = ["workload.num_requests=8", "output.plots=false"]
     for name in ("a", "b"):  # the same configuration twice: two runs, two rows
         run_study(compose_config(quick), tmp_path / name)
-    sweep = ["study.kind=sweep", "study.param=scheduler.policy", "study.values=[nano,mixed]", "output.point_outputs=false"]
+    sweep = ["study.kind=sweep", "study.param=scheduler.policy", "study.values=[nano,mixed]",
+             "output.point_outputs=false"]
     run_study(compose_config(quick + sweep), tmp_path / "sweep")
     table = collect([tmp_path])
     assert len(table) == 4
@@ -183,7 +184,8 @@ def test_a_shared_executor_stops_calling_a_finished_runs_recorder(monkeypatch):
     shared = OverlappingFakeExecutor(400, rc.cache.block_size, vocab_size=rc.model.vocab_size)
     recorded = []
     record_step = StepRecorder.__call__
-    monkeypatch.setattr(StepRecorder, "__call__", lambda self, *step: (recorded.append(id(self)), record_step(self, *step)))
+    monkeypatch.setattr(StepRecorder, "__call__",
+                        lambda self, *step: (recorded.append(id(self)), record_step(self, *step)))
     watched = []
     shared.observe(lambda plan, result, timing: watched.append(plan.stats.step))
     runs = [run_once(rc, progress=False, executor=shared, record=True) for _ in range(3)]

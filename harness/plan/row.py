@@ -1,0 +1,74 @@
+"""A deployment the plan search evaluates, and its plan.csv row."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Deployment:
+    hardware: str  # a conf/hardware entry
+    tp_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    policy: str
+    router: str
+    replicas: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp_size * self.replicas
+
+
+@dataclass(frozen=True)
+class PlanMeasures:
+    """What the simulation of a deployment measured (plan.csv's metric columns)."""
+
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p90_s: float
+    tpot_p99_s: float
+    e2e_p50_s: float
+    e2e_p90_s: float
+    e2e_p99_s: float
+    output_tok_s: float
+    request_s: float
+    num_rejected: int
+
+
+@dataclass(frozen=True)
+class PlanRow(Mapping[str, Any]):
+    """One evaluated deployment: plan.csv's row. measures is None where the deployment could not
+    run (error says why); its row then has no metric columns (NaN in plan.csv)."""
+
+    deployment: Deployment
+    cost_per_hour: float
+    slo_ratio: float  # the worse of P90 TTFT and TPOT over its SLO target; inf where it did not run
+    meets_slo: bool
+    error: str
+    eval_s: float  # seconds the evaluation took on this machine (a timing of the tool, not a result)
+    measures: PlanMeasures | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """plan.csv's columns, in its order."""
+        head = {**dataclasses.asdict(self.deployment), "gpus": self.deployment.gpus,
+                "cost_per_hour": self.cost_per_hour}
+        if self.measures is None:
+            return {**head, "meets_slo": self.meets_slo, "slo_ratio": self.slo_ratio, "error": self.error,
+                    "eval_s": self.eval_s}
+        return {**head, **dataclasses.asdict(self.measures), "slo_ratio": self.slo_ratio,
+                "meets_slo": self.meets_slo, "error": self.error, "eval_s": self.eval_s}
+
+    def __getitem__(self, column: str) -> Any:
+        return self.as_dict()[column]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
