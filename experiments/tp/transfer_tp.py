@@ -50,7 +50,7 @@ def profiled_summary(run: Path, profile: Path, overrides: list[str], out: Path) 
     rc = sim_run_config(build_run_config(cfg), "profiled", str(profile), meta)
     rc = dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, profile_tp_size=1))
     outcome = run_once(rc, progress=False, label=f"sim profiled TP=1 -> {tp}")
-    pd.DataFrame([outcome.summary]).to_csv(out / f"sim_profiled_tp{tp}_summary.csv", index=False)
+    pd.DataFrame([outcome.summary.to_row()]).to_csv(out / f"sim_profiled_tp{tp}_summary.csv", index=False)
     return outcome.summary
 
 
