@@ -20,7 +20,8 @@ TIMING_COLUMNS = {"eval_s", "wall_s"}
 
 def differences(before: Path, after: Path) -> list[str]:
     problems = []
-    names = sorted(p.relative_to(before) for p in before.rglob("*.csv*"))
+    reused = set((after / "REUSED").read_text().split()) if (after / "REUSED").exists() else set()
+    names = sorted(p.relative_to(before) for p in before.rglob("*.csv*") if str(p.relative_to(before)) not in reused)
     for name in names:
         other = after / name
         if not other.exists():
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("after", type=Path)
     args = parser.parse_args(argv)
     problems = differences(args.before, args.after)
-    count = len(list(args.before.rglob("*.csv*")))
+    reused = args.after / "REUSED"
+    count = len(list(args.before.rglob("*.csv*"))) - (len(reused.read_text().split()) if reused.exists() else 0)
     if problems:
         print("\n".join(problems))
         print(f"{len(problems)} of {count} tables differ")

@@ -18,6 +18,9 @@ python -m harness "${common[@]}" experiment=plan workload.num_requests=200 'plan
     'plan.tp_sizes=[1]' 'plan.max_num_seqs=[128]' hydra.run.dir="$out/plan"
 tiny=(model=tiny-qwen3 hardware=cpu backend.device=cpu scheduler.max_model_len=2048 workload.num_requests=16)
 if [[ -n "$before" ]]; then
+    # inputs read from the first run, not written here: compare.py leaves them out
+    printf 'compare/engine/requests.csv\ncompare/engine/steps.csv.gz\ncompare/engine/summary.csv\ncompare/profile.csv\ncompare/profile_model.csv\n' \
+        > "$out/REUSED"
     python -m harness "${common[@]}" experiment=compare "${tiny[@]}" compare.engine_dir="$before/compare/engine" \
         compare.profile_path="$before/compare/profile_model.csv" hydra.run.dir="$out/compare"
 else
