@@ -139,7 +139,8 @@ class ServerThread:
         self._ready.set()
 
     def stop(self, timeout_s: float = 60.0) -> RunOutcome:
-        if self._loop is not None and self._stop is not None:
+        """Stop the server (again: the same outcome) and return what it served."""
+        if self._thread.is_alive() and self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout_s)
         if self._result is None:
