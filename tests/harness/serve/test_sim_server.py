@@ -32,7 +32,8 @@ def test_completions_and_chat_streaming_and_not(sim_server):
     chunks = list(c.completions.create(model=MODEL, prompt="The sea is wide", max_tokens=7, stream=True,
                                        stream_options={"include_usage": True}))
     # the simulator's tokens hash the request id: same count, other words (one word per token)
-    assert len("".join(ch.choices[0].text for ch in chunks if ch.choices).split()) == 7 == len(out.choices[0].text.split())
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert len(streamed.split()) == 7 == len(out.choices[0].text.split())
     assert chunks[-1].usage.completion_tokens == 7 and chunks[-1].usage.prompt_tokens == out.usage.prompt_tokens
     chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 4
