@@ -21,6 +21,9 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # EOS and stop tokens do not end the request before this many outputs (vLLM's min_tokens; the
+    # sampler does not mask them, so such a token can appear in the output)
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, (int, float))
@@ -36,6 +39,10 @@ class SamplingParams:
             _check_number("max_tokens", self.max_tokens, (int,))
             if self.max_tokens < 1:
                 raise ValueError(f"SamplingParams.max_tokens must be >= 1 or None, got {self.max_tokens}")
+        _check_number("min_tokens", self.min_tokens, (int,))
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise ValueError(f"SamplingParams.min_tokens must be in [0, max_tokens={self.max_tokens}], "
+                             f"got {self.min_tokens}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         stop = tuple(self.stop_token_ids)

@@ -51,12 +51,22 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         """Queue a request, or raise ValueError naming what is wrong with it (nothing else changes)."""
-        cfg = self.config
         rid = request.request_id
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise ValueError(f"request {rid!r} was already scheduled once; submit a new Request")
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}: a request with this id is still unfinished")
+        request.max_tokens = self.check_fits(request)
+        self.requests[rid] = request
+        self.waiting.add_request(request)
+
+    def check_fits(self, request: Request) -> int:
+        """The request's max_tokens (None resolved), or ValueError if it can never be served here.
+
+        Reads only the configuration and the cache's size, so another thread may ask it (the HTTP
+        server answers 400 before a request reaches the loop)."""
+        cfg = self.config
+        rid = request.request_id
         prompt_len = request.num_prompt_tokens
         if prompt_len == 0:
             raise ValueError(f"request {rid!r} has an empty prompt: at least one token is needed")
@@ -80,9 +90,7 @@ class Scheduler:
                 f"request {rid!r} needs {blocks_needed} KV blocks ({prompt_len} prompt + {max_tokens} "
                 f"output tokens) but the whole cache has {self.block_manager.num_blocks}"
             )
-        request.max_tokens = max_tokens
-        self.requests[rid] = request
-        self.waiting.add_request(request)
+        return max_tokens
 
     def abort(self, request_id: str, now: float = 0.0) -> bool:
         """Finish a waiting or running request as ABORTED and free its blocks. False if unknown."""
@@ -202,10 +210,13 @@ class Scheduler:
         if num_output_tokens >= request.max_tokens:  # type: ignore[operator]  # add() resolved None
             return FinishReason.LENGTH
         if token == self.eos_token_id and not params.ignore_eos:
-            return FinishReason.EOS
-        if token in params.stop_token_ids:
-            return FinishReason.STOP
-        return None
+            reason = FinishReason.EOS
+        elif token in params.stop_token_ids:
+            reason = FinishReason.STOP
+        else:
+            return None
+        # vLLM's min_tokens: EOS and stop tokens do not end a request before it has that many outputs
+        return reason if num_output_tokens >= params.min_tokens else None
 
     # ---- for policies: the mechanism a batch is built with ----------------------------------
 

@@ -1,0 +1,198 @@
+"""The OpenAI-compatible routes (FastAPI) over a ServeCore.
+
+Errors answer in OpenAI's shape (protocol.error_body): 400 for a body that fails validation
+(naming the field), 404 for an unknown model, 503 when serve.max_queue requests are held. A client
+that disconnects has its request aborted: a stream's generator is closed by Starlette, a plain
+request's wait is cancelled by a watcher of the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.core.request import Request as CoreRequest
+from harness.serve.config import ServeConfig
+from harness.serve.core import QueueFull, ServeCore
+from harness.serve.generation import Generation
+from harness.serve.metrics import ServerMetrics
+from harness.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from harness.serve.text import TextCodec
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+@dataclass
+class Server:
+    core: ServeCore
+    codec: TextCodec
+    config: ServeConfig
+    model_name: str
+    eos_stop_ids: tuple[int, ...]  # the checkpoint's eos ids past the first (stop tokens, as LLM does)
+    metrics: ServerMetrics
+
+    def generation(self, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
+                   max_tokens: int | None) -> Generation:
+        if body.model != self.model_name:
+            raise BadRequest(f"model {body.model!r} is not served here; /v1/models lists {self.model_name!r}",
+                             "model", 404)
+        probe = CoreRequest("check", prompt_ids, body.sampling_params(max_tokens, ()))
+        try:
+            limit = self.core.scheduler.check_fits(probe)  # the scheduler's own admission rule
+        except ValueError as error:
+            raise BadRequest(str(error).replace("request 'check': ", ""), "prompt") from None
+        if max_tokens is None:
+            max_tokens = min(self.config.default_max_tokens, limit)
+        if body.min_tokens > max_tokens:
+            raise BadRequest(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
+        vocab = self.core.executor.info().vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise BadRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
+        gen = Generation(self.core, self.codec, self.metrics, prompt_ids,
+                         body.sampling_params(max_tokens, self.eos_stop_ids), body.stops)
+        try:
+            gen.submit()
+        except QueueFull as error:
+            raise BadRequest(str(error), None, 503) from None
+        return gen
+
+
+def create_app(server: Server) -> FastAPI:
+    app = FastAPI(title="serving-harness", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        field = ".".join(loc) or None
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if first.get("type") == "extra_forbidden":
+            message = f"unknown field {field!r}: this server does not accept it"
+        elif first.get("type") == "json_invalid":
+            message, field = f"the body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+        text = f"{field}: {message}" if field and not message.startswith("unknown field") else message
+        return JSONResponse(error_body(text, 400, field), status_code=400)
+
+    @app.exception_handler(BadRequest)
+    async def _bad(request: Request, error: BadRequest) -> JSONResponse:
+        kind = "service_unavailable" if error.status == 503 else "invalid_request_error"
+        return JSONResponse(error_body(str(error), error.status, error.param, kind), status_code=error.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not server.core.alive:
+            return JSONResponse(error_body(f"the core loop stopped: {server.core.error!r}", 500), status_code=500)
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
+                                            "owned_by": "serving-harness",
+                                            "max_model_len": server.core.scheduler.config.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/internal/state")
+    async def state() -> dict:
+        """What tests and the timing study read: held requests and blocks, lag percentiles."""
+        snap = server.core.snapshot
+        lags = sorted(server.core.lags)
+        pick = (lambda q: lags[min(int(q * len(lags)), len(lags) - 1)]) if lags else (lambda q: None)
+        return {"live": snap.live, "running": snap.running, "waiting": snap.waiting, "used_blocks": snap.used_blocks,
+                "lag_tokens": len(lags), "lag_p50_s": pick(0.5), "lag_p99_s": pick(0.99),
+                "lag_max_s": lags[-1] if lags else None}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        prompt = body.prompt if isinstance(body.prompt, list) else server.codec.encode(body.prompt)
+        gen = server.generation(body, prompt, body.max_tokens)
+        return await _respond(server, gen, body, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        prompt = server.codec.chat([{"role": m.role, "content": m.text()} for m in body.messages])
+        gen = server.generation(body, prompt, body.output_cap)
+        return await _respond(server, gen, body, request, chat=True)
+
+    return app
+
+
+async def _respond(server: Server, gen: Generation, body, request: Request, chat: bool) -> Response:
+    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{gen.request_id}", "created": int(time.time()),
+            "model": server.model_name}
+    if body.stream:
+        return StreamingResponse(_stream(gen, body, head, chat), media_type="text/event-stream")
+    text = await _unless_disconnected(gen.text(), request)
+    if text is None:
+        return Response(status_code=499)
+    choice: dict = {"index": 0, "finish_reason": gen.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    if body.return_token_ids:
+        choice["token_ids"] = gen.output_ids
+        choice["prompt_token_ids"] = gen.prompt_ids
+    obj = "chat.completion" if chat else "text_completion"
+    return JSONResponse({**head, "object": obj, "choices": [choice], "usage": gen.usage()})
+
+
+async def _unless_disconnected(work, request: Request) -> str | None:
+    """work's result, or None (work cancelled, which aborts the request) if the client goes away."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def _stream(gen: Generation, body, head: dict, chat: bool) -> AsyncIterator[str]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    usage_key = {"usage": None} if body.include_usage else {}
+
+    def chunk(delta: str | None, finish: str | None, extra: dict | None = None) -> str:
+        if chat:
+            choice: dict = {"index": 0, "delta": {} if delta is None else {"content": delta}}
+        else:
+            choice = {"index": 0, "text": delta or ""}
+        choice.update({"logprobs": None, "finish_reason": finish, **(extra or {})})
+        return f"data: {json.dumps({**head, 'object': obj, 'choices': [choice], **usage_key})}\n\n"
+
+    if chat:
+        first = {**head, "object": obj, **usage_key,
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}]}
+        yield f"data: {json.dumps(first)}\n\n"
+    pieces = gen.deltas()
+    try:
+        async for piece in pieces:
+            yield chunk(piece, None)
+    finally:
+        await pieces.aclose()  # a client gone mid-stream: the request is aborted now, not when collected
+    extra = {"token_ids": gen.output_ids} if body.return_token_ids else None
+    yield chunk(None if chat else "", gen.finish_reason, extra)
+    if body.include_usage:
+        yield f"data: {json.dumps({**head, 'object': obj, 'choices': [], 'usage': gen.usage()})}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,123 @@
+"""One request on the asyncio side: submitted to the core loop, its tokens turned into text deltas.
+
+Stop strings are the server's part, as in vLLM: the text is searched as it grows, and once a stop
+string appears the text before it is the answer and the request is aborted in the core (its
+blocks freed). While stop strings are set, the last (longest stop - 1) characters are held back so
+a stop string never leaks into a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from engine.core.request import FinishReason, Request
+from engine.core.sampling_params import SamplingParams
+from harness.serve.core import Delivery, ServeCore
+from harness.serve.metrics import ServerMetrics
+from harness.serve.text import TextCodec
+
+_OPENAI_REASON = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop", FinishReason.STOP: "stop",
+                  FinishReason.ABORTED: "abort"}
+
+
+@dataclass
+class Generation:
+    core: ServeCore
+    codec: TextCodec
+    metrics: ServerMetrics
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: list[str]
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    output_ids: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._decoder = self.codec.decoder()
+        self._text = ""  # decoded so far
+        self._sent = 0  # characters of _text already given out
+        self._holdback = max((len(s) for s in self.stops), default=1) - 1
+        self._arrival = time.perf_counter()
+        self._last_token: float | None = None
+        self._done = False
+
+    def submit(self) -> None:
+        """Hand the request to the core (QueueFull when serve.max_queue is reached)."""
+        request = Request(self.request_id, self.prompt_ids, self.params)
+        self.core.submit(request, self._receive)
+
+    def _receive(self, delivery: Delivery) -> None:
+        now = time.perf_counter()
+        metrics = self.metrics
+        metrics.lag.observe(max(now - delivery.due, 0.0))
+        n = len(delivery.token_ids)
+        if n:
+            if self._last_token is None:
+                metrics.ttft.observe(now - self._arrival)
+            else:
+                gap = (now - self._last_token) / n
+                for _ in range(n):
+                    metrics.itl.observe(gap)
+            self._last_token = now
+            metrics.generation_tokens.inc(n)
+        self._queue.put_nowait(delivery)
+
+    async def deltas(self) -> AsyncIterator[str]:
+        """Text as it comes; finish_reason is set when it ends. Aborts the request in the core if the
+        consumer goes away (a disconnected client) or a stop string ends it."""
+        try:
+            while not self._done:
+                delivery = await self._queue.get()
+                text = self._take(delivery)
+                if text:
+                    yield text
+        finally:
+            if not self._done:
+                self._done = True
+                self.finish_reason = "abort"
+                self.core.abort(self.request_id)
+
+    async def text(self) -> str:
+        return "".join([piece async for piece in self.deltas()])
+
+    def _take(self, delivery: Delivery) -> str:
+        self.output_ids.extend(delivery.token_ids)
+        self.cached_tokens = delivery.cached_tokens
+        self._text += self._decoder.add(delivery.token_ids)
+        end = len(self._text) - (0 if delivery.finish_reason else self._holdback)
+        hit = self._stop_hit()
+        if hit is not None:
+            self._text = self._text[:hit]
+            self._finish("stop", delivery)
+            self.core.abort(self.request_id)
+            end = hit
+        elif delivery.finish_reason is not None:
+            self._finish(_OPENAI_REASON[delivery.finish_reason], delivery)
+            end = len(self._text)
+        piece = self._text[self._sent:max(end, self._sent)]
+        self._sent += len(piece)
+        return piece
+
+    def _stop_hit(self) -> int | None:
+        if not self.stops:
+            return None
+        start = max(self._sent - self._holdback, 0)
+        found = [i for i in (self._text.find(s, start) for s in self.stops) if i >= 0]
+        return min(found) if found else None
+
+    def _finish(self, reason: str, delivery: Delivery) -> None:
+        self._done = True
+        self.finish_reason = reason
+        self.metrics.finished(len(self.prompt_ids), delivery.cached_tokens, len(self.output_ids), reason,
+                              time.perf_counter() - self._arrival)
+
+    def usage(self) -> dict[str, int]:
+        prompt, output = len(self.prompt_ids), len(self.output_ids)
+        usage = {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+        return usage

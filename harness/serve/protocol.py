@@ -1,0 +1,124 @@
+"""The OpenAI request bodies the server accepts (pydantic), and the error body it answers with.
+
+Unknown fields are refused (extra="forbid") rather than ignored as vLLM does, so a client that
+asks for something the server would not do hears about it. Fields the OpenAI API has but this
+server cannot honour (n > 1, logprobs, penalties) are refused by name unless they hold the value
+that changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.core.sampling_params import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1  # vLLM: -1 or 0 disable it
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    n: int = 1
+    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: Any = None
+    return_token_ids: bool = False  # vLLM: the prompt's and the output's token ids in the response
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"only n=1 is supported (one choice per request), got {n}")
+        return n
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k: int) -> int:
+        if top_k < -1:
+            raise ValueError(f"must be -1 or 0 (disabled) or >= 1, got {top_k}")
+        return top_k
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> _Sampling:
+        neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": None}
+        for name, value in neutral.items():
+            if getattr(self, name) not in (value, False):
+                raise ValueError(f"{name} is not supported by this server (only {value!r})")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int | None, extra_stop_ids: tuple[int, ...]) -> SamplingParams:
+        stop_ids = tuple(self.stop_token_ids or ())
+        if not self.ignore_eos:
+            stop_ids += tuple(t for t in extra_stop_ids if t not in stop_ids)
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k if self.top_k > 0 else -1,
+                              top_p=self.top_p, max_tokens=max_tokens, ignore_eos=self.ignore_eos,
+                              stop_token_ids=stop_ids, seed=self.seed, min_tokens=self.min_tokens)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] = Field(min_length=1)
+    echo: Literal[False] = False
+    suffix: None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @property
+    def output_cap(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def error_body(message: str, status: int, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+    """OpenAI's error shape, which its client raises as the status's APIStatusError."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -1,0 +1,38 @@
+"""The engine-backed server on the tiny CPU model gives LLM.generate's greedy tokens."""
+
+from __future__ import annotations
+
+import httpx
+
+from engine.core.sampling_params import SamplingParams
+from engine.llm import LLM
+from tests.harness.serve.conftest import start_server
+
+PROMPT = "The scheduler pauses a request"
+
+
+def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint):
+    llm = LLM(str(tiny_checkpoint), device="cpu", max_model_len=256, block_size=16, num_blocks=64)
+    want = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)[0]
+    llm.shutdown()
+    server = start_server(["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
+                           f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
+                           "cache.num_blocks=64"])
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/completions"
+        model = httpx.get(f"http://127.0.0.1:{server.port}/v1/models").json()["data"][0]["id"]
+        assert model == tiny_checkpoint.name  # the checkpoint folder's name
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+        plain = httpx.post(url, json=body, timeout=60).json()
+        assert plain["choices"][0]["token_ids"] == want.token_ids
+        assert plain["choices"][0]["text"] == want.text
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+        import json
+
+        chunks = [json.loads(line[6:]) for line in lines]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == want.text
+        assert chunks[-1]["choices"][0]["token_ids"] == want.token_ids
+    finally:
+        outcome = server.stop()
+    assert len(outcome.requests) == 2 and list(outcome.requests["output_tokens"]) == [len(want.token_ids)] * 2

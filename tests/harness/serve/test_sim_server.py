@@ -1,0 +1,138 @@
+"""The simulator-backed server driven by the official openai client and by raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness.serve.conftest import SIM, start_server
+
+MODEL = "qwen3-8b"
+
+
+def client(port: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+
+def metrics(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_completions_and_chat_streaming_and_not(sim_server):
+    c = client(sim_server.port)
+    assert [m.id for m in c.models.list().data] == [MODEL]
+    out = c.completions.create(model=MODEL, prompt="The sea is wide", max_tokens=7, temperature=0)
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 7
+    assert out.choices[0].text.strip()
+    chunks = list(c.completions.create(model=MODEL, prompt="The sea is wide", max_tokens=7, stream=True,
+                                       stream_options={"include_usage": True}))
+    # the simulator's tokens hash the request id: same count, other words (one word per token)
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert len(streamed.split()) == 7 == len(out.choices[0].text.split())
+    assert chunks[-1].usage.completion_tokens == 7 and chunks[-1].usage.prompt_tokens == out.usage.prompt_tokens
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 4
+    stream = list(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=4, stream=True, stream_options={"include_usage": True}))
+    assert len("".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices).split()) == 4
+    assert stream[-1].usage.total_tokens == chat.usage.total_tokens
+    # stop strings end the text before them; min_tokens/ignore_eos/top_k/seed are accepted
+    cut = c.completions.create(model=MODEL, prompt="The sea is wide", max_tokens=200, stop=["e", "zz"],
+                               extra_body={"ignore_eos": True, "min_tokens": 2, "top_k": 5}, seed=1)
+    assert cut.choices[0].finish_reason == "stop" and "e" not in cut.choices[0].text
+    assert cut.usage.completion_tokens < 200
+
+
+def test_concurrent_streams_all_finish(sim_server):
+    async def main() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{sim_server.port}/v1", api_key="none", max_retries=0)
+
+        async def one(i: int) -> int:
+            n = 0
+            async for chunk in await c.completions.create(model=MODEL, prompt=f"request {i}", max_tokens=5 + i % 7,
+                                                          stream=True, stream_options={"include_usage": True}):
+                if chunk.usage:
+                    n = chunk.usage.completion_tokens
+            return n
+
+        return await asyncio.gather(*(one(i) for i in range(40)))
+
+    assert asyncio.run(main()) == [5 + i % 7 for i in range(40)]
+    outcome = sim_server.stop()
+    assert len(outcome.requests) == 40 and (outcome.requests["finish_reason"] == "length").all()
+    assert outcome.summary.num_requests == 40 and len(outcome.steps) > 0
+
+
+def test_disconnect_mid_stream_frees_request_and_blocks(sim_server):
+    port = sim_server.port
+    body = {"model": MODEL, "prompt": "a long answer please", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in got)
+        assert metrics(port)["harness:num_requests_live"] == 1
+    for _ in range(200):  # the abort reaches the loop thread between steps
+        state = httpx.get(f"http://127.0.0.1:{port}/internal/state").json()
+        if state["live"] == 0:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert state["live"] == 0 and state["used_blocks"] == 0 and state["running"] == 0
+    values = metrics(port)
+    assert values["vllm:num_requests_running"] == 0 and values["vllm:kv_cache_usage_perc"] == 0
+    outcome = sim_server.stop()
+    assert list(outcome.requests["finish_reason"]) == ["aborted"]
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ('{"model": "qwen3-8b", "prompt": ', 400, "not valid JSON"),
+    ('{"model": "qwen3-8b", "prompt": "x", "frobnicate": 1}', 400, "unknown field 'frobnicate'"),
+    ('{"model": "qwen3-8b", "prompt": "x", "n": 2}', 400, "n=1"),
+    ('{"model": "qwen3-8b", "prompt": "x", "temperature": -1}', 400, "temperature"),
+    ('{"model": "qwen3-8b", "prompt": "x", "max_tokens": 5000}', 400, "max_model_len"),
+    ('{"model": "qwen3-8b", "prompt": "' + "word " * 5000 + '"}', 400, "max_model_len"),
+    ('{"model": "other", "prompt": "x"}', 404, "not served here"),
+])
+def test_bad_requests_answer_4xx_and_the_server_goes_on(sim_server, body, status, words):
+    url = f"http://127.0.0.1:{sim_server.port}/v1/completions"
+    response = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    assert words in response.json()["error"]["message"]
+    ok = httpx.post(url, json={"model": MODEL, "prompt": "still here", "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_openai_client_raises_on_bad_request(sim_server):
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        client(sim_server.port).completions.create(model=MODEL, prompt="x", n=2)
+
+
+def test_full_queue_answers_503():
+    server = start_server([*SIM, "serve.time_scale=1", "serve.max_queue=2"])
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/completions"
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url, json=body, timeout=30) as first, \
+                httpx.stream("POST", url, json=body, timeout=30) as second:
+            assert first.status_code == second.status_code == 200
+            third = httpx.post(url, json={**body, "stream": False})
+            assert third.status_code == 503 and "max_queue=2" in third.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_metrics_parse_with_vllm_names(sim_server):
+    client(sim_server.port).completions.create(model=MODEL, prompt="count me", max_tokens=4)
+    values = metrics(sim_server.port)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                 "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "harness:token_release_lag_seconds_count"):
+        assert name in values, name
+    assert values["vllm:time_to_first_token_seconds_count"] == 1
+    assert values["vllm:inter_token_latency_seconds_count"] == 3
+    assert values["vllm:generation_tokens_total"] == 4
