@@ -235,7 +235,8 @@ def _experts(cfg: Mapping[str, Any], switches: tuple[str, ...]) -> dict[str, Any
     if "num_experts" not in switches:
         return {}
     return dict(
-        num_experts=int(cfg.get("num_experts") or 0),
+        # transformers 5's PretrainedConfig.to_dict spells it num_local_experts (an attribute_map alias)
+        num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
         decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
@@ -269,6 +270,19 @@ def _qwen3(name: str, layers: int, hidden: int, heads: int, intermediate: int, t
     )
 
 
+def _qwen3_moe(name: str, hf_name: str, layers: int, hidden: int, heads: int, intermediate: int,
+               moe_intermediate: int) -> ModelShape:
+    # Qwen's published config.json of the mixtures of experts: 128 experts, 8 per token, every
+    # layer sparse, the top-8 weights renormalised.
+    return ModelShape(
+        name=name, model_type="qwen3_moe", num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=4,
+        head_dim=128, intermediate_size=intermediate, vocab_size=151936, tie_word_embeddings=False,
+        dtype="bfloat16", max_position_embeddings=40960, rope_theta=1_000_000.0, num_experts=128,
+        num_experts_per_tok=8, moe_intermediate_size=moe_intermediate, decoder_sparse_step=1, mlp_only_layers=(),
+        norm_topk_prob=True, source=f"https://huggingface.co/Qwen/{hf_name}/blob/main/config.json",
+    )
+
+
 def _tiny(name: str, model_type: str, **overrides: Any) -> ModelShape:
     # Two layers over the project's tokenizer, in float32 so CPU runs are exact.
     base: dict[str, Any] = dict(
@@ -286,6 +300,8 @@ MODEL_SHAPES: dict[str, ModelShape] = {
         _qwen3("qwen3-4b", 36, 2560, 32, 9728, tied=True),
         _qwen3("qwen3-8b", 36, 4096, 32, 12288, tied=False),
         _qwen3("qwen3-32b", 64, 5120, 64, 25600, tied=False),
+        _qwen3_moe("qwen3-30b-a3b", "Qwen3-30B-A3B", 48, 2048, 32, 6144, 768),
+        _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", 94, 4096, 64, 12288, 1536),
         # Tied embeddings and q/k norm, like Qwen3-0.6B.
         _tiny("tiny-qwen3", "qwen3", tie_word_embeddings=True),
         # Qwen2: bias on q/k/v, no q/k norm; untied so both head layouts are exercised.
@@ -293,6 +309,10 @@ MODEL_SHAPES: dict[str, ModelShape] = {
         # Llama 3 style: no biases, no q/k norm, its own theta and eps.
         _tiny("tiny-llama", "llama", tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
               num_heads=8, head_dim=8),
+        # Qwen3-MoE: layer 0 keeps the dense MLP (mlp_only_layers), layers 1 and 2 route each token
+        # to 2 of 8 experts; untied, like Qwen3-30B-A3B.
+        _tiny("tiny-qwen3-moe", "qwen3_moe", num_layers=3, tie_word_embeddings=False, num_experts=8,
+              num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=(0,)),
     )
 }
 
