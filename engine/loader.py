@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import get_attention_backend
+from engine.dummy import init_dummy_weights
 from engine.layers.linear import ShardId
 from engine.layers.parallel import Collective, FusedReduceNorm, TensorParallel
 from engine.models import DecoderForCausalLM, build_model
@@ -62,13 +63,15 @@ def load_model(
     all_reduce: Collective | None = None,
     all_gather: Collective | None = None,
     fused_reduce_norm: FusedReduceNorm | None = None,
+    load_format: str = "auto",
 ) -> tuple[DecoderForCausalLM, Any]:
     """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
 
     dtype None or "auto" takes the config's torch_dtype; attention_backend is a registry name
     ("auto", "torch", "triton", "flash_attn") or a backend object. For tp_size > 1 the model
     holds rank tp_rank's shard and all_reduce/all_gather combine ranks (fused_reduce_norm, where
-    the group has one, sums and normalises in one launch).
+    the group has one, sums and normalises in one launch). load_format "dummy" reads only the
+    folder's config.json and fills the weights at random on the device (engine.dummy).
     """
     from transformers import AutoConfig  # heavy import, only needed here
 
@@ -85,7 +88,12 @@ def load_model(
         attention_backend = get_attention_backend(attention_backend, device)
     tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather, fused_reduce_norm)
     model = build_model(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
-    load_weights(model, root)
+    if load_format == "dummy":
+        init_dummy_weights(model)
+    elif load_format == "auto":
+        load_weights(model, root)
+    else:
+        raise ValueError(f"load_format must be one of ('auto', 'dummy'), got {load_format!r}")
     return model.eval(), hf_config
 
 
