@@ -112,7 +112,9 @@ def _move_into_place(partial: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_files(out: Path, config: dict[str, Any], dtype_name: str, seed: int, max_shard_bytes: int) -> None:
+def write_model_files(out: Path, config: dict[str, Any], dtype_name: str) -> None:
+    """Everything of a checkpoint but its weights: config.json, generation_config.json, the tokenizer
+    (also what load_format=dummy serves a preset from, engine.dummy)."""
     tokenizer = build_tokenizer()
     ids = special_token_ids(tokenizer)
     config.update(torch_dtype=dtype_name, bos_token_id=ids[ENDOFTEXT], eos_token_id=ids[IM_END])
@@ -122,6 +124,10 @@ def _write_files(out: Path, config: dict[str, Any], dtype_name: str, seed: int, 
         {"bos_token_id": ids[ENDOFTEXT], "eos_token_id": [ids[IM_END], ids[ENDOFTEXT]], "pad_token_id": ids[ENDOFTEXT]},
     )
     save_tokenizer(tokenizer, out, model_max_length=config["max_position_embeddings"])
+
+
+def _write_files(out: Path, config: dict[str, Any], dtype_name: str, seed: int, max_shard_bytes: int) -> None:
+    write_model_files(out, config, dtype_name)
     specs = hf_tensor_shapes(ModelShape.from_hf_config(config))
     torch_dtype, _ = _DTYPES[dtype_name]
     elem = torch_dtype.itemsize

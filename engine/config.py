@@ -16,6 +16,7 @@ from engine.core.config import ExecutionConfig
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 FUSED_KERNELS = ("off", "triton")
+LOAD_FORMATS = ("auto", "dummy")  # engine.dummy
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class EngineConfig:
     balanced_decode: decode steps cut long contexts into pieces of the batch's mean context for the
         Triton decode kernel (kernels.decode_split), so that a ragged batch costs what an even one
         of the same total does; False cuts every sequence into the same number of pieces.
+    load_format: "auto" reads the safetensors weights of the model folder; "dummy" makes random weights
+        of the model's shape on the device instead (engine.dummy): model may then be a preset name of
+        engine.core.model_shapes.MODEL_SHAPES, and no checkpoint is read or written.
     execution: CUDA graphs, async scheduling (None: on with CUDA, at any tensor_parallel_size),
         tensor parallelism, seed, memory utilisation (engine.core.config.ExecutionConfig).
     """
@@ -46,15 +50,18 @@ class EngineConfig:
     attention_backend: str = "auto"
     fused_kernels: str = "triton"
     balanced_decode: bool = True
+    load_format: str = "auto"
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"EngineConfig.model must be a non-empty path string, got {self.model!r}")
+            raise ValueError(f"EngineConfig.model must be a non-empty path string (or, with load_format='dummy', "
+                             f"a preset name), got {self.model!r}")
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("fused_kernels", self.fused_kernels, FUSED_KERNELS)
+        _check_choice("load_format", self.load_format, LOAD_FORMATS)
         if not isinstance(self.balanced_decode, bool):
             raise TypeError(f"EngineConfig.balanced_decode must be a bool, got {type(self.balanced_decode).__name__}")
         if not isinstance(self.execution, ExecutionConfig):

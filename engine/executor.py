@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan, StepResult
+from engine.dummy import dummy_model_folder
 from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.kv_sizing import kv_cache_torch_dtype
 from engine.rank import build_runner, engine_dtype
@@ -114,6 +116,8 @@ def describe_device(device: torch.device, dtype: torch.dtype) -> str:
 class EngineExecutor:
     def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig) -> None:
+        if engine_config.load_format == "dummy":  # a preset name becomes a weightless model folder
+            engine_config = replace(engine_config, model=dummy_model_folder(engine_config.model, self))
         check_max_model_len(engine_config, scheduler_config)
         self.config = engine_config
         self.runner: ModelRunner | None = None

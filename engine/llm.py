@@ -20,9 +20,11 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from engine.core.loop import RunResult, StepRecord, WallClock, run
+from engine.core.model_shapes import ModelShape
 from engine.core.policies import make_scheduler
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
+from engine.dummy import dummy_model_folder
 from engine.executor import EngineExecutor, max_position_embeddings
 from engine.outputs import RequestOutput, ThroughputMeter
 
@@ -55,8 +57,13 @@ class LLM:
     max_num_batched_tokens.
     """
 
-    def __init__(self, model: str | Path, **kwargs: Any) -> None:
+    def __init__(self, model: str | Path | ModelShape, **kwargs: Any) -> None:
         engine_kw, execution_kw, scheduler_kw, cache_kw = split_kwargs(kwargs)
+        if engine_kw.get("load_format") == "dummy":  # a preset name or a ModelShape: random weights
+            model = dummy_model_folder(model, self)
+        elif isinstance(model, ModelShape):
+            raise ValueError("LLM(ModelShape) needs load_format='dummy' (random weights); "
+                             "otherwise pass a checkpoint folder")
         model = str(model)
         max_positions = max_position_embeddings(model)
         # a larger explicit max_model_len is refused by EngineExecutor, for every caller

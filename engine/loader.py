@@ -22,6 +22,8 @@ from safetensors import SafetensorError, safe_open
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import get_attention_backend
+from engine.dummy import init_dummy_weights
+from engine.layers.linear import ShardId
 from engine.layers.parallel import Collective, FusedReduceNorm, TensorParallel
 from engine.models import DecoderForCausalLM, build_model
 
@@ -61,13 +63,15 @@ def load_model(
     all_reduce: Collective | None = None,
     all_gather: Collective | None = None,
     fused_reduce_norm: FusedReduceNorm | None = None,
+    load_format: str = "auto",
 ) -> tuple[DecoderForCausalLM, Any]:
     """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
 
     dtype None or "auto" takes the config's torch_dtype; attention_backend is a registry name
     ("auto", "torch", "triton", "flash_attn") or a backend object. For tp_size > 1 the model
     holds rank tp_rank's shard and all_reduce/all_gather combine ranks (fused_reduce_norm, where
-    the group has one, sums and normalises in one launch).
+    the group has one, sums and normalises in one launch). load_format "dummy" reads only the
+    folder's config.json and fills the weights at random on the device (engine.dummy).
     """
     from transformers import AutoConfig  # heavy import, only needed here
 
@@ -84,7 +88,12 @@ def load_model(
         attention_backend = get_attention_backend(attention_backend, device)
     tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather, fused_reduce_norm)
     model = build_model(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
-    load_weights(model, root)
+    if load_format == "dummy":
+        init_dummy_weights(model)
+    elif load_format == "auto":
+        load_weights(model, root)
+    else:
+        raise ValueError(f"load_format must be one of ('auto', 'dummy'), got {load_format!r}")
     return model.eval(), hf_config
 
 
@@ -103,30 +112,20 @@ def _weight_files(root: Path) -> list[Path]:
     return files
 
 
-def _target(model: DecoderForCausalLM, hf_name: str) -> tuple[str, str | int | None]:
-    """HF tensor name -> (our parameter name, shard id)."""
-    parts = hf_name.split(".")
-    for i, part in enumerate(parts):
-        if part in model.packed_modules_mapping:
-            fused, shard_id = model.packed_modules_mapping[part]
-            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard_id
-    return hf_name, None
-
-
 def load_weights(model: DecoderForCausalLM, root: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.shape.tie_word_embeddings
     # Which (parameter, shard) pairs must be filled: one per HF tensor the model consumes.
-    expected: dict[tuple[str, str | int | None], str] = {}
+    expected: dict[tuple[str, ShardId], str] = {}
     for name, _ in model.named_parameters():  # deduplicated: a tied head is the embedding
-        for hf_name in _hf_names(model, name):
-            expected[_target(model, hf_name)] = hf_name
-    seen: set[tuple[str, str | int | None]] = set()
+        for hf_name in model.checkpoint_names(name):
+            expected[model.checkpoint_target(hf_name)] = hf_name
+    seen: set[tuple[str, ShardId]] = set()
     for path in _weight_files(root):
         for hf_name, tensor in _tensors(path):
             if hf_name.endswith(_IGNORED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
                 continue
-            key = _target(model, hf_name)
+            key = model.checkpoint_target(hf_name)
             if key[0] not in params:
                 raise CheckpointError(f"{path}: unexpected tensor {hf_name!r} (no such parameter in the model)")
             param = params[key[0]]
@@ -135,6 +134,8 @@ def load_weights(model: DecoderForCausalLM, root: Path) -> None:
             except ValueError as e:
                 raise CheckpointError(f"{path}: tensor {hf_name!r}: {e}") from None
             seen.add(key)
+            if key[1] is None:  # a whole-parameter tensor (packed experts) fills every shard of it
+                seen.update(k for k in expected if k[0] == key[0])
     missing = sorted(hf for key, hf in expected.items() if key not in seen)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -155,13 +156,3 @@ def _tensors(path: Path):
                 yield name, read
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
-
-
-def _hf_names(model: DecoderForCausalLM, param_name: str) -> list[str]:
-    """Inverse of _target: the HF tensors that together fill one of our parameters."""
-    names = [
-        param_name.replace(f".{fused}.", f".{hf}.")
-        for hf, (fused, _) in model.packed_modules_mapping.items()
-        if f".{fused}." in param_name
-    ]
-    return names or [param_name]

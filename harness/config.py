@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from engine.core import CacheConfig, ExecutionConfig, SchedulerConfig
 from harness.backends import BACKENDS
-from harness.checkpoints import default_checkpoint_dir
+from harness.checkpoints import default_checkpoint_dir, preset_for
 from harness.convert import ConfigError, to_dataclass
 from harness.paths import CONF_DIR, REPO_ROOT
 from harness.workloads import WorkloadConfig
@@ -150,7 +150,9 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     else:
         from engine.config import EngineConfig
 
-        if backend.get("model") is None:
+        if backend.get("model") is None and backend.get("load_format") == "dummy":
+            backend["model"] = preset_for(model_spec(section(cfg, "model")))  # engine.dummy: no folder
+        elif backend.get("model") is None:
             backend["model"] = str(default_checkpoint_dir(model_spec(section(cfg, "model"))))
         elif isinstance(backend["model"], str):
             backend["model"] = str(_resolve_path(backend["model"]))

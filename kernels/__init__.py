@@ -16,6 +16,9 @@ Fused elementwise kernels and sampling (`EngineConfig.fused_kernels="triton"`, C
 - `kernels.rotary`: Qwen3's per-head q/k RMSNorm and the rotary embedding, in place.
 - `kernels.sampling`: Gumbel-max sampling of a logits batch in one pass (temperature, cutoff,
   counter-hash noise shared with `engine/sampler_noise.py`).
+- `kernels.fused_moe`: mixture of experts, tokens grouped by expert, two grouped GEMMs (gate/up with
+  SiLU-and-mul fused, down with the router weight), the top-k sum; `kernels.moe_reference` holds the
+  router, the CPU grouped path and the float32 per-token reference.
 - `kernels.elementwise_reference`: float32 torch versions of rmsnorm, activation and rotary.
 
 `kernels.validation` holds the host-side argument checks the wrappers share.

@@ -36,6 +36,7 @@ class Architecture:
     qk_norm: bool  # an RMSNorm over each head of q and of k, before the rotation
     fixed_qkv_bias: bool  # q/k/v always carry a bias and o never does; no attention_bias switch
     config_keys: tuple[str, ...]  # the optional config.json keys its Hugging Face config class has
+    moe: bool = False  # its layers may route tokens to experts (ModelShape.num_experts > 0)
 
 
 # Every architecture, by Hugging Face model_type. A new one is a module defining its class (see
@@ -45,6 +46,11 @@ _QWEN_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers")
 ARCHITECTURES.add("qwen3", Architecture(
     "Qwen3ForCausalLM", "engine.models.qwen3", qk_norm=True, fixed_qkv_bias=False,
     config_keys=(*_QWEN_WINDOW, "attention_bias", "attention_dropout", "rope_scaling")))
+_MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+             "mlp_only_layers", "norm_topk_prob")
+ARCHITECTURES.add("qwen3_moe", Architecture(
+    "Qwen3MoeForCausalLM", "engine.models.qwen3_moe", qk_norm=True, fixed_qkv_bias=False,
+    config_keys=(*_QWEN_WINDOW, "attention_bias", "attention_dropout", "rope_scaling", *_MOE_KEYS), moe=True))
 ARCHITECTURES.add("qwen2", Architecture(
     "Qwen2ForCausalLM", "engine.models.qwen2", qk_norm=False, fixed_qkv_bias=True, config_keys=_QWEN_WINDOW))
 ARCHITECTURES.add("llama", Architecture(
@@ -95,6 +101,16 @@ class ModelShape:
     rms_norm_eps: float = 1e-6
     attention_bias: bool = False  # q, k, v and o carry a bias (families with that switch)
     mlp_bias: bool = False  # gate, up and down carry a bias (families with that switch)
+    # Mixture of experts (Hugging Face's Qwen3-MoE names). num_experts 0 is a dense model. Layer i
+    # routes each token to num_experts_per_tok of num_experts SwiGLU experts of width
+    # moe_intermediate_size when (i + 1) % decoder_sparse_step == 0 and i is not in
+    # mlp_only_layers; other layers keep the dense MLP of width intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = True  # renormalise the chosen experts' router weights to sum to 1
     source: str = field(default="", compare=False)  # where the numbers come from
 
     def __post_init__(self) -> None:
@@ -113,6 +129,43 @@ class ModelShape:
         for switch in ("attention_bias", "mlp_bias"):
             if getattr(self, switch) and switch not in self.architecture.config_keys:
                 raise ValueError(f"{owner}.{switch}: a {self.model_type} model has no such switch; expected false")
+        self._check_experts(owner)
+
+    def _check_experts(self, owner: str) -> None:
+        layers: object = self.mlp_only_layers
+        if isinstance(layers, list):  # a YAML list; the field is a tuple
+            object.__setattr__(self, "mlp_only_layers", tuple(layers))
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{owner}.{name} must be an int >= 0, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"{owner}.num_experts_per_tok ({self.num_experts_per_tok}) must not exceed "
+                             f"num_experts ({self.num_experts})")
+        if not self.num_experts:
+            return
+        if self.num_experts and not self.architecture.moe:
+            raise ValueError(f"{owner}.num_experts: a {self.model_type} model has no experts; expected 0 "
+                             f"(mixture-of-experts types: {[n for n, a in ARCHITECTURES.items() if a.moe]})")
+        check_positive(owner, "num_experts_per_tok", self.num_experts_per_tok, (int,))
+        check_positive(owner, "moe_intermediate_size", self.moe_intermediate_size, (int,))
+        check_positive(owner, "decoder_sparse_step", self.decoder_sparse_step, (int,))
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+        if outside:
+            raise ValueError(f"{owner}.mlp_only_layers {outside} are not layers of a {self.num_layers}-layer model")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) routes tokens to experts (Qwen3-MoE's rule)."""
+        return (self.is_moe and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
     @property
     def architecture(self) -> Architecture:
@@ -173,7 +226,23 @@ class ModelShape:
             rms_norm_eps=float(cfg.get("rms_norm_eps") or _default("rms_norm_eps")),
             attention_bias="attention_bias" in switches and bool(cfg.get("attention_bias", False)),
             mlp_bias="mlp_bias" in switches and bool(cfg.get("mlp_bias", False)),
+            **_experts(cfg, switches),
         )
+
+
+def _experts(cfg: Mapping[str, Any], switches: tuple[str, ...]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a config.json whose family has them (none for dense ones)."""
+    if "num_experts" not in switches:
+        return {}
+    return dict(
+        # transformers 5's PretrainedConfig.to_dict spells it num_local_experts (an attribute_map alias)
+        num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", _default("norm_topk_prob"))),
+    )
 
 
 def _default(name: str) -> Any:
@@ -201,6 +270,19 @@ def _qwen3(name: str, layers: int, hidden: int, heads: int, intermediate: int, t
     )
 
 
+def _qwen3_moe(name: str, hf_name: str, layers: int, hidden: int, heads: int, intermediate: int,
+               moe_intermediate: int) -> ModelShape:
+    # Qwen's published config.json of the mixtures of experts: 128 experts, 8 per token, every
+    # layer sparse, the top-8 weights renormalised.
+    return ModelShape(
+        name=name, model_type="qwen3_moe", num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=4,
+        head_dim=128, intermediate_size=intermediate, vocab_size=151936, tie_word_embeddings=False,
+        dtype="bfloat16", max_position_embeddings=40960, rope_theta=1_000_000.0, num_experts=128,
+        num_experts_per_tok=8, moe_intermediate_size=moe_intermediate, decoder_sparse_step=1, mlp_only_layers=(),
+        norm_topk_prob=True, source=f"https://huggingface.co/Qwen/{hf_name}/blob/main/config.json",
+    )
+
+
 def _tiny(name: str, model_type: str, **overrides: Any) -> ModelShape:
     # Two layers over the project's tokenizer, in float32 so CPU runs are exact.
     base: dict[str, Any] = dict(
@@ -218,6 +300,8 @@ MODEL_SHAPES: dict[str, ModelShape] = {
         _qwen3("qwen3-4b", 36, 2560, 32, 9728, tied=True),
         _qwen3("qwen3-8b", 36, 4096, 32, 12288, tied=False),
         _qwen3("qwen3-32b", 64, 5120, 64, 25600, tied=False),
+        _qwen3_moe("qwen3-30b-a3b", "Qwen3-30B-A3B", 48, 2048, 32, 6144, 768),
+        _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", 94, 4096, 64, 12288, 1536),
         # Tied embeddings and q/k norm, like Qwen3-0.6B.
         _tiny("tiny-qwen3", "qwen3", tie_word_embeddings=True),
         # Qwen2: bias on q/k/v, no q/k norm; untied so both head layouts are exercised.
@@ -225,6 +309,10 @@ MODEL_SHAPES: dict[str, ModelShape] = {
         # Llama 3 style: no biases, no q/k norm, its own theta and eps.
         _tiny("tiny-llama", "llama", tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
               num_heads=8, head_dim=8),
+        # Qwen3-MoE: layer 0 keeps the dense MLP (mlp_only_layers), layers 1 and 2 route each token
+        # to 2 of 8 experts; untied, like Qwen3-30B-A3B.
+        _tiny("tiny-qwen3-moe", "qwen3_moe", num_layers=3, tie_word_embeddings=False, num_experts=8,
+              num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=(0,)),
     )
 }
 

@@ -1,6 +1,6 @@
 """Which elementwise kernels the decoder layers run: their own torch ops (the reference, and what a
 layer runs until set_fused_kernels says otherwise) or the fused Triton kernels of kernels/
-(rmsnorm, activation, rotary).
+(rmsnorm, activation, rotary, fused_moe).
 
 A layer that can use a fused kernel holds `fused_kernels`: None for the torch path, or a
 FusedKernels whose `applies(x)` says whether this input may take the fused path (CUDA tensors;
@@ -27,6 +27,7 @@ class FusedKernels:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # kernels.activation.silu_and_mul
     qk_norm_rope_: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # kernels.rotary.qk_norm_rope_
     allow_cpu: bool = False
+    fused_moe: Callable[..., torch.Tensor] | None = None  # kernels.fused_moe.fused_moe
 
     def applies(self, x: torch.Tensor) -> bool:
         return x.is_cuda or self.allow_cpu
@@ -44,10 +45,11 @@ def _load_fused_kernels(mode: str, allow_cpu: bool) -> FusedKernels | None:
         return None
     # Triton is imported only here: CPU-only installs without it never reach this line.
     from kernels.activation import silu_and_mul
+    from kernels.fused_moe import fused_moe
     from kernels.rmsnorm import add_rms_norm, rms_norm
     from kernels.rotary import qk_norm_rope_
 
-    return FusedKernels(rms_norm, add_rms_norm, silu_and_mul, qk_norm_rope_, allow_cpu)
+    return FusedKernels(rms_norm, add_rms_norm, silu_and_mul, qk_norm_rope_, allow_cpu, fused_moe)
 
 
 def set_fused_kernels(model: nn.Module, mode: str, device: torch.device | str, allow_cpu: bool = False) -> int:

@@ -16,7 +16,7 @@ from torch import nn
 
 from engine.layers.parallel import TensorParallel
 
-ShardId = str | int | None
+ShardId = str | int | tuple[int, int] | None  # tuple: (expert, gate 0 | up 1) of stacked experts
 
 
 def check_shape(param: torch.Tensor, expected: tuple[int, ...], loaded: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ sequence each token belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,7 +24,13 @@ from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.fused import UsesFusedKernels, set_fused_kernels
-from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, default_weight_loader
+from engine.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    ShardId,
+    default_weight_loader,
+)
 from engine.layers.norm import RMSNorm
 from engine.layers.parallel import TensorParallel
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
@@ -81,12 +87,12 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, shape: ModelShape, backend: AttentionBackend, tp: TensorParallel):
+    def __init__(self, shape: ModelShape, backend: AttentionBackend, tp: TensorParallel, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.self_attn = DecoderAttention(shape, backend, tp)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.mlp = DecoderMLP(shape, tp)
+        self.mlp = mlp  # DecoderMLP, or a mixture of experts (engine.models.qwen3_moe)
         # with tensor parallelism the projections' partial sums are reduced by the norm after them
         self.partial_of = tp if tp.defers_reduce else None
 
@@ -102,11 +108,15 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+MLPFactory = Callable[[ModelShape, int, TensorParallel], nn.Module]
+
+
 class DecoderModel(nn.Module):
-    def __init__(self, shape: ModelShape, backend: AttentionBackend, tp: TensorParallel):
+    def __init__(self, shape: ModelShape, backend: AttentionBackend, tp: TensorParallel, make_mlp: MLPFactory):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(shape.vocab_size, shape.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(shape, backend, tp) for _ in range(shape.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(shape, backend, tp, make_mlp(shape, i, tp))
+                                    for i in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
 
@@ -141,7 +151,7 @@ class DecoderForCausalLM(nn.Module):
                              f"(that is {shape.architecture.hf_class}); build it with engine.models.build_model")
         self.tp = tp = tp or TensorParallel()
         with torch.device("meta"):
-            self.model = DecoderModel(shape, attention_backend, tp)
+            self.model = DecoderModel(shape, attention_backend, tp, self.build_mlp)
             self.lm_head = ParallelLMHead(shape.vocab_size, shape.hidden_size, tp)
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -152,6 +162,28 @@ class DecoderForCausalLM(nn.Module):
         self.rotary_emb = RotaryEmbedding(shape.head_dim, shape.max_position_embeddings, shape.rope_theta, device)
         first = self.model.layers[0].self_attn
         self.num_layers, self.num_kv_heads, self.head_dim = shape.num_layers, first.num_kv_heads, shape.head_dim
+
+    def build_mlp(self, shape: ModelShape, layer: int, tp: TensorParallel) -> nn.Module:
+        """The feed-forward block of layer `layer`; an architecture with experts overrides this."""
+        return DecoderMLP(shape, tp)
+
+    def checkpoint_target(self, hf_name: str) -> tuple[str, ShardId]:
+        """Hugging Face tensor name -> (the parameter it fills, shard id for that parameter's loader)."""
+        parts = hf_name.split(".")
+        for i, part in enumerate(parts):
+            if part in self.packed_modules_mapping:
+                fused, shard_id = self.packed_modules_mapping[part]
+                return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard_id
+        return hf_name, None
+
+    def checkpoint_names(self, param_name: str) -> list[str]:
+        """Inverse of checkpoint_target: the Hugging Face tensors that together fill one parameter."""
+        names = [
+            param_name.replace(f".{fused}.", f".{hf}.")
+            for hf, (fused, _) in self.packed_modules_mapping.items()
+            if f".{fused}." in param_name
+        ]
+        return names or [param_name]
 
     def forward(
         self,

@@ -22,6 +22,9 @@ def _optional_keys(shape: ModelShape) -> dict[str, Any]:
         "use_sliding_window": False, "sliding_window": None, "max_window_layers": shape.num_layers,
         "attention_bias": shape.attention_bias, "attention_dropout": 0.0, "rope_scaling": None,
         "mlp_bias": shape.mlp_bias,
+        "num_experts": shape.num_experts, "num_experts_per_tok": shape.num_experts_per_tok,
+        "moe_intermediate_size": shape.moe_intermediate_size, "decoder_sparse_step": shape.decoder_sparse_step,
+        "mlp_only_layers": list(shape.mlp_only_layers), "norm_topk_prob": shape.norm_topk_prob,
     }
 
 
@@ -79,6 +82,9 @@ def hf_tensor_shapes(shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
             out.append((f"{p}.self_attn.q_norm.weight", (d,)))
             out.append((f"{p}.self_attn.k_norm.weight", (d,)))
         out.append((f"{p}.post_attention_layernorm.weight", (h,)))
+        if shape.is_moe_layer(i):
+            out += _expert_tensor_shapes(shape, f"{p}.mlp")
+            continue
         for proj, dims in (
             ("gate_proj", (shape.intermediate_size, h)),
             ("up_proj", (shape.intermediate_size, h)),
@@ -90,4 +96,14 @@ def hf_tensor_shapes(shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
     out.append(("model.norm.weight", (h,)))
     if not shape.tie_word_embeddings:
         out.append(("lm_head.weight", (shape.vocab_size, h)))
+    return out
+
+
+def _expert_tensor_shapes(shape: ModelShape, mlp: str) -> list[tuple[str, tuple[int, ...]]]:
+    """A sparse layer's router and its experts, one tensor per projection (the published layout)."""
+    h, i = shape.hidden_size, shape.moe_intermediate_size
+    out: list[tuple[str, tuple[int, ...]]] = [(f"{mlp}.gate.weight", (shape.num_experts, h))]
+    for e in range(shape.num_experts):
+        out += [(f"{mlp}.experts.{e}.gate_proj.weight", (i, h)), (f"{mlp}.experts.{e}.up_proj.weight", (i, h)),
+                (f"{mlp}.experts.{e}.down_proj.weight", (h, i))]
     return out

@@ -26,6 +26,10 @@ through engine.tp.symmetric: all_reduce="symmetric"), fp8_kv (default with an fp
 CacheConfig.kv_cache_dtype="fp8": half the bytes per cached token; its fraction_of_bound is left
 empty, the bound being the bf16 cache's). A variant's row records whether it overlapped steps (async_scheduling).
 
+--load-format dummy serves the preset's shape with random weights made on the device (engine.dummy)
+instead of writing a checkpoint to --ckpt-root: the MoE presets (qwen3-30b-a3b is about 61 GB)
+do not fit the GPU machines' disk.
+
 Each variant appends a row to bench.csv and its steps to steps.csv; bench.md summarises both.
 Step phases come from engine.step_timing (host time per phase, device time by CUDA events); the
 scheduler's share is the wall time between steps.
@@ -112,7 +116,8 @@ def step_table(llm: LLM, timer: StepTimer | None, preset: str, variant: str) -> 
 def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, pd.DataFrame]:
     device = {"device": args.device} if args.device else {}
     t0 = time.perf_counter()
-    llm = LLM(ckpt, **VARIANTS[variant], max_model_len=args.max_model_len, **device)
+    load = {"load_format": "dummy"} if args.load_format == "dummy" else {}
+    llm = LLM(ckpt, **VARIANTS[variant], max_model_len=args.max_model_len, **device, **load)
     executor = llm.executor
     if variant == "compiled":
         n = compile_elementwise(llm)
@@ -181,12 +186,14 @@ def main(argv=None) -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--device", default=None, help="EngineConfig.device (default: auto)")
     parser.add_argument("--no-profile", action="store_true", help="no per-step phase timing")
+    parser.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                        help="dummy: random weights of the preset made on the device, no checkpoint written")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = Path(args.ckpt_root) / args.preset
-    if not (ckpt / "config.json").is_file():
+    ckpt = Path(args.ckpt_root) / args.preset if args.load_format == "auto" else Path(args.preset)
+    if args.load_format == "auto" and not (ckpt / "config.json").is_file():
         t = time.perf_counter()
         write_checkpoint(args.preset, ckpt, seed=0, dtype="bfloat16")
         print(f"wrote {args.preset} checkpoint in {time.perf_counter() - t:.1f} s", flush=True)

@@ -43,3 +43,31 @@ def _single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory):
+    """Qwen3-MoE layout from this project's writer: layer 0 dense, layers 1-2 route to 2 of 8 experts."""
+    return _write(tmp_path_factory, "tiny-qwen3-moe")
+
+
+@pytest.fixture(scope="session")
+def hf_qwen3_moe_dir(tmp_path_factory):
+    """The tiny-qwen3-moe shape as transformers itself initialises and saves it (save_pretrained),
+    so the engine is checked against the layout transformers writes, not against its own writer.
+    The router is redrawn with std 1: transformers initialises it to zeros, where every expert ties."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from engine.models.presets import preset_config
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(**{k: v for k, v in preset_config("tiny-qwen3-moe").items() if k != "architectures"})
+    model = Qwen3MoeForCausalLM(config).float()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 1.0)
+    out = tmp_path_factory.mktemp("hf-qwen3-moe")
+    model.save_pretrained(out)
+    return out

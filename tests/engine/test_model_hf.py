@@ -16,7 +16,7 @@ from engine.attention import make_metadata, slot_mapping_for
 from engine.loader import load_model
 
 BLOCK_SIZE = 4
-PRESETS = ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir"]
+PRESETS = ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir", "tiny_qwen3_moe_dir", "hf_qwen3_moe_dir"]
 
 
 class PagedRun:

@@ -106,7 +106,7 @@ def test_each_model_type_builds_its_own_class(name):
     assert type(model).__name__ == shape.architecture.hf_class == preset_config(name)["architectures"][0]
     assert model.shape == ModelShape.from_hf_config(preset_config(name)) and model.shape.model_type == shape.model_type
     attn = model.model.layers[0].self_attn
-    assert (attn.q_norm is not None) == shape.qk_norm == (shape.model_type == "qwen3")
+    assert (attn.q_norm is not None) == shape.qk_norm == (shape.model_type in ("qwen3", "qwen3_moe"))
     assert (attn.qkv_proj.bias is not None) == shape.qkv_bias == (shape.model_type == "qwen2")
     assert attn.o_proj.bias is None
     other = next(t for t in ARCHITECTURES.names() if t != shape.model_type)
@@ -116,7 +116,7 @@ def test_each_model_type_builds_its_own_class(name):
 
 def test_unknown_model_type_lists_the_known_ones():
     config = {**preset_config("tiny-llama"), "model_type": "mistral"}
-    known = r"\['qwen3', 'qwen2', 'llama'\]"
+    known = r"\['qwen3', 'qwen3_moe', 'qwen2', 'llama'\]"
     with pytest.raises(ValueError, match=rf"model_type='mistral' is not supported; expected one of {known}"):
         ModelShape.from_hf_config(config)
     with pytest.raises(ValueError, match=rf"^model_type must be one of {known}, got 'mistral'"):

@@ -63,7 +63,7 @@ def _run(model_dir, tp_rank: int = 0, tp_size: int = 1, group: ThreadGroup | Non
     return out, model
 
 
-@pytest.mark.parametrize("model_fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("model_fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen3_moe_dir"])
 @pytest.mark.parametrize("tp_size", [2, 4])
 def test_sharded_model_matches_unsharded(request, model_fixture, tp_size):
     model_dir = request.getfixturevalue(model_fixture)
