@@ -52,13 +52,14 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     profiled = with_prior(ProfiledCostModel.load(sim.profile_path, graphs), hardware)
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size,
-                                   sim.execution.all_reduce)
+                                   sim.execution.all_reduce, sim.moe_routing_skew)
     return profiled
 
 
 @COST_MODELS.register("roofline")
 def _roofline(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs) -> CostModel:
-    return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce)
+    return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce,
+                             sim.moe_routing_skew)
 
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs = ()) -> CostModel:

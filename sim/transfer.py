@@ -59,12 +59,13 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
 
 def explained_base(roofline: RooflineCostModel, regime: str, size: float) -> float:
     """Seconds of a regime's step base at `size` tokens that the roofline explains: the linear
-    layers' weights and FLOPs, and the LM head where every row samples (decode)."""
+    layers' weights and FLOPs (an MoE model's touched experts too), and the LM head where every
+    row samples (decode)."""
     if regime not in DECODE_REGIMES + PREFILL_REGIMES:
         raise ValueError(f"no transfer rule for regime {regime!r}; known: {DECODE_REGIMES + PREFILL_REGIMES}")
     tokens = max(1, int(round(size)))
     phases = roofline.phase_times(tokens, tokens if regime in DECODE_REGIMES else 0, 0, 0, tokens)
-    return phases["linear"] + phases["lm_head"]
+    return phases["linear"] + phases.get("experts", 0.0) + phases["lm_head"]
 
 
 def carried_knot(value: float, regime: str, size: float,
