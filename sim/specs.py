@@ -95,7 +95,8 @@ class ModelSpec(ModelShape):
         """Projection weights one token multiplies by, over all layers, on one rank: each MoE layer's
         attention, router and top-k experts, each dense layer's projections (a dense model's
         num_layers x layer_linear_params)."""
-        moe = self.attention_params(tp_size) + self.router_params + self.num_experts_per_tok * self.expert_params(tp_size)
+        experts = self.num_experts_per_tok * self.expert_params(tp_size)
+        moe = self.attention_params(tp_size) + self.router_params + experts
         return self.num_dense_layers * self.layer_linear_params(tp_size) + self.num_moe_layers * moe
 
     def _layer_norm_params(self) -> int:
