@@ -25,7 +25,8 @@ Properties (tests/sim/test_moe_routing.py): D(1) = k; D is increasing and concav
 min(E, B k), and tends to E; a larger skew never touches more experts.
 
 fit_routing_skew estimates s from what an engine observed (per-expert token counts of a run,
-one histogram per layer or their sum), so the skew is measured rather than assumed uniform.
+one histogram per layer or their sum): each expert's share of the routed assignments is pi_e / k,
+so the skew is measured rather than assumed uniform.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from sim.specs import ModelSpec
 
 # Largest skew fit_routing_skew reports: beyond it nearly every token goes to the top-k experts.
 MAX_SKEW = 8.0
-_BISECTIONS = 60
+_GOLDEN_STEPS = 30
 
 
 def check_routing(num_experts: int, top_k: int, skew: float) -> None:
@@ -101,22 +102,23 @@ class ExpertRouting:
         return value
 
 
-def _zipf_log_likelihood(shares_counts: npt.NDArray[np.float64], skew: float) -> float:
-    """Multinomial log-likelihood of rank-sorted counts (rows: layers) under shares r^-s / sum."""
-    ranks = np.arange(1, shares_counts.shape[1] + 1, dtype=np.float64)
-    log_p = -skew * np.log(ranks)
-    log_p -= np.log(np.exp(log_p).sum())
-    return float((shares_counts * log_p).sum())
+def _log_likelihood(ranked: npt.NDArray[np.float64], top_k: int, skew: float) -> float:
+    """Log-likelihood of rank-sorted routing counts (rows: layers) when each expert's share of the
+    routed assignments is its inclusion probability over k."""
+    shares = inclusion_probabilities(ranked.shape[1], top_k, skew) / top_k
+    return float((ranked * np.log(shares)).sum())
 
 
-def fit_routing_skew(counts: Sequence[int] | Sequence[Sequence[int]] | npt.ArrayLike) -> float:
-    """The Zipf exponent that best explains observed per-expert routing counts (maximum likelihood).
+def fit_routing_skew(counts: Sequence[int] | Sequence[Sequence[int]] | npt.ArrayLike, top_k: int) -> float:
+    """The skew (Zipf exponent) that best explains observed per-expert routing counts (maximum
+    likelihood over [0, MAX_SKEW]: a grid of 0.05, then golden-section search around its best).
 
-    counts: tokens routed to each expert, one row per layer (or one row, summed over layers; a
-    layer's own ranking is what the pricing assumes, so per-layer rows are better). Each row is
-    sorted by popularity and all rows share one exponent. NOTE: ranking the observed counts makes
-    even uniform routing look slightly skewed (sampling noise sorted); with a few thousand
-    assignments per expert the bias is below 0.05 (tests measure it).
+    counts: token assignments routed to each expert, one row per layer (or one row, summed over
+    layers; a layer's own ranking is what the pricing assumes, so per-layer rows are better);
+    top_k: the model's num_experts_per_tok. Each row is sorted by popularity and all rows share one
+    exponent. NOTE: ranking the observed counts makes even uniform routing look slightly skewed
+    (sampling noise sorted); with a few hundred assignments per expert the bias is below 0.06
+    (tests measure it).
     """
     array = np.asarray(counts, dtype=np.float64)
     if array.ndim == 1:
@@ -126,18 +128,19 @@ def fit_routing_skew(counts: Sequence[int] | Sequence[Sequence[int]] | npt.Array
                          f"(one row per layer), got shape {array.shape}")
     if array.sum() <= 0:
         raise ValueError("routing counts are all zero: no routed token to estimate the skew from")
+    check_routing(array.shape[1], top_k, 0.0)
     ranked = -np.sort(-array, axis=1)
-    # The log-likelihood is concave in s (a log-partition is convex), so bisect on its slope.
-    low, high, step = 0.0, MAX_SKEW, 1e-6
-    if _zipf_log_likelihood(ranked, step) <= _zipf_log_likelihood(ranked, 0.0):
-        return 0.0
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (low + high)
-        if _zipf_log_likelihood(ranked, mid + step) > _zipf_log_likelihood(ranked, mid):
-            low = mid
+    grid = np.linspace(0.0, MAX_SKEW, int(MAX_SKEW / 0.05) + 1)
+    best = int(np.argmax([_log_likelihood(ranked, top_k, s) for s in grid]))
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(_GOLDEN_STEPS):
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        if _log_likelihood(ranked, top_k, a) >= _log_likelihood(ranked, top_k, b):
+            high = b
         else:
-            high = mid
-    return 0.5 * (low + high)
+            low = a
+    return float(0.5 * (low + high))
 
 
 # Rows of a grouped GEMM's tile: each expert's rows are padded to a multiple of it, so an expert
