@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
+from sim.moe import MAX_SKEW
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class SimConfig:
     profile_tp_size: the tensor-parallel size the profile was measured at; None:
     execution.tensor_parallel_size. A profile measured at 1 and run at a larger size is priced
     through sim.tp_transfer.
+    moe_routing_skew: how unevenly a mixture-of-experts model's router spreads tokens over its
+    experts, as a Zipf exponent over the experts' popularity ranks (0: uniform; sim.moe, which also
+    estimates it from an engine's observed per-expert counts: fit_routing_skew). Dense models
+    ignore it.
     """
 
     cost_model: str = "roofline"
@@ -31,6 +36,7 @@ class SimConfig:
     eos_token_id: int | None = None
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     profile_tp_size: int | None = None
+    moe_routing_skew: float = 0.0
 
     def __post_init__(self) -> None:
         COST_MODELS.check(self.cost_model)
@@ -44,6 +50,10 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"SimConfig.{name} must be None or an int >= {low}, got {value!r}")
+        skew = self.moe_routing_skew
+        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0.0 <= skew <= MAX_SKEW:
+            raise ValueError(f"SimConfig.moe_routing_skew must be a number in [0, {MAX_SKEW}] (0: uniform routing), "
+                             f"got {skew!r}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"SimConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
 

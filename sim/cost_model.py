@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from engine.core.registry import Registry
+from sim.features import MOE_FEATURES
+from sim.moe import ExpertRouting
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
@@ -50,15 +52,22 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
     assert sim.profile_path is not None  # SimConfig requires it for this cost model
     profiled = with_prior(ProfiledCostModel.load(sim.profile_path, graphs), hardware)
+    if model.is_moe:
+        profiled.distinct_experts = ExpertRouting(model.num_experts, model.num_experts_per_tok,
+                                                  sim.moe_routing_skew).distinct
+    elif profiled.uses_moe_features:
+        raise ValueError(f"backend.profile_path {sim.profile_path} was measured on a mixture-of-experts model "
+                         f"(it has {list(MOE_FEATURES)}); {model.name} is dense")
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size,
-                                   sim.execution.all_reduce)
+                                   sim.execution.all_reduce, sim.moe_routing_skew)
     return profiled
 
 
 @COST_MODELS.register("roofline")
 def _roofline(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs) -> CostModel:
-    return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce)
+    return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce,
+                             sim.moe_routing_skew)
 
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs = ()) -> CostModel:

@@ -8,7 +8,7 @@ same function, so a measured step and a predicted step are described identically
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from engine.core.graph_sizes import GraphSizes, padded_size
@@ -41,6 +41,14 @@ FEATURE_COLUMNS = (
                                 # (sequences of a decode step, tokens of a prefill or mixed step)
 )
 
+# A mixture-of-experts model's column (sim.moe): distinct experts per MoE layer that the step's
+# tokens touch: their weights are what its decode steps read. Written only for MoE models, so a
+# dense model's rows, profiles and fits are as they were.
+MOE_FEATURES = ("moe_distinct_experts",)
+# How many distinct experts a step of n tokens touches per MoE layer: sim.moe.ExpertRouting.distinct
+# (an expectation), or a count the engine observed.
+DistinctExperts = Callable[[int], float]
+
 
 def as_graph_sizes(sizes: GraphSizes | Sequence[int]) -> GraphSizes:
     """GraphSizes as given, or from a plain sequence of decode batch sizes (no prefill graphs)."""
@@ -66,8 +74,10 @@ def decode_attention_pairs(context_tokens: Counts, num_decodes: Counts) -> Count
     return context_tokens + num_decodes
 
 
-def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> dict[str, int]:
-    """Describe a step by FEATURE_COLUMNS.
+def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
+                  distinct_experts: DistinctExperts | None = None) -> dict[str, float]:
+    """Describe a step by FEATURE_COLUMNS, and MOE_FEATURES where distinct_experts is given (an
+    MoE model: distinct_experts(num_tokens)).
 
     graphs: what the engine captured (GraphSizes; a plain sequence: decode batch sizes only;
     empty when running eager). A decode-only step whose batch fits the largest decode graph runs
@@ -101,7 +111,7 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> di
         graph = 1
         batch = padded
     stats = plan.stats
-    return {
+    features: dict[str, float] = {
         "num_prefill_tokens": prefill_tokens,
         "num_decode_tokens": decode,
         "num_tokens": prefill_tokens + decode,
@@ -116,3 +126,6 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = ()) -> di
         "cuda_graph": graph,
         "graph_batch_size": batch,
     }
+    if distinct_experts is not None:
+        features["moe_distinct_experts"] = distinct_experts(prefill_tokens + decode)
+    return features

@@ -3,6 +3,9 @@
 num_blocks = (mem_bytes * gpu_memory_utilization - weights per rank - activation reserve)
              // (block_size * KV bytes per token per rank)
 
+The weights of a mixture-of-experts model are all its experts' (every rank holds its shard of
+each expert: sim.specs.ModelSpec.body_params_per_rank), not the active parameters.
+
 Every rank holds the same number of blocks (each keeps its share of the KV heads), so the count
 is per rank and equals the scheduler's block count. An engine run profiles its real peak instead;
 to replay an engine run exactly, pass its block count (CacheConfig.num_blocks) and skip this.
@@ -24,10 +27,17 @@ def estimate_activation_bytes(model: ModelSpec, max_num_batched_tokens: int = 16
 
     The widest point of a layer is the MLP: gate/up output (2 * intermediate), the activated
     product (intermediate) and the residual stream and its normed copy (2 * hidden) live at once.
-    Sampling then holds float32 logits and probabilities for every sampled sequence.
+    Sampling then holds float32 logits and probabilities for every sampled sequence. An MoE
+    layer's widest point holds each token's k expert copies of gate/up output and product
+    (3 k moe_intermediate), its router logits and the residual stream; the wider of the two
+    kinds of layer counts.
     """
     dt = model.dtype_bytes
     per_token = (3 * model.intermediate_size // tp_size + 2 * model.hidden_size) * dt
+    if model.is_moe:
+        moe = 3 * model.num_experts_per_tok * (model.moe_intermediate_size // tp_size) + model.num_experts
+        dense = per_token if model.num_dense_layers else 0
+        per_token = max(dense, (moe + 2 * model.hidden_size) * dt)
     sampling = 2 * max_num_seqs * model.vocab_size // tp_size * 4
     return max_num_batched_tokens * per_token + sampling + RUNTIME_RESERVE_BYTES
 

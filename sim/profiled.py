@@ -21,6 +21,12 @@ the clock needs its mean; stalls above HOST_STALL_S are left out), and step_time
 simulated clock follows the engine's wall clock. predict() of a table stays comparable with its
 duration_s, the executor's part (gpu_s for device-priced rows: priced_measurement).
 
+Mixture-of-experts models: a profile whose rows carry sim.features.MOE_FEATURES (distinct experts
+touched per MoE layer) adds them to every regime's linear features, so a fit learns the price of an
+expert's weights apart from the batch's other work; the model then prices a simulated step with the
+expected count (distinct_experts, set from the routing by sim.cost_model). Dense profiles lack the
+column and fit exactly as before.
+
 Overlapped steps (async scheduling): the engine launches step N+1 from the host while the device
 still runs step N, so an eager step whose launches take longer than its device work (a small
 prefill: ~20 ms of Python launches for Qwen3-0.6B against ~2 ms of kernels) is partly hidden
@@ -51,7 +57,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.features import as_graph_sizes, step_features
+from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
 from sim.piecewise import PiecewiseLinearFit
 from sim.step_table import complete_columns, table_regimes
 
@@ -117,6 +123,12 @@ def _as_regime(features: Mapping[str, float], regime: str, used: str) -> Mapping
     return {**features, "num_tokens": tokens, "graph_batch_size": tokens}
 
 
+def _with_moe(rows: pd.DataFrame, linear: tuple[str, ...]) -> tuple[str, ...]:
+    """A regime's linear features, plus the MoE columns where the rows have them (an MoE model's
+    profile): a dense profile's fits are exactly as they were."""
+    return linear + tuple(f for f in MOE_FEATURES if f in rows.columns and rows[f].notna().all())
+
+
 class ProfiledCostModel:
     def __init__(self, fits: Mapping[str, PiecewiseLinearFit], graphs: GraphSizes | Sequence[int] = ()) -> None:
         unknown = set(fits) - set(REGIMES) - {HOST_REGIME} - set(OVERLAP_REGIMES)
@@ -134,6 +146,14 @@ class ProfiledCostModel:
         # (predicted - measured) / measured of steps the fit never saw (harness.calibration.fit.validate):
         # what sim.interval resamples for a prediction interval
         self.residuals: tuple[float, ...] = ()
+        # an MoE model's distinct experts per step size (sim.features.MOE_FEATURES); the cost model's
+        # builder sets it from the model's routing (sim.cost_model)
+        self.distinct_experts: DistinctExperts | None = None
+
+    @property
+    def uses_moe_features(self) -> bool:
+        """Whether a fit prices the MoE columns (a profile of an MoE model)."""
+        return any(name in MOE_FEATURES for fit in self.fits.values() for name, _, _ in fit.ranges)
 
     # ---- fitting and persistence --------------------------------------------------------------
 
@@ -148,6 +168,7 @@ class ProfiledCostModel:
         for name, (size, linear) in REGIMES.items():
             rows = timed[regimes == name]
             if len(rows):
+                linear = _with_moe(rows, linear)
                 fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                     rows["duration_s"].to_numpy(), size, max_knots,
                                                     min_support)
@@ -157,6 +178,7 @@ class ProfiledCostModel:
             for name, (size, linear) in REGIMES.items():
                 rows = df[(table_regimes(df) == name) & df[column].notna()]
                 if len(rows):
+                    linear = _with_moe(rows, linear)
                     fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
                         rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
                         size, max_knots, min_support, relative=part != "lead")
@@ -222,7 +244,7 @@ class ProfiledCostModel:
                    for part in REQUIRED_OVERLAP_PARTS)
 
     def step_time(self, plan: StepPlan) -> float:
-        features = step_features(plan, self.graphs)
+        features = step_features(plan, self.graphs, self.distinct_experts)
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind

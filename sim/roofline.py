@@ -9,6 +9,10 @@ every phase's time is at least its memory time and efficiencies are <= 1, a step
 Phases, per rank of a tensor-parallel group:
 - linear layers (q/k/v/o, gate/up/down): 2 * params FLOPs per token; weights read once per step
   plus each token's activations in and out;
+- experts (mixture-of-experts models only; sim.moe.ExpertPhase, docs/moe-pricing.md): the weights
+  of the distinct experts the step's tokens touch (an expectation under routing_skew), 2 x the
+  top-k experts' params FLOPs per token padded to the grouped GEMM's tile; the linear phase then
+  holds attention, the routers (replicated on every rank) and the dense layers' MLPs;
 - attention: 4 * heads * head_dim FLOPs per (query, key) pair (QK^T and PV), causal within a
   prefill chunk and over the whole cached context; KV of the cached context read, new KV written;
   a KV block that another sequence of the step reads too (a shared prefix, StepStats.
@@ -31,6 +35,7 @@ from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.plan import StepPlan
 from engine.core.sampling_params import samples_by_shard
 from sim.features import attention_pairs, decode_attention_pairs
+from sim.moe import ExpertPhase
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
@@ -43,7 +48,8 @@ def gathers_logits(plan: StepPlan) -> bool:
 
 
 class RooflineCostModel:
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1, all_reduce: str = "nccl") -> None:
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1, all_reduce: str = "nccl",
+                 routing_skew: float = 0.0) -> None:
         model.check_tp(tp_size)
         self.model = model
         self.hardware = hardware
@@ -68,6 +74,9 @@ class RooflineCostModel:
         per_layer_io = (hidden + q_width + 2 * kv_width) + (q_width + hidden) + (hidden + 2 * inter) + (inter + hidden)
         self._activation_bytes_per_token = float((layers * per_layer_io + 2 * hidden) * dt)
         self._attention_flops_per_pair = 4.0 * layers * (model.num_heads // tp) * model.head_dim
+        self._experts: ExpertPhase | None = None
+        if model.is_moe:
+            self._moe_parts(model, tp, routing_skew)
         self._kv_bytes_per_token = float(model.kv_bytes_per_token_per_rank(tp))
         l2 = hw.l2_bandwidth * hw.bandwidth_efficiency if hw.l2_bandwidth is not None else self._bandwidth
         # seconds saved per KV token read again from L2 rather than memory
@@ -94,6 +103,24 @@ class RooflineCostModel:
             self._one_shot_tokens = one_shot_max_tokens(hidden, dt)
             self._one_shot_latency = latency
             self._one_shot_s_per_token = (tp - 1) * hidden * dt / bandwidth
+
+    def _moe_parts(self, model: ModelSpec, tp: int, routing_skew: float) -> None:
+        """The linear phase without the experts (attention, routers, dense layers' MLPs); the
+        experts priced by their own phase (sim.moe.ExpertPhase: the distinct experts' weights)."""
+        dt = model.dtype_bytes
+        experts = model.num_moe_layers * model.expert_params(tp)
+        self._experts = ExpertPhase(model, tp, routing_skew, self._matmul_rate, self._bandwidth)
+        self._linear_flops_per_token = 2.0 * (model.active_linear_params(tp) - model.num_experts_per_tok * experts)
+        self._linear_weight_bytes = float((model.body_params_per_rank(tp) - model.num_experts * experts) * dt)
+        hidden = model.hidden_size
+        q_width = model.num_heads // tp * model.head_dim
+        attention_io = (hidden + q_width + 2 * model.kv_heads_per_rank(tp) * model.head_dim) + (q_width + hidden)
+        inter = model.intermediate_size // tp
+        dense_io = (hidden + 2 * inter) + (inter + hidden)
+        router_io = hidden + model.num_experts
+        per_token = (model.num_layers * attention_io + model.num_dense_layers * dense_io
+                     + model.num_moe_layers * router_io + 2 * hidden)
+        self._activation_bytes_per_token = float(per_token * dt)
 
     def step_time(self, plan: StepPlan) -> float:
         scheduled = plan.scheduled
@@ -129,6 +156,8 @@ class RooflineCostModel:
         linear = self._linear_flops_per_token * num_tokens / self._matmul_rate
         memory = (self._linear_weight_bytes + self._activation_bytes_per_token * num_tokens) / bw
         total = linear if linear > memory else memory
+        if self._experts is not None:
+            total += self._experts.time(num_tokens)
         attention = self._attention_flops_per_pair * attention_pairs / self._attention_rate
         memory = self._kv_bytes_per_token * (context_tokens + num_tokens) / bw - self._repeat_saving_s * repeated_tokens
         total += attention if attention > memory else memory
@@ -158,9 +187,12 @@ class RooflineCostModel:
         if num_sampled:
             lm_head = max(self._lm_flops_per_row * num_sampled / self._matmul_rate,
                           (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw)
-        return {"linear": linear, "attention": attention, "lm_head": lm_head,
-                "communication": self.communication_time(num_tokens, num_sampled, whole_vocab),
-                "overhead": self.host_time(num_seqs)}
+        phases = {"linear": linear, "attention": attention, "lm_head": lm_head,
+                  "communication": self.communication_time(num_tokens, num_sampled, whole_vocab),
+                  "overhead": self.host_time(num_seqs)}
+        if self._experts is not None:
+            phases["experts"] = self._experts.time(num_tokens)
+        return phases
 
     def communication_time(self, num_tokens: int, num_sampled: int, whole_vocab: bool = False) -> float:
         """Seconds of tensor-parallel collectives in a step (0 at tp_size 1): per all-reduce its

@@ -43,7 +43,10 @@ class ModelSpec(ModelShape):
     def check_tp(self, tp_size: int) -> None:
         """Raise ValueError unless the shape shards evenly over tp_size ranks."""
         check_positive("tp_size", "value", tp_size, (int,))
-        for name in ("num_heads", "intermediate_size", "vocab_size"):
+        sharded = ["num_heads", "vocab_size"]
+        sharded += ["intermediate_size"] if self.num_dense_layers else []
+        sharded += ["moe_intermediate_size"] if self.is_moe else []
+        for name in sharded:
             if getattr(self, name) % tp_size:
                 raise ValueError(f"tp_size={tp_size} must divide {self.name}'s {name} ({getattr(self, name)})")
         if self.num_kv_heads % tp_size and tp_size % self.num_kv_heads:
@@ -56,12 +59,45 @@ class ModelSpec(ModelShape):
 
     # ---- parameters ---------------------------------------------------------------------------
 
-    def layer_linear_params(self, tp_size: int = 1) -> int:
-        """Weights of one layer's projections (q, k, v, o, gate, up, down) held by one rank."""
+    def attention_params(self, tp_size: int = 1) -> int:
+        """Weights of one layer's q, k, v and o projections held by one rank."""
         q_out = self.num_heads // tp_size * self.head_dim
         kv_out = self.kv_heads_per_rank(tp_size) * self.head_dim
+        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
+
+    def layer_linear_params(self, tp_size: int = 1) -> int:
+        """Weights of one dense layer's projections (q, k, v, o, gate, up, down) held by one rank."""
         mlp = 3 * self.hidden_size * (self.intermediate_size // tp_size)
-        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size + mlp
+        return self.attention_params(tp_size) + mlp
+
+    # ---- mixture of experts: TP shards each expert's intermediate dimension; the router is
+    # replicated (every rank routes every token) ----------------------------------------------
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Layers with the dense MLP (all of a dense model's)."""
+        return self.num_layers - self.num_moe_layers
+
+    def expert_params(self, tp_size: int = 1) -> int:
+        """One expert's gate, up and down held by one rank."""
+        return 3 * self.hidden_size * (self.moe_intermediate_size // tp_size)
+
+    @property
+    def router_params(self) -> int:
+        """One MoE layer's router gate (hidden x num_experts; 0 for a dense model)."""
+        return self.hidden_size * self.num_experts
+
+    def moe_layer_params(self, tp_size: int = 1) -> int:
+        """Attention, router and every expert of one MoE layer, held by one rank."""
+        return self.attention_params(tp_size) + self.router_params + self.num_experts * self.expert_params(tp_size)
+
+    def active_linear_params(self, tp_size: int = 1) -> int:
+        """Projection weights one token multiplies by, over all layers, on one rank: each MoE layer's
+        attention, router and top-k experts, each dense layer's projections (a dense model's
+        num_layers x layer_linear_params)."""
+        experts = self.num_experts_per_tok * self.expert_params(tp_size)
+        moe = self.attention_params(tp_size) + self.router_params + experts
+        return self.num_dense_layers * self.layer_linear_params(tp_size) + self.num_moe_layers * moe
 
     def _layer_norm_params(self) -> int:
         return 2 * self.hidden_size + 2 * self.head_dim  # input/post-attention norms, q/k norms
@@ -70,8 +106,21 @@ class ModelSpec(ModelShape):
         return self.vocab_size // tp_size * self.hidden_size
 
     def body_params_per_rank(self, tp_size: int = 1) -> int:
-        """Everything but the embedding and the LM head: the layers and the final norm."""
-        return self.num_layers * (self.layer_linear_params(tp_size) + self._layer_norm_params()) + self.hidden_size
+        """Everything but the embedding and the LM head: the layers (every expert of each MoE layer)
+        and the final norm."""
+        layers = self.num_dense_layers * self.layer_linear_params(tp_size)
+        if self.is_moe:
+            layers += self.num_moe_layers * self.moe_layer_params(tp_size)
+        return layers + self.num_layers * self._layer_norm_params() + self.hidden_size
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (embedding row and LM head included, as model cards count
+        them): a dense model's num_params; an MoE model's attention, router and top-k experts."""
+        embed = self.lm_head_params(1)
+        lm_head = 0 if self.tie_word_embeddings else embed
+        norms = self.num_layers * self._layer_norm_params() + self.hidden_size
+        return embed + lm_head + self.active_linear_params(1) + norms
 
     def num_params_per_rank(self, tp_size: int = 1) -> int:
         embed = self.lm_head_params(tp_size)

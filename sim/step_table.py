@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.features import REPEATED_FEATURES, attention_pairs
+from sim.features import MOE_FEATURES, REPEATED_FEATURES, attention_pairs
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
                     "decode_context_tokens", "duration_s")
@@ -41,6 +41,9 @@ def complete_columns(df: pd.DataFrame) -> pd.DataFrame:
     # ... and counted no repeated reads (steps that had some were priced as first reads)
     for column in REPEATED_FEATURES:
         df[column] = df[column].fillna(0).astype(int) if column in df else 0
+    for column in MOE_FEATURES:  # stacked tables: rows of a dense run have none
+        if column in df:
+            df[column] = df[column].fillna(0.0)
     if "prefill_attention_pairs" not in df:
         # Exact only for one prefill chunk per step: n tokens after c cached ones.
         chunks = df["num_seqs"] - df["num_decode_tokens"]

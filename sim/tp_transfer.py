@@ -66,12 +66,12 @@ class TPTransferCostModel:
     at tp_size ranks as the module docstring says."""
 
     def __init__(self, base: CostModel, model: ModelSpec, hardware: HardwareSpec, tp_size: int,
-                 all_reduce: str = "nccl") -> None:
+                 all_reduce: str = "nccl", routing_skew: float = 0.0) -> None:
         model.check_tp(tp_size)
         self.base = base
         self.tp_size = tp_size
-        self._one = RooflineCostModel(model, hardware, 1)
-        self._many = RooflineCostModel(model, hardware, tp_size, all_reduce)
+        self._one = RooflineCostModel(model, hardware, 1, routing_skew=routing_skew)
+        self._many = RooflineCostModel(model, hardware, tp_size, all_reduce, routing_skew)
         # the profile that prices overlapped steps, where the base is one
         self._overlapped = base if isinstance(base, ProfiledCostModel) and base.prices_overlap else None
         # overlapped steps: the previous step's price and its launch time (None: nothing in flight)
@@ -116,7 +116,7 @@ class TPTransferCostModel:
         """(host, device, launch) seconds of the step at TP=1, run on its own (nothing overlapped)."""
         base = self.base
         if isinstance(base, ProfiledCostModel):
-            features = step_features(plan, base.graphs)
+            features = step_features(plan, base.graphs, base.distinct_experts)
             launch, gpu = base.overlap_parts(features)
             if gpu > 0:
                 return launch + base.launch_delay_s, gpu, launch

@@ -12,6 +12,7 @@ the source (s) and target (t) HardwareSpec (conf/hardware):
   H100's, not 3.35 / 4.8 = 0.70, and scaling it all by bandwidth predicted TPOT 20-29% short;
 - prefill_attention_pairs (attention FLOPs): compute-bound, x F_s / F_t;
 - decode_context_tokens (KV reads): memory-bound, x B_s / B_t (measured: 0.68-0.69 of the H100's);
+  an MoE profile's moe_distinct_experts (the touched experts' weights) likewise;
 - decode_repeated_tokens (its coefficient b: a token read again, from L2, costs a + b, with a the
   decode_context_tokens coefficient): a + b x L2_s / L2_t, a x B_s / B_t, so
   b -> (a + b) L2_s / L2_t - a B_s / B_t; prefill_repeated_tokens: x L2_s / L2_t (L2 =
@@ -27,14 +28,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.features import REPEATED_FEATURES
+from sim.features import MOE_FEATURES, REPEATED_FEATURES
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled import HOST_PARTS, HOST_REGIME, ProfiledCostModel
 from sim.repeated_reads import FIRST_READS, REPEATED_READS
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
 
-MEMORY_BOUND_FEATURES = ("decode_context_tokens",)
+MEMORY_BOUND_FEATURES = ("decode_context_tokens", *MOE_FEATURES)  # KV reads; touched experts' weights
 COMPUTE_BOUND_FEATURES = ("prefill_attention_pairs",)
 DECODE_REGIMES = ("decode_graph", "decode_eager")
 PREFILL_REGIMES = ("prefill", "prefill_graph")
@@ -54,17 +55,19 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
             fits[name] = _scale_fit(fit, regime, source, target, rooflines)
     moved = ProfiledCostModel(fits, model.graphs)
     moved.launch_delay_s = model.launch_delay_s
+    moved.distinct_experts = model.distinct_experts
     return moved
 
 
 def explained_base(roofline: RooflineCostModel, regime: str, size: float) -> float:
     """Seconds of a regime's step base at `size` tokens that the roofline explains: the linear
-    layers' weights and FLOPs, and the LM head where every row samples (decode)."""
+    layers' weights and FLOPs (an MoE model's touched experts too), and the LM head where every
+    row samples (decode)."""
     if regime not in DECODE_REGIMES + PREFILL_REGIMES:
         raise ValueError(f"no transfer rule for regime {regime!r}; known: {DECODE_REGIMES + PREFILL_REGIMES}")
     tokens = max(1, int(round(size)))
     phases = roofline.phase_times(tokens, tokens if regime in DECODE_REGIMES else 0, 0, 0, tokens)
-    return phases["linear"] + phases["lm_head"]
+    return phases["linear"] + phases.get("experts", 0.0) + phases["lm_head"]
 
 
 def carried_knot(value: float, regime: str, size: float,

@@ -56,12 +56,13 @@ def backend_tp_size(rc: RunConfig) -> int:
 
 def with_tp_size(rc: RunConfig, tp: int, where: str = "fleet.tp_size") -> RunConfig:
     """rc with its backend's TP size set to tp; a ConfigError naming `where` unless tp divides the
-    model's attention heads and KV heads."""
+    model's attention heads and divides or is a multiple of its KV heads (more ranks than KV heads:
+    each rank keeps a replica of one, as the engine and sim.specs shard them)."""
     model = rc.model
     for heads in ("num_heads", "num_kv_heads"):
-        if getattr(model, heads) % tp:
-            raise ConfigError(f"{where}: TP size {tp} does not divide model.{heads}={getattr(model, heads)} "
-                              f"of {model.name}")
+        count = getattr(model, heads)
+        if count % tp and (heads == "num_heads" or tp % count):
+            raise ConfigError(f"{where}: TP size {tp} does not divide model.{heads}={count} of {model.name}")
     side = rc.sim if rc.backend == "sim" else rc.engine
     side = dataclasses.replace(side, execution=dataclasses.replace(side.execution, tensor_parallel_size=tp))
     return dataclasses.replace(rc, **{"sim" if rc.backend == "sim" else "engine": side})
