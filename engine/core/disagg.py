@@ -87,9 +87,12 @@ class PrefillReplica(Replica):
         assert isinstance(bm, HoldingBlockManager)
         return bm
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str, t: float) -> None:
+        """The request's KV left at t: its blocks go back, and a stalled replica resumes at t."""
         self.holding.release(request_id)
-        self.stalled = False
+        if self.stalled:
+            self.stalled = False
+            self.clock.wait_until(t)
 
 
 class DecodeReplica(Replica):

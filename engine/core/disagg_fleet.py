@@ -107,7 +107,7 @@ class _Fleet:
             self._handoff(t, request)
         elif kind == LANDED:
             transfer = self.transfers[request.request_id]
-            self.prefill[transfer.prefill].release(request.request_id)
+            self.prefill[transfer.prefill].release(request.request_id, t)
             self.decode[transfer.decode].arrived(request, t)
         else:
             self.retry_pending = False
@@ -127,12 +127,12 @@ class _Fleet:
         if request.max_tokens is None:  # until max_model_len, as the decode replica's scheduler would say
             request.max_tokens = self.decode[0].scheduler.config.max_model_len - request.num_prompt_tokens
         if copy.finish_reason is not FinishReason.LENGTH or request.max_tokens <= 1:
-            self.prefill[transfer.prefill].release(rid)
+            self.prefill[transfer.prefill].release(rid, t)
             request.status, request.finish_reason, request.finish_time = RequestStatus.FINISHED, copy.finish_reason, t
             return
         why = self.decode[0].fits_ever(request)
         if why is not None:
-            self.prefill[transfer.prefill].release(rid)
+            self.prefill[transfer.prefill].release(rid, t)
             self.rejected[rid] = why
             return
         if self.blocked or not self._start(t, request, blocked=False):
