@@ -20,6 +20,7 @@ from engine.core.registry import Registry
 from harness.config import CapacityConfig, OutputConfig, build_run_config, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import build_fleet
+from harness.fleet.disagg_config import build_disagg, is_disaggregated
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
 
@@ -78,6 +79,11 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
 def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench: bool) -> pd.DataFrame:
     """One run (or one fleet) of the configured workload; bench: print nano-vllm's bench line too."""
     rc = build_run_config(cfg)
+    if is_disaggregated(cfg):
+        from harness.fleet.disagg import run_disagg_study
+
+        _, router = build_fleet(cfg, with_fleet=False)
+        return run_disagg_study(rc, build_disagg(cfg), router, output, out_dir)
     fleet, router = build_fleet(cfg)
     interval = cfg.get("interval")
     if not fleet.is_single_run:

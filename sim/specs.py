@@ -196,6 +196,14 @@ class HardwareSpec:
     # mem_bandwidth): the price of a KV block that another sequence of the step read just before
     # (engine.core.kv_reads, sim.repeated_reads). None: no figure, repeats priced as memory reads.
     l2_bandwidth: float | None = None
+    # A disaggregated fleet's KV transfers (sim.kv_transfer): GPUs one NVLink domain joins (a pool's TP
+    # group stays inside one); bytes/s one GPU sends one way over NVLink and over the network (its own
+    # NIC); a transfer's fixed cost on each. None: no figure, a fleet that needs it is refused.
+    gpus_per_node: int = 8
+    nvlink_bandwidth: float | None = None
+    network_bandwidth: float | None = None
+    nvlink_latency_s: float | None = None
+    network_latency_s: float | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -205,13 +213,14 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth")
+            optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
+                        "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:
                     raise TypeError(f"HardwareSpec.name must be a non-empty str, got {value!r}")
-            elif f.name == "mem_bytes":
+            elif f.name in ("mem_bytes", "gpus_per_node"):
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)  # "80.0e+9" in YAML
                     object.__setattr__(self, f.name, value)

@@ -133,16 +133,20 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references; blocks nobody holds return to the pool, tail first."""
-        if request.block_table:
+        self.free_table(request.block_table)
+        request.block_table = []
+        request.num_registered_blocks = 0
+
+    def free_table(self, table: list[int]) -> None:
+        """Drop one holder's references to the blocks of table (free() without a Request)."""
+        if table:
             self.num_holders -= 1
-        for block in reversed(request.block_table):
+        for block in reversed(table):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self.free_pool[block] = None
             else:
                 self.num_extra_refs -= 1
-        request.block_table = []
-        request.num_registered_blocks = 0
 
     def register_computed(self, request: Request, num_known_tokens: int | None = None) -> None:
         """Offer the request's newly full, computed blocks to the prefix cache.

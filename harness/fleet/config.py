@@ -44,8 +44,11 @@ class FleetConfig:
         return self.replicas == 1 and self.tp_size is None and not self.tp_sizes
 
 
-def build_fleet(cfg: DictConfig) -> tuple[FleetConfig, RouterConfig]:
-    fleet = to_dataclass(FleetConfig, section(cfg, "fleet"), "fleet") if "fleet" in cfg else FleetConfig()
+def build_fleet(cfg: DictConfig, with_fleet: bool = True) -> tuple[FleetConfig, RouterConfig]:
+    """with_fleet=False: the router only (fleet=disaggregated reads its fleet section itself)."""
+    fleet = FleetConfig()
+    if with_fleet and "fleet" in cfg:
+        fleet = to_dataclass(FleetConfig, section(cfg, "fleet"), "fleet")
     router = to_dataclass(RouterConfig, section(cfg, "router"), "router") if "router" in cfg else RouterConfig()
     return fleet, router
 

@@ -18,6 +18,8 @@ from engine.core.routers import ROUTERS
 from harness.config import CONF_DIR, section
 from harness.convert import ConfigError, to_dataclass
 
+MODES = ("aggregated", "disaggregated")
+
 
 @dataclass(frozen=True)
 class SLOConfig:
@@ -51,8 +53,15 @@ class PlanConfig:
     parallel_backend: str = "serial"
     parallel_address: str | None = None  # ray: a running cluster's address; None starts a local Ray
     parallel_num_workers: int | None = None
+    # aggregated and/or disaggregated (harness.plan.disagg: P, D up to disagg_max_pool_replicas each,
+    # at most disagg_max_evals simulations, cheapest first)
+    modes: tuple[str, ...] = ("aggregated",)
+    disagg_max_pool_replicas: int = 4
+    disagg_max_evals: int = 48
 
     def __post_init__(self) -> None:
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"plan.modes must list values of {list(MODES)}, got {list(self.modes)}")
         for name in ("hardware", "tp_sizes", "max_num_seqs", "max_num_batched_tokens", "policies", "routers"):
             if not getattr(self, name):
                 raise ValueError(f"plan.{name} must list at least one value")
@@ -64,7 +73,7 @@ class PlanConfig:
             for i, value in enumerate(getattr(self, name)):
                 if value not in allowed:
                     raise ValueError(f"plan.{name}[{i}] must be one of {list(allowed)}, got {value!r}")
-        for name in ("max_replicas", "num_closest", "batch_size"):
+        for name in ("max_replicas", "num_closest", "batch_size", "disagg_max_pool_replicas", "disagg_max_evals"):
             if getattr(self, name) < 1:
                 raise ValueError(f"plan.{name} must be an int >= 1, got {getattr(self, name)}")
         from harness.parallel import check_backend

@@ -41,3 +41,21 @@ def plot_plan(table: pd.DataFrame, slo, title: str, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Deployment search: {title}", fontsize=10)
     fig.savefig(path, dpi=110)
+
+
+def plot_modes(table: pd.DataFrame, slo, title: str, path: Path) -> None:
+    """plan_modes.png: cost against the SLO ratio (worse P90 over its target; <= 1 meets the SLO) per mode."""
+    fig = Figure(figsize=(7, 4.6), layout="constrained")
+    ax = fig.subplots()
+    ok = table[table["error"] == ""] if len(table) else table
+    for mode, colour in (("aggregated", "tab:blue"), ("disaggregated", "tab:orange")):
+        part = ok[(ok["mode"] == mode) & np.isfinite(ok["slo_ratio"])] if len(ok) else ok
+        ax.scatter(part["cost_per_hour"], part["slo_ratio"], s=16, color=colour, alpha=0.7, label=mode)
+    ax.axhline(1.0, color="black", ls="--", lw=1, label="SLO met below")
+    ax.set_yscale("log")
+    ax.set_xlabel("fleet cost ($/hour)")
+    ax.set_ylabel("SLO ratio: max(P90 TTFT / target, P90 TPOT / target)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"Aggregated vs disaggregated: {title}", fontsize=10)
+    fig.savefig(path, dpi=110)

@@ -194,6 +194,11 @@ def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
                                                       plan.max_num_batched_tokens, plan.policies, plan.routers)]
 
 
+def title_of(rc: RunConfig, label: str, slo: SLOConfig, over: str = "") -> str:
+    return (f"{rc.model.name}, {label}{'; ' + over if over else ''}, "
+            f"SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s")
+
+
 def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
     """`python -m harness experiment=plan ...`: plan.csv, plan_summary.csv, plan.png, the cheapest
     deployment (or the nearest, and a ConfigError naming the SLO)."""
@@ -218,20 +223,24 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     mapper = map if plan.parallel_backend == "serial" else partial(
         parallel_map, backend=plan.parallel_backend, address=plan.parallel_address,
         num_workers=plan.parallel_num_workers)
-    table = search(configs, base, plan.max_replicas, plan.batch_size, output.progress, mapper)
+    table = search(configs, base, plan.max_replicas, plan.batch_size, output.progress, mapper) \
+        if "aggregated" in plan.modes else pd.DataFrame()
+    if "disaggregated" in plan.modes:
+        from harness.plan.disagg import compare_modes
+
+        table = compare_modes(table, plan, base, slo, title_of(rc, label, slo), out_dir, output.progress)
     table.to_csv(out_dir / "plan.csv", index=False)
     summary = plan_summary(table, slo, label, workload, max_model_len, rc.workload.oversize)
     pd.DataFrame([summary]).to_csv(out_dir / "plan_summary.csv", index=False)
     over = f"{workload.num_clipped or workload.num_skipped:,} requests over max_model_len" if note else ""
-    title = (f"{rc.model.name}, {label}{'; ' + over if over else ''}, "
-             f"SLO P90 TTFT {slo.ttft_p90_s:g} s / TPOT {slo.tpot_p90_s:g} s")
+    title = title_of(rc, label, slo, over)
     plot_plan(table, slo, title, out_dir / "plan.png")
     print(f"{len(table)} deployments evaluated ({label}); outputs: {out_dir} (plan.csv, plan_summary.csv, plan.png)")
     if not summary["meets_slo"]:
         lines, error = nearest_lines(table, slo, plan.num_closest)
         print("\n".join(lines))
         raise ConfigError(error)
-    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %d, %d GPUs), policy %s, router %s, "
+    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %s, %d GPUs), policy %s, router %s, "
              "max_num_seqs %d, max_num_batched_tokens %d: P90 TTFT %.3f s, P90 TPOT %.4f s",
              *(summary[c] for c in ("cost_per_hour", "replicas", "hardware", "tp_size", "gpus", "policy", "router",
                                     "max_num_seqs", "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s")))

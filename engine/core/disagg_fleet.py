@@ -1,0 +1,209 @@
+"""A disaggregated fleet on one event clock: P prefill replicas, D decode replicas, KV moved between.
+
+An arrival goes to a prefill replica (the prefill router), which serves its prefill_copy. When the
+copy samples the first token (the request's TTFT), the request is handed off: the decode router
+picks among the decode replicas that can take it now (free blocks for its prompt KV, a sequence
+slot), blocks are reserved there and the transfer starts; when it ends, the prefill replica's
+blocks are released and the decode replica admits the request. A request whose first token ends
+it (max_tokens=1, EOS, a stop token) finishes on its prefill replica and moves nothing.
+
+NOTE back-pressure: when no decode replica can take a request, it waits, first come first served,
+on its prefill replica holding its blocks; waiting requests are offered again whenever a decode
+step ends. Layer-by-layer overlap (TransferPricer) only applies to a transfer that starts the
+moment the prefill ends: one that waited finds its KV complete.
+
+Events are handled in time order, and every replica has run each iteration that starts before an
+event first (engine.core.fleet's rule for arrivals), so a router sees replicas as they are then.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
+from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord
+from engine.core.request import FinishReason, Request, RequestStatus
+from engine.core.routers import Router
+
+
+class TransferPricer(Protocol):
+    def price(self, num_tokens: int, prefill: int, decode: int, overlap_s: float) -> tuple[float, int]:
+        """(seconds the transfer adds after overlap_s seconds of prefill it may overlap, bytes) for
+        the KV of num_tokens tokens from prefill replica `prefill` to decode replica `decode`."""
+        ...
+
+
+@dataclass(slots=True)
+class Transfer:
+    prefill: int
+    decode: int = -1
+    ready_s: float = 0.0  # the first token: the KV is complete
+    start_s: float = math.nan  # decode blocks reserved, transfer under way
+    transfer_s: float = math.nan  # start to landing
+    bytes: int = 0
+
+
+@dataclass
+class DisaggResult:
+    requests: list[Request]  # every finished request, in submission order
+    prefill: list[RunResult]  # per prefill replica: its steps, its prefill copies, its rejections
+    decode: list[RunResult]  # per decode replica: its steps, the requests it finished
+    transfers: dict[str, Transfer] = field(default_factory=dict)  # request id -> where it went
+    rejected: dict[str, str] = field(default_factory=dict)
+    makespan_s: float = 0.0
+    max_blocked: int = 0  # most requests waiting for a decode replica at once
+
+
+HANDOFF, LANDED, RETRY = 0, 1, 2
+
+
+class _Fleet:
+    def __init__(self, prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica],
+                 decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.replicas: list[Replica] = [*prefill, *decode]
+        self.decode_router, self.pricer, self.on_step = decode_router, pricer, on_step
+        self.events: list[tuple[float, int, int, Request]] = []
+        self.seq = 0
+        self.originals: dict[str, Request] = {}
+        self.transfers: dict[str, Transfer] = {}
+        self.blocked: deque[Request] = deque()
+        self.retry_pending = False
+        self.rejected: dict[str, str] = {}
+        self.max_blocked = 0
+        for replica in prefill:
+            replica.on_step = self._prefill_step
+        for receiver in decode:
+            receiver.on_step = self._decode_step
+
+    def push(self, t: float, kind: int, request: Request) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, request))
+        self.seq += 1
+
+    # ---- hooks: a replica finished a step ------------------------------------------------
+
+    def _prefill_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+        for copy in finished:
+            self.push(copy.first_token_time or 0.0, HANDOFF, copy)
+        if self.on_step is not None:
+            self.on_step(index, record, [])
+
+    def _decode_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+        if self.blocked and not self.retry_pending:
+            self.push(record.start_s + record.duration_s, RETRY, self.blocked[0])
+            self.retry_pending = True
+        if self.on_step is not None:
+            self.on_step(len(self.prefill) + index, record, finished)
+
+    # ---- events --------------------------------------------------------------------------
+
+    def handle(self, t: float, kind: int, request: Request) -> None:
+        if kind == HANDOFF:
+            self._handoff(t, request)
+        elif kind == LANDED:
+            transfer = self.transfers[request.request_id]
+            self.prefill[transfer.prefill].release(request.request_id, t)
+            self.decode[transfer.decode].arrived(request, t)
+        else:
+            self.retry_pending = False
+            while self.blocked and self._start(t, self.blocked[0], blocked=True):
+                self.blocked.popleft()
+
+    def _handoff(self, t: float, copy: Request) -> None:
+        rid = copy.request_id
+        request = self.originals[rid]
+        transfer = self.transfers[rid]
+        transfer.ready_s = t
+        # the prefill side's story is the request's: its first token, queueing, cache hits, recompute
+        request.token_ids = list(copy.token_ids)
+        for name in ("first_scheduled_time", "first_token_time", "num_cached_tokens", "num_preemptions",
+                     "num_recomputed_tokens", "max_computed_tokens", "block_hashes"):
+            setattr(request, name, getattr(copy, name))
+        if request.max_tokens is None:  # until max_model_len, as the decode replica's scheduler would say
+            request.max_tokens = self.decode[0].scheduler.config.max_model_len - request.num_prompt_tokens
+        if copy.finish_reason is not FinishReason.LENGTH or request.max_tokens <= 1:
+            self.prefill[transfer.prefill].release(rid, t)
+            request.status, request.finish_reason, request.finish_time = RequestStatus.FINISHED, copy.finish_reason, t
+            return
+        why = self.decode[0].fits_ever(request)
+        if why is not None:
+            self.prefill[transfer.prefill].release(rid, t)
+            self.rejected[rid] = why
+            return
+        if self.blocked or not self._start(t, request, blocked=False):
+            self.blocked.append(request)
+            self.max_blocked = max(self.max_blocked, len(self.blocked))
+
+    def _start(self, t: float, request: Request, blocked: bool) -> bool:
+        """Reserve decode blocks and start the transfer; False when no decode replica can take it."""
+        open_ = [replica for replica in self.decode if replica.can_take(request)]
+        if not open_:
+            return False
+        choice = self.decode_router.route(request, open_)
+        if not 0 <= choice < len(open_):
+            raise RuntimeError(f"decode router chose replica {choice} of {len(open_)}")
+        target = open_[choice]
+        target.reserve(request)
+        transfer = self.transfers[request.request_id]
+        prefill_s = 0.0 if blocked or request.first_scheduled_time is None else t - request.first_scheduled_time
+        seconds, nbytes = self.pricer.price(request.num_prompt_tokens, transfer.prefill, target.index, prefill_s)
+        transfer.decode, transfer.start_s, transfer.transfer_s, transfer.bytes = target.index, t, seconds, nbytes
+        self.push(t + seconds, LANDED, request)
+        return True
+
+
+def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica], requests: Iterable[Request],
+                      prefill_router: Router, decode_router: Router, pricer: TransferPricer,
+                      on_step: FleetStepHook | None = None) -> DisaggResult:
+    """Serve requests to completion; replica indices in on_step: prefill first, then decode."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    fleet = _Fleet(prefill, decode, decode_router, pricer, on_step)
+    replicas = fleet.replicas
+    next_arrival = 0
+    while True:
+        t_arrival = pending[next_arrival].arrival_time if next_arrival < len(pending) else math.inf
+        t_event = fleet.events[0][0] if fleet.events else math.inf
+        t = min(t_arrival, t_event)
+        # the replica whose next iteration starts first runs it, if it starts before the next event
+        first = min(replicas, key=_next_event_time)
+        if first.next_event_time() < t:
+            first.tick()
+            continue
+        if t == math.inf:
+            break
+        if t_event <= t_arrival:
+            _, _, kind, request = heapq.heappop(fleet.events)
+            fleet.handle(t, kind, request)
+            continue
+        request = pending[next_arrival]
+        next_arrival += 1
+        fleet.originals[request.request_id] = request
+        choice = prefill_router.route(request, prefill)
+        if not 0 <= choice < len(prefill):
+            raise RuntimeError(f"prefill router chose replica {choice} of {len(prefill)}")
+        fleet.transfers[request.request_id] = Transfer(choice)
+        prefill[choice].inbox.append(prefill_copy(request))
+    assert not fleet.blocked, "requests left waiting for a decode replica"
+    return _result(fleet, pending)
+
+
+def _next_event_time(replica: Replica) -> float:
+    return replica.next_event_time()
+
+
+def _result(fleet: _Fleet, pending: list[Request]) -> DisaggResult:
+    rejected = dict(fleet.rejected)
+    for sender in fleet.prefill:
+        rejected.update(sender.result.rejected)
+    finished = [r for r in pending if r.is_finished]
+    transfers = {rid: t for rid, t in fleet.transfers.items() if rid not in rejected}
+    for replica in fleet.replicas:
+        replica.result.makespan_s = replica.clock.now()
+    makespan = max((replica.clock.now() for replica in fleet.replicas), default=0.0)
+    return DisaggResult(finished, [r.result for r in fleet.prefill], [r.result for r in fleet.decode], transfers,
+                        rejected, makespan, fleet.max_blocked)

@@ -1,0 +1,102 @@
+"""fleet=disaggregated: the fleet section as frozen dataclasses, and each pool's RunConfig.
+
+A pool's GPUs: its hardware entry's gpus_per_node (one HGX board). A pool's TP group lives inside
+one node, so its tp_size may not exceed that; link=nvlink puts the whole fleet in one NVLink
+domain, so both pools must be the same GPU type and all their GPUs fit one node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from engine.core.routers import ROUTERS
+from harness.config import CONF_DIR, RunConfig, section
+from harness.convert import ConfigError, to_dataclass
+from harness.fleet.config import backend_tp_size, with_tp_size
+from sim.kv_transfer import TransferConfig
+
+MODE = "disaggregated"
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """tp_size: each replica's TP size (null: the backend's); hardware: a conf/hardware entry (null: the run's)."""
+
+    tp_size: int | None = None
+    hardware: str | None = None
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    mode: str = MODE
+    prefill_replicas: int = 1
+    decode_replicas: int = 1
+    prefill: PoolConfig = field(default_factory=PoolConfig)
+    decode: PoolConfig = field(default_factory=PoolConfig)
+    prefill_router: str | None = None  # null: router.name
+    decode_router: str | None = None
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+
+    def __post_init__(self) -> None:
+        if self.mode != MODE:
+            raise ValueError(f"fleet.mode must be {MODE!r} here, got {self.mode!r}")
+        for name in ("prefill_replicas", "decode_replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"fleet.{name} must be an int >= 1 (a pool needs a replica), got {value!r}")
+        for pool in ("prefill", "decode"):
+            tp = getattr(self, pool).tp_size
+            if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+                raise ValueError(f"fleet.{pool}.tp_size must be an int >= 1 or null, got {tp!r}")
+            router = getattr(self, f"{pool}_router")
+            if router is not None and router not in ROUTERS:
+                raise ValueError(f"fleet.{pool}_router must be one of {list(ROUTERS)} or null, got {router!r}")
+
+
+def is_disaggregated(cfg: DictConfig) -> bool:
+    return "fleet" in cfg and cfg.fleet.get("mode") == MODE
+
+
+def build_disagg(cfg: DictConfig) -> DisaggConfig:
+    data = section(cfg, "fleet")
+    for pool in ("prefill", "decode"):
+        data[pool] = to_dataclass(PoolConfig, data.get(pool) or {}, f"fleet.{pool}")
+    data["transfer"] = to_dataclass(TransferConfig, data.get("transfer") or {}, "fleet.transfer")
+    return to_dataclass(DisaggConfig, data, "fleet")  # type: ignore[no-any-return]
+
+
+def load_hardware(name: str, where: str):  # -> sim.specs.HardwareSpec
+    from sim.specs import HardwareSpec
+
+    path = CONF_DIR / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
+        raise ConfigError(f"{where}: no entry conf/hardware/{name}.yaml; available: {available}")
+    return to_dataclass(HardwareSpec, OmegaConf.to_container(OmegaConf.load(path), resolve=True), f"hardware/{name}")
+
+
+def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, RunConfig]:
+    """The prefill and the decode replicas' RunConfigs, each pool checked against its GPUs and the link."""
+    pools = []
+    for pool in ("prefill", "decode"):
+        spec: PoolConfig = getattr(fleet, pool)
+        hardware = rc.hardware if spec.hardware is None else load_hardware(spec.hardware, f"fleet.{pool}.hardware")
+        tp = spec.tp_size if spec.tp_size is not None else backend_tp_size(rc)
+        if tp > hardware.gpus_per_node:
+            raise ConfigError(f"fleet.{pool}.tp_size={tp} exceeds the {hardware.gpus_per_node} GPUs of one "
+                              f"{hardware.name} node (hardware gpus_per_node): a TP group stays inside a node")
+        pool_rc = dataclasses.replace(with_tp_size(rc, tp, f"fleet.{pool}.tp_size"), hardware=hardware)
+        pools.append(pool_rc)
+    prefill, decode = pools
+    if fleet.transfer.link == "nvlink":
+        if prefill.hardware.name != decode.hardware.name:
+            raise ConfigError(f"fleet.transfer.link=nvlink joins one GPU type, but the pools are "
+                              f"{prefill.hardware.name} and {decode.hardware.name}: use fleet.transfer.link=network")
+        gpus = fleet.prefill_replicas * backend_tp_size(prefill) + fleet.decode_replicas * backend_tp_size(decode)
+        if gpus > prefill.hardware.gpus_per_node:
+            raise ConfigError(f"fleet.transfer.link=nvlink: the fleet's {gpus} GPUs exceed one node's "
+                              f"{prefill.hardware.gpus_per_node}: use fleet.transfer.link=network")
+    return prefill, decode

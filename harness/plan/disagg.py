@@ -1,0 +1,160 @@
+"""The disaggregated half of the deployment search (plan.modes includes disaggregated).
+
+A candidate is each pool's GPU type and TP size (plan.hardware x plan.tp_sizes, per pool), the
+scheduler knobs, the policy, one router for both pools (plan.routers) and P, D in
+1..plan.disagg_max_pool_replicas. The link is the plan's choice: NVLink where both pools are one
+GPU type and the fleet fits one node, else the network. Candidates are simulated cheapest first
+until one meets the SLO: it is the cheapest disaggregated deployment (every cheaper one was
+tried), or plan.disagg_max_evals evaluations run out first (logged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from itertools import product
+
+import pandas as pd
+from tqdm import tqdm
+
+from harness.convert import ConfigError
+from harness.fleet.disagg import run_disagg_once
+from harness.fleet.disagg_config import DisaggConfig, PoolConfig
+from harness.output.metrics import SUMMARY_STEP_COLUMNS
+from harness.run import cyclic_gc_paused
+from harness.workloads import fit_warnings_muted
+from sim.kv_transfer import TransferConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    prefill_hardware: str
+    prefill_tp: int
+    decode_hardware: str
+    decode_tp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    policy: str
+    router: str
+    prefill_replicas: int
+    decode_replicas: int
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill_tp * self.prefill_replicas + self.decode_tp * self.decode_replicas
+
+
+def candidates(plan, catalogue: dict) -> list[Candidate]:
+    n = range(1, plan.disagg_max_pool_replicas + 1)
+    return [Candidate(*values) for values in product(plan.hardware, plan.tp_sizes, plan.hardware, plan.tp_sizes,
+                                                     plan.max_num_seqs, plan.max_num_batched_tokens, plan.policies,
+                                                     plan.routers, n, n)]
+
+
+def cost_per_hour(c: Candidate, catalogue: dict) -> float:
+    return (catalogue[c.prefill_hardware].price_per_gpu_hour * c.prefill_tp * c.prefill_replicas
+            + catalogue[c.decode_hardware].price_per_gpu_hour * c.decode_tp * c.decode_replicas)
+
+
+def _link(c: Candidate, catalogue: dict) -> str:
+    same = c.prefill_hardware == c.decode_hardware
+    return "nvlink" if same and c.gpus <= catalogue[c.prefill_hardware].gpus_per_node else "network"
+
+
+def evaluate(c: Candidate, base) -> dict:
+    """One plan.csv row (base: harness.plan.search.PlanBase)."""
+    cost = cost_per_hour(c, base.catalogue)
+    head = {"mode": "disaggregated", "hardware": f"{c.prefill_hardware}/{c.decode_hardware}",
+            "tp_size": math.nan, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+            "policy": c.policy, "router": c.router, "replicas": c.prefill_replicas + c.decode_replicas,
+            **{f: getattr(c, f) for f in ("prefill_hardware", "prefill_tp", "prefill_replicas", "decode_hardware",
+                                          "decode_tp", "decode_replicas")},
+            "gpus": c.gpus, "cost_per_hour": cost}
+    started = time.perf_counter()
+    fleet = DisaggConfig(prefill_replicas=c.prefill_replicas, decode_replicas=c.decode_replicas,
+                         prefill=PoolConfig(c.prefill_tp, c.prefill_hardware),
+                         decode=PoolConfig(c.decode_tp, c.decode_hardware),
+                         transfer=TransferConfig(link=_link(c, base.catalogue)))
+    scheduler = dataclasses.replace(base.rc.scheduler, policy=c.policy, max_num_seqs=c.max_num_seqs,
+                                    max_num_batched_tokens=c.max_num_batched_tokens)
+    try:
+        with cyclic_gc_paused(), fit_warnings_muted():
+            outcome = run_disagg_once(dataclasses.replace(base.rc, scheduler=scheduler), fleet,
+                                      dataclasses.replace(base.router, name=c.router), progress=False,
+                                      step_columns=(*SUMMARY_STEP_COLUMNS, "start", "duration", "free_blocks"))
+    except (ValueError, TypeError, ConfigError) as error:
+        return {**head, "slo_ratio": math.inf, "meets_slo": False, "error": str(error).splitlines()[0],
+                "eval_s": time.perf_counter() - started}
+    s = outcome.summary
+    measures = {k: s[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+                                  "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "output_tok_s", "request_s",
+                                  "transfer_p50_s", "transfer_p90_s")}
+    rejected = s.labels.num_rejected
+    ratio = max(s.ttft_p90_s / base.slo.ttft_p90_s, s.tpot_p90_s / base.slo.tpot_p90_s)
+    ratio = ratio if math.isfinite(ratio) else math.inf
+    return {**head, **measures, "num_rejected": rejected, "slo_ratio": ratio,
+            "meets_slo": bool(ratio <= 1.0 and rejected == 0), "error": "", "eval_s": time.perf_counter() - started}
+
+
+def search_disaggregated(plan, base, progress: bool = False, below: float = math.inf) -> pd.DataFrame:
+    """Candidates cheaper than `below` (the aggregated mode's best), cheapest first, until one meets
+    the SLO or plan.disagg_max_evals run out. With one replica per pool every router routes alike,
+    so only the first router is tried there."""
+    ordered = sorted((c for c in candidates(plan, base.catalogue)
+                      if cost_per_hour(c, base.catalogue) < below
+                      and (c.prefill_replicas > 1 or c.decode_replicas > 1 or c.router == plan.routers[0])),
+                     key=lambda c: (cost_per_hour(c, base.catalogue), c.gpus))
+    rows = []
+    for c in tqdm(ordered[: plan.disagg_max_evals], desc="disaggregated deployments", unit="dep",
+                  disable=not progress, leave=False):
+        row = evaluate(c, base)
+        rows.append(row)
+        if row["meets_slo"]:
+            break
+    else:
+        if len(ordered) > plan.disagg_max_evals:
+            log.warning("disaggregated search: plan.disagg_max_evals=%d evaluations ran out (%d candidates, cheapest "
+                        "first) before one met the SLO", plan.disagg_max_evals, len(ordered))
+    return pd.DataFrame(rows)
+
+
+def compare_modes(aggregated: pd.DataFrame, plan, base, slo, title: str, out_dir, progress: bool) -> pd.DataFrame:
+    """plan.csv with both modes (a mode column), plan_modes.png, and the log's cheapest of each mode."""
+    from harness.plan.plots import plot_modes
+
+    passing = aggregated[aggregated["meets_slo"].astype(bool)] if len(aggregated) else aggregated
+    below = float(passing["cost_per_hour"].min()) if len(passing) else math.inf
+    disaggregated = search_disaggregated(plan, base, progress, below)
+    table = pd.concat([aggregated.assign(mode="aggregated") if len(aggregated) else aggregated, disaggregated],
+                      ignore_index=True)
+    cheapest = {}
+    for mode in plan.modes:
+        rows = table[(table["mode"] == mode) & table["meets_slo"].astype(bool)] if len(table) else table
+        if len(rows):
+            best = rows.loc[rows["cost_per_hour"].idxmin()]
+            cheapest[mode] = best
+            log.info("cheapest %s deployment meeting the SLO: $%.2f/h, %s", mode, best["cost_per_hour"],
+                     _describe(best))
+        else:
+            log.info("no %s deployment evaluated meets the SLO%s", mode,
+                     f" (only those under the aggregated best, ${below:.2f}/h, were tried)"
+                     if mode == "disaggregated" and math.isfinite(below) else "")
+    if cheapest:
+        winner = min(cheapest, key=lambda m: cheapest[m]["cost_per_hour"])
+        log.info("winner: %s ($%.2f/h)", winner, cheapest[winner]["cost_per_hour"])
+    plot_modes(table, slo, title, out_dir / "plan_modes.png")
+    return table
+
+
+def _describe(row: pd.Series) -> str:
+    if row["mode"] == "disaggregated":
+        pools = (f"{int(row['prefill_replicas'])}P x {row['prefill_hardware']} TP {int(row['prefill_tp'])} + "
+                 f"{int(row['decode_replicas'])}D x {row['decode_hardware']} TP {int(row['decode_tp'])}")
+    else:
+        pools = f"{int(row['replicas'])} x {row['hardware']} TP {int(row['tp_size'])}"
+    return (f"{pools} ({int(row['gpus'])} GPUs), policy {row['policy']}, router {row['router']}: "
+            f"P90 TTFT {row['ttft_p90_s']:.3f} s, P90 TPOT {row['tpot_p90_s']:.4f} s")

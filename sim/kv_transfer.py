@@ -1,0 +1,87 @@
+"""The price of moving a request's prompt KV from a prefill replica to a decode replica.
+
+bytes = prompt tokens x the KV bytes per token the decode pool stores (all layers; per rank
+times its TP size, so KV heads replicated across ranks are sent to each). Each rank of the
+smaller TP group streams its share over its own link, so
+
+    transfer_s = latency + bytes / (min(tp_prefill, tp_decode) x bandwidth)
+
+with bandwidth the per-GPU, one-way figure of the link (hardware.nvlink_bandwidth inside a node,
+hardware.network_bandwidth between nodes; the slower GPU type's where pools differ) and latency
+its per-transfer cost. Concurrent transfers do not slow each other (no contention model).
+
+Layer-by-layer overlap (layerwise=True): layer i's KV is sent while layers > i are computed. With
+L layers, a prefill of p seconds and a transfer of x = bytes / bandwidth, the last layer's KV
+lands max(x / L, x - p (L - 1) / L) after the prefill ends (a pipeline whose slower stage sets
+the pace), plus the latency. engine.core.disagg_fleet passes p = 0 for a transfer that had to
+wait for a decode replica (the KV was complete before it could start).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.specs import HardwareSpec, ModelSpec
+
+LINKS = ("nvlink", "network")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """fleet.transfer: link (nvlink | network); bandwidth (bytes/s per GPU, one way) and latency_s
+    override the hardware's figures for that link (null: the hardware's); layerwise: overlap the
+    transfer with the prefill layer by layer."""
+
+    link: str = "nvlink"
+    bandwidth: float | None = None
+    latency_s: float | None = None
+    layerwise: bool = False
+
+    def __post_init__(self) -> None:
+        if self.link not in LINKS:
+            raise ValueError(f"fleet.transfer.link must be one of {list(LINKS)}, got {self.link!r}")
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise ValueError(f"fleet.transfer.bandwidth must be > 0 (bytes/s) or null, got {self.bandwidth!r}")
+        if self.latency_s is not None and not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"fleet.transfer.latency_s must be a number >= 0 or null, got {self.latency_s!r}")
+        if not isinstance(self.layerwise, bool):
+            raise ValueError(f"fleet.transfer.layerwise must be true or false, got {self.layerwise!r}")
+
+
+def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: HardwareSpec) -> tuple[float, float]:
+    """(bytes/s per GPU one way, seconds per transfer) of the configured link between the pools."""
+    figures = []
+    for name in ("bandwidth", "latency_s"):
+        override = getattr(config, name)
+        if override is not None:
+            figures.append(float(override))
+            continue
+        key = f"{config.link}_{name}"
+        values = [getattr(spec, key) for spec in (prefill, decode)]
+        for spec, value in zip((prefill, decode), values):
+            if value is None:
+                raise ValueError(f"hardware {spec.name} has no {key}: fleet.transfer.link={config.link} needs it "
+                                 f"(or set fleet.transfer.{name})")
+        figures.append(min(values) if name == "bandwidth" else max(values))
+    return figures[0], figures[1]
+
+
+class KVTransferPricer:
+    """engine.core.disagg_fleet.TransferPricer for pools of fixed TP sizes over one link kind."""
+
+    def __init__(self, config: TransferConfig, model: ModelSpec, prefill: HardwareSpec, decode: HardwareSpec,
+                 prefill_tp: int, decode_tp: int) -> None:
+        self.bandwidth, self.latency_s = link_figures(config, prefill, decode)
+        self.bytes_per_token = model.kv_bytes_per_token_per_rank(decode_tp) * decode_tp
+        self.streams = min(prefill_tp, decode_tp)
+        self.num_layers = model.num_layers
+        self.layerwise = config.layerwise
+
+    def price(self, num_tokens: int, prefill: int, decode: int, overlap_s: float) -> tuple[float, int]:
+        nbytes = num_tokens * self.bytes_per_token
+        wire = nbytes / (self.streams * self.bandwidth)
+        if self.layerwise:
+            layers = self.num_layers
+            wire = max(wire / layers, wire - overlap_s * (layers - 1) / layers)
+        return self.latency_s + wire, nbytes

@@ -1,0 +1,62 @@
+"""fleet=disaggregated through the harness: its tables, and bad input in one line."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness.convert import ConfigError
+from harness.study import run_study
+from tests.harness.conftest import compose_config
+
+SMALL = ["fleet=disaggregated", "workload=poisson", "workload.num_requests=40", "workload.rate=20",
+         "workload.prompt_len.high=400", "workload.output_len.high=100", "output.plots=false"]
+
+
+def test_a_disaggregated_run_writes_the_transfer_columns(tmp_path):
+    run_study(compose_config([*SMALL, "fleet.decode_replicas=2"]), tmp_path)
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert len(requests) == 40 and set(requests["prefill_replica"]) == {0}
+    moved = requests[requests["output_tokens"] > 1]
+    assert set(moved["decode_replica"]) == {0, 1}
+    assert (moved["transfer_s"] > 0).all() and (moved["transfer_bytes"] > 0).all()
+    # TTFT is the prefill replica's: queueing then prefill; the transfer comes after the first token
+    assert (requests["ttft"] - requests["queue_s"] - requests["prefill_s"]).abs().max() < 1e-9
+    assert (moved["transfer_start"] >= moved["first_token"]).all()
+    # qwen3-0.6b: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 114,688 bytes a token
+    assert (moved["transfer_bytes"] == moved["prompt_tokens"] * 114_688).all()
+    assert summary["transfer_p50_s"] <= summary["transfer_p90_s"] <= summary["transfer_p99_s"]
+    assert summary["prefill_replicas"] == 1 and summary["decode_replicas"] == 2
+
+
+def test_the_network_is_slower_than_nvlink(tmp_path):
+    p50 = {}
+    for link in ("nvlink", "network"):
+        out = tmp_path / link
+        run_study(compose_config([*SMALL, f"fleet.transfer.link={link}"]), out)
+        p50[link] = pd.read_csv(out / "summary.csv")["transfer_p50_s"].iloc[0]
+    assert p50["network"] > 5 * p50["nvlink"]  # 50 GB/s against 450 GB/s each way
+
+
+@pytest.mark.parametrize("override, message", [
+    ("fleet.prefill_replicas=0", r"fleet.prefill_replicas must be an int >= 1"),
+    ("fleet.decode_replicas=0", r"fleet.decode_replicas must be an int >= 1"),
+    ("fleet.decode.tp_size=16", r"fleet.decode.tp_size=16 exceeds the 8 GPUs of one H100-SXM5-80GB node"),
+    ("fleet.prefill.hardware=a100", r"fleet.transfer.link=nvlink joins one GPU type"),
+    ("fleet.decode_replicas=9", r"the fleet's 10 GPUs exceed one node's 8: use fleet.transfer.link=network"),
+    ("cache.num_blocks=1", r"fleet.decode: a decode replica's KV cache holds 1 blocks"),
+    ("fleet.transfer.link=pcie", r"fleet.transfer.link must be one of \['nvlink', 'network'\]"),
+    ("fleet.decode_router=random", r"fleet.decode_router must be one of"),
+])
+def test_bad_disaggregated_input_is_one_line_naming_the_field(override, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config([*SMALL, override]), tmp_path)
+    assert "\n" not in str(error.value)
+
+
+def test_pools_may_differ_in_gpu_type_over_the_network(tmp_path):
+    run_study(compose_config([*SMALL, "fleet.prefill.hardware=h200", "fleet.decode.hardware=a100",
+                              "fleet.transfer.link=network"]), tmp_path)
+    summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert summary["hardware"] == "H200-SXM-141GB / A100-SXM4-80GB"
