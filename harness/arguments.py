@@ -62,7 +62,8 @@ def _values(override) -> list[str] | None:
     if override.is_delete():
         return []
     if not override.is_sweep_override():
-        return [override.get_value_element_as_str()]
+        # as typed: Hydra reads `0.` as the float 0.0, but the user looks for what they wrote
+        return [override.input_line.split("=", 1)[1]]
     from hydra.errors import HydraException
 
     try:
