@@ -22,6 +22,8 @@ class SimConfig:
     profile_tp_size: the tensor-parallel size the profile was measured at; None:
     execution.tensor_parallel_size. A profile measured at 1 and run at a larger size is priced
     through sim.tp_transfer.
+    fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
+    outputs identical to stepping them one by one (False).
     """
 
     cost_model: str = "roofline"
@@ -31,6 +33,7 @@ class SimConfig:
     eos_token_id: int | None = None
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     profile_tp_size: int | None = None
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         COST_MODELS.check(self.cost_model)
@@ -44,6 +47,8 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"SimConfig.{name} must be None or an int >= {low}, got {value!r}")
+        if not isinstance(self.fast_forward, bool):
+            raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"SimConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
 
