@@ -4,7 +4,12 @@
       H100, nano policy, max_model_len 16384 (the trace's longest request is 14,050 + decode
       tokens): target under 30 s;
   (b) nano-vllm's bench (256 offline requests, lengths uniform in [100, 1024]), Qwen3-0.6B on an
-      H100: target under 2 s.
+      H100: target under 2 s;
+  (c) the decode-heavy class (500 Poisson requests at 2 req/s, prompts uniform in [800, 1200], outputs
+      in [1400, 1800]), Qwen3-8B on an H100.
+
+--fast-forward both (the default) times each case with backend.fast_forward=true and =false side by
+side (engine.core.fast_forward) and checks that both give the same requests and steps tables.
 
 Each case is timed end to end in-process through harness.run.run_once, as `python -m harness`
 runs it (build the executor and the requests, drive the core loop, tabulate requests and steps),
@@ -47,17 +52,24 @@ CASES = {
     "azure_conv_qwen3_8b_h100": (
         ["model=qwen3-8b", "hardware=h100", "workload=trace_azure_conv", "scheduler.max_model_len=16384"], 30.0),
     "nano_bench_qwen3_0_6b_h100": (["model=qwen3-0.6b", "hardware=h100", "experiment=bench"], 2.0),
+    # the decode-heavy class: prompts about 1,000 tokens, outputs about 1,600, Poisson arrivals
+    "decode_heavy_qwen3_8b_h100": (
+        ["model=qwen3-8b", "hardware=h100", "workload=poisson", "workload.num_requests=500", "workload.rate=2",
+         "workload.prompt_len.low=800", "workload.prompt_len.high=1200", "workload.output_len.low=1400",
+         "workload.output_len.high=1800", "scheduler.max_model_len=4096"], 30.0),
 }
 RESULTS = REPO_ROOT / "experiments" / "results" / "sim_speed.csv"  # committed, rewritten only on request
 COMPONENTS = (("engine/core/", "core scheduler"), ("/sim/", "simulator"), ("/harness/", "harness"))
 
 
-def time_case(overrides: list[str]) -> dict:
+def time_case(overrides: list[str], tables: dict | None = None) -> dict:
     rc = compose_run_config(overrides)
     t0 = time.perf_counter()
     outcome = run_once(rc, progress=False, record=False)
     total = time.perf_counter() - t0
     loop = outcome.summary["wall_s"]
+    if tables is not None:
+        tables["requests"], tables["steps"] = outcome.requests, outcome.steps
     return {
         "requests": len(outcome.requests), "steps": len(outcome.steps),
         "simulated_makespan_s": outcome.summary["makespan_s"], "output_tok_s": outcome.summary["output_tok_s"],
@@ -105,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, choices=range(1, 101), metavar="1..100")
     parser.add_argument("--profile", action="store_true", help="also split the time by component (cProfile)")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--fast-forward", choices=("both", "on", "off"), default="both",
+                        help="backend.fast_forward: both times each case with it on and off")
     parser.add_argument("--out", type=Path, default=None,
                         help="where the rows go, and the split beside it as <stem>_profile.csv "
                              "(default: outputs/bench/sim_speed.csv, not tracked by git)")
@@ -124,27 +138,39 @@ def main(argv: list[str] | None = None) -> int:
                              *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
     }
     rows, profile_rows = [], []
+    modes = {"both": ("on", "off"), "on": ("on",), "off": ("off",)}[args.fast_forward]
     for case in args.cases:
-        overrides, target = CASES[case]
-        runs = [time_case(overrides) for _ in range(args.repeats)]
-        totals = [r["total_s"] for r in runs]
-        best = min(runs, key=lambda r: r["total_s"])
-        row = {"case": case, "overrides": " ".join(overrides), **best, "total_median_s": statistics.median(totals),
-               "repeats": args.repeats, "target_s": target, "meets_target": statistics.median(totals) < target,
-               **common}
-        rows.append(row)
-        print(f"{case}: {row['requests']} requests, {row['steps']} steps, "
-              f"simulated {row['simulated_makespan_s']:.1f} s; "
-              f"wall min {min(totals):.2f} s, median {row['total_median_s']:.2f} s "
-              f"(loop {best['loop_s']:.2f}, set-up and tables {best['setup_and_tables_s']:.2f}); "
-              f"target < {target:g} s: {'met' if row['meets_target'] else 'MISSED'}")
-        if args.profile:
-            split = profile_case(overrides)
-            total = sum(split.values())
-            for name, seconds in sorted(split.items(), key=lambda kv: -kv[1]):
-                profile_rows.append({"case": case, "component": name, "seconds": seconds, "share": seconds / total,
-                                     **common})
-                print(f"    {name:38s} {seconds:7.2f} s  {100 * seconds / total:5.1f}% (under cProfile)")
+        case_overrides, target = CASES[case]
+        outputs: dict[str, dict] = {}
+        for mode in modes:
+            overrides = [*case_overrides, f"backend.fast_forward={'true' if mode == 'on' else 'false'}"]
+            outputs[mode] = {}
+            runs = [time_case(overrides, outputs[mode]) for _ in range(args.repeats)]
+            totals = [r["total_s"] for r in runs]
+            best = min(runs, key=lambda r: r["total_s"])
+            row = {"case": case, "fast_forward": mode, "overrides": " ".join(overrides), **best,
+                   "total_median_s": statistics.median(totals), "repeats": args.repeats, "target_s": target,
+                   "meets_target": statistics.median(totals) < target, **common}
+            rows.append(row)
+            print(f"{case} (fast-forward {mode}): {row['requests']} requests, {row['steps']} steps, "
+                  f"simulated {row['simulated_makespan_s']:.1f} s; "
+                  f"wall min {min(totals):.2f} s, median {row['total_median_s']:.2f} s "
+                  f"(loop {best['loop_s']:.2f}, set-up and tables {best['setup_and_tables_s']:.2f}); "
+                  f"target < {target:g} s: {'met' if row['meets_target'] else 'MISSED'}")
+            if args.profile:
+                split = profile_case(overrides)
+                total = sum(split.values())
+                for name, seconds in sorted(split.items(), key=lambda kv: -kv[1]):
+                    profile_rows.append({"case": case, "fast_forward": mode, "component": name, "seconds": seconds,
+                                         "share": seconds / total, **common})
+                    print(f"    {name:38s} {seconds:7.2f} s  {100 * seconds / total:5.1f}% (under cProfile)")
+        if len(outputs) == 2:
+            for table in ("requests", "steps") if all(outputs.values()) else ():
+                pd.testing.assert_frame_equal(outputs["on"][table], outputs["off"][table], check_exact=True)
+            on, off = (next(r for r in rows if r["case"] == case and r["fast_forward"] == m) for m in ("on", "off"))
+            speedup = off["total_median_s"] / on["total_median_s"]
+            on["speedup"] = off["speedup"] = speedup
+            print(f"{case}: fast-forward {speedup:.1f}x fewer seconds, identical requests and steps tables")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(args.out, index=False, float_format="%.4g")
     if profile_rows:

@@ -42,7 +42,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         device=f"simulated {hardware.name}",
         all_reduce=priced_all_reduce(execution.all_reduce, execution.tensor_parallel_size, hardware.prices_one_shot),
     )
-    return SimExecutor(cost_model, info, execution.seed)
+    return SimExecutor(cost_model, info, execution.seed, sim.fast_forward)
 
 
 __all__ = [

@@ -27,6 +27,8 @@ class SimConfig:
     experts, as a Zipf exponent over the experts' popularity ranks (0: uniform; sim.moe, which also
     estimates it from an engine's observed per-expert counts: fit_routing_skew). Dense models
     ignore it.
+    fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
+    outputs identical to stepping them one by one (False).
     """
 
     cost_model: str = "roofline"
@@ -37,6 +39,7 @@ class SimConfig:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     profile_tp_size: int | None = None
     moe_routing_skew: float = 0.0
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         COST_MODELS.check(self.cost_model)
@@ -54,6 +57,8 @@ class SimConfig:
         if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0.0 <= skew <= MAX_SKEW:
             raise ValueError(f"SimConfig.moe_routing_skew must be a number in [0, {MAX_SKEW}] (0: uniform routing), "
                              f"got {skew!r}")
+        if not isinstance(self.fast_forward, bool):
+            raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"SimConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
 

@@ -15,13 +15,16 @@ one at a time, is priced after cost_model.drained(): nothing runs before it to h
 
 from __future__ import annotations
 
+import itertools
 import struct
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
-from engine.core.plan import StepPlan, StepResult
+from engine.core.plan import ScheduledRequest, StepPlan, StepResult
 
 if TYPE_CHECKING:
     from sim.cost_model import CostModel
@@ -31,7 +34,7 @@ _position_bytes = struct.Struct("<Q").pack
 
 
 class SimExecutor:
-    def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0) -> None:
+    def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True) -> None:
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
@@ -48,6 +51,7 @@ class SimExecutor:
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
         self._hooks = StepHooks()
         self._unread = 0  # submitted steps whose result the loop has not read yet
+        self.fast_forward = fast_forward  # engine.core.fast_forward books runs of decode steps at once
 
     def info(self) -> BackendInfo:
         return self._info
@@ -97,11 +101,60 @@ class SimExecutor:
             append(token)
         return StepResult(tokens, self.cost_model.step_time(plan))
 
+    # ---- fast-forward (engine.core.fast_forward.DecodeRunner) ------------------------------------
+
+    def decode_prices(self, plan: StepPlan) -> Iterator[float] | None:
+        """The prices of plan's repeats, as execute() (drained before each) or submit() (one in
+        flight) would give them; None when fast-forward is off or hooks watch the steps."""
+        if not self.fast_forward or self._hooks.watched:
+            return None
+        cost_model = self.cost_model
+        repeats = getattr(cost_model, "decode_repeats", None)
+        prices: Iterator[float] = repeats(plan) if repeats is not None else _repeat_plans(cost_model, plan)
+        # steps executed one at a time are each priced after drained(), as execute() does
+        return prices if self._info.overlaps_steps else _drained_before(cost_model, prices)
+
+    def sample_tokens(self, request_id: str, first_position: int, count: int) -> list[int]:
+        seeds = self._request_seeds
+        request_seed = seeds.get(request_id)
+        hash_int = xxhash.xxh64_intdigest
+        if request_seed is None:
+            request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
+        vocab = self._vocab_size
+        eos = self._eos_token_id
+        tokens = [hash_int(_position_bytes(p), request_seed) % vocab
+                  for p in range(first_position, first_position + count)]
+        if eos is not None and eos in tokens:
+            tokens = [(t + 1) % vocab if t == eos else t for t in tokens]
+        return tokens
+
+    def resubmitted(self, pending: PendingStep, result: StepResult) -> PendingStep:
+        """The in-flight step (read by the caller) replaced by one priced to result."""
+        self._unread += 1
+        return _Priced(result, self)
+
     def shutdown(self) -> None:
         self._request_seeds.clear()
 
     def _read(self) -> None:
         self._unread -= 1
+
+
+def _drained_before(cost_model: CostModel, prices: Iterator[float]) -> Iterator[float]:
+    """prices, with cost_model.drained() called before each is computed (steps run one at a time)."""
+    while True:
+        cost_model.drained()
+        yield next(prices)
+
+
+def _repeat_plans(cost_model: CostModel, plan: StepPlan) -> Iterator[float]:
+    """Prices of plan's repeats from a plan built for each (a cost model without decode_repeats)."""
+    stats = plan.stats
+    for j in itertools.count(1):
+        entries = [ScheduledRequest(e.request_id, e.token_ids, e.num_computed_tokens + j, e.block_table, e.sample,
+                                    e.sampling_params, e.num_output_tokens + j, e.is_decode) for e in plan.scheduled]
+        yield cost_model.step_time(StepPlan(entries, replace(stats, step=stats.step + j), [], [],
+                                            plan.use_cuda_graphs))
 
 
 class _Priced:

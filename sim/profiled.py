@@ -48,8 +48,9 @@ measured it, behind a repeat of itself).
 
 from __future__ import annotations
 
+import itertools
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -244,11 +245,22 @@ class ProfiledCostModel:
                    for part in REQUIRED_OVERLAP_PARTS)
 
     def step_time(self, plan: StepPlan) -> float:
+        return self._price(step_features(plan, self.graphs, self.distinct_experts), plan.stats.step)
+
+    def decode_repeats(self, plan: StepPlan) -> Iterator[float]:
+        """step_time() of plan's repeats (a decode step; engine.core.fast_forward), each with every
+        context j tokens longer, j = 1, 2, ...: only decode_context_tokens changes."""
         features = step_features(plan, self.graphs, self.distinct_experts)
+        context = features["decode_context_tokens"]
+        num_seqs = features["num_seqs"]
+        for j in itertools.count(1):
+            yield self._price({**features, "decode_context_tokens": context + j * num_seqs}, plan.stats.step + j)
+
+    def _price(self, features: dict[str, int], step: int) -> float:
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
-            duration = self.overlapped(features, duration, self._previous if plan.stats.step else None)
+            duration = self.overlapped(features, duration, self._previous if step else None)
             self._previous = (duration, self._part("launch", features))
         return duration + self.host_time(features)
 

@@ -31,6 +31,9 @@ Phases, per rank of a tensor-parallel group:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.plan import StepPlan
 from engine.core.sampling_params import samples_by_shard
@@ -139,6 +142,19 @@ class RooflineCostModel:
         whole_vocab = bool(self._num_all_reduces and num_sampled) and gathers_logits(plan)
         return self.time_for(num_tokens, num_sampled, context, pairs, num_seqs, plan.stats.repeated_kv_tokens,
                              whole_vocab)
+
+    def decode_repeats(self, plan: StepPlan) -> Iterator[float]:
+        """step_time() of plan's repeats (a decode step; engine.core.fast_forward), each with every
+        context j tokens longer, j = 1, 2, ...: the same arithmetic on the same totals."""
+        scheduled = plan.scheduled
+        num_seqs = len(scheduled)
+        context = sum(entry.num_computed_tokens for entry in scheduled)
+        whole_vocab = bool(self._num_all_reduces and num_seqs) and gathers_logits(plan)
+        repeated = plan.stats.repeated_kv_tokens
+        for j in itertools.count(1):
+            context_j = context + j * num_seqs
+            yield self.time_for(num_seqs, num_seqs, context_j, decode_attention_pairs(context_j, num_seqs), num_seqs,
+                                repeated, whole_vocab)
 
     def drained(self) -> None:
         """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""

@@ -222,7 +222,7 @@ def test_bench_sim_speed_writes_the_committed_results_only_when_asked(tmp_path, 
     monkeypatch.setattr(bench.os, "sched_setaffinity", lambda *a: None, raising=False)  # not the test process
     row = {"requests": 1, "steps": 1, "simulated_makespan_s": 1.0, "output_tok_s": 1.0, "loop_s": 0.1,
            "setup_and_tables_s": 0.1, "total_s": 0.2}
-    monkeypatch.setattr(bench, "time_case", lambda overrides: row)
+    monkeypatch.setattr(bench, "time_case", lambda overrides, tables=None: row)
     monkeypatch.setattr(bench, "profile_case", lambda overrides: {"simulator": 1.0})
     bench.main(["--repeats", "1", "--profile"])
     both = ["sim_speed.csv", "sim_speed_profile.csv"]

@@ -126,6 +126,10 @@ class StepHooks:
 
         return remove
 
+    @property
+    def watched(self) -> bool:
+        return bool(self._hooks)
+
     def executed(self, plan: StepPlan, execute: Callable[[StepPlan], StepResult]) -> StepResult:
         if not self._hooks:
             return execute(plan)

@@ -63,6 +63,7 @@ def run_fleet(replicas: Sequence[Replica], requests: Iterable[Request], router: 
 
 def _run_until(replica: Replica, t: float) -> None:
     """Run the replica's iterations that start before t."""
+    replica.stop_at = t
     while replica.next_event_time() < t:
         replica.tick()
 

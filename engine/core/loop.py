@@ -16,6 +16,7 @@ from typing import Protocol
 
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.executor import Executor, PendingStep
+from engine.core.fast_forward import DecodeRunner, fast_forward
 from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
@@ -113,6 +114,11 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
         self.result = RunResult(requests=[], steps=[])
         self.on_step: FleetStepHook | None = None
+        # No step may start at or after this (a fleet's next routing); the inbox's head bounds it too.
+        self.stop_at = math.inf
+        # Runs of identical decode steps are booked at once (engine.core.fast_forward) on a simulated
+        # clock, by an executor that prices them so.
+        self.runner = executor if isinstance(executor, DecodeRunner) and isinstance(clock, SimulatedClock) else None
 
     # ---- what routers read ----------------------------------------------------------------
 
@@ -168,6 +174,13 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
             self.in_flight = (plan, submitted, now)
         else:
             self.complete(plan, self.executor.execute(plan), now)
+        if self.runner is not None and plan.stats.kind == "decode":
+            fast_forward(self, plan, self.runner)
+
+    def horizon(self) -> float:
+        """A step may start only before this: the next arrival, or the fleet's next routing."""
+        inbox = self.inbox
+        return min(self.stop_at, inbox[0].arrival_time) if inbox else self.stop_at
 
     def finish_in_flight(self) -> None:
         assert self.in_flight is not None, "only a step in flight can finish"
@@ -182,7 +195,11 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         end = clock.now() - step_result.ready_age_s
         finished = self.scheduler.update(plan, step_result, end)
         start = end - duration if self.overlap else planned_at
-        record = StepRecord(start, duration, plan.stats, step_result.idle_s)
+        self.record_step(start, duration, plan.stats, step_result.idle_s, finished)
+
+    def record_step(self, start: float, duration: float, stats: StepStats, idle_s: float | None,
+                    finished: list[Request]) -> None:
+        record = StepRecord(start, duration, stats, idle_s)
         self.result.steps.append(record)
         if finished:
             self.result.requests.extend(finished)

@@ -78,5 +78,16 @@ class Policy(ABC):
     def build_step(self, scheduler: Scheduler) -> list[ScheduledRequest]:
         """Plan one step: allocate blocks, move requests between the queues, return the entries."""
 
+    def repeats_decode(self, scheduler: Scheduler) -> bool:
+        """Whether, having just planned a step in which every running request decodes, this policy
+        plans that same batch again until a request arrives, finishes or lacks a block (engine.core.
+        fast_forward books such runs at once). False unless a policy knows: no fast-forward."""
+        return False
+
+
+def admits_none(scheduler: Scheduler) -> bool:
+    """No waiting request can join the running batch: none waits, or the batch is at max_num_seqs."""
+    return not scheduler.waiting or len(scheduler.running) >= scheduler.config.max_num_seqs
+
 
 POLICIES: Registry[type[Policy]] = Registry("scheduler.policy")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.core.plan import ScheduledRequest
-from engine.core.policies.base import POLICIES, Policy
+from engine.core.policies.base import POLICIES, Policy, admits_none
 
 if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
@@ -19,6 +19,9 @@ class MixedPolicy(Policy):
     admitted from the queue's head with their cached prefix, the last one chunked to fit the
     budget. Blocks are taken chunk by chunk, not for the whole prompt up front.
     """
+
+    def repeats_decode(self, scheduler: Scheduler) -> bool:
+        return admits_none(scheduler)
 
     def build_step(self, scheduler: Scheduler) -> list[ScheduledRequest]:
         cfg = scheduler.config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.core.plan import ScheduledRequest
-from engine.core.policies.base import POLICIES, Policy
+from engine.core.policies.base import POLICIES, Policy, admits_none
 
 if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
@@ -20,6 +20,9 @@ class NanoPolicy(Policy):
     If nothing is admitted, every running request decodes one token; one that needs a block when
     none is free preempts the youngest running request (itself, if it is the youngest).
     """
+
+    def repeats_decode(self, scheduler: Scheduler) -> bool:
+        return admits_none(scheduler)
 
     def build_step(self, scheduler: Scheduler) -> list[ScheduledRequest]:
         scheduled = self._prefill(scheduler)

@@ -1,0 +1,117 @@
+"""Fast-forward (engine.core.fast_forward) against the step-by-step path, the reference.
+
+Over random workloads (arrivals, shared prefixes, stop tokens, tight caches that preempt), every
+policy, plain and overlapped steps, with and without the prefix cache, a single replica and a
+fleet: each request ends with the same tokens, timestamps and counters, every step with the same
+record, bit for bit, and the block manager in the same state.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
+from engine.core.executor import BackendInfo
+from engine.core.fleet import run_fleet
+from engine.core.loop import Replica, SimulatedClock, run
+from engine.core.routers import ROUTER_REGISTRY
+from sim.executor import SimExecutor
+from sim.roofline import RooflineCostModel
+from tests.sim import helpers
+
+POLICIES = ("nano", "mixed", "sjf")
+
+
+def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None) -> SimExecutor:
+    model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
+    info = BackendInfo(num_blocks=num_blocks, block_size=4, vocab_size=97, eos_token_ids=(5,),
+                       overlaps_steps=overlap)
+    return SimExecutor(cost_model or RooflineCostModel(model, hardware), info, seed=3, fast_forward=fast)
+
+
+def _requests(seed: int, n: int, max_len: int, stop: bool) -> list[Request]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(97) for _ in range(12)]
+    requests, t = [], 0.0
+    for i in range(n):
+        prompt = (shared[: rng.choice((0, 8, 12))] + [rng.randrange(97) for _ in range(rng.randint(1, 20))])
+        max_tokens = rng.randint(1, max_len - len(prompt) - 1)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=rng.random() < 0.5,
+                                stop_token_ids=[rng.randrange(97)] if stop and rng.random() < 0.2 else [])
+        t += rng.expovariate(1 / 0.02) if rng.random() < 0.7 else 0.0
+        requests.append(Request(f"r{i}", prompt, params, arrival_time=t))
+    return requests
+
+
+def _state(result, scheduler) -> tuple:
+    requests = [(r.request_id, tuple(r.token_ids), r.first_token_time, r.finish_time, r.first_scheduled_time,
+                 r.finish_reason, r.num_preemptions, r.num_cached_tokens, r.num_recomputed_tokens)
+                for r in result.requests]
+    steps = [(s.start_s, s.duration_s, s.stats, s.idle_s) for s in result.steps]
+    bm = scheduler.block_manager
+    return requests, steps, result.rejected, result.makespan_s, bm.hits, bm.misses, bm.evictions, \
+        sorted(bm.key_to_block.items()), list(bm.free_pool)
+
+
+def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
+    executor = _executor(fast, overlap, num_blocks)
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+    scheduler = make_scheduler(config, executor.info())
+    scheduler.block_manager.enable_prefix_caching = caching
+    result = run(scheduler, executor, _requests(seed, n, 60, stop), SimulatedClock())
+    return _state(result, scheduler)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.booleans(), st.integers(16, 80), st.integers(0, 10**6),
+       st.integers(1, 30), st.booleans(), st.integers(1, 8))
+def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
+    args = (policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs)
+    assert _serve(True, *args) == _serve(False, *args)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30))
+def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n):
+    def serve(fast: bool):
+        replicas = []
+        for i in range(2):
+            executor = _executor(fast, overlap, 64)
+            config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+            replicas.append(Replica(i, make_scheduler(config, executor.info()), executor, SimulatedClock()))
+        result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get("round_robin")())
+        return [_state(r.result, r.scheduler)[:2] for r in replicas], result.makespan_s
+    assert serve(True) == serve(False)
+
+
+def test_fast_forward_books_long_decode_runs_at_once():
+    """A decode-heavy run books most of its steps fast: the executor prices few plans."""
+    counted = []
+
+    class Counting(RooflineCostModel):
+        def step_time(self, plan):
+            counted.append(plan.stats.step)
+            return super().step_time(plan)
+
+    model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
+    for fast in (True, False):
+        counted.clear()
+        executor = _executor(fast, False, 600, Counting(model, hardware))
+        config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=600)
+        scheduler = make_scheduler(config, executor.info())
+        requests = [Request(f"r{i}", [i + 1] * 20, SamplingParams(max_tokens=500, ignore_eos=True)) for i in range(4)]
+        result = run(scheduler, executor, requests, SimulatedClock())
+        assert len(result.steps) == 500
+        assert len(counted) == (3 if fast else 500)  # the prefill, the first and the last decode step
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_fast_forward_setting_is_a_bool(value):
+    from sim.config import SimConfig
+
+    with pytest.raises(ValueError, match="fast_forward"):
+        SimConfig(fast_forward=value)
