@@ -256,7 +256,7 @@ class ProfiledCostModel:
         for j in itertools.count(1):
             yield self._price({**features, "decode_context_tokens": context + j * num_seqs}, plan.stats.step + j)
 
-    def _price(self, features: dict[str, int], step: int) -> float:
+    def _price(self, features: dict[str, float], step: int) -> float:
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
