@@ -147,6 +147,9 @@ class HardwareSpec:
     # mem_bandwidth): the price of a KV block that another sequence of the step read just before
     # (engine.core.kv_reads, sim.repeated_reads). None: no figure, repeats priced as memory reads.
     l2_bandwidth: float | None = None
+    # bytes/s a new replica reads its weights at (local NVMe or network storage): an autoscaled
+    # fleet's cold start (harness.autoscale). None: no figure, such a fleet cannot scale up.
+    weight_load_bytes_per_s: float | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -156,7 +159,8 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth")
+            optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
+                        "weight_load_bytes_per_s")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":
