@@ -63,3 +63,26 @@ def plot_autoscale(frame: pd.DataFrame, summary, slo: SLO, path: Path) -> None:
                  f"{row['gpu_hours']:.2f} GPU-hours, ${row['cost']:.2f}, SLO attainment "
                  f"{row['slo_attainment']:.3f}", fontsize=10)
     fig.savefig(path, dpi=110)
+
+
+def plot_cost_attainment(table: pd.DataFrame, slo: SLO, rc, path: Path) -> None:
+    """experiment=autoscale: each run's cost against its SLO attainment, static fleets and policies."""
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    for (kind, policy), part in table.groupby(["kind", "policy"], sort=False):
+        label = "static fleets" if kind == "static" else f"autoscale: {policy}"
+        ax.scatter(100.0 * part["slo_attainment"], part["cost"], label=label, marker="s" if kind == "static" else "o")
+        if kind == "static":
+            for _, row in part.iterrows():
+                ax.annotate(str(row["replicas"]), (100.0 * row["slo_attainment"], row["cost"]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+    ax.axvline(100.0 * slo.target_attainment, color="red", ls="--", lw=0.8, label="SLO met (P90)")
+    ax.set_xlabel("SLO attainment (% of requests within every target)")
+    ax.set_ylabel("cost ($, GPU-hours x price)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    targets = ", ".join(f"{k} {v:g} s" for k, v in (("TTFT P90", slo.ttft_p90_s), ("TPOT P90", slo.tpot_p90_s))
+                        if v is not None)
+    ax.set_title(f"Cost against SLO attainment: {rc.model.name} on {rc.hardware.name}, {rc.workload.label} "
+                 f"({targets})", fontsize=10)
+    fig.savefig(path, dpi=110)

@@ -154,7 +154,7 @@ def run_autoscale_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig,
     row = outcome.summary.to_row()
     print(format_summary(outcome.summary))
     print(f"autoscale {row['autoscale_policy']}: {row['replicas']} replicas started, mean {row['mean_replicas']:.2f} "
-          f"billed, {row['gpu_hours']:.3f} GPU-hours, "
-          f"cost ${row['cost']:.2f}, SLO attainment {row['slo_attainment']:.3f}, cold start {row['cold_start_s']:.0f} s")
+          f"billed, {row['gpu_hours']:.3f} GPU-hours, cost ${row['cost']:.2f},"
+          f" SLO attainment {row['slo_attainment']:.3f}, cold start {row['cold_start_s']:.0f} s")
     print(f"outputs: {out_dir} (requests.csv, summary.csv, timeline.csv, lifetimes.csv, scaling.csv, autoscale.png)")
     return pd.DataFrame([row])
