@@ -86,6 +86,15 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
         return run_disagg_study(rc, build_disagg(cfg), router, output, out_dir)
     fleet, router = build_fleet(cfg)
     interval = cfg.get("interval")
+    if cfg.get("autoscale") is not None and cfg.autoscale.get("policy") is not None:
+        from harness.autoscale.config import build_autoscale
+        from harness.autoscale.run import run_autoscale_study
+
+        if interval is not None:
+            raise ConfigError("interval: prediction intervals are computed for a single run, not an autoscaled "
+                              "fleet; set interval=null")
+        autoscale, slo = build_autoscale(cfg)
+        return run_autoscale_study(rc, fleet, router, autoscale, slo, output, out_dir)
     if not fleet.is_single_run:
         if interval is not None:
             raise ConfigError("interval: prediction intervals are computed for a single run, not a fleet "
@@ -165,6 +174,13 @@ def _fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"outputs: {out_dir} (heldout.csv, schedules.csv, heldout.png; fidelity.results_dir if set)")
     return table
+
+
+@STUDIES.register("autoscale")
+def _autoscale(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    from harness.autoscale.study import run_autoscale_experiment
+
+    return run_autoscale_experiment(cfg, output, out_dir)  # prints its own table and outputs line
 
 
 @STUDIES.register("plan")

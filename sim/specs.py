@@ -204,6 +204,9 @@ class HardwareSpec:
     network_bandwidth: float | None = None
     nvlink_latency_s: float | None = None
     network_latency_s: float | None = None
+    # bytes/s a new replica reads its weights at (local NVMe or network storage): an autoscaled
+    # fleet's cold start (harness.autoscale). None: no figure, such a fleet cannot scale up.
+    weight_load_bytes_per_s: float | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -214,7 +217,8 @@ class HardwareSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
-                        "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s")
+                        "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s",
+                        "weight_load_bytes_per_s")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":

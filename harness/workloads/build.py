@@ -22,6 +22,7 @@ from harness.convert import ConfigError
 from harness.workloads.config import WorkloadConfig
 from harness.workloads.lengths import draw_arrivals, draw_lengths
 from harness.workloads.mooncake import block_seed, prompt_token_ids
+from harness.workloads.profile import profile_arrivals, profile_end
 from harness.workloads.trace import (
     ARRIVAL_COLUMN,
     HASH_COLUMN,
@@ -58,10 +59,15 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     len_seq, arrival_seq, token_seq, group_seq, seed_seq = np.random.SeedSequence(cfg.seed).spawn(5)
     trace = _load_trace(cfg)
     n = len(trace) if trace is not None else cfg.num_requests
+    if cfg.rate_profile is not None:
+        arrival = profiled_arrivals(cfg, np.random.default_rng(arrival_seq))
+        n = len(arrival)
+        trace = _cycled(cfg, trace, n)
+    else:
+        arrival = draw_arrivals(cfg, n, np.random.default_rng(arrival_seq), _column(trace, ARRIVAL_COLUMN))
     len_rng = np.random.default_rng(len_seq)
     prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
     output = draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN))
-    arrival = draw_arrivals(cfg, n, np.random.default_rng(arrival_seq), _column(trace, ARRIVAL_COLUMN))
 
     group = np.full(n, -1, dtype=np.int64)  # -1: no shared prefix
     group_rng = np.random.default_rng(group_seq)
@@ -113,7 +119,7 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         params = SamplingParams(
             temperature=cfg.temperature, max_tokens=int(output[i]), ignore_eos=cfg.ignore_eos, seed=int(seeds[i])
         )
-        rid = str(i + cfg.start_row) if trace is not None else str(i)
+        rid = str(i + cfg.start_row) if trace is not None and cfg.rate_profile is None else str(i)
         requests.append(Request(rid, ids, params, arrival_time=float(arrival[i])))
     return Workload(requests, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
 
@@ -159,6 +165,26 @@ def _clip(cfg: WorkloadConfig, prompt: np.ndarray, output: np.ndarray, over: np.
     return new_prompt, new_output, counts
 
 
+def profiled_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
+    """The arrivals of cfg.rate_profile; they replace workload.rate and num_requests (logged)."""
+    assert cfg.rate_profile is not None
+    end = profile_end(cfg.rate_profile, cfg.rate_period_s, cfg.duration_s)
+    arrival = profile_arrivals(cfg.rate_profile, cfg.rate_period_s, end, cfg.arrival, cfg.cv, rng)
+    replaced = [f"{k}={getattr(cfg, k)}" for k in ("rate", "num_requests") if getattr(cfg, k) is not None]
+    log.info("workload %s: rate_profile gives %d arrivals over %.0f s%s", cfg.label, len(arrival), end,
+             f" (in place of workload.{' and '.join(replaced)})" if replaced else "")
+    return arrival
+
+
+def _cycled(cfg: WorkloadConfig, trace: pd.DataFrame | None, n: int) -> pd.DataFrame | None:
+    """The trace's rows for n profile arrivals: its first n, reused from the top when it has fewer."""
+    if trace is None or len(trace) >= n:
+        return None if trace is None else trace.iloc[:n].reset_index(drop=True)
+    log.warning("workload %s: %d arrivals take lengths from a trace of %d rows, reused from its first row",
+                cfg.label, n, len(trace))
+    return trace.iloc[np.arange(n) % len(trace)].reset_index(drop=True)
+
+
 def _load_trace(cfg: WorkloadConfig) -> pd.DataFrame | None:
     if not cfg.uses_trace:
         return None
@@ -172,7 +198,7 @@ def _load_trace(cfg: WorkloadConfig) -> pd.DataFrame | None:
     path = resolve_trace_path(cfg.trace_path, cfg.trace_dir)
     if cfg.prompt_len.dist == "trace" and is_mooncake(path):
         columns.append(HASH_COLUMN)  # the prompts' tokens follow the trace's blocks
-    return read_trace(path, columns, cfg.start_row, cfg.num_requests)
+    return read_trace(path, columns, cfg.start_row, None if cfg.rate_profile is not None else cfg.num_requests)
 
 
 def _column(trace, name: str) -> np.ndarray | None:

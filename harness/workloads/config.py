@@ -3,7 +3,8 @@
 A workload is three independent choices, each drawn from its own seeded stream (so changing the
 arrival rate does not change the token ids):
 - lengths: prompt_len and output_len, each uniform, fixed, or read from a trace;
-- arrivals: offline (all at t=0), poisson or gamma at `rate` req/s, or the trace's own times;
+- arrivals: offline (all at t=0), poisson or gamma at `rate` req/s, or at a rate that changes over
+  the run (rate_profile: harness.workloads.profile), or the trace's own times;
 - token ids: uniform below max_token_id, optionally behind a shared system prompt (shared_prefix);
   a Mooncake trace's prompts (.jsonl) follow its hash_ids instead (harness.workloads.mooncake).
 
@@ -91,16 +92,23 @@ class WorkloadConfig:
     ignore_eos: bool = True  # lengths come from the workload, not from a random EOS
     oversize: str = "clip"  # requests longer than max_model_len: "clip" the prompt or "skip" them
     shared_prefix: SharedPrefixConfig | None = None
+    # poisson/gamma at a rate that changes: [[time_s, rate], ...] (harness.workloads.profile); it then
+    # sets the arrivals and their count in place of rate and num_requests
+    rate_profile: tuple[tuple[float, float], ...] | None = None
+    rate_period_s: float | None = None  # the profile repeats with this period
+    duration_s: float | None = None  # arrivals stop here; null: see harness.workloads.profile
 
     def __post_init__(self) -> None:
         where = "workload"
+        self._check_profile()
         self.prompt_len.validate(f"{where}.prompt_len")
         self.output_len.validate(f"{where}.output_len")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"{where}.num_requests must be >= 1 or null (whole trace), got {self.num_requests}")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"{where}.arrival must be one of {ARRIVALS}, got {self.arrival!r}")
-        if self.arrival in ("poisson", "gamma") and (self.rate is None or not self.rate > 0):
+        if self.arrival in ("poisson", "gamma") and self.rate_profile is None and \
+                (self.rate is None or not self.rate > 0):
             raise ValueError(f"{where}.rate must be > 0 req/s for {self.arrival} arrivals, got {self.rate}")
         if not self.cv > 0:
             raise ValueError(f"{where}.cv must be > 0, got {self.cv}")
@@ -110,7 +118,7 @@ class WorkloadConfig:
         if uses_trace and not self.trace_path:
             raise ValueError(f"{where}.trace_path is required when lengths or arrivals come from a trace")
         self._check_all_read()
-        if not uses_trace and self.num_requests is None:
+        if not uses_trace and self.num_requests is None and self.rate_profile is None:
             raise ValueError(f"{where}.num_requests must be set for a synthetic workload (null only for traces)")
         if self.start_row < 0:
             raise ValueError(f"{where}.start_row must be >= 0, got {self.start_row}")
@@ -125,6 +133,19 @@ class WorkloadConfig:
             if self.prompt_len.dist == "trace" and is_mooncake(self.trace_path):
                 raise ValueError(f"{where}.shared_prefix is not used with a Mooncake trace ({self.trace_path}): its "
                                  f"hash_ids say which prompts share which blocks; set {where}.shared_prefix=null")
+
+    def _check_profile(self) -> None:
+        if self.rate_profile is None:
+            for key in ("rate_period_s", "duration_s"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"workload.{key}={getattr(self, key)!r} is read only with workload.rate_profile")
+            return
+        from harness.workloads.profile import check_profile
+
+        if self.arrival not in ("poisson", "gamma"):
+            raise ValueError(f"workload.rate_profile needs workload.arrival=poisson or gamma, got {self.arrival!r} "
+                             "(a trace's own arrival times: workload.arrival=trace, without a profile)")
+        check_profile(self.rate_profile, self.rate_period_s, self.duration_s)
 
     @property
     def uses_trace(self) -> bool:

@@ -1,0 +1,137 @@
+"""The autoscale and slo sections of the composed config, as frozen dataclasses.
+
+autoscale -> AutoscaleConfig (policy, bounds, cooldowns, thresholds, priced cold start)
+slo       -> SLO (P90 TTFT and TPOT targets, each optional here)
+fleet.replicas is the starting count; the start-up time of a new replica is
+provision_s + the model's weight bytes / hardware.weight_load_bytes_per_s + graph_capture_s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from engine.core.elastic import ColdStart, Scaling
+from harness.convert import ConfigError, to_dataclass
+
+UTILISATION_METRICS = ("kv", "running")
+SLO_METRICS = ("ttft", "tpot")
+
+
+@dataclass(frozen=True)
+class SLO:
+    """P90 targets in seconds (None: not part of the SLO). A request attains the SLO when each set
+    target holds for it; the SLO is met when at least 90% of requests attain it (P90 <= target)."""
+
+    ttft_p90_s: float | None = None
+    tpot_p90_s: float | None = None
+    percentile: float = 90.0
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p90_s", "tpot_p90_s"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"slo.{name} must be a finite number > 0 (seconds) or null, got {value!r}")
+
+    @property
+    def is_set(self) -> bool:
+        return self.ttft_p90_s is not None or self.tpot_p90_s is not None
+
+    @property
+    def target_attainment(self) -> float:
+        return self.percentile / 100.0
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    """policy: a name in harness.autoscale.policies.AUTOSCALE_POLICIES, or null (a static fleet).
+
+    utilisation: desired = ceil(serving x mean load / target), load = KV use (metric=kv, target a
+    fraction) or requests held (running + waiting) per replica (metric=running, target_running).
+    queue: desired = ceil(serving x waiting per replica / target_waiting); one fewer when nothing waits.
+    slo: the window's P90 of slo_metric (waiting requests' ages count as TTFTs) against the SLO:
+    one more replica above slo_target x SLO, one fewer below slo_scale_down_below x SLO.
+    """
+
+    policy: str | None = None
+    min_replicas: int = 1
+    max_replicas: int = 8
+    interval_s: float = 15.0
+    scale_up_cooldown_s: float = 60.0
+    scale_down_cooldown_s: float = 300.0
+    max_scale_down: int = 1
+    window_s: float = 60.0
+    report_window_s: float = 60.0
+    provision_s: float = 60.0
+    graph_capture_s: float = 20.0
+    metric: str = "running"
+    target: float = 0.7
+    target_running: float = 64.0
+    target_waiting: float = 4.0
+    slo_metric: str = "ttft"
+    slo_target: float = 0.8
+    slo_scale_down_below: float = 0.4
+
+    def __post_init__(self) -> None:
+        from harness.autoscale.policies import AUTOSCALE_POLICIES
+
+        if self.policy is not None:
+            AUTOSCALE_POLICIES.check(self.policy)
+        for name in ("min_replicas", "max_replicas", "max_scale_down"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"autoscale.{name} must be an int >= 1, got {value!r}")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"autoscale.min_replicas={self.min_replicas} is above "
+                             f"autoscale.max_replicas={self.max_replicas}")
+        for name in ("interval_s", "window_s", "report_window_s", "target", "target_running", "target_waiting",
+                     "slo_target", "slo_scale_down_below"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"autoscale.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("scale_up_cooldown_s", "scale_down_cooldown_s", "provision_s", "graph_capture_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"autoscale.{name} must be >= 0 (seconds), got {getattr(self, name)!r}")
+        if self.metric not in UTILISATION_METRICS:
+            raise ValueError(f"autoscale.metric must be one of {UTILISATION_METRICS}, got {self.metric!r}")
+        if self.metric == "kv" and self.target > 1:
+            raise ValueError(f"autoscale.target (a KV use fraction) must be in (0, 1], got {self.target}")
+        if self.slo_metric not in SLO_METRICS:
+            raise ValueError(f"autoscale.slo_metric must be one of {SLO_METRICS}, got {self.slo_metric!r}")
+        if self.slo_scale_down_below >= self.slo_target:
+            raise ValueError(f"autoscale.slo_scale_down_below={self.slo_scale_down_below} must be below "
+                             f"autoscale.slo_target={self.slo_target}")
+
+    def cold_start(self, weight_bytes: int, load_bytes_per_s: float) -> ColdStart:
+        return ColdStart(self.provision_s, weight_bytes / load_bytes_per_s, self.graph_capture_s)
+
+    def scaling(self, cold_start: ColdStart) -> Scaling:
+        return Scaling(self.min_replicas, self.max_replicas, self.interval_s, self.scale_up_cooldown_s,
+                       self.scale_down_cooldown_s, self.max_scale_down, self.window_s, cold_start)
+
+
+def build_autoscale(cfg: DictConfig) -> tuple[AutoscaleConfig, SLO]:
+    from harness.config import section
+
+    autoscale = to_dataclass(AutoscaleConfig, section(cfg, "autoscale"), "autoscale") if "autoscale" in cfg \
+        else AutoscaleConfig()
+    slo = to_dataclass(SLO, section(cfg, "slo"), "slo") if "slo" in cfg else SLO()
+    if autoscale.policy == "slo":
+        target = slo.ttft_p90_s if autoscale.slo_metric == "ttft" else slo.tpot_p90_s
+        if target is None:
+            raise ConfigError(f"autoscale.policy=slo with autoscale.slo_metric={autoscale.slo_metric} needs "
+                              f"slo.{autoscale.slo_metric}_p90_s (seconds), e.g. slo.{autoscale.slo_metric}_p90_s=2")
+    return autoscale, slo
+
+
+def check_fleet(autoscale: AutoscaleConfig, replicas: int, tp_sizes: tuple[int, ...], backend: str) -> None:
+    """The fleet settings an autoscaled run can take: a ConfigError naming the one it cannot."""
+    if backend != "sim":
+        raise ConfigError(f"autoscale.policy={autoscale.policy}: autoscaling is simulated only (backend=sim), "
+                          f"got backend={backend}")
+    if tp_sizes:
+        raise ConfigError("fleet.tp_sizes: an autoscaled fleet has one TP size for every replica (fleet.tp_size)")
+    if not autoscale.min_replicas <= replicas <= autoscale.max_replicas:
+        raise ConfigError(f"fleet.replicas={replicas} (the starting count) must be within autoscale.min_replicas="
+                          f"{autoscale.min_replicas} and autoscale.max_replicas={autoscale.max_replicas}")

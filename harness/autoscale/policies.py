@@ -1,0 +1,110 @@
+"""Autoscaling policies: each turns what the fleet sees (engine.core.elastic.FleetSignal) into a
+desired replica count. Each registers its class in AUTOSCALE_POLICIES under the name
+autoscale.policy takes; from_config builds one from the autoscale and slo sections."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.core.elastic import FleetSignal, ScalingPolicy
+from engine.core.registry import Registry
+
+if TYPE_CHECKING:  # the config module imports this one (to check autoscale.policy)
+    from harness.autoscale.config import SLO, AutoscaleConfig
+
+
+class RegisteredPolicy:
+    @classmethod
+    def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
+        raise NotImplementedError
+
+    def desired(self, signal: FleetSignal) -> int:
+        raise NotImplementedError
+
+
+AUTOSCALE_POLICIES: Registry[type[RegisteredPolicy]] = Registry("autoscale.policy")
+
+
+def _current(signal: FleetSignal) -> int:
+    return len(signal.serving) + signal.starting
+
+
+@AUTOSCALE_POLICIES.register("utilisation")
+class Utilisation(RegisteredPolicy):
+    """Kubernetes HPA's rule: ceil(serving x mean load / target). Load is KV use (metric=kv) or the
+    requests a replica holds, running or waiting (metric=running: Knative's concurrency). NOTE: KV use
+    alone misses a queue that waits for a sequence slot rather than for blocks."""
+
+    @classmethod
+    def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
+        return cls(config.metric, config.target if config.metric == "kv" else config.target_running)
+
+    def __init__(self, metric: str, target: float) -> None:
+        self.metric = metric
+        self.target = target
+
+    def desired(self, signal: FleetSignal) -> int:
+        if not signal.serving:
+            return _current(signal)
+        loads = [r.kv_used if self.metric == "kv" else r.running + r.waiting for r in signal.serving]
+        return math.ceil(sum(loads) / self.target - 1e-9)
+
+
+@AUTOSCALE_POLICIES.register("queue")
+class Queue(RegisteredPolicy):
+    """ceil(serving x waiting per replica / target): waiting requests, not running ones, call for
+    more replicas; with nothing waiting it asks for one fewer (the cooldown paces the descent)."""
+
+    @classmethod
+    def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
+        return cls(config.target_waiting)
+
+    def __init__(self, target_waiting: float) -> None:
+        self.target_waiting = target_waiting
+
+    def desired(self, signal: FleetSignal) -> int:
+        waiting = sum(r.waiting for r in signal.serving)
+        if waiting == 0:
+            return _current(signal) - 1
+        return max(math.ceil(waiting / self.target_waiting - 1e-9), len(signal.serving))
+
+
+@AUTOSCALE_POLICIES.register("slo")
+class SLOFeedback(RegisteredPolicy):
+    """The window's P90 TTFT (requests still waiting count with their age so far) or TPOT against the
+    SLO: one more replica above target x SLO, one fewer below scale_down_below x SLO."""
+
+    @classmethod
+    def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
+        bound = slo.ttft_p90_s if config.slo_metric == "ttft" else slo.tpot_p90_s
+        assert bound is not None, "build_autoscale checks the SLO a policy needs"
+        return cls(config.slo_metric, bound, slo.percentile, config.slo_target, config.slo_scale_down_below)
+
+    def __init__(self, metric: str, bound_s: float, percentile: float, target: float, down_below: float) -> None:
+        self.metric = metric
+        self.bound_s = bound_s
+        self.percentile = percentile
+        self.target = target
+        self.down_below = down_below
+
+    def desired(self, signal: FleetSignal) -> int:
+        values = signal.ttfts + signal.waiting_ages if self.metric == "ttft" else signal.tpots
+        current = _current(signal)
+        if not values:
+            return current - 1 if not any(r.running or r.waiting for r in signal.serving) else current
+        observed = float(np.percentile(values, self.percentile))
+        if observed > self.target * self.bound_s:
+            return current + 1
+        if observed < self.down_below * self.bound_s:
+            return current - 1
+        return current
+
+
+def make_policy(config: AutoscaleConfig, slo: SLO) -> ScalingPolicy | None:
+    """The configured policy, fresh for one run; None when autoscale.policy is null."""
+    if config.policy is None:
+        return None
+    return AUTOSCALE_POLICIES.get(config.policy).from_config(config, slo)

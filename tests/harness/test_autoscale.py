@@ -1,0 +1,137 @@
+"""Autoscaling: an elastic fleet held at one size is the static fleet, replicas take traffic only once
+started, policies scale up after a surge and down after it within their cooldowns, costs integrate
+the replicas' lifetimes, and bad input fails in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.core.elastic import ColdStart
+from harness.autoscale.config import SLO, AutoscaleConfig, build_autoscale
+from harness.autoscale.run import lifetimes_frame, run_autoscaled
+from harness.config import build_run_config
+from harness.convert import ConfigError
+from harness.fleet.config import FleetConfig, build_fleet
+from harness.fleet.run import run_fleet_once
+from harness.study import run_study
+from harness.workloads.build import build_workload
+from harness.workloads.config import WorkloadConfig
+from tests.harness.conftest import compose_config
+
+SMALL = ["workload.prompt_len.high=300", "workload.output_len.high=100"]
+# a replica of 8 sequences: the surge queues on one replica
+SURGE = SMALL + ["workload=poisson", "workload.rate_profile=[[0,2],[30,120],[60,2]]", "workload.duration_s=150",
+                 "scheduler.max_num_seqs=8"]
+FAST = dict(interval_s=2.0, scale_up_cooldown_s=6.0, scale_down_cooldown_s=10.0, provision_s=3.0,
+            graph_capture_s=1.0, max_replicas=4)
+
+
+def _surge(policy: str, **extra):
+    cfg = compose_config(SURGE)
+    rc = build_run_config(cfg)
+    _, router = build_fleet(cfg)
+    config = AutoscaleConfig(policy=policy, **{**FAST, **extra})
+    slo = SLO(ttft_p90_s=0.5)
+    return run_autoscaled(rc, FleetConfig(replicas=1), router, config, slo, progress=False), config
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(replicas=st.integers(1, 3), rate=st.sampled_from([5.0, 40.0]), seed=st.integers(0, 3),
+       policy=st.sampled_from(["utilisation", "queue", "slo"]))
+def test_an_elastic_fleet_held_at_one_size_is_the_static_fleet(replicas, rate, seed, policy):
+    cfg = compose_config(SMALL + ["workload=poisson", "workload.num_requests=40", f"workload.rate={rate}",
+                                  f"workload.seed={seed}", "router=least_requests"])
+    rc = build_run_config(cfg)
+    _, router = build_fleet(cfg)
+    static = run_fleet_once(rc, FleetConfig(replicas=replicas), router, progress=False)
+    held = AutoscaleConfig(policy=policy, min_replicas=replicas, max_replicas=replicas, interval_s=0.5)
+    elastic = run_autoscaled(rc, FleetConfig(replicas=replicas), router, held, SLO(ttft_p90_s=0.1), progress=False)
+    pd.testing.assert_frame_equal(elastic.fleet.requests, static.requests)
+    assert elastic.elastic.events == []
+
+
+@pytest.mark.parametrize("policy", ["utilisation", "queue", "slo"])
+def test_a_surge_scales_up_then_down_within_the_cooldowns(policy):
+    outcome, config = _surge(policy, target_running=8.0)
+    events = outcome.elastic.events
+    ups = [e.time_s for e in events if e.direction == "up"]
+    downs = [e.time_s for e in events if e.direction == "down"]
+    assert ups and 30.0 <= ups[0] < 60.0, events
+    assert downs and max(downs) > 60.0, events
+    for before, after in zip(events, events[1:]):
+        cooldown = config.scale_up_cooldown_s if after.direction == "up" else config.scale_down_cooldown_s
+        assert after.time_s - before.time_s >= cooldown - 1e-9
+    served = {life.index for life in outcome.elastic.lifetimes if life.ready_s <= life.stop_s and not life.cancelled}
+    assert len(served) <= config.max_replicas + len(downs)
+
+
+def test_no_replica_takes_traffic_before_its_start_up_has_passed():
+    outcome, config = _surge("utilisation", target_running=4.0)
+    lifetimes = lifetimes_frame(outcome.elastic).set_index("replica")
+    requests = outcome.fleet.requests
+    cold = config.provision_s + config.graph_capture_s
+    assert (lifetimes["ready_s"] - lifetimes["requested_s"]).iloc[1:].min() >= cold  # weights load on top
+    ready = requests["replica"].map(lifetimes["ready_s"])
+    assert (requests["arrival"] >= ready).all() and (requests["first_scheduled"] >= ready).all()
+    assert requests["replica"].nunique() > 1
+    drained = lifetimes.dropna(subset=["drain_s"])
+    routed_after = requests.merge(drained, left_on="replica", right_index=True)
+    assert (routed_after["arrival"] <= routed_after["drain_s"]).all()  # nothing new once draining
+
+
+def test_cost_integrates_replica_lifetimes():
+    outcome, _ = _surge("queue")
+    lifetimes = lifetimes_frame(outcome.elastic)
+    row = outcome.summary.to_row()
+    billed = (lifetimes["stop_s"] - lifetimes["requested_s"]).sum()
+    assert row["gpu_hours"] == pytest.approx(billed / 3600.0)
+    assert row["cost"] == pytest.approx(row["gpu_hours"] * 3.00)  # conf/hardware/h100.yaml's price
+    assert (lifetimes["stop_s"] <= outcome.elastic.fleet.makespan_s + 1e-9).all()
+    cfg = compose_config(SURGE)
+    static = run_autoscaled(build_run_config(cfg), FleetConfig(replicas=3), build_fleet(cfg)[1],
+                            AutoscaleConfig(), SLO(), progress=False, cold_start=ColdStart())
+    end = static.elastic.fleet.makespan_s
+    assert static.summary.to_row()["gpu_hours"] == pytest.approx(3 * end / 3600.0)
+    timeline = static.timeline
+    assert timeline["serving"].iloc[:-1].eq(3.0).all() and timeline["starting"].eq(0).all()
+
+
+def test_a_rate_profile_draws_its_rates_deterministically():
+    cfg = WorkloadConfig(arrival="poisson", rate_profile=((0, 5), (100, 50), (200, 0), (300, 10)), rate_period_s=400,
+                         duration_s=1200, num_requests=None, seed=3)
+    times = np.array([r.arrival_time for r in build_workload(cfg, 4096).requests])
+    assert list(times) == [r.arrival_time for r in build_workload(cfg, 4096).requests]
+    local = times % 400
+    counts = [((local >= lo) & (local < hi)).sum() / 300 for lo, hi in ((0, 100), (100, 200), (200, 300), (300, 400))]
+    assert counts[2] == 0 and abs(counts[0] - 5) < 1 and abs(counts[1] - 50) < 3 and abs(counts[3] - 10) < 1.5
+    assert np.all(np.diff(np.sort(times)) >= 0) and times.max() < 1200
+    gamma = dataclasses.replace(cfg, arrival="gamma", cv=3.0)
+    assert len(build_workload(gamma, 4096).requests) == pytest.approx(len(times), rel=0.2)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["autoscale.policy=queue", "autoscale.min_replicas=3", "autoscale.max_replicas=2"],
+     r"^autoscale.min_replicas=3 is above autoscale.max_replicas=2$"),
+    (["autoscale.policy=slo"], r"^autoscale.policy=slo with autoscale.slo_metric=ttft needs slo.ttft_p90_s"),
+    (["autoscale.policy=bogus"], r"^autoscale.policy must be one of \['utilisation', 'queue', 'slo'\]"),
+    (["autoscale.policy=queue", "fleet.replicas=9"], r"^fleet.replicas=9 \(the starting count\) must be within"),
+    (["workload=poisson", "workload.rate_profile=[[0,5],[-1,2]]"], r"^workload.rate_profile\[1\]: time -1(.0)? is neg"),
+    (["workload=poisson", "workload.rate_profile=[[0,5],[600,2],[300,1]]"], r"time 300(.0)? is not after the previous"),
+    (["workload=poisson", "workload.rate_profile=[[0,-5],[60,2]]"], r"^workload.rate_profile\[0\]: rate -5(.0)? is"),
+    (["workload=poisson", "workload.duration_s=10"], r"^workload.duration_s=10(.0)? is read only with"),
+])
+def test_bad_autoscale_input_is_one_line(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config(["output.plots=false", "output.progress=false", *overrides]), tmp_path)
+    assert "\n" not in str(error.value)
+
+
+def test_the_autoscale_section_defaults_to_a_static_fleet():
+    autoscale, slo = build_autoscale(compose_config([]))
+    assert autoscale.policy is None and not slo.is_set
