@@ -1,7 +1,7 @@
 """The engine's HTTP server against the harness's own run of the same requests, and against the
 simulator-backed server: client-side TTFT / inter-token P50 and P90, and the server's overhead.
 
-    python experiments/serve/bench_serve.py --out experiments/results/serve --capacity 12   # on a GPU
+    python -m experiments.serve.bench_serve --out experiments/results/serve --capacity 12   # on a GPU
 
 For each workload (--workloads: azure = the Azure conversation trace, mooncake = Mooncake's
 conversation trace, poisson = synthetic) and each load (--loads, fractions of --capacity in
@@ -27,19 +27,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from experiments.serve.client import replay  # noqa: E402
-from harness.scripting import compose_run_config  # noqa: E402
-from harness.serve.process import ServerProcess  # noqa: E402
-from harness.workloads.build import build_workload  # noqa: E402
+from experiments.serve.client import replay
+from harness.scripting import compose_run_config
+from harness.serve.process import ServerProcess
+from harness.workloads.build import build_workload
 
 WORKLOADS = {"azure": ["workload=trace_azure_conv"], "mooncake": ["workload=mooncake"],
              "poisson": ["workload=poisson"]}
 
 
-def workload_overrides(name: str, num_requests: int, rate: float, common: list[str]) -> list[str]:
-    base = [*WORKLOADS[name], f"workload.num_requests={num_requests}"]
+def workload_overrides(name: str, num_requests: int, rate: float, common: list[str],
+                       extra: list[str]) -> list[str]:
+    base = [*WORKLOADS[name], f"workload.num_requests={num_requests}", *extra]
     rc = compose_run_config([*common, *base])
     if rc.workload.arrival != "trace":
         return [*base, f"workload.rate={rate}"]
@@ -76,7 +75,7 @@ def served(overrides: list[str], run_dir: Path, model: str, requests, source: st
 
 def bench_one(args, name: str, load: float, out: Path) -> list[dict]:
     rate = load * args.capacity
-    wl = workload_overrides(name, args.num_requests, rate, args.engine)
+    wl = workload_overrides(name, args.num_requests, rate, args.engine, args.workload)
     rc = compose_run_config([*args.engine, *wl])
     requests = build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size).requests
     tag = f"{name}_{int(round(load * 100))}"
@@ -118,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="overrides of the engine's run and server")
     parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "hardware=h100"],
                         help="overrides of the simulator-backed server")
+    parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths, seed)")
     parser.add_argument("--sim-model", default="qwen3-0.6b", help="the model name the sim server serves")
     parser.add_argument("--served-model", default=None, help="the engine server's model name (default: folder)")
     args = parser.parse_args(argv)
