@@ -11,7 +11,6 @@ with 128 + the signal's number; a config mistake is one line and exit 2.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from harness.serve.config import ServeConfig
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="serving")
 def main(cfg: DictConfig) -> None:
     from harness.config import OutputConfig
-    from harness.serve.server import serve_async
+    from harness.serve.server import run_event_loop, serve_async
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -47,7 +46,7 @@ def main(cfg: DictConfig) -> None:
               flush=True)
 
     try:
-        outcome, signum = asyncio.run(serve_async(rc, config, ready))
+        outcome, signum = run_event_loop(serve_async(rc, config, ready))
     except (ValueError, TypeError) as error:  # the backend refused the configuration
         remove_if_unused(out_dir)
         print(f"error: backend={rc.backend}: {error}", file=sys.stderr)

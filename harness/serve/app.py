@@ -108,13 +108,11 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/internal/state")
     async def state() -> dict:
-        """What tests and the timing study read: held requests and blocks, lag percentiles."""
+        """What tests and the timing study read: held requests and blocks, and the lag percentiles:
+        dispatch (the HTTP side has a step's tokens) and send (a stream's event is with the socket)."""
         snap = server.core.snapshot
-        lags = sorted(server.core.lags)
-        pick = (lambda q: lags[min(int(q * len(lags)), len(lags) - 1)]) if lags else (lambda q: None)
         return {"live": snap.live, "running": snap.running, "waiting": snap.waiting, "used_blocks": snap.used_blocks,
-                "lag_tokens": len(lags), "lag_p50_s": pick(0.5), "lag_p99_s": pick(0.99),
-                "lag_max_s": lags[-1] if lags else None}
+                **_percentiles("lag", server.core.lags), **_percentiles("send_lag", server.core.send_lags)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -135,7 +133,7 @@ async def _respond(server: Server, gen: Generation, body, request: Request, chat
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{gen.request_id}", "created": int(time.time()),
             "model": server.model_name}
     if body.stream:
-        return StreamingResponse(_stream(gen, body, head, chat), media_type="text/event-stream")
+        return StreamingResponse(_stream(gen, body, head, chat, server.core), media_type="text/event-stream")
     text = await _unless_disconnected(gen.text(), request)
     if text is None:
         return Response(status_code=499)
@@ -168,31 +166,57 @@ async def _unless_disconnected(work, request: Request) -> str | None:
     return None
 
 
-async def _stream(gen: Generation, body, head: dict, chat: bool) -> AsyncIterator[str]:
+def _percentiles(name: str, samples: list[float]) -> dict:
+    ordered = sorted(samples)
+
+    def pick(q: float) -> float | None:
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else None
+
+    return {f"{name}_tokens": len(ordered), f"{name}_p50_s": pick(0.5), f"{name}_p99_s": pick(0.99),
+            f"{name}_max_s": ordered[-1] if ordered else None}
+
+
+def _chunk_template(head: dict, obj: str, chat: bool, usage_key: dict) -> tuple[str, str]:
+    """The SSE event of a text delta split around the delta's JSON string: each token's event is
+    then prefix + json.dumps(text) + suffix, with no dict built or encoded per token."""
+    choice: dict = {"index": 0, "delta": {"content": _SLOT}} if chat else {"index": 0, "text": _SLOT}
+    choice.update({"logprobs": None, "finish_reason": None})
+    event = f"data: {json.dumps({**head, 'object': obj, 'choices': [choice], **usage_key})}\n\n"
+    prefix, suffix = event.split(json.dumps(_SLOT))
+    return prefix, suffix
+
+
+_SLOT = "\x00slot"  # no delta is this string; json.dumps writes it as "\u0000slot"
+
+
+async def _stream(gen: Generation, body, head: dict, chat: bool, core: ServeCore) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     usage_key = {"usage": None} if body.include_usage else {}
 
-    def chunk(delta: str | None, finish: str | None, extra: dict | None = None) -> str:
+    def chunk(delta: str | None, finish: str | None, extra: dict | None = None) -> bytes:
         if chat:
             choice: dict = {"index": 0, "delta": {} if delta is None else {"content": delta}}
         else:
             choice = {"index": 0, "text": delta or ""}
         choice.update({"logprobs": None, "finish_reason": finish, **(extra or {})})
-        return f"data: {json.dumps({**head, 'object': obj, 'choices': [choice], **usage_key})}\n\n"
+        return f"data: {json.dumps({**head, 'object': obj, 'choices': [choice], **usage_key})}\n\n".encode()
 
     if chat:
         first = {**head, "object": obj, **usage_key,
                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}]}
-        yield f"data: {json.dumps(first)}\n\n"
+        yield f"data: {json.dumps(first)}\n\n".encode()
+    prefix, suffix = _chunk_template(head, obj, chat, usage_key)
+    dumps = json.dumps
     pieces = gen.deltas()
     try:
-        async for piece in pieces:
-            yield chunk(piece, None)
+        async for batch in pieces:
+            yield "".join([prefix + dumps(piece) + suffix for piece in batch]).encode()
+            core.sent(gen.taken)  # the events are with the socket now
     finally:
         await pieces.aclose()  # a client gone mid-stream: the request is aborted now, not when collected
     extra = {"token_ids": gen.output_ids} if body.return_token_ids else None
     yield chunk(None if chat else "", gen.finish_reason, extra)
     if body.include_usage:
-        yield f"data: {json.dumps({**head, 'object': obj, 'choices': [], 'usage': gen.usage()})}\n\n"
-    yield "data: [DONE]\n\n"
+        yield f"data: {json.dumps({**head, 'object': obj, 'choices': [], 'usage': gen.usage()})}\n\n".encode()
+    yield b"data: [DONE]\n\n"

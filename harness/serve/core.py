@@ -107,7 +107,8 @@ class ServeCore:
     aio_loop: asyncio.AbstractEventLoop
     snapshot: CoreSnapshot = field(default_factory=CoreSnapshot)
     aborted: list[Request] = field(default_factory=list)
-    lags: list[float] = field(default_factory=list)  # seconds behind schedule, one per delivered token
+    lags: list[float] = field(default_factory=list)  # seconds behind schedule at dispatch, one per token
+    send_lags: list[float] = field(default_factory=list)  # seconds behind schedule when a stream wrote it
     on_finish: Callable[[Request], None] | None = None  # called on the loop thread
 
     def __post_init__(self) -> None:
@@ -148,6 +149,12 @@ class ServeCore:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def sent(self, taken: list[tuple[float, int]]) -> None:
+        """A stream handed the tokens of these (due, count) deliveries to its socket now."""
+        now = time.perf_counter()
+        for due, count in taken:
+            self.send_lags.extend([now - due] * count)
 
     def lag_wall_due(self) -> float:
         clock = self.clock

@@ -46,6 +46,7 @@ class Generation:
         self._arrival = time.perf_counter()
         self._last_token: float | None = None
         self._done = False
+        self.taken: list[tuple[float, int]] = []
 
     def submit(self) -> None:
         """Hand the request to the core (QueueFull when serve.max_queue is reached)."""
@@ -68,15 +69,27 @@ class Generation:
             metrics.generation_tokens.inc(n)
         self._queue.put_nowait(delivery)
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """Text as it comes; finish_reason is set when it ends. Aborts the request in the core if the
+    async def deltas(self) -> AsyncIterator[list[str]]:
+        """Text as it comes, one piece per delivery; the deliveries that arrived while the consumer
+        was busy come together (one write for a stream that fell behind). finish_reason is set when
+        it ends; taken lists (due, tokens) of the latest batch. Aborts the request in the core if the
         consumer goes away (a disconnected client) or a stop string ends it."""
+        queue = self._queue
         try:
             while not self._done:
-                delivery = await self._queue.get()
-                text = self._take(delivery)
-                if text:
-                    yield text
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                pieces: list[str] = []
+                self.taken = []
+                for delivery in batch:
+                    if self._done:  # a stop string ended it; later deliveries are dropped
+                        break
+                    self.taken.append((delivery.due, max(len(delivery.token_ids), 1)))
+                    if text := self._take(delivery):
+                        pieces.append(text)
+                if pieces:
+                    yield pieces
         finally:
             if not self._done:
                 self._done = True
@@ -84,7 +97,7 @@ class Generation:
                 self.core.abort(self.request_id)
 
     async def text(self) -> str:
-        return "".join([piece async for piece in self.deltas()])
+        return "".join([piece async for pieces in self.deltas() for piece in pieces])
 
     def _take(self, delivery: Delivery) -> str:
         self.output_ids.extend(delivery.token_ids)
