@@ -152,7 +152,8 @@ def replay_rows(steps: pd.DataFrame, names: list[str]) -> list[dict]:
 
 def targets(table: pd.DataFrame, schedule: pd.DataFrame, offline: bool, throughput_tol: float,
             latency_tol: float) -> pd.DataFrame:
-    """Issue 6's targets per simulated run: pass/fail, the value that decided it and what that value is."""
+    """The comparison's targets (throughput and latency tolerances) per simulated run: pass/fail,
+    the value that decided it and what that value is."""
     by_metric = table.set_index("metric")
     rows = []
     for _, sched in schedule.iterrows():

@@ -1,4 +1,5 @@
-"""`python -m harness experiment=fidelity`: the held-out protocol of issue 14 as one run.
+"""`python -m harness experiment=fidelity`: the held-out protocol as one run: calibrate on a
+profiling grid, then predict workloads the fit never saw.
 
 The engine (backend=engine) is profiled on the grid (or a given profile is used): the only thing
 the profiled model is fitted on. Then for each workload class (harness.fidelity.classes), none of
@@ -117,7 +118,7 @@ class PinnedBlocks(KeepAlive):
 
 
 def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> str:
-    """A model file with residuals: fitted on the grid only (issue 14: calibrate from the profiling grid)."""
+    """A model file with residuals, fitted on the profiling grid alone."""
     from harness.calibration.fit import validate
     from harness.calibration.profiling import ProfileGrid, profile_executor
     graphs = executor.info().graph_sizes
