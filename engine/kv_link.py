@@ -19,7 +19,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from engine.replica_main import LinkSpec
+from engine.core.disagg_wall import LinkSpec
 from engine.tp.group import apply_safe_env
 
 

@@ -14,20 +14,11 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.disagg_wall import LinkSpec
 from engine.core.loop import Replica, WallClock
 from engine.core.policies import make_scheduler
 from engine.core.remote_replica import serve_replica
 from engine.worker_loop import serve
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """A disaggregated fleet replica's place on the KV link (engine.kv_link)."""
-
-    rank: int  # prefill replicas first, then decode replicas
-    size: int
-    port: int
-    timeout_s: float
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from multiprocessing.connection import wait
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.disagg_wall import LinkSpec
 from engine.core.executor import BackendInfo
 from engine.core.loop import WallClock
-from engine.replica_main import LinkSpec, ReplicaSpec, replica_main
+from engine.replica_main import ReplicaSpec, replica_main
 from engine.tp.group import free_port
 from engine.tp.workers import Workers
 from engine.worker_loop import WorkerError

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import cast
 
 from engine.core.disagg import prefill_copy
@@ -29,6 +30,16 @@ from engine.core.loop import Clock, FleetStepHook, RunResult
 from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A disaggregated fleet replica's place on the KV link (engine.kv_link)."""
+
+    rank: int  # prefill replicas first, then decode replicas
+    size: int
+    port: int
+    timeout_s: float
 
 
 class _Router:
@@ -62,10 +73,10 @@ class _Router:
                     last = i == len(report.steps) and index >= self.num_prefill
                     self.on_step(index, record, report.finished if last else [])
         elif kind == "sent":
-            rid, start, nbytes = cast(tuple, payload)
+            rid, start, nbytes = cast("tuple[str, float, int]", payload)
             self.transfers[rid].start_s, self.transfers[rid].bytes = start, nbytes
         elif kind == "landed":  # its "sent" may come after it: the two replicas' pipes are not ordered
-            rid, t = cast(tuple, payload)
+            rid, t = cast("tuple[str, float]", payload)
             self.landed[rid] = t
         elif kind == "done":
             self.done.add(index)
