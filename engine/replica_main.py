@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.disagg_wall import LinkSpec
 from engine.core.loop import Replica, WallClock
 from engine.core.policies import make_scheduler
 from engine.core.remote_replica import serve_replica
@@ -28,6 +30,11 @@ class ReplicaSpec:
     visible_devices: str | None  # CUDA_VISIBLE_DEVICES of this replica ("2,3"); None: inherit (CPU runs)
     timeout_s: float
     num_threads: int  # torch intra-op threads (CPU runs)
+    # a disaggregated fleet's replica: its role ("prefill" or "decode"), its place on the KV link
+    # (engine.kv_link) and how many prefill replicas there are; None for an aggregated fleet's
+    role: str | None = None
+    kv_link: LinkSpec | None = None
+    num_prefill: int = 0
 
 
 def replica_main(spec: ReplicaSpec, conn) -> None:
@@ -43,6 +50,12 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
         torch.set_num_threads(spec.num_threads)
         conn.send(("hello", None))
         executor = state["executor"] = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config)
+        link = None
+        if spec.kv_link is not None:
+            from engine.kv_link import KVLink
+
+            link = KVLink(spec.kv_link, executor.device)
+            link.warm_up(spec.num_prefill)
         conn.send(("ready", executor.info()))
 
         def handle(kind: str, payload) -> bool:
@@ -50,7 +63,15 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
                 raise ValueError(f"unknown message {kind!r}")
             # payload: the routing process's clock origin, so both read one time base
             scheduler = make_scheduler(spec.scheduler_config, executor.info(), spec.cache_config)
-            replica = Replica(spec.rank - 1, scheduler, executor, WallClock(origin=payload))
+            clock = WallClock(origin=payload)
+            if link is not None:
+                from engine.disagg_replica import serve_decode, serve_prefill
+
+                if spec.role == "prefill":
+                    return serve_prefill(PrefillReplica(spec.rank - 1, scheduler, executor, clock), conn, link)
+                index = spec.rank - 1 - spec.num_prefill
+                return serve_decode(DecodeReplica(index, scheduler, executor, clock), conn, link)
+            replica = Replica(spec.rank - 1, scheduler, executor, clock)
             return serve_replica(replica, conn)
 
         return handle

@@ -17,9 +17,11 @@ from multiprocessing.connection import wait
 
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.disagg_wall import LinkSpec
 from engine.core.executor import BackendInfo
 from engine.core.loop import WallClock
 from engine.replica_main import ReplicaSpec, replica_main
+from engine.tp.group import free_port
 from engine.tp.workers import Workers
 from engine.worker_loop import WorkerError
 
@@ -51,9 +53,20 @@ class EngineReplicas:
     """The replica processes, loaded and sized (infos), and the router's links to them
     (engine.core.fleet.ReplicaLinks). start_run() hands them the clock; close() stops them."""
 
-    def __init__(self, configs: list[EngineConfig], scheduler: SchedulerConfig, cache: CacheConfig) -> None:
+    def __init__(self, configs: list[EngineConfig], scheduler: SchedulerConfig, cache: CacheConfig,
+                 num_prefill: int = 0) -> None:
+        """num_prefill > 0: a disaggregated fleet, configs[:num_prefill] its prefill replicas and the
+        rest its decode replicas, joined by a KV link (engine.kv_link)."""
         threads = max(1, (os.cpu_count() or 1) // len(configs))
-        specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads)
+        port = free_port() if num_prefill else 0
+
+        def disagg(i: int) -> dict:
+            if not num_prefill:
+                return {}
+            return {"role": "prefill" if i < num_prefill else "decode", "num_prefill": num_prefill,
+                    "kv_link": LinkSpec(i, len(configs), port, REPLICA_TIMEOUT_S)}
+
+        specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads, **disagg(i))
                  for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
         self._workers = Workers(specs, target=replica_main, role="engine replica", daemon=False)
         try:

@@ -78,7 +78,7 @@ def serve_replica(replica: Replica, conn: Connection) -> bool:
         if replica.next_event_time() < math.inf:
             replica.tick()
             makespan = replica.clock.now()
-        report = _take_report(replica, received)
+        report = take_report(replica, received)
         if report is not None:
             conn.send(("report", report))
 
@@ -90,7 +90,7 @@ def _messages(conn: Connection, block: bool) -> Iterator[Any]:
         yield conn.recv()
 
 
-def _take_report(replica: Replica, received: int) -> Report | None:
+def take_report(replica: Replica, received: int) -> Report | None:
     """What the replica produced since the last report (handed over, not kept), or None."""
     result = replica.result
     if not (result.steps or result.requests or result.rejected):

@@ -50,13 +50,15 @@ class DisaggOutcome:
 
 def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, progress: bool = True,
                     step_columns: tuple[str, ...] = STEP_COLUMNS) -> DisaggOutcome:
-    """Serve rc.workload on the disaggregated fleet to completion (simulator only)."""
+    """Serve rc.workload on the disaggregated fleet to completion (engine replicas: harness.fleet.disagg_engine)."""
+    pools = pool_run_configs(rc, fleet)
+    if rc.backend == "engine":
+        from harness.fleet.disagg_engine import run_engine_disagg
+
+        return run_engine_disagg(rc, fleet, router, pools, progress, step_columns, _check_decode_cache, tabulate)
     from sim import build_sim_executor
     from sim.kv_transfer import KVTransferPricer
 
-    if rc.backend != "sim":
-        raise ConfigError("fleet=disaggregated: backend=engine is not built yet; use backend=sim")
-    pools = pool_run_configs(rc, fleet)
     counts = (fleet.prefill_replicas, fleet.decode_replicas)
     executors = [[build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler) for _ in range(n)]
                  for p, n in zip(pools, counts)]

@@ -5,7 +5,9 @@ scheduler knobs, the policy, one router for both pools (plan.routers) and P, D i
 1..plan.disagg_max_pool_replicas. The link is the plan's choice: NVLink where both pools are one
 GPU type and the fleet fits one node, else the network. Candidates are simulated cheapest first
 until one meets the SLO: it is the cheapest disaggregated deployment (every cheaper one was
-tried), or plan.disagg_max_evals evaluations run out first (logged).
+tried), or plan.disagg_max_evals evaluations run out first (logged). The search does not stop at
+the aggregated mode's best price: the log and plan_summary.csv name each mode's cheapest deployment
+meeting the SLO, so each is searched to its own answer, and the winner is the cheaper of the two.
 """
 
 from __future__ import annotations
@@ -100,13 +102,11 @@ def evaluate(c: Candidate, base) -> dict:
             "meets_slo": bool(ratio <= 1.0 and rejected == 0), "error": "", "eval_s": time.perf_counter() - started}
 
 
-def search_disaggregated(plan, base, progress: bool = False, below: float = math.inf) -> pd.DataFrame:
-    """Candidates cheaper than `below` (the aggregated mode's best), cheapest first, until one meets
-    the SLO or plan.disagg_max_evals run out. With one replica per pool every router routes alike,
-    so only the first router is tried there."""
+def search_disaggregated(plan, base, progress: bool = False) -> pd.DataFrame:
+    """Candidates cheapest first until one meets the SLO or plan.disagg_max_evals run out. With one
+    replica per pool every router routes alike, so only the first router is tried there."""
     ordered = sorted((c for c in candidates(plan, base.catalogue)
-                      if cost_per_hour(c, base.catalogue) < below
-                      and (c.prefill_replicas > 1 or c.decode_replicas > 1 or c.router == plan.routers[0])),
+                      if c.prefill_replicas > 1 or c.decode_replicas > 1 or c.router == plan.routers[0]),
                      key=lambda c: (cost_per_hour(c, base.catalogue), c.gpus))
     rows = []
     for c in tqdm(ordered[: plan.disagg_max_evals], desc="disaggregated deployments", unit="dep",
@@ -122,35 +122,57 @@ def search_disaggregated(plan, base, progress: bool = False, below: float = math
     return pd.DataFrame(rows)
 
 
+def cheapest_by_mode(table: pd.DataFrame, modes) -> dict[str, pd.Series]:
+    """mode -> its cheapest row meeting the SLO (modes without one are left out)."""
+    cheapest = {}
+    for mode in modes:
+        rows = table[(table["mode"] == mode) & table["meets_slo"].astype(bool)] if len(table) else table
+        if len(rows):
+            cheapest[mode] = rows.sort_values(["cost_per_hour", "ttft_p90_s"]).iloc[0]
+    return cheapest
+
+
+def winner_of(cheapest: dict[str, pd.Series]) -> str:
+    """The mode whose cheapest deployment costs least ('' when none meets the SLO); equal costs go
+    to the lower P90 TTFT, as plan_summary's choice (harness.plan.report.choose) does."""
+    return min(cheapest, key=lambda m: (cheapest[m]["cost_per_hour"], cheapest[m]["ttft_p90_s"]), default="")
+
+
+def mode_summary(table: pd.DataFrame, modes) -> dict:
+    """plan_summary.csv's per-mode columns: each mode's cheapest deployment meeting the SLO and the winner."""
+    cheapest = cheapest_by_mode(table, modes)
+    out: dict = {}
+    for mode in modes:
+        best = cheapest.get(mode)
+        out[f"{mode}_cost_per_hour"] = best["cost_per_hour"] if best is not None else math.nan
+        out[f"{mode}_deployment"] = describe(best) if best is not None else ""
+    out["winner"] = winner_of(cheapest)
+    return out
+
+
 def compare_modes(aggregated: pd.DataFrame, plan, base, slo, title: str, out_dir, progress: bool) -> pd.DataFrame:
     """plan.csv with both modes (a mode column), plan_modes.png, and the log's cheapest of each mode."""
     from harness.plan.plots import plot_modes
 
-    passing = aggregated[aggregated["meets_slo"].astype(bool)] if len(aggregated) else aggregated
-    below = float(passing["cost_per_hour"].min()) if len(passing) else math.inf
-    disaggregated = search_disaggregated(plan, base, progress, below)
+    disaggregated = search_disaggregated(plan, base, progress)
     table = pd.concat([aggregated.assign(mode="aggregated") if len(aggregated) else aggregated, disaggregated],
                       ignore_index=True)
-    cheapest = {}
+    cheapest = cheapest_by_mode(table, plan.modes)
     for mode in plan.modes:
-        rows = table[(table["mode"] == mode) & table["meets_slo"].astype(bool)] if len(table) else table
-        if len(rows):
-            best = rows.loc[rows["cost_per_hour"].idxmin()]
-            cheapest[mode] = best
-            log.info("cheapest %s deployment meeting the SLO: $%.2f/h, %s", mode, best["cost_per_hour"],
-                     _describe(best))
+        if mode in cheapest:
+            log.info("cheapest %s deployment meeting the SLO: $%.2f/h, %s", mode, cheapest[mode]["cost_per_hour"],
+                     describe(cheapest[mode]))
         else:
-            log.info("no %s deployment evaluated meets the SLO%s", mode,
-                     f" (only those under the aggregated best, ${below:.2f}/h, were tried)"
-                     if mode == "disaggregated" and math.isfinite(below) else "")
+            log.info("no %s deployment evaluated meets the SLO", mode)
     if cheapest:
-        winner = min(cheapest, key=lambda m: cheapest[m]["cost_per_hour"])
+        winner = winner_of(cheapest)
         log.info("winner: %s ($%.2f/h)", winner, cheapest[winner]["cost_per_hour"])
     plot_modes(table, slo, title, out_dir / "plan_modes.png")
     return table
 
 
-def _describe(row: pd.Series) -> str:
+def describe(row: pd.Series) -> str:
+    """One deployment of either mode in words (pool sizes as ints, however the table's dtypes came out)."""
     if row["mode"] == "disaggregated":
         pools = (f"{int(row['prefill_replicas'])}P x {row['prefill_hardware']} TP {int(row['prefill_tp'])} + "
                  f"{int(row['decode_replicas'])}D x {row['decode_hardware']} TP {int(row['decode_tp'])}")

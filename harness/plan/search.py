@@ -231,6 +231,10 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
         table = compare_modes(table, plan, base, slo, title_of(rc, label, slo), out_dir, output.progress)
     table.to_csv(out_dir / "plan.csv", index=False)
     summary = plan_summary(table, slo, label, workload, max_model_len, rc.workload.oversize)
+    if "disaggregated" in plan.modes:
+        from harness.plan.disagg import mode_summary
+
+        summary.update(mode_summary(table, plan.modes))
     pd.DataFrame([summary]).to_csv(out_dir / "plan_summary.csv", index=False)
     over = f"{workload.num_clipped or workload.num_skipped:,} requests over max_model_len" if note else ""
     title = title_of(rc, label, slo, over)
@@ -240,11 +244,26 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
         lines, error = nearest_lines(table, slo, plan.num_closest)
         print("\n".join(lines))
         raise ConfigError(error)
-    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %s, %d GPUs), policy %s, router %s, "
-             "max_num_seqs %d, max_num_batched_tokens %d: P90 TTFT %.3f s, P90 TPOT %.4f s",
-             *(summary[c] for c in ("cost_per_hour", "replicas", "hardware", "tp_size", "gpus", "policy", "router",
-                                    "max_num_seqs", "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s")))
+    _log_cheapest(summary)
     # the fit's warning came before the search's output: the answer says again that it is for the fitted requests
     print(f"cheapest deployment meeting the SLO{f' (with {over}: see the warning above)' if over else ''}:")
     print(pd.DataFrame([summary])[list(DEPLOYMENT_COLUMNS)].to_string(index=False))
+    if "winner" in summary:
+        for mode in plan.modes:
+            print(f"cheapest {mode}: {summary[f'{mode}_deployment'] or 'none meets the SLO'}")
+        print(f"winner: {summary['winner']}")
     return table
+
+
+def _log_cheapest(summary: dict) -> None:
+    """The cheapest deployment in one log line; a disaggregated one (no single TP size) by its pools."""
+    if summary.get("winner") == "disaggregated":
+        log.info("cheapest deployment meeting the SLO: $%.2f/h: %s, max_num_seqs %d, max_num_batched_tokens %d",
+                 summary["cost_per_hour"], summary["disaggregated_deployment"], summary["max_num_seqs"],
+                 summary["max_num_batched_tokens"])
+        return
+    # tp_size is a float column once disaggregated rows (no single TP size: NaN) share the table
+    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %d, %d GPUs), policy %s, router %s, "
+             "max_num_seqs %d, max_num_batched_tokens %d: P90 TTFT %.3f s, P90 TPOT %.4f s",
+             *(summary[c] for c in ("cost_per_hour", "replicas", "hardware", "tp_size", "gpus", "policy", "router",
+                                    "max_num_seqs", "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s")))

@@ -60,3 +60,21 @@ def test_pools_may_differ_in_gpu_type_over_the_network(tmp_path):
                               "fleet.transfer.link=network"]), tmp_path)
     summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
     assert summary["hardware"] == "H200-SXM-141GB / A100-SXM4-80GB"
+
+
+def test_an_engine_fleet_on_cpu_moves_kv_and_times_the_transfers(tmp_path, tiny_checkpoint):
+    run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
+                              "model=tiny-qwen3", "fleet=disaggregated", "workload.num_requests=6",
+                              "workload.prompt_len.high=120", "workload.output_len.low=2",
+                              "workload.output_len.high=12", "scheduler.max_model_len=256", "output.plots=false"]),
+              tmp_path)
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    assert len(requests) == 6 and (requests["decode_replica"] == 0).all()
+    assert (requests["transfer_s"] > 0).all() and (requests["transfer_bytes"] > 0).all()
+    assert pd.read_csv(tmp_path / "summary.csv")["transfer_p50_s"].iloc[0] > 0
+
+
+def test_an_engine_fleet_refuses_tp_pools_in_one_line(tmp_path, tiny_checkpoint):
+    with pytest.raises(ConfigError, match="runs TP 1 replicas only"):
+        run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
+                                  "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=2"]), tmp_path)

@@ -1,0 +1,125 @@
+"""The loops of a disaggregated engine fleet's replica processes (engine.core.disagg_wall has the
+router's side and the messages).
+
+A prefill replica serves prefill copies (engine.core.disagg.PrefillReplica: the blocks of a copy
+that sampled its first token are held) and, told ("send_kv", (request id, decode rank)), copies
+the request's blocks out of its cache, starts sending them over the KV link and releases them;
+told ("release", request id), it releases them without a transfer.
+
+A decode replica is told ("receive_kv", (request, prefill rank)), in the order its transfers were
+routed. First come first served, as soon as it has the blocks and a sequence slot for the
+request (DecodeReplica.can_take), it reserves them and posts the receive; when the receive
+completes it writes the blocks into its cache at the reserved ids, admits the request (its first
+token sampled on the prefill replica) and reports ("landed", (request id, time)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import torch
+
+from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.remote_replica import Connection, take_report
+from engine.core.request import Request
+from engine.kv_link import KVLink, read_blocks, staging_for, write_blocks
+
+POLL_S = 2e-4  # how long an idle replica with a transfer under way waits for a message
+
+
+def _cache(replica) -> torch.Tensor:
+    cache = replica.executor.runner.kv_cache
+    assert cache is not None, "the executor has no KV cache"
+    return cache
+
+
+def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bool:
+    """Serve until "end" has come, every copy's blocks are released and every send completed;
+    then ("done", makespan_s) and False. True at once on "shutdown"."""
+    sends: list[tuple[Any, torch.Tensor]] = []  # work, and the copy it sends (kept alive until done)
+    received, ending, makespan = 0, False, 0.0
+    while True:
+        sends = [(work, blocks) for work, blocks in sends if not link.completed(work)]
+        busy = replica.next_event_time() < math.inf
+        if not busy and ending and not replica.holding.held:
+            for work, _ in sends:
+                work.wait()
+            conn.send(("done", makespan))
+            return False
+        for kind, payload in _messages(conn, None if not busy and not sends else (0.0 if busy else POLL_S)):
+            if kind == "requests":
+                replica.inbox.extend(payload)
+                received += len(payload)
+            elif kind == "send_kv":
+                rid, dst = payload
+                blocks = read_blocks(_cache(replica), replica.holding.held[rid])
+                start = replica.clock.now()
+                sends.append((link.send(blocks, dst), blocks))
+                # the copy is taken (queued before any later step on this device): the blocks may go
+                replica.release(rid, start)
+                conn.send(("sent", (rid, start, blocks.numel() * blocks.element_size())))
+            elif kind == "release":
+                replica.release(payload, replica.clock.now())
+            elif kind == "end":
+                ending = True
+            elif kind == "shutdown":
+                return True
+            else:
+                raise ValueError(f"prefill replica {replica.index}: unknown message {kind!r}")
+        if replica.next_event_time() < math.inf:
+            replica.tick()
+            makespan = replica.clock.now()
+        report = take_report(replica, received)
+        if report is not None:
+            conn.send(("report", report))
+
+
+def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool:
+    """Serve until "end" has come and every transfer landed and decoded; then ("done", makespan_s)."""
+    waiting: deque[tuple[Request, int]] = deque()  # told to receive, blocks not yet reserved
+    receiving: deque[tuple[Request, int, Any, torch.Tensor]] = deque()  # receive posted
+    received, ending, makespan = 0, False, 0.0
+    while True:
+        busy = replica.next_event_time() < math.inf
+        if not busy and ending and not waiting and not receiving:
+            conn.send(("done", makespan))
+            return False
+        for kind, payload in _messages(conn, None if not (busy or waiting or receiving) else (0.0 if busy else POLL_S)):
+            if kind == "receive_kv":
+                waiting.append(payload)
+                received += 1
+            elif kind == "end":
+                ending = True
+            elif kind == "shutdown":
+                return True
+            else:
+                raise ValueError(f"decode replica {replica.index}: unknown message {kind!r}")
+        # NOTE first come first served: a request that does not fit yet holds back the ones behind it,
+        # whose senders post in this same order
+        while waiting and replica.can_take(waiting[0][0]):
+            request, src = waiting.popleft()
+            replica.reserve(request)
+            blocks = staging_for(_cache(replica), len(request.block_table))
+            receiving.append((request, src, link.recv(blocks, src), blocks))
+        while receiving and link.completed(receiving[0][2]):
+            request, _, _, blocks = receiving.popleft()
+            write_blocks(_cache(replica), request.block_table, blocks)
+            now = replica.clock.now()
+            replica.arrived(request, now)
+            conn.send(("landed", (request.request_id, now)))
+        if replica.next_event_time() < math.inf:
+            replica.tick()
+            makespan = replica.clock.now()
+        report = take_report(replica, received)
+        if report is not None:
+            conn.send(("report", report))
+
+
+def _messages(conn, timeout: float | None):
+    """Messages now; with timeout None, block for the first; else wait at most timeout for one."""
+    if timeout is None or conn.poll(timeout):
+        yield conn.recv()
+    while conn.poll():
+        yield conn.recv()

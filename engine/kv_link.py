@@ -1,0 +1,87 @@
+"""The KV link of a disaggregated engine fleet: one process group over its replicas (prefill
+replicas rank 0..P-1, decode replicas P..P+D-1), and the moves of a request's KV blocks over it.
+
+The group is a torch.distributed ProcessGroup built on its own TCPStore (NCCL between GPUs, gloo
+on CPU), not the default group: a replica's default group is its tensor-parallel group
+(engine.tp.group), and this one must live beside it. Blocks move with point-to-point send/recv;
+torch matches the sends of one source with the receives posted for it in order, so each side
+posts them in the order the router ordered the transfers (engine.core.disagg_wall).
+
+A request's blocks travel as one tensor [num_layers, 2, num_blocks_of_request, block_size,
+num_kv_heads, head_dim]: the runner's cache (engine.runner: [num_layers, 2, num_blocks,
+block_size, num_kv_heads, head_dim]) indexed by the request's block table along dim 2.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from engine.core.disagg_wall import LinkSpec
+from engine.tp.group import apply_safe_env
+
+
+class KVLink:
+    def __init__(self, spec: LinkSpec, device: torch.device) -> None:
+        apply_safe_env()
+        timeout = datetime.timedelta(seconds=spec.timeout_s)
+        self.store = dist.TCPStore("127.0.0.1", spec.port, spec.size, is_master=spec.rank == 0, timeout=timeout)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(self.store, spec.rank, spec.size, options)
+        else:
+            self.group = dist.ProcessGroupGloo(self.store, spec.rank, spec.size, timeout=timeout)
+        self.rank, self.device = spec.rank, device
+
+    def warm_up(self, num_prefill: int) -> None:
+        """One small message from every prefill rank to every decode rank, so that no request's
+        transfer pays for setting up a pair's connection (NCCL makes one per pair on first use)."""
+        size = self.group.size()
+        peers = range(num_prefill, size) if self.rank < num_prefill else range(num_prefill)
+        works = []
+        for peer in peers:
+            token = torch.zeros(1, device=self.device)
+            works.append((self.group.send([token], peer, 0) if self.rank < num_prefill
+                          else self.group.recv([token], peer, 0), token))
+        for work, _ in works:
+            work.wait()
+
+    def completed(self, work) -> bool:
+        """Whether a send or receive is done; call it until True, then not again (a gloo work
+        waited on twice never returns). True also orders this stream after the transfer, and
+        raises the transfer's error if it failed. NOTE: gloo's point-to-point work only learns it
+        is done in wait(), so on CPU this waits (the peer has posted its half or is about to: the
+        router told it at the same time); NCCL's is polled."""
+        if self.device.type == "cuda" and not work.is_completed():
+            return False
+        work.wait()
+        return True
+
+    def send(self, blocks: torch.Tensor, dst: int):
+        """Start sending a request's blocks (a tensor the caller keeps alive until the work completes)."""
+        return self.group.send([blocks], dst, 0)
+
+    def recv(self, blocks: torch.Tensor, src: int):
+        """Start receiving a request's blocks into `blocks` (shaped as the sender's)."""
+        return self.group.recv([blocks], src, 0)
+
+
+def read_blocks(kv_cache: torch.Tensor, block_table: list[int]) -> torch.Tensor:
+    """A copy of the request's blocks: [num_layers, 2, len(block_table), block_size, kv_heads, head_dim]."""
+    index = torch.tensor(block_table, dtype=torch.long, device=kv_cache.device)
+    return kv_cache.index_select(2, index)
+
+
+def staging_for(kv_cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """A receive buffer for num_blocks blocks of this cache's layout."""
+    shape = (kv_cache.shape[0], 2, num_blocks, *kv_cache.shape[3:])
+    return torch.empty(shape, dtype=kv_cache.dtype, device=kv_cache.device)
+
+
+def write_blocks(kv_cache: torch.Tensor, block_table: list[int], blocks: torch.Tensor) -> None:
+    """Put received blocks into the cache at the request's own block ids."""
+    index = torch.tensor(block_table, dtype=torch.long, device=kv_cache.device)
+    kv_cache.index_copy_(2, index, blocks)

@@ -1,0 +1,61 @@
+"""fleet=disaggregated on backend=engine: P prefill and D decode engine replicas, one process
+each (engine.replicas), KV moved between them over the KV link (engine.kv_link: NCCL between
+GPUs, gloo on CPU), routed on the wall clock (engine.core.disagg_wall). The tables are the
+simulated fleet's (harness.fleet.disagg.tabulate); transfer_s is measured from the prefill
+replica posting the send to the decode replica having the blocks in its cache.
+
+NOTE back-pressure differs from the simulated fleet: a prefill replica releases a request's
+blocks as soon as their copy is taken for the send, and a decode replica without room for the
+request waits (first come first served) before posting the receive, the sender's copy in flight.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.core.disagg_wall import run_disagg_wall
+from engine.core.loop import WallClock
+from engine.core.routers import RouterConfig, make_router
+from harness.config import RunConfig
+from harness.convert import ConfigError
+from harness.fleet.config import backend_tp_size
+from harness.output.summary import FitCounts, FleetLabels, RunLabels
+from harness.workloads import build_workload
+
+
+def run_engine_disagg(rc: RunConfig, fleet, router: RouterConfig, pools, progress: bool, step_columns,
+                      check_decode_cache, tabulate):
+    from engine.replicas import EngineReplicas
+    from harness.checkpoints import ensure_checkpoint
+    from harness.labels import run_identity
+
+    tps = [backend_tp_size(p) for p in pools]
+    if tps != [1, 1]:
+        raise ConfigError(f"fleet=disaggregated with backend=engine runs TP 1 replicas only, got prefill TP {tps[0]} "
+                          f"and decode TP {tps[1]}: set fleet.prefill.tp_size=1 fleet.decode.tp_size=1")
+    counts = (fleet.prefill_replicas, fleet.decode_replicas)
+    ensure_checkpoint(rc.engine.model, rc.model)
+    configs = [pools[0].engine] * counts[0] + [pools[1].engine] * counts[1]
+    try:
+        engines = EngineReplicas(configs, rc.scheduler, rc.cache, num_prefill=counts[0])
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"backend=engine: {error}") from None
+    with engines:
+        infos = engines.infos
+        workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
+        check_decode_cache(workload.requests, infos[-1].num_blocks, infos[-1].block_size, rc.scheduler.max_model_len)
+        routers = [make_router(RouterConfig(name or router.name, router.prefix_blocks, router.max_imbalance),
+                               rc.cache.block_size) for name in (fleet.prefill_router, fleet.decode_router)]
+        clock = WallClock()
+        started = time.perf_counter()
+        engines.start_run(clock)
+        result = run_disagg_wall(engines, counts[0], workload.requests, routers[0], routers[1], clock,
+                                 rc.scheduler.max_model_len)
+        wall_s = time.perf_counter() - started
+    shape = FleetLabels(router=f"{fleet.prefill_router or router.name} / {fleet.decode_router or router.name}",
+                        replicas=sum(counts), tp_sizes="1P 1D", gpus=sum(counts))
+    labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests),
+                       num_rejected=len(result.rejected), fit=FitCounts(**workload.fit_counts()), wall_s=wall_s,
+                       fleet=shape)
+    blocks = {"prefill": [i.num_blocks for i in infos[:counts[0]]], "decode": [i.num_blocks for i in infos[counts[0]:]]}
+    return tabulate(result, blocks, labels, counts, step_columns)

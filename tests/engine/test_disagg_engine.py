@@ -1,0 +1,64 @@
+"""A disaggregated engine fleet on CPU: a tiny-model prefill replica and a decode replica, each a
+process, the KV moved between them over gloo (engine.kv_link). Greedy outputs equal a single
+engine's exactly (float32); a request its first token ends moves nothing; transfers are timed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.core import CacheConfig, Request, SamplingParams, SchedulerConfig
+from engine.core.disagg_wall import run_disagg_wall
+from engine.core.loop import WallClock
+from engine.core.routers import RouterConfig, make_router
+
+pytest.importorskip("torch")
+
+SCHEDULER = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
+CACHE = CacheConfig(block_size=16, num_blocks=64)
+
+
+def _requests(n=8):
+    rng = random.Random(1)
+    out = [Request(f"r{i}", [rng.randrange(1, 500) for _ in range(rng.randrange(4, 90))],
+                   SamplingParams(temperature=0.0, max_tokens=rng.randrange(2, 20), ignore_eos=True),
+                   arrival_time=0.01 * i) for i in range(n)]
+    out[2] = Request("r2", out[2].prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+                     arrival_time=0.02)
+    return out
+
+
+def test_prefill_and_decode_replicas_give_the_single_engines_greedy_tokens(tiny_qwen3_dir):
+    from engine import LLM
+    from engine.replicas import EngineReplicas
+
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
+        clock = WallClock()
+        engines.start_run(clock)
+        route = make_router(RouterConfig("round_robin"), CACHE.block_size)
+        result = run_disagg_wall(engines, 1, _requests(), route, make_router(RouterConfig("round_robin"), 16), clock,
+                                 SCHEDULER.max_model_len)
+    llm = LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len)
+    try:
+        reference = _requests()
+        outputs = llm.generate([r.prompt_token_ids for r in reference], [r.sampling_params for r in reference],
+                               use_tqdm=False)
+    finally:
+        llm.executor.shutdown()
+    served = {r.request_id: r.output_token_ids for r in result.requests}
+    assert served == {f"r{i}": out.token_ids for i, out in enumerate(outputs)}
+    assert not result.rejected
+    # the max_tokens=1 request ended on the prefill replica: no transfer
+    assert result.transfers["r2"].decode == -1
+    moved = [t for rid, t in result.transfers.items() if rid != "r2"]
+    assert all(t.decode == 0 and t.transfer_s > 0 and t.bytes > 0 for t in moved)
+    # tiny-qwen3's KV per block: layers x (K, V) x block_size x kv_heads x head_dim x 4 bytes
+    decoded = {r.request_id: r for r in result.requests}
+    for rid, t in result.transfers.items():
+        if t.decode >= 0:
+            blocks = -(-decoded[rid].num_prompt_tokens // CACHE.block_size)
+            assert t.bytes % blocks == 0
+    assert result.decode[0].steps and result.prefill[0].steps

@@ -1,0 +1,90 @@
+"""The planner's choice between aggregated and disaggregated fleets goes the way the physics says,
+and plan_summary.csv names each mode's cheapest deployment meeting the SLO and the winner.
+
+Both workloads run Qwen3-8B on H100s at TP 1 with chunked prefill (policy mixed), so the only
+question is the fleet's shape.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+
+from harness.study import run_study
+from tests.harness.conftest import compose_config
+
+SPACE = ["experiment=plan", "model=qwen3-8b", "workload=poisson", "plan.hardware=[h100]", "plan.tp_sizes=[1]",
+         "plan.max_num_seqs=[64]", "plan.max_num_batched_tokens=[8192]", "plan.policies=[mixed]",
+         "plan.routers=[least_requests]", "plan.modes=[aggregated,disaggregated]", "output.plots=false",
+         "output.progress=false"]
+
+# Long prompts (6-8k tokens), short answers, a tight TPOT. In an aggregated replica every decode
+# step that carries an 8k-token prefill chunk takes ~100 ms instead of ~8 ms, and each request's
+# decodes meet several such chunks: holding P90 TPOT at 12 ms takes 3 aggregated replicas, each
+# seeing a third of the prefills. A decode replica never runs a prefill, so 1 prefill + 1 decode
+# replica (2 GPUs; the KV of a 7k-token prompt crosses NVLink in a few ms) hold it.
+LONG_PROMPTS = ["workload.num_requests=80", "workload.rate=4", "workload.prompt_len.low=6000",
+                "workload.prompt_len.high=8000", "workload.output_len.low=100", "workload.output_len.high=200",
+                "scheduler.max_model_len=8400", "slo.ttft_p90_s=2", "slo.tpot_p90_s=0.012"]
+
+# Short prompts (100-300 tokens), longer answers: prefill is a small share of the work, so a
+# prefill replica mostly idles while one decode replica carries every running request (a batch
+# too large for a 15 ms TPOT). Two aggregated replicas split the decodes and fit their short
+# prefills in between; disaggregation needs 1 prefill + 2 decode replicas, a third GPU, and pays
+# a transfer per request besides.
+SHORT_PROMPTS = ["workload.num_requests=200", "workload.rate=80", "workload.prompt_len.low=100",
+                 "workload.prompt_len.high=300", "workload.output_len.low=100", "workload.output_len.high=300",
+                 "slo.ttft_p90_s=0.5", "slo.tpot_p90_s=0.015"]
+
+
+def _plan(overrides, out) -> tuple[pd.DataFrame, pd.Series]:
+    run_study(compose_config([*SPACE, *overrides]), out)
+    return pd.read_csv(out / "plan.csv"), pd.read_csv(out / "plan_summary.csv").iloc[0]
+
+
+def _cheapest(table: pd.DataFrame, mode: str) -> pd.Series:
+    rows = table[(table["mode"] == mode) & table["meets_slo"]]
+    return rows.sort_values("cost_per_hour").iloc[0]
+
+
+def test_long_prompts_and_a_tight_tpot_pick_disaggregation(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        table, summary = _plan(LONG_PROMPTS, tmp_path)
+    aggregated, disaggregated = _cheapest(table, "aggregated"), _cheapest(table, "disaggregated")
+    assert int(aggregated["gpus"]) == 3 and int(disaggregated["gpus"]) == 2
+    assert (int(disaggregated["prefill_replicas"]), int(disaggregated["decode_replicas"])) == (1, 1)
+    # the aggregated pair fails on TPOT, not TTFT: prefill chunks stall its decodes
+    pair = table[(table["mode"] == "aggregated") & (table["replicas"] == 2)].iloc[0]
+    assert pair["ttft_p90_s"] < 2 and pair["tpot_p90_s"] > 0.012 > disaggregated["tpot_p90_s"]
+    assert summary["winner"] == "disaggregated" and summary["cost_per_hour"] == disaggregated["cost_per_hour"]
+    assert summary["aggregated_cost_per_hour"] == aggregated["cost_per_hour"]
+    assert summary["disaggregated_deployment"].startswith("1P x h100 TP 1 + 1D x h100 TP 1 (2 GPUs)")
+    assert summary["aggregated_deployment"].startswith("3 x h100 TP 1 (3 GPUs)")
+    log = caplog.text
+    assert "cheapest aggregated deployment meeting the SLO: $9.00/h, 3 x h100 TP 1" in log
+    assert "cheapest disaggregated deployment meeting the SLO: $6.00/h, 1P x h100 TP 1 + 1D" in log
+    assert "winner: disaggregated ($6.00/h)" in log
+    assert "TP 1.0" not in log and "TP nan" not in log
+
+
+def test_short_prompts_pick_aggregation_and_the_dearer_mode_is_still_named(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        table, summary = _plan(SHORT_PROMPTS, tmp_path)
+    aggregated, disaggregated = _cheapest(table, "aggregated"), _cheapest(table, "disaggregated")
+    assert int(aggregated["gpus"]) == 2 and int(aggregated["replicas"]) == 2
+    # searched past the aggregated best ($6/h): the cheapest disaggregated fleet meeting the SLO costs more
+    assert (int(disaggregated["prefill_replicas"]), int(disaggregated["decode_replicas"])) == (1, 2)
+    assert disaggregated["cost_per_hour"] > aggregated["cost_per_hour"]
+    one_decode = table[(table["mode"] == "disaggregated") & (table["decode_replicas"] == 1)].iloc[0]
+    assert not one_decode["meets_slo"] and one_decode["tpot_p90_s"] > 0.015
+    assert summary["winner"] == "aggregated" and summary["tp_size"] == 1
+    assert summary["disaggregated_cost_per_hour"] == disaggregated["cost_per_hour"]
+    assert "cheapest disaggregated deployment meeting the SLO: $9.00/h, 1P x h100 TP 1 + 2D" in caplog.text
+    assert "winner: aggregated ($6.00/h)" in caplog.text
+    assert "TP 1.0" not in caplog.text
+
+
+def test_an_aggregated_only_plan_keeps_its_summary_columns(tmp_path):
+    _, summary = _plan([*SHORT_PROMPTS, "plan.modes=[aggregated]"], tmp_path)
+    assert "winner" not in summary and "disaggregated_deployment" not in summary
