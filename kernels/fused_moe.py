@@ -4,8 +4,9 @@ Layout (engine.layers.moe): x [T, hidden]; w13 [E, 2 * inter, hidden] (gate rows
 w2 [E, hidden, inter]; topk_weights / topk_ids [T, k]. A (token, slot) pair is row t * k + slot.
 
 1. moe_align: the T * k pairs sorted by expert, each expert's run padded to a multiple of
-   BLOCK_M, so every BLOCK_M-row tile of the sorted list belongs to one expert. Pure torch ops
-   on the device (no host sync), with a static size for a given T: T * k + E * (BLOCK_M - 1).
+   BLOCK_M, so every BLOCK_M-row tile of the sorted list belongs to one expert (two Triton
+   launches, kernels.moe_align_triton; kernels.moe_align is the torch statement of the same
+   layout). No host sync, a static size for a given T: T * k + E * (BLOCK_M - 1), tile-rounded.
 2. gate/up GEMM: per tile, the tile's token rows of x times the expert's gate and up rows,
    silu(gate) * up in registers, written to the pair's row of h [T * k, inter].
 3. down GEMM: per tile, h rows times the expert's w2, scaled by the pair's router weight,
@@ -14,8 +15,9 @@ w2 [E, hidden, inter]; topk_weights / topk_ids [T, k]. A (token, slot) pair is r
 
 Padding rows of a tile point past the last pair and are masked; tiles past the padded total
 return at once. No shape depends on the routing, so the whole call is CUDA-graph capturable.
-Accumulation in float32; float32 inputs use IEEE products (no TF32), so the tests hold the
-kernel to the float32 reference tightly.
+Tiles (BLOCK_M, and each GEMM's BLOCK_N, BLOCK_K, warps, stages) come from a tuned table per
+token count (kernels.moe_configs), else fixed defaults. Accumulation in float32; float32 inputs
+use IEEE products (no TF32), so the tests hold the kernel to the float32 reference tightly.
 """
 
 from __future__ import annotations
@@ -24,38 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.moe_align import moe_align
+from kernels.moe_align_triton import moe_align_triton
+from kernels.moe_configs import GemmTiles, MoeTiles, block_m_for, tiles_for
 from kernels.validation import SUPPORTED_DTYPES
 
-
-def block_m_for(num_pairs: int, num_experts: int) -> int:
-    """Tile height: small when few pairs land on each expert (decode), taller for prefill."""
-    per_expert = num_pairs / num_experts
-    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+__all__ = ["block_m_for", "fused_moe", "moe_align", "moe_align_triton"]
+ALIGNS = {"triton": moe_align_triton, "torch": moe_align}
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """topk_ids [T, k] -> (sorted pair ids [P] int32, padding = T * k; expert of each tile [P / block_m]
-    int32; padded pair count [1] int32), P = T * k + E * (block_m - 1) rounded up to block_m."""
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    n = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync to size its output
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    starts = ends - padded
-    sorted_experts, order = torch.sort(flat, stable=True)
-    first_of_expert = torch.cumsum(counts, 0) - counts
-    rank_in_expert = torch.arange(n, device=flat.device) - first_of_expert[sorted_experts]
-    capacity = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
-    sorted_ids = torch.full((capacity,), n, dtype=torch.int32, device=flat.device)
-    sorted_ids.scatter_(0, starts[sorted_experts] + rank_in_expert, order.to(torch.int32))
-    tile_starts = torch.arange(0, capacity, block_m, device=flat.device)
-    tile_expert = torch.searchsorted(ends, tile_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return sorted_ids, tile_expert, ends[-1:].to(torch.int32)
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # one compile for every T
 def _grouped_gemm_kernel(
     a_ptr, w_ptr, out_ptr, pair_weight_ptr, sorted_ids_ptr, tile_expert_ptr, num_padded_ptr,
     num_pairs, n_out, k_in, a_row_div, up_offset,
@@ -122,34 +102,43 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
             raise ValueError(f"fused_moe: {name} must be contiguous")
 
 
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
+                 aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], block_m: int, tiles: GemmTiles,
+                 gated: bool) -> None:
+    """One of the two GEMMs into out: gate/up (gated: a is x, a row per token) or down (a is h, a
+    row per pair, scaled by the router weight)."""
+    sorted_ids, tile_expert, num_padded = aligned
+    num_pairs, n_out = out.shape
+    stages = {} if tiles.num_stages is None else {"num_stages": tiles.num_stages}
+    _grouped_gemm_kernel[(tile_expert.numel(), triton.cdiv(n_out, tiles.block_n))](
+        a, w, out, topk_weights, sorted_ids, tile_expert, num_padded,
+        num_pairs, n_out, a.shape[1], num_pairs // a.shape[0], n_out if gated else 0,
+        a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GATED=gated, WEIGHTED=not gated,
+        IEEE=a.dtype == torch.float32, num_warps=tiles.num_warps, **stages,
+    )
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
-    """x [T, hidden] -> [T, hidden] in x's dtype: sum over the k slots of weight * expert(x)."""
+              topk_ids: torch.Tensor, tiles: MoeTiles | None = None, align: str = "triton") -> torch.Tensor:
+    """x [T, hidden] -> [T, hidden] in x's dtype: sum over the k slots of weight * expert(x). tiles:
+    None looks them up for T (kernels.moe_configs); align: "triton" or "torch" (same layout)."""
     _check(x, w13, w2, topk_weights, topk_ids)
+    if align not in ALIGNS:
+        raise ValueError(f"fused_moe: align={align!r} is not one of {sorted(ALIGNS)}")
     topk_weights = topk_weights.contiguous()
     t, k = topk_ids.shape
     num_experts, hidden, inter = w2.shape
     out = torch.empty_like(x)
     if t == 0:
         return out
-    block_m = block_m_for(t * k, num_experts)
-    sorted_ids, tile_expert, num_padded = moe_align(topk_ids, num_experts, block_m)
-    tiles = tile_expert.numel()
-    ieee = x.dtype == torch.float32
+    if tiles is None:
+        tiles = tiles_for(t, k, num_experts, inter, str(x.dtype).removeprefix("torch."),
+                          torch.cuda.get_device_name(x.device))
+    aligned = ALIGNS[align](topk_ids.contiguous(), num_experts, tiles.block_m)
     h = torch.empty((t * k, inter), dtype=x.dtype, device=x.device)
-    block_n, block_k = 64, 64
-    _grouped_gemm_kernel[(tiles, triton.cdiv(inter, block_n))](
-        x, w13, h, topk_weights, sorted_ids, tile_expert, num_padded,
-        t * k, inter, hidden, k, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GATED=True, WEIGHTED=False, IEEE=ieee, num_warps=4,
-    )
+    grouped_gemm(x, w13, h, topk_weights, aligned, tiles.block_m, tiles.gate_up, gated=True)
     y = torch.empty((t * k, hidden), dtype=x.dtype, device=x.device)
-    _grouped_gemm_kernel[(tiles, triton.cdiv(hidden, block_n))](
-        h, w2, y, topk_weights, sorted_ids, tile_expert, num_padded,
-        t * k, hidden, inter, 1, 0,
-        h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GATED=False, WEIGHTED=True, IEEE=ieee, num_warps=4,
-    )
+    grouped_gemm(h, w2, y, topk_weights, aligned, tiles.block_m, tiles.down, gated=False)
     torch.sum(y.view(t, k, hidden), dim=1, out=out)
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.moe_configs import GemmTiles, MoeTiles
 from kernels.moe_reference import fused_moe_ref, grouped_moe, route
 from tests.kernels.gpu import needs_cuda
 from tests.kernels.paged_batch import fresh_seed
@@ -50,6 +51,31 @@ def test_fused_moe_matches_float32_reference(dtype, tokens, experts, top_k, hidd
     got = fused_moe(*case)
     assert got.dtype == dtype and got.shape == (tokens, hidden)
     _assert_close(got, fused_moe_ref(*case), dtype, seed)
+
+
+# Configs the tuner's grid can put in a table (experiments/moe/tune_fused_moe.py): every BLOCK_M,
+# the extremes of BLOCK_N and BLOCK_K, both warp counts and several stage counts.
+TUNED_TILES = [
+    MoeTiles(16, GemmTiles(32, 256, 4, 2), GemmTiles(128, 64, 8, 5)),
+    MoeTiles(16, GemmTiles(128, 128, 8, 3), GemmTiles(32, 128, 4, 4)),
+    MoeTiles(32, GemmTiles(64, 256, 8, 2), GemmTiles(64, 256, 4, 3)),
+    MoeTiles(64, GemmTiles(128, 64, 8, 4), GemmTiles(128, 128, 8, 3)),
+    MoeTiles(64, GemmTiles(32, 64, 4, 5), GemmTiles(64, 128, 4, None)),
+]
+
+
+@pytest.mark.parametrize("tiles", TUNED_TILES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 37, 300])
+def test_tuned_tiles_match_float32_reference(tiles, dtype, tokens):
+    from kernels.fused_moe import fused_moe
+
+    seed = fresh_seed()
+    case = _case(tokens, 128, 8, 512, 384, dtype, seed)  # Qwen3-30B-A3B's E and k, narrower layers
+    want = fused_moe_ref(*case)
+    _assert_close(fused_moe(*case, tiles=tiles), want, dtype, seed)
+    torch.testing.assert_close(fused_moe(*case, tiles=tiles, align="torch"), fused_moe(*case, tiles=tiles),
+                               rtol=0, atol=0)  # the two alignments give one layout
 
 
 def test_skewed_routing_onto_one_expert():
