@@ -1,0 +1,70 @@
+"""Mixture-of-experts Qwen3 at TP=2 against TP=1 on two GPUs (NCCL): the tiny MoE preset (one
+dense layer, two layers of 8 experts, top-2), each expert's intermediate dimension sharded over
+the ranks and the fused MoE kernel on each.
+
+float32: greedy tokens identical. bfloat16: teacher forced, as tests/engine/test_tp_gpu.py checks
+the dense model: at every position of TP=1's greedy output, TP=2's next token must sit within bf16
+rounding of TP=1's largest logit (the all-reduce rounds each rank's partial sum)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.core.model_shapes import TOKENIZER_VOCAB_SIZE
+from tests.engine.test_tp_gpu import TP1_ROUNDING, _gaps, _tp1_logits
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
+
+NUM_TOKENS = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+ENGINE = dict(max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=4096, gpu_memory_utilization=0.3)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, TOKENIZER_VOCAB_SIZE, int(rng.integers(8, 300))).tolist() for _ in range(n)]
+
+
+def _checkpoint(tmp_path_factory, dtype: str) -> str:
+    from engine.checkpoint import write_checkpoint
+
+    return str(write_checkpoint("tiny-qwen3-moe", tmp_path_factory.mktemp(f"moe-{dtype}"), dtype=dtype))
+
+
+def _greedy(model_dir: str, prompts: list[list[int]], tp: int) -> list[list[int]]:
+    llm = LLM(model_dir, tensor_parallel_size=tp, **ENGINE)
+    try:
+        return [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+
+
+def test_moe_tp2_equals_tp1_float32(tmp_path_factory):
+    model_dir = _checkpoint(tmp_path_factory, "float32")
+    prompts = _prompts(8)
+    assert _greedy(model_dir, prompts, 2) == _greedy(model_dir, prompts, 1)
+
+
+def test_moe_tp2_matches_tp1_bfloat16_teacher_forced(tmp_path_factory):
+    model_dir = _checkpoint(tmp_path_factory, "bfloat16")
+    prompts = _prompts(8, seed=1)
+    llm1 = LLM(model_dir, tensor_parallel_size=1, **ENGINE)
+    try:
+        want = [o.token_ids for o in llm1.generate(prompts, GREEDY, use_tqdm=False)]
+        logits = _tp1_logits(llm1, [p + w for p, w in zip(prompts, want)], [len(p) for p in prompts])
+    finally:
+        llm1.shutdown()
+    prefixes = [p + w[:j] for p, w in zip(prompts, want) for j in range(NUM_TOKENS)]
+    llm2 = LLM(model_dir, tensor_parallel_size=2, **ENGINE)
+    try:
+        forced = [o.token_ids[0] for o in llm2.generate(prefixes, SamplingParams(temperature=0.0, max_tokens=1),
+                                                         use_tqdm=False)]
+    finally:
+        llm2.shutdown()
+    gaps = [g for i, row in enumerate(logits) for g in _gaps(row, forced[i * NUM_TOKENS:(i + 1) * NUM_TOKENS])[0]]
+    assert len(gaps) == len(prompts) * NUM_TOKENS
+    assert max(gaps) <= TP1_ROUNDING, max(gaps)
