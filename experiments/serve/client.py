@@ -32,7 +32,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, request: Request
     params = request.sampling_params
     body = {"model": model, "prompt": request.token_ids[:request.num_prompt_tokens], "max_tokens": params.max_tokens,
             "temperature": params.temperature, "ignore_eos": params.ignore_eos, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
     sent = time.perf_counter()
     first = last = None
     tokens = 0
@@ -45,11 +45,12 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, request: Request
             event = json.loads(line[6:])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-            if event["choices"] and event["choices"][0].get("text"):
+            # every event before the last is a delivery of tokens (return_token_ids: text or not)
+            if event["choices"] and event["choices"][0].get("finish_reason") is None:
                 last = time.perf_counter()
                 first = first or last
     if first is None or last is None:
-        return ClientRecord(float("nan"), None, tokens, "no text came back")
+        return ClientRecord(float("nan"), None, tokens, "no token came back")
     return ClientRecord(first - sent, (last - first) / (tokens - 1) if tokens > 1 else None, tokens)
 
 

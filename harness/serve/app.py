@@ -208,7 +208,9 @@ async def _stream(gen: Generation, body, head: dict, chat: bool, core: ServeCore
         yield f"data: {json.dumps(first)}\n\n".encode()
     prefix, suffix = _chunk_template(head, obj, chat, usage_key)
     dumps = json.dumps
-    pieces = gen.deltas()
+    # with return_token_ids (vLLM's extension) every delivery is an event, text or not: a client
+    # timing tokens (experiments/serve/client.py) sees each one, random-weight models included
+    pieces = gen.deltas(keep_empty=body.return_token_ids)
     try:
         async for batch in pieces:
             yield "".join([prefix + dumps(piece) + suffix for piece in batch]).encode()

@@ -69,11 +69,13 @@ class Generation:
             metrics.generation_tokens.inc(n)
         self._queue.put_nowait(delivery)
 
-    async def deltas(self) -> AsyncIterator[list[str]]:
+    async def deltas(self, keep_empty: bool = False) -> AsyncIterator[list[str]]:
         """Text as it comes, one piece per delivery; the deliveries that arrived while the consumer
-        was busy come together (one write for a stream that fell behind). finish_reason is set when
-        it ends; taken lists (due, tokens) of the latest batch. Aborts the request in the core if the
-        consumer goes away (a disconnected client) or a stop string ends it."""
+        was busy come together (one write for a stream that fell behind). keep_empty: a delivery
+        whose tokens add no text yet (an incomplete character, ids the tokenizer has no text for)
+        still gives a piece, "", so a client timing tokens sees each one arrive. finish_reason is set
+        when it ends; taken lists (due, tokens) of the latest batch. Aborts the request in the core
+        if the consumer goes away (a disconnected client) or a stop string ends it."""
         queue = self._queue
         try:
             while not self._done:
@@ -86,7 +88,8 @@ class Generation:
                     if self._done:  # a stop string ended it; later deliveries are dropped
                         break
                     self.taken.append((delivery.due, max(len(delivery.token_ids), 1)))
-                    if text := self._take(delivery):
+                    text = self._take(delivery)
+                    if text or (keep_empty and delivery.token_ids):
                         pieces.append(text)
                 if pieces:
                     yield pieces
