@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from decode_bound import measure_copy_bandwidth
 
+from experiments.moe.decode_bound import measure_copy_bandwidth
 from kernels.fused_moe import fused_moe, grouped_gemm, moe_align, moe_align_triton
 from kernels.moe_configs import GemmTiles, MoeTiles, block_m_for, table_path, write_table
 
