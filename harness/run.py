@@ -69,9 +69,12 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = None, label: str = "",
-             record: bool | None = None) -> RunOutcome:
+             record: bool | None = None, keep_steps: bool = True) -> RunOutcome:
     """Serve rc.workload to completion; executor overrides the configured backend (tests).
-    record: add step features, schedule hashes (and host times) to steps; None: engine runs only."""
+    record: add step features, schedule hashes (and host times) to steps; None: engine runs only.
+    Requests are made as they arrive and kept as records once served; keep_steps=False (nothing
+    reads the step table: output.steps=none, no plots) keeps only the totals the summary needs,
+    and an empty step table."""
     stop_recording = None
     if executor is None:
         try:
@@ -89,7 +92,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         if recorder is not None:
             # a shared engine serves many runs: this run's recorder must not watch the next ones
             stop_recording = executor.observe(recorder)
-        total = len(workload.requests)
+        total = len(workload)
+        keep_steps = keep_steps or recorder is not None
         bar = tqdm(total=total, desc=label or rc.workload.label, unit="req", disable=not progress,
                    mininterval=0.5, leave=False, dynamic_ncols=True)
 
@@ -101,7 +105,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         if recorder is not None:
             clock = recorder.watch(clock)
         with bar, nullcontext() if wall else cyclic_gc_paused():
-            result = run(scheduler, executor, workload.requests, clock, on_step if progress else None)
+            result = run(scheduler, executor, workload.stream(), clock, on_step if progress else None,
+                         compact=True, keep_steps=keep_steps)
         wall_s = time.perf_counter() - started
     finally:
         if stop_recording is not None:
@@ -117,7 +122,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         steps = pd.concat([steps, recorder.frame()], axis=1)
     labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=total,
                        num_rejected=len(result.rejected), fit=FitCounts(**workload.fit_counts()), wall_s=wall_s)
-    summary = summarize(requests, steps, result.makespan_s, info.num_blocks, labels)
+    summary = summarize(requests, steps, result.makespan_s, info.num_blocks, labels, result.step_totals)
     return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes)
 
 

@@ -110,7 +110,7 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
         outcome = simulate_with_interval(rc, to_dataclass(IntervalConfig, section(cfg, "interval"), "interval"),
                                          progress=output.progress)
     else:
-        outcome = run_once(rc, output.progress)
+        outcome = run_once(rc, output.progress, keep_steps=output.steps != "none" or output.plots)
     write_outcome(outcome, out_dir, output.plots, output.steps)
     require_served(outcome)
     print(format_summary(outcome.summary))

@@ -23,7 +23,7 @@ last step submitted, as the step-by-step path leaves it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.core.plan import PLACEHOLDER, ScheduledRequest, StepPlan, StepResult, StepStats
@@ -46,6 +46,9 @@ class DecodeRunner(Protocol):
     def sample_tokens(self, request_id: str, first_position: int, count: int) -> list[int]:
         """The tokens the request samples at positions first_position .. + count - 1, never the
         executor's info().eos_token_id."""
+
+    def sample_runs(self, runs: Sequence[tuple[str, int, int]]) -> list[list[int]]:
+        """sample_tokens(*run) for each (request_id, first_position, count) run, in one call."""
 
     def resubmitted(self, pending: PendingStep, result: StepResult) -> PendingStep:
         """Overlapped steps: the step in flight (pending, unread) replaced by one that priced to result."""
@@ -122,19 +125,22 @@ class _FastRun:
         free = bm.num_free_blocks
         step = 0
         previous_duration = 0.0
+        allocs, fills = self.allocs, self.fills
+        prices = self.prices
         while step < self.max_steps:
             now = clock.now()
             if now >= horizon:
                 break
-            due = self._due(step + 1)
-            if len(due) > free:
-                for item in due:
-                    heapq.heappush(self.allocs, item)
-                break
+            if allocs and allocs[0][0] == step + 1:  # (most steps need no block: no call for them)
+                due = self._due(step + 1)
+                if len(due) > free:
+                    for item in due:
+                        heapq.heappush(allocs, item)
+                    break
+                free -= len(due)
+                self._allocate(due)
             step += 1
-            free -= len(due)
-            self._allocate(due)
-            duration = next(self.prices)
+            duration = next(prices)
             new_stats = StepStats(base.step + step, base.kind, base.num_requests, 0, base.num_decode_tokens,
                                   base.num_waiting, base.num_running, bm.num_free_blocks, 0, 0,
                                   base.repeated_kv_tokens, base.decode_repeated_kv_tokens)
@@ -143,11 +149,13 @@ class _FastRun:
                     assert replica.in_flight is not None, "an overlapped decode step is in flight"
                     previous_duration = replica.in_flight[1].result().duration_s
                 clock.advance(previous_duration)
-                self._register(step)
+                if fills and fills[0][0] == step:
+                    self._register(step)
                 record_step(clock.now() - previous_duration, previous_duration, stats, None, [])
                 stats, previous_duration = new_stats, duration
             else:
-                self._register(step)
+                if fills and fills[0][0] == step:
+                    self._register(step)
                 clock.advance(duration)
                 record_step(now, duration, new_stats, None, [])
         if step:
@@ -184,20 +192,31 @@ class _FastRun:
     def _write(self, i: int, end: int) -> None:
         """Write request i's sampled tokens at indices up to end (exclusive); overlapped, the token
         at end is still being sampled (a placeholder)."""
-        request = self.requests[i]
-        ids = request.token_ids
+        self._write_many([(i, end)])
+
+    def _write_many(self, ends: list[tuple[int, int]]) -> None:
+        """_write for each (i, end), the tokens of all of them sampled in one call."""
         overlap = self.replica.overlap
-        if overlap and len(ids) <= end:
-            ids.extend([PLACEHOLDER] * (end + 1 - len(ids)))
-        start = self.written[i]
-        if end <= start:
+        runs: list[tuple[str, int, int]] = []
+        targets: list[int] = []
+        for i, end in ends:
+            request = self.requests[i]
+            ids = request.token_ids
+            if overlap and len(ids) <= end:
+                ids.extend([PLACEHOLDER] * (end + 1 - len(ids)))
+            start = self.written[i]
+            if end > start:
+                runs.append((request.request_id, start, end - start))
+                targets.append(i)
+                self.written[i] = end
+        if not runs:
             return
-        tokens = self.runner.sample_tokens(request.request_id, start, end - start)
-        if overlap:
-            ids[start:end] = tokens  # over placeholders
-        else:
-            ids.extend(tokens)
-        self.written[i] = end
+        for i, (_, start, count), tokens in zip(targets, runs, self.runner.sample_runs(runs)):
+            ids = self.requests[i].token_ids
+            if overlap:
+                ids[start : start + count] = tokens  # over placeholders
+            else:
+                ids.extend(tokens)
 
     def _finish(self, steps: int, last_stats: StepStats, last_duration: float) -> None:
         """Each request's counts after the run, and (overlapped) its last step put in flight."""
@@ -206,6 +225,7 @@ class _FastRun:
         scheduler = replica.scheduler
         scheduler._step += steps
         entries: list[ScheduledRequest] = []
+        ends: list[tuple[int, int]] = []
         for i, request in enumerate(self.requests):
             start = self.computed[i]
             end = start + steps
@@ -216,17 +236,19 @@ class _FastRun:
                 request.max_computed_tokens = end
             request.num_computed_tokens = end
             if overlap:
-                self._write(i, end)  # the last step's own token stays pending
+                ends.append((i, end))  # the last step's own token stays pending
                 entries.append(ScheduledRequest(
                     request.request_id, [PLACEHOLDER], end - 1, request.block_table, True, request.sampling_params,
                     end - request.num_prompt_tokens, True))
             else:
-                self._write(i, end + 1)
+                ends.append((i, end + 1))
+        self._write_many(ends)
         if overlap:
             assert replica.in_flight is not None
             old = self.plan
             plan = StepPlan(entries, last_stats, [], [], old.use_cuda_graphs)
-            tokens = [self.runner.sample_tokens(e.request_id, e.num_computed_tokens + 1, 1)[0] for e in entries]
+            runs = [(e.request_id, e.num_computed_tokens + 1, 1) for e in entries]
+            tokens = [run[0] for run in self.runner.sample_runs(runs)]
             _, pending, _ = replica.in_flight
             replica.in_flight = (plan, self.runner.resubmitted(pending, StepResult(tokens, last_duration)),
                                  replica.clock.now())

@@ -18,6 +18,7 @@ from engine.core.async_scheduler import AsyncScheduler
 from engine.core.executor import Executor, PendingStep
 from engine.core.fast_forward import DecodeRunner, fast_forward
 from engine.core.plan import StepPlan, StepResult, StepStats
+from engine.core.records import ArrivalFeed, RequestRecords, StepTotals
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 
@@ -86,6 +87,10 @@ class RunResult:
     steps: list[StepRecord]
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> error message
     makespan_s: float = 0.0
+    # run(compact=True): finished requests as records (in finishing order, each with its submission
+    # index), `requests` left empty; steps as totals when run(keep_steps=False), `steps` left empty
+    records: RequestRecords | None = None
+    step_totals: StepTotals | None = None
 
 
 def tokens_left(request: Request) -> int:
@@ -113,6 +118,8 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
         self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
         self.result = RunResult(requests=[], steps=[])
+        # run(compact=True): each request's submission index, from its submission to its record
+        self.submitted: dict[str, int] | None = None
         self.on_step: FleetStepHook | None = None
         # No step may start at or after this (a fleet's next routing); the inbox's head bounds it too.
         self.stop_at = math.inf
@@ -146,6 +153,8 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                 self.scheduler.add(request)
             except ValueError as error:
                 self.result.rejected[request.request_id] = str(error)
+                if self.submitted is not None:
+                    del self.submitted[request.request_id]
 
     def tick(self) -> None:
         """One iteration: admit what has arrived, then plan and execute (or submit) a step."""
@@ -200,9 +209,21 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
     def record_step(self, start: float, duration: float, stats: StepStats, idle_s: float | None,
                     finished: list[Request]) -> None:
         record = StepRecord(start, duration, stats, idle_s)
-        self.result.steps.append(record)
+        result = self.result
+        totals = result.step_totals
+        if totals is None:
+            result.steps.append(record)
+        else:
+            totals.count += 1
+            totals.prefill_tokens += stats.num_prefill_tokens
+            totals.requests += stats.num_requests
         if finished:
-            self.result.requests.extend(finished)
+            if result.records is None:
+                result.requests.extend(finished)
+            else:
+                assert self.submitted is not None, "records need submission indices"
+                for request in finished:
+                    result.records.add(request, self.submitted.pop(request.request_id))
         if self.on_step is not None:
             self.on_step(self.index, record, finished)
 
@@ -213,6 +234,8 @@ def run(
     requests: Iterable[Request],
     clock: Clock,
     on_step: Callable[[StepRecord, list[Request]], None] | None = None,
+    compact: bool = False,
+    keep_steps: bool = True,
 ) -> RunResult:
     """Serve requests (sorted by arrival_time) to completion.
 
@@ -221,19 +244,36 @@ def run(
     step N+1 is planned and submitted before step N's tokens are read (the scheduler must then be
     an engine.core.async_scheduler.AsyncScheduler, which make_scheduler picks); otherwise each
     step is executed and applied before the next is planned.
+
+    compact=True: requests come already in arrival order (an iterator, read as the clock reaches
+    each arrival, so they may be made on demand) and leave as RunResult.records, the Request
+    objects released; keep_steps=False keeps RunResult.step_totals in place of the steps. Memory
+    then follows the requests in flight, whatever the workload's length.
     """
-    pending = sorted(requests, key=lambda r: r.arrival_time)
     replica = Replica(0, scheduler, executor, clock)
-    replica.inbox.extend(pending)
     if on_step is not None:
         replica.on_step = lambda index, record, finished: on_step(record, finished)
-    while replica.next_event_time() < math.inf:
-        replica.tick()
-    order = {r.request_id: i for i, r in enumerate(pending)}
+    if not keep_steps:
+        replica.result.step_totals = StepTotals()
+    if compact:
+        replica.submitted = {}
+        replica.result.records = RequestRecords()
+        replica.inbox = ArrivalFeed(iter(requests), replica.submitted)
+        _serve(replica)
+    else:
+        pending = sorted(requests, key=lambda r: r.arrival_time)
+        replica.inbox.extend(pending)
+        _serve(replica)
+        order = {r.request_id: i for i, r in enumerate(pending)}
+        replica.result.requests.sort(key=lambda r: order[r.request_id])
     result = replica.result
-    result.requests.sort(key=lambda r: order[r.request_id])
     result.makespan_s = clock.now()
     return result
+
+
+def _serve(replica: Replica) -> None:
+    while replica.next_event_time() < math.inf:
+        replica.tick()
 
 
 def step_overlap(scheduler: Scheduler, executor: Executor) -> bool:

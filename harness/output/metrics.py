@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from engine.core.loop import RunResult
+from engine.core.records import RequestRecords, StepTotals
 from harness.output.summary import RunLabels, RunSummary
 
 PERCENTILES = (50, 90, 99)  # RunSummary has a field for each
@@ -35,6 +36,8 @@ STEP_COLUMNS = (
 
 
 def requests_frame(result: RunResult) -> pd.DataFrame:
+    if result.records is not None:
+        return _records_frame(result.records)
     reqs = result.requests
     frame = pd.DataFrame({
         "request_id": [r.request_id for r in reqs],
@@ -49,6 +52,23 @@ def requests_frame(result: RunResult) -> pd.DataFrame:
         "recomputed_tokens": np.array([r.num_recomputed_tokens for r in reqs], dtype=np.int64),
         "finish_reason": [r.finish_reason.value if r.finish_reason else "" for r in reqs],
     })
+    return _with_latencies(frame)
+
+
+def _records_frame(records: RequestRecords) -> pd.DataFrame:
+    """requests_frame of a compact run: the records in submission order."""
+    order = np.argsort(np.frombuffer(records.order, dtype=np.int64), kind="stable")
+    columns = {name: np.frombuffer(getattr(records, name), dtype=np.int64 if getattr(records, name).typecode == "q"
+                                   else float)[order]
+               for name in ("arrival", "first_scheduled", "first_token", "finish", "prompt_tokens", "output_tokens",
+                            "preemptions", "cached_tokens", "recomputed_tokens")}
+    ids, reasons = records.request_id, records.finish_reason
+    frame = pd.DataFrame({"request_id": [ids[i] for i in order.tolist()], **columns,
+                          "finish_reason": [reasons[i] for i in order.tolist()]})
+    return _with_latencies(frame)
+
+
+def _with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
     frame["ttft"] = frame["first_token"] - frame["arrival"]
     decode_steps = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
     frame["tpot"] = (frame["finish"] - frame["first_token"]) / decode_steps
@@ -70,7 +90,8 @@ SUMMARY_STEP_COLUMNS = ("prefill_tokens", "requests")  # what summarize() reads 
 
 
 def steps_frame(result: RunResult, columns: tuple[str, ...] = STEP_COLUMNS) -> pd.DataFrame:
-    """The step table, or only the named columns of it (a whole trace has 10^5 steps and more)."""
+    """The step table, or only the named columns of it (a whole trace has 10^5 steps and more);
+    no rows when the run kept only its step totals."""
     rows = {"record": result.steps, "stats": list(map(attrgetter("stats"), result.steps))}
     table = {}
     for column in columns:
@@ -100,8 +121,9 @@ def read_steps(folder: Path) -> pd.DataFrame:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, num_blocks: int,
-              labels: RunLabels | None = None) -> RunSummary:
-    """The summary row: throughput over the makespan, latency percentiles, cache behaviour."""
+              labels: RunLabels | None = None, totals: StepTotals | None = None) -> RunSummary:
+    """The summary row: throughput over the makespan, latency percentiles, cache behaviour;
+    totals (a run that kept no steps) stand for the step table."""
     span = makespan_s if makespan_s > 0 else float("nan")
     input_tokens = int(requests["prompt_tokens"].sum())
     output_tokens = int(requests["output_tokens"].sum())
@@ -111,7 +133,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, nu
         for p in PERCENTILES:
             latency[f"{metric}_p{p}_s"] = percentile(requests, metric, p)
     cached = int(requests["cached_tokens"].sum())
-    computed_prefill = int(steps["prefill_tokens"].sum())
+    if totals is None:
+        num_steps, computed_prefill = len(steps), int(steps["prefill_tokens"].sum())
+        mean_batch = float(steps["requests"].mean()) if len(steps) else 0.0
+    else:  # the same sum over the same integers, and the mean pandas takes (float sum / count)
+        num_steps, computed_prefill = totals.count, totals.prefill_tokens
+        mean_batch = float(totals.requests) / totals.count if totals.count else 0.0
     return RunSummary(
         num_requests=len(requests),
         makespan_s=makespan_s,
@@ -128,8 +155,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, makespan_s: float, nu
         # Of the tokens that needed KV at admission, the share the prefix cache supplied.
         prefix_hit_rate=cached / (cached + computed_prefill) if cached + computed_prefill else 0.0,
         num_blocks=num_blocks,
-        num_steps=len(steps),
-        mean_batch_requests=float(steps["requests"].mean()) if len(steps) else 0.0,
+        num_steps=num_steps,
+        mean_batch_requests=mean_batch,
         labels=labels,
     )
 

@@ -10,19 +10,21 @@ cut and the tokens each lost; requests skipped): nothing is truncated silently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
-from engine.core import Request, SamplingParams
+from engine.core import Request
 from harness.convert import ConfigError
 from harness.workloads.config import WorkloadConfig
 from harness.workloads.lengths import draw_arrivals, draw_lengths
-from harness.workloads.mooncake import block_seed, prompt_token_ids
+from harness.workloads.mooncake import block_seed, prompt_token_ids, warn_uncovered
 from harness.workloads.profile import profile_arrivals, profile_end
+from harness.workloads.source import RequestSource, check_fits
 from harness.workloads.trace import (
     ARRIVAL_COLUMN,
     HASH_COLUMN,
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Workload:
-    requests: list[Request]
+    source: RequestSource  # the requests, made on demand (token ids drawn when a request is made)
     num_clipped: int = 0  # requests cut to fit max_model_len (prompt, output or both)
     num_prompts_clipped: int = 0  # of them, requests whose prompt was shortened
     num_outputs_clipped: int = 0  # of them, requests whose output was shortened
@@ -46,6 +48,19 @@ class Workload:
     output_tokens_clipped: int = 0  # output tokens cut, over all requests
     num_skipped: int = 0  # requests dropped because they did not fit
     longest: int = 0  # the longest request before fitting (prompt + output tokens): the max_model_len fitting all
+
+    @cached_property
+    def requests(self) -> list[Request]:
+        """Every request, in row order, all token ids in memory (stream() makes them one by one)."""
+        return list(self.source.in_row_order())
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def stream(self) -> Iterator[Request]:
+        """The requests in arrival order (ties in row order), each made when it is asked for: the
+        same requests as `requests`, holding only those not yet served in memory."""
+        return self.source.in_arrival_order()
 
     def fit_counts(self) -> dict[str, int]:
         """What fitting max_model_len cost: the summary.csv columns."""
@@ -58,12 +73,16 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     """Deterministic requests for cfg: same seed (and config), same lengths, times and token ids."""
     len_seq, arrival_seq, token_seq, group_seq, seed_seq = np.random.SeedSequence(cfg.seed).spawn(5)
     trace = _load_trace(cfg)
+    if trace is not None and cfg.trace_repeat and cfg.num_requests is not None:
+        trace = _repeated(cfg, trace, cfg.num_requests)
     n = len(trace) if trace is not None else cfg.num_requests
     if cfg.rate_profile is not None:
         arrival = profiled_arrivals(cfg, np.random.default_rng(arrival_seq))
         n = len(arrival)
+        check_fits(n)
         trace = _cycled(cfg, trace, n)
     else:
+        check_fits(n)
         arrival = draw_arrivals(cfg, n, np.random.default_rng(arrival_seq), _column(trace, ARRIVAL_COLUMN))
     len_rng = np.random.default_rng(len_seq)
     prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
@@ -93,35 +112,35 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
                     cfg.label, num_over, n, max_model_len)
     elif num_over:
         prompt, output, clipped = _clip(cfg, prompt, output, over, max_model_len)
+    drawer: Callable[[], Callable[[int, int], np.ndarray]]
     if trace is not None and HASH_COLUMN in trace:
         # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
         own = np.where(keep, prompt, 0)
-        rows = (np.arange(n) + cfg.start_row).tolist()
-        flat = prompt_token_ids(trace[HASH_COLUMN].tolist(), own, rows, block_seed(token_seq), bound)
+        hashes, key = trace[HASH_COLUMN].tolist(), block_seed(token_seq)
+        warn_uncovered(hashes, own)
+
+        def drawer() -> Callable[[int, int], np.ndarray]:
+            return lambda a, b: prompt_token_ids(hashes[a:b], own[a:b], range(a + cfg.start_row, b + cfg.start_row),
+                                                 key, bound)
     else:
-        # Token ids: one draw for every request's own tokens (those not from a shared group prefix).
+        # Token ids: one generator for every request's own tokens (those not from a shared group
+        # prefix), drawn in row order.
         own = np.where(group >= 0, np.maximum(prompt - prefix_len, 0), prompt)
-        flat = np.random.default_rng(token_seq).integers(0, bound, size=int(own.sum()), dtype=np.int64)
-    ends = np.cumsum(own)
+
+        def drawer() -> Callable[[int, int], np.ndarray]:
+            rng = np.random.default_rng(token_seq)
+            return lambda a, b: rng.integers(0, bound, size=int(own[a:b].sum()), dtype=np.int64)
     seeds = np.random.default_rng(seed_seq).integers(0, 2**62, size=n)
     # NOTE: ids come from one shared pool of Python ints so that millions of prompt tokens cost
     # a pointer each, not a fresh int object each; indexing the pool as a numpy object array maps
     # them all in one call (a Python-level lookup per token was a tenth of a plan evaluation).
     pool = np.array(list(range(bound)), dtype=object)
-    flat_ids = pool[flat].tolist()
-    prefix_lists = [pool[row].tolist() for row in prefixes]
-    starts, ends = (ends - own).tolist(), ends.tolist()
-    requests: list[Request] = []
-    for i in np.flatnonzero(keep).tolist():
-        own_ids = flat_ids[starts[i] : ends[i]]
-        g = int(group[i])
-        ids = prefix_lists[g][: int(prompt[i])] + own_ids if g >= 0 else own_ids
-        params = SamplingParams(
-            temperature=cfg.temperature, max_tokens=int(output[i]), ignore_eos=cfg.ignore_eos, seed=int(seeds[i])
-        )
-        rid = str(i + cfg.start_row) if trace is not None and cfg.rate_profile is None else str(i)
-        requests.append(Request(rid, ids, params, arrival_time=float(arrival[i])))
-    return Workload(requests, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
+    source = RequestSource(
+        arrival=arrival, prompt=prompt, output=output, group=group, own=own, seeds=seeds, keep=keep,
+        prefixes=[pool[row].tolist() for row in prefixes], drawer=drawer, pool=pool,
+        id_offset=cfg.start_row if trace is not None and cfg.rate_profile is None else 0,
+        temperature=cfg.temperature, ignore_eos=cfg.ignore_eos)
+    return Workload(source, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
 
 
 class _Drop(logging.Filter):
@@ -183,6 +202,25 @@ def _cycled(cfg: WorkloadConfig, trace: pd.DataFrame | None, n: int) -> pd.DataF
     log.warning("workload %s: %d arrivals take lengths from a trace of %d rows, reused from its first row",
                 cfg.label, n, len(trace))
     return trace.iloc[np.arange(n) % len(trace)].reset_index(drop=True)
+
+
+def _repeated(cfg: WorkloadConfig, trace: pd.DataFrame, n: int) -> pd.DataFrame:
+    """n rows: the trace's rows repeated from the top, each repeat's times shifted by the
+    trace's span plus its mean gap (so repeats follow one another at the trace's rate)."""
+    rows = len(trace)
+    if rows >= n:
+        return trace
+    check_fits(n)
+    copy = np.arange(n) // rows
+    out = trace.iloc[np.arange(n) % rows].reset_index(drop=True)
+    if ARRIVAL_COLUMN in trace:
+        times = trace[ARRIVAL_COLUMN].to_numpy()
+        span = float(times.max() - times.min())
+        period = span + (span / (rows - 1) if rows > 1 else 1.0)
+        out[ARRIVAL_COLUMN] = out[ARRIVAL_COLUMN].to_numpy() + copy * period
+    log.info("workload %s: %d requests from a trace of %d rows, repeated %d times (workload.trace_repeat)",
+             cfg.label, n, rows, int(copy[-1]) + 1)
+    return out
 
 
 def _load_trace(cfg: WorkloadConfig) -> pd.DataFrame | None:

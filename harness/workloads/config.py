@@ -87,6 +87,9 @@ class WorkloadConfig:
     trace_path: str | None = None  # absolute, or relative to the cwd, or to trace_dir
     trace_dir: str | None = None  # None: ../shared/traces beside the repository root
     start_row: int = 0  # first trace row used (0-based, header excluded)
+    # num_requests beyond the trace's rows: true repeats the rows (times shifted a trace span plus a
+    # mean gap per repeat); false serves the rows there are
+    trace_repeat: bool = False
     max_token_id: int = 10000  # token ids are drawn from [0, max_token_id) (capped by the vocab)
     temperature: float = 0.6
     ignore_eos: bool = True  # lengths come from the workload, not from a random EOS
@@ -164,9 +167,11 @@ class WorkloadConfig:
                    f"output_len.dist={self.output_len.dist}")
         unread = []
         if not self.uses_trace:
-            trace_only = {"trace_path": None, "trace_dir": None, "start_row": 0}
+            trace_only = {"trace_path": None, "trace_dir": None, "start_row": 0, "trace_repeat": False}
             unread += [(k, "workload.arrival=trace or a length dist=trace (e.g. workload=trace)")
                        for k, neutral in trace_only.items() if getattr(self, k) != neutral]
+        if self.trace_repeat and self.rate_profile is not None:
+            unread.append(("trace_repeat", "workload.num_requests (a rate_profile reuses rows as it needs)"))
         if self.arrival != "trace" and self.rate_scale != 1.0:
             unread.append(("rate_scale", "workload.arrival=trace (e.g. workload=trace)"))
         if self.arrival not in ("poisson", "gamma") and self.rate is not None:

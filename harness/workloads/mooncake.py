@@ -52,16 +52,11 @@ def prompt_token_ids(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, rows
     row rows[i]."""
     keys: list[int] = []
     own: list[bool] = []
-    extra = 0
     for ids, length, row in zip(hash_ids, prompt.tolist(), rows):
         needed = -(-length // BLOCK_TOKENS)
         missing = max(needed - len(ids), 0)
-        extra += missing > 0
         keys += list(ids[:needed]) + [(row << 20) + j for j in range(missing)]
         own += [False] * min(needed, len(ids)) + [True] * missing
-    if extra:
-        log.warning("mooncake trace: %d prompts are longer than their hash_ids cover (%d tokens a block); "
-                    "their last tokens are their own, shared with no other request", extra, BLOCK_TOKENS)
     blocks = (prompt + BLOCK_TOKENS - 1) // BLOCK_TOKENS
     block_len = np.full(len(keys), BLOCK_TOKENS, dtype=np.int64)
     some = blocks > 0  # a prompt of 0 tokens (a request left out) has no block
@@ -72,6 +67,15 @@ def prompt_token_ids(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, rows
     offset = np.arange(int(block_len.sum()), dtype=np.uint64) - np.repeat(starts, block_len).astype(np.uint64)
     tokens = _mix(np.repeat(base, block_len) + offset) % np.uint64(bound)
     return tokens.astype(np.int64)
+
+
+def warn_uncovered(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray) -> None:
+    """Log how many prompts run past the blocks their hash_ids name (prompt_token_ids gives
+    those tokens blocks of their own)."""
+    extra = sum(-(-length // BLOCK_TOKENS) > len(ids) for ids, length in zip(hash_ids, prompt.tolist()))
+    if extra:
+        log.warning("mooncake trace: %d prompts are longer than their hash_ids cover (%d tokens a block); "
+                    "their last tokens are their own, shared with no other request", extra, BLOCK_TOKENS)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:

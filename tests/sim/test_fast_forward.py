@@ -19,6 +19,7 @@ from engine.core.executor import BackendInfo
 from engine.core.fleet import run_fleet
 from engine.core.loop import Replica, SimulatedClock, run
 from engine.core.routers import ROUTER_REGISTRY
+from sim import executor as sim_executor
 from sim.executor import SimExecutor
 from sim.roofline import RooflineCostModel
 from tests.sim import helpers
@@ -115,3 +116,12 @@ def test_fast_forward_setting_is_a_bool(value):
 
     with pytest.raises(ValueError, match="fast_forward"):
         SimConfig(fast_forward=value)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30))
+def test_fast_forward_with_every_run_hashed_in_numpy_matches_step_by_step(policy, overlap, num_blocks, seed, n):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sim_executor, "_VECTOR_TOKENS", 1)  # sample_runs' numpy path, however short the run
+        args = (policy, overlap, True, num_blocks, seed, n, False, 4)
+        assert _serve(True, *args) == _serve(False, *args)

@@ -1,0 +1,109 @@
+"""A workload's requests made on demand: lengths, times and seeds are arrays; token ids are drawn
+when a request is made, so memory follows the requests in flight rather than the trace.
+
+Token ids come from one generator consumed in row order (or, for Mooncake traces, from a pure
+function of the row's blocks), so drawing them row range by row range gives exactly the ids of
+one draw over all rows: numpy's bounded integer draws continue where the previous call stopped
+(tests/harness/test_workload_stream.py checks the lazy ids against the list). Requests are
+yielded in arrival order (a stable sort, as the loop sorts a list); rows drawn ahead of their
+turn (a trace whose rows are not in time order) wait in a buffer until their turn.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core import Request, SamplingParams
+from harness.convert import ConfigError
+
+CHUNK_TOKENS = 1 << 20  # token ids drawn per call: a few MB at a time
+# What a request costs in memory for the whole run whatever its length: its lengths, time and
+# seed here, its record of times and counts (engine.core.records) and its requests.csv row
+# (measured: docs/fast_forward.md, "Memory"), rounded up.
+BYTES_PER_REQUEST = 600
+
+
+def check_fits(num_requests: int) -> None:
+    """A ConfigError, before anything is allocated, when num_requests cannot fit this machine's memory."""
+    need = num_requests * BYTES_PER_REQUEST
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(f"workload.num_requests={num_requests}: that many requests need about {need / 2**30:.1f} GiB "
+                          f"({BYTES_PER_REQUEST} bytes each for their records) but this machine has "
+                          f"{have / 2**30:.1f} GiB of memory; ask for at most {have // BYTES_PER_REQUEST} requests")
+
+
+@dataclass
+class RequestSource:
+    """Row i of the workload is a request if keep[i]: its own tokens (own[i] of them, drawn by
+    draw(start_row, stop_row) for a row range, concatenated) follow its group's prefix."""
+
+    arrival: np.ndarray  # float64 seconds
+    prompt: np.ndarray  # int64 prompt tokens (prefix included)
+    output: np.ndarray  # int64 max_tokens
+    group: np.ndarray  # int64 shared-prefix group, -1 for none
+    own: np.ndarray  # int64 tokens of each row not from a group prefix
+    seeds: np.ndarray  # int64 sampling seeds
+    keep: np.ndarray  # bool
+    prefixes: list[list[int]]  # each group's prefix ids
+    # a fresh drawer, called on consecutive row ranges [a, b): their own ids, concatenated (int64)
+    drawer: Callable[[], Callable[[int, int], np.ndarray]]
+    pool: np.ndarray  # object array of the ints 0 .. bound - 1: ids share these int objects
+    id_offset: int  # row i is request str(i + id_offset)
+    temperature: float
+    ignore_eos: bool
+
+    def __len__(self) -> int:
+        return int(self.keep.sum())
+
+    def in_row_order(self) -> Iterator[Request]:
+        """Kept rows' requests in row order (what the workload's list holds)."""
+        draw = self.drawer()
+        for rows in self._chunks(len(self.keep)):
+            yield from (r for _, r in self._make(rows, draw))
+
+    def in_arrival_order(self) -> Iterator[Request]:
+        """Kept rows' requests by arrival time (ties in row order), drawing ids on the way."""
+        order = np.argsort(self.arrival, kind="stable")
+        order = order[self.keep[order]]
+        waiting: dict[int, Request] = {}
+        draw = self.drawer()
+        drawn = 0  # rows [0, drawn) have their ids
+        chunks = self._chunks(len(self.keep))
+        for row in order.tolist():
+            while row >= drawn:
+                rows = next(chunks)
+                waiting.update(self._make(rows, draw))
+                drawn = rows.stop
+            yield waiting.pop(row)
+
+    def _chunks(self, n: int) -> Iterator[range]:
+        """Row ranges of about CHUNK_TOKENS own tokens each (at least one row)."""
+        ends = np.cumsum(self.own)
+        start = 0
+        while start < n:
+            base = int(ends[start - 1]) if start else 0
+            stop = int(np.searchsorted(ends, base + CHUNK_TOKENS, side="right"))
+            stop = min(max(stop, start + 1), n)
+            yield range(start, stop)
+            start = stop
+
+    def _make(self, rows: range, draw: Callable[[int, int], np.ndarray]) -> Iterator[tuple[int, Request]]:
+        flat = self.pool[draw(rows.start, rows.stop)].tolist()
+        own = self.own[rows.start : rows.stop].tolist()
+        keep, group = self.keep, self.group
+        at = 0
+        for i, length in zip(rows, own):
+            own_ids = flat[at : at + length]
+            at += length
+            if not keep[i]:
+                continue
+            g = int(group[i])
+            ids = self.prefixes[g][: int(self.prompt[i])] + own_ids if g >= 0 else own_ids
+            params = SamplingParams(temperature=self.temperature, max_tokens=int(self.output[i]),
+                                    ignore_eos=self.ignore_eos, seed=int(self.seeds[i]))
+            yield i, Request(str(i + self.id_offset), ids, params, arrival_time=float(self.arrival[i]))

@@ -1,0 +1,44 @@
+"""xxHash64 of 8-byte inputs over numpy arrays: the values xxhash.xxh64_intdigest gives for
+(int).to_bytes(8, "little") under a 64-bit seed, many at once (tests/sim/test_xxh.py checks them
+against the xxhash package). The simulator samples a fast-forwarded run's tokens with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5_PLUS_8 = np.uint64((0x27D4EB2F165667C5 + 8) & 0xFFFFFFFFFFFFFFFF)  # PRIME64_5 plus the input's length
+
+U64 = npt.NDArray[np.uint64]
+
+
+def _rotl(x: U64, r: int) -> U64:
+    out: U64 = (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+    return out
+
+
+def xxh64_u64(values: U64, seed: int | U64) -> U64:
+    """xxh64 of each value's 8 little-endian bytes under seed (one, or one per value): wrapping
+    uint64 arithmetic, the short-input path of XXH64 (one 8-byte lane, then the avalanche)."""
+    lane = _rotl(values * _P2, 31) * _P1
+    if isinstance(seed, int):
+        h: U64 = np.full(values.shape, (seed + int(_P5_PLUS_8)) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64)
+    else:
+        h = seed + _P5_PLUS_8
+    h ^= lane
+    h = _rotl(h, 27) * _P1 + _P4
+    h ^= h >> np.uint64(33)
+    h *= _P2
+    h ^= h >> np.uint64(29)
+    h *= _P3
+    h ^= h >> np.uint64(32)
+    return h
+
+
+def xxh64_range(first: int, count: int, seed: int) -> U64:
+    """xxh64_u64 of first, first + 1, ..., first + count - 1."""
+    return xxh64_u64(np.arange(first, first + count, dtype=np.uint64), seed)
