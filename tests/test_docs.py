@@ -71,11 +71,13 @@ def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     common = ["workload=poisson", "workload.rate=20", "workload.num_requests=8", "output.progress=false",
               "output.plots=false"]
-    for name, extra in (("single", []), ("fleet", ["fleet.replicas=2"])):
+    runs = {"single": [], "fleet": ["fleet.replicas=2"], "autoscale": ["autoscale.policy=queue"]}
+    for name, extra in runs.items():
         subprocess.run([sys.executable, "-m", "harness", *common, *extra, f"hydra.run.dir={out / name}"],
                        cwd=REPO, check=True, capture_output=True)
-    return {name: {f: list(pd.read_csv(out / name / f, nrows=0).columns)
-                   for f in ("requests.csv", "steps.csv.gz", "summary.csv")} for name in ("single", "fleet")}
+    files = {name: ("requests.csv", "steps.csv.gz", "summary.csv") for name in runs}
+    files["autoscale"] += AUTOSCALE_FILES
+    return {name: {f: list(pd.read_csv(out / name / f, nrows=0).columns) for f in files[name]} for name in runs}
 
 
 def test_the_outputs_reference_lists_exactly_the_columns_a_run_writes(written):
@@ -89,6 +91,22 @@ def test_the_outputs_reference_lists_exactly_the_columns_a_run_writes(written):
     for file in ("requests.csv", "steps.csv.gz"):  # a fleet adds `replica`, which the reference says
         assert written["fleet"][file] == [*written["single"][file], "replica"]
     assert "`replica`" in text
+
+
+AUTOSCALE_FILES = ("timeline.csv", "lifetimes.csv", "scaling.csv")
+
+
+def test_the_outputs_reference_lists_the_columns_an_autoscaled_run_writes(written):
+    from harness.autoscale.study import COLUMNS
+
+    text = (REPO / "docs" / "outputs.md").read_text()
+    for file in AUTOSCALE_FILES:
+        assert _section_columns(text, file) == written["autoscale"][file], f"docs/outputs.md, {file}"
+    extras = _section_columns(text, "Autoscale summary columns")
+    fleet = set(written["fleet"]["summary.csv"])
+    assert set(written["autoscale"]["summary.csv"]) == fleet | set(extras) and not fleet & set(extras)
+    study = _section_columns(text, "autoscale.csv and cold_start.csv (`experiment=autoscale`)")
+    assert study == [*COLUMNS, "attainment_lost"]  # cold_start.csv adds the last
 
 
 def test_the_architecture_map_names_files_that_exist():

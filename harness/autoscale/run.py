@@ -23,7 +23,7 @@ from engine.core.loop import Replica, SimulatedClock
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.config import SLO, AutoscaleConfig, check_fleet
 from harness.autoscale.policies import make_policy
-from harness.autoscale.timeline import attains, gpu_hours, state_spans, timeline
+from harness.autoscale.timeline import TIMELINE_STEP_COLUMNS, attains, gpu_hours, state_spans, timeline
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
@@ -148,7 +148,8 @@ def run_autoscale_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig,
     """`python -m harness autoscale.policy=<name> ...`: one autoscaled run, its tables and plot."""
     from harness.report import format_summary
 
-    outcome = run_autoscaled(rc, fleet, router, autoscale, slo, output.progress)
+    columns = STEP_COLUMNS if output.steps == "full" else TIMELINE_STEP_COLUMNS
+    outcome = run_autoscaled(rc, fleet, router, autoscale, slo, output.progress, step_columns=columns)
     write_autoscale_outcome(outcome, out_dir, output, slo)
     require_served(outcome.fleet)
     row = outcome.summary.to_row()

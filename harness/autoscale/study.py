@@ -24,11 +24,11 @@ from engine.core.elastic import ColdStart
 from harness.autoscale.config import SLO, AutoscaleConfig, build_autoscale
 from harness.autoscale.policies import AUTOSCALE_POLICIES
 from harness.autoscale.run import AutoscaleOutcome, run_autoscaled, write_autoscale_outcome
+from harness.autoscale.timeline import TIMELINE_STEP_COLUMNS
 from harness.config import OutputConfig, build_run_config, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import build_fleet
 
-STEP_COLUMNS = ("prefill_tokens", "requests", "start", "free_blocks")  # summaries and the timeline
 COLUMNS = ("kind", "policy", "settings", "replicas", "gpu_hours", "cost", "mean_replicas", "slo_attainment",
            "slo_met", "ttft_p90_s", "tpot_p90_s", "scale_ups", "scale_downs", "cold_start_s")
 
@@ -71,7 +71,7 @@ def run_autoscale_experiment(cfg: DictConfig, output: OutputConfig, out_dir: Pat
 
     def run(config: AutoscaleConfig, replicas: int, label: str, cold: ColdStart | None = None) -> AutoscaleOutcome:
         return run_autoscaled(rc, dataclasses.replace(fleet, replicas=replicas), router, config, slo,
-                              output.progress, cold, label, STEP_COLUMNS)
+                              output.progress, cold, label, TIMELINE_STEP_COLUMNS)
 
     rows = []
     static = dataclasses.replace(autoscale, policy=None)

@@ -13,6 +13,9 @@ from engine.core.elastic import Lifetime
 from harness.autoscale.config import SLO
 
 STATES = ("starting", "serving", "draining")
+# the step columns an autoscaled run's summaries and timeline read (a day has 10^7 steps: only these
+# are tabulated unless the step table is written)
+TIMELINE_STEP_COLUMNS = ("prefill_tokens", "requests", "start", "free_blocks")
 
 
 def attains(requests: pd.DataFrame, slo: SLO) -> pd.Series:

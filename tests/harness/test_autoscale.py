@@ -85,6 +85,35 @@ def test_no_replica_takes_traffic_before_its_start_up_has_passed():
     assert (routed_after["arrival"] <= routed_after["drain_s"]).all()  # nothing new once draining
 
 
+def test_fast_forward_leaves_an_autoscaled_run_unchanged(monkeypatch):
+    """The elastic fleet runs replicas only up to its next event (an arrival, an evaluation, a
+    replica becoming ready), so decode runs booked at once end where the step-by-step path is."""
+    import engine.core.loop as loop
+
+    booked = []
+
+    def counting(replica, plan, runner):
+        booked.append(original(replica, plan, runner))
+        return booked[-1]
+
+    original = loop.fast_forward
+    monkeypatch.setattr(loop, "fast_forward", counting)
+    outcomes = {}
+    for fast in (True, False):
+        cfg = compose_config(SURGE + [f"backend.fast_forward={str(fast).lower()}"])
+        config = AutoscaleConfig(policy="utilisation", target_running=4.0, **FAST)
+        booked.clear()
+        outcomes[fast] = run_autoscaled(build_run_config(cfg), FleetConfig(replicas=1), build_fleet(cfg)[1], config,
+                                        SLO(ttft_p90_s=0.5), progress=False)
+        assert (sum(booked) > 1000) == fast  # it does book most decode steps at once
+    on, off = outcomes[True], outcomes[False]
+    assert len(on.elastic.events) >= 2
+    assert on.elastic.events == off.elastic.events and on.elastic.lifetimes == off.elastic.lifetimes
+    pd.testing.assert_frame_equal(on.fleet.requests, off.fleet.requests)
+    pd.testing.assert_frame_equal(on.fleet.steps, off.fleet.steps)
+    pd.testing.assert_frame_equal(on.timeline, off.timeline)
+
+
 def test_cost_integrates_replica_lifetimes():
     outcome, _ = _surge("queue")
     lifetimes = lifetimes_frame(outcome.elastic)
