@@ -115,11 +115,16 @@ def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: b
                               "(expected a comparison's engine/ folder)")
         meta = json.loads((folder / "engine.json").read_text())
         for name in ("workload", "scheduler"):
-            ours = json.loads(json.dumps(dataclasses.asdict(getattr(rc, name))))
-            if name in meta and meta[name] != ours:
-                differ = sorted(k for k in ours if ours[k] != meta[name].get(k))
+            config = getattr(rc, name)
+            ours = json.loads(json.dumps(dataclasses.asdict(config)))
+            # a field the saved run predates had its default there
+            defaults = json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(config)
+                                              if f.default is not dataclasses.MISSING}))
+            saved = {**defaults, **meta.get(name, {})}
+            if name in meta and saved != ours:
+                differ = sorted(k for k in ours if ours[k] != saved.get(k))
                 raise ConfigError(f"compare.engine_dir: the saved engine run had another {name} config "
-                                  f"({', '.join(f'{name}.{k}={meta[name].get(k)!r}' for k in differ)}); "
+                                  f"({', '.join(f'{name}.{k}={saved.get(k)!r}' for k in differ)}); "
                                   "pass the same overrides")
         from harness.output.metrics import read_steps
 

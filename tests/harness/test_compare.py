@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.convert import ConfigError
 from harness.output.metrics import read_steps
 from harness.study import run_study
 from tests.harness.conftest import compose_config
@@ -117,3 +118,22 @@ def test_a_saved_engine_run_is_compared_again_without_the_engine(offline, tmp_pa
     before = pd.read_csv(offline / "compare.csv")
     after = pd.read_csv(tmp_path / "compare.csv")
     pd.testing.assert_frame_equal(before, after)
+
+
+def test_a_saved_engine_run_from_before_a_new_workload_field_still_compares(offline, tmp_path):
+    # a run saved before a config field existed had that field's default; other differences still count
+    import json
+    import shutil
+
+    saved = tmp_path / "saved"
+    shutil.copytree(offline / "engine", saved)
+    meta = json.loads((saved / "engine.json").read_text())
+    del meta["workload"]["trace_repeat"]
+    (saved / "engine.json").write_text(json.dumps(meta))
+    common = [o for o in TINY if not o.startswith("backend.")]
+    base = ["experiment=compare", "backend=sim", *common, f"compare.engine_dir={saved}",
+            f"compare.profile_path={offline / 'profile_model.csv'}", "output.plots=false"]
+    run_study(compose_config(base), tmp_path / "out")
+    pd.testing.assert_frame_equal(pd.read_csv(offline / "compare.csv"), pd.read_csv(tmp_path / "out" / "compare.csv"))
+    with pytest.raises(ConfigError, match="had another workload config .workload.seed=0"):
+        run_study(compose_config([*base, "workload.seed=7"]), tmp_path / "again")
