@@ -25,7 +25,7 @@ from typing import cast
 
 from engine.core.disagg import prefill_copy
 from engine.core.disagg_fleet import DisaggResult, Transfer
-from engine.core.fleet import WAKE_EARLY_S, ReplicaLinks
+from engine.core.fleet import ReplicaLinks, receive_timeout
 from engine.core.loop import Clock, FleetStepHook, RunResult
 from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import FinishReason, Request, RequestStatus
@@ -141,13 +141,9 @@ def run_disagg_wall(links: ReplicaLinks, num_prefill: int, requests: Iterable[Re
             for index in range(len(links)):
                 links.send(index, "end", None)
             ended = True
-        timeout = None
-        if next_arrival < len(pending):
-            timeout = pending[next_arrival].arrival_time - clock.now()
-            if timeout <= WAKE_EARLY_S:
-                clock.wait_until(pending[next_arrival].arrival_time)
-                continue
-            timeout -= WAKE_EARLY_S
+        timeout = receive_timeout(pending, next_arrival, clock)
+        if timeout == 0.0:
+            continue  # slept to the next arrival: dispatch it now
         for index, kind, payload in links.receive(timeout):
             fleet.handle(index, kind, payload)
     return _result(fleet, pending)

@@ -101,13 +101,9 @@ def run_fleet_wall(links: ReplicaLinks, requests: Iterable[Request], router: Rou
             for index in range(len(links)):
                 links.send(index, "end", None)
             ended = True
-        timeout = None
-        if next_arrival < len(pending):
-            timeout = pending[next_arrival].arrival_time - clock.now()
-            if timeout <= WAKE_EARLY_S:
-                clock.wait_until(pending[next_arrival].arrival_time)
-                continue
-            timeout -= WAKE_EARLY_S
+        timeout = receive_timeout(pending, next_arrival, clock)
+        if timeout == 0.0:
+            continue  # slept to the next arrival: dispatch it now
         for index, kind, payload in links.receive(timeout):
             if kind == "report":
                 _collect(index, cast(Report, payload), views[index], results[index], on_step)
@@ -117,6 +113,19 @@ def run_fleet_wall(links: ReplicaLinks, requests: Iterable[Request], router: Rou
             else:
                 raise RuntimeError(f"replica {index}: unexpected message {kind!r}")
     return _in_submission_order(results, pending, assignment)
+
+
+def receive_timeout(pending: Sequence[Request], next_arrival: int, clock: Clock) -> float | None:
+    """How long the router may wait for replica messages: until WAKE_EARLY_S before the next
+    arrival, or None (no arrival left: until a message comes). An arrival due sooner than that is
+    slept to instead, and 0.0 says so: the caller dispatches it before reading messages."""
+    if next_arrival >= len(pending):
+        return None
+    timeout = pending[next_arrival].arrival_time - clock.now()
+    if timeout <= WAKE_EARLY_S:
+        clock.wait_until(pending[next_arrival].arrival_time)
+        return 0.0
+    return timeout - WAKE_EARLY_S
 
 
 def _dispatch_due(pending: list[Request], next_arrival: int, now: float, router: Router,
