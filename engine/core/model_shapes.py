@@ -144,7 +144,7 @@ class ModelShape:
                              f"num_experts ({self.num_experts})")
         if not self.num_experts:
             return
-        if self.num_experts and not self.architecture.moe:
+        if not self.architecture.moe:
             raise ValueError(f"{owner}.num_experts: a {self.model_type} model has no experts; expected 0 "
                              f"(mixture-of-experts types: {[n for n, a in ARCHITECTURES.items() if a.moe]})")
         check_positive(owner, "num_experts_per_tok", self.num_experts_per_tok, (int,))
