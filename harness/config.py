@@ -12,6 +12,7 @@ Layout of the composed config (conf/config.yaml):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,8 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
     backend["execution"] = to_dataclass(ExecutionConfig, section(cfg, "execution"), "execution")
     sim_cfg = engine_cfg = None
     if name == "sim":
+        if backend.get("profile_hardware") is not None:
+            backend["profile_hardware"] = load_hardware(backend["profile_hardware"], "backend.profile_hardware")
         if backend.get("profile_path"):
             backend["profile_path"] = existing_path(backend["profile_path"], "backend.profile_path")
         elif backend.get("cost_model") == "profiled":
@@ -171,13 +174,46 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
 
 
 def _shipped_profile(cfg: DictConfig, backend: dict) -> dict:
-    """profile_path (and the TP size it was measured at, unless set) of the run's hardware and model."""
+    """profile_path (and the TP size it was measured at, unless set) of the profile's hardware (the
+    run's unless backend.profile_hardware names another) and the model."""
     from harness.profiles import PROFILE_TP_SIZE, shipped_profile
 
     hardware = section(cfg, "hardware")
-    path = shipped_profile(hardware.get("name") if isinstance(hardware, dict) else None,
+    measured_on = backend.get("profile_hardware")
+    path = shipped_profile(measured_on.name if measured_on is not None
+                           else hardware.get("name") if isinstance(hardware, dict) else None,
                            model_spec(section(cfg, "model")).name)
     return {"profile_path": str(path), "profile_tp_size": backend.get("profile_tp_size") or PROFILE_TP_SIZE}
+
+
+def load_hardware(name: str, where: str):  # -> sim.specs.HardwareSpec
+    """The HardwareSpec of conf/hardware/<name>.yaml; a ConfigError naming where and the entries there are."""
+    from sim.specs import HardwareSpec
+
+    path = CONF_DIR / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
+        raise ConfigError(f"{where}: no entry conf/hardware/{name}.yaml; available: {available}")
+    return to_dataclass(HardwareSpec, OmegaConf.to_container(OmegaConf.load(path), resolve=True), f"hardware/{name}")
+
+
+def on_hardware(rc: RunConfig, hardware) -> RunConfig:  # hardware: sim.specs.HardwareSpec
+    """rc run on another GPU (a planner's candidate, a disaggregated pool). A profiled simulator
+    follows the GPU: the shipped profile of the new GPU where the run priced with the shipped
+    profile of its own and the new GPU has one; otherwise the run's profile, carried from the GPU
+    it was measured on (sim.transfer)."""
+    from harness.profiles import shipped_profile_or_none
+
+    moved = dataclasses.replace(rc, hardware=hardware)
+    sim = rc.sim
+    if sim is None or sim.cost_model != "profiled" or hardware.name == rc.hardware.name:
+        return moved
+    measured_on = sim.profile_hardware or rc.hardware
+    own = shipped_profile_or_none(hardware.name, rc.model.name)
+    if own is not None and shipped_profile_or_none(measured_on.name, rc.model.name) == Path(str(sim.profile_path)):
+        return dataclasses.replace(moved, sim=dataclasses.replace(sim, profile_path=str(own), profile_hardware=None))
+    carried_from = None if measured_on.name == hardware.name else measured_on
+    return dataclasses.replace(moved, sim=dataclasses.replace(sim, profile_hardware=carried_from))
 
 
 def moved_override(overrides: list[str]) -> str | None:

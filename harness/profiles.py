@@ -33,17 +33,25 @@ def hardware_conf_name(spec_name: str) -> str | None:
     return None
 
 
-def shipped_profile(hardware_name: str, model_name: str, root: Path = PROFILES_DIR) -> Path:
+def shipped_profile_or_none(hardware_name: str | None, model_name: str, root: Path = PROFILES_DIR) -> Path | None:
     """The shipped profile of the hardware (its spec name, as the hardware section carries it) and
-    the model (its conf/model name); ConfigError naming backend.profile_path when there is none."""
-    conf_name = hardware_conf_name(hardware_name)
+    the model (its conf/model name), None when there is none."""
+    conf_name = hardware_conf_name(hardware_name) if hardware_name else None
     path = root / str(conf_name) / f"{model_name}.csv"
-    if conf_name is not None and path.is_file():
+    return path if conf_name is not None and path.is_file() else None
+
+
+def shipped_profile(hardware_name: str | None, model_name: str, root: Path = PROFILES_DIR) -> Path:
+    """shipped_profile_or_none's profile; ConfigError naming backend.profile_path when there is none."""
+    path = shipped_profile_or_none(hardware_name, model_name, root)
+    if path is not None:
         return path
+    conf_name = hardware_conf_name(hardware_name) if hardware_name else None
     where = f"hardware={conf_name}" if conf_name else f"hardware {hardware_name!r}"
     raise ConfigError(f"backend.profile_path: no shipped profile for model={model_name} on {where} "
                       f"(profiles/ has {', '.join(shipped_profiles(root)) or 'none'}); set backend.profile_path "
                       "to a step-timing CSV or use backend.cost_model=roofline")
 
 
-__all__ = ["PROFILES_DIR", "PROFILE_TP_SIZE", "hardware_conf_name", "shipped_profile", "shipped_profiles"]
+__all__ = ["PROFILES_DIR", "PROFILE_TP_SIZE", "hardware_conf_name", "shipped_profile", "shipped_profile_or_none",
+           "shipped_profiles"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
 from sim.moe import MAX_SKEW
+from sim.specs import HardwareSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class SimConfig:
     experts, as a Zipf exponent over the experts' popularity ranks (0: uniform; sim.moe, which also
     estimates it from an engine's observed per-expert counts: fit_routing_skew). Dense models
     ignore it.
+    profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
+    run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
     fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
     outputs identical to stepping them one by one (False).
     """
@@ -40,6 +43,7 @@ class SimConfig:
     profile_tp_size: int | None = None
     moe_routing_skew: float = 0.0
     fast_forward: bool = True
+    profile_hardware: HardwareSpec | None = None
 
     def __post_init__(self) -> None:
         COST_MODELS.check(self.cost_model)
@@ -59,6 +63,9 @@ class SimConfig:
                              f"got {skew!r}")
         if not isinstance(self.fast_forward, bool):
             raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
+        if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):
+            raise TypeError(f"SimConfig.profile_hardware must be a HardwareSpec or None, "
+                            f"got {type(self.profile_hardware).__name__}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"SimConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
 

@@ -22,6 +22,7 @@ from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
 from sim.specs import HardwareSpec, ModelSpec
 from sim.tp_transfer import TPTransferCostModel
+from sim.transfer import transfer
 
 if TYPE_CHECKING:  # sim.config validates cost_model names through this module's registry
     from sim.config import SimConfig
@@ -51,7 +52,10 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     # that a TP=1 profile (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
     # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
     assert sim.profile_path is not None  # SimConfig requires it for this cost model
-    profiled = with_prior(ProfiledCostModel.load(sim.profile_path, graphs), hardware)
+    profiled = ProfiledCostModel.load(sim.profile_path, graphs)
+    if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
+        profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
+    profiled = with_prior(profiled, hardware)
     if model.is_moe:
         profiled.distinct_experts = ExpertRouting(model.num_experts, model.num_experts_per_tok,
                                                   sim.moe_routing_skew).distinct

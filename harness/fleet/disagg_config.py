@@ -7,13 +7,12 @@ domain, so both pools must be the same GPU type and all their GPUs fit one node.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from engine.core.routers import ROUTERS
-from harness.config import CONF_DIR, RunConfig, section
+from harness.config import RunConfig, load_hardware, on_hardware, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import backend_tp_size, with_tp_size
 from sim.kv_transfer import TransferConfig
@@ -68,16 +67,6 @@ def build_disagg(cfg: DictConfig) -> DisaggConfig:
     return to_dataclass(DisaggConfig, data, "fleet")  # type: ignore[no-any-return]
 
 
-def load_hardware(name: str, where: str):  # -> sim.specs.HardwareSpec
-    from sim.specs import HardwareSpec
-
-    path = CONF_DIR / "hardware" / f"{name}.yaml"
-    if not path.is_file():
-        available = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
-        raise ConfigError(f"{where}: no entry conf/hardware/{name}.yaml; available: {available}")
-    return to_dataclass(HardwareSpec, OmegaConf.to_container(OmegaConf.load(path), resolve=True), f"hardware/{name}")
-
-
 def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, RunConfig]:
     """The prefill and the decode replicas' RunConfigs, each pool checked against its GPUs and the link."""
     pools = []
@@ -88,7 +77,7 @@ def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, Run
         if tp > hardware.gpus_per_node:
             raise ConfigError(f"fleet.{pool}.tp_size={tp} exceeds the {hardware.gpus_per_node} GPUs of one "
                               f"{hardware.name} node (hardware gpus_per_node): a TP group stays inside a node")
-        pool_rc = dataclasses.replace(with_tp_size(rc, tp, f"fleet.{pool}.tp_size"), hardware=hardware)
+        pool_rc = on_hardware(with_tp_size(rc, tp, f"fleet.{pool}.tp_size"), hardware)
         pools.append(pool_rc)
     prefill, decode = pools
     if fleet.transfer.link == "nvlink":

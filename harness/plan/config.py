@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from engine.core.config import POLICIES
 from engine.core.routers import ROUTERS
-from harness.config import CONF_DIR, section
+from harness.config import load_hardware, section
 from harness.convert import ConfigError, to_dataclass
 
 MODES = ("aggregated", "disaggregated")
@@ -88,17 +88,9 @@ def build_plan(cfg: DictConfig) -> tuple[PlanConfig, SLOConfig]:
 
 def load_catalogue(names: tuple[str, ...]) -> dict:
     """name -> sim.specs.HardwareSpec from conf/hardware/<name>.yaml, each with a price."""
-    from sim.specs import HardwareSpec
-
-    available = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
     catalogue = {}
     for i, name in enumerate(names):
-        path = CONF_DIR / "hardware" / f"{name}.yaml"
-        if not path.is_file():
-            raise ConfigError(f"plan.hardware[{i}]: no catalogue entry conf/hardware/{name}.yaml; "
-                              f"available: {available}")
-        entry = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-        spec = to_dataclass(HardwareSpec, entry, f"hardware/{name}")
+        spec = load_hardware(name, f"plan.hardware[{i}]")
         if spec.price_per_gpu_hour is None:
             raise ConfigError(f"hardware/{name}.price_per_gpu_hour is missing: every plan.hardware entry needs "
                               "a $/GPU-hour figure (cited, or marked as an assumption)")

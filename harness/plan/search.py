@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from engine.core.routers import RouterConfig
-from harness.config import OutputConfig, RunConfig, build_run_config
+from harness.config import OutputConfig, RunConfig, build_run_config, on_hardware
 from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, build_fleet, with_tp_size
 from harness.fleet.run import run_fleet_once
@@ -68,7 +68,7 @@ def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
     try:
         scheduler = dataclasses.replace(base.rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
                                         max_num_batched_tokens=d.max_num_batched_tokens)
-        rc = dataclasses.replace(base.rc, scheduler=scheduler, hardware=base.catalogue[d.hardware])
+        rc = on_hardware(dataclasses.replace(base.rc, scheduler=scheduler), base.catalogue[d.hardware])
         # The whole evaluation without the cycle collector (harness.run.cyclic_gc_paused): its requests
         # and steps are freed before the collector runs again, so it never scans them. Every
         # deployment serves the same requests at the same max_model_len: run_plan reports their
@@ -211,6 +211,7 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     _, router = build_fleet(cfg)
     base = PlanBase(rc, load_catalogue(plan.hardware), slo, router)
     configs = configurations(plan, rc)
+    _log_profiles(base)
     label, max_model_len = rc.workload.label, rc.scheduler.max_model_len
     # Built once up front: a bad trace fails here once, and the fit is reported once for the plan.
     # NOTE: clipped requests are planned for, with a warning, not refused: a deployment's
@@ -253,6 +254,16 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
             print(f"cheapest {mode}: {summary[f'{mode}_deployment'] or 'none meets the SLO'}")
         print(f"winner: {summary['winner']}")
     return table
+
+
+def _log_profiles(base: PlanBase) -> None:
+    """Which fit prices each catalogue GPU, when the simulator is profiled (harness.config.on_hardware)."""
+    if base.rc.sim is None or base.rc.sim.cost_model != "profiled":
+        return
+    for name, spec in base.catalogue.items():
+        sim = on_hardware(base.rc, spec).sim
+        carried = f", carried from {sim.profile_hardware.name}" if sim.profile_hardware is not None else ""
+        log.info("plan: %s priced by the profile %s%s", name, sim.profile_path, carried)
 
 
 def _log_cheapest(summary: dict) -> None:

@@ -5,7 +5,9 @@ replayed at Poisson (or gamma) rates chosen by bisection; a rate passes when the
 TTFT and TPOT are both within the SLO. The search starts between rate_low (default: a quarter of
 the offline throughput) and rate_high, where
 rate_high defaults to the offline request throughput of the same requests; while the upper rate
-still meets the SLO it is doubled, so the bracket always ends on a failing rate.
+still meets the SLO it is doubled, so the bracket always ends on a failing rate. A workload that
+meets the SLO even offline (every request at once) meets it at any rate: its capacity is
+unbounded by these requests, reported as inf with `slo_met_offline` and a warning, not searched.
 
 NOTE: with a finite number of requests latency is not strictly monotone in the rate, so the
 answer is the boundary bisection converged to, reported with every probe it made.
@@ -14,6 +16,8 @@ answer is the boundary bisection converged to, reported with every probe it made
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +32,8 @@ from harness.output.metrics import percentile
 from harness.run import run_once
 from harness.run_folder import write_csv
 from harness.sweeps.sweep import point_configs
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -64,12 +70,23 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         rid, error = next(iter(offline.rejected.items()), ("?", "no request served"))
         raise ConfigError(f"capacity search {label}: all {offline.summary.labels.num_submitted} requests were rejected "
                           f"at admission (e.g. {rid}: {error})")
+    offline_ttft = percentile(offline.requests, "ttft", p)
+    offline_tpot = percentile(offline.requests, "tpot", p)
+    met_offline = bool(offline_ttft <= cap.ttft_slo_s and offline_tpot <= cap.tpot_slo_s)
+    if met_offline:
+        # Faster arrivals only bring the run closer to this one: every rate would pass, and the
+        # doubling would end only at max_probes with a meaningless rate.
+        log.warning("capacity search %s: all %d requests at once already meet the SLO (P%g TTFT %.3g s, TPOT %.3g s): "
+                    "the workload is too small to bound the rate; raise workload.num_requests",
+                    label or "base", offline.summary.num_requests, p, offline_ttft, offline_tpot)
     high = cap.rate_high if cap.rate_high is not None else offline.summary.request_s
     low = cap.rate_low if cap.rate_low is not None else 0.25 * offline.summary.request_s
     capped = False
-    if high <= low:
+    if high <= low and not met_offline:
         raise ConfigError(f"study.capacity.rate_low={low} is not below the upper rate {high:.4g} req/s")
-    if not probe(low):
+    if met_offline:
+        capacity = math.inf
+    elif not probe(low):
         capacity = 0.0
     else:
         # The offline throughput underestimates the steady state (its tail runs small batches):
@@ -91,7 +108,7 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
         "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s,
         "tpot_slo_s": cap.tpot_slo_s,
         "percentile": p, "offline_request_s": offline.summary.request_s, "num_probes": len(probes),
-        "capped_by_max_probes": capped,
+        "capped_by_max_probes": capped, "slo_met_offline": met_offline,
         f"ttft_p{p:g}_s_at_capacity": at[0][f"ttft_p{p:g}_s"] if at else np.nan,
         f"tpot_p{p:g}_s_at_capacity": at[0][f"tpot_p{p:g}_s"] if at else np.nan,
         "output_tok_s_at_capacity": at[0]["output_tok_s"] if at else np.nan,
@@ -125,10 +142,12 @@ def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig
     axes = fig.subplots(1, 2)
     fig.suptitle(table_title(table, f"Capacity at P{p} SLOs"), fontsize=10)
     for ax, metric, slo in zip(axes, (f"ttft_p{p}_s", f"tpot_p{p}_s"), (cap.ttft_slo_s, cap.tpot_slo_s)):
-        for (label, part), (_, row) in zip(probes.groupby("config", sort=False), table.iterrows()):
-            part = part.sort_values("rate")
-            line, = ax.plot(part["rate"], part[metric], marker="o", label=f"{label}: {row['capacity_req_s']:.3g} req/s")
-            ax.axvline(row["capacity_req_s"], color=line.get_color(), ls=":", lw=1)
+        for _, row in table.iterrows():
+            part = probes[probes["config"] == row["config"]].sort_values("rate") if len(probes) else probes
+            line, = ax.plot(part.get("rate", []), part.get(metric, []), marker="o",
+                            label=f"{row['config']}: {row['capacity_req_s']:.3g} req/s")
+            if math.isfinite(row["capacity_req_s"]):
+                ax.axvline(row["capacity_req_s"], color=line.get_color(), ls=":", lw=1)
         ax.axhline(slo, color="black", ls="--", lw=1, label="SLO")
         # log latency: past capacity it grows by orders of magnitude, and a linear axis from zero
         # would flatten every passing probe onto the floor; the rate axis starts at zero

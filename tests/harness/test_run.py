@@ -129,9 +129,21 @@ def test_capacity_search_brackets_the_slo(tmp_path):
     capacity = table["capacity_req_s"].iloc[0]
     passing = probes[probes["meets_slo"]]
     failing = probes[~probes["meets_slo"]]
-    assert capacity > 0 and capacity == passing["rate"].max()
+    assert capacity > 0 and capacity == passing["rate"].max() and not table["slo_met_offline"].iloc[0]
     above = failing[failing["rate"] > capacity]["rate"]
     assert len(above) and (above.min() - capacity) / above.min() <= 0.1
+    assert (tmp_path / "capacity.png").stat().st_size > 0
+
+
+def test_a_workload_that_meets_the_slo_offline_has_unbounded_capacity(tmp_path, caplog):
+    # 8 requests all at once meet a loose SLO: every rate would, so no rate is searched
+    cfg = compose_config(["workload=poisson", "workload.num_requests=8", "study.kind=capacity",
+                          "+study.capacity={ttft_slo_s: 10, tpot_slo_s: 1}"])
+    table = run_study(cfg, tmp_path)
+    row = table.iloc[0]
+    assert row["capacity_req_s"] == float("inf") and row["slo_met_offline"] and row["num_probes"] == 0
+    assert pd.read_csv(tmp_path / "capacity.csv")["capacity_req_s"].iloc[0] == float("inf")
+    assert "too small to bound the rate" in caplog.text
     assert (tmp_path / "capacity.png").stat().st_size > 0
 
 
