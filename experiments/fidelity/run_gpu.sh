@@ -40,8 +40,9 @@ case ",$WORKLOADS," in
     [ -f .traces/azure_conv_2023.csv ] || { echo "$WORKLOADS needs .traces/azure_conv_2023.csv: carry .traces" >&2; exit 2; };;
 esac
 ls "$WHEELS"/hydra_core-*.whl > /dev/null 2>&1 || { echo "WHEELS=$WHEELS holds no hydra_core wheel: carry it" >&2; exit 2; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+# installed once per machine: calls side by side (code_completion_gpu.sh) must not both write /tmp/site
+python3 -c "import hydra, omegaconf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl
 [ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$MODEL" --out "$CK" --dtype bfloat16 > /dev/null
 RUN=/tmp/fidelity_run/$MODEL/$TAG
 # workload.trace_path is read from the cwd
