@@ -59,15 +59,35 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
     return moved
 
 
+def elementwise_bytes(spec: ModelSpec, tp_size: int = 1) -> float:
+    """Bytes one token moves through memory in a step's elementwise kernels on one rank (the
+    engine's fused Triton kernels, engine.layers.fused), per layer: the two residual-add norms
+    (read x and the residual, write both: 4 hidden each), q/k norm with rotary and the KV store
+    (read q, k, v; write q, k and k, v into the cache: 2 q + 5 kv), attention's reads of q, k, v
+    and write of its output (2 q + 2 kv) and SwiGLU (read gate and up, write their product:
+    3 intermediate, each of an MoE layer's top-k experts); plus the final norm (4 hidden)."""
+    hidden = spec.hidden_size
+    q = spec.num_heads // tp_size * spec.head_dim
+    kv = spec.kv_heads_per_rank(tp_size) * spec.head_dim
+    attention = 8 * hidden + 4 * q + 7 * kv
+    dense = 3 * (spec.intermediate_size // tp_size)
+    moe = 3 * spec.num_experts_per_tok * (spec.moe_intermediate_size // tp_size)
+    per_layer = spec.num_layers * attention + spec.num_dense_layers * dense + spec.num_moe_layers * moe
+    return float((per_layer + 4 * hidden) * spec.dtype_bytes)
+
+
 def explained_base(roofline: RooflineCostModel, regime: str, size: float) -> float:
     """Seconds of a regime's step base at `size` tokens that the roofline explains: the linear
-    layers' weights and FLOPs (an MoE model's touched experts too), and the LM head where every
-    row samples (decode)."""
+    layers' weights and FLOPs (an MoE model's touched experts too), the LM head where every
+    row samples (decode), and the elementwise kernels' traffic (elementwise_bytes)."""
     if regime not in DECODE_REGIMES + PREFILL_REGIMES:
         raise ValueError(f"no transfer rule for regime {regime!r}; known: {DECODE_REGIMES + PREFILL_REGIMES}")
     tokens = max(1, int(round(size)))
     phases = roofline.phase_times(tokens, tokens if regime in DECODE_REGIMES else 0, 0, 0, tokens)
-    return phases["linear"] + phases.get("experts", 0.0) + phases["lm_head"]
+    hardware = roofline.hardware
+    streamed = elementwise_bytes(roofline.model, roofline.tp_size) * tokens / (
+        hardware.mem_bandwidth * hardware.bandwidth_efficiency)
+    return phases["linear"] + phases.get("experts", 0.0) + phases["lm_head"] + streamed
 
 
 def carried_knot(value: float, regime: str, size: float,

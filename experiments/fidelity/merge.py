@@ -1,5 +1,7 @@
 """Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
-with heldout_<model>.png per model, coverage.csv and targets.csv (cells within 10%). No GPU needed.
+with heldout_<model>.png per model, coverage.csv, targets.csv (cells within 10%) and
+interval_margins.csv (the conformal margin per model from every class, harness.fidelity.conformal,
+for intervals of new workloads). No GPU needed.
 The schedules.csv found beside any of the tables (harness.fidelity.schedules) are merged the same
 way into schedules.csv; tables without one (calls from before it existed) are merged as before.
 
@@ -25,7 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.fidelity.report import coverage_table, merge, plot_heldout, pool, target_table
+from harness.fidelity.conformal import margins
+from harness.fidelity.report import LOAD_METRICS, coverage_table, merge, plot_heldout, pool, target_table
 from harness.fidelity.schedules import merge_schedules
 from harness.scripting import one_line_errors
 
@@ -65,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         target_table(table).to_csv(args.out / "targets.csv", index=False)
         coverage = coverage_table(table)
         coverage.to_csv(args.out / "coverage.csv", index=False)
+        bounded = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)
+                        & table["in_interval"].notna()]
+        margins(bounded).to_csv(args.out / "interval_margins.csv", index=False)
         print(coverage.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         return 0
 

@@ -3,7 +3,7 @@
 # group of workload classes; results (heldout.csv, heldout.png) under $OUT/<model>/<tag>/, the
 # grid profile and its fit under $OUT/<model>/. Carry the Hydra wheels of ../shared/wheels (the
 # folder WHEELS names: .whl by default; .hyd where a checkout keeps them alone there) and, for the
-# conversation class, .traces (azure_conv_2023.csv). A later call of the same model passes the
+# conversation and code_completion classes (the trace's arrival times), .traces (azure_conv_2023.csv). A later call of the same model passes the
 # first call's profile.csv as PROFILE (refitted here on its grid rows: no second profile).
 # HARDWARE (conf/hardware, default h100) names the GPU the call runs on; CARRIED, a model fitted on
 # another GPU and carried to it (transfer_model.py), adds the cost model "carried" to every cell.
@@ -17,7 +17,8 @@
 set -euo pipefail
 OUT=${OUT:?set OUT}
 MODEL=${MODEL:-qwen3-0.6b}
-WORKLOADS=${WORKLOADS:-prefill_heavy,decode_heavy,conversation,bursty,shared_prefix,preempting_bench}
+CLASSES=prefill_heavy,decode_heavy,conversation,bursty,shared_prefix,preempting_bench,code_completion
+WORKLOADS=${WORKLOADS:-$CLASSES}
 NUM_REQUESTS=${NUM_REQUESTS:-100}
 LOADS=${LOADS:-0.5,0.8,0.95}
 [ "$LOADS" = offline ] && LOADS=""  # fidelity.loads=[]: no load cells
@@ -31,15 +32,21 @@ case $MODEL in
   qwen3-0.6b|qwen3-8b) CK=/tmp/ck/$MODEL;;
   *) echo "MODEL must be qwen3-0.6b or qwen3-8b, got $MODEL" >&2; exit 2;;
 esac
+for w in ${WORKLOADS//,/ }; do
+  case ",$CLASSES," in *,"$w",*) ;; *) echo "WORKLOADS: unknown class $w; known: $CLASSES" >&2; exit 2;; esac
+done
+case ",$WORKLOADS," in
+  *,conversation,*|*,code_completion,*)
+    [ -f .traces/azure_conv_2023.csv ] || { echo "$WORKLOADS needs .traces/azure_conv_2023.csv: carry .traces" >&2; exit 2; };;
+esac
 ls "$WHEELS"/hydra_core-*.whl > /dev/null 2>&1 || { echo "WHEELS=$WHEELS holds no hydra_core wheel: carry it" >&2; exit 2; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+# installed once per machine: calls side by side (code_completion_gpu.sh) must not both write /tmp/site
+python3 -c "import hydra, omegaconf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl
 [ -f "$CK/config.json" ] || python3 -m engine.checkpoint --preset "$MODEL" --out "$CK" --dtype bfloat16 > /dev/null
 RUN=/tmp/fidelity_run/$MODEL/$TAG
-case ",$WORKLOADS," in
-  *,conversation,*) [ -f .traces/azure_conv_2023.csv ] || { echo "conversation needs .traces/azure_conv_2023.csv: carry .traces" >&2; exit 2; }
-                    cp .traces/azure_conv_2023.csv .;;  # workload.trace_path is read from the cwd
-esac
+# workload.trace_path is read from the cwd
+[ -f .traces/azure_conv_2023.csv ] && cp .traces/azure_conv_2023.csv .
 mkdir -p "$OUT/$MODEL/$TAG"
 STEPS_DIR=null
 [ -n "$STEPS" ] && STEPS_DIR=$OUT/$MODEL/$TAG/steps

@@ -11,7 +11,10 @@ of one RunConfig. Lengths are written in tokens for a GPU model and multiplied b
 - shared_prefix: 8 system prompts of 1,024 tokens ahead of every request (prefix-cache hits);
 - preempting_bench: the bench's lengths with the KV cache pinned to a pool the class's requests
   oversubscribe as nano-vllm's bench oversubscribes 400 blocks (preempting_pool_blocks), so it
-  preempts at any num_requests; a fixed preempt_num_blocks overrides it.
+  preempts at any num_requests; a fixed preempt_num_blocks overrides it;
+- code_completion: long prompts (about 2,000 tokens, up to 7,400) and outputs of a few tokens with
+  a long tail (most 5-50, up to 1,900), lognormal both (CodeCompletionShape), at the Azure
+  conversation trace's real, bursty arrival times replayed at the rate; max_model_len 8,192.
 Every class is built offline (the drain measures the engine's capacity); with_rate() then sets
 its arrivals to a rate.
 """
@@ -19,13 +22,15 @@ its arrivals to a rate.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from harness.config import RunConfig
 from harness.workloads import LengthConfig, SharedPrefixConfig, WorkloadConfig, read_trace, resolve_trace_path
 
-CLASSES = ("prefill_heavy", "decode_heavy", "conversation", "bursty", "shared_prefix", "preempting_bench")
+CLASSES = ("prefill_heavy", "decode_heavy", "conversation", "bursty", "shared_prefix", "preempting_bench",
+           "code_completion")
 LONG_MAX_MODEL_LEN = 10240  # prefill_heavy's, in GPU tokens: above 8k prompts plus their outputs
 TRACE = "azure_conv_2023.csv"
 BURSTY_CV = 4.0
@@ -34,7 +39,7 @@ BURSTY_CV = 4.0
 _LENGTHS = {"prefill_heavy": (2048, 8192, 16, 48), "decode_heavy": (512, 1536, 1024, 2048),
             "conversation": (200, 2000, 20, 400), "bursty": (100, 1024, 100, 1024),
             "shared_prefix": (50, 500, 50, 300), "preempting_bench": (100, 1024, 100, 1024)}
-_ARRIVAL = {"conversation": "trace", "bursty": "gamma"}
+_ARRIVAL = {"conversation": "trace", "bursty": "gamma", "code_completion": "trace"}
 _SHARED_PREFIX_LEN = 1024
 # nano-vllm's bench with a 400-block pool of 256-token blocks: 256 requests of ~1,124 tokens each
 # (prompt and output uniform in 100-1,024) ask for 1,124 blocks, 2.8x the pool, and preempt
@@ -43,8 +48,39 @@ _SHARED_PREFIX_LEN = 1024
 PREEMPT_OVERSUBSCRIPTION = 2.8
 
 
+@dataclass(frozen=True)
+class CodeCompletionShape:
+    """code_completion's lengths, in GPU tokens: lognormal prompts and outputs, each clipped to its
+    range. The defaults give prompts of mean ~2,030 (median 1,700, P99 ~6,900) and outputs of median
+    18 and mean ~30, 42% of them within 10-30 tokens, a tail past 300 (Azure's 2023 code-completion
+    service: prompts of about 2,000 tokens up to 7,400, outputs mostly 10-30 up to 1,900)."""
+
+    prompt_median: float = 1700.0
+    prompt_sigma: float = 0.6
+    prompt_low: int = 64
+    prompt_high: int = 7400
+    output_median: float = 18.0
+    output_sigma: float = 1.0
+    output_low: int = 2
+    output_high: int = 1900
+    max_model_len: int = 8192
+
+    def lengths(self, scale: float) -> tuple[LengthConfig, LengthConfig]:
+        """(prompt, output) at length_scale `scale`."""
+        return (_lognormal(self.prompt_median, self.prompt_sigma, self.prompt_low, self.prompt_high, scale),
+                _lognormal(self.output_median, self.output_sigma, self.output_low, self.output_high, scale))
+
+
+CODE_COMPLETION = CodeCompletionShape()
+
+
 def _scaled(tokens: int, scale: float) -> int:
     return max(1, int(round(tokens * scale)))
+
+
+def _lognormal(median: float, sigma: float, low: int, high: int, scale: float) -> LengthConfig:
+    lo, hi = _scaled(low, scale), _scaled(high, scale)
+    return LengthConfig("lognormal", lo, hi, median=min(max(median * scale, lo), hi), sigma=sigma)
 
 
 def max_model_len(base: int, scale: float) -> int:
@@ -62,11 +98,14 @@ def preempting_pool_blocks(num_requests: int, length_scale: float, block_size: i
 
 
 def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: float,
-                     preempt_num_blocks: int | None = None) -> RunConfig:
+                     preempt_num_blocks: int | None = None,
+                     code_completion: CodeCompletionShape = CODE_COMPLETION) -> RunConfig:
     """rc serving class `name` offline (arrivals are set later by with_rate). preempt_num_blocks:
     the preempting bench's pool; None sizes it to the class (preempting_pool_blocks)."""
     if name not in CLASSES:
         raise ValueError(f"fidelity.workloads: unknown class {name!r}; known: {CLASSES}")
+    if name == "code_completion":
+        return _code_completion(rc, num_requests, length_scale, code_completion)
     p_lo, p_hi, o_lo, o_hi = (_scaled(t, length_scale) for t in _LENGTHS[name])
     prompt, output = LengthConfig("uniform", p_lo, p_hi), LengthConfig("uniform", o_lo, o_hi)
     lengths_from_trace = name == "conversation" and length_scale == 1.0
@@ -83,6 +122,18 @@ def class_run_config(rc: RunConfig, name: str, num_requests: int, length_scale: 
             preempt_num_blocks = preempting_pool_blocks(num_requests, length_scale, cache.block_size)
         cache = dataclasses.replace(cache, num_blocks=preempt_num_blocks)
     return dataclasses.replace(rc, workload=workload, cache=cache)
+
+
+def _code_completion(rc: RunConfig, num_requests: int, scale: float, shape: CodeCompletionShape) -> RunConfig:
+    """The code_completion class offline; its scheduler admits up to the class's max_model_len (longer
+    requests are clipped, as the workload reports), below the engine's own where that is larger."""
+    prompt, output = shape.lengths(scale)
+    workload = dataclasses.replace(
+        rc.workload, name="code_completion", num_requests=num_requests, prompt_len=prompt, output_len=output,
+        arrival="offline", rate=None, cv=1.0, rate_scale=1.0, trace_path=None, shared_prefix=None)
+    limit = min(rc.scheduler.max_model_len, _scaled(shape.max_model_len, scale))
+    scheduler = dataclasses.replace(rc.scheduler, max_model_len=limit)
+    return dataclasses.replace(rc, workload=workload, scheduler=scheduler)
 
 
 def with_rate(rc: RunConfig, name: str, rate: float) -> RunConfig:

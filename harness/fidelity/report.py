@@ -138,15 +138,27 @@ def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
 def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per model and load: cells with an interval, the share holding the engine's value, and the
     profiled model's median |err| on the latency percentiles (the README's table); a last row
-    "all" pools every cell of the table."""
+    "all" pools every cell of the table. Where the table has the intervals' bounds, also the share
+    inside the conformalised interval held out by class (harness.fidelity.conformal) and the
+    group's median margin."""
     profiled = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)]
+    if {"sim_lo", "sim_hi", "engine"} <= set(profiled.columns) and profiled["in_interval"].notna().any():
+        from harness.fidelity.conformal import leave_one_class_out
+
+        bounded = profiled["in_interval"].notna()
+        profiled = pd.concat([leave_one_class_out(profiled[bounded]), profiled[~bounded]])
     groups = list(profiled.groupby(["model", "hardware", "load"])) + [(("all", "all", "all"), profiled)]
     rows = []
     for (model, hardware, load), part in groups:
-        rows.append({"model": model, "hardware": hardware, "load": load,
-                     "cells": int(part["in_interval"].notna().sum()), "in_interval": interval_coverage(part),
-                     "median_abs_err": float(part["err"].abs().median()),
-                     "median_engine_spread": float(part["engine_spread"].median())})
+        row = {"model": model, "hardware": hardware, "load": load,
+               "cells": int(part["in_interval"].notna().sum()), "in_interval": interval_coverage(part),
+               "median_abs_err": float(part["err"].abs().median()),
+               "median_engine_spread": float(part["engine_spread"].median())}
+        if "in_interval_conformal" in part.columns:
+            inside = part["in_interval_conformal"].dropna()
+            row["in_interval_conformal"] = float(inside.astype(bool).mean()) if len(inside) else float("nan")
+            row["conformal_margin"] = float(part["conformal_margin"].median())
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

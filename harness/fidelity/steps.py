@@ -5,6 +5,9 @@ a class is mispriced; these tables say which steps are.
 
 Files: <steps_dir>/<class>_<load>_<repeat>.csv.gz (load "offline" for the drain). They are raw
 per-step tables: kept out of the repository, summarised by experiments/fidelity/step_groups.py.
+Beside them <class>_<load>_windows.csv, one row per engine run and simulated run of the cell
+(harness.fidelity.windows: where a request's time between its first and last token went), a
+summary small enough to keep.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pandas as pd
 from harness.compare.study import sim_run_config, step_pricer
 from harness.compare.tables import replay
 from harness.config import RunConfig
+from harness.fidelity.windows import window_table
 from sim.features import FEATURE_COLUMNS
 
 # kept beside the replay's own columns: what a cost model prices a step from, so a file can be priced again
@@ -46,3 +50,12 @@ def write_replays(steps_dir: Path, workload: str, load: str, runs: list[pd.DataF
         replay_with_features(steps, priced).to_csv(path, index=False)
         paths.append(path)
     return paths
+
+
+def write_windows(steps_dir: Path, workload: str, load: str,
+                  runs: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> Path:
+    """<steps_dir>/<class>_<load>_windows.csv: harness.fidelity.windows.window_table of the cell's runs."""
+    steps_dir.mkdir(parents=True, exist_ok=True)
+    path = steps_dir / f"{workload}_{load}_windows.csv"
+    window_table(runs).to_csv(path, index=False)
+    return path

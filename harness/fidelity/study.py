@@ -177,15 +177,20 @@ def warm_up(engine, rc: RunConfig) -> None:
 
 
 def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
-               profile_path: str, engine) -> None:
-    """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps); nothing without one."""
+               profile_path: str, engine, sims: dict[str, RunOutcome]) -> None:
+    """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps) and its requests'
+    windows, engine runs and simulated runs side by side (harness.fidelity.windows); nothing
+    without a steps_dir."""
     if fc.steps_dir is None:
         return
-    from harness.fidelity.steps import predictors, write_replays
+    from harness.fidelity.steps import predictors, write_replays, write_windows
 
     meta = engine_meta(engine.info(), rc, engine_runs[0])
     write_replays(Path(fc.steps_dir), name, load, [run.steps for run in engine_runs],
                   predictors(rc, fc.cost_models, profile_path, meta))
+    runs = {f"engine {i}": (run.requests, run.steps) for i, run in enumerate(engine_runs)}
+    runs.update({f"sim {cost_model}": (run.requests, run.steps) for cost_model, run in sims.items()})
+    write_windows(Path(fc.steps_dir), name, load, runs)
 
 
 def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome]) -> tuple[list[dict], dict[str, dict]]:
@@ -221,7 +226,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             if fc.warmup:
                 warm_up(engine, base)
             engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True)
-            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine)
+            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine, sims)
             schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
             engine_summaries, sim_summaries = summaries(engine_runs, sims)
             del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
@@ -232,7 +237,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
                 engine_runs, sims = serve(engine, cell, fc, profile_path, False)
-                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine)
+                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine, sims)
                 engine_summaries, sim_summaries = summaries(engine_runs, sims)
                 del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,

@@ -2,7 +2,8 @@
 
 A workload is three independent choices, each drawn from its own seeded stream (so changing the
 arrival rate does not change the token ids):
-- lengths: prompt_len and output_len, each uniform, fixed, or read from a trace;
+- lengths: prompt_len and output_len, each uniform, fixed, lognormal (clipped to [low, high]) or
+  read from a trace;
 - arrivals: offline (all at t=0), poisson or gamma at `rate` req/s, or at a rate that changes over
   the run (rate_profile: harness.workloads.profile), or the trace's own times;
 - token ids: uniform below max_token_id, optionally behind a shared system prompt (shared_prefix);
@@ -19,20 +20,26 @@ from pathlib import Path
 
 from harness.workloads.trace import is_mooncake
 
-LENGTH_DISTS = ("uniform", "fixed", "trace")
-LENGTH_FIELDS = {"uniform": ("low", "high"), "fixed": ("value",), "trace": ()}  # what each dist reads
+LENGTH_DISTS = ("uniform", "fixed", "lognormal", "trace")
+# what each dist reads
+LENGTH_FIELDS = {"uniform": ("low", "high"), "fixed": ("value",), "lognormal": ("low", "high", "median", "sigma"),
+                 "trace": ()}
 ARRIVALS = ("offline", "poisson", "gamma", "trace")
 OVERSIZE = ("clip", "skip")
 
 
 @dataclass(frozen=True)
 class LengthConfig:
-    """uniform: integers in [low, high] inclusive; fixed: value; trace: the trace's column."""
+    """uniform: integers in [low, high] inclusive; fixed: value; lognormal: exp(N(ln median, sigma^2))
+    rounded and clipped to [low, high] (a long tail above a short body: code completions'
+    outputs); trace: the trace's column."""
 
     dist: str = "uniform"
     low: int | None = None
     high: int | None = None
     value: int | None = None
+    median: float | None = None
+    sigma: float | None = None
 
     def validate(self, where: str) -> None:
         if self.dist not in LENGTH_DISTS:
@@ -42,7 +49,15 @@ class LengthConfig:
                 raise ValueError(f"{where} (uniform) needs 1 <= low <= high, got low={self.low}, high={self.high}")
         if self.dist == "fixed" and (self.value is None or self.value < 1):
             raise ValueError(f"{where}.value (fixed) must be an int >= 1, got {self.value}")
-        unread = [name for name in ("low", "high", "value")
+        if self.dist == "lognormal":
+            if self.low is None or self.high is None or not 1 <= self.low <= self.high:
+                raise ValueError(f"{where} (lognormal) needs 1 <= low <= high, got low={self.low}, high={self.high}")
+            if self.median is None or not self.low <= self.median <= self.high:
+                raise ValueError(f"{where}.median (lognormal) must be in [low, high] = [{self.low}, {self.high}], "
+                                 f"got {self.median}")
+            if self.sigma is None or not 0 < self.sigma <= 5:
+                raise ValueError(f"{where}.sigma (lognormal) must be in (0, 5], got {self.sigma}")
+        unread = [name for name in ("low", "high", "value", "median", "sigma")
                   if getattr(self, name) is not None and name not in LENGTH_FIELDS[self.dist]]
         if unread:
             settings = ", ".join(f"{where}.{name}={getattr(self, name)}" for name in unread)

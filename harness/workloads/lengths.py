@@ -8,9 +8,14 @@ from harness.workloads.config import LengthConfig, WorkloadConfig
 
 
 def draw_lengths(cfg: LengthConfig, n: int, rng: np.random.Generator, trace_column: np.ndarray | None) -> np.ndarray:
-    """n lengths (int64): uniform in [low, high] inclusive, fixed, or the trace column."""
+    """n lengths (int64): uniform in [low, high] inclusive, fixed, lognormal (rounded, clipped to
+    [low, high]), or the trace column."""
     if cfg.dist == "uniform":
         return rng.integers(cfg.low, cfg.high + 1, size=n, dtype=np.int64)
+    if cfg.dist == "lognormal":
+        assert cfg.median is not None and cfg.sigma is not None, "validated by LengthConfig"
+        drawn = np.rint(rng.lognormal(np.log(cfg.median), cfg.sigma, size=n))
+        return np.clip(drawn, cfg.low, cfg.high).astype(np.int64)
     if cfg.dist == "fixed":
         return np.full(n, cfg.value, dtype=np.int64)
     assert trace_column is not None and len(trace_column) == n, "trace lengths were not loaded"

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 COLUMNS = ["model", "hardware", "workload", "load", "metric", "engine", "sim", "err", "cost_model", "engine_spread",
            "sim_lo", "sim_hi", "in_interval"]
-WORKLOADS = ["prefill_heavy", "conversation", "shared_prefix", "preempting_bench"]
+WORKLOADS = ["prefill_heavy", "conversation", "shared_prefix", "preempting_bench", "code_completion"]
 CPU_RUN = ["experiment=fidelity", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
            "scheduler.max_model_len=512", "cache.block_size=16", "fidelity.length_scale=0.0625",
            "fidelity.num_requests=3", "fidelity.interval.draws=2", "fidelity.preempt_num_blocks=12"]
@@ -108,7 +108,7 @@ def test_steps_dir_holds_each_engine_runs_steps_priced_by_each_cost_model(heldou
     from sim.profiled import ProfiledCostModel
 
     _, _, run_dir = heldout
-    names = sorted(p.name for p in (run_dir / "steps").iterdir())
+    names = sorted(p.name for p in (run_dir / "steps").glob("*.csv.gz"))
     assert names == sorted(f"{w}_{load}_{r}.csv.gz" for w in WORKLOADS for load in ("offline", "0.8") for r in (0, 1))
     fit = ProfiledCostModel.load(run_dir / "profile_model.csv")
     for name in names:
@@ -122,6 +122,24 @@ def test_steps_dir_holds_each_engine_runs_steps_priced_by_each_cost_model(heldou
         features["previous_duration_s"] = features["duration_s"].shift(1).where(features["step"] != 0)
         np.testing.assert_allclose(steps["predicted_execute_profiled_s"], fit.predict(features), rtol=1e-9)
         assert (steps["predicted_roofline_s"] > 0).all() and (steps["measured_s"] > 0).all(), name
+
+
+def test_steps_dir_holds_each_cells_windows_for_engine_and_simulator(heldout):
+    """<class>_<load>_windows.csv beside the replays: a row per engine run and simulated run. Each
+    request's window (first token to finish) holds its output tokens less one decode steps on
+    either side (a preempted request may decode again), and offline, where the schedules are the
+    engine's, the same prefill steps."""
+    _, _, run_dir = heldout
+    for workload in WORKLOADS:
+        for load in ("offline", "0.8"):
+            windows = pd.read_csv(run_dir / "steps" / f"{workload}_{load}_windows.csv").set_index("run")
+            assert list(windows.index) == ["engine 0", "engine 1", "sim profiled", "sim roofline"]
+            if workload == "preempting_bench":
+                continue
+            decodes = windows.loc[windows["requests"] > 0, "all_decode_steps"].to_numpy()
+            np.testing.assert_allclose(decodes, decodes[:1].repeat(len(decodes)), err_msg=f"{workload} {load}")
+            if load == "offline":
+                assert windows["prefill_steps"].nunique() == 1 and windows["decode_steps"].nunique() == 1, workload
 
 
 def test_no_loads_is_an_offline_only_run(heldout, tiny_checkpoint, tmp_path, monkeypatch):

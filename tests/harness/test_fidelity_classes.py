@@ -8,7 +8,9 @@ import pytest
 from harness.config import build_run_config
 from harness.fidelity.classes import (
     CLASSES,
+    CODE_COMPLETION,
     PREEMPT_OVERSUBSCRIPTION,
+    CodeCompletionShape,
     class_run_config,
     max_model_len,
     preempting_pool_blocks,
@@ -46,6 +48,34 @@ def test_each_class_has_its_shape(rc):
     assert shared.prefix_len == 512 and shared.fraction == 1.0
     for name in CLASSES:
         assert class_run_config(rc, name, 50, 1.0, 400).workload.arrival == "offline"  # the drain first
+
+
+def test_code_completion_has_long_prompts_few_token_outputs_and_the_traces_bursts(rc):
+    """Prompts of about 2,000 tokens up to 7,400, outputs mostly a few tokens with a long tail, the
+    Azure trace's own (bursty) arrival times at the asked rate, and max_model_len 8,192."""
+    base = class_run_config(rc, "code_completion", 1500, 1.0)
+    assert base.scheduler.max_model_len == 8192 and base.workload.arrival == "offline"
+    cell = with_rate(base, "code_completion", 40.0)
+    assert cell.workload.arrival == "trace" and cell.workload.prompt_len.dist == "lognormal"
+    requests = build_workload(cell.workload, cell.scheduler.max_model_len).requests
+    prompts = np.array([r.num_prompt_tokens for r in requests])
+    outputs = np.array([r.sampling_params.max_tokens for r in requests])
+    arrivals = np.sort([r.arrival_time for r in requests])
+    assert 1800 < prompts.mean() < 2200 and prompts.max() <= 7400
+    assert 10 <= np.median(outputs) <= 30 and outputs.max() > 300 and outputs.max() <= 1900
+    assert (len(arrivals) - 1) / np.ptp(arrivals) == pytest.approx(40.0, rel=1e-6)
+    gaps = np.diff(arrivals)
+    assert gaps.std() / gaps.mean() > 1.1  # burstier than Poisson (CV 1)
+
+
+def test_code_completion_is_parametrised_and_scales(rc):
+    shape = CodeCompletionShape(prompt_median=800.0, prompt_high=3000, output_median=6.0, max_model_len=4096)
+    small = class_run_config(rc, "code_completion", 50, 1.0, code_completion=shape)
+    assert small.workload.prompt_len.median == 800.0 and small.workload.prompt_len.high == 3000
+    assert small.scheduler.max_model_len == 4096
+    cpu = class_run_config(rc, "code_completion", 50, 1 / 16).workload
+    assert cpu.prompt_len.high == round(CODE_COMPLETION.prompt_high / 16)
+    assert cpu.output_len.low <= cpu.output_len.median <= cpu.output_len.high
 
 
 @pytest.mark.parametrize("num_requests", [12, 40, 80, 256])

@@ -49,3 +49,23 @@ def test_a_replay_file_is_read_and_a_missing_one_or_cost_model_is_refused(tmp_pa
 def test_a_comparison_replay_without_the_features_still_groups():
     groups = step_groups(replay().drop(columns=["decode_repeated_tokens", "decode_context_tokens"]))
     assert "repeated_share" not in groups.columns and groups.loc["all steps", "steps"] == 6
+
+
+def test_detail_splits_prefills_by_tokens_and_every_step_by_what_ran_before_it():
+    steps = replay().assign(num_prefill_tokens=[6000, 0, 0, 0, 1500, 3000], slept_s=[0.0, 0, 0, 0, 0.2, 0],
+                            measured_host_s=[0.0, 0.0005, 0.0, 0.0, 0.001, 0.0])
+    groups = step_groups(steps, detail=True)
+    assert groups.loc["prefill, eager (4096.0, 8192.0], after idle", "steps"] == 1  # step 0: nothing before it
+    assert groups.loc["decode (0, 8], after prefill", "steps"] == 1
+    assert groups.loc["decode (32, 64], after decode", "steps"] == 1
+    assert groups.loc["prefill, CUDA graph (1024.0, 2048.0], after idle", "steps"] == 1  # the loop slept before it
+    assert groups.loc["prefill, eager (2048.0, 4096.0], after prefill", "steps"] == 1
+    np.testing.assert_allclose(groups.loc["all steps", "host_s"], 0.0015)
+    np.testing.assert_allclose(groups["share_of_time"].drop("all steps").sum(), 1.0)
+
+
+def test_a_row_that_stands_for_several_steps_counts_them():
+    steps = replay().assign(num_steps=[1, 5, 1, 1, 1, 1])
+    groups = step_groups(steps)
+    assert groups.loc["decode (0, 8]", "steps"] == 5 and groups.loc["all steps", "steps"] == 10
+    assert step_groups(replay(), detail=True).loc["all steps", "steps"] == 6  # without the column: one each

@@ -42,6 +42,35 @@ def test_uniform_bounds_are_inclusive():
     assert {r.sampling_params.max_tokens for r in requests} == {5, 6}
 
 
+def test_lognormal_lengths_have_their_median_and_stay_in_bounds():
+    cfg = WorkloadConfig(num_requests=4000, prompt_len=LengthConfig("lognormal", 64, 7400, median=1700, sigma=0.6),
+                         output_len=LengthConfig("lognormal", 2, 1900, median=18, sigma=1.0))
+    requests = build_workload(cfg, 16384).requests
+    prompts = np.array([r.num_prompt_tokens for r in requests])
+    outputs = np.array([r.sampling_params.max_tokens for r in requests])
+    assert prompts.min() >= 64 and prompts.max() <= 7400 and outputs.min() >= 2 and outputs.max() <= 1900
+    assert np.median(prompts) == pytest.approx(1700, rel=0.05) and np.median(outputs) == pytest.approx(18, rel=0.1)
+    # exp(sigma^2 / 2) above the median on average, and a tail far past it
+    assert prompts.mean() == pytest.approx(1700 * np.exp(0.18), rel=0.05)
+    assert np.percentile(outputs, 99) > 8 * 18 and outputs.min() <= 3
+
+
+@pytest.mark.parametrize("fields, where", [
+    (dict(low=10, high=100, median=5, sigma=1.0), "median"),
+    (dict(low=10, high=100, median=50, sigma=0.0), "sigma"),
+    (dict(low=10, high=100, median=50), "sigma"),
+    (dict(low=0, high=100, median=50, sigma=1.0), "lognormal"),
+])
+def test_lognormal_refuses_bad_settings_by_name(fields, where):
+    with pytest.raises(ValueError, match=where):
+        LengthConfig("lognormal", **fields).validate("workload.prompt_len")
+
+
+def test_median_and_sigma_are_not_read_by_uniform_lengths():
+    with pytest.raises(ValueError, match=r"workload\.prompt_len\.median=30"):
+        LengthConfig("uniform", 1, 100, median=30).validate("workload.prompt_len")
+
+
 def test_same_seed_same_requests_other_seed_other_ids():
     a = build_workload(WorkloadConfig(num_requests=20), 4096).requests
     b = build_workload(WorkloadConfig(num_requests=20), 4096).requests
