@@ -9,7 +9,7 @@
 # both calls side by side; h200: Qwen3-0.6B, 1,500 requests, a fresh grid (profile.csv for the
 # H200's own fit, committed raw) and the carried fit h200/qwen3-0.6b_from_h100.csv.
 # ONLY=qwen3-0.6b or ONLY=qwen3-8b keeps one of the H100 calls (on GPU 0): one H100 a command.
-# DRY_RUN=1 prints the calls and checks the inputs without a GPU. Results: $OUT/<model>/code_completion/
+# N_SMALL / N_8B: requests a cell for the 0.6B / 8B (a shorter call). DRY_RUN=1 prints the calls and checks the inputs without a GPU. Results: $OUT/<model>/code_completion/
 # (heldout.csv, schedules.csv, steps/*_windows.csv, run.log) and $OUT/<model>/profile*.csv.
 set -euo pipefail
 OUT=${OUT:?set OUT}
@@ -19,8 +19,8 @@ HERE=experiments/fidelity
 common="WORKLOADS=code_completion LOADS=0.5,0.8,0.95 STEPS=1 WHEELS=$WHEELS OUT=$OUT"
 case $GPU in
   h100)
-    calls=("CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-0.6b NUM_REQUESTS=1500 PROFILE=$HERE/h100_leakfree/profile_model.csv"
-           "CUDA_VISIBLE_DEVICES=1 MODEL=qwen3-8b NUM_REQUESTS=400 PROFILE=$HERE/h100_8b/qwen3-8b_grid_fit.csv");;
+    calls=("CUDA_VISIBLE_DEVICES=0 MODEL=qwen3-0.6b NUM_REQUESTS=${N_SMALL:-1500} PROFILE=$HERE/h100_leakfree/profile_model.csv"
+           "CUDA_VISIBLE_DEVICES=1 MODEL=qwen3-8b NUM_REQUESTS=${N_8B:-400} PROFILE=$HERE/h100_8b/qwen3-8b_grid_fit.csv");;
   h200)
     calls=("MODEL=qwen3-0.6b NUM_REQUESTS=1500 HARDWARE=h200 CARRIED=$HERE/h200/qwen3-0.6b_from_h100.csv");;
   *) echo "GPU must be h100 or h200, got $GPU" >&2; exit 2;;

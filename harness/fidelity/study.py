@@ -233,6 +233,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             capacity = float(np.mean([s["request_s"] for s in engine_summaries]))
             rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries,
                               OFFLINE_METRICS + COUNTED_METRICS)
+            _save(rows, schedules, results)
             cells.update(1)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
@@ -242,12 +243,20 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
                 del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,
                                   LOAD_METRICS + COUNTED_METRICS)
+                _save(rows, schedules, results)
                 cells.update(1)
         cells.close()
     finally:
         executor.shutdown()
+    table = _save(rows, schedules, results)
+    plot_heldout(table, results / "heldout.png")
+    return table
+
+
+def _save(rows: list[dict], schedules: list[dict], results: Path) -> pd.DataFrame:
+    """heldout.csv and schedules.csv of the cells served so far: a call cut short (a device's time
+    limit, Ctrl-C) keeps every finished cell."""
     table = pd.DataFrame(rows)
     table.to_csv(results / "heldout.csv", index=False)
     schedules_frame(schedules).to_csv(results / "schedules.csv", index=False)
-    plot_heldout(table, results / "heldout.png")
     return table
