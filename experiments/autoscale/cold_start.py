@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
+import subprocess
 import sys
 import time
 from datetime import date
@@ -33,6 +34,23 @@ from experiments.autoscale import page_cache
 
 PHASES = ("load", "kv_cache", "capture", "warm_up")
 PROMPT_TOKENS = 16
+GPU_NAMES = {"H100": "h100", "H200": "h200"}  # nvidia-smi's name -> conf/hardware
+
+
+def gpu_hardware(min_gpus: int = 1) -> str:
+    """The conf/hardware name of the machine's GPUs; exits in one line without min_gpus of a known kind."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, check=True, timeout=60).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError) as error:
+        raise SystemExit(f"error: nvidia-smi failed ({error}); without GPUs pass --hardware cpu (or --cpu)") from None
+    names = [n.strip() for n in names if n.strip()]
+    if len(names) < min_gpus:
+        raise SystemExit(f"error: this needs {min_gpus} GPUs, the machine has {len(names)}: {names}")
+    kinds = [conf for key, conf in GPU_NAMES.items() if key in names[0]]
+    if not kinds:
+        raise SystemExit(f"error: no conf/hardware for {names[0]!r}; known: {sorted(GPU_NAMES)} (pass --hardware)")
+    return kinds[0]
 
 
 def _child(spec: dict, conn) -> None:
@@ -182,7 +200,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="a conf/model name (qwen3-0.6b, qwen3-8b)")
     p.add_argument("--ckpt", type=Path, required=True, help="its checkpoint folder on local disk")
     p.add_argument("--write-checkpoint", action="store_true", help="write a random-weight checkpoint there first")
-    p.add_argument("--hardware", default="h100", help="the conf/hardware name the calibration is filed under")
+    p.add_argument("--hardware", default="auto", help="the conf/hardware name the calibration is filed under "
+                   "(auto: the GPU's, from nvidia-smi)")
     p.add_argument("--repeats", type=int, default=2, help="starts with the weights dropped from the page cache")
     p.add_argument("--cached", type=int, default=1, help="starts with the weights in the page cache")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="no first start to compile kernels")
@@ -195,10 +214,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     check(args)
+    hardware = gpu_hardware() if args.hardware == "auto" else args.hardware
     if args.write_checkpoint:
         ensure_checkpoint(args.model, args.ckpt)
     command = "python -m experiments.autoscale.cold_start " + " ".join(argv if argv is not None else sys.argv[1:])
-    probe(args.model, args.ckpt, args.hardware, args.out, args.repeats, args.cached, args.warm_up, args.set, command)
+    probe(args.model, args.ckpt, hardware, args.out, args.repeats, args.cached, args.warm_up, args.set, command)
     return 0
 
 

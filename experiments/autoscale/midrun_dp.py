@@ -23,7 +23,6 @@ Stages, each written as it ends (a timeout keeps what ran), under --out:
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,6 @@ CPU = {"model": "tiny-qwen3", "rates": "3,8", "t0": 2.0, "duration": 30.0, "wind
        "max_num_seqs": 4}
 CPU_SETTINGS = ["scheduler.max_model_len=512", "cache.block_size=16", "workload.prompt_len.low=8",
                 "workload.prompt_len.high=120", "workload.output_len.low=4", "workload.output_len.high=24"]
-GPU_NAMES = {"H100": "h100", "H200": "h200"}
 
 
 def fleet_overrides(args: argparse.Namespace, hardware: str) -> list[str]:
@@ -47,22 +45,6 @@ def fleet_overrides(args: argparse.Namespace, hardware: str) -> list[str]:
             f"autoscale.interval_s={args.interval:g}", f"autoscale.report_window_s={args.window:g}",
             "autoscale.provision_s=0", "output.progress=false", "output.plots=false",
             *(CPU_SETTINGS if args.cpu else []), *args.set]
-
-
-def gpu_hardware() -> str:
-    """The conf/hardware name of the machine's GPUs; exits in one line without two of a known kind."""
-    try:
-        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                               text=True, check=True, timeout=60).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError) as error:
-        raise SystemExit(f"error: nvidia-smi failed ({error}); on a machine without GPUs pass --cpu") from None
-    names = [n.strip() for n in names if n.strip()]
-    if len(names) < 2:
-        raise SystemExit(f"error: the fleet needs 2 GPUs, this machine has {len(names)}: {names}")
-    kinds = {conf for key, conf in GPU_NAMES.items() if key in names[0]}
-    if not kinds:
-        raise SystemExit(f"error: no conf/hardware for {names[0]!r}; known: {sorted(GPU_NAMES)}")
-    return kinds.pop()
 
 
 def compose(overrides: list[str]):
@@ -157,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     check(args)
-    hardware = "cpu" if args.cpu else gpu_hardware()
+    hardware = "cpu" if args.cpu else cold_start.gpu_hardware(min_gpus=2)
     ckpt = args.ckpt_root / args.model
     shared = fleet_overrides(args, hardware)
     device = ["backend.device=cpu"] if args.cpu else []
