@@ -29,11 +29,15 @@ class ElasticFleet:
     blocks: Callable[[int], list[int]]  # each of the run's n replicas' KV blocks
 
 
-def peak_replicas(initial: int, autoscale: AutoscaleConfig) -> int:
-    """The most replicas the run can hold at once: a schedule's largest count, else max_replicas."""
-    if autoscale.policy == "schedule" and autoscale.schedule:
-        return max(initial, *(int(n) for _, n in autoscale.schedule))
-    return max(initial, autoscale.max_replicas if autoscale.policy is not None else initial)
+def processes_needed(initial: int, autoscale: AutoscaleConfig) -> int:
+    """How many replica processes an engine fleet may start: the initial ones and every one the
+    schedule adds (a replica drained or cancelled keeps its GPUs until the run ends, so a later
+    scale-up starts a new process on the next GPUs)."""
+    total = current = initial
+    for _, count in autoscale.schedule or ():
+        total += max(0, int(count) - current)
+        current = int(count)
+    return total
 
 
 @contextmanager
@@ -69,14 +73,14 @@ def _sim(one: RunConfig, initial: int) -> Iterator[ElasticFleet]:
 
 
 def _engine(rc: RunConfig, one: RunConfig, initial: int, autoscale: AutoscaleConfig) -> Iterator[ElasticFleet]:
-    """Replica processes for the run's peak (each on its own GPUs): `initial` load before the run,
-    the others when the policy starts them."""
+    """Replica processes (each on its own GPUs) for every start the schedule makes: `initial` load
+    before the run, the others when the policy starts them."""
     from engine.core.elastic_wall import run_elastic_wall
     from engine.replicas import EngineReplicas
     from harness.checkpoints import ensure_checkpoint
 
     ensure_checkpoint(rc.engine.model, rc.model)
-    engines = EngineReplicas([one.engine] * peak_replicas(initial, autoscale), rc.scheduler, rc.cache,
+    engines = EngineReplicas([one.engine] * processes_needed(initial, autoscale), rc.scheduler, rc.cache,
                              initial=initial)
 
     def serve(requests, router, scaling, policy, on_step) -> ElasticResult:

@@ -111,3 +111,14 @@ def test_an_engine_fleet_starts_its_second_replica_on_schedule_and_routes_to_it_
     assert len(late) and (late["arrival"] >= ready - 0.01).all()
     assert summary["scale_ups"] == 1 and summary["num_requests"] == len(requests)
     assert {"starting", "serving", "ttft_p90_s"} <= set(pd.read_csv(tmp_path / "timeline.csv").columns)
+
+
+def test_an_engine_fleet_starts_a_process_for_every_replica_the_schedule_adds():
+    from harness.autoscale.fleets import processes_needed
+
+    def needed(schedule, initial=1):
+        return processes_needed(initial, AutoscaleConfig(policy="schedule", schedule=schedule, max_replicas=4))
+
+    assert needed(((0, 1), (30, 2))) == 2
+    assert needed(((0, 2), (30, 1), (60, 2))) == 3  # the drained replica's GPU is not reused
+    assert needed(((10, 4),), initial=2) == 4
