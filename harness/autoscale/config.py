@@ -146,12 +146,17 @@ def build_autoscale(cfg: DictConfig) -> tuple[AutoscaleConfig, SLO]:
     autoscale = to_dataclass(AutoscaleConfig, section(cfg, "autoscale"), "autoscale") if "autoscale" in cfg \
         else AutoscaleConfig()
     slo = to_dataclass(SLO, section(cfg, "slo"), "slo") if "slo" in cfg else SLO()
+    slo_needed(autoscale, slo, "autoscale")
+    return autoscale, slo
+
+
+def slo_needed(autoscale: AutoscaleConfig, slo: SLO, where: str) -> None:
+    """A ConfigError when the policy reads an SLO target that is not set."""
     if autoscale.policy == "slo":
         target = slo.ttft_p90_s if autoscale.slo_metric == "ttft" else slo.tpot_p90_s
         if target is None:
-            raise ConfigError(f"autoscale.policy=slo with autoscale.slo_metric={autoscale.slo_metric} needs "
+            raise ConfigError(f"{where}.policy=slo with {where}.slo_metric={autoscale.slo_metric} needs "
                               f"slo.{autoscale.slo_metric}_p90_s (seconds), e.g. slo.{autoscale.slo_metric}_p90_s=2")
-    return autoscale, slo
 
 
 def check_fleet(autoscale: AutoscaleConfig, replicas: int, tp_sizes: tuple[int, ...], backend: str) -> None:

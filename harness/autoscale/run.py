@@ -25,7 +25,14 @@ from harness.autoscale.calibration import find_calibration
 from harness.autoscale.config import SLO, AutoscaleConfig, check_fleet
 from harness.autoscale.fleets import elastic_fleet
 from harness.autoscale.policies import make_policy
-from harness.autoscale.timeline import TIMELINE_STEP_COLUMNS, attains, gpu_hours, state_spans, timeline
+from harness.autoscale.timeline import (
+    TIMELINE_STEP_COLUMNS,
+    attains,
+    gpu_hours,
+    peak_replicas,
+    state_spans,
+    timeline,
+)
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
@@ -97,9 +104,8 @@ def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, auto
         wall_s = time.perf_counter() - started
         blocks = replicas.blocks(len(result.lifetimes))
     lifetimes = result.lifetimes
-    peak = max(sum(1 for life in lifetimes if life.requested_s <= t < (life.stop_s or 0.0))
-               for t in {life.requested_s for life in lifetimes})
-    shape = FleetLabels(router=router.name, replicas=len(lifetimes), tp_sizes=str(tp), gpus=peak * tp)
+    gpus = peak_replicas(lifetimes) * tp
+    shape = FleetLabels(router=router.name, replicas=len(lifetimes), tp_sizes=str(tp), gpus=gpus)
     labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests), num_rejected=0,
                        fit=FitCounts(**workload.fit_counts()), wall_s=wall_s, fleet=shape)
     outcome = tabulate(result.fleet, blocks, labels, step_columns)
