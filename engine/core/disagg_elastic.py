@@ -173,7 +173,7 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
         t_ready = min(p.next_ready() for p in pools)
         t = min(t_arrival, t_event, t_tick, t_ready)
         active = pools[0].active() + pools[1].active()
-        first = min(active, key=Replica.next_event_time, default=None)
+        first = min(active, key=lambda r: r.next_event_time(), default=None)  # a stalled prefill replica: inf
         if first is not None and first.next_event_time() < t:
             first.stop_at = t
             first.tick()

@@ -101,3 +101,15 @@ def test_bad_pool_autoscaling_is_one_line(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=message) as error:
         run_study(compose_config(["fleet=disaggregated", "output.plots=false", *overrides]), tmp_path)
     assert "\n" not in str(error.value)
+
+
+def test_a_prefill_replica_stalled_by_blocked_transfers_resumes_once_decode_replicas_start():
+    """A decode pool slow to start (20 s) leaves the prefill replica holding blocks for requests no decode
+    replica can take; it must resume when the new decode replicas take them, and every request finish."""
+    # 40 blocks: the prefill replica holds at most 40 prompts waiting for a decode replica, then stalls
+    slow_start = POLICY.replace("provision_s: 3", "provision_s: 20")
+    outcome, result, _ = _run(DECODE_BOUND + ["cache.num_blocks=40"], slow_start)
+    assert outcome.summary.to_row()["num_requests"] == len(outcome.requests) > 0
+    assert any(life.ready_s > 30 for life in result.decode.lifetimes[1:])
+    assert result.fleet.max_blocked > 0
+    _check_transfers(outcome, result)
