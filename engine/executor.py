@@ -113,6 +113,22 @@ def describe_device(device: torch.device, dtype: torch.dtype) -> str:
     return f"{name}, {str(dtype).removeprefix('torch.')}"
 
 
+class _Laps:
+    """Writes the seconds since the previous lap (the device's work finished) under each name."""
+
+    def __init__(self, into: dict[str, float], device: torch.device) -> None:
+        self.into = into
+        self.device = device
+        self.mark = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.into[name] = now - self.mark
+        self.mark = now
+
+
 class EngineExecutor:
     def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig) -> None:
@@ -144,6 +160,9 @@ class EngineExecutor:
         if device.type == "cuda" and not execution.enforce_eager and not self.uses_cuda_graphs:
             log.warning("attention backend %r cannot be captured in a CUDA graph: decode steps run eagerly",
                         backend.name)
+        # seconds of each start-up phase (an autoscaled fleet's cold start is calibrated from them)
+        self.startup_s: dict[str, float] = {}
+        lap = _Laps(self.startup_s, device)
         try:
             if tp > 1:
                 self._start_workers(scheduler_config, cache_config)
@@ -151,6 +170,7 @@ class EngineExecutor:
             if self.workers:
                 self.workers.replies("load")
                 self.workers.send("profile", self.uses_cuda_graphs)
+            lap("load")
             num_blocks = self.runner.determine_num_blocks(graph_reserve=self.uses_cuda_graphs)
             if self.workers:
                 num_blocks = min([num_blocks, *self.workers.replies("profile")])
@@ -158,13 +178,16 @@ class EngineExecutor:
             self.runner.allocate_kv_cache(num_blocks)
             if self.workers:
                 self.workers.replies("allocate")
+            lap("kv_cache")
             if self.uses_cuda_graphs:
                 self._capture_graphs()
+            lap("capture")
             # a given block count skipped the profiling steps that compile the kernels
             if device.type == "cuda" and cache_config.num_blocks is not None and not self.workers:
                 if not self.runner.warm_up():
                     log.warning("cache of %d blocks is smaller than one max_model_len sequence: no warm-up; "
                                 "the first steps will include kernel compilation", num_blocks)
+            lap("warm_up")
         except BaseException:
             self.shutdown()
             raise

@@ -1,6 +1,7 @@
 """Data parallelism: N engine replicas, one process each (on its own GPU, or its own TP group of
 GPUs), each running its own core loop (engine.replica_main), fed by the router in the caller's
-process (engine.core.fleet.run_fleet_wall over EngineReplicas' links).
+process (engine.core.fleet.run_fleet_wall over EngineReplicas' links). An elastic fleet
+(engine.core.elastic_wall) starts some of them later, mid-run (launch).
 
 The processes are started, addressed and stopped by engine.tp.workers.Workers (spawn, one pipe
 per process). Per replica a sender thread writes the router's messages to its pipe, so routing
@@ -54,9 +55,13 @@ class EngineReplicas:
     (engine.core.fleet.ReplicaLinks). start_run() hands them the clock; close() stops them."""
 
     def __init__(self, configs: list[EngineConfig], scheduler: SchedulerConfig, cache: CacheConfig,
-                 num_prefill: int = 0) -> None:
+                 num_prefill: int = 0, initial: int | None = None) -> None:
         """num_prefill > 0: a disaggregated fleet, configs[:num_prefill] its prefill replicas and the
-        rest its decode replicas, joined by a KV link (engine.kv_link)."""
+        rest its decode replicas, joined by a KV link (engine.kv_link). initial: how many replicas
+        start and load here (None: all); launch() starts each of the others later, one at a time."""
+        count = len(configs) if initial is None else initial
+        if not 1 <= count <= len(configs) or (num_prefill and count != len(configs)):
+            raise ValueError(f"initial={initial} replicas must be 1..{len(configs)} (all of a disaggregated fleet)")
         threads = max(1, (os.cpu_count() or 1) // len(configs))
         port = free_port() if num_prefill else 0
 
@@ -66,21 +71,39 @@ class EngineReplicas:
             return {"role": "prefill" if i < num_prefill else "decode", "num_prefill": num_prefill,
                     "kv_link": LinkSpec(i, len(configs), port, REPLICA_TIMEOUT_S)}
 
-        specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads, **disagg(i))
-                 for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
-        self._workers = Workers(specs, target=replica_main, role="engine replica", daemon=False)
+        self._specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads, **disagg(i))
+                       for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
+        self._workers = Workers(self._specs[:count], target=replica_main, role="engine replica", daemon=False)
         try:
             self._workers.replies("start")
-            self.infos: list[BackendInfo] = self._workers.replies("load")
+            # each replica's BackendInfo; None for one launched and not yet ready
+            self.infos: list[BackendInfo | None] = self._workers.replies("load")
         except BaseException:
             self._workers.close()
             raise
-        self._outboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in specs]
-        self._senders = [threading.Thread(target=_send_all, args=(conn, outbox), daemon=True,
-                                          name=f"engine-replica-{i + 1}-sender")
-                         for i, (conn, outbox) in enumerate(zip(self._workers.conns, self._outboxes))]
-        for sender in self._senders:
-            sender.start()
+        self._outboxes: list[queue.SimpleQueue] = []
+        self._senders: list[threading.Thread] = []
+        for index in range(count):
+            self._add_sender(index)
+
+    def _add_sender(self, index: int) -> None:
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        sender = threading.Thread(target=_send_all, args=(self._workers.conns[index], outbox), daemon=True,
+                                  name=f"engine-replica-{index + 1}-sender")
+        sender.start()
+        self._outboxes.append(outbox)
+        self._senders.append(sender)
+
+    def launch(self) -> int:
+        """Start the next replica's process (engine.core.elastic_wall.ElasticLinks): it says "hello"
+        once imported and "ready" (its BackendInfo, kept in infos) once loaded, through receive()."""
+        index = len(self._outboxes)
+        if index >= len(self._specs):
+            raise ValueError(f"all {len(self._specs)} replicas of the fleet are started already")
+        self._workers.spawn(self._specs[index])
+        self.infos.append(None)
+        self._add_sender(index)
+        return index
 
     def __len__(self) -> int:
         return len(self._outboxes)
@@ -108,7 +131,10 @@ class EngineReplicas:
         for conn in ready:
             index = conns.index(conn)
             while True:
-                messages.append((index, *self._workers.message(index + 1, "run")))
+                kind, payload = self._workers.message(index + 1, "run" if self.infos[index] else "start")
+                if kind == "ready":
+                    self.infos[index] = payload
+                messages.append((index, kind, payload))
                 if not conn.poll():
                     break
         return messages

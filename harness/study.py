@@ -76,14 +76,30 @@ def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     return STUDIES.get(study.kind)(cfg, study, output, out_dir)
 
 
+def _serve_disaggregated(cfg: DictConfig, rc, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
+    """fleet=disaggregated: pools of fixed size, or each scaled on its own (fleet.<pool>.autoscale)."""
+    from harness.autoscale.config import build_autoscale
+
+    _, router = build_fleet(cfg, with_fleet=False)
+    fleet = build_disagg(cfg)
+    autoscale, slo = build_autoscale(cfg)
+    if autoscale.policy is not None:
+        raise ConfigError(f"autoscale.policy={autoscale.policy}: with fleet=disaggregated each pool scales on its own; "
+                          f"set fleet.prefill.autoscale='{{policy: {autoscale.policy}}}' and/or fleet.decode.autoscale")
+    if fleet.prefill.autoscale or fleet.decode.autoscale:
+        from harness.autoscale.disagg import run_disagg_autoscale_study
+
+        return run_disagg_autoscale_study(rc, fleet, router, autoscale, slo, output, out_dir)
+    from harness.fleet.disagg import run_disagg_study
+
+    return run_disagg_study(rc, fleet, router, output, out_dir)
+
+
 def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench: bool) -> pd.DataFrame:
     """One run (or one fleet) of the configured workload; bench: print nano-vllm's bench line too."""
     rc = build_run_config(cfg)
     if is_disaggregated(cfg):
-        from harness.fleet.disagg import run_disagg_study
-
-        _, router = build_fleet(cfg, with_fleet=False)
-        return run_disagg_study(rc, build_disagg(cfg), router, output, out_dir)
+        return _serve_disaggregated(cfg, rc, output, out_dir)
     fleet, router = build_fleet(cfg)
     interval = cfg.get("interval")
     if cfg.get("autoscale") is not None and cfg.autoscale.get("policy") is not None:

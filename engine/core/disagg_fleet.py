@@ -139,9 +139,13 @@ class _Fleet:
             self.blocked.append(request)
             self.max_blocked = max(self.max_blocked, len(self.blocked))
 
+    def _decode_open(self) -> Sequence[DecodeReplica]:
+        """The decode replicas a transfer may go to (an elastic fleet: its serving ones)."""
+        return self.decode
+
     def _start(self, t: float, request: Request, blocked: bool) -> bool:
         """Reserve decode blocks and start the transfer; False when no decode replica can take it."""
-        open_ = [replica for replica in self.decode if replica.can_take(request)]
+        open_ = [replica for replica in self._decode_open() if replica.can_take(request)]
         if not open_:
             return False
         choice = self.decode_router.route(request, open_)

@@ -29,15 +29,17 @@ from engine.core.routers import Router
 @dataclass(frozen=True)
 class ColdStart:
     """A new replica's start-up, in seconds: provisioning (a machine, a container), loading the
-    weights, then capturing CUDA graphs. It takes traffic after total_s."""
+    weights, capturing CUDA graphs, and the rest of the engine's own start (process_s: the
+    interpreter and its imports, sizing and allocating the KV cache). It takes traffic after total_s."""
 
     provision_s: float = 0.0
     load_s: float = 0.0
     capture_s: float = 0.0
+    process_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.provision_s + self.load_s + self.capture_s
+        return self.provision_s + self.process_s + self.load_s + self.capture_s
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,28 @@ class FleetSignal:
     waiting_ages: tuple[float, ...]
 
 
+def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling) -> int:
+    """How many replicas to start (> 0) or to take away (< 0) now: the policy's wish clamped to
+    [min_replicas, max_replicas], an action waiting its cooldown after the previous one of either
+    direction, at most max_scale_down taken away at once."""
+    want = min(max(want, scaling.min_replicas), scaling.max_replicas)
+    if want > current and since_last_action_s >= scaling.scale_up_cooldown_s:
+        return want - current
+    if want < current and since_last_action_s >= scaling.scale_down_cooldown_s:
+        return -min(current - want, scaling.max_scale_down)
+    return 0
+
+
+def finished_latencies(r: Request) -> tuple[float, float, float] | None:
+    """(finish, TTFT, TPOT or NaN for a one-token output) of a finished request, as a policy's
+    window holds them; None for one that never produced a token."""
+    if r.first_token_time is None or r.finish_time is None:
+        return None
+    decode = r.num_output_tokens - 1
+    tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
+    return r.finish_time, r.first_token_time - r.arrival_time, tpot
+
+
 class ScalingPolicy(Protocol):
     def desired(self, signal: FleetSignal) -> int:
         """How many replicas (serving + starting) the fleet should have; the fleet clamps it to
@@ -108,14 +132,14 @@ class ElasticResult:
     events: list[ScaleEvent] = field(default_factory=list)
 
 
-class _Elastic:
-    def __init__(self, make_replica: Callable[[int], Replica], initial: int, scaling: Scaling,
-                 policy: ScalingPolicy | None, on_step: FleetStepHook | None) -> None:
-        self.make_replica = make_replica
+class FleetStates:
+    """The bookkeeping a simulated (run_elastic) and an engine (engine.core.elastic_wall) elastic
+    fleet share: which replicas are starting, serving and draining, their lifetimes, the scale
+    events, the window of finished requests a policy sees, and how an evaluation acts."""
+
+    def __init__(self, scaling: Scaling, policy: ScalingPolicy | None) -> None:
         self.scaling = scaling
         self.policy = policy
-        self.on_step = on_step
-        self.replicas: list[Replica] = []
         self.lifetimes: list[Lifetime] = []
         self.serving: list[int] = []
         self.starting: list[int] = []
@@ -123,23 +147,70 @@ class _Elastic:
         self.events: list[ScaleEvent] = []
         self.last_action = -math.inf
         self.finished: deque[tuple[float, float, float]] = deque()  # (finish, ttft, tpot or nan)
+
+    def _new_lifetime(self, now: float, ready: float) -> int:
+        index = len(self.lifetimes)
+        self.lifetimes.append(Lifetime(index, now, ready))
+        return index
+
+    def _record_finished(self, finished: Iterable[Request]) -> None:
+        for r in finished:
+            if (entry := finished_latencies(r)) is not None:
+                self.finished.append(entry)
+
+    def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """TTFTs and TPOTs of the requests finished within window_s before now."""
+        while self.finished and self.finished[0][0] < now - self.scaling.window_s:
+            self.finished.popleft()
+        return tuple(f[1] for f in self.finished), tuple(f[2] for f in self.finished if f[2] == f[2])
+
+    def _change(self, signal: FleetSignal) -> int:
+        assert self.policy is not None
+        return scale_by(self.policy.desired(signal), len(self.serving) + len(self.starting),
+                        signal.now - self.last_action, self.scaling)
+
+    def _acted(self, event: ScaleEvent) -> None:
+        self.events.append(event)
+        self.last_action = event.time_s
+
+    def _remove(self, now: float, count: int, outstanding: Callable[[int], int]) -> list[int]:
+        """Cancel the newest starting replicas first, then drain the serving ones holding the fewest
+        requests (outstanding(index); ties: the newest)."""
+        removed = []
+        for _ in range(count):
+            if self.starting:
+                index = self.starting.pop()
+                life = self.lifetimes[index]
+                life.drain_s = life.stop_s = now
+                life.cancelled = True
+            else:
+                index = min(reversed(self.serving), key=outstanding)
+                self.serving.remove(index)
+                self.draining.append(index)
+                self.lifetimes[index].drain_s = now
+            removed.append(index)
+        return removed
+
+
+class _Elastic(FleetStates):
+    def __init__(self, make_replica: Callable[[int], Replica], initial: int, scaling: Scaling,
+                 policy: ScalingPolicy | None, on_step: FleetStepHook | None) -> None:
+        super().__init__(scaling, policy)
+        self.make_replica = make_replica
+        self.on_step = on_step
+        self.replicas: list[Replica] = []
         for _ in range(initial):
             self.serving.append(self._add(0.0, 0.0))
 
     def _add(self, now: float, ready: float) -> int:
-        index = len(self.replicas)
+        index = self._new_lifetime(now, ready)
         replica = self.make_replica(index)
         replica.on_step = self._step
         self.replicas.append(replica)
-        self.lifetimes.append(Lifetime(index, now, ready))
         return index
 
     def _step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
-        for r in finished:
-            if r.first_token_time is not None and r.finish_time is not None:
-                decode = r.num_output_tokens - 1
-                tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
-                self.finished.append((r.finish_time, r.first_token_time - r.arrival_time, tpot))
+        self._record_finished(finished)
         if self.on_step is not None:
             self.on_step(index, record, finished)
 
@@ -165,8 +236,7 @@ class _Elastic:
             self.serving.append(index)
 
     def signal(self, now: float) -> FleetSignal:
-        while self.finished and self.finished[0][0] < now - self.scaling.window_s:
-            self.finished.popleft()
+        ttfts, tpots = self._window(now)
         loads, ages = [], []
         for index in self.serving + self.draining:
             replica = self.replicas[index]
@@ -177,45 +247,18 @@ class _Elastic:
                 blocks = scheduler.block_manager
                 loads.append(ReplicaSignal(scheduler.num_running, scheduler.num_waiting + len(replica.inbox),
                                            1.0 - blocks.num_free_blocks / blocks.num_blocks))
-        return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining),
-                           tuple(f[1] for f in self.finished), tuple(f[2] for f in self.finished if f[2] == f[2]),
-                           tuple(ages))
+        return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages))
 
     def evaluate(self, now: float) -> None:
-        assert self.policy is not None
-        s = self.scaling
-        want = min(max(self.policy.desired(self.signal(now)), s.min_replicas), s.max_replicas)
-        current = len(self.serving) + len(self.starting)
-        since = now - self.last_action
-        if want > current and since >= s.scale_up_cooldown_s:
-            ready = now + s.cold_start.total_s
-            started = [self._add(now, ready) for _ in range(want - current)]
+        change = self._change(self.signal(now))
+        if change > 0:
+            ready = now + self.scaling.cold_start.total_s
+            started = [self._add(now, ready) for _ in range(change)]
             self.starting += started
             self._acted(ScaleEvent(now, "up", tuple(started)))
-        elif want < current and since >= s.scale_down_cooldown_s:
-            self._acted(ScaleEvent(now, "down", tuple(self._remove(now, min(current - want, s.max_scale_down)))))
-
-    def _acted(self, event: ScaleEvent) -> None:
-        self.events.append(event)
-        self.last_action = event.time_s
-
-    def _remove(self, now: float, count: int) -> list[int]:
-        """Cancel the newest starting replicas first, then drain the least-loaded serving ones
-        (ties: the newest)."""
-        removed = []
-        for _ in range(count):
-            if self.starting:
-                index = self.starting.pop()
-                life = self.lifetimes[index]
-                life.drain_s = life.stop_s = now
-                life.cancelled = True
-            else:
-                index = min(reversed(self.serving), key=lambda i: self.replicas[i].outstanding_requests())
-                self.serving.remove(index)
-                self.draining.append(index)
-                self.lifetimes[index].drain_s = now
-            removed.append(index)
-        return removed
+        elif change < 0:
+            removed = self._remove(now, -change, lambda i: self.replicas[i].outstanding_requests())
+            self._acted(ScaleEvent(now, "down", tuple(removed)))
 
 
 def run_elastic(make_replica: Callable[[int], Replica], initial: int, requests: Iterable[Request], router: Router,

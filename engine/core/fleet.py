@@ -119,11 +119,16 @@ def receive_timeout(pending: Sequence[Request], next_arrival: int, clock: Clock)
     """How long the router may wait for replica messages: until WAKE_EARLY_S before the next
     arrival, or None (no arrival left: until a message comes). An arrival due sooner than that is
     slept to instead, and 0.0 says so: the caller dispatches it before reading messages."""
-    if next_arrival >= len(pending):
+    return timeout_until(pending[next_arrival].arrival_time if next_arrival < len(pending) else math.inf, clock)
+
+
+def timeout_until(due: float, clock: Clock) -> float | None:
+    """receive_timeout's rule for any moment due (inf: none, None is returned)."""
+    if due == math.inf:
         return None
-    timeout = pending[next_arrival].arrival_time - clock.now()
+    timeout = due - clock.now()
     if timeout <= WAKE_EARLY_S:
-        clock.wait_until(pending[next_arrival].arrival_time)
+        clock.wait_until(due)
         return 0.0
     return timeout - WAKE_EARLY_S
 

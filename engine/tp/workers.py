@@ -59,20 +59,29 @@ class Workers:
         if target is None:
             from engine.tp.worker_main import worker_main as target
 
-        ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context("spawn")
+        self._target = target
+        self._daemon = daemon
         self.role = role
-        self.timeout_s = max(s.timeout_s for s in specs)
+        self.timeout_s = 0.0
         self.procs: list[mp.Process] = []
         self.conns = []
         for spec in specs:
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=target, args=(spec, child), name=f"{role.replace(' ', '-')}-{spec.rank}",
-                               daemon=daemon)
-            proc.start()
-            child.close()  # the worker holds the other end; EOF here then means it died
-            self.procs.append(proc)
-            self.conns.append(parent)
-        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+            self.spawn(spec)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)  # the lists spawn() extends
+
+    def spawn(self, spec) -> None:
+        """Start one more process; spec.rank must be its 1-based position (len(self.procs) + 1)."""
+        if spec.rank != len(self.procs) + 1:
+            raise ValueError(f"{self.role} {spec.rank} spawned as process {len(self.procs) + 1}")
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=self._target, args=(spec, child),
+                                 name=f"{self.role.replace(' ', '-')}-{spec.rank}", daemon=self._daemon)
+        proc.start()
+        child.close()  # the worker holds the other end; EOF here then means it died
+        self.procs.append(proc)
+        self.conns.append(parent)
+        self.timeout_s = max(self.timeout_s, spec.timeout_s)
 
     def send(self, kind: str, payload: Any = None) -> None:
         for conn in self.conns:

@@ -53,6 +53,11 @@ class AutoscaleConfig:
     queue: desired = ceil(serving x waiting per replica / target_waiting); one fewer when nothing waits.
     slo: the window's P90 of slo_metric (waiting requests' ages count as TTFTs) against the SLO:
     one more replica above slo_target x SLO, one fewer below slo_scale_down_below x SLO.
+    schedule: schedule=[[t0, n0], [t1, n1], ...] replicas from t_i seconds (at the first evaluation
+    at or after it); the only policy an engine fleet (backend=engine) takes.
+    calibration: price a new replica's start-up with the measured cold start of the hardware and
+    model (profiles/<hardware>/<model>.cold_start.json) where there is one; false, or without one:
+    graph_capture_s and hardware.weight_load_bytes_per_s.
     """
 
     policy: str | None = None
@@ -73,6 +78,8 @@ class AutoscaleConfig:
     slo_metric: str = "ttft"
     slo_target: float = 0.8
     slo_scale_down_below: float = 0.4
+    schedule: tuple[tuple[float, float], ...] | None = None
+    calibration: bool = True
 
     def __post_init__(self) -> None:
         from harness.autoscale.policies import AUTOSCALE_POLICIES
@@ -102,8 +109,30 @@ class AutoscaleConfig:
         if self.slo_scale_down_below >= self.slo_target:
             raise ValueError(f"autoscale.slo_scale_down_below={self.slo_scale_down_below} must be below "
                              f"autoscale.slo_target={self.slo_target}")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        where = "autoscale.schedule"
+        if self.policy != "schedule":
+            if self.schedule is not None:
+                raise ValueError(f"{where} is read only with autoscale.policy=schedule, got policy={self.policy}")
+            return
+        if not self.schedule:
+            raise ValueError(f"autoscale.policy=schedule needs {where}=[[time_s, replicas], ...], "
+                             "e.g. '[[0,1],[60,2]]'")
+        for i, pair in enumerate(self.schedule):
+            if len(pair) != 2 or not all(math.isfinite(v) for v in pair):
+                raise ValueError(f"{where}[{i}] must be a [time_s, replicas] pair of finite numbers, got {list(pair)}")
+            time_s, count = pair
+            if time_s < 0 or (i and time_s <= self.schedule[i - 1][0]):
+                raise ValueError(f"{where}[{i}]: time {time_s} must be >= 0 and after the previous time "
+                                 "(times increase)")
+            if count != int(count) or not self.min_replicas <= count <= self.max_replicas:
+                raise ValueError(f"{where}[{i}]: replicas {count} must be a whole number within "
+                                 f"autoscale.min_replicas={self.min_replicas} and max_replicas={self.max_replicas}")
 
     def cold_start(self, weight_bytes: int, load_bytes_per_s: float) -> ColdStart:
+        """The start-up priced by the configured placeholders (no measured calibration)."""
         return ColdStart(self.provision_s, weight_bytes / load_bytes_per_s, self.graph_capture_s)
 
     def scaling(self, cold_start: ColdStart) -> Scaling:
@@ -117,19 +146,25 @@ def build_autoscale(cfg: DictConfig) -> tuple[AutoscaleConfig, SLO]:
     autoscale = to_dataclass(AutoscaleConfig, section(cfg, "autoscale"), "autoscale") if "autoscale" in cfg \
         else AutoscaleConfig()
     slo = to_dataclass(SLO, section(cfg, "slo"), "slo") if "slo" in cfg else SLO()
+    slo_needed(autoscale, slo, "autoscale")
+    return autoscale, slo
+
+
+def slo_needed(autoscale: AutoscaleConfig, slo: SLO, where: str) -> None:
+    """A ConfigError when the policy reads an SLO target that is not set."""
     if autoscale.policy == "slo":
         target = slo.ttft_p90_s if autoscale.slo_metric == "ttft" else slo.tpot_p90_s
         if target is None:
-            raise ConfigError(f"autoscale.policy=slo with autoscale.slo_metric={autoscale.slo_metric} needs "
+            raise ConfigError(f"{where}.policy=slo with {where}.slo_metric={autoscale.slo_metric} needs "
                               f"slo.{autoscale.slo_metric}_p90_s (seconds), e.g. slo.{autoscale.slo_metric}_p90_s=2")
-    return autoscale, slo
 
 
 def check_fleet(autoscale: AutoscaleConfig, replicas: int, tp_sizes: tuple[int, ...], backend: str) -> None:
     """The fleet settings an autoscaled run can take: a ConfigError naming the one it cannot."""
-    if backend != "sim":
-        raise ConfigError(f"autoscale.policy={autoscale.policy}: autoscaling is simulated only (backend=sim), "
-                          f"got backend={backend}")
+    if backend == "engine" and autoscale.policy not in (None, "schedule"):
+        raise ConfigError(f"autoscale.policy={autoscale.policy}: an engine fleet (backend=engine) scales on a "
+                          "schedule only (autoscale.policy=schedule); the other policies read each replica's queue "
+                          "and KV use, which engine replicas do not report")
     if tp_sizes:
         raise ConfigError("fleet.tp_sizes: an autoscaled fleet has one TP size for every replica (fleet.tp_size)")
     if not autoscale.min_replicas <= replicas <= autoscale.max_replicas:

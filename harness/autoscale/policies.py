@@ -103,6 +103,26 @@ class SLOFeedback(RegisteredPolicy):
         return current
 
 
+@AUTOSCALE_POLICIES.register("schedule")
+class Schedule(RegisteredPolicy):
+    """A replica count set in advance: schedule [[t0, n0], [t1, n1], ...] asks for n_i replicas from
+    t_i seconds on (before t0: as many as there are). It reads only the time, so an engine fleet,
+    whose replicas report no queue or KV use, can run it: a second replica started mid-run, served
+    and simulated alike."""
+
+    @classmethod
+    def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
+        assert config.schedule, "AutoscaleConfig checks that policy=schedule has a schedule"
+        return cls(tuple((t, int(n)) for t, n in config.schedule))
+
+    def __init__(self, steps: tuple[tuple[float, int], ...]) -> None:
+        self.steps = steps
+
+    def desired(self, signal: FleetSignal) -> int:
+        wanted = [n for t, n in self.steps if t <= signal.now]
+        return wanted[-1] if wanted else _current(signal)
+
+
 def make_policy(config: AutoscaleConfig, slo: SLO) -> ScalingPolicy | None:
     """The configured policy, fresh for one run; None when autoscale.policy is null."""
     if config.policy is None:

@@ -10,6 +10,8 @@ latency percentiles, SLO attainment) and autoscale.png (all of it against time).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +19,20 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from engine.core import make_scheduler
-from engine.core.elastic import ColdStart, ElasticResult, ScaleEvent, run_elastic
-from engine.core.loop import Replica, SimulatedClock
+from engine.core.elastic import ColdStart, ElasticResult, ScaleEvent
 from engine.core.routers import RouterConfig, make_router
+from harness.autoscale.calibration import find_calibration
 from harness.autoscale.config import SLO, AutoscaleConfig, check_fleet
+from harness.autoscale.fleets import elastic_fleet
 from harness.autoscale.policies import make_policy
-from harness.autoscale.timeline import TIMELINE_STEP_COLUMNS, attains, gpu_hours, state_spans, timeline
+from harness.autoscale.timeline import (
+    TIMELINE_STEP_COLUMNS,
+    attains,
+    gpu_hours,
+    peak_replicas,
+    state_spans,
+    timeline,
+)
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
@@ -31,8 +40,10 @@ from harness.fleet.run import FleetOutcome, tabulate, write_fleet_outcome
 from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
-from harness.run import cyclic_gc_paused, require_served
+from harness.run import require_served
 from harness.workloads import build_workload
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,62 +59,73 @@ class AutoscaleOutcome:
 
 
 def cold_start_of(rc: RunConfig, autoscale: AutoscaleConfig, tp_size: int) -> ColdStart:
-    """The configured start-up: provisioning, each rank's weight bytes at the hardware's load
-    bandwidth, graph capture (none with execution.enforce_eager)."""
+    """The configured start-up: provisioning, then the engine's measured cold start on this hardware
+    and model (harness.autoscale.calibration) where autoscale.calibration is on and there is one;
+    otherwise each rank's weight bytes at the hardware's load bandwidth and graph_capture_s. No graph
+    capture with execution.enforce_eager."""
+    eager = (rc.sim if rc.backend == "sim" else rc.engine).execution.enforce_eager
+    weight_bytes = rc.model.weight_bytes_per_rank(tp_size)
+    calibration = find_calibration(rc.hardware.name, rc.model.name, tp_size) if autoscale.calibration else None
+    if calibration is not None:
+        log.info("a new replica's start-up: the cold start measured in %s", calibration.path)
+        return calibration.cold_start(autoscale.provision_s, weight_bytes, eager)
     bandwidth = rc.hardware.weight_load_bytes_per_s
     if bandwidth is None:
         raise ConfigError(f"hardware.weight_load_bytes_per_s is not set for {rc.hardware.name}: an autoscaled "
                           "fleet needs it to price a new replica's weight load")
-    cold = autoscale.cold_start(rc.model.weight_bytes_per_rank(tp_size), bandwidth)
-    return cold if not rc.sim.execution.enforce_eager else dataclasses.replace(cold, capture_s=0.0)
+    cold = autoscale.cold_start(weight_bytes, bandwidth)
+    return cold if not eager else dataclasses.replace(cold, capture_s=0.0)
 
 
 def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, autoscale: AutoscaleConfig, slo: SLO,
                    progress: bool = True, cold_start: ColdStart | None = None, label: str = "",
                    step_columns: tuple[str, ...] = STEP_COLUMNS) -> AutoscaleOutcome:
     """Serve rc.workload on a fleet of fleet.replicas ready replicas that autoscale.policy scales
-    (null: a static fleet); cold_start overrides the configured start-up (the cold-start study)."""
-    from sim import build_sim_executor
-
+    (null: a static fleet); cold_start overrides the configured start-up (the cold-start study).
+    Engine replicas (backend=engine) start as processes and take traffic once loaded: their
+    start-up is measured, not priced."""
     check_fleet(autoscale, fleet.replicas, fleet.tp_sizes, rc.backend)
     one = replica_run_configs(rc, dataclasses.replace(fleet, replicas=1))[0]
     tp = backend_tp_size(one)
-    cold = cold_start if cold_start is not None else cold_start_of(rc, autoscale, tp)
-    try:
-        probe = build_sim_executor(one.model, one.hardware, one.sim, one.cache, one.scheduler)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"backend={rc.backend}: {error}") from None
-    info = probe.info()
-    workload = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size)
-
-    def make_replica(index: int) -> Replica:
-        executor = probe if index == 0 else build_sim_executor(one.model, one.hardware, one.sim, one.cache,
-                                                               one.scheduler)
-        return Replica(index, make_scheduler(one.scheduler, info, one.cache), executor, SimulatedClock())
-
-    bar = tqdm(total=len(workload.requests), desc=label or f"autoscale {autoscale.policy} x {rc.workload.label}",
-               unit="req", disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
-    started = time.perf_counter()
-    with bar, cyclic_gc_paused():
-        result = run_elastic(make_replica, fleet.replicas, workload.requests, make_router(router, rc.cache.block_size),
-                             autoscale.scaling(cold), make_policy(autoscale, slo),
-                             (lambda i, record, finished: bar.update(len(finished))) if progress else None)
-    wall_s = time.perf_counter() - started
+    if rc.backend == "engine":
+        cold = ColdStart()  # the processes take what they take: cold_start_s is measured (_extras)
+    else:
+        cold = cold_start if cold_start is not None else cold_start_of(rc, autoscale, tp)
+    with elastic_fleet(rc, one, fleet.replicas, autoscale) as replicas:
+        info = replicas.info
+        workload = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size)
+        bar = tqdm(total=len(workload.requests), desc=label or f"autoscale {autoscale.policy} x {rc.workload.label}",
+                   unit="req", disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
+        started = time.perf_counter()
+        with bar:
+            result = replicas.serve(workload.requests, make_router(router, rc.cache.block_size),
+                                    autoscale.scaling(cold), make_policy(autoscale, slo),
+                                    (lambda i, record, finished: bar.update(len(finished))) if progress else None)
+        wall_s = time.perf_counter() - started
+        blocks = replicas.blocks(len(result.lifetimes))
     lifetimes = result.lifetimes
-    peak = max(sum(1 for life in lifetimes if life.requested_s <= t < (life.stop_s or 0.0))
-               for t in {life.requested_s for life in lifetimes})
-    shape = FleetLabels(router=router.name, replicas=len(lifetimes), tp_sizes=str(tp), gpus=peak * tp)
+    gpus = peak_replicas(lifetimes) * tp
+    shape = FleetLabels(router=router.name, replicas=len(lifetimes), tp_sizes=str(tp), gpus=gpus)
     labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests), num_rejected=0,
                        fit=FitCounts(**workload.fit_counts()), wall_s=wall_s, fleet=shape)
-    outcome = tabulate(result.fleet, [info.num_blocks] * len(lifetimes), labels, step_columns)
+    outcome = tabulate(result.fleet, blocks, labels, step_columns)
     frame = timeline(outcome.requests, outcome.steps, lifetimes, info.num_blocks, autoscale.report_window_s,
                      result.fleet.makespan_s, slo)
-    outcome.summary = outcome.summary.with_extras(_extras(outcome, result, autoscale, slo, cold, tp, rc))
+    cold_start_s = measured_start_up_s(result) if rc.backend == "engine" else cold.total_s
+    outcome.summary = outcome.summary.with_extras(_extras(outcome, result, autoscale, slo, cold_start_s, tp, rc))
     return AutoscaleOutcome(outcome, result, frame, cold)
 
 
-def _extras(outcome: FleetOutcome, result: ElasticResult, autoscale: AutoscaleConfig, slo: SLO, cold: ColdStart,
-            tp: int, rc: RunConfig) -> dict:
+def measured_start_up_s(result: ElasticResult) -> float:
+    """The mean start-up (request to ready) of the replicas started during the run that became
+    ready; NaN where none did."""
+    times = [life.ready_s - life.requested_s for life in result.lifetimes
+             if life.requested_s > 0 and math.isfinite(life.ready_s) and not life.cancelled]
+    return sum(times) / len(times) if times else math.nan
+
+
+def _extras(outcome: FleetOutcome, result: ElasticResult, autoscale: AutoscaleConfig, slo: SLO,
+            cold_start_s: float, tp: int, rc: RunConfig) -> dict:
     hours = gpu_hours(result.lifetimes, tp)
     price = rc.hardware.price_per_gpu_hour
     end = result.fleet.makespan_s
@@ -113,7 +135,7 @@ def _extras(outcome: FleetOutcome, result: ElasticResult, autoscale: AutoscaleCo
             "mean_replicas": hours * 3600.0 / (tp * end) if end > 0 else float("nan"),
             "scale_ups": sum(e.direction == "up" for e in result.events),
             "scale_downs": sum(e.direction == "down" for e in result.events),
-            "cold_start_s": cold.total_s, "slo_attainment": attainment,
+            "cold_start_s": cold_start_s, "slo_attainment": attainment,
             "slo_met": bool(attainment >= slo.target_attainment) if slo.is_set else None}
 
 

@@ -42,6 +42,12 @@ def gpu_hours(lifetimes: Sequence[Lifetime], tp_size: int) -> float:
     return sum((life.stop_s or 0.0) - life.requested_s for life in lifetimes) * tp_size / 3600.0
 
 
+def peak_replicas(lifetimes: Sequence[Lifetime]) -> int:
+    """The most replicas billed at once (from request to stop)."""
+    return max((sum(1 for life in lifetimes if life.requested_s <= t < (life.stop_s or 0.0))
+                for t in {life.requested_s for life in lifetimes}), default=0)
+
+
 def timeline(requests: pd.DataFrame, steps: pd.DataFrame, lifetimes: Sequence[Lifetime], num_blocks: int,
              window_s: float, end_s: float, slo: SLO) -> pd.DataFrame:
     """One row per window of window_s seconds: arrivals, mean replicas in each state, mean KV use

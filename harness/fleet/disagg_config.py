@@ -8,6 +8,7 @@ domain, so both pools must be the same GPU type and all their GPUs fit one node.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -22,10 +23,13 @@ MODE = "disaggregated"
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """tp_size: each replica's TP size (null: the backend's); hardware: a conf/hardware entry (null: the run's)."""
+    """tp_size: each replica's TP size (null: the backend's); hardware: a conf/hardware entry (null: the run's);
+    autoscale: this pool's autoscale settings over the autoscale section's, e.g. {policy: queue,
+    max_replicas: 4} (null: a pool of fixed size; harness.autoscale.disagg)."""
 
     tp_size: int | None = None
     hardware: str | None = None
+    autoscale: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ SMALL = ["workload.prompt_len.high=300", "workload.output_len.high=100"]
 # a replica of 8 sequences: the surge queues on one replica
 SURGE = SMALL + ["workload=poisson", "workload.rate_profile=[[0,2],[30,120],[60,2]]", "workload.duration_s=150",
                  "scheduler.max_num_seqs=8"]
+# calibration=False: the start-up priced by provision_s, graph_capture_s and the hardware's load bandwidth
 FAST = dict(interval_s=2.0, scale_up_cooldown_s=6.0, scale_down_cooldown_s=10.0, provision_s=3.0,
-            graph_capture_s=1.0, max_replicas=4)
+            graph_capture_s=1.0, max_replicas=4, calibration=False)
 
 
 def _surge(policy: str, **extra):
@@ -148,12 +149,17 @@ def test_a_rate_profile_draws_its_rates_deterministically():
     (["autoscale.policy=queue", "autoscale.min_replicas=3", "autoscale.max_replicas=2"],
      r"^autoscale.min_replicas=3 is above autoscale.max_replicas=2$"),
     (["autoscale.policy=slo"], r"^autoscale.policy=slo with autoscale.slo_metric=ttft needs slo.ttft_p90_s"),
-    (["autoscale.policy=bogus"], r"^autoscale.policy must be one of \['utilisation', 'queue', 'slo'\]"),
+    (["autoscale.policy=bogus"], r"^autoscale.policy must be one of \['utilisation', 'queue', 'slo', 'schedule'\]"),
     (["autoscale.policy=queue", "fleet.replicas=9"], r"^fleet.replicas=9 \(the starting count\) must be within"),
     (["workload=poisson", "workload.rate_profile=[[0,5],[-1,2]]"], r"^workload.rate_profile\[1\]: time -1(.0)? is neg"),
     (["workload=poisson", "workload.rate_profile=[[0,5],[600,2],[300,1]]"], r"time 300(.0)? is not after the previous"),
     (["workload=poisson", "workload.rate_profile=[[0,-5],[60,2]]"], r"^workload.rate_profile\[0\]: rate -5(.0)? is"),
     (["workload=poisson", "workload.duration_s=10"], r"^workload.duration_s=10(.0)? is read only with"),
+    (["autoscale.policy=schedule"], r"^autoscale.policy=schedule needs autoscale.schedule=\[\[time_s, replicas\]"),
+    (["autoscale.policy=queue", "autoscale.schedule=[[0,1]]"], r"^autoscale.schedule is read only with autoscale.pol"),
+    (["autoscale.policy=schedule", "autoscale.schedule=[[0,1],[60,9]]"], r"^autoscale.schedule\[1\]: replicas 9"),
+    (["autoscale.policy=schedule", "autoscale.schedule=[[30,1],[10,2]]"], r"^autoscale.schedule\[1\]: time 10"),
+    (["backend=engine", "autoscale.policy=queue"], r"^autoscale.policy=queue: an engine fleet \(backend=engine\) sca"),
 ])
 def test_bad_autoscale_input_is_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message) as error:

@@ -1,0 +1,83 @@
+"""The engine's measured cold start, as an autoscaled fleet prices a new replica's start-up.
+
+profiles/<hardware>/<model>.cold_start.json (a conf/hardware name, a conf/model name) holds the
+medians that experiments/autoscale/cold_start.py measured on that GPU: the engine process's start
+(interpreter and imports), the weight load from disk (bytes/s, the page cache dropped first) and
+from the page cache, the KV cache's sizing and warm-up, and CUDA graph capture; with the command
+that measured them. A new replica's start-up is then provision_s (never measured: a machine or a
+pod) + process + the model's weight bytes per rank at the measured bandwidth + KV set-up + capture.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.elastic import ColdStart
+from harness.convert import ConfigError
+from harness.profiles import PROFILES_DIR, hardware_conf_name
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".cold_start.json"
+# the fields a calibration file must carry (the probe writes more: repeats, device, medians of each phase)
+FIELDS = ("tp_size", "process_s", "load_bytes_per_s", "cached_load_bytes_per_s", "kv_cache_s", "warm_up_s",
+          "capture_s", "command")
+
+
+@dataclass(frozen=True)
+class ColdStartCalibration:
+    path: Path
+    tp_size: int
+    process_s: float  # process start to imports done (interpreter, torch, the engine)
+    load_bytes_per_s: float  # checkpoint bytes / weight-load time, read from disk
+    cached_load_bytes_per_s: float  # the same with the checkpoint in the page cache
+    kv_cache_s: float  # profiling the memory, allocating the KV cache
+    warm_up_s: float  # the warm-up steps after allocation (none where the cache is profiled)
+    capture_s: float  # CUDA graph capture
+    command: str
+
+    def cold_start(self, provision_s: float, weight_bytes_per_rank: int, eager: bool,
+                   cached: bool = False) -> ColdStart:
+        """The start-up of a replica of weight_bytes_per_rank per GPU: provision_s, then the measured
+        phases (no capture with eager execution); cached: its checkpoint is in the page cache (a
+        second replica on the machine that just loaded the first)."""
+        bandwidth = self.cached_load_bytes_per_s if cached else self.load_bytes_per_s
+        return ColdStart(provision_s=provision_s, load_s=weight_bytes_per_rank / bandwidth,
+                         capture_s=0.0 if eager else self.capture_s,
+                         process_s=self.process_s + self.kv_cache_s + self.warm_up_s)
+
+
+def calibration_path(hardware_conf: str, model_name: str, root: Path | None = None) -> Path:
+    return (PROFILES_DIR if root is None else root) / hardware_conf / f"{model_name}{SUFFIX}"
+
+
+def read_calibration(path: Path) -> ColdStartCalibration:
+    """A calibration file; ConfigError naming the file when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: not a cold-start calibration ({error})") from None
+    missing = [k for k in FIELDS if k not in data]
+    if missing:
+        raise ConfigError(f"{path}: a cold-start calibration needs {missing}")
+    phases = {k: float(data[k]) for k in FIELDS[1:-1]}
+    return ColdStartCalibration(path=path, tp_size=int(data["tp_size"]), command=str(data["command"]), **phases)
+
+
+def find_calibration(hardware_name: str, model_name: str, tp_size: int,
+                     root: Path | None = None) -> ColdStartCalibration | None:
+    """The measured cold start of the hardware (its spec name) and model at this TP size; None
+    where none was measured (the configured placeholders price the start-up then)."""
+    conf = hardware_conf_name(hardware_name)
+    path = calibration_path(str(conf), model_name, root)
+    if conf is None or not path.is_file():
+        return None
+    calibration = read_calibration(path)
+    if calibration.tp_size != tp_size:
+        log.info("%s was measured at TP size %d, not %d: the start-up is priced by the configured placeholders",
+                 path, calibration.tp_size, tp_size)
+        return None
+    return calibration

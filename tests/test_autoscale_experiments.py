@@ -1,0 +1,108 @@
+"""experiments/autoscale: the cold-start probe's calibration is what harness.autoscale.calibration
+reads, the mid-run comparison scores windows and the ready moment as the issue asks, bad settings
+stop in one line, and (slow) both scripts run end to end on CPU with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.autoscale import cold_start, midrun_compare, midrun_dp
+from harness.autoscale.calibration import read_calibration
+
+
+def _start(kind: str, load_s: float, capture_s: float = 2.0) -> dict:
+    return {"model": "qwen3-0.6b", "hardware": "h100", "kind": kind, "device": "NVIDIA H100", "weight_bytes": 1e9,
+            "interpreter_s": 0.2, "process_s": 8.0, "load_s": load_s, "kv_cache_s": 3.0, "capture_s": capture_s,
+            "warm_up_s": 0.0, "startup_s": 13.0 + load_s, "first_token_s": 0.1, "load_bytes_per_s": 1e9 / load_s}
+
+
+def test_the_probes_calibration_is_the_medians_and_reads_back(tmp_path):
+    rows = [_start("warm-up", 9.0, capture_s=30.0), _start("disk", 1.0), _start("disk", 3.0), _start("disk", 2.0),
+            _start("page cache", 0.25)]
+    calibration = cold_start.summarize(rows, 1, "python -m experiments.autoscale.cold_start ...")
+    assert calibration["load_s"] == 2.0 and calibration["capture_s"] == 2.0  # the warm-up start is left out
+    assert calibration["load_bytes_per_s"] == 0.5e9 and calibration["cached_load_bytes_per_s"] == 4e9
+    path = tmp_path / "qwen3-0.6b.cold_start.json"
+    path.write_text(json.dumps(calibration))
+    cold = read_calibration(path).cold_start(provision_s=0.0, weight_bytes_per_rank=10**9, eager=False)
+    assert (cold.load_s, cold.capture_s, cold.process_s) == (2.0, 2.0, 11.0)
+    only_cached = cold_start.summarize([_start("page cache", 0.5)], 1, "")
+    assert only_cached["load_bytes_per_s"] == only_cached["cached_load_bytes_per_s"] == 2e9
+
+
+def _timeline(ttfts, serving):
+    n = len(ttfts)
+    return pd.DataFrame({"start_s": 10.0 * np.arange(n), "end_s": 10.0 * np.arange(1, n + 1),
+                         "arrivals": [100] * (n - 1) + [5], "serving": serving, "ttft_p90_s": ttfts})
+
+
+def _lifetimes(requested, ready, stop=120.0):
+    return pd.DataFrame({"replica": [0, 1], "requested_s": [0.0, requested], "ready_s": [0.0, ready],
+                         "stop_s": [stop, stop]})
+
+
+def test_the_comparison_scores_windows_and_the_ready_moment(tmp_path):
+    engine, sim = _timeline([0.01, 2.0, 1.0, 0.5], [1, 1.5, 2, 2]), _timeline([0.0105, 2.5, 1.05, 9.0], [1, 1.4, 2, 2])
+    windows = midrun_compare.compare_windows(engine, sim)
+    assert windows["within_target"].tolist() == [True, False, True, False]
+    assert windows["scored"].tolist() == [True, True, True, False]  # 5 arrivals: shown, not scored
+    ready = midrun_compare.ready_times(_lifetimes(30.0, 55.0), _lifetimes(30.0, 57.0))
+    assert ready["startup_s_engine"] == 25.0 and ready["ready_error_of_startup"] == pytest.approx(0.08)
+    summary = midrun_compare.summarize(windows, ready)
+    assert summary["windows_within_15pct"] == 2 and not summary["ttft_target_met"] and summary["ready_target_met"]
+    late = midrun_compare.ready_times(_lifetimes(30.0, 120.0), _lifetimes(30.0, 57.0))
+    assert not late["ready_before_the_end"] and math.isnan(late["ready_error_of_startup"])
+    assert not midrun_compare.summarize(windows, late)["ready_target_met"]
+    midrun_compare.plot(windows, ready, "a title", tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
+    assert "| 10-20 | 100 |" in midrun_compare.markdown(summary, windows, "t")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", "10"], "--rates must be LOW,HIGH"),
+    (["--t0", "200"], "--t0 200 must be within the run"),
+    (["--t0", "32"], "--t0 32 must be a multiple of --interval 5"),
+])
+def test_bad_midrun_settings_stop_in_one_line_before_anything_runs(argv, message, tmp_path):
+    with pytest.raises(SystemExit, match=message):
+        midrun_dp.main(["--out", str(tmp_path), *argv])
+
+
+def test_the_probe_refuses_a_folder_without_a_checkpoint(tmp_path):
+    with pytest.raises(SystemExit, match="holds no checkpoint"):
+        cold_start.main(["--model", "qwen3-0.6b", "--ckpt", str(tmp_path), "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_the_probe_times_fresh_processes_on_cpu(tmp_path):
+    out = tmp_path / "out"
+    cold_start.main(["--model", "tiny-qwen3", "--ckpt", str(tmp_path / "ck"), "--write-checkpoint", "--hardware",
+                     "cpu", "--repeats", "1", "--cached", "1", "--no-warm-up", "--out", str(out), "--set",
+                     "backend.device=cpu", "--set", "scheduler.max_model_len=512", "--set", "cache.block_size=16"])
+    rows = pd.read_csv(out / "cold_start_tiny-qwen3.csv")
+    assert rows["kind"].tolist() == ["disk", "page cache"] and rows["resident_before"].tolist() == [0.0, 1.0]
+    assert (rows["process_s"] > rows["interpreter_s"]).all() and (rows["startup_s"] > rows["process_s"]).all()
+    calibration = read_calibration(out / "profiles" / "cpu" / "tiny-qwen3.cold_start.json")
+    assert calibration.tp_size == 1 and calibration.capture_s < 0.1  # CPU: no graphs
+
+
+@pytest.mark.slow
+def test_the_midrun_driver_runs_end_to_end_on_cpu(tmp_path):
+    """Two CPU engine replicas of the tiny model, the second launched at 2 s, and the simulated
+    fleet: every table and the plot (the targets are for the GPU run)."""
+    midrun_dp.main(["--out", str(tmp_path / "out"), "--cpu", "--ckpt-root", str(tmp_path / "ck"), "--no-probe"])
+    out = tmp_path / "out"
+    for name in ("midrun_compare.csv", "midrun_summary.csv", "midrun.md", "midrun_timeline.png",
+                 "engine/timeline.csv", "sim/timeline.csv", "engine/lifetimes.csv",
+                 "midrun_probe/cold_start_tiny-qwen3.csv"):
+        assert (out / name).is_file(), name
+    engine = pd.read_csv(out / "engine" / "lifetimes.csv")
+    sim = pd.read_csv(out / "sim" / "lifetimes.csv")
+    assert engine["requested_s"].iloc[1] == pytest.approx(2.0, abs=0.3) and sim["requested_s"].iloc[1] == 2.0
+    summary = pd.read_csv(out / "midrun_summary.csv").iloc[0]
+    assert summary["windows_scored"] >= 1 and summary["startup_s_engine"] > 0
