@@ -4,9 +4,10 @@ GPUs, gloo on CPU), routed on the wall clock (engine.core.disagg_wall). The tabl
 simulated fleet's (harness.fleet.disagg.tabulate); transfer_s is measured from the prefill
 replica posting the send to the decode replica having the blocks in its cache.
 
-NOTE back-pressure differs from the simulated fleet: a prefill replica releases a request's
-blocks as soon as their copy is taken for the send, and a decode replica without room for the
-request waits (first come first served) before posting the receive, the sender's copy in flight.
+NOTE back-pressure as in the simulated fleet: a request's blocks stay held on its prefill replica
+until the decode replica has room for it (first come first served) and has posted the receive;
+unlike the simulated fleet, the prefill replica then releases them once their copy is taken for
+the send, not when the KV lands.
 """
 
 from __future__ import annotations
