@@ -19,13 +19,13 @@ from experiments.disagg.goodput import Ladder, measured_goodput
 from experiments.disagg.tables import fit_link
 from experiments.disagg.workloads import SCENARIOS
 
-SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--warmup-requests", "4",
-         "--cell-s", "1"]
+SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--max-drain", "12",
+         "--drain-s", "0.1", "--warmup-requests", "4", "--cell-s", "1"]
 
 
 def _cells(tmp_path, **kw):
     setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim")
-    mc = MeasureConfig(("long", "conversation"), (0.5, 0.8), 1.0, 6, 10, 10, 4, common.trace_path(None), 0.0)
+    mc = MeasureConfig(("long", "conversation"), (0.5, 0.8), 1.0, 6, 10, 10, 0.1, 12, 4, common.trace_path(None), 0.0)
     return Cells(setup, mc, tmp_path, Deadline(kw.get("limit_s", 600.0))).run()
 
 
@@ -97,10 +97,11 @@ def test_measured_goodput_is_the_last_rate_before_the_first_failure():
 def test_goodput_with_the_simulator_measured_matches_its_prediction(tmp_path):
     setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim")
     scenario = SCENARIOS["qwen3-8b"][0]
-    ladder = Ladder(setup, (scenario,), tmp_path, Deadline(600.0), 1.0, 6, 10)
+    ladder = Ladder(setup, (scenario,), tmp_path, Deadline(600.0), 1.0, 6, 10, 4)
     ladder.blocks = 256
     ladder.sim_goodput = {(scenario.name, "disaggregated"): 40.0, (scenario.name, "aggregated"): 20.0}
-    assert ladder.rates(scenario) == [16.0, 24.0, 32.0, 48.0]
+    assert ladder.rates(scenario, "disaggregated") == [32.0, 48.0]
+    assert ladder.rates(scenario, "aggregated") == [16.0, 24.0]
     ok = ladder._serve(lambda w: ladder.sim_attainment(scenario, "aggregated", w.rate)[1], scenario, "aggregated", 16.0)
     runs = pd.read_csv(tmp_path / "goodput_runs.csv")
     assert ok == (runs["attainment"].iloc[0] >= 0.9) and runs["attainment"].iloc[0] == runs["sim_attainment"].iloc[0]

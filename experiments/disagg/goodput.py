@@ -5,9 +5,11 @@ with the call's GPU type, priced by its profile; plan_<scenario>/ holds plan.csv
 
 goodput: a scenario's goodput on a fleet is the highest Poisson rate at which 90% of requests meet
 both SLOs (TTFT <= ttft_s and TPOT <= tpot_s; a one-token request has no TPOT). The simulator
-finds each mode's by bisection (cheap); the engine then serves a short ladder of rates around
-those (0.8x and 1.2x of each), ascending, each mode until a rate fails (one rung below the
-ladder when its first fails, one above when its last passes), on P + D GPUs both ways.
+finds each mode's by bisection (cheap); the engine then serves each mode a short ladder around
+its simulated goodput (0.8x and 1.2x), ascending until a rate fails, with a rung of half the
+rate below when the first fails and one of 1.5x above when the last passes (two at most each
+way), on P + D GPUs both ways. The direction is confirmed when the planner's mode has the
+higher measured goodput.
 """
 
 from __future__ import annotations
@@ -75,9 +77,10 @@ def plan(setup: Setup, scenario: Scenario, out: Path) -> dict:
 
 class Ladder:
     def __init__(self, setup: Setup, scenarios: tuple[Scenario, ...], out: Path, deadline: Deadline,
-                 run_s: float, min_requests: int, max_requests: int) -> None:
+                 run_s: float, min_requests: int, max_requests: int, warmup_requests: int) -> None:
         self.setup, self.scenarios, self.out, self.deadline = setup, scenarios, out, deadline
         self.run_s, self.min_requests, self.max_requests = run_s, min_requests, max_requests
+        self.warmup_requests = warmup_requests
         self.scale = CPU_LENGTH_SCALE if setup.cpu else 1.0
         self.measured_rc = setup.run_config("measured", scheduler_overrides(setup))
         self.sim_rc = setup.run_config("sim", scheduler_overrides(setup))
@@ -108,10 +111,10 @@ class Ladder:
             low, high = (middle, high) if passes else (low, middle)
         return low
 
-    def rates(self, scenario: Scenario) -> list[float]:
-        goodputs = [self.sim_goodput[(scenario.name, m)] for m in MODES]
-        rates = sorted({round(f * g, 3) for g in goodputs if g > 0 for f in LADDER})
-        return rates or [scenario.rate]
+    def rates(self, scenario: Scenario, mode: str) -> list[float]:
+        """The mode's ladder: LADDER x its simulated goodput (the planner's rate where that is 0)."""
+        goodput = self.sim_goodput[(scenario.name, mode)]
+        return [round(f * goodput, 3) for f in LADDER] if goodput > 0 else [scenario.rate]
 
     def run(self) -> pd.DataFrame:
         for mode in MODES:
@@ -122,7 +125,7 @@ class Ladder:
             with open_fleet(self.setup, self.measured_rc, mode) as serve:
                 for scenario in self.scenarios:
                     warm = dataclasses.replace(self.workload(scenario, scenario.rate), arrival="offline", rate=None,
-                                               num_requests=self.min_requests)
+                                               num_requests=self.warmup_requests)
                     self.blocks = replica_blocks(serve(warm))
                     if (scenario.name, mode) not in self.sim_goodput:
                         for m in MODES:
@@ -131,7 +134,7 @@ class Ladder:
         return self.summary()
 
     def _climb(self, serve, scenario: Scenario, mode: str) -> None:
-        rates = self.rates(scenario)
+        rates = self.rates(scenario, mode)
         passed, i, extra = None, 0, 0
         while 0 <= i < len(rates):
             rate = rates[i]
@@ -162,7 +165,8 @@ class Ladder:
         row, sim_row = outcome.summary.to_row(), sim.summary.to_row()
         self.runs.append({"scenario": scenario.name, "mode": mode, "fleet": self.setup.fleet_label(mode),
                           "rate_req_s": rate, "num_requests": workload.num_requests, "attainment": measured,
-                          "sim_attainment": predicted, **{f"{k}": row[k] for k in ("ttft_p90_s", "tpot_p90_s")},
+                          "sim_attainment": predicted, "makespan_s": row["makespan_s"],
+                          **{f"{k}": row[k] for k in ("ttft_p90_s", "tpot_p90_s")},
                           **{f"sim_{k}": sim_row[k] for k in ("ttft_p90_s", "tpot_p90_s")}})
         pd.DataFrame(self.runs).to_csv(self.out / "goodput_runs.csv", index=False)
         log(self.deadline, f"{scenario.name} {self.setup.fleet_label(mode)} {rate:g} req/s: {100 * measured:.0f}% meet "
