@@ -148,3 +148,16 @@ def test_goodput_end_to_end_on_cpu_engines(tmp_path):
     runs = pd.read_csv(tmp_path / "goodput_runs.csv")
     assert set(runs["fleet"]) == {"1P1D", "2x"} and runs["attainment"].between(0, 1).all()
     assert (tmp_path / "plan_disagg_wins" / "plan_summary.csv").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-0.6b"])
+@pytest.mark.parametrize("hardware", ["h100", "h200"])
+def test_the_planner_picks_each_scenarios_mode(model, hardware, tmp_path):
+    assert run_disagg.main(["plan", "--model", model, "--hardware", hardware, "--out", str(tmp_path)]) == 0
+    plans = pd.read_csv(tmp_path / "plan_direction.csv")
+    assert list(plans["winner"]) == list(plans["expected"]) == ["disaggregated", "aggregated"]
+    disagg_wins = pd.read_csv(tmp_path / "plan_disagg_wins" / "plan_summary.csv").iloc[0]
+    assert disagg_wins["disaggregated_deployment"].startswith(f"1P x {hardware} TP 1 + 1D x {hardware} TP 1 (2 GPUs)")
+    agg_wins = pd.read_csv(tmp_path / "plan_agg_wins" / "plan_summary.csv").iloc[0]
+    assert agg_wins["aggregated_deployment"].startswith(f"2 x {hardware} TP 1 (2 GPUs)")

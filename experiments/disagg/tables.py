@@ -75,13 +75,15 @@ class Book:
 
 def error_table(table: pd.DataFrame) -> str:
     """Relative errors in %, one row per cell and simulated side; * marks an error outside its target."""
-    def cell(group: pd.DataFrame) -> pd.Series:
-        marks = {r.metric: f"{100 * r.rel_error:+.1f}{'' if r.within else '*'}" for r in group.itertuples()}
-        return pd.Series(marks)
-
     keys = [*KEYS, "rate_req_s", "num_requests", "sim"]
-    wide = table.groupby(keys, sort=False, dropna=False).apply(cell, include_groups=False).unstack()
-    wide = wide.reindex(columns=[m for m in TARGETS if m in wide.columns]).astype(object).fillna("").reset_index()
+    rows: dict[tuple, dict] = {}
+    for r in table.itertuples(index=False):
+        values = [getattr(r, k) for k in keys]
+        key = tuple(None if isinstance(v, float) and np.isnan(v) else v for v in values)  # NaN != NaN
+        row = rows.setdefault(key, dict(zip(keys, values)))
+        row[r.metric] = f"{100 * r.rel_error:+.1f}{'' if r.within else '*'}"
+    wide = pd.DataFrame(list(rows.values()))
+    wide = wide[[*keys, *(m for m in TARGETS if m in wide.columns)]].astype(object).fillna("")
     met = f"{int(table['within'].sum())} of {len(table)} comparisons within target"
     header = ("Simulated against measured, relative error in % (* outside the target: TTFT/TPOT 10%, "
               f"throughput 5%, median KV transfer 15%). {met}.\n\n")
