@@ -86,12 +86,23 @@ def test_the_link_fit_holds_through_slow_outliers():
     assert fit["latency_s"] == 0 and not fit["slope_fitted"] and fit["bandwidth"] == pytest.approx(2e11)
 
 
-def test_measured_goodput_is_the_last_rate_before_the_first_failure():
+def test_measured_goodput_is_bracketed_by_the_last_pass_and_the_first_failure():
     def runs(*pairs):
         return pd.DataFrame({"rate_req_s": [r for r, _ in pairs], "attainment": [a for _, a in pairs]})
-    assert measured_goodput(runs((2.0, 0.95), (1.0, 1.0), (3.0, 0.5))) == (2.0, "")
-    assert measured_goodput(runs((1.0, 0.5), (2.0, 0.2))) == (1.0, "<")
-    assert measured_goodput(runs((1.0, 0.95), (2.0, 0.91))) == (2.0, ">=")
+    assert measured_goodput(runs((2.0, 0.95), (1.0, 1.0), (3.0, 0.5))) == (2.0, 3.0)
+    assert measured_goodput(runs((1.0, 0.5), (2.0, 0.2))) == (0.0, 1.0)
+    assert measured_goodput(runs((1.0, 0.95), (2.0, 0.91))) == (2.0, float("inf"))
+
+
+def test_the_engines_winner_needs_disjoint_goodput_intervals(tmp_path):
+    plans = pd.DataFrame({"scenario": ["a", "b"], "winner": ["disaggregated", "aggregated"]})
+    goodput = pd.DataFrame({"scenario": ["a", "a", "b", "b"], "mode": ["disaggregated", "aggregated"] * 2,
+                            "sim_goodput_req_s": [4.0, 2.0, 4.0, 2.0],
+                            "goodput_lo_req_s": [3.6, 1.0, 2.0, 1.8], "goodput_hi_req_s": [5.4, 3.6, 3.0, 2.4]})
+    run_disagg.write_direction(plans, goodput, tmp_path)
+    direction = pd.read_csv(tmp_path / "direction.csv")
+    assert list(direction["engine_winner"]) == ["disaggregated", "unresolved"]
+    assert list(direction["confirmed"]) == [True, False] and direction["goodput_aggregated"][0] == "[1, 3.6)"
 
 
 def test_goodput_with_the_simulator_measured_matches_its_prediction(tmp_path):

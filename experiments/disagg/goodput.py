@@ -8,8 +8,8 @@ both SLOs (TTFT <= ttft_s and TPOT <= tpot_s; a one-token request has no TPOT). 
 finds each mode's by bisection (cheap); the engine then serves each mode a short ladder around
 its simulated goodput (0.8x and 1.2x), ascending until a rate fails, with a rung of half the
 rate below when the first fails and one of 1.5x above when the last passes (two at most each
-way), on P + D GPUs both ways. The direction is confirmed when the planner's mode has the
-higher measured goodput.
+way), on P + D GPUs both ways. The runs bracket each measured goodput in [lo, hi); the direction
+is confirmed when the planner's mode's lo is at least the other mode's hi.
 """
 
 from __future__ import annotations
@@ -134,23 +134,21 @@ class Ladder:
         return self.summary()
 
     def _climb(self, serve, scenario: Scenario, mode: str) -> None:
+        """The mode's ladder ascending until a rate fails; below it by halves when its first rate
+        fails, above it by 1.5x when its last passes (two rungs at most either way)."""
         rates = self.rates(scenario, mode)
-        passed, i, extra = None, 0, 0
-        while 0 <= i < len(rates):
-            rate = rates[i]
+        first = self._serve(serve, scenario, mode, rates[0])
+        if first is None:
+            return
+        step, rate = (0.5, rates[0]) if not first else (1.5, rates[-1])
+        if first:
+            for rate in rates[1:]:
+                if not self._serve(serve, scenario, mode, rate):
+                    return
+        for _ in range(2):
+            rate = round(step * rate, 3)
             ok = self._serve(serve, scenario, mode, rate)
-            if ok is None:
-                return
-            if ok:
-                passed = rate
-                if i == len(rates) - 1 and extra < 2:  # the top passes: one rung above
-                    rates.append(round(1.5 * rate, 3))
-                    extra += 1
-                i += 1
-            elif passed is None and extra < 2:  # the first fails: one rung below
-                rates.insert(0, round(rate / 2, 3))
-                extra += 1
-            else:
+            if ok is None or ok != first:  # out of time, or the edge is found
                 return
 
     def _serve(self, serve, scenario: Scenario, mode: str, rate: float) -> bool | None:
@@ -175,33 +173,33 @@ class Ladder:
         return measured >= ATTAINMENT
 
     def summary(self) -> pd.DataFrame:
-        """Each scenario and mode: the simulated goodput, the measured one (the highest passing
-        rate below the first failing one; '<' the lowest rate tried when none passed)."""
+        """Each scenario and mode: the simulated goodput, and the measured one as the interval
+        [goodput_lo, goodput_hi) the runs bracket it in (measured_goodput)."""
         rows = []
         runs = pd.DataFrame(self.runs)
         for scenario in self.scenarios:
             for mode in MODES:
                 mine = runs[(runs["scenario"] == scenario.name) & (runs["mode"] == mode)] if len(runs) else runs
-                measured, bound = measured_goodput(mine)
+                low, high = measured_goodput(mine)
                 rows.append({"scenario": scenario.name, "mode": mode, "fleet": self.setup.fleet_label(mode),
                              "ttft_slo_s": scenario.ttft_s, "tpot_slo_s": scenario.tpot_s,
                              "sim_goodput_req_s": self.sim_goodput.get((scenario.name, mode), math.nan),
-                             "goodput_req_s": measured, "goodput_bound": bound, "rates_tried": len(mine)})
+                             "goodput_lo_req_s": low, "goodput_hi_req_s": high, "rates_tried": len(mine)})
         table = pd.DataFrame(rows)
         table.to_csv(self.out / "goodput.csv", index=False)
         (self.out / "goodput.md").write_text(markdown(table) + "\n")
         return table
 
 
-def measured_goodput(runs: pd.DataFrame) -> tuple[float, str]:
-    """(goodput, bound): bound '' when a passing rate lies below the first failing one, '<' when the
-    lowest rate tried failed, '>=' when no rate failed."""
+def measured_goodput(runs: pd.DataFrame) -> tuple[float, float]:
+    """[lo, hi): the goodput lies at or above lo, the highest rate passing below the first failing
+    one (0 when the lowest rate tried fails), and below hi, that first failing rate (inf when
+    none fails); (nan, nan) without runs."""
     if runs.empty:
-        return math.nan, ""
+        return math.nan, math.nan
     ordered = runs.sort_values("rate_req_s")
     ok = (ordered["attainment"] >= ATTAINMENT).to_numpy()
-    rates = ordered["rate_req_s"].to_numpy()
-    if not ok[0]:
-        return float(rates[0]), "<"
+    rates = ordered["rate_req_s"].to_numpy(dtype=float)
     first_fail = int(np.argmin(ok)) if not ok.all() else len(ok)
-    return float(rates[first_fail - 1]), "" if first_fail < len(ok) else ">="
+    low = float(rates[first_fail - 1]) if first_fail > 0 else 0.0
+    return low, float(rates[first_fail]) if first_fail < len(ok) else math.inf

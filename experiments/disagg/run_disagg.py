@@ -163,23 +163,21 @@ def serving_time(runs: pd.DataFrame, warmup_requests: int) -> None:
 
 
 def write_direction(plans: pd.DataFrame, goodput: pd.DataFrame, out: Path) -> None:
-    """Per scenario: the planner's winner, each mode's goodput (simulated, measured), and whether
-    the engine's goodput on P + D GPUs points the planner's way."""
+    """Per scenario: the planner's winner, each mode's goodput (simulated; measured as an interval),
+    and the engine's winner: the mode whose measured goodput is at least the other's upper bound
+    ("unresolved" where the intervals overlap)."""
     rows = []
     for p in plans.itertuples():
         mine = goodput[goodput["scenario"] == p.scenario].set_index("mode")
-        measured = {m: mine.loc[m, "goodput_req_s"] for m in mine.index}
-        better = max(measured, key=lambda m: measured[m]) if all(pd.notna(v) for v in measured.values()) else ""
-        tie = len(set(measured.values())) == 1
+        bounds = {m: (mine.loc[m, "goodput_lo_req_s"], mine.loc[m, "goodput_hi_req_s"]) for m in mine.index}
+        winner = next((a for a in bounds for b in bounds if a != b and bounds[a][0] >= bounds[b][1]), "unresolved")
         rows.append({"scenario": p.scenario, "planner_winner": p.winner,
                      **{f"sim_goodput_{m}": mine.loc[m, "sim_goodput_req_s"] for m in mine.index},
-                     **{f"goodput_{m}": f"{mine.loc[m, 'goodput_bound']}{measured[m]:.3g}" for m in mine.index},
-                     "engine_winner": "tie" if tie else better,
-                     "confirmed": bool(better == p.winner and not tie)})
+                     **{f"goodput_{m}": f"[{lo:.3g}, {hi:.3g})" for m, (lo, hi) in bounds.items()},
+                     "engine_winner": winner, "confirmed": bool(winner == p.winner)})
     table = pd.DataFrame(rows)
     table.to_csv(out / "direction.csv", index=False)
     (out / "direction.md").write_text(markdown(table) + "\n")
-
 
 if __name__ == "__main__":
     sys.exit(main())
