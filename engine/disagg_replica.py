@@ -8,9 +8,10 @@ told ("release", request id), it releases them without a transfer.
 
 A decode replica is told ("receive_kv", (request, prefill rank)), in the order its transfers were
 routed. First come first served, as soon as it has the blocks and a sequence slot for the
-request (DecodeReplica.can_take), it reserves them and posts the receive; when the receive
-completes it writes the blocks into its cache at the reserved ids, admits the request (its first
-token sampled on the prefill replica) and reports ("landed", (request id, time)).
+request (DecodeReplica.can_take), it reserves them, posts the receive and reports ("reserved",
+request id), on which the router tells the prefill replica to send; when the receive completes
+it writes the blocks into its cache at the reserved ids, admits the request (its first token
+sampled on the prefill replica) and reports ("landed", (request id, time)).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
             replica.reserve(request)
             blocks = staging_for(_cache(replica), len(request.block_table))
             receiving.append((request, src, link.recv(blocks, src), blocks))
+            conn.send(("reserved", request.request_id))
         while receiving and link.completed(receiving[0][2]):
             request, _, _, blocks = receiving.popleft()
             write_blocks(_cache(replica), request.block_table, blocks)

@@ -102,6 +102,20 @@ class DecodeReplica(Replica):
     def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
         super().__init__(index, scheduler, executor, clock)
         self.incoming: dict[str, Request] = {}  # blocks reserved, KV in transit
+        self.stalled = False  # its waiting (preempted) requests lack blocks that KV in transit holds
+
+    def next_event_time(self) -> float:
+        return math.inf if self.stalled else super().next_event_time()
+
+    def tick(self) -> None:
+        try:
+            super().tick()
+        except RuntimeError:
+            # an empty step with a preempted request waiting and none running: the blocks it lacks
+            # are reserved for KV in transit, so it waits for that to land
+            if not self.incoming:
+                raise
+            self.stalled = True
 
     def outstanding_requests(self) -> int:
         return super().outstanding_requests() + len(self.incoming)
@@ -137,9 +151,10 @@ class DecodeReplica(Replica):
     def arrived(self, request: Request, t: float) -> None:
         """The request's KV landed at t: it is admitted at this replica's next iteration."""
         if self.clock.now() < t:
-            # every busy replica has run up to t before an event at t is handled: this one is idle
-            assert not self.scheduler.has_unfinished() and self.in_flight is None and not self.inbox
+            # every busy replica has run up to t before an event at t is handled: this one is idle or stalled
+            assert self.stalled or (not self.scheduler.has_unfinished() and self.in_flight is None and not self.inbox)
             self.clock.wait_until(t)
+        self.stalled = False
         del self.incoming[request.request_id]
         self.inbox.append(request)
 

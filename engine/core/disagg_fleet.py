@@ -176,6 +176,10 @@ def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[Decode
         # the replica whose next iteration starts first runs it, if it starts before the next event
         first = min(replicas, key=_next_event_time)
         if first.next_event_time() < t:
+            # NOTE a decode replica's fast-forward (engine.core.fast_forward) books steps only up to the
+            # fleet's next event (a transfer landing there adds a request to its batch); while requests
+            # wait for a decode replica, none: the end of any step may let one in (RETRY)
+            first.stop_at = -math.inf if fleet.blocked else t
             first.tick()
             continue
         if t == math.inf:

@@ -4,9 +4,10 @@ decode replicas; a replica's rank on the KV link is its link index.
 
 Messages, beside engine.core.remote_replica's ("requests", "end", "shutdown", "report", "done"):
 
+  router -> decode    ("receive_kv", (request, prefill rank)) reserve blocks, receive its KV, decode it
+  decode -> router    ("reserved", request id)                blocks reserved, the receive posted
   router -> prefill   ("send_kv", (request id, decode rank))  send its held blocks there, release them
                       ("release", request id)                 it ended with its first token: release
-  router -> decode    ("receive_kv", (request, prefill rank)) receive its KV, then decode it
   prefill -> router   ("sent", (request id, start_s, bytes))  the send was posted at start_s
   decode -> router    ("landed", (request id, t_s))           the KV is in its cache at t_s
 
@@ -14,6 +15,11 @@ A prefill copy reported finished is handed off as the simulated fleet does
 (engine.core.disagg_fleet): a request its first token ended is finished there; any other goes to
 the decode replica the decode router picks. "end" goes to every replica once every arrival was
 dispatched and every copy handed off.
+
+NOTE back-pressure as in the simulated fleet: the prefill replica is told to send only once the
+decode replica has reserved blocks for the request and posted the receive, so until then the
+request's blocks stay held on the prefill replica (counting against its admission), and no copy
+of them waits outside a cache for a decode replica that has no room.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class _Router:
         self.unresolved = 0  # dispatched to a prefill replica, not yet handed off or rejected
         self.done: set[int] = set()
         self.landed: dict[str, float] = {}  # request id -> when its KV was in the decode replica's cache
+        self.senders: dict[str, int] = {}  # request id -> its prefill replica, until the decode side reserved
 
     def handle(self, index: int, kind: str, payload: object) -> None:
         if kind == "report":
@@ -72,6 +79,9 @@ class _Router:
                 for i, record in enumerate(report.steps, start=1):
                     last = i == len(report.steps) and index >= self.num_prefill
                     self.on_step(index, record, report.finished if last else [])
+        elif kind == "reserved":
+            rid = cast(str, payload)
+            self.links.send(self.senders.pop(rid), "send_kv", (rid, index))
         elif kind == "sent":
             rid, start, nbytes = cast("tuple[str, float, int]", payload)
             self.transfers[rid].start_s, self.transfers[rid].bytes = start, nbytes
@@ -108,7 +118,7 @@ class _Router:
         target = self.num_prefill + choice
         self.transfers[rid].decode = choice
         self.views[target].dispatched(request)
-        self.links.send(index, "send_kv", (rid, target))
+        self.senders[rid] = index
         self.links.send(target, "receive_kv", (request, index))
 
 

@@ -11,8 +11,10 @@ shapes; pools.png plots each pool's busy share and KV use over time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +95,23 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
                        fit=FitCounts(**workload.fit_counts()), wall_s=wall_s, fleet=shape)
     blocks = {"prefill": [infos[0].num_blocks] * counts[0], "decode": [infos[1].num_blocks] * counts[1]}
     return tabulate(result, blocks, labels, counts, step_columns)
+
+
+@contextmanager
+def disagg_server(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, progress: bool = True,
+                  step_columns: tuple[str, ...] = STEP_COLUMNS):
+    """The fleet built once; yields serve(workload) -> DisaggOutcome, which serves a WorkloadConfig on
+    it to completion as often as called. Engine replicas are started and loaded once for every
+    run (harness.fleet.disagg_engine); simulated ones cost nothing to build, so each run builds them."""
+    if rc.backend == "engine":
+        from harness.fleet.disagg_engine import engine_disagg_server
+
+        with engine_disagg_server(rc, fleet, router, pool_run_configs(rc, fleet), step_columns, _check_decode_cache,
+                                  tabulate) as serve:
+            yield serve
+        return
+    yield lambda workload: run_disagg_once(dataclasses.replace(rc, workload=workload), fleet, router, progress,
+                                           step_columns)
 
 
 def _check_decode_cache(requests, num_blocks: int, block_size: int, max_model_len: int) -> None:

@@ -4,14 +4,17 @@ GPUs, gloo on CPU), routed on the wall clock (engine.core.disagg_wall). The tabl
 simulated fleet's (harness.fleet.disagg.tabulate); transfer_s is measured from the prefill
 replica posting the send to the decode replica having the blocks in its cache.
 
-NOTE back-pressure differs from the simulated fleet: a prefill replica releases a request's
-blocks as soon as their copy is taken for the send, and a decode replica without room for the
-request waits (first come first served) before posting the receive, the sender's copy in flight.
+NOTE back-pressure as in the simulated fleet: a request's blocks stay held on its prefill replica
+until the decode replica has room for it (first come first served) and has posted the receive;
+unlike the simulated fleet, the prefill replica then releases them once their copy is taken for
+the send, not when the KV lands.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from dataclasses import replace
 
 from engine.core.disagg_wall import run_disagg_wall
 from engine.core.loop import WallClock
@@ -20,11 +23,21 @@ from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import backend_tp_size
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
-from harness.workloads import build_workload
+from harness.workloads import WorkloadConfig, build_workload
 
 
 def run_engine_disagg(rc: RunConfig, fleet, router: RouterConfig, pools, progress: bool, step_columns,
                       check_decode_cache, tabulate):
+    with engine_disagg_server(rc, fleet, router, pools, step_columns, check_decode_cache, tabulate) as serve:
+        return serve(rc.workload)
+
+
+@contextmanager
+def engine_disagg_server(rc: RunConfig, fleet, router: RouterConfig, pools, step_columns, check_decode_cache,
+                         tabulate):
+    """The fleet's engine replicas, started and loaded once; yields serve(workload) -> DisaggOutcome,
+    which serves a WorkloadConfig on them to completion, as often as called (each run builds fresh
+    schedulers on the replicas); stops them afterwards."""
     from engine.replicas import EngineReplicas
     from harness.checkpoints import ensure_checkpoint
     from harness.labels import run_identity
@@ -42,20 +55,25 @@ def run_engine_disagg(rc: RunConfig, fleet, router: RouterConfig, pools, progres
         raise ConfigError(f"backend=engine: {error}") from None
     with engines:
         infos = engines.infos
-        workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
-        check_decode_cache(workload.requests, infos[-1].num_blocks, infos[-1].block_size, rc.scheduler.max_model_len)
-        routers = [make_router(RouterConfig(name or router.name, router.prefix_blocks, router.max_imbalance),
-                               rc.cache.block_size) for name in (fleet.prefill_router, fleet.decode_router)]
-        clock = WallClock()
-        started = time.perf_counter()
-        engines.start_run(clock)
-        result = run_disagg_wall(engines, counts[0], workload.requests, routers[0], routers[1], clock,
-                                 rc.scheduler.max_model_len)
-        wall_s = time.perf_counter() - started
-    shape = FleetLabels(router=f"{fleet.prefill_router or router.name} / {fleet.decode_router or router.name}",
-                        replicas=sum(counts), tp_sizes="1P 1D", gpus=sum(counts))
-    labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests),
-                       num_rejected=len(result.rejected), fit=FitCounts(**workload.fit_counts()), wall_s=wall_s,
-                       fleet=shape)
-    blocks = {"prefill": [i.num_blocks for i in infos[:counts[0]]], "decode": [i.num_blocks for i in infos[counts[0]:]]}
-    return tabulate(result, blocks, labels, counts, step_columns)
+
+        def serve(workload: WorkloadConfig):
+            built = build_workload(workload, rc.scheduler.max_model_len, infos[0].vocab_size)
+            check_decode_cache(built.requests, infos[-1].num_blocks, infos[-1].block_size, rc.scheduler.max_model_len)
+            routers = [make_router(RouterConfig(name or router.name, router.prefix_blocks, router.max_imbalance),
+                                   rc.cache.block_size) for name in (fleet.prefill_router, fleet.decode_router)]
+            clock = WallClock()
+            started = time.perf_counter()
+            engines.start_run(clock)
+            result = run_disagg_wall(engines, counts[0], built.requests, routers[0], routers[1], clock,
+                                     rc.scheduler.max_model_len)
+            wall_s = time.perf_counter() - started
+            shape = FleetLabels(router=f"{fleet.prefill_router or router.name} / {fleet.decode_router or router.name}",
+                                replicas=sum(counts), tp_sizes="1P 1D", gpus=sum(counts))
+            labels = RunLabels(backend=rc.backend, **run_identity(replace(rc, workload=workload)),
+                               num_submitted=len(built.requests), num_rejected=len(result.rejected),
+                               fit=FitCounts(**built.fit_counts()), wall_s=wall_s, fleet=shape)
+            blocks = {"prefill": [i.num_blocks for i in infos[:counts[0]]],
+                      "decode": [i.num_blocks for i in infos[counts[0]:]]}
+            return tabulate(result, blocks, labels, counts, step_columns)
+
+        yield serve

@@ -30,7 +30,7 @@ from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
-from harness.workloads import build_workload
+from harness.workloads import WorkloadConfig, build_workload
 
 log = logging.getLogger(__name__)
 
@@ -99,26 +99,41 @@ def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, prog
                    label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS) -> FleetOutcome:
     """Serve rc.workload on the fleet to completion. step_columns: those of the step tables
     (harness.output.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read)."""
+    with fleet_server(rc, fleet, router, progress, step_columns) as serve:
+        return serve(rc.workload, label)
+
+
+@contextmanager
+def fleet_server(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
+                 step_columns: tuple[str, ...] = STEP_COLUMNS):
+    """The fleet's replicas, built once (engine replicas: their processes started and loaded);
+    yields serve(workload, label="") -> FleetOutcome, which serves a WorkloadConfig on them to
+    completion, as often as called (each run builds fresh schedulers); stops them afterwards."""
     rcs = replica_run_configs(rc, fleet)
-    with _fleet(rc, rcs) as (infos, serve):
-        workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
-        bar = tqdm(total=len(workload.requests), desc=label or f"{fleet.replicas} x {rc.workload.label}", unit="req",
-                   disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
+    with _fleet(rc, rcs) as (infos, serve_requests):
+        def serve(workload: WorkloadConfig, label: str = "") -> FleetOutcome:
+            run_rc = replace(rc, workload=workload)
+            built = build_workload(workload, rc.scheduler.max_model_len, infos[0].vocab_size)
+            bar = tqdm(total=len(built.requests), desc=label or f"{fleet.replicas} x {workload.label}", unit="req",
+                       disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
 
-        def on_step(index, record, finished) -> None:
-            if finished:
-                bar.update(len(finished))
+            def on_step(index, record, finished) -> None:
+                if finished:
+                    bar.update(len(finished))
 
-        started = time.perf_counter()
-        with bar:
-            result = serve(workload.requests, make_router(router, rc.cache.block_size), on_step if progress else None)
-        wall_s = time.perf_counter() - started
-    tp_sizes = [backend_tp_size(r) for r in rcs]
-    shape = FleetLabels(router=router.name, replicas=fleet.replicas, tp_sizes=" ".join(map(str, tp_sizes)),
-                        gpus=sum(tp_sizes))
-    labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests), num_rejected=0,
-                       fit=FitCounts(**workload.fit_counts()), wall_s=wall_s, fleet=shape)
-    return tabulate(result, [info.num_blocks for info in infos], labels, step_columns)
+            started = time.perf_counter()
+            with bar:
+                result = serve_requests(built.requests, make_router(router, rc.cache.block_size),
+                                        on_step if progress else None)
+            wall_s = time.perf_counter() - started
+            tp_sizes = [backend_tp_size(r) for r in rcs]
+            shape = FleetLabels(router=router.name, replicas=fleet.replicas, tp_sizes=" ".join(map(str, tp_sizes)),
+                                gpus=sum(tp_sizes))
+            labels = RunLabels(backend=rc.backend, **run_identity(run_rc), num_submitted=len(built.requests),
+                               num_rejected=0, fit=FitCounts(**built.fit_counts()), wall_s=wall_s, fleet=shape)
+            return tabulate(result, [info.num_blocks for info in infos], labels, step_columns)
+
+        yield serve
 
 
 def tabulate(result: FleetResult, replica_blocks: list[int], labels: RunLabels,

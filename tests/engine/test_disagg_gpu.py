@@ -35,3 +35,58 @@ def test_nccl_moves_kv_and_tokens_match_the_single_engine(tiny_qwen3_dir):
     assert {r.request_id: r.output_token_ids for r in result.requests} == {
         f"r{i}": out.token_ids for i, out in enumerate(outputs)}
     assert all(t.transfer_s > 0 for t in result.transfers.values() if t.decode >= 0)
+
+
+def test_bfloat16_disaggregated_tokens_are_the_single_engines_greedy_choices(tmp_path_factory):
+    """bf16, teacher-forced: the disaggregated fleet's greedy tokens (prefill on one GPU, decode on
+    the other from the moved KV), fed back as a prefix to a single engine, are at every position
+    within bf16 rounding of that engine's largest logit. Free-running the two may part at a
+    near-tie (other batches, other roundings), so identical outputs are only reported."""
+    from engine import LLM
+    from engine.checkpoint import write_checkpoint
+    from engine.config import EngineConfig
+    from engine.core import CacheConfig, Request, SchedulerConfig
+    from engine.core.config import ExecutionConfig
+    from engine.core.disagg_wall import run_disagg_wall
+    from engine.core.loop import WallClock
+    from engine.core.routers import RouterConfig, make_router
+    from engine.replicas import EngineReplicas
+    from tests.engine.test_tp_gpu import (
+        ENGINE,
+        GREEDY,
+        NUM_TOKENS,
+        TP1_ROUNDING,
+        _gaps,
+        _prompts,
+        _report,
+        _tp1_logits,
+    )
+
+    model_dir = str(write_checkpoint("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b-bf16"), dtype="bfloat16"))
+    prompts = _prompts(16, seed=2)
+    scheduler = SchedulerConfig(max_num_seqs=ENGINE["max_num_seqs"],
+                                max_num_batched_tokens=ENGINE["max_num_batched_tokens"],
+                                max_model_len=ENGINE["max_model_len"])
+    cache = CacheConfig(block_size=256)
+    config = EngineConfig(model=model_dir, device="cuda",
+                          execution=ExecutionConfig(gpu_memory_utilization=ENGINE["gpu_memory_utilization"]))
+    requests = [Request(f"r{i}", p, GREEDY, arrival_time=0.0) for i, p in enumerate(prompts)]
+    with EngineReplicas([config, config], scheduler, cache, num_prefill=1) as engines:
+        clock = WallClock()
+        engines.start_run(clock)
+        routers = [make_router(RouterConfig("round_robin"), cache.block_size) for _ in range(2)]
+        result = run_disagg_wall(engines, 1, requests, *routers, clock, scheduler.max_model_len)
+    got = {r.request_id: r.output_token_ids for r in result.requests}
+    got = [got[f"r{i}"] for i in range(len(prompts))]
+    assert all(len(g) == NUM_TOKENS for g in got) and all(t.transfer_s > 0 for t in result.transfers.values())
+    llm = LLM(model_dir, **ENGINE)
+    try:
+        want = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+        logits = _tp1_logits(llm, [p + g for p, g in zip(prompts, got)], [len(p) for p in prompts])
+    finally:
+        llm.shutdown()
+    gaps = [gap for row, g in zip(logits, got) for gap in _gaps(row, g)[0]]
+    _report("disagg_bfloat16", {"prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
+                                "largest_gap_relative": max(gaps), "positions_off_argmax": sum(g > 0 for g in gaps),
+                                "free_running_identical": sum(a == b for a, b in zip(want, got))})
+    assert max(gaps) <= TP1_ROUNDING, max(gaps)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
+from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.disagg_fleet import run_disaggregated
 from engine.core.executor import BackendInfo
 from engine.core.fleet import run_fleet
 from engine.core.loop import Replica, SimulatedClock, run
@@ -22,6 +24,7 @@ from engine.core.routers import ROUTER_REGISTRY
 from sim import executor as sim_executor
 from sim.executor import SimExecutor
 from sim.roofline import RooflineCostModel
+from tests.core.test_disagg import LinearPricer
 from tests.sim import helpers
 
 POLICIES = ("nano", "mixed", "sjf")
@@ -86,6 +89,29 @@ def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n):
             replicas.append(Replica(i, make_scheduler(config, executor.info()), executor, SimulatedClock()))
         result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get("round_robin")())
         return [_state(r.result, r.scheduler)[:2] for r in replicas], result.makespan_s
+    assert serve(True) == serve(False)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
+       st.integers(1, 2), st.sampled_from([16, 64]))
+@example("nano", False, 1, 4, 2, 1, 16)  # a decode replica waits for KV in transit to re-admit a preempted request
+def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, overlap, seed, n, p, d, decode_blocks):
+    """Transfers land on decode replicas mid-run (a 1 ms transfer against sub-millisecond steps), and
+    16-block decode caches make requests wait for room (back-pressure)."""
+    def serve(fast: bool):
+        config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+
+        def pool(kind, count: int, blocks: int):
+            executors = [_executor(fast, overlap, blocks) for _ in range(count)]
+            return [kind(i, make_scheduler(config, e.info()), e, SimulatedClock()) for i, e in enumerate(executors)]
+
+        prefill, decode = pool(PrefillReplica, p, 64), pool(DecodeReplica, d, decode_blocks)
+        routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+        result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
+                                   LinearPricer(1e-3, 1e-5))
+        moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
+        return [_state(r.result, r.scheduler)[:2] for r in [*prefill, *decode]], moves, result.max_blocked
     assert serve(True) == serve(False)
 
 

@@ -1,0 +1,167 @@
+"""What the disaggregation driver's sub-commands share: the fleet shapes (P prefill + D decode
+replicas against P + D aggregated ones), the measured and simulated run configurations of one
+device call, the GPU it runs on, the profile that prices it, and the call's time budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.routers import RouterConfig
+from harness.config import RunConfig
+from harness.convert import ConfigError
+from harness.fleet.config import FleetConfig
+from harness.fleet.disagg_config import DisaggConfig
+from harness.paths import REPO_ROOT
+from harness.scripting import compose_run_config
+from sim.kv_transfer import TransferConfig
+
+ROUTER = RouterConfig("least_requests")  # both pools of a disaggregated fleet, and the aggregated fleet
+GPU_NAMES = {"H100": "h100", "H200": "h200"}  # nvidia-smi name -> conf/hardware entry
+TRACE = "azure_conv_2023.csv"
+CARRIED_TRACE = REPO_ROOT / ".traces" / TRACE  # where a device call finds it (the lead carries .traces)
+# CPU runs (the tests): the tiny model with random weights, a pinned cache, and a KV link with
+# made-up figures (the CPU entry has none): they test the mechanics, not the numbers.
+CPU_OVERRIDES = ("model=tiny-qwen3", "hardware=cpu", "scheduler.max_model_len=512", "cache.block_size=16",
+                 "cache.num_blocks=256")
+CPU_ENGINE = ("backend.device=cpu",)
+CPU_LINK = TransferConfig(link="network", bandwidth=1e9, latency_s=1e-4)
+
+
+@dataclass(frozen=True)
+class Pools:
+    """P prefill and D decode replicas, one GPU each; the aggregated fleet beside it has P + D."""
+
+    prefill: int
+    decode: int
+
+    @classmethod
+    def parse(cls, text: str) -> Pools:
+        match = re.fullmatch(r"([1-9]\d*)P([1-9]\d*)D", text)
+        if match is None:
+            raise ConfigError(f"--pools must look like 1P1D (P prefill and D decode replicas, each >= 1), got {text!r}")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill + self.decode
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefill}P{self.decode}D"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One call's fleets and configurations. measured: the backend of the measured side ("engine";
+    "sim" in the fast tests, which run the whole driver with a simulator in the engine's place)."""
+
+    model: str
+    hardware: str
+    pools: Pools
+    cpu: bool = False
+    measured: str = "engine"
+    profile: str | None = None  # prices the simulated side; None: the roofline model (CPU runs)
+    overrides: tuple[str, ...] = ()  # --set: Hydra overrides for both sides
+
+    def run_config(self, side: str, scheduler: tuple[str, ...] = ()) -> RunConfig:
+        """The measured ("measured") or simulated ("sim") side's RunConfig; the workload is set per run."""
+        common = [f"model={self.model}", f"hardware={self.hardware}", *(CPU_OVERRIDES if self.cpu else ()),
+                  *scheduler, *self.overrides]
+        backend = self.measured if side == "measured" else "sim"
+        if backend == "engine":
+            extra = ["backend=engine", "backend.load_format=dummy", *(CPU_ENGINE if self.cpu else ())]
+        elif self.profile is not None:
+            extra = ["backend=sim", "backend.cost_model=profiled", f"backend.profile_path={self.profile}"]
+        else:
+            extra = ["backend=sim", "backend.cost_model=roofline"]
+        return compose_run_config([*common, *extra])
+
+    def link(self, bandwidth: float | None = None, latency_s: float | None = None) -> TransferConfig:
+        base = CPU_LINK if self.cpu else TransferConfig(link="nvlink")
+        return dataclasses.replace(base, bandwidth=bandwidth if bandwidth is not None else base.bandwidth,
+                                   latency_s=latency_s if latency_s is not None else base.latency_s)
+
+    def fleet(self, mode: str, link: TransferConfig | None = None) -> DisaggConfig | FleetConfig:
+        if mode == "disaggregated":
+            return DisaggConfig(prefill_replicas=self.pools.prefill, decode_replicas=self.pools.decode,
+                                transfer=link or self.link())
+        return FleetConfig(replicas=self.pools.gpus)
+
+    def fleet_label(self, mode: str) -> str:
+        return self.pools.label if mode == "disaggregated" else f"{self.pools.gpus}x"
+
+
+def detect_gpus() -> list[str]:
+    """The names nvidia-smi lists, one per GPU; a ConfigError where there is no nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        raise ConfigError("no nvidia-smi here: this driver measures GPUs (pass --cpu for the tiny-model CPU run)")
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def hardware_of(names: list[str], pools: Pools) -> str:
+    """The conf/hardware entry of the GPUs, refused unless there are enough of one known kind."""
+    if len(names) < pools.gpus:
+        raise ConfigError(f"--pools {pools.label} needs {pools.gpus} GPUs, this machine has {len(names)}")
+    kinds = {next((v for k, v in GPU_NAMES.items() if k in name), name) for name in names[:pools.gpus]}
+    if len(kinds) != 1 or not kinds <= set(GPU_NAMES.values()):
+        raise ConfigError(f"GPUs {names[:pools.gpus]}: the driver knows {list(GPU_NAMES)} (one kind per call); "
+                          "pass --hardware to name the conf/hardware entry")
+    return kinds.pop()
+
+
+def profile_for(hardware: str, model: str, out: Path) -> tuple[str, str]:
+    """(profile path, how it was found): the shipped profiles/<hardware>/<model>.csv, else the
+    H100 one carried to this GPU by its datasheet ratios (sim.transfer), written under out."""
+    shipped = REPO_ROOT / "profiles" / hardware / f"{model}.csv"
+    if shipped.is_file():
+        return str(shipped), f"shipped {shipped.relative_to(REPO_ROOT)}"
+    source = REPO_ROOT / "profiles" / "h100" / f"{model}.csv"
+    if not source.is_file():
+        raise ConfigError(f"no profile of {model} on {hardware} or on h100 under profiles/: the simulated side "
+                          "needs one (profiles/README.md)")
+    from sim.profiled import ProfiledCostModel
+    from sim.transfer import transfer
+
+    source_rc = compose_run_config(["hardware=h100", f"model={model}"])
+    target = compose_run_config([f"hardware={hardware}"]).hardware
+    carried = out / f"{model}_{hardware}_from_h100.csv"
+    transfer(ProfiledCostModel.load(source), source_rc.hardware, target, source_rc.model, 1).to_csv(carried)
+    return str(carried), f"carried from profiles/h100/{model}.csv to {hardware} (sim.transfer)"
+
+
+def trace_path(given: str | None) -> str:
+    """The Azure conversation trace: --trace, else .traces/ (a device call), else the shared traces."""
+    from harness.workloads import TraceError
+    from harness.workloads.trace import resolve_trace_path
+
+    if given is None and CARRIED_TRACE.is_file():
+        return str(CARRIED_TRACE)
+    try:
+        return str(resolve_trace_path(given or TRACE))
+    except TraceError as error:
+        raise ConfigError(f"--trace: {error} (a device call carries it in .traces/)") from None
+
+
+class Deadline:
+    """The call's time budget: a part runs only if its estimate fits what is left."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.start, self.limit_s = time.perf_counter(), limit_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def fits(self, estimate_s: float) -> bool:
+        return self.elapsed() + estimate_s <= self.limit_s
+
+
+def log(deadline: Deadline, message: str) -> None:
+    print(f"[{deadline.elapsed():6.1f} s] {message}", flush=True)

@@ -1,0 +1,205 @@
+"""`run_disagg.py plan` and `goodput`: the planner's direction, and the engine's confirmation.
+
+plan: experiment=plan 'plan.modes=[aggregated,disaggregated]' on each scenario (workloads.SCENARIOS)
+with the call's GPU type, priced by its profile; plan_<scenario>/ holds plan.csv and plan_summary.csv.
+
+goodput: a scenario's goodput on a fleet is the highest Poisson rate at which 90% of requests meet
+both SLOs (TTFT <= ttft_s and TPOT <= tpot_s; a one-token request has no TPOT). The simulator
+finds each mode's by bisection (cheap); the engine then serves each mode a short ladder around
+its simulated goodput (0.8x and 1.2x), ascending until a rate fails, with a rung of half the
+rate below when the first fails and one of 1.5x above when the last passes (two at most each
+way), on P + D GPUs both ways. The runs bracket each measured goodput in [lo, hi); the direction
+is confirmed when the planner's mode's lo is at least the other mode's hi.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.disagg.cells import MODES, open_fleet, replica_blocks, simulate
+from experiments.disagg.common import Deadline, Setup, log
+from experiments.disagg.workloads import (
+    CPU_LENGTH_SCALE,
+    GOODPUT_MAX_MODEL_LEN,
+    GOODPUT_SCHEDULER,
+    PLAN_SPACE,
+    Scenario,
+    request_count,
+)
+from harness.compare.tables import markdown
+from harness.scripting import compose_config
+
+ATTAINMENT = 0.9
+CPU_PLAN = ("scheduler.max_model_len=512", "cache.block_size=16", "plan.max_replicas=2",
+            "plan.disagg_max_pool_replicas=1", "plan.disagg_max_evals=1")
+LADDER = (0.8, 1.2)
+
+
+def attainment(requests: pd.DataFrame, scenario: Scenario) -> float:
+    """Share of requests meeting both SLOs."""
+    tpot_ok = requests["tpot"].isna() | (requests["tpot"] <= scenario.tpot_s)
+    return float(((requests["ttft"] <= scenario.ttft_s) & tpot_ok).mean())
+
+
+def scheduler_overrides(setup: Setup) -> tuple[str, ...]:
+    return GOODPUT_SCHEDULER if setup.cpu else GOODPUT_SCHEDULER + GOODPUT_MAX_MODEL_LEN
+
+
+def plan(setup: Setup, scenario: Scenario, out: Path) -> dict:
+    """The planner on the scenario: each mode's cheapest deployment meeting the SLO, and the winner."""
+    from harness.study import run_study
+
+    scale = CPU_LENGTH_SCALE if setup.cpu else 1.0
+    w = scenario.workload(scenario.rate, scenario.plan_requests, scale)
+    # CPU runs (tests): the planner's mechanics only, on an H100's figures (the CPU entry has no link)
+    # and a search cut to a few fleets
+    hardware = "h100" if setup.cpu else setup.hardware
+    overrides = [*PLAN_SPACE, f"model={setup.model}", f"hardware={hardware}", f"plan.hardware=[{hardware}]",
+                 f"workload.num_requests={w.num_requests}", f"workload.rate={scenario.rate}",
+                 f"workload.prompt_len.low={w.prompt_len.low}", f"workload.prompt_len.high={w.prompt_len.high}",
+                 f"workload.output_len.low={w.output_len.low}", f"workload.output_len.high={w.output_len.high}",
+                 f"slo.ttft_p90_s={scenario.ttft_s}", f"slo.tpot_p90_s={scenario.tpot_s}",
+                 *(CPU_PLAN if setup.cpu else GOODPUT_MAX_MODEL_LEN),
+                 *(("backend.cost_model=profiled", f"backend.profile_path={setup.profile}") if setup.profile else ()),
+                 f"hydra.run.dir={out}"]
+    out.mkdir(parents=True, exist_ok=True)
+    run_study(compose_config(overrides), out)
+    summary = pd.read_csv(out / "plan_summary.csv").iloc[0]
+    return {"scenario": scenario.name, "expected": scenario.expected, "winner": summary.get("winner", ""),
+            "aggregated": summary.get("aggregated_deployment", ""),
+            "disaggregated": summary.get("disaggregated_deployment", "")}
+
+
+class Ladder:
+    def __init__(self, setup: Setup, scenarios: tuple[Scenario, ...], out: Path, deadline: Deadline,
+                 run_s: float, min_requests: int, max_requests: int, warmup_requests: int) -> None:
+        self.setup, self.scenarios, self.out, self.deadline = setup, scenarios, out, deadline
+        self.run_s, self.min_requests, self.max_requests = run_s, min_requests, max_requests
+        self.warmup_requests = warmup_requests
+        self.scale = CPU_LENGTH_SCALE if setup.cpu else 1.0
+        self.measured_rc = setup.run_config("measured", scheduler_overrides(setup))
+        self.sim_rc = setup.run_config("sim", scheduler_overrides(setup))
+        self.runs: list[dict] = []
+        self.sim_goodput: dict[tuple[str, str], float] = {}
+        self.blocks = 0
+
+    def workload(self, scenario: Scenario, rate: float):
+        n = request_count(rate, self.run_s, self.min_requests, self.max_requests)
+        return scenario.workload(rate, n, self.scale)
+
+    def sim_attainment(self, scenario: Scenario, mode: str, rate: float) -> tuple[float, object]:
+        outcome = simulate(self.setup, self.sim_rc, mode, self.workload(scenario, rate), self.blocks)
+        return attainment(outcome.requests, scenario), outcome
+
+    def find_sim_goodput(self, scenario: Scenario, mode: str, rel_tol: float = 0.03) -> float:
+        """Bisection on the simulator: the highest rate whose attainment is >= 90%."""
+        low, high = 0.0, scenario.rate
+        while self.sim_attainment(scenario, mode, high)[0] >= ATTAINMENT and high < 64 * scenario.rate:
+            low, high = high, 2 * high
+        if low == 0.0:
+            while high > scenario.rate / 64 and self.sim_attainment(scenario, mode, high / 2)[0] < ATTAINMENT:
+                high /= 2
+            low = high / 2
+        while (high - low) > rel_tol * high:
+            middle = (low + high) / 2
+            passes = self.sim_attainment(scenario, mode, middle)[0] >= ATTAINMENT
+            low, high = (middle, high) if passes else (low, middle)
+        return low
+
+    def rates(self, scenario: Scenario, mode: str) -> list[float]:
+        """The mode's ladder: LADDER x its simulated goodput (the planner's rate where that is 0)."""
+        goodput = self.sim_goodput[(scenario.name, mode)]
+        return [round(f * goodput, 3) for f in LADDER] if goodput > 0 else [scenario.rate]
+
+    def run(self) -> pd.DataFrame:
+        for mode in MODES:
+            if not self.deadline.fits(30.0):
+                log(self.deadline, f"{mode}: not started, out of time")
+                continue
+            log(self.deadline, f"starting the {self.setup.fleet_label(mode)} {mode} fleet")
+            with open_fleet(self.setup, self.measured_rc, mode) as serve:
+                for scenario in self.scenarios:
+                    warm = dataclasses.replace(self.workload(scenario, scenario.rate), arrival="offline", rate=None,
+                                               num_requests=self.warmup_requests)
+                    self.blocks = replica_blocks(serve(warm))
+                    if (scenario.name, mode) not in self.sim_goodput:
+                        for m in MODES:
+                            self.sim_goodput[(scenario.name, m)] = self.find_sim_goodput(scenario, m)
+                    self._climb(serve, scenario, mode)
+        return self.summary()
+
+    def _climb(self, serve, scenario: Scenario, mode: str) -> None:
+        """The mode's ladder ascending until a rate fails; below it by halves when its first rate
+        fails, above it by 1.5x when its last passes (two rungs at most either way)."""
+        rates = self.rates(scenario, mode)
+        first = self._serve(serve, scenario, mode, rates[0])
+        if first is None:
+            return
+        step, rate = (0.5, rates[0]) if not first else (1.5, rates[-1])
+        if first:
+            for rate in rates[1:]:
+                if not self._serve(serve, scenario, mode, rate):
+                    return
+        for _ in range(2):
+            rate = round(step * rate, 3)
+            ok = self._serve(serve, scenario, mode, rate)
+            if ok is None or ok != first:  # out of time, or the edge is found
+                return
+
+    def _serve(self, serve, scenario: Scenario, mode: str, rate: float) -> bool | None:
+        workload = self.workload(scenario, rate)
+        estimate = 1.5 * workload.num_requests / rate + 10.0
+        if not self.deadline.fits(estimate):
+            log(self.deadline, f"{scenario.name} {mode} {rate:g} req/s: skipped, out of time")
+            return None
+        outcome = serve(workload)
+        measured = attainment(outcome.requests, scenario)
+        predicted, sim = self.sim_attainment(scenario, mode, rate)
+        row, sim_row = outcome.summary.to_row(), sim.summary.to_row()
+        self.runs.append({"scenario": scenario.name, "mode": mode, "fleet": self.setup.fleet_label(mode),
+                          "rate_req_s": rate, "num_requests": workload.num_requests, "attainment": measured,
+                          "sim_attainment": predicted, "makespan_s": row["makespan_s"],
+                          **{f"{k}": row[k] for k in ("ttft_p90_s", "tpot_p90_s")},
+                          **{f"sim_{k}": sim_row[k] for k in ("ttft_p90_s", "tpot_p90_s")}})
+        pd.DataFrame(self.runs).to_csv(self.out / "goodput_runs.csv", index=False)
+        log(self.deadline, f"{scenario.name} {self.setup.fleet_label(mode)} {rate:g} req/s: {100 * measured:.0f}% meet "
+                           f"the SLO (simulated {100 * predicted:.0f}%)")
+        self.summary()
+        return measured >= ATTAINMENT
+
+    def summary(self) -> pd.DataFrame:
+        """Each scenario and mode: the simulated goodput, and the measured one as the interval
+        [goodput_lo, goodput_hi) the runs bracket it in (measured_goodput)."""
+        rows = []
+        runs = pd.DataFrame(self.runs)
+        for scenario in self.scenarios:
+            for mode in MODES:
+                mine = runs[(runs["scenario"] == scenario.name) & (runs["mode"] == mode)] if len(runs) else runs
+                low, high = measured_goodput(mine)
+                rows.append({"scenario": scenario.name, "mode": mode, "fleet": self.setup.fleet_label(mode),
+                             "ttft_slo_s": scenario.ttft_s, "tpot_slo_s": scenario.tpot_s,
+                             "sim_goodput_req_s": self.sim_goodput.get((scenario.name, mode), math.nan),
+                             "goodput_lo_req_s": low, "goodput_hi_req_s": high, "rates_tried": len(mine)})
+        table = pd.DataFrame(rows)
+        table.to_csv(self.out / "goodput.csv", index=False)
+        (self.out / "goodput.md").write_text(markdown(table) + "\n")
+        return table
+
+
+def measured_goodput(runs: pd.DataFrame) -> tuple[float, float]:
+    """[lo, hi): the goodput lies at or above lo, the highest rate passing below the first failing
+    one (0 when the lowest rate tried fails), and below hi, that first failing rate (inf when
+    none fails); (nan, nan) without runs."""
+    if runs.empty:
+        return math.nan, math.nan
+    ordered = runs.sort_values("rate_req_s")
+    ok = (ordered["attainment"] >= ATTAINMENT).to_numpy()
+    rates = ordered["rate_req_s"].to_numpy(dtype=float)
+    first_fail = int(np.argmin(ok)) if not ok.all() else len(ok)
+    low = float(rates[first_fail - 1]) if first_fail > 0 else 0.0
+    return low, float(rates[first_fail]) if first_fail < len(ok) else math.inf

@@ -1,0 +1,174 @@
+"""experiments/disagg: the driver that measures disaggregated and aggregated engine fleets against
+their simulations, and the planner's direction by goodput.
+
+Fast: the whole measure flow with a simulator in the engine's place (the same simulator on both
+sides must agree exactly: same requests, same blocks, same link), the link fit, goodput's bounds,
+and the settings refused before any GPU work. Slow: both sub-commands end to end on CPU with the
+tiny model's engine processes and a gloo KV link."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.disagg import common, run_disagg
+from experiments.disagg.cells import Cells, MeasureConfig
+from experiments.disagg.common import CPU_LINK, Deadline, Pools, Setup
+from experiments.disagg.goodput import Ladder, measured_goodput
+from experiments.disagg.tables import fit_link
+from experiments.disagg.workloads import SCENARIOS
+
+SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--max-drain", "12",
+         "--drain-s", "0.1", "--warmup-requests", "4", "--cell-s", "1"]
+
+
+def _cells(tmp_path, **kw):
+    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim")
+    mc = MeasureConfig(("long", "conversation"), (0.5, 0.8), 1.0, 6, 10, 10, 0.1, 12, 4, common.trace_path(None), 0.0)
+    return Cells(setup, mc, tmp_path, Deadline(kw.get("limit_s", 600.0))).run()
+
+
+def test_measure_with_the_simulator_measured_agrees_with_itself_exactly(tmp_path):
+    _cells(tmp_path)
+    table = pd.read_csv(tmp_path / "compare.csv")
+    cells = table.drop_duplicates(["fleet", "workload", "load"])
+    assert set(zip(cells["fleet"], cells["workload"], cells["load"].astype(str))) == {
+        (f, w, lo) for f in ("1P1D", "2x") for w in ("long", "conversation") for lo in ("offline", "0.5", "0.8")}
+    assert (table["rel_error"].abs() < 1e-9).all() and table["within"].all()
+    assert set(table.loc[table["metric"] == "transfer_p50_s", "fleet"]) == {"1P1D"}
+    assert set(table["sim"]) == {"roofline", "roofline + fitted link"}
+    assert set(table.loc[table["sim"] == "roofline + fitted link", "fleet"]) == {"1P1D"}
+    # noise-free transfers (the simulator's own): the fit recovers the link it was priced with
+    fit = pd.read_csv(tmp_path / "transfer_fit.csv").iloc[0]
+    assert fit["bandwidth"] == pytest.approx(CPU_LINK.bandwidth)
+    assert fit["latency_s"] == pytest.approx(CPU_LINK.latency_s)
+    moved = pd.read_csv(tmp_path / "transfers.csv")
+    assert (moved["transfer_bytes"] > 0).all() and set(moved["load"].astype(str)) == {"offline", "0.5", "0.8"}
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    offline = runs[(runs["load"] == "offline") & (runs["side"] == "measured")]
+    loaded = runs[(runs["load"] == "0.8") & (runs["side"] == "measured")]
+    # loads are fractions of each fleet's own drain throughput
+    for fleet in ("1P1D", "2x"):
+        for workload in ("long", "conversation"):
+            capacity = offline[(offline["fleet"] == fleet) & (offline["workload"] == workload)]["request_s"].iloc[0]
+            rate = loaded[(loaded["fleet"] == fleet) & (loaded["workload"] == workload)]["rate_req_s"].iloc[0]
+            assert rate == pytest.approx(0.8 * capacity)
+    text = (tmp_path / "compare.md").read_text()
+    assert "| 1P1D | long | offline |" in text and "48 of 48" not in text
+
+
+def test_any_p_and_d_against_p_plus_d_aggregated_replicas():
+    setup = Setup("qwen3-8b", "h100", Pools.parse("3P1D"))
+    disagg, aggregated = setup.fleet("disaggregated"), setup.fleet("aggregated")
+    assert (disagg.prefill_replicas, disagg.decode_replicas, disagg.transfer.link) == (3, 1, "nvlink")
+    assert aggregated.replicas == 4 and setup.pools.gpus == 4
+    assert [setup.fleet_label(m) for m in ("disaggregated", "aggregated")] == ["3P1D", "4x"]
+
+
+def test_a_call_out_of_time_skips_cells_and_says_so(tmp_path):
+    _cells(tmp_path, limit_s=0.0)
+    assert not (tmp_path / "compare.csv").exists()
+    assert "disaggregated: not started" in (tmp_path / "compare.md").read_text()
+
+
+def test_the_link_fit_holds_through_slow_outliers():
+    rng = np.random.default_rng(1)
+    nbytes = rng.uniform(1e7, 7e8, 300)
+    seconds = 2e-4 + nbytes / 3e11
+    slow = rng.random(300) < 0.2  # a fifth waited for a decode step
+    seconds[slow] += rng.uniform(1e-3, 8e-3, slow.sum())
+    fit = fit_link(pd.DataFrame({"transfer_bytes": nbytes, "transfer_s": seconds}), 4.5e11)
+    assert fit["slope_fitted"] and fit["bandwidth"] == pytest.approx(3e11, rel=0.05)
+    assert fit["fit_p50_s"] == pytest.approx(fit["measured_p50_s"], rel=0.02)
+    # a latency the line would make negative: none, and the median transfer's bandwidth
+    fit = fit_link(pd.DataFrame({"transfer_bytes": [1e8, 2e8, 3e8], "transfer_s": [1e-3, 1e-3, 3e-3]}), 4.5e11)
+    assert fit["latency_s"] == 0 and not fit["slope_fitted"] and fit["bandwidth"] == pytest.approx(2e11)
+
+
+def test_measured_goodput_is_bracketed_by_the_last_pass_and_the_first_failure():
+    def runs(*pairs):
+        return pd.DataFrame({"rate_req_s": [r for r, _ in pairs], "attainment": [a for _, a in pairs]})
+    assert measured_goodput(runs((2.0, 0.95), (1.0, 1.0), (3.0, 0.5))) == (2.0, 3.0)
+    assert measured_goodput(runs((1.0, 0.5), (2.0, 0.2))) == (0.0, 1.0)
+    assert measured_goodput(runs((1.0, 0.95), (2.0, 0.91))) == (2.0, float("inf"))
+
+
+def test_the_engines_winner_needs_disjoint_goodput_intervals(tmp_path):
+    plans = pd.DataFrame({"scenario": ["a", "b"], "winner": ["disaggregated", "aggregated"]})
+    goodput = pd.DataFrame({"scenario": ["a", "a", "b", "b"], "mode": ["disaggregated", "aggregated"] * 2,
+                            "sim_goodput_req_s": [4.0, 2.0, 4.0, 2.0],
+                            "goodput_lo_req_s": [3.6, 1.0, 2.0, 1.8], "goodput_hi_req_s": [5.4, 3.6, 3.0, 2.4]})
+    run_disagg.write_direction(plans, goodput, tmp_path)
+    direction = pd.read_csv(tmp_path / "direction.csv")
+    assert list(direction["engine_winner"]) == ["disaggregated", "unresolved"]
+    assert list(direction["confirmed"]) == [True, False] and direction["goodput_aggregated"][0] == "[1, 3.6)"
+
+
+def test_goodput_with_the_simulator_measured_matches_its_prediction(tmp_path):
+    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim")
+    scenario = SCENARIOS["qwen3-8b"][0]
+    ladder = Ladder(setup, (scenario,), tmp_path, Deadline(600.0), 1.0, 6, 10, 4)
+    ladder.blocks = 256
+    ladder.sim_goodput = {(scenario.name, "disaggregated"): 40.0, (scenario.name, "aggregated"): 20.0}
+    assert ladder.rates(scenario, "disaggregated") == [32.0, 48.0]
+    assert ladder.rates(scenario, "aggregated") == [16.0, 24.0]
+    ok = ladder._serve(lambda w: ladder.sim_attainment(scenario, "aggregated", w.rate)[1], scenario, "aggregated", 16.0)
+    runs = pd.read_csv(tmp_path / "goodput_runs.csv")
+    assert ok == (runs["attainment"].iloc[0] >= 0.9) and runs["attainment"].iloc[0] == runs["sim_attainment"].iloc[0]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["measure", "--pools", "0P1D"], "--pools"),
+    (["measure", "--workloads", "chat"], "--workloads"),
+    (["measure", "--loads", "2"], "--loads"),
+    (["measure", "--min-requests", "50", "--max-requests", "10"], "--min-requests"),
+    (["goodput", "--model", "qwen3-32b"], "scenarios exist"),
+])
+def test_bad_settings_are_refused_in_one_line(argv, field, tmp_path, capsys):
+    assert run_disagg.main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and field in err and "\n" not in err
+
+
+def test_too_few_or_unknown_gpus_are_refused_before_any_gpu_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "detect_gpus", lambda: ["NVIDIA H100 80GB HBM3"] * 2)
+    monkeypatch.setattr(run_disagg, "detect_gpus", common.detect_gpus)
+    assert run_disagg.main(["measure", "--pools", "2P2D", "--out", str(tmp_path)]) == 2
+    assert "needs 4 GPUs, this machine has 2" in capsys.readouterr().err
+    assert common.hardware_of(["NVIDIA H200"] * 2, Pools(1, 1)) == "h200"
+    with pytest.raises(Exception, match="--hardware"):
+        common.hardware_of(["NVIDIA A10G"] * 2, Pools(1, 1))
+
+
+@pytest.mark.slow
+def test_measure_end_to_end_on_cpu_engines(tmp_path):
+    assert run_disagg.main(["measure", *SMALL, "--workloads", "long", "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "compare.csv")
+    assert set(table["fleet"]) == {"1P1D", "2x"} and set(table["load"].astype(str)) == {"offline", "0.5", "0.8"}
+    moved = pd.read_csv(tmp_path / "transfers.csv")
+    assert len(moved) >= 10 and (moved["transfer_s"] > 0).all() and (moved["transfer_bytes"] > 0).all()
+    assert (tmp_path / "transfer_fit.csv").is_file() and (tmp_path / "settings.json").is_file()
+
+
+@pytest.mark.slow
+def test_goodput_end_to_end_on_cpu_engines(tmp_path):
+    assert run_disagg.main(["goodput", *SMALL, "--out", str(tmp_path)]) == 0
+    direction = pd.read_csv(tmp_path / "direction.csv")
+    assert list(direction["scenario"]) == ["disagg_wins", "agg_wins"]
+    runs = pd.read_csv(tmp_path / "goodput_runs.csv")
+    assert set(runs["fleet"]) == {"1P1D", "2x"} and runs["attainment"].between(0, 1).all()
+    assert (tmp_path / "plan_disagg_wins" / "plan_summary.csv").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-0.6b"])
+@pytest.mark.parametrize("hardware", ["h100", "h200"])
+def test_the_planner_picks_each_scenarios_mode(model, hardware, tmp_path):
+    assert run_disagg.main(["plan", "--model", model, "--hardware", hardware, "--out", str(tmp_path)]) == 0
+    plans = pd.read_csv(tmp_path / "plan_direction.csv")
+    assert list(plans["winner"]) == list(plans["expected"]) == ["disaggregated", "aggregated"]
+    disagg_wins = pd.read_csv(tmp_path / "plan_disagg_wins" / "plan_summary.csv").iloc[0]
+    assert disagg_wins["disaggregated_deployment"].startswith(f"1P x {hardware} TP 1 + 1D x {hardware} TP 1 (2 GPUs)")
+    agg_wins = pd.read_csv(tmp_path / "plan_agg_wins" / "plan_summary.csv").iloc[0]
+    assert agg_wins["aggregated_deployment"].startswith(f"2 x {hardware} TP 1 (2 GPUs)")
