@@ -68,6 +68,7 @@ class CoreResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     makespan_s: float
+    handoff_s: list[float]  # per step with tokens: the core process's time to build and send them
 
 
 class ServeCore:
@@ -167,7 +168,7 @@ class ServeCore:
         elif kind == "ready":
             self._resolve((message[1], message[2]))
         elif kind == "result":
-            self._resolve(CoreResult(message[1], message[2], message[3]))
+            self._resolve(CoreResult(*message[1:]))
         else:  # "error"
             self._failed(message[1], message[2])
 

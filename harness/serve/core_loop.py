@@ -93,6 +93,7 @@ class CoreLoop:
         self.sent: dict[str, int] = {}  # output tokens already handed out, by request
         self.aborted: list[Request] = []
         self.num_blocks = executor.info().num_blocks
+        self.handoff_s: list[float] = []  # per step with tokens: building and sending its message
 
     def run(self) -> RunResult:
         replica = self.replica
@@ -140,6 +141,7 @@ class CoreLoop:
         return True
 
     def _on_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+        began = time.perf_counter()
         deliveries = []
         sent = self.sent
         for rid, request in self.live.items():
@@ -154,6 +156,7 @@ class CoreLoop:
             del sent[request.request_id]
         if deliveries:
             self.channel.send(("step", due_now(self.clock), deliveries, self._snap()))
+            self.handoff_s.append(time.perf_counter() - began)
 
     def _snap(self) -> tuple[int, int, int]:
         """(running, waiting, used blocks) for the HTTP side's gauges."""
@@ -188,7 +191,7 @@ def serve_core(channel: CoreChannel) -> None:
         channel.send(("ready", executor.info(), clock.origin))
         result = loop.run()
         if not channel.closed:
-            channel.send(("result", requests_frame(result), steps_frame(result), result.makespan_s))
+            channel.send(("result", requests_frame(result), steps_frame(result), result.makespan_s, loop.handoff_s))
     except BaseException as error:
         if not channel.closed:
             channel.send(("error", type(error).__name__, f"the core loop stopped: {error!r}"))

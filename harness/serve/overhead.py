@@ -46,8 +46,10 @@ def with_http_times(requests: pd.DataFrame, times: dict[str, HttpTimes], origin:
     return out
 
 
-def overhead_summary(requests: pd.DataFrame, send_lags: list[float], scale: float) -> pd.DataFrame:
-    """One row: the per-request overhead and its parts, and the per-token send lag, in ms."""
+def overhead_summary(requests: pd.DataFrame, lags: list[float], send_lags: list[float], handoff_s: list[float],
+                     scale: float) -> pd.DataFrame:
+    """One row: the per-request overhead and its parts; per token, the lag to the HTTP side's loop
+    (dispatch) and to the socket (send), in ms; per step, the core process's hand-off, in us."""
     served = requests[requests["finish_reason"] != "aborted"]
     row: dict[str, float | int] = {"requests": len(served), "tokens": len(send_lags)}
     for column in ("http_in", "first_token_out", "overhead_s", "http_ttft", "ttft"):
@@ -56,8 +58,12 @@ def overhead_summary(requests: pd.DataFrame, send_lags: list[float], scale: floa
         for q in (50, 90):
             row[f"{name}_p{q}_ms"] = float(np.percentile(values, q)) if len(values) else np.nan
         row[f"{name}_mean_ms"] = float(values.mean()) if len(values) else np.nan
-    lags = np.asarray(send_lags, dtype=float) * scale * 1e3
-    for q in (50, 90, 99):
-        row[f"send_lag_p{q}_ms"] = float(np.percentile(lags, q)) if len(lags) else np.nan
-    row["send_lag_mean_ms"] = float(lags.mean()) if len(lags) else np.nan
+    for name, samples in (("dispatch_lag", lags), ("send_lag", send_lags)):
+        values = np.asarray(samples, dtype=float) * scale * 1e3
+        for q in (50, 90, 99):
+            row[f"{name}_p{q}_ms"] = float(np.percentile(values, q)) if len(values) else np.nan
+        row[f"{name}_mean_ms"] = float(values.mean()) if len(values) else np.nan
+    handoff = np.asarray(handoff_s, dtype=float) * 1e6
+    for q in (50, 99):
+        row[f"handoff_p{q}_us"] = float(np.percentile(handoff, q)) if len(handoff) else np.nan
     return pd.DataFrame([row])

@@ -77,7 +77,9 @@ async def build_server(rc: RunConfig, config: ServeConfig) -> Server:
     core = ServeCore(rc, scale, config.max_queue)
     await core.start()
     try:
-        tokenizer = config.tokenizer if config.tokenizer is not None or rc.backend == "sim" else rc.engine.model
+        tokenizer = config.tokenizer
+        if tokenizer is None and rc.backend == "engine" and rc.engine.load_format != "dummy":
+            tokenizer = rc.engine.model  # the checkpoint's; a dummy model carries the project's
         identity = run_identity(rc)
         name = config.served_model_name or identity["model"]
         return Server(core, load_codec(rc.backend, tokenizer), config, name, tuple(core.info.eos_token_ids[1:]),
@@ -97,7 +99,8 @@ def outcome(server: Server, rc: RunConfig, wall_s: float, result: CoreResult | N
                        fit=FitCounts(len(requests), 0, 0), wall_s=wall_s)
     summary = summarize(requests, result.steps, result.makespan_s, core.num_blocks, labels)
     return ServeOutcome(requests, result.steps, summary, core.num_blocks,
-                        overhead=overhead_summary(requests, core.send_lags, core.time_scale))
+                        overhead=overhead_summary(requests, core.lags, core.send_lags, result.handoff_s,
+                                                  core.time_scale))
 
 
 async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[int], None] | None = None,

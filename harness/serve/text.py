@@ -102,11 +102,7 @@ class WordCodec(HFCodec):
     """The project's tokenizer for prompts; one word per generated token (module docstring)."""
 
     def __init__(self, tokenizer: Any = None) -> None:
-        if tokenizer is None:
-            from transformers import PreTrainedTokenizerFast
-
-            tokenizer = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), eos_token=IM_END)
-        super().__init__(tokenizer)
+        super().__init__(tokenizer if tokenizer is not None else _project_tokenizer())
 
     def decode(self, token_ids: list[int]) -> str:
         words = _words()
@@ -132,8 +128,9 @@ def _words() -> tuple[str, ...]:
 
 
 def load_codec(backend: str, tokenizer_dir: str | None) -> TextCodec:
-    """The engine: tokenizer_dir's tokenizer (the checkpoint's). The simulator: WordCodec, reading
-    prompts with tokenizer_dir's tokenizer, or the project's when it is None."""
+    """tokenizer_dir's tokenizer (the engine's checkpoint's), or the project's when it is None (the
+    tokenizer a random-weight model of load_format=dummy carries). The simulator's codec reads
+    prompts with it and writes one word per token (WordCodec)."""
     tokenizer = None
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
@@ -141,6 +138,10 @@ def load_codec(backend: str, tokenizer_dir: str | None) -> TextCodec:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if backend == "sim":
         return WordCodec(tokenizer)
-    if tokenizer is None:
-        raise ValueError("the engine's server needs a tokenizer folder (the checkpoint's)")
-    return HFCodec(tokenizer)
+    return HFCodec(tokenizer if tokenizer is not None else _project_tokenizer())
+
+
+def _project_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), eos_token=IM_END)
