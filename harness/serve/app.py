@@ -27,7 +27,7 @@ from harness.serve.core import CoreStopped, QueueFull, ServeCore
 from harness.serve.generation import Generation, HttpTimes
 from harness.serve.metrics import ServerMetrics
 from harness.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
-from harness.serve.sse import EventStream, events
+from harness.serve.sse import Events, EventStream
 from harness.serve.text import TextCodec
 
 
@@ -156,7 +156,7 @@ async def _respond(server: Server, gen: Generation, body, request: Request, chat
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{gen.request_id}", "created": int(time.time()),
             "model": server.model_name}
     if body.stream:
-        return EventStream(events(gen, body, head, chat))
+        return EventStream(gen, Events(head, chat, body.include_usage, body.return_token_ids))
     text = await _unless_disconnected(gen.text(), request)
     if text is None:
         return Response(status_code=499)

@@ -2,9 +2,10 @@
 
 Each token's event is `prefix + json.dumps(text) + suffix` from a per-request template (no dict
 built or encoded per token); the deliveries a stream had not yet written go out in one write.
-EventStream writes its body through the server's own `send` (the scope's "harness.send", set by
-app.Stamped), not through the middlewares' wrappers, and watches the connection itself: a client
-that goes away cancels the writer, which closes the generator and aborts the request.
+EventStream pulls the text deltas itself and writes them through the server's own `send` (the
+scope's "harness.send", set by app.Stamped), not through the middlewares' wrappers: one coroutine
+between a delivery and the socket. It watches the connection itself: a client that goes away
+cancels the writer, which closes the deltas and so aborts the request.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 
 from starlette.responses import Response
 
@@ -21,59 +21,50 @@ from harness.serve.generation import Generation
 _SLOT = "\x00slot"  # no delta is this string; json.dumps writes it as "\u0000slot"
 
 
-def chunk_template(head: dict, obj: str, chat: bool, usage_key: dict) -> tuple[str, str]:
-    """The SSE event of a text delta split around the delta's JSON string."""
-    choice: dict = {"index": 0, "delta": {"content": _SLOT}} if chat else {"index": 0, "text": _SLOT}
-    choice.update({"logprobs": None, "finish_reason": None})
-    event = f"data: {json.dumps({**head, 'object': obj, 'choices': [choice], **usage_key})}\n\n"
-    prefix, suffix = event.split(json.dumps(_SLOT))
-    return prefix, suffix
+class Events:
+    """The events of one streamed completion (chat or text, with or without usage)."""
 
+    def __init__(self, head: dict, chat: bool, include_usage: bool, token_ids: bool) -> None:
+        self.head, self.chat, self.token_ids = head, chat, token_ids
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+        self.usage_key = {"usage": None} if include_usage else {}
+        self.include_usage = include_usage
+        choice: dict = {"index": 0, "delta": {"content": _SLOT}} if chat else {"index": 0, "text": _SLOT}
+        choice.update({"logprobs": None, "finish_reason": None})
+        self.prefix, self.suffix = self._event({"choices": [choice]}).decode().split(json.dumps(_SLOT))
 
-async def events(gen: Generation, body, head: dict, chat: bool) -> AsyncIterator[bytes]:
-    """The stream's events; each time it is resumed, what it yielded before is with the socket."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    usage_key = {"usage": None} if body.include_usage else {}
+    def _event(self, fields: dict) -> bytes:
+        return f"data: {json.dumps({**self.head, 'object': self.obj, **fields, **self.usage_key})}\n\n".encode()
 
-    def chunk(delta: str | None, finish: str | None, extra: dict | None = None) -> bytes:
-        if chat:
-            choice: dict = {"index": 0, "delta": {} if delta is None else {"content": delta}}
-        else:
-            choice = {"index": 0, "text": delta or ""}
-        choice.update({"logprobs": None, "finish_reason": finish, **(extra or {})})
-        return f"data: {json.dumps({**head, 'object': obj, 'choices': [choice], **usage_key})}\n\n".encode()
+    def opening(self) -> bytes | None:
+        if not self.chat:
+            return None
+        return self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                         "finish_reason": None}]})
 
-    if chat:
-        first = {**head, "object": obj, **usage_key,
-                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}]}
-        yield f"data: {json.dumps(first)}\n\n".encode()
-    prefix, suffix = chunk_template(head, obj, chat, usage_key)
-    dumps = json.dumps
-    clock = time.perf_counter
-    # with return_token_ids (vLLM's extension) every delivery is an event, text or not: a client
-    # timing tokens (experiments/serve/client.py) sees each one, random-weight models included
-    pieces = gen.deltas(keep_empty=body.return_token_ids)
-    try:
-        async for batch in pieces:
-            yield "".join([prefix + dumps(piece) + suffix for piece in batch]).encode()
-            gen.sent(clock())
-    finally:
-        await pieces.aclose()  # a client gone mid-stream: the request is aborted now, not when collected
-    extra = {"token_ids": gen.output_ids} if body.return_token_ids else None
-    yield chunk(None if chat else "", gen.finish_reason, extra)
-    gen.sent(clock())  # deliveries that gave no event of their own (the last, finishing one)
-    if body.include_usage:
-        yield f"data: {json.dumps({**head, 'object': obj, 'choices': [], 'usage': gen.usage()})}\n\n".encode()
-    yield b"data: [DONE]\n\n"
+    def deltas(self, pieces: list[str]) -> bytes:
+        prefix, suffix, dumps = self.prefix, self.suffix, json.dumps
+        return "".join([prefix + dumps(piece) + suffix for piece in pieces]).encode()
+
+    def closing(self, gen: Generation) -> bytes:
+        """The finishing event (with the output's ids if asked for), the usage, [DONE]."""
+        choice: dict = {"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""}
+        choice.update({"logprobs": None, "finish_reason": gen.finish_reason})
+        if self.token_ids:
+            choice["token_ids"] = gen.output_ids
+        out = self._event({"choices": [choice]})
+        if self.include_usage:
+            out += f"data: {json.dumps({**self.head, 'object': self.obj, 'choices': [], 'usage': gen.usage()})}\n\n" \
+                .encode()
+        return out + b"data: [DONE]\n\n"
 
 
 class EventStream(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes]) -> None:
+    def __init__(self, gen: Generation, events: Events) -> None:
         super().__init__(None, 200)
-        self.body_iterator = body
+        self.gen, self.events = gen, events
 
     def init_headers(self, headers=None) -> None:
         # a streamed body has no content-length: uvicorn sends it chunked
@@ -96,12 +87,21 @@ class EventStream(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _write(self, send) -> None:
-        body = self.body_iterator
+        gen, events, clock = self.gen, self.events, time.perf_counter
+        opening = events.opening()
+        if opening is not None:
+            await send({"type": "http.response.body", "body": opening, "more_body": True})
+        # with return_token_ids (vLLM's extension) every delivery is an event, text or not: a client
+        # timing tokens (experiments/serve/client.py) sees each one, random-weight models included
+        deltas = gen.deltas(keep_empty=events.token_ids)
         try:
-            async for data in body:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+            async for pieces in deltas:
+                await send({"type": "http.response.body", "body": events.deltas(pieces), "more_body": True})
+                gen.sent(clock())
         finally:
-            await body.aclose()  # type: ignore[attr-defined]
+            await deltas.aclose()  # type: ignore[attr-defined]  # gone mid-stream: abort the request now
+        await send({"type": "http.response.body", "body": events.closing(gen), "more_body": True})
+        gen.sent(clock())  # deliveries that gave no event of their own (the last, finishing one)
 
 
 async def _disconnected(receive) -> None:
