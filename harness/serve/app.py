@@ -131,6 +131,7 @@ def create_app(server: Server) -> Stamped:
         dispatch (the HTTP side has a step's tokens) and send (a stream's event is with the socket)."""
         snap = server.core.snapshot
         return {"live": snap.live, "running": snap.running, "waiting": snap.waiting, "used_blocks": snap.used_blocks,
+                "http_cpu_s": time.process_time(),  # the HTTP process's CPU so far (the core's is its own)
                 **_percentiles("lag", server.core.lags), **_percentiles("send_lag", server.core.send_lags)}
 
     @app.post("/v1/completions")
