@@ -44,3 +44,18 @@ def test_bench_serve_refuses_bad_settings_in_one_line(tmp_path, capsys, argv, wo
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", str(tmp_path), "--hardware", "h100", *argv])
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_replayed_request_samples_as_the_run_does():
+    """The benchmark client's body gives the server the workload's own SamplingParams (seed
+    included), so the engine behind the server samples on the path the harness's run takes."""
+    from experiments.serve.client import request_body
+    from harness.scripting import compose_run_config
+    from harness.serve.protocol import CompletionRequest
+    from harness.workloads.build import build_workload
+
+    rc = compose_run_config(["workload=poisson", "workload.num_requests=5"])
+    for request in build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size).requests:
+        body = CompletionRequest(**request_body("m", request))
+        assert body.sampling_params(body.max_tokens, ()) == request.sampling_params
+        assert body.prompt == request.token_ids[:request.num_prompt_tokens]
