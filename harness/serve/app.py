@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
@@ -191,7 +192,7 @@ async def _unless_disconnected(work, request: Request) -> str | None:
     return None
 
 
-def _percentiles(name: str, samples: list[float]) -> dict:
+def _percentiles(name: str, samples: Iterable[float]) -> dict:
     ordered = sorted(samples)
 
     def pick(q: float) -> float | None:

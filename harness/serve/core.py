@@ -8,7 +8,8 @@ built from the same config and cache size (check_fits reads only those).
 
 Times cross as perf_counter() values: a delivery's `due` is when its tokens were scheduled for (the
 simulator's paced time, or the engine's step end), and how late they reach the HTTP side (`lags`)
-and a stream's socket (`send_lags`) is kept as one sample per token.
+and a stream's socket (`send_lags`) is kept as one sample per token, for the latest LAG_SAMPLES
+tokens (a server that runs for hours keeps a bounded window).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
 from harness.config import RunConfig
 from harness.serve.wire import WireProtocol
+
+LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
 
 
 class QueueFull(Exception):
@@ -80,8 +84,8 @@ class ServeCore:
         self.time_scale = time_scale
         self.max_queue = max_queue
         self.snapshot = CoreSnapshot()
-        self.lags: list[float] = []  # seconds behind schedule at dispatch, one per token
-        self.send_lags: list[float] = []  # seconds behind schedule when a stream wrote it, one per token
+        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # seconds behind schedule at dispatch, per token
+        self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
         self.error: str | None = None
         self.origin = 0.0  # perf_counter() time 0 of the core's clock
         self._sinks: dict[str, Sink] = {}  # submitted and not yet finished or aborted

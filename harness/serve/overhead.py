@@ -17,6 +17,8 @@ serve.time_scale), as the other columns of requests.csv.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -46,11 +48,12 @@ def with_http_times(requests: pd.DataFrame, times: dict[str, HttpTimes], origin:
     return out
 
 
-def overhead_summary(requests: pd.DataFrame, lags: list[float], send_lags: list[float], handoff_s: list[float],
-                     scale: float) -> pd.DataFrame:
+def overhead_summary(requests: pd.DataFrame, lags: Iterable[float], send_lags: Iterable[float],
+                     handoff_s: list[float], scale: float) -> pd.DataFrame:
     """One row: the per-request overhead and its parts; per token, the lag to the HTTP side's loop
     (dispatch) and to the socket (send), in ms; per step, the core process's hand-off, in us."""
     served = requests[requests["finish_reason"] != "aborted"]
+    send_lags = list(send_lags)
     row: dict[str, float | int] = {"requests": len(served), "tokens": len(send_lags)}
     for column in ("http_in", "first_token_out", "overhead_s", "http_ttft", "ttft"):
         values = served[column].dropna().to_numpy(float) * 1e3
