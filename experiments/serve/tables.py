@@ -5,7 +5,8 @@ Sources per case (workload, load): `harness_run` (python -m harness, no HTTP), `
 requests). TTFT and inter-token latency (ITL: per request (last - first token) / (tokens - 1), the
 harness's tpot) are percentiles over requests. step_period_p50_ms is the median wall time between
 consecutive step ends while the case ran: the engine's steps behind a server should take what they
-take in the harness's loop.
+take in the harness's loop (step_split also gives the device's time per step and the host time it
+waited for).
 """
 
 from __future__ import annotations
@@ -28,16 +29,23 @@ def latency_row(source: str, ttft_s, itl_s) -> dict:
     return row
 
 
-def step_period_ms(steps: pd.DataFrame, start: float = -np.inf, end: float = np.inf) -> float:
-    """Median wall time between consecutive step ends among the steps that began in [start, end]."""
+def step_split(steps: pd.DataFrame, start: float = -np.inf, end: float = np.inf) -> dict:
+    """Among the steps that began in [start, end], medians in ms: the wall time between consecutive
+    step ends (step_period), the device's time per step (duration) and, where the engine's step
+    recorder ran, the host time the device waited for (host_s: the loop's time not hidden behind
+    the device, harness.output.recording)."""
     inside = steps[(steps["start"] >= start) & (steps["start"] <= end)]
     ends = np.sort((inside["start"] + inside["duration"]).to_numpy(float))
-    return float(np.median(np.diff(ends)) * 1e3) if len(ends) > 1 else np.nan
+    row = {"step_period_p50_ms": float(np.median(np.diff(ends)) * 1e3) if len(ends) > 1 else np.nan,
+           "step_device_p50_ms": float(inside["duration"].median() * 1e3) if len(inside) else np.nan}
+    if "host_s" in inside.columns:
+        row["step_host_p50_ms"] = float(inside["host_s"].median() * 1e3)
+    return row
 
 
 def harness_row(requests: pd.DataFrame, steps: pd.DataFrame) -> dict:
     served = requests[requests["finish_reason"] != "aborted"]
-    return {**latency_row("harness_run", served["ttft"], served["tpot"]), "step_period_p50_ms": step_period_ms(steps)}
+    return {**latency_row("harness_run", served["ttft"], served["tpot"]), **step_split(steps)}
 
 
 def server_rows(server: str, client: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame) -> tuple[list[dict],
@@ -49,7 +57,7 @@ def server_rows(server: str, client: pd.DataFrame, requests: pd.DataFrame, steps
     client_row = {**latency_row(f"{server}_client", client["ttft_s"], client["itl_s"]),
                   "late_max_ms": float(client["late_s"].max() * 1e3)}
     own_row = {**latency_row(f"{server}_own", own["ttft"], own["tpot"]),
-               "step_period_p50_ms": step_period_ms(steps, own["arrival"].min(), own["finish"].max())}
+               **step_split(steps, own["arrival"].min(), own["finish"].max())}
     return [client_row, own_row], overhead_row(server, client, own)
 
 
@@ -102,7 +110,7 @@ def sim_vs_engine(frame: pd.DataFrame) -> pd.DataFrame:
 
 def markdown(frame: pd.DataFrame, overhead: pd.DataFrame) -> str:
     lines = _table(frame, ["workload", "load", "rate_rps", "source", "requests", *LATENCY, "step_period_p50_ms",
-                           "late_max_ms"])
+                           "step_device_p50_ms", "step_host_p50_ms", "late_max_ms"])
     if len(overhead):
         lines += ["", "Server overhead (ms): per request, the HTTP side's part of TTFT (`overhead`, of which "
                   "`http_in` before the core has the request); per token, the send lag (token ready to its "

@@ -24,12 +24,16 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from engine.core import make_scheduler
 from engine.core.loop import Replica, RunResult, StepRecord, WallClock
 from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
 from harness.serve.wire import CoreChannel
+
+if TYPE_CHECKING:
+    from harness.output.recording import StepRecorder
 
 
 class PacedClock:
@@ -82,12 +86,15 @@ def due_now(clock: Clock) -> float:
 class CoreLoop:
     """One replica fed by the HTTP process (module docstring); run() returns once told to stop."""
 
-    def __init__(self, scheduler: Scheduler, executor, clock: Clock, channel: CoreChannel) -> None:
+    def __init__(self, scheduler: Scheduler, executor, clock: Clock, channel: CoreChannel,
+                 recorder: StepRecorder | None = None) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
         self.channel = channel
-        self.replica = Replica(0, scheduler, executor, clock)
+        self.recorder = recorder
+        # a recorder watches the replica's clock (harness.output.recording), as in a run
+        self.replica = Replica(0, scheduler, executor, clock if recorder is None else recorder.watch(clock))
         self.replica.on_step = self._on_step
         self.live: dict[str, Request] = {}
         self.sent: dict[str, int] = {}  # output tokens already handed out, by request
@@ -107,7 +114,13 @@ class CoreLoop:
 
     def _take(self, block: bool) -> bool:
         """Move what the HTTP process sent into the replica; False once told to stop (or orphaned)."""
-        messages = self.channel.wait() if block else self.channel.poll()
+        if block:
+            began = time.perf_counter()
+            messages = self.channel.wait()
+            if self.recorder is not None:  # idle, as a run's sleep until the next arrival
+                self.recorder.asleep_s += time.perf_counter() - began
+        else:
+            messages = self.channel.poll()
         aborted = False
         for message in messages:
             kind = message[0]
@@ -167,7 +180,10 @@ class CoreLoop:
 
 def serve_core(channel: CoreChannel) -> None:
     """Read the config, build, report ready, loop, send the outcome's tables."""
+    import pandas as pd
+
     from harness.output.metrics import requests_frame, steps_frame
+    from harness.output.recording import StepRecorder
     from harness.run import make_executor
 
     messages = channel.wait()
@@ -182,7 +198,13 @@ def serve_core(channel: CoreChannel) -> None:
         return
     try:
         clock: Clock = WallClock() if rc.backend == "engine" else PacedClock(time_scale)
-        loop = CoreLoop(scheduler, executor, clock, channel)
+        # the engine's steps get a run's columns (features, host_s, launch_s): the same hook, the
+        # same per-step work as `python -m harness backend=engine`
+        recorder = None
+        if rc.backend == "engine":
+            recorder = StepRecorder(executor.info().graph_sizes, wall=True)
+            executor.observe(recorder)
+        loop = CoreLoop(scheduler, executor, clock, channel, recorder)
         # the loop makes no reference cycles (as in a run, harness.run.cyclic_gc_paused): no
         # collector pauses between steps; what was built so far is never scanned again
         gc.freeze()
@@ -191,7 +213,10 @@ def serve_core(channel: CoreChannel) -> None:
         channel.send(("ready", executor.info(), clock.origin))
         result = loop.run()
         if not channel.closed:
-            channel.send(("result", requests_frame(result), steps_frame(result), result.makespan_s, loop.handoff_s))
+            steps = steps_frame(result)
+            if recorder is not None:
+                steps = pd.concat([steps, recorder.frame()], axis=1)
+            channel.send(("result", requests_frame(result), steps, result.makespan_s, loop.handoff_s))
     except BaseException as error:
         if not channel.closed:
             channel.send(("error", type(error).__name__, f"the core loop stopped: {error!r}"))
