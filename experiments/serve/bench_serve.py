@@ -76,6 +76,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="overrides of the simulator-backed server")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
+    parser.add_argument("--keep-steps", action="store_true",
+                        help="keep the runs' per-step tables (steps.csv.gz; by default removed once summarised)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     bad_stages = sorted(set(args.stages) - {"harness", "engine", "sim"})
@@ -176,22 +178,25 @@ def run_harness(engine: list[str], cases: list[Case], out: Path) -> list[dict]:
     return rows
 
 
+def drop_steps(out: Path) -> None:
+    """The per-step tables, once summarised: raw traces do not leave the device (--keep-steps)."""
+    for path in out.rglob("steps.csv.gz"):
+        path.unlink()
+
+
 def run_server(server: str, overrides: list[str], cases: list[Case], out: Path) -> tuple[list[dict], list[dict]]:
     folder = out / server
     shutil.rmtree(folder, ignore_errors=True)
     clients = {}
-    with ServerProcess([*overrides, "output.plots=false", "serve.max_queue=8192"], folder) as process:
+    process = ServerProcess([*overrides, "output.plots=false", "serve.max_queue=8192"], folder)
+    process.start(timeout_s=600)  # an engine's start-up: weights, memory profile, CUDA graphs
+    try:
         with urllib.request.urlopen(process.base_url + "/models") as response:
             model = json.load(response)["data"][0]["id"]
         for case in cases:
-            began = time.perf_counter()
-            records = pd.DataFrame([vars(r) for r in asyncio.run(replay(process.base_url, model, case.requests))])
-            records.to_csv(folder / f"client_{case.tag}.csv", index=False)
-            errors = records["error"].dropna()
-            if len(errors):
-                raise RuntimeError(f"{server} {case.tag}: {len(errors)} requests failed, first: {errors.iloc[0]}")
-            clients[case.tag] = records
-            print(f"{server} {case.tag}: {len(records)} requests in {time.perf_counter() - began:.0f} s", flush=True)
+            clients[case.tag] = replay_case(server, process.base_url, model, case, folder)
+    finally:
+        process.stop()
     requests, steps = pd.read_csv(folder / "requests.csv"), pd.read_csv(folder / "steps.csv.gz")
     rows, overheads = [], []
     for case in cases:
@@ -199,6 +204,17 @@ def run_server(server: str, overrides: list[str], cases: list[Case], out: Path) 
         rows += [{**case_key(case), **row} for row in pair]
         overheads.append({"workload": case.name, "load": case.load, **overhead})
     return rows, overheads
+
+
+def replay_case(server: str, base_url: str, model: str, case: Case, folder: Path) -> pd.DataFrame:
+    began = time.perf_counter()
+    records = pd.DataFrame([vars(r) for r in asyncio.run(replay(base_url, model, case.requests))])
+    records.to_csv(folder / f"client_{case.tag}.csv", index=False)
+    errors = records["error"].dropna()
+    if len(errors):
+        raise RuntimeError(f"{server} {case.tag}: {len(errors)} requests failed, first: {errors.iloc[0]}")
+    print(f"{server} {case.tag}: {len(records)} requests in {time.perf_counter() - began:.0f} s", flush=True)
+    return records
 
 
 def case_key(case: Case) -> dict:
@@ -225,14 +241,22 @@ def main(argv: list[str] | None = None) -> int:
     stages = {"harness": lambda: (run_harness(engine, cases, args.out), []),
               "engine": lambda: run_server("engine_server", engine, cases, args.out),
               "sim": lambda: run_server("sim_server", sim, cases, args.out)}
+    failed = []
     for stage in args.stages:
-        more, more_overheads = stages[stage]()
+        try:  # a stage that fails leaves the others to run: one device call gets what it can
+            more, more_overheads = stages[stage]()
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+            failed.append(stage)
+            print(f"stage {stage} FAILED at {time.perf_counter() - started:.0f} s: {error}", flush=True)
+            continue
         rows += more
         overheads += more_overheads
         write(args.out, rows, overheads)
+        if not args.keep_steps:
+            drop_steps(args.out)
         print(f"stage {stage} done at {time.perf_counter() - started:.0f} s", flush=True)
     print(markdown(pd.DataFrame(rows), pd.DataFrame(overheads)))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
     overhead = pd.read_csv(tmp_path / "overhead.csv")
     assert list(overhead["server"]) == ["engine_server", "engine_server", "sim_server", "sim_server"]
     assert (overhead[["overhead_mean_ms", "per_token_ms", "http_in_mean_ms"]] > 0).all().all()
+    assert not list(tmp_path.rglob("steps.csv.gz"))  # raw per-step tables do not leave the device
+    assert len(pd.read_csv(tmp_path / "engine_server" / "client_poisson_50.csv")) == 6
     text = (tmp_path / "serve.md").read_text()
     assert "Server overhead" in text and "within 10%" in text
 
