@@ -17,10 +17,12 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from engine.core.request import Request as CoreRequest
 from harness.serve.config import ServeConfig
@@ -30,6 +32,8 @@ from harness.serve.metrics import ServerMetrics
 from harness.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from harness.serve.sse import Events, EventStream
 from harness.serve.text import TextCodec
+
+BodyT = TypeVar("BodyT", CompletionRequest, ChatCompletionRequest)
 
 
 class BadRequest(Exception):
@@ -64,7 +68,7 @@ class Server:
         if body.min_tokens > max_tokens:
             raise BadRequest(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
         vocab = self.core.info.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:  # two C loops: a long prompt's ids cost ~20 us
             raise BadRequest(f"prompt token ids must be in [0, {vocab})", "prompt")
         gen = Generation(self.core, self.codec, self.metrics, prompt_ids,
                          body.sampling_params(max_tokens, self.eos_stop_ids), body.stops, http_arrival)
@@ -136,18 +140,30 @@ def create_app(server: Server) -> Stamped:
                 **_percentiles("lag", server.core.lags), **_percentiles("send_lag", server.core.send_lags)}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        body = _parse(CompletionRequest, await request.body())
         prompt = body.prompt if isinstance(body.prompt, list) else server.codec.encode(body.prompt)
         gen = server.generation(body, prompt, body.max_tokens, _arrival(request))
         return await _respond(server, gen, body, request, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(request: Request) -> Response:
+        body = _parse(ChatCompletionRequest, await request.body())
         prompt = server.codec.chat([{"role": m.role, "content": m.text()} for m in body.messages])
         gen = server.generation(body, prompt, body.output_cap, _arrival(request))
         return await _respond(server, gen, body, request, chat=True)
 
     return Stamped(app)
+
+
+def _parse(model: type[BodyT], raw: bytes) -> BodyT:
+    """The body, parsed and validated by pydantic in one pass over the bytes (FastAPI's own route
+    parsing decodes the JSON with the json module first: 0.5 ms for a 4,000-token prompt of ids);
+    errors reach the same handler as FastAPI's."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
 
 
 def _arrival(request: Request) -> float:
