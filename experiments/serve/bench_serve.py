@@ -1,136 +1,262 @@
 """The engine's HTTP server against the harness's own run of the same requests, and against the
 simulator-backed server: client-side TTFT / inter-token P50 and P90, and the server's overhead.
 
-    python -m experiments.serve.bench_serve --out experiments/results/serve --capacity 12   # on a GPU
+    python -m experiments.serve.bench_serve --out $OUT/serve --trace-dir .traces   # on a GPU
 
-For each workload (--workloads: azure = the Azure conversation trace, mooncake = Mooncake's
-conversation trace, poisson = synthetic) and each load (--loads, fractions of --capacity in
-requests/s), the same requests (harness.workloads.build, at the load's rate: workload.rate_scale
-for traces, workload.rate otherwise) are
-  1. run by `python -m harness backend=engine` (the harness's own figures, no HTTP);
-  2. replayed by experiments/serve/client.py against `python -m harness.serve backend=engine`
-     (client-side figures; the server's requests.csv gives its own);
-  3. replayed against `python -m harness.serve backend=sim` at time_scale=1.
-serve.csv holds one row per (workload, load, source); serve.md the table plus the overhead: the
-client's mean TTFT minus the engine server's own (HTTP, streaming, detokenisation per request) and
-the same for the inter-token latency (per token).
+Cases: each workload (--workloads: azure = the Azure conversation trace, mooncake = Mooncake's
+conversation trace, poisson = synthetic) at each load (--loads, fractions of the capacity: --capacity
+in requests/s, or `auto`: the simulator's offline throughput of the same requests with the GPU's
+profiled cost model). The same requests (harness.workloads.build; workload.seed differs per load,
+so one case's prompts are never cached for the next) are
+  1. run by the harness's own loop (experiments/serve/harness_runs.py: one engine for every case);
+  2. replayed by experiments/serve/client.py (stdlib asyncio) against `python -m harness.serve` with
+     the engine, one server for every case, and then
+  3. against `python -m harness.serve backend=sim ... backend.cost_model=profiled` at time_scale=1.
+Results are written after each stage, so a run cut short keeps what it finished: serve.csv (one
+row per case and source), overhead.csv (per case and server), serve.md (the tables), and the run
+folders (harness/<case>/, engine_server/, sim_server/ with each case's client records).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import shutil
 import subprocess
 import sys
+import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from engine.core.request import Request
 from experiments.serve.client import replay
+from experiments.serve.tables import harness_row, markdown, server_rows
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
 from harness.workloads.build import build_workload
 
 WORKLOADS = {"azure": ["workload=trace_azure_conv"], "mooncake": ["workload=mooncake"],
              "poisson": ["workload=poisson"]}
+GPUS = {"H100": "h100", "H200": "h200", "A100": "a100"}  # a name in nvidia-smi's -> conf/hardware
 
 
-def workload_overrides(name: str, num_requests: int, rate: float, common: list[str],
-                       extra: list[str]) -> list[str]:
-    base = [*WORKLOADS[name], f"workload.num_requests={num_requests}", *extra]
-    rc = compose_run_config([*common, *base])
+@dataclass
+class Case:
+    name: str
+    load: float
+    rate: float
+    overrides: list[str]  # the workload's, at this load
+    requests: list[Request]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.name}_{int(round(self.load * 100))}"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--capacity", default="auto",
+                        help="requests/s at 100%% load: auto (the simulator's offline throughput), a number, or "
+                             "per workload as azure=40,mooncake=12")
+    parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.8])
+    parser.add_argument("--workloads", type=lambda s: s.split(","), default=["azure", "mooncake"])
+    parser.add_argument("--num-requests", type=lambda s: [int(x) for x in s.split(",")], default=[400, 200],
+                        help="requests per case: one number, or one per workload")
+    parser.add_argument("--hardware", default="auto", help="conf/hardware name; auto: the GPU nvidia-smi names")
+    parser.add_argument("--trace-dir", default=None, help="folder of the trace files (default: ../shared/traces)")
+    parser.add_argument("--engine", nargs="*", default=["backend=engine", "model=qwen3-0.6b",
+                                                        "backend.load_format=dummy"],
+                        help="overrides of the engine's run and server")
+    parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled"],
+                        help="overrides of the simulator-backed server")
+    parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
+    parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
+    parser.add_argument("--keep-steps", action="store_true",
+                        help="keep the runs' per-step tables (steps.csv.gz; by default removed once summarised)")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    bad_stages = sorted(set(args.stages) - {"harness", "engine", "sim"})
+    if unknown or bad_stages:
+        parser.error(f"--workloads from {sorted(WORKLOADS)}, --stages from harness,engine,sim; "
+                     f"got {unknown + bad_stages}")
+    if not all(0 < x <= 1.5 for x in args.loads):
+        parser.error(f"--loads must be fractions of capacity in (0, 1.5], got {args.loads}")
+    if len(args.num_requests) not in (1, len(args.workloads)) or min(args.num_requests) < 2:
+        parser.error(f"--num-requests: one count >= 2, or one per workload; got {args.num_requests}")
+    args.capacities = capacities(parser, args.capacity, args.workloads)
+    return args
+
+
+def capacities(parser: argparse.ArgumentParser, text: str, workloads: list[str]) -> dict[str, float | None]:
+    try:
+        if text == "auto":
+            return dict.fromkeys(workloads)
+        if "=" not in text:
+            return dict.fromkeys(workloads, float(text))
+        given = {k: float(v) for k, v in (item.split("=") for item in text.split(","))}
+        if set(workloads) - set(given) or min(given.values()) <= 0:
+            raise ValueError
+        return given
+    except ValueError:
+        parser.error(f"--capacity: auto, a number > 0, or name=number for each of {workloads}; got {text!r}")
+        raise
+
+
+def gpu_hardware(given: str) -> str:
+    if given != "auto":
+        return given
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=True,
+                               capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit("error: --hardware auto needs nvidia-smi; name the hardware (--hardware h100)") from None
+    for key, name in GPUS.items():
+        if key in names:
+            return name
+    raise SystemExit(f"error: no conf/hardware for the GPU {names.strip()!r}; pass --hardware")
+
+
+def with_hardware(overrides: list[str], hardware: str) -> list[str]:
+    return overrides if any(o.startswith("hardware=") for o in overrides) else [*overrides, f"hardware={hardware}"]
+
+
+def plan_cases(args: argparse.Namespace, engine: list[str]) -> list[Case]:
+    """Each case's workload overrides and requests, as the engine's run builds them (built here, on
+    the CPU: a missing trace or a bad setting stops the benchmark before any GPU work)."""
+    cases = []
+    for i, name in enumerate(args.workloads):
+        count = args.num_requests[min(i, len(args.num_requests) - 1)]
+        base = [*WORKLOADS[name], f"workload.num_requests={count}", *args.workload]
+        if args.trace_dir is not None:
+            base.append(f"workload.trace_dir={Path(args.trace_dir).resolve()}")
+        capacity = args.capacities[name] or sim_capacity(args.sim, base)
+        print(f"{name}: capacity {capacity:.2f} req/s", flush=True)
+        for k, load in enumerate(args.loads):
+            overrides = at_rate([*base, f"workload.seed={k}"], load * capacity, engine)
+            rc = compose_run_config([*engine, *overrides])
+            requests = build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size).requests
+            cases.append(Case(name, load, load * capacity, overrides, requests))
+    return cases
+
+
+def sim_capacity(sim: list[str], base: list[str]) -> float:
+    from harness.run import run_once
+
+    outcome = run_once(compose_run_config([*sim, *base, "workload.arrival=offline"]), progress=False)
+    return float(outcome.summary.request_s)
+
+
+def at_rate(overrides: list[str], rate: float, common: list[str]) -> list[str]:
+    """The workload at `rate` requests/s: workload.rate for synthetic arrivals, workload.rate_scale
+    for a trace (its own mean rate over these requests times the scale)."""
+    rc = compose_run_config([*common, *overrides])
     if rc.workload.arrival != "trace":
-        return [*base, f"workload.rate={rate}"]
+        return [*overrides, f"workload.rate={rate:.6g}"]
     times = [r.arrival_time for r in build_workload(rc.workload, rc.scheduler.max_model_len,
                                                     rc.model.vocab_size).requests]
     natural = (len(times) - 1) / max(max(times) - min(times), 1e-9)
-    return [*base, f"workload.rate_scale={rate / natural:.6g}"]
+    return [*overrides, f"workload.rate_scale={rate / natural:.6g}"]
 
 
-def stats(source: str, ttft: np.ndarray, itl: np.ndarray) -> dict:
-    itl = itl[~np.isnan(itl)]
-    return {"source": source, "requests": len(ttft), "ttft_p50_ms": np.percentile(ttft, 50) * 1e3,
-            "ttft_p90_ms": np.percentile(ttft, 90) * 1e3, "itl_p50_ms": np.percentile(itl, 50) * 1e3,
-            "itl_p90_ms": np.percentile(itl, 90) * 1e3, "ttft_mean_ms": ttft.mean() * 1e3,
-            "itl_mean_ms": itl.mean() * 1e3}
+def run_harness(engine: list[str], cases: list[Case], out: Path) -> list[dict]:
+    plan = [{"overrides": [*engine, *case.overrides, "output.plots=false"], "out": str(out / "harness" / case.tag)}
+            for case in cases]
+    (out / "harness").mkdir(parents=True, exist_ok=True)
+    (out / "harness" / "plan.json").write_text(json.dumps(plan, indent=1))
+    subprocess.run([sys.executable, "-m", "experiments.serve.harness_runs", str(out / "harness" / "plan.json")],
+                   check=True)
+    rows = []
+    for case in cases:
+        folder = out / "harness" / case.tag
+        rows.append({**case_key(case), **harness_row(pd.read_csv(folder / "requests.csv"),
+                                                     pd.read_csv(folder / "steps.csv.gz"))})
+    return rows
 
 
-def own(requests_csv: Path, source: str) -> dict:
-    frame = pd.read_csv(requests_csv)
-    frame = frame[frame["finish_reason"] != "aborted"]
-    return stats(source, frame["ttft"].to_numpy(float), frame["tpot"].to_numpy(float))
+def drop_steps(out: Path) -> None:
+    """The per-step tables, once summarised: raw traces do not leave the device (--keep-steps)."""
+    for path in out.rglob("steps.csv.gz"):
+        path.unlink()
 
 
-def served(overrides: list[str], run_dir: Path, model: str, requests, source: str) -> list[dict]:
-    with ServerProcess([*overrides, "output.plots=false"], run_dir) as server:
-        records = asyncio.run(replay(server.base_url, model, requests))
-    errors = [r.error for r in records if r.error]
-    if errors:
-        raise RuntimeError(f"{source}: {len(errors)} requests failed, first: {errors[0]}")
-    rows = [stats(f"{source}_client", np.array([r.ttft_s for r in records]),
-                  np.array([np.nan if r.itl_s is None else r.itl_s for r in records]))]
-    return rows + [own(run_dir / "requests.csv", f"{source}_own")]
+def run_server(server: str, overrides: list[str], cases: list[Case], out: Path) -> tuple[list[dict], list[dict]]:
+    folder = out / server
+    shutil.rmtree(folder, ignore_errors=True)
+    clients = {}
+    process = ServerProcess([*overrides, "output.plots=false", "serve.max_queue=8192"], folder)
+    process.start(timeout_s=600)  # an engine's start-up: weights, memory profile, CUDA graphs
+    try:
+        with urllib.request.urlopen(process.base_url + "/models") as response:
+            model = json.load(response)["data"][0]["id"]
+        for case in cases:
+            clients[case.tag] = replay_case(server, process.base_url, model, case, folder)
+    finally:
+        process.stop()
+    requests, steps = pd.read_csv(folder / "requests.csv"), pd.read_csv(folder / "steps.csv.gz")
+    rows, overheads = [], []
+    for case in cases:
+        pair, overhead = server_rows(server, clients[case.tag], requests, steps)
+        rows += [{**case_key(case), **row} for row in pair]
+        overheads.append({"workload": case.name, "load": case.load, **overhead})
+    return rows, overheads
 
 
-def bench_one(args, name: str, load: float, out: Path) -> list[dict]:
-    rate = load * args.capacity
-    wl = workload_overrides(name, args.num_requests, rate, args.engine, args.workload)
-    rc = compose_run_config([*args.engine, *wl])
-    requests = build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size).requests
-    tag = f"{name}_{int(round(load * 100))}"
-    run_dir = out / tag / "harness"
-    subprocess.run([sys.executable, "-m", "harness", *args.engine, *wl, "output.plots=false",
-                    f"hydra.run.dir={run_dir}"], check=True, stdout=subprocess.DEVNULL)
-    rows = [own(run_dir / "requests.csv", "harness_run")]
-    model = args.served_model or rc.engine.model.rstrip("/").split("/")[-1]
-    rows += served(args.engine, out / tag / "engine_server", model, requests, "engine_server")
-    rows += served(args.sim, out / tag / "sim_server", args.sim_model, requests, "sim_server")
-    return [{"workload": name, "load": load, "rate_rps": rate, **row} for row in rows]
+def replay_case(server: str, base_url: str, model: str, case: Case, folder: Path) -> pd.DataFrame:
+    began = time.perf_counter()
+    records = pd.DataFrame([vars(r) for r in asyncio.run(replay(base_url, model, case.requests))])
+    records.to_csv(folder / f"client_{case.tag}.csv", index=False)
+    errors = records["error"].dropna()
+    if len(errors):
+        raise RuntimeError(f"{server} {case.tag}: {len(errors)} requests failed, first: {errors.iloc[0]}")
+    print(f"{server} {case.tag}: {len(records)} requests in {time.perf_counter() - began:.0f} s", flush=True)
+    return records
 
 
-def markdown(frame: pd.DataFrame) -> str:
-    cols = ["workload", "load", "source", "requests", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
-              for row in frame[cols].itertuples(index=False)]
-    lines += ["", "| workload | load | overhead per request (TTFT, ms) | overhead per token (ITL, ms) |",
-              "|---|---|---|---|"]
-    for (name, load), group in frame.groupby(["workload", "load"], sort=False):
-        by = group.set_index("source")
-        per_req = by.loc["engine_server_client", "ttft_mean_ms"] - by.loc["engine_server_own", "ttft_mean_ms"]
-        per_tok = by.loc["engine_server_client", "itl_mean_ms"] - by.loc["engine_server_own", "itl_mean_ms"]
-        lines.append(f"| {name} | {load} | {per_req:.2f} | {per_tok:.3f} |")
-    return "\n".join(lines) + "\n"
+def case_key(case: Case) -> dict:
+    return {"workload": case.name, "load": case.load, "rate_rps": case.rate}
+
+
+def write(out: Path, rows: list[dict], overheads: list[dict]) -> None:
+    frame, overhead = pd.DataFrame(rows), pd.DataFrame(overheads)
+    frame.to_csv(out / "serve.csv", index=False)
+    overhead.to_csv(out / "overhead.csv", index=False)
+    (out / "serve.md").write_text(markdown(frame, overhead))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--capacity", type=float, required=True,
-                        help="requests/s the engine sustains on these workloads (e.g. from a simulator plan)")
-    parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.8])
-    parser.add_argument("--workloads", type=lambda s: s.split(","), default=["azure", "mooncake"])
-    parser.add_argument("--num-requests", type=int, default=300)
-    parser.add_argument("--engine", nargs="*", default=["backend=engine", "model=qwen3-0.6b", "hardware=h100",
-                                                        "backend.load_format=dummy"],
-                        help="overrides of the engine's run and server")
-    parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "hardware=h100"],
-                        help="overrides of the simulator-backed server")
-    parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths, seed)")
-    parser.add_argument("--sim-model", default="qwen3-0.6b", help="the model name the sim server serves")
-    parser.add_argument("--served-model", default=None, help="the engine server's model name (default: folder)")
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.workloads) - set(WORKLOADS))
-    if unknown or args.capacity <= 0 or not all(0 < x for x in args.loads):
-        parser.error(f"--workloads from {sorted(WORKLOADS)}, --capacity > 0, --loads > 0 (got {unknown or args})")
+    args = parse(argv)
+    hardware = gpu_hardware(args.hardware)
+    engine, sim = with_hardware(args.engine, hardware), with_hardware([*args.sim, "serve.time_scale=1"], hardware)
+    args.sim = with_hardware(args.sim, hardware)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [row for name in args.workloads for load in args.loads for row in bench_one(args, name, load, args.out)]
-    frame = pd.DataFrame(rows)
-    frame.to_csv(args.out / "serve.csv", index=False)
-    (args.out / "serve.md").write_text(markdown(frame))
-    print(markdown(frame))
-    return 0
+    started = time.perf_counter()
+    cases = plan_cases(args, engine)
+    rows: list[dict] = []
+    overheads: list[dict] = []
+    stages = {"harness": lambda: (run_harness(engine, cases, args.out), []),
+              "engine": lambda: run_server("engine_server", engine, cases, args.out),
+              "sim": lambda: run_server("sim_server", sim, cases, args.out)}
+    failed = []
+    for stage in args.stages:
+        try:  # a stage that fails leaves the others to run: one device call gets what it can
+            more, more_overheads = stages[stage]()
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+            failed.append(stage)
+            print(f"stage {stage} FAILED at {time.perf_counter() - started:.0f} s: {error}", flush=True)
+            continue
+        rows += more
+        overheads += more_overheads
+        write(args.out, rows, overheads)
+        if not args.keep_steps:
+            drop_steps(args.out)
+        print(f"stage {stage} done at {time.perf_counter() - started:.0f} s", flush=True)
+    print(markdown(pd.DataFrame(rows), pd.DataFrame(overheads)))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 The config is a run's (conf/config.yaml) plus the serve group (conf/serve/default.yaml), composed
 as conf/serving.yaml. On SIGINT/SIGTERM it stops taking requests, aborts those in flight, writes
 requests.csv / steps.csv.gz / summary.csv into its run folder (outputs/serve/<time>/) and exits
-with 128 + the signal's number; a config mistake is one line and exit 2.
+with 128 + the signal's number; a config mistake is one line and exit 2. serve_overhead.csv
+holds what the HTTP side added per request and per token (harness.serve.overhead).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main(cfg: DictConfig) -> None:
         print(f"error: backend={rc.backend}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     write_outcome(outcome, out_dir, plots=output.plots and bool(outcome.summary.num_requests), steps=output.steps)
+    outcome.overhead.to_csv(out_dir / "serve_overhead.csv", index=False)
     print(f"served {len(outcome.requests)} requests; outputs: {out_dir}", flush=True)
     if signum is not None:
         raise SystemExit(128 + signum)

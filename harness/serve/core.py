@@ -1,70 +1,44 @@
-"""The server's one core loop: a thread that owns the scheduler and the executor.
+"""The HTTP process's handle on the core process (harness.serve.core_loop).
 
-HTTP handlers never touch the scheduler. They hand a request over (submit) or ask for one to go
-(abort) through a thread-safe inbox; the loop thread takes both in between steps, drives the same
-Replica a run does (engine.core.loop), and after each step hands every live request its new tokens
-on the asyncio loop, in one callback per step. A request that finished or was aborted frees its
-blocks in the scheduler as in a run.
+HTTP handlers never touch the scheduler that runs. They hand a request over (submit) or ask for one
+to go (abort); each is a message the core process takes between steps. After each step it sends
+every live request's new tokens in one message, which this side hands to the requests' sinks in
+one pass on the asyncio loop. Admission is checked here, before a request is sent, by a scheduler
+built from the same config and cache size (check_fits reads only those).
 
-The simulator's clock is paced: simulated time t is due at wall time origin + t / time_scale, and
-a step whose simulated end lies ahead of the wall is slept to before its tokens go out, so clients
-see the predicted latencies. How late each delivery reaches the asyncio loop (its lag behind the
-schedule) is kept as a sample per token.
+Times cross as perf_counter() values: a delivery's `due` is when its tokens were scheduled for (the
+simulator's paced time, or the engine's step end), and how late they reach the HTTP side (`lags`)
+and a stream's socket (`send_lags`) is kept as one sample per token, for the latest LAG_SAMPLES
+tokens (a server that runs for hours keeps a bounded window).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import queue
-import threading
+import subprocess
+import sys
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from engine.core import Executor
-from engine.core.loop import Replica, StepRecord, WallClock
+import pandas as pd
+
+from engine.core import BackendInfo, make_scheduler
 from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
+from harness.config import RunConfig
+from harness.serve.wire import WireProtocol
 
-IDLE_POLL_S = 0.5  # an idle loop looks for a stop request this often
+LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
 
 
 class QueueFull(Exception):
     """serve.max_queue requests are already waiting or running."""
 
 
-class PacedClock:
-    """Simulated seconds, each due on the wall at origin + t / time_scale (perf_counter's clock)."""
-
-    def __init__(self, time_scale: float, origin: float | None = None) -> None:
-        self.origin = time.perf_counter() if origin is None else origin
-        self.time_scale = time_scale
-        self._t = 0.0
-
-    def now(self) -> float:
-        return self._t
-
-    def wall_now(self) -> float:
-        """The simulated time the wall clock has reached."""
-        return (time.perf_counter() - self.origin) * self.time_scale
-
-    def due(self) -> float:
-        """The perf_counter time the current simulated time is due at."""
-        return self.origin + self._t / self.time_scale
-
-    def advance(self, duration_s: float) -> None:
-        self._t += duration_s
-        self._sleep_until_due()
-
-    def wait_until(self, t: float) -> None:
-        self._t = max(self._t, t)
-        self._sleep_until_due()
-
-    def _sleep_until_due(self) -> None:
-        delay = self.due() - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+class CoreStopped(Exception):
+    """The core process is gone (its error is in the message); nothing more can be served."""
 
 
 @dataclass(slots=True)
@@ -80,16 +54,9 @@ class Delivery:
 Sink = Callable[[Delivery], None]  # called on the asyncio loop
 
 
-@dataclass(slots=True)
-class _Live:
-    request: Request
-    sink: Sink
-    sent: int = 0
-
-
 @dataclass
 class CoreSnapshot:
-    """The loop's gauges after its latest step (read by /metrics from another thread)."""
+    """The core's gauges after its latest step."""
 
     running: int = 0
     waiting: int = 0
@@ -99,154 +66,154 @@ class CoreSnapshot:
 
 
 @dataclass
+class CoreResult:
+    """What the core process served, as a run's tables (harness.output.metrics)."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    makespan_s: float
+    handoff_s: list[float]  # per step with tokens: the core process's time to build and send them
+
+
 class ServeCore:
-    scheduler: Scheduler
-    executor: Executor
-    clock: WallClock | PacedClock
-    max_queue: int
-    aio_loop: asyncio.AbstractEventLoop
-    snapshot: CoreSnapshot = field(default_factory=CoreSnapshot)
-    aborted: list[Request] = field(default_factory=list)
-    lags: list[float] = field(default_factory=list)  # seconds behind schedule at dispatch, one per token
-    send_lags: list[float] = field(default_factory=list)  # seconds behind schedule when a stream wrote it
-    on_finish: Callable[[Request], None] | None = None  # called on the loop thread
+    """start() spawns the core process and waits until it is ready; stop() ends it and returns its
+    tables. Everything else is called on the asyncio loop."""
 
-    def __post_init__(self) -> None:
-        self.replica = Replica(0, self.scheduler, self.executor, self.clock)
-        self.replica.on_step = self._on_step
-        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
-        self._live: dict[str, _Live] = {}  # loop thread only
-        self._count_lock = threading.Lock()
-        self._count = 0  # submitted and not yet finished or aborted
-        self._thread = threading.Thread(target=self._run, name="serve-core", daemon=True)
-        self.error: BaseException | None = None
-        self.num_blocks = self.executor.info().num_blocks
+    def __init__(self, rc: RunConfig, time_scale: float, max_queue: int) -> None:
+        self.rc = rc
+        self.time_scale = time_scale
+        self.max_queue = max_queue
+        self.snapshot = CoreSnapshot()
+        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # seconds behind schedule at dispatch, per token
+        self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
+        self.error: str | None = None
+        self.origin = 0.0  # perf_counter() time 0 of the core's clock
+        self._sinks: dict[str, Sink] = {}  # submitted and not yet finished or aborted
+        self._wire: WireProtocol | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._waiting: asyncio.Future | None = None  # the ready or result message
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    # ---- from the HTTP side ---------------------------------------------------------------
+    # ---- lifetime ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread.start()
+    async def start(self) -> None:
+        """Spawn `python -m harness.serve.core_loop` and wait until its executor is built. A
+        configuration the backend refuses raises ValueError or TypeError with its message."""
+        import socket
 
-    def submit(self, request: Request, sink: Sink) -> None:
-        """Queue request (its max_tokens already checked by the scheduler's rule), arriving now."""
-        with self._count_lock:
-            if self._count >= self.max_queue:
-                raise QueueFull(f"the server holds serve.max_queue={self.max_queue} requests; retry later")
-            self._count += 1
-        clock = self.clock
-        request.arrival_time = clock.wall_now() if isinstance(clock, PacedClock) else clock.now()
-        self._inbox.put(("add", (request, sink)))
+        self._loop = loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self._proc = subprocess.Popen([sys.executable, "-m", "harness.serve.core_loop", str(theirs.fileno())],
+                                          pass_fds=(theirs.fileno(),))
+        _, self._wire = await loop.create_unix_connection(lambda: WireProtocol(self._on_message, self._on_lost),
+                                                          sock=ours)
+        self._waiting = loop.create_future()
+        self._wire.send(("config", self.rc, self.time_scale))
+        info, self.origin = await self._waiting
+        self.info: BackendInfo = info
+        self.num_blocks = info.num_blocks
+        # the admission rule's own object: reads only the config and the cache size
+        self.admission: Scheduler = make_scheduler(self.rc.scheduler, info, self.rc.cache)
 
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Abort what is left, end the loop thread and wait for it."""
-        if self._thread.is_alive():
-            self._inbox.put(("stop", None))
-            self._thread.join(timeout_s)
+    async def stop(self) -> CoreResult | None:
+        """Abort what is left, end the core process and return what it served (None if it died)."""
+        result = None
+        if self.alive and self._wire is not None and self._loop is not None:
+            self._waiting = self._loop.create_future()
+            self._wire.send(("stop",))
+            try:
+                result = await self._waiting
+            except RuntimeError:
+                result = None
+        if self._proc is not None:
+            await asyncio.to_thread(self._proc.wait)
+        if self._wire is not None and self._wire.transport is not None:
+            self._wire.transport.close()
+        return result
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._proc is not None and self._proc.poll() is None and self.error is None
 
-    def sent(self, taken: list[tuple[float, int]]) -> None:
-        """A stream handed the tokens of these (due, count) deliveries to its socket now."""
-        now = time.perf_counter()
+    # ---- from the HTTP side ------------------------------------------------------------------
+
+    def submit(self, request: Request, sink: Sink) -> None:
+        """Queue request (its max_tokens already checked by the admission rule), arriving now."""
+        if len(self._sinks) >= self.max_queue:
+            raise QueueFull(f"the server holds serve.max_queue={self.max_queue} requests; retry later")
+        if not self.alive or self._wire is None:
+            raise CoreStopped(f"the core process is not running: {self.error}")
+        stamp = time.perf_counter()
+        request.arrival_time = stamp - self.origin
+        self._sinks[request.request_id] = sink
+        self.snapshot.live = len(self._sinks)
+        self._wire.send(("add", request, stamp))
+
+    def abort(self, request_id: str) -> None:
+        if self._sinks.pop(request_id, None) is not None and self._wire is not None:
+            self.snapshot.live = len(self._sinks)
+            self._wire.send(("abort", request_id))
+
+    def sent(self, taken: list[tuple[float, int]], now: float) -> None:
+        """A stream handed the tokens of these (due, count) deliveries to its socket at now."""
         for due, count in taken:
             self.send_lags.extend([now - due] * count)
 
-    def lag_wall_due(self) -> float:
-        clock = self.clock
-        return clock.due() if isinstance(clock, PacedClock) else time.perf_counter()
+    # ---- from the core process -------------------------------------------------------------
 
-    # ---- the loop thread ------------------------------------------------------------------
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "step":
+            self._dispatch(message[1], message[2])
+            self._snap(message[3])
+        elif kind == "snap":
+            self._snap(message[1])
+        elif kind == "ready":
+            self._resolve((message[1], message[2]))
+        elif kind == "result":
+            self._resolve(CoreResult(*message[1:]))
+        else:  # "error"
+            self._failed(message[1], message[2])
 
-    def _run(self) -> None:
-        replica = self.replica
-        try:
-            while self._take_inbox(block=replica.next_event_time() == math.inf):
-                if replica.next_event_time() < math.inf:
-                    replica.tick()
-                    self._snap()
-        except BaseException as error:  # the HTTP side reports it (/health) rather than hang
-            self.error = error
-            raise
-        finally:
-            for rid in list(self._live):
-                self._abort(rid)
-
-    def _take_inbox(self, block: bool) -> bool:
-        """Move what the HTTP side sent into the replica; False once asked to stop."""
-        inbox = self._inbox
-        try:
-            kind, item = inbox.get(timeout=IDLE_POLL_S) if block else inbox.get_nowait()
-        except queue.Empty:
-            return True
-        while True:
-            if kind == "stop":
-                return False
-            if kind == "add":
-                request, sink = item  # type: ignore[misc]
-                self._live[request.request_id] = _Live(request, sink)
-                self.replica.inbox.append(request)
-            else:
-                self._abort(str(item))
-            try:
-                kind, item = inbox.get_nowait()
-            except queue.Empty:
-                return True
-
-    def _abort(self, request_id: str) -> None:
-        live = self._live.pop(request_id, None)
-        if live is None:  # finished already
-            return
-        request = live.request
-        inbox = self.replica.inbox
-        if request in inbox:
-            inbox.remove(request)
-            request.finish_reason = FinishReason.ABORTED
-            request.finish_time = self.clock.now()
-        else:
-            self.scheduler.abort(request_id, self.clock.now())
-        self.aborted.append(request)
-        self._release(1)
-        self._snap()
-
-    def _release(self, n: int) -> None:
-        with self._count_lock:
-            self._count -= n
-
-    def _on_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
-        batch: list[tuple[Sink, Delivery]] = []
-        due = self.lag_wall_due()
-        for live in self._live.values():
-            request = live.request
-            end = len(request.token_ids) - request.num_pending_tokens
-            start = request.num_prompt_tokens + live.sent
-            if end > start or request.is_finished:
-                live.sent += max(end - start, 0)
-                reason = request.finish_reason if request.is_finished else None
-                batch.append((live.sink, Delivery(request.token_ids[start:end], reason, due,
-                                                  request.num_cached_tokens)))
-        for request in finished:
-            del self._live[request.request_id]
-            if self.on_finish is not None:
-                self.on_finish(request)
-        if finished:
-            self._release(len(finished))
-        if batch:
-            self.aio_loop.call_soon_threadsafe(self._dispatch, batch)
-
-    def _dispatch(self, batch: list[tuple[Sink, Delivery]]) -> None:
+    def _dispatch(self, due: float, deliveries: list) -> None:
         now = time.perf_counter()
-        lags = self.lags
-        for sink, delivery in batch:
-            lags.extend([now - delivery.due] * max(len(delivery.token_ids), 1))
-            sink(delivery)
+        lag = now - due
+        lags, sinks = self.lags, self._sinks
+        for rid, token_ids, reason, cached in deliveries:
+            sink = sinks.pop(rid, None) if reason is not None else sinks.get(rid)
+            if sink is None:  # aborted here already
+                continue
+            lags.extend([lag] * max(len(token_ids), 1))
+            sink(Delivery(token_ids, reason, due, cached))
+        self.snapshot.live = len(sinks)
 
-    def _snap(self) -> None:
-        scheduler = self.scheduler
-        used = self.num_blocks - scheduler.block_manager.num_free_blocks
-        self.snapshot = CoreSnapshot(scheduler.num_running, scheduler.num_waiting + len(self.replica.inbox),
-                                     used / self.num_blocks if self.num_blocks else 0.0, len(self._live), used)
+    def _snap(self, snap: tuple[int, int, int]) -> None:
+        running, waiting, used = snap
+        s = self.snapshot
+        s.running, s.waiting, s.used_blocks = running, waiting, used
+        s.kv_usage = used / self.num_blocks if self.num_blocks else 0.0
+
+    def _resolve(self, value: object) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(value)
+
+    def _failed(self, kind: str, text: str) -> None:
+        self.error = f"{kind}: {text}"
+        error_type = {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_exception(error_type(text))
+        self._end_streams()
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if self.error is None and (self._waiting is None or not self._waiting.done()):
+            self._failed("RuntimeError", f"the core process exited ({exc or 'its socket closed'})")
+        self._end_streams()
+
+    def _end_streams(self) -> None:
+        """Requests in flight end as aborted: their streams close rather than hang."""
+        now = time.perf_counter()
+        sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            sink(Delivery([], FinishReason.ABORTED, now))
+        self.snapshot.live = 0

@@ -24,6 +24,17 @@ _OPENAI_REASON = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop", Finis
                   FinishReason.ABORTED: "abort"}
 
 
+@dataclass(slots=True)
+class HttpTimes:
+    """One request's way through the HTTP side, perf_counter() times (None: not reached)."""
+
+    http_arrival: float  # the ASGI app was called (headers parsed; before the body is read)
+    submitted: float | None = None  # handed to the core (the run's `arrival`)
+    first_sent: float | None = None  # the first token's event handed to the socket
+    send_lag_sum: float = 0.0  # over the request's tokens: written to the socket - due
+    send_lag_tokens: int = 0
+
+
 @dataclass
 class Generation:
     core: ServeCore
@@ -32,26 +43,29 @@ class Generation:
     prompt_ids: list[int]
     params: SamplingParams
     stops: list[str]
+    http_arrival: float = field(default_factory=time.perf_counter)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     output_ids: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._pending: list[Delivery] = []  # received, not yet taken by deltas()
+        self._waiter: asyncio.Future[None] | None = None  # deltas() waits on it while nothing is pending
         self._decoder = self.codec.decoder()
         self._text = ""  # decoded so far
         self._sent = 0  # characters of _text already given out
         self._holdback = max((len(s) for s in self.stops), default=1) - 1
-        self._arrival = time.perf_counter()
         self._last_token: float | None = None
         self._done = False
+        self.times = HttpTimes(self.http_arrival)
         self.taken: list[tuple[float, int]] = []
 
     def submit(self) -> None:
         """Hand the request to the core (QueueFull when serve.max_queue is reached)."""
         request = Request(self.request_id, self.prompt_ids, self.params)
         self.core.submit(request, self._receive)
+        self.times.submitted = time.perf_counter()
 
     def _receive(self, delivery: Delivery) -> None:
         now = time.perf_counter()
@@ -60,30 +74,33 @@ class Generation:
         n = len(delivery.token_ids)
         if n:
             if self._last_token is None:
-                metrics.ttft.observe(now - self._arrival)
+                metrics.ttft.observe(now - self.http_arrival)
             else:
-                gap = (now - self._last_token) / n
-                for _ in range(n):
-                    metrics.itl.observe(gap)
+                metrics.itl.observe((now - self._last_token) / n, n)
             self._last_token = now
-            metrics.generation_tokens.inc(n)
-        self._queue.put_nowait(delivery)
+            metrics.tokens(n)
+        self._pending.append(delivery)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def deltas(self, keep_empty: bool = False) -> AsyncIterator[list[str]]:
         """Text as it comes, one piece per delivery; the deliveries that arrived while the consumer
         was busy come together (one write for a stream that fell behind). keep_empty: a delivery
         whose tokens add no text yet (an incomplete character, ids the tokenizer has no text for)
         still gives a piece, "", so a client timing tokens sees each one arrive. finish_reason is set
-        when it ends; taken lists (due, tokens) of the latest batch. Aborts the request in the core
-        if the consumer goes away (a disconnected client) or a stop string ends it."""
-        queue = self._queue
+        when it ends; taken lists (due, tokens) of the deliveries taken since the latest sent().
+        Aborts the request in the core if the consumer goes away (a disconnected client) or a stop
+        string ends it."""
+        loop = asyncio.get_running_loop()
         try:
             while not self._done:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
+                if not self._pending:
+                    self._waiter = loop.create_future()
+                    await self._waiter
+                    self._waiter = None
+                batch, self._pending = self._pending, []
                 pieces: list[str] = []
-                self.taken = []
                 for delivery in batch:
                     if self._done:  # a stop string ended it; later deliveries are dropped
                         break
@@ -99,8 +116,24 @@ class Generation:
                 self.finish_reason = "abort"
                 self.core.abort(self.request_id)
 
+    def sent(self, now: float) -> None:
+        """What was taken since the last call is with the socket at now: its send lag, the first
+        token's time."""
+        times = self.times
+        if self.output_ids and times.first_sent is None:
+            times.first_sent = now
+        lags = 0.0
+        count = 0
+        for due, n in self.taken:
+            lags += (now - due) * n
+            count += n
+        times.send_lag_sum += lags
+        times.send_lag_tokens += count
+        self.core.sent(self.taken, now)
+        self.taken = []
+
     async def text(self) -> str:
-        return "".join([piece async for pieces in self.deltas() for piece in pieces])
+        return "".join([piece async for batch in self.deltas() for piece in batch])
 
     def _take(self, delivery: Delivery) -> str:
         self.output_ids.extend(delivery.token_ids)
@@ -131,7 +164,7 @@ class Generation:
         self._done = True
         self.finish_reason = reason
         self.metrics.finished(len(self.prompt_ids), delivery.cached_tokens, len(self.output_ids), reason,
-                              time.perf_counter() - self._arrival)
+                              time.perf_counter() - self.http_arrival)
 
     def usage(self) -> dict[str, int]:
         prompt, output = len(self.prompt_ids), len(self.output_ids)

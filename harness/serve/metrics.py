@@ -1,13 +1,18 @@
 """/metrics in Prometheus' text format, under vLLM's names where vLLM has the metric.
 
-Each server has its own CollectorRegistry (no process-global one). Gauges are read from the core
-loop's latest snapshot when scraped; latencies are observed on the asyncio side, in wall seconds,
-from the request's arrival at the HTTP handler to each delivery of tokens.
+Each server has its own CollectorRegistry (no process-global one). Counts and histograms are plain
+numbers updated on the asyncio loop, where every token passes (a bisect and two additions: no lock,
+no label lookup), and turned into metric families only when scraped. Gauges are read from the core's
+latest snapshot. Latencies are wall seconds from the request's arrival at the HTTP server.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from bisect import bisect_left
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from harness.serve.core import ServeCore
 
@@ -19,52 +24,84 @@ _LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
+class Histogram:
+    """Counts per bucket (upper bounds, le) and the sum; only the loop thread observes."""
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.doc, self.bounds = name, doc, buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += count
+        self.sum += value * count
+
+    def family(self, labels: list[str], values: list[str]) -> HistogramMetricFamily:
+        cumulative, total = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            total += count
+            cumulative.append((bound, total))
+        family = HistogramMetricFamily(self.name, self.doc, labels=labels)
+        family.add_metric(values, cumulative, self.sum)
+        return family
+
+
 class ServerMetrics:
     def __init__(self, core: ServeCore, model_name: str) -> None:
-        self.registry = registry = CollectorRegistry()
         self.core = core
-        labels = ["model_name"]
         self.model = model_name
-
-        def gauge(name: str, doc: str, read) -> None:
-            g = Gauge(name, doc, labels, registry=registry)
-            g.labels(model_name).set_function(read)
-
-        gauge("vllm:num_requests_running", "Requests in the running batch.", lambda: core.snapshot.running)
-        gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled (queued or preempted).",
-              lambda: core.snapshot.waiting)
-        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-              lambda: core.snapshot.kv_usage)
-        gauge("harness:kv_cache_used_blocks", "KV-cache blocks held by requests.", lambda: core.snapshot.used_blocks)
-        gauge("harness:num_requests_live", "Requests the server holds (submitted, not finished or aborted).",
-              lambda: core.snapshot.live)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                      labels, registry=registry).labels(model_name)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
-                                   labels, registry=registry).labels(model_name)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", labels,
-                                     registry=registry).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
-                                         registry=registry).labels(model_name)
-        self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
-                               labels + ["finished_reason"], registry=registry)
+        self.prefix_queries = self.prefix_hits = self.prompt_tokens = self.generation_tokens = 0
+        self.success: Counter[str] = Counter()
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Arrival at the server to the first token.",
-                              labels, buckets=_TTFT_BUCKETS, registry=registry).labels(model_name)
+                              _TTFT_BUCKETS)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a request.",
-                             labels, buckets=_ITL_BUCKETS, registry=registry).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to the last token.", labels,
-                             buckets=_E2E_BUCKETS, registry=registry).labels(model_name)
+                             _ITL_BUCKETS)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to the last token.", _E2E_BUCKETS)
         self.lag = Histogram("harness:token_release_lag_seconds",
                              "How late tokens reach the HTTP side after their scheduled time (the simulator's "
-                             "simulated time mapped to the wall; the engine's step end).", labels,
-                             buckets=_LAG_BUCKETS, registry=registry).labels(model_name)
+                             "simulated time mapped to the wall; the engine's step end).", _LAG_BUCKETS)
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+
+    def tokens(self, count: int) -> None:
+        self.generation_tokens += count
 
     def finished(self, prompt_tokens: int, cached_tokens: int, output_tokens: int, reason: str, e2e_s: float) -> None:
-        self.prefix_queries.inc(prompt_tokens)
-        self.prefix_hits.inc(cached_tokens)
-        self.prompt_tokens.inc(prompt_tokens)
-        self.success.labels(self.model, reason).inc()
+        self.prefix_queries += prompt_tokens
+        self.prefix_hits += cached_tokens
+        self.prompt_tokens += prompt_tokens
+        self.success[reason] += 1
         self.e2e.observe(e2e_s)
+
+    def collect(self):
+        """The registry's view (prometheus_client calls it on each scrape)."""
+        labels, values = ["model_name"], [self.model]
+        snap = self.core.snapshot
+        for name, doc, value in (
+                ("vllm:num_requests_running", "Requests in the running batch.", snap.running),
+                ("vllm:num_requests_waiting", "Requests waiting to be scheduled (queued or preempted).", snap.waiting),
+                ("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", snap.kv_usage),
+                ("harness:kv_cache_used_blocks", "KV-cache blocks held by requests.", snap.used_blocks),
+                ("harness:num_requests_live", "Requests the server holds (submitted, not finished or aborted).",
+                 snap.live)):
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric(values, value)
+            yield gauge
+        for name, doc, value in (
+                ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", self.prefix_queries),
+                ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", self.prefix_hits),
+                ("vllm:prompt_tokens", "Prompt tokens of finished requests.", self.prompt_tokens),
+                ("vllm:generation_tokens", "Tokens generated.", self.generation_tokens)):
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric(values, value)
+            yield counter
+        success = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
+                                      labels=["model_name", "finished_reason"])
+        for reason, count in sorted(self.success.items()):
+            success.add_metric([self.model, reason], count)
+        yield success
+        for histogram in (self.ttft, self.itl, self.e2e, self.lag):
+            yield histogram.family(labels, values)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,34 +1,39 @@
 """Build a server from a run's config, run it with uvicorn, and tabulate what it served.
 
-serve() runs in the calling thread until SIGINT/SIGTERM (or handle.stop()); ServerThread runs one in
-a background thread (tests, scripts). Either way the outcome is the same RunOutcome as a run's,
-written by harness.run.write_outcome: requests.csv holds every request the server took (aborted
-ones with finish_reason "aborted"), steps.csv.gz every step, summary.csv one row (workload "http").
+serve_async() runs until SIGINT/SIGTERM (or its stop event); ServerThread runs one in a background
+thread (tests, scripts). The scheduler and the executor run in a core process of their own
+(harness.serve.core_loop), started before uvicorn listens and stopped after it. Either way the
+outcome is a run's (harness.run.write_outcome): requests.csv holds every request the server took
+(aborted ones with finish_reason "aborted") with the HTTP side's times (harness.serve.overhead),
+steps.csv.gz every step, summary.csv one row (workload "http"); ServeOutcome.overhead is the
+one-row serve_overhead.csv.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import pandas as pd
 import uvicorn
 
-from engine.core import make_scheduler
-from engine.core.loop import RunResult, WallClock
 from harness.config import RunConfig
 from harness.labels import run_identity
-from harness.output.metrics import requests_frame, steps_frame, summarize
+from harness.output.metrics import summarize
 from harness.output.summary import FitCounts, RunLabels
-from harness.run import RunOutcome, make_executor
+from harness.run import RunOutcome
 from harness.serve.app import Server, create_app
 from harness.serve.config import ServeConfig
-from harness.serve.core import PacedClock, ServeCore
+from harness.serve.core import CoreResult, ServeCore
 from harness.serve.metrics import ServerMetrics
+from harness.serve.overhead import overhead_summary, with_http_times
 from harness.serve.text import load_codec
 
 T = TypeVar("T")
@@ -61,39 +66,52 @@ class _Uvicorn(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def build_server(rc: RunConfig, config: ServeConfig, loop: asyncio.AbstractEventLoop) -> Server:
-    executor = make_executor(rc)
-    info = executor.info()
-    scheduler = make_scheduler(rc.scheduler, info, rc.cache)
-    clock = WallClock() if rc.backend == "engine" else PacedClock(config.time_scale)
-    core = ServeCore(scheduler, executor, clock, config.max_queue, loop)
-    tokenizer = config.tokenizer if config.tokenizer is not None or rc.backend == "sim" else rc.engine.model
-    identity = run_identity(rc)
-    name = config.served_model_name or identity["model"]
-    return Server(core, load_codec(rc.backend, tokenizer), config, name, tuple(info.eos_token_ids[1:]),
-                  ServerMetrics(core, name))
+@dataclass
+class ServeOutcome(RunOutcome):
+    overhead: pd.DataFrame = field(default_factory=pd.DataFrame)  # serve_overhead.csv's one row
 
 
-def outcome(server: Server, rc: RunConfig, wall_s: float) -> RunOutcome:
+async def build_server(rc: RunConfig, config: ServeConfig) -> Server:
+    """The server's parts, its core process started and ready (the backend built)."""
+    scale = config.time_scale if rc.backend == "sim" else 1.0
+    core = ServeCore(rc, scale, config.max_queue)
+    await core.start()
+    try:
+        tokenizer = config.tokenizer
+        if tokenizer is None and rc.backend == "engine" and rc.engine.load_format != "dummy":
+            tokenizer = rc.engine.model  # the checkpoint's; a dummy model carries the project's
+        identity = run_identity(rc)
+        name = config.served_model_name or identity["model"]
+        return Server(core, load_codec(rc.backend, tokenizer), config, name, tuple(core.info.eos_token_ids[1:]),
+                      ServerMetrics(core, name))
+    except BaseException:
+        await core.stop()
+        raise
+
+
+def outcome(server: Server, rc: RunConfig, wall_s: float, result: CoreResult | None) -> ServeOutcome:
     core = server.core
-    result = core.replica.result
-    served = RunResult(result.requests + core.aborted, result.steps, dict(result.rejected), core.clock.now())
-    requests, steps = requests_frame(served), steps_frame(served)
+    if result is None:
+        raise RuntimeError(f"the core process gave no outcome: {core.error}")
+    requests = with_http_times(result.requests, server.times, core.origin, core.time_scale)
     labels = RunLabels(backend=rc.backend, **{**run_identity(rc), "workload": "http"},
-                       num_submitted=len(served.requests), num_rejected=0,
-                       fit=FitCounts(len(served.requests), 0, 0), wall_s=wall_s)
-    summary = summarize(requests, steps, served.makespan_s, core.num_blocks, labels)
-    return RunOutcome(requests, steps, summary, core.num_blocks)
+                       num_submitted=len(requests), num_rejected=0,
+                       fit=FitCounts(len(requests), 0, 0), wall_s=wall_s)
+    summary = summarize(requests, result.steps, result.makespan_s, core.num_blocks, labels)
+    return ServeOutcome(requests, result.steps, summary, core.num_blocks,
+                        overhead=overhead_summary(requests, core.lags, core.send_lags, result.handoff_s,
+                                                  core.time_scale))
 
 
 async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[int], None] | None = None,
-                      stop: asyncio.Event | None = None) -> tuple[RunOutcome, int | None]:
+                      stop: asyncio.Event | None = None) -> tuple[ServeOutcome, int | None]:
     """Serve until a signal (returned with the outcome) or stop is set; on_ready gets the bound port."""
-    server = build_server(rc, config, asyncio.get_running_loop())
+    server = await build_server(rc, config)
+    gc.freeze()  # the imported stack is never garbage: collections need not scan it while serving
     uv = _Uvicorn(uvicorn.Config(create_app(server), host=config.host, port=config.port,
                                  log_level=config.log_level, lifespan="off", timeout_graceful_shutdown=5))
     started = time.perf_counter()
-    server.core.start()
+    result = None
     task = asyncio.ensure_future(uv.serve())
     try:
         while not uv.started:
@@ -110,10 +128,9 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
             stopper.cancel()
         await task
     finally:
-        server.core.stop()
-        server.core.executor.shutdown()
+        result = await server.core.stop()
     signum = uv._captured_signals[0] if getattr(uv, "_captured_signals", None) else None
-    return outcome(server, rc, time.perf_counter() - started), signum
+    return outcome(server, rc, time.perf_counter() - started, result), signum
 
 
 class ServerThread:
@@ -125,7 +142,7 @@ class ServerThread:
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._result: RunOutcome | None = None
+        self._result: ServeOutcome | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="serve-http", daemon=True)
 
@@ -151,7 +168,7 @@ class ServerThread:
         self.port = port
         self._ready.set()
 
-    def stop(self, timeout_s: float = 60.0) -> RunOutcome:
+    def stop(self, timeout_s: float = 60.0) -> ServeOutcome:
         """Stop the server (again: the same outcome) and return what it served."""
         if self._thread.is_alive() and self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)

@@ -14,6 +14,11 @@ from typing import Any, Protocol
 
 from engine.tokenizer_builder import CHAT_TEMPLATE, IM_END, build_tokenizer
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21
+    DecodeStream = None
+
 
 class Decoder(Protocol):
     def add(self, token_ids: list[int]) -> str:
@@ -52,7 +57,23 @@ class HFCodec:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def decoder(self) -> Decoder:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and DecodeStream is not None:
+            return _StreamDecoder(backend)
         return _IncrementalDecoder(self)
+
+
+class _StreamDecoder:
+    """The tokenizers library's own incremental decoder (a token at a time, in Rust): the same text
+    as _IncrementalDecoder's (tests/harness/serve/test_text.py), a tenth of its time per token."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.stream = DecodeStream(skip_special_tokens=True)
+
+    def add(self, token_ids: list[int]) -> str:
+        step, backend = self.stream.step, self.backend
+        return "".join([text for t in token_ids if (text := step(backend, t))])
 
 
 class _IncrementalDecoder:
@@ -81,11 +102,7 @@ class WordCodec(HFCodec):
     """The project's tokenizer for prompts; one word per generated token (module docstring)."""
 
     def __init__(self, tokenizer: Any = None) -> None:
-        if tokenizer is None:
-            from transformers import PreTrainedTokenizerFast
-
-            tokenizer = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), eos_token=IM_END)
-        super().__init__(tokenizer)
+        super().__init__(tokenizer if tokenizer is not None else _project_tokenizer())
 
     def decode(self, token_ids: list[int]) -> str:
         words = _words()
@@ -111,8 +128,9 @@ def _words() -> tuple[str, ...]:
 
 
 def load_codec(backend: str, tokenizer_dir: str | None) -> TextCodec:
-    """The engine: tokenizer_dir's tokenizer (the checkpoint's). The simulator: WordCodec, reading
-    prompts with tokenizer_dir's tokenizer, or the project's when it is None."""
+    """tokenizer_dir's tokenizer (the engine's checkpoint's), or the project's when it is None (the
+    tokenizer a random-weight model of load_format=dummy carries). The simulator's codec reads
+    prompts with it and writes one word per token (WordCodec)."""
     tokenizer = None
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
@@ -120,6 +138,10 @@ def load_codec(backend: str, tokenizer_dir: str | None) -> TextCodec:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if backend == "sim":
         return WordCodec(tokenizer)
-    if tokenizer is None:
-        raise ValueError("the engine's server needs a tokenizer folder (the checkpoint's)")
-    return HFCodec(tokenizer)
+    return HFCodec(tokenizer if tokenizer is not None else _project_tokenizer())
+
+
+def _project_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), eos_token=IM_END)

@@ -1,4 +1,4 @@
-"""experiments/serve/bench_serve.py end to end on CPU: the tiny engine, a few requests."""
+"""experiments/serve/bench_serve.py end to end on CPU: the tiny engine, a few requests, every stage."""
 
 from __future__ import annotations
 
@@ -7,22 +7,59 @@ import pytest
 
 from experiments.serve.bench_serve import main
 
+ENGINE = ["backend=engine", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu", "scheduler.max_model_len=256",
+          "cache.block_size=16", "cache.num_blocks=128"]
+WORKLOAD = ["workload.prompt_len.low=16", "workload.prompt_len.high=64", "workload.output_len.low=4",
+            "workload.output_len.high=12"]
+
 
 @pytest.mark.slow
 def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
-    engine = ["backend=engine", "model=tiny-qwen3", "hardware=cpu", "backend.device=cpu",
-              f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
-              "cache.num_blocks=128"]
-    workload = ["workload.prompt_len.low=16", "workload.prompt_len.high=64", "workload.output_len.low=4",
-                "workload.output_len.high=12"]
-    assert main(["--out", str(tmp_path), "--capacity", "4", "--loads", "0.5", "--workloads", "poisson",
-                 "--num-requests", "4", "--engine", *engine, "--workload", *workload, "--sim", "backend=sim",
-                 "model=qwen3-0.6b", "hardware=h100"]) == 0
+    assert main(["--out", str(tmp_path), "--capacity", "8", "--loads", "0.25,0.5", "--workloads", "poisson",
+                 "--num-requests", "6", "--hardware", "h100", "--engine", *ENGINE, f"backend.model={tiny_checkpoint}",
+                 "--workload", *WORKLOAD]) == 0
     frame = pd.read_csv(tmp_path / "serve.csv")
-    assert list(frame["source"]) == ["harness_run", "engine_server_client", "engine_server_own", "sim_server_client",
-                                     "sim_server_own"]
-    assert (frame["requests"] == 4).all()
+    assert list(frame["source"]) == (["harness_run"] * 2 + ["engine_server_client", "engine_server_own"] * 2
+                                     + ["sim_server_client", "sim_server_own"] * 2)
+    assert (frame["requests"] == 6).all() and list(frame["load"].unique()) == [0.25, 0.5]
     assert (frame[["ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms"]] > 0).all().all()
-    by = frame.set_index("source")
-    assert by.loc["engine_server_client", "ttft_mean_ms"] >= by.loc["engine_server_own", "ttft_mean_ms"] - 1.0
-    assert "overhead per request" in (tmp_path / "serve.md").read_text()
+    by = frame[frame["load"] == 0.5].set_index("source")
+    # the server's own TTFT starts after the HTTP side took the request: the client's can't be less
+    assert by.loc["engine_server_client", "ttft_mean_ms"] >= by.loc["engine_server_own", "ttft_mean_ms"]
+    for source in ("harness_run", "engine_server_own"):  # the same step columns: the engine's recorder in both
+        assert (by.loc[source, ["step_period_p50_ms", "step_device_p50_ms"]] > 0).all()
+        assert by.loc[source, "step_host_p50_ms"] >= 0
+    overhead = pd.read_csv(tmp_path / "overhead.csv")
+    assert list(overhead["server"]) == ["engine_server", "engine_server", "sim_server", "sim_server"]
+    assert (overhead[["overhead_mean_ms", "per_token_ms", "http_in_mean_ms"]] > 0).all().all()
+    assert not list(tmp_path.rglob("steps.csv.gz"))  # raw per-step tables do not leave the device
+    assert len(pd.read_csv(tmp_path / "engine_server" / "client_poisson_50.csv")) == 6
+    text = (tmp_path / "serve.md").read_text()
+    assert "Server overhead" in text and "within 10%" in text
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workloads", "sharegpt"], "--workloads from"),
+    (["--loads", "0"], "--loads"),
+    (["--capacity", "azure=4"], "--capacity"),
+    (["--num-requests", "1"], "--num-requests"),
+])
+def test_bench_serve_refuses_bad_settings_in_one_line(tmp_path, capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path), "--hardware", "h100", *argv])
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_replayed_request_samples_as_the_run_does():
+    """The benchmark client's body gives the server the workload's own SamplingParams (seed
+    included), so the engine behind the server samples on the path the harness's run takes."""
+    from experiments.serve.client import request_body
+    from harness.scripting import compose_run_config
+    from harness.serve.protocol import CompletionRequest
+    from harness.workloads.build import build_workload
+
+    rc = compose_run_config(["workload=poisson", "workload.num_requests=5"])
+    for request in build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size).requests:
+        body = CompletionRequest(**request_body("m", request))
+        assert body.sampling_params(body.max_tokens, ()) == request.sampling_params
+        assert body.prompt == request.token_ids[:request.num_prompt_tokens]

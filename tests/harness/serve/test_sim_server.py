@@ -9,6 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.serve.overhead import HTTP_COLUMNS
 from tests.harness.serve.conftest import SIM, start_server
 
 MODEL = "qwen3-8b"
@@ -136,3 +137,19 @@ def test_metrics_parse_with_vllm_names(sim_server):
     assert values["vllm:time_to_first_token_seconds_count"] == 1
     assert values["vllm:inter_token_latency_seconds_count"] == 3
     assert values["vllm:generation_tokens_total"] == 4
+
+
+def test_outputs_state_the_http_overhead_per_request_and_per_token(sim_server):
+    c = client(sim_server.port)
+    for i in range(3):
+        list(c.completions.create(model=MODEL, prompt=f"overhead {i}", max_tokens=6, stream=True))
+    c.completions.create(model=MODEL, prompt="not streamed", max_tokens=4)
+    outcome = sim_server.stop()
+    frame = outcome.requests
+    assert len(frame) == 4 and frame[list(HTTP_COLUMNS)].notna().all().all()
+    # the HTTP side has a request before the core does, and writes a token after the core made it
+    assert (frame["http_arrival"] < frame["arrival"]).all() and (frame["first_sent"] >= frame["first_token"]).all()
+    assert (frame["http_ttft"] - frame["ttft"] - frame["overhead_s"]).abs().max() < 1e-9
+    row = outcome.overhead.iloc[0]
+    assert row["requests"] == 4 and row["tokens"] == 3 * 6 + 4
+    assert 0 < row["send_lag_p50_ms"] <= row["send_lag_p99_ms"] and row["handoff_p50_us"] > 0

@@ -13,8 +13,9 @@ import pytest
 
 from engine.core.request import FinishReason
 from engine.core.sampling_params import SamplingParams
-from harness.serve.core import Delivery
+from harness.serve.core import CoreSnapshot, Delivery
 from harness.serve.generation import Generation
+from harness.serve.metrics import ServerMetrics
 
 
 class SilentOnOdd:
@@ -26,8 +27,7 @@ class SilentOnOdd:
 
 async def _pieces(keep_empty: bool, ids: list[int]) -> list[list[str]]:
     codec = SimpleNamespace(decoder=SilentOnOdd)
-    ignore = _Ignore()
-    metrics = SimpleNamespace(lag=ignore, ttft=ignore, itl=ignore, generation_tokens=ignore, finished=ignore.finished)
+    metrics = ServerMetrics(SimpleNamespace(snapshot=CoreSnapshot()), "m")
     core = SimpleNamespace(abort=lambda request_id: None)
     gen = Generation(core, codec, metrics, [1, 2, 3], SamplingParams(max_tokens=len(ids)), [])
     for i, token in enumerate(ids):
@@ -37,17 +37,6 @@ async def _pieces(keep_empty: bool, ids: list[int]) -> list[list[str]]:
     async for batch in gen.deltas(keep_empty=keep_empty):
         out.append(batch)
     return out
-
-
-class _Ignore:
-    def observe(self, value: float) -> None:
-        pass
-
-    def inc(self, value: float = 1) -> None:
-        pass
-
-    def finished(self, *args: object) -> None:
-        pass
 
 
 @pytest.mark.parametrize("keep_empty", [True, False])
