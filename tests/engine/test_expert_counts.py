@@ -81,4 +81,10 @@ def test_a_run_folder_holds_the_counts_and_the_sim_fits_them(tmp_path):
     r = outcome.requests  # every token the model ran forward: the last output is never fed back
     forwarded = int((r.prompt_tokens - r.cached_tokens + r.recomputed_tokens + r.output_tokens - 1).sum())
     assert counts.shape == (2, 8) and (counts.sum(axis=1) == forwarded * 2).all()
-    assert 0.0 <= fit_routing_skew(counts, 2) <= 8.0
+    skew = fit_routing_skew(counts, 2)
+    assert 0.0 <= skew <= 8.0
+    from experiments.moe.fit_skew import main as fit_skew
+
+    result = fit_skew([str(tmp_path / "expert_counts.csv"), "--top-k", "2"])
+    assert (tmp_path / "skew.json").is_file() and result["skew"] == skew and result["layers"] == 2
+    assert result["distinct_experts"]["1"]["uniform"] == pytest.approx(2.0)
