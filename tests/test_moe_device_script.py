@@ -25,7 +25,8 @@ def _run(tmp_path: Path, timeout: int = 60, **env: str) -> subprocess.CompletedP
 
 @pytest.mark.parametrize("env, said", [({"PARTS": "tests,bnech"}, "unknown part 'bnech'"),
                                        ({"CPU": "yes"}, "CPU must be 0 or 1"),
-                                       ({"TUNE_BUDGET_S": "2m"}, "TUNE_BUDGET_S must be whole seconds")])
+                                       ({"TUNE_BUDGET_S": "2m"}, "TUNE_BUDGET_S must be whole seconds"),
+                                       ({"TUNE": "always"}, "TUNE must be auto, missing or skip")])
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, env, said):
     run = _run(tmp_path, **env)
     assert run.returncode == 2 and said in run.stderr and len(run.stderr.strip().splitlines()) == 1

@@ -12,8 +12,10 @@ Per T (decode sizes first, so a budget cut leaves the prefill sizes at the defau
 --missing-only tunes only the token counts the GPU's table lacks and keeps its other entries):
 for each candidate BLOCK_M, each GEMM sweeps BLOCK_N x BLOCK_K x warps at 3 stages, then 2/4/5
 stages for its 3 best; configs whose shared memory or accumulator registers cannot fit are
-skipped, and so are those that fail to compile. BLOCK_M is the one minimising gate/up + down +
-alignment. The floor is the distinct experts' weight bytes at the copy bandwidth.
+skipped, and so are those that fail to compile. Past --budget-s nothing new is measured (each GEMM
+keeps the best config it measured, today's default at least) and later token counts are left
+out. BLOCK_M is the one minimising gate/up + down + alignment. The floor is the distinct experts'
+weight bytes at the copy bandwidth.
 Reports per T: best configs, times, floor fractions, the alignment (torch vs Triton) and the whole
 call with today's defaults and torch alignment against the tuned one.
 """
@@ -121,6 +123,8 @@ def sweep(layer: Layer, block_m: int, gated: bool, smem: int, deadline: float) -
     errors = []
 
     def measure(cfg: GemmTiles) -> None:
+        if tried and time.monotonic() > deadline:  # budget spent: the best measured so far
+            return
         try:
             tried.append((layer.gemm_us(block_m, cfg, gated), cfg))
         except Exception as exc:  # noqa: BLE001 -- an out-of-resources config is skipped, and recorded
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inter", type=int, default=768, help="per-rank intermediate width")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--budget-s", type=float, default=240.0, help="stop starting new token counts after this")
+    parser.add_argument("--budget-s", type=float, default=240.0,
+                        help="after this, no new config is measured: a token count in progress keeps its best so far")
     parser.add_argument("--copy-tb-s", type=float, default=None, help="copy bandwidth; measured when absent")
     parser.add_argument("--out", type=Path, default=None, help="table path (default: kernels/configs/<shape>.json)")
     parser.add_argument("--report", type=Path, default=None, help="full measurements as JSON")
