@@ -40,6 +40,10 @@ class EngineConfig:
     load_format: "auto" reads the safetensors weights of the model folder; "dummy" makes random weights
         of the model's shape on the device instead (engine.dummy): model may then be a preset name of
         engine.core.model_shapes.MODEL_SHAPES, and no checkpoint is read or written.
+    record_expert_counts: a mixture-of-experts model counts the tokens routed to each expert of each
+        MoE layer on the device (engine.expert_counts; EngineExecutor.take_expert_counts()), from
+        which sim.moe.fit_routing_skew measures the routing skew the simulator prices. No effect on
+        a dense model.
     execution: CUDA graphs, async scheduling (None: on with CUDA, at any tensor_parallel_size),
         tensor parallelism, seed, memory utilisation (engine.core.config.ExecutionConfig).
     """
@@ -51,6 +55,7 @@ class EngineConfig:
     fused_kernels: str = "triton"
     balanced_decode: bool = True
     load_format: str = "auto"
+    record_expert_counts: bool = False
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
@@ -62,8 +67,9 @@ class EngineConfig:
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("fused_kernels", self.fused_kernels, FUSED_KERNELS)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
-        if not isinstance(self.balanced_decode, bool):
-            raise TypeError(f"EngineConfig.balanced_decode must be a bool, got {type(self.balanced_decode).__name__}")
+        for name in ("balanced_decode", "record_expert_counts"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"EngineConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"EngineConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
 

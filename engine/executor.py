@@ -31,6 +31,7 @@ from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, 
 from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan, StepResult
 from engine.dummy import dummy_model_folder
+from engine.expert_counts import ExpertCounts
 from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.kv_sizing import kv_cache_torch_dtype
 from engine.rank import build_runner, engine_dtype
@@ -244,6 +245,13 @@ class EngineExecutor:
 
     def info(self) -> BackendInfo:
         return self._info
+
+    def take_expert_counts(self) -> ExpertCounts | None:
+        """Tokens routed to each expert of each MoE layer since the last call (engine.expert_counts),
+        then zero again; None unless EngineConfig.record_expert_counts is on for an MoE model. Rank 0's
+        counts: every tensor-parallel rank routes alike."""
+        counter = self.runner.expert_counter if self.runner is not None else None
+        return counter.take() if counter is not None else None
 
     def observe(self, hook: StepHook) -> Unobserve:
         return self._hooks.add(hook)

@@ -45,6 +45,7 @@ from engine.kv_sizing import (
     warm_up,
 )
 from engine.layers.fused import set_fused_kernels
+from engine.layers.moe import attach_expert_counter
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.overlap import PendingTokens, Placeholders, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
@@ -91,8 +92,11 @@ class ModelRunner:
         # Read per step (build_batch) and when decode graphs are captured.
         self.balance_decode = engine_config.balanced_decode and self.device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.balance_decode else 0
-        # before any graph capture: graphs replay whichever elementwise kernels the layers use
+        # before any graph capture: graphs replay whichever elementwise kernels the layers use, and
+        # the expert counter's adds where it records
         set_fused_kernels(model, engine_config.fused_kernels, self.device)
+        self.expert_counter = attach_expert_counter(model, self.device) if (
+            engine_config.record_expert_counts and driver) else None
         self.sampler = Sampler(engine_config.execution.seed, self.device, engine_config.fused_kernels)
         self.sharded_sampler = ShardedSampler(model.lm_head, all_gather, self.device, self.sampler.uses_kernel) if (
             all_gather is not None) else None

@@ -4,7 +4,9 @@ The simulator runs on a SimulatedClock (time jumps by each step's priced duratio
 a WallClock (measured time). Outputs go to a directory: requests.csv, steps.csv.gz (unless
 output.steps=none), summary.csv and, unless disabled, timeline.png and latency_cdf.png. Engine runs
 (and runs asked to record) also carry each step's features, schedule fingerprint and host time in
-the step table (harness.output.recording).
+the step table (harness.output.recording). An engine run with backend.record_expert_counts also
+writes expert_counts.csv (tokens routed per MoE layer and expert: engine.expert_counts) and logs
+the routing skew they give (sim.moe.fit_routing_skew).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class RunOutcome:
     num_blocks: int
     rejected: dict[str, str] = field(default_factory=dict)
     graph_sizes: GraphSizes = GraphSizes()  # the CUDA graphs the backend ran with
+    # tokens routed per MoE layer and expert (backend.record_expert_counts; engine.expert_counts)
+    expert_counts: pd.DataFrame | None = None
 
 
 def make_executor(rc: RunConfig) -> Executor:
@@ -101,6 +105,9 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
             if finished:
                 bar.update(len(finished))
 
+        take_counts = getattr(executor, "take_expert_counts", None)
+        if take_counts is not None:
+            take_counts()  # what warm-up and profiling steps routed is not this run's
         started = time.perf_counter()
         if recorder is not None:
             clock = recorder.watch(clock)
@@ -108,6 +115,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
             result = run(scheduler, executor, workload.stream(), clock, on_step if progress else None,
                          compact=True, keep_steps=keep_steps)
         wall_s = time.perf_counter() - started
+        counts = take_counts() if take_counts is not None else None
     finally:
         if stop_recording is not None:
             stop_recording()
@@ -123,7 +131,20 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
     labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=total,
                        num_rejected=len(result.rejected), fit=FitCounts(**workload.fit_counts()), wall_s=wall_s)
     summary = summarize(requests, steps, result.makespan_s, info.num_blocks, labels, result.step_totals)
-    return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes)
+    return RunOutcome(requests, steps, summary, info.num_blocks, dict(result.rejected), info.graph_sizes,
+                      _counts_frame(counts, rc))
+
+
+def _counts_frame(counts, rc: RunConfig) -> pd.DataFrame | None:
+    """The run's routed tokens per layer and expert, and the routing skew they give (logged)."""
+    if counts is None:
+        return None
+    from sim.moe import fit_routing_skew
+
+    if counts.tokens.sum() > 0:
+        log.info("routing skew fitted to the engine's expert counts: %.3f (backend.moe_routing_skew)",
+                 fit_routing_skew(counts.tokens, rc.model.num_experts_per_tok))
+    return counts.frame()
 
 
 def write_tables(requests: pd.DataFrame, steps: pd.DataFrame, summary: RunSummary, rejected: dict[str, str],
@@ -150,6 +171,8 @@ def write_outcome(outcome: RunOutcome, out_dir: Path, plots: bool = True, steps:
     appear in out_dir only once all of them are written (an interrupted run leaves none)."""
     with staged(out_dir) as staging:
         _write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, staging, steps)
+        if outcome.expert_counts is not None:
+            outcome.expert_counts.to_csv(staging / "expert_counts.csv", index=False)
         if plots:
             from harness.output.plots import plot_latency_cdfs, plot_timeline
 

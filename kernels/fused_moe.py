@@ -4,14 +4,17 @@ Layout (engine.layers.moe): x [T, hidden]; w13 [E, 2 * inter, hidden] (gate rows
 w2 [E, hidden, inter]; topk_weights / topk_ids [T, k]. A (token, slot) pair is row t * k + slot.
 
 1. moe_align: the T * k pairs sorted by expert, each expert's run padded to a multiple of
-   BLOCK_M, so every BLOCK_M-row tile of the sorted list belongs to one expert (two Triton
-   launches, kernels.moe_align_triton; kernels.moe_align is the torch statement of the same
-   layout). No host sync, a static size for a given T: T * k + E * (BLOCK_M - 1), tile-rounded.
+   BLOCK_M, so every BLOCK_M-row tile of the sorted list belongs to one expert (Triton launches,
+   kernels.moe_align_triton; kernels.moe_align is the torch statement of the same layout). No host
+   sync, a static size for a given T: T * k + E * (BLOCK_M - 1), tile-rounded. fused_moe_routed
+   starts from the router's logits instead: kernels.moe_route picks the top-k and counts the pairs
+   for the alignment in the same launch.
 2. gate/up GEMM: per tile, the tile's token rows of x times the expert's gate and up rows,
    silu(gate) * up in registers, written to the pair's row of h [T * k, inter].
 3. down GEMM: per tile, h rows times the expert's w2, scaled by the pair's router weight,
    written to the pair's row of y [T * k, hidden].
-4. y.view(T, k, hidden).sum(1).
+4. y.view(T, k, hidden).sum(1): a plain reduction, the weights being applied in step 3; the
+   engine leaves it to the next RMSNorm, which adds the k rows as it reads them.
 
 Padding rows of a tile point past the last pair and are masked; tiles past the padded total
 return at once. No shape depends on the routing, so the whole call is CUDA-graph capturable.
@@ -31,7 +34,7 @@ from kernels.moe_align_triton import moe_align_triton
 from kernels.moe_configs import GemmTiles, MoeTiles, block_m_for, tiles_for
 from kernels.validation import SUPPORTED_DTYPES
 
-__all__ = ["block_m_for", "fused_moe", "moe_align", "moe_align_triton"]
+__all__ = ["block_m_for", "fused_moe", "fused_moe_routed", "moe_align", "moe_align_triton"]
 ALIGNS = {"triton": moe_align_triton, "torch": moe_align}
 
 
@@ -119,6 +122,33 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weigh
     )
 
 
+def device_name(device: torch.device) -> str:
+    """The name tuned tables are keyed by: the CUDA device's, "cpu" elsewhere (the interpreter)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def call_tiles(x: torch.Tensor, w2: torch.Tensor, top_k: int, tiles: MoeTiles | None) -> MoeTiles:
+    """tiles, or the tuned table's for this call's token count (kernels.moe_configs)."""
+    if tiles is not None:
+        return tiles
+    num_experts, _, inter = w2.shape
+    return tiles_for(x.shape[0], top_k, num_experts, inter, str(x.dtype).removeprefix("torch."),
+                     device_name(x.device))
+
+
+def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+            aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tiles: MoeTiles, top_k: int) -> torch.Tensor:
+    """Both grouped GEMMs over aligned pairs -> [T, k, hidden]: each pair's expert output times its
+    router weight, in x's dtype; the caller sums over k."""
+    t = x.shape[0]
+    _, hidden, inter = w2.shape
+    h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
+    grouped_gemm(x, w13, h, topk_weights, aligned, tiles.block_m, tiles.gate_up, gated=True)
+    y = torch.empty((t * top_k, hidden), dtype=x.dtype, device=x.device)
+    grouped_gemm(h, w2, y, topk_weights, aligned, tiles.block_m, tiles.down, gated=False)
+    return y.view(t, top_k, hidden)
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, tiles: MoeTiles | None = None, align: str = "triton") -> torch.Tensor:
     """x [T, hidden] -> [T, hidden] in x's dtype: sum over the k slots of weight * expert(x). tiles:
@@ -126,19 +156,31 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     _check(x, w13, w2, topk_weights, topk_ids)
     if align not in ALIGNS:
         raise ValueError(f"fused_moe: align={align!r} is not one of {sorted(ALIGNS)}")
-    topk_weights = topk_weights.contiguous()
     t, k = topk_ids.shape
-    num_experts, hidden, inter = w2.shape
-    out = torch.empty_like(x)
     if t == 0:
-        return out
-    if tiles is None:
-        tiles = tiles_for(t, k, num_experts, inter, str(x.dtype).removeprefix("torch."),
-                          torch.cuda.get_device_name(x.device))
-    aligned = ALIGNS[align](topk_ids.contiguous(), num_experts, tiles.block_m)
-    h = torch.empty((t * k, inter), dtype=x.dtype, device=x.device)
-    grouped_gemm(x, w13, h, topk_weights, aligned, tiles.block_m, tiles.gate_up, gated=True)
-    y = torch.empty((t * k, hidden), dtype=x.dtype, device=x.device)
-    grouped_gemm(h, w2, y, topk_weights, aligned, tiles.block_m, tiles.down, gated=False)
-    torch.sum(y.view(t, k, hidden), dim=1, out=out)
-    return out
+        return torch.empty_like(x)
+    tiles = call_tiles(x, w2, k, tiles)
+    aligned = ALIGNS[align](topk_ids.contiguous(), w2.shape[0], tiles.block_m)
+    return experts(x, w13, w2, topk_weights.contiguous(), aligned, tiles, k).sum(dim=1)
+
+
+def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                     top_k: int, renormalize: bool, tiles: MoeTiles | None = None,
+                     record: tuple[torch.Tensor, torch.Tensor] | None = None, summed: bool = True) -> torch.Tensor:
+    """The whole layer from the router's logits [T, E]: routing, top-k and the alignment in
+    kernels.moe_route (two or three launches), the two GEMMs, then the sum over k: [T, hidden];
+    summed=False leaves it to the caller, [T, k, hidden] (an RMSNorm that adds the k terms as it
+    reads them: kernels.rmsnorm.add_rms_norm). record: kernels.moe_route.route_align's."""
+    from kernels.moe_route import route_align
+
+    t = x.shape[0]
+    if router_logits.shape != (t, w2.shape[0]):
+        raise ValueError(f"fused_moe_routed: router_logits {tuple(router_logits.shape)} must be [T, E] = "
+                         f"[{t}, {w2.shape[0]}]")
+    if t == 0:
+        return torch.empty_like(x) if summed else x.new_empty((0, top_k, x.shape[1]))
+    tiles = call_tiles(x, w2, top_k, tiles)
+    weights, ids, aligned = route_align(router_logits, top_k, renormalize, tiles.block_m, record)
+    _check(x, w13, w2, weights, ids)
+    y = experts(x, w13, w2, weights, aligned, tiles, top_k)
+    return y.sum(dim=1) if summed else y

@@ -1,18 +1,23 @@
-"""kernels.moe_align in two Triton launches instead of about twenty small torch kernels per MoE layer.
+"""kernels.moe_align in Triton launches instead of about twenty small torch kernels per MoE layer.
 
 Same outputs, bit for bit (tests/kernels/test_moe_align.py), same static sizes, no host sync.
-The pairs are cut into chunks of CHUNK; program c of
+The pairs are cut into chunks of `chunk` pairs (at most CHUNK); program c of
 
-1. _count_kernel: writes chunk c's per-expert pair counts to row c of a [chunks, E_PAD] table, and
-   fills its CHUNK slots of the sorted list with the padding value T * k;
-2. _scatter_kernel: sums the table (all rows: each expert's total; rows before c: how many of the
-   expert's pairs earlier chunks hold), pads the totals to block_m and scans them to each expert's
-   first slot, ranks its chunk's pairs among those of the same expert (a cumsum over a one-hot
-   [CHUNK, E_PAD] matrix), and writes each pair id to its slot; it also writes TILES entries of
-   the tile -> expert map, and program 0 the padded total.
+1. a count kernel: writes chunk c's per-expert pair counts to row c of a [programs, E_PAD] table,
+   and fills `chunk` slots of the sorted list with the padding value T * k. Here _count_kernel,
+   over given expert ids; kernels.moe_route's router kernel does the same while it picks them;
+2. when there are more than SMALL_PROGRAMS chunks (prefill), _scan_kernel: per expert, the
+   exclusive prefix of the counts over chunks (how many of the expert's pairs earlier chunks
+   hold) and the total, in one pass over the table;
+3. _scatter_kernel: takes each expert's total and the chunk's prefix (from the scan, or, for few
+   chunks, by summing the table's rows itself: quadratic in the chunk count, so only while that is
+   small, where the extra launch would cost more), pads the totals to block_m and scans them to
+   each expert's first slot, ranks its chunk's pairs among those of the same expert (a cumsum
+   over a one-hot [CHUNK, E_PAD] matrix), and writes each pair id to its slot; it also writes
+   TILES entries of the tile -> expert map, and program 0 the padded total.
 
-The launch boundary orders the fill before the scatter; pairs keep their order within an expert,
-as the torch version's stable sort does.
+Launch boundaries order the fill before the scatter; pairs keep their order within an expert, as
+the torch version's stable sort does.
 """
 
 from __future__ import annotations
@@ -23,37 +28,62 @@ import triton.language as tl
 
 from kernels.moe_align import align_capacity
 
-CHUNK = 64  # pairs per program; a [CHUNK, E_PAD] int32 one-hot stays in registers at E <= 256
+CHUNK = 64  # pairs per program at most; a [CHUNK, E_PAD] int32 one-hot stays in registers at E <= 256
 TILES = 16  # tile-map entries per program: covers all tiles while block_m >= CHUNK / TILES
-ROWS = 16  # count-table rows summed per loop step
+ROWS = 16  # count-table rows summed per loop step (few chunks)
+SMALL_PROGRAMS = 128  # up to this many chunks the scatter sums the table itself (decode sizes)
+SCAN_ROWS = 1024  # count-table rows one scan step reads per expert
+
+Aligned = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, num_pairs, capacity,
-                  E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, num_pairs, capacity, chunk,
+                  E_PAD: tl.constexpr, CHUNK_PAD: tl.constexpr):
     pid = tl.program_id(0)
-    offs = pid * CHUNK + tl.arange(0, CHUNK)
-    tl.store(sorted_ids_ptr + offs, tl.zeros((CHUNK,), dtype=tl.int32) + num_pairs, mask=offs < capacity)
-    ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+    local = tl.arange(0, CHUNK_PAD)
+    offs = pid * chunk + local
+    tl.store(sorted_ids_ptr + offs, tl.zeros((CHUNK_PAD,), dtype=tl.int32) + num_pairs,
+             mask=(local < chunk) & (offs < capacity))
+    ids = tl.load(ids_ptr + offs, mask=(local < chunk) & (offs < num_pairs), other=-1)
     experts = tl.arange(0, E_PAD)
     hits = (ids[:, None] == experts[None, :]).to(tl.int32)
     tl.store(counts_ptr + pid * E_PAD + experts, tl.sum(hits, axis=0))
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, tile_expert_ptr, num_padded_ptr,
-                    num_pairs, num_rows, num_tiles, num_experts,
-                    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                    TILES: tl.constexpr, ROWS: tl.constexpr):
+def _scan_kernel(counts_ptr, before_ptr, totals_ptr, num_rows, E_PAD: tl.constexpr, SCAN_ROWS: tl.constexpr):
+    """Program e: column e of the count table -> its exclusive prefix over rows, and its sum."""
+    expert = tl.program_id(0)
+    carry = tl.sum(tl.zeros((1,), dtype=tl.int32), axis=0)
+    for r0 in range(0, num_rows, SCAN_ROWS):
+        rows = r0 + tl.arange(0, SCAN_ROWS)
+        ok = rows < num_rows
+        c = tl.load(counts_ptr + rows * E_PAD + expert, mask=ok, other=0)
+        tl.store(before_ptr + rows * E_PAD + expert, tl.cumsum(c, axis=0) - c + carry, mask=ok)
+        carry += tl.sum(c, axis=0)
+    tl.store(totals_ptr + expert, carry)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, counts_ptr, before_ptr, totals_ptr, sorted_ids_ptr, tile_expert_ptr, num_padded_ptr,
+                    num_pairs, num_rows, num_tiles, num_experts, chunk,
+                    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK_PAD: tl.constexpr,
+                    TILES: tl.constexpr, ROWS: tl.constexpr, SCANNED: tl.constexpr):
     pid = tl.program_id(0)
     experts = tl.arange(0, E_PAD)
-    total = tl.zeros((E_PAD,), dtype=tl.int32)
-    before = tl.zeros((E_PAD,), dtype=tl.int32)
-    for r0 in range(0, num_rows, ROWS):
-        rows = r0 + tl.arange(0, ROWS)
-        c = tl.load(counts_ptr + rows[:, None] * E_PAD + experts[None, :], mask=(rows < num_rows)[:, None], other=0)
-        total += tl.sum(c, axis=0)
-        before += tl.sum(tl.where((rows < pid)[:, None], c, 0), axis=0)
+    if SCANNED:
+        total = tl.load(totals_ptr + experts)
+        before = tl.load(before_ptr + pid * E_PAD + experts)
+    else:
+        total = tl.zeros((E_PAD,), dtype=tl.int32)
+        before = tl.zeros((E_PAD,), dtype=tl.int32)
+        for r0 in range(0, num_rows, ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            c = tl.load(counts_ptr + rows[:, None] * E_PAD + experts[None, :], mask=(rows < num_rows)[:, None],
+                        other=0)
+            total += tl.sum(c, axis=0)
+            before += tl.sum(tl.where((rows < pid)[:, None], c, 0), axis=0)
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
@@ -63,8 +93,9 @@ def _scatter_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, tile_expert_ptr, num_pa
     tiles = pid * TILES + tl.arange(0, TILES)
     ended = tl.sum((ends[None, :] <= (tiles * BLOCK_M)[:, None]).to(tl.int32), axis=1)
     tl.store(tile_expert_ptr + tiles, tl.minimum(ended, num_experts - 1), mask=tiles < num_tiles)
-    offs = pid * CHUNK + tl.arange(0, CHUNK)
-    ok = offs < num_pairs
+    local = tl.arange(0, CHUNK_PAD)
+    offs = pid * chunk + local
+    ok = (local < chunk) & (offs < num_pairs)
     ids = tl.load(ids_ptr + offs, mask=ok, other=-1)
     hits = (ids[:, None] == experts[None, :]).to(tl.int32)
     rank = tl.sum((tl.cumsum(hits, axis=0) - hits) * hits, axis=1)
@@ -72,23 +103,54 @@ def _scatter_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, tile_expert_ptr, num_pa
     tl.store(sorted_ids_ptr + first + rank, offs.to(tl.int32), mask=ok)
 
 
-def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """kernels.moe_align.moe_align's outputs from two Triton launches (topk_ids contiguous [T, k])."""
-    if block_m * TILES < CHUNK:
-        raise ValueError(f"moe_align_triton: block_m={block_m} must be at least {CHUNK // TILES}")
-    flat = topk_ids.reshape(-1)
-    n = flat.numel()
-    e_pad = max(16, triton.next_power_of_2(num_experts))
-    capacity = align_capacity(n, num_experts, block_m)
-    programs = triton.cdiv(capacity, CHUNK)  # >= the pair chunks, and enough for the fill and the tile map
-    device = flat.device
-    counts = torch.empty((programs, e_pad), dtype=torch.int32, device=device)
-    sorted_ids = torch.empty((capacity,), dtype=torch.int32, device=device)
+def expert_pad(num_experts: int) -> int:
+    return max(16, triton.next_power_of_2(num_experts))
+
+
+def num_programs(num_pairs: int, num_experts: int, block_m: int, chunk: int) -> int:
+    """Programs of the count and scatter kernels: enough for every pair chunk, the fill of the
+    sorted list and the tile map."""
+    if block_m * TILES < chunk:
+        raise ValueError(f"moe_align_triton: block_m={block_m} must be at least {-(-chunk // TILES)}")
+    return triton.cdiv(align_capacity(num_pairs, num_experts, block_m), chunk)
+
+
+def align_buffers(num_pairs: int, num_experts: int, block_m: int, chunk: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The count table [programs, E_PAD] and the sorted list a count kernel writes into."""
+    programs = num_programs(num_pairs, num_experts, block_m, chunk)
+    counts = torch.empty((programs, expert_pad(num_experts)), dtype=torch.int32, device=device)
+    sorted_ids = torch.empty((align_capacity(num_pairs, num_experts, block_m),), dtype=torch.int32, device=device)
+    return counts, sorted_ids
+
+
+def scatter(flat_ids: torch.Tensor, counts: torch.Tensor, sorted_ids: torch.Tensor, num_experts: int,
+            block_m: int, chunk: int) -> Aligned:
+    """Steps 2 and 3 of the module docstring, after a count kernel filled counts and sorted_ids."""
+    n = flat_ids.numel()
+    programs, e_pad = counts.shape
+    capacity = sorted_ids.numel()
+    device = flat_ids.device
     tile_expert = torch.empty((capacity // block_m,), dtype=torch.int32, device=device)
     num_padded = torch.empty((1,), dtype=torch.int32, device=device)
-    _count_kernel[(programs,)](flat, counts, sorted_ids, n, capacity, E_PAD=e_pad, CHUNK=CHUNK, num_warps=4)
-    _scatter_kernel[(programs,)](flat, counts, sorted_ids, tile_expert, num_padded,
-                                 n, programs, capacity // block_m, num_experts,
-                                 BLOCK_M=block_m, E_PAD=e_pad, CHUNK=CHUNK, TILES=TILES, ROWS=ROWS, num_warps=4)
+    scanned = programs > SMALL_PROGRAMS
+    before, totals = counts, num_padded  # unread without the scan
+    if scanned:
+        before = torch.empty_like(counts)
+        totals = torch.empty((e_pad,), dtype=torch.int32, device=device)
+        _scan_kernel[(e_pad,)](counts, before, totals, programs, E_PAD=e_pad, SCAN_ROWS=SCAN_ROWS, num_warps=4)
+    _scatter_kernel[(programs,)](flat_ids, counts, before, totals, sorted_ids, tile_expert, num_padded,
+                                 n, programs, capacity // block_m, num_experts, chunk,
+                                 BLOCK_M=block_m, E_PAD=e_pad, CHUNK_PAD=triton.next_power_of_2(chunk),
+                                 TILES=TILES, ROWS=ROWS, SCANNED=scanned, num_warps=4)
     return sorted_ids, tile_expert, num_padded
+
+
+def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
+    """kernels.moe_align.moe_align's outputs (topk_ids contiguous [T, k], int32 or int64)."""
+    flat = topk_ids.reshape(-1)
+    n = flat.numel()
+    counts, sorted_ids = align_buffers(n, num_experts, block_m, CHUNK, flat.device)
+    _count_kernel[(counts.shape[0],)](flat, counts, sorted_ids, n, sorted_ids.numel(), CHUNK,
+                                      E_PAD=counts.shape[1], CHUNK_PAD=CHUNK, num_warps=4)
+    return scatter(flat, counts, sorted_ids, num_experts, block_m, CHUNK)

@@ -10,8 +10,11 @@ non-alphanumerics as one underscore, e.g. NVIDIA_H200), written by experiments/m
                          "down": {...}}, ...}}
 
 A call of T tokens takes the entry whose key is nearest T (the smaller on a tie); without a file
-for its shape it takes the defaults below. BLOCK_M is shared by both GEMMs because the alignment
-that groups pairs into one-expert tiles is done once, for one tile height.
+for its shape it takes the defaults below, and logs a warning once per missing file. The table is
+the one of the GPU the call runs on (torch.cuda.get_device_name), so an H100 and an H200 each
+read their own: fused_moe_128_768_bfloat16_NVIDIA_H100_80GB_HBM3.json, ..._NVIDIA_H200.json.
+BLOCK_M is shared by both GEMMs because the alignment that groups pairs into one-expert tiles is
+done once, for one tile height.
 
 The only state is an lru_cache of parsed files and of lookups: a pure memo of committed files that
 do not change while a process runs, so every call with the same shape gets the same config (which
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 ALLOWED = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128, 256), "BLOCK_K": (16, 32, 64, 128, 256),
@@ -114,9 +120,12 @@ def parse_table(data: object, source: str) -> tuple[tuple[int, MoeTiles], ...]:
 
 @functools.cache
 def load_table(path: str) -> tuple[tuple[int, MoeTiles], ...] | None:
-    """A table file's entries (read once per path), or None when there is no such file."""
+    """A table file's entries (read once per path), or None when there is no such file (said once
+    per path: that shape runs on the default tiles)."""
     file = Path(path)
     if not file.is_file():
+        log.warning("no tuned fused-MoE tiles %s: default tiles (write the table with "
+                    "experiments/moe/tune_fused_moe.py on this GPU)", file.name)
         return None
     return parse_table(json.loads(file.read_text()), str(file))
 

@@ -27,6 +27,20 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights.to(router_logits.dtype), ids
 
 
+def route_topk_first(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """route() in the order the Triton router (kernels.moe_route) computes it, in float32: the top-k
+    of the logits, then their softmax (renormalize) or their share of the full softmax. Weights
+    float32, ids int64. Equal to route() because exp is increasing: the top-k of the logits are
+    the top-k of the probabilities, and p_j / sum_k p = exp(l_j) / sum_k exp(l)."""
+    logits = router_logits.float()
+    top, ids = torch.topk(logits, top_k, dim=-1)
+    if renormalize:
+        return torch.softmax(top, dim=-1), ids
+    shift = logits.max(dim=-1, keepdim=True).values
+    return torch.exp(top - shift) / torch.exp(logits - shift).sum(dim=-1, keepdim=True), ids
+
+
 def grouped_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
     """x [T, hidden] -> [T, hidden]: the (token, expert) pairs sorted by expert, one pair of

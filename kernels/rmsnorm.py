@@ -4,7 +4,9 @@
 tensor (the per-head q/k norm of Qwen3 is the 3-D case, on strided views of the fused qkv
 output). `add_rms_norm(x, residual, weight, eps)` returns (norm(x + residual), x + residual): a
 pre-norm block's residual add and the next norm read x and residual once and write two outputs,
-where the unfused path launches ~9 kernels and makes ~6 passes over [tokens, hidden].
+where the unfused path launches ~9 kernels and makes ~6 passes over [tokens, hidden]. x may
+also be [tokens, terms, dim], a sum the kernel takes as it reads it (a mixture-of-experts layer's
+top-k outputs: one launch and one pass fewer than summing them first).
 
 Math in float32 whatever the I/O dtype (bf16, fp16, fp32). The residual sum is rounded to the
 I/O dtype before its statistics are taken, so the normalised output is exactly the norm of the
@@ -42,12 +44,15 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    TERMS: tl.constexpr = 1,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     x = tl.load(x_ptr + tok * stride_xt + head * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(1, TERMS):  # x's terms (stride_xh apart) summed in float32
+        x += tl.load(x_ptr + tok * stride_xt + j * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + tok * stride_rt + cols, mask=mask, other=0.0).to(tl.float32)
         summed = (x + r).to(res_out_ptr.dtype.element_ty)
@@ -94,26 +99,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor,  # [rows, dim]
+    x: torch.Tensor,  # [rows, dim], or [rows, terms, dim]: summed over terms first
     residual: torch.Tensor,  # [rows, dim]
     weight: torch.Tensor,  # [dim]
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual), both [rows, dim] in x's dtype."""
+    """(norm(x + residual), x + residual), both [rows, dim] in x's dtype. A 3-D x is a sum still
+    to be taken (a mixture-of-experts layer's k weighted expert outputs per token), added in
+    float32 as it is read."""
     _check(x, weight, "add_rms_norm")
-    if x.dim() != 2 or residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+    rows, dim = x.shape[0], x.shape[-1]
+    if residual.shape != (rows, dim) or residual.dtype != x.dtype or residual.stride(-1) != 1:
         raise ValueError(
-            f"add_rms_norm: x and residual must both be [rows, dim] of one dtype, last dim contiguous; "
-            f"got {tuple(x.shape)} {x.dtype} and {tuple(residual.shape)} {residual.dtype}"
+            f"add_rms_norm: x must be [rows, dim] or [rows, terms, dim] and residual [rows, dim], of one dtype, "
+            f"last dim contiguous; got {tuple(x.shape)} {x.dtype} and {tuple(residual.shape)} {residual.dtype}"
         )
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    rows, dim = x.shape
+    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    res_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    terms = x.shape[1] if x.dim() == 3 else 1
     if rows:
         block = triton.next_power_of_2(dim)
         _rms_norm_kernel[(rows, 1)](
             x, residual, weight, out, res_out,
-            x.stride(0), 0, residual.stride(0), out.stride(0), 0, res_out.stride(0),
-            dim, eps, HAS_RESIDUAL=True, BLOCK=block, num_warps=_num_warps(block),
+            x.stride(0), x.stride(1) if terms > 1 else 0, residual.stride(0), out.stride(0), 0, res_out.stride(0),
+            dim, eps, HAS_RESIDUAL=True, BLOCK=block, TERMS=terms, num_warps=_num_warps(block),
         )
     return out, res_out

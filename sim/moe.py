@@ -26,13 +26,16 @@ min(E, B k), and tends to E; a larger skew never touches more experts.
 
 fit_routing_skew estimates s from what an engine observed (per-expert token counts of a run,
 one histogram per layer or their sum): each expert's share of the routed assignments is pi_e / k,
-so the skew is measured rather than assumed uniform.
+so the skew is measured rather than assumed uniform. The engine records them with
+backend.record_expert_counts=true (engine.expert_counts; a run folder's expert_counts.csv, which
+read_routing_counts reads).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -141,6 +144,20 @@ def fit_routing_skew(counts: Sequence[int] | Sequence[Sequence[int]] | npt.Array
         else:
             low = a
     return float(0.5 * (low + high))
+
+
+def read_routing_counts(path: str | Path) -> npt.NDArray[np.float64]:
+    """An engine's expert_counts.csv (columns layer, expert, tokens: engine.expert_counts) as the
+    [layers, experts] histogram fit_routing_skew takes, layers and experts in ascending order."""
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    missing = {"layer", "expert", "tokens"} - set(table.columns)
+    if missing:
+        raise ValueError(f"{path}: routing counts need the columns layer, expert, tokens; missing {sorted(missing)}")
+    wide = table.pivot_table(index="layer", columns="expert", values="tokens", aggfunc="sum", fill_value=0)
+    counts: npt.NDArray[np.float64] = wide.sort_index().sort_index(axis=1).to_numpy(dtype=np.float64)
+    return counts
 
 
 # Rows of a grouped GEMM's tile: each expert's rows are padded to a multiple of it, so an expert

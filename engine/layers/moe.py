@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.expert_counts import ExpertCounter, add_counts
 from engine.layers.fused import UsesFusedKernels
 from engine.layers.linear import ShardId, check_shape
 from engine.layers.parallel import TensorParallel
@@ -65,23 +66,53 @@ class MoEExperts(nn.Module):
 
 
 class SparseMoE(nn.Module, UsesFusedKernels):
-    """Router + experts; forward returns this rank's partial sum when reduce_output is False."""
+    """Router + experts; forward returns this rank's partial sum when reduce_output is False.
+
+    sum_in_norm: with the fused kernels, return the k weighted expert outputs per token unsummed,
+    [T, k, hidden], for the RMSNorm after the layer to add as it reads them (engine.layers.norm;
+    one launch and one pass over [T, hidden] fewer per layer). Only without tensor parallelism,
+    where the output needs no all-reduce. The torch path always sums."""
 
     def __init__(self, num_experts: int, top_k: int, hidden: int, intermediate: int, renormalize: bool,
-                 tp: TensorParallel, reduce_output: bool = True):
+                 tp: TensorParallel, reduce_output: bool = True, sum_in_norm: bool = False):
         super().__init__()
+        if sum_in_norm and tp.size > 1:
+            raise ValueError("SparseMoE: sum_in_norm needs tp_size 1 (a partial sum is all-reduced first)")
         self.fused_kernels = None  # engine.layers.fused: kernels.fused_moe on CUDA
         self.top_k, self.renormalize, self.tp, self.reduce_output = top_k, renormalize, tp, reduce_output
+        self.sum_in_norm = sum_in_norm
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, replicated
         self.experts = MoEExperts(num_experts, hidden, intermediate, tp)
+        # engine.expert_counts: set when the engine records routed tokens per expert
+        self.counter: ExpertCounter | None = None
+        self.counter_row = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x [T, hidden] -> [T, hidden]
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)  # [T, k] each
+        # x [T, hidden] -> [T, hidden] ([T, k, hidden] with sum_in_norm on the fused path)
+        logits = self.gate(x)  # [T, E] in the model's dtype, as transformers' router computes them
         w13, w2 = self.experts.gate_up_proj, self.experts.down_proj
+        record = self.counter.record(self.counter_row) if self.counter is not None else None
         fused = self.fused_kernels
         if fused is not None and fused.fused_moe is not None and fused.applies(x):
-            out = fused.fused_moe(x, w13, w2, weights, ids)
+            # softmax, top-k, renormalisation and the alignment in one kernel (kernels.moe_route)
+            out = fused.fused_moe(x, logits, w13, w2, self.top_k, self.renormalize, record=record,
+                                  summed=not self.sum_in_norm)
         else:
+            weights, ids = route(logits, self.top_k, self.renormalize)  # [T, k] each
+            if record is not None:
+                add_counts(record, ids)
             out = grouped_moe(x, w13, w2, weights, ids)
         return self.tp.reduce(out) if self.reduce_output else out
+
+
+def attach_expert_counter(model: nn.Module, device: torch.device | str) -> ExpertCounter | None:
+    """Give every MoE layer of `model` one shared counter (None for a dense model). Call before any
+    CUDA graph is captured: the graphs hold the counter's address."""
+    sparse = [(i, layer.mlp) for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, SparseMoE)]
+    if not sparse:
+        return None
+    counter = ExpertCounter([i for i, _ in sparse], sparse[0][1].experts.num_experts, device)
+    for row, (_, moe) in enumerate(sparse):
+        moe.counter, moe.counter_row = counter, row
+    model.expert_counter = counter
+    return counter

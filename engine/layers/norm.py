@@ -27,8 +27,13 @@ class RMSNorm(nn.Module, UsesFusedKernels):
         self, x: torch.Tensor, residual: torch.Tensor | None = None, partial_of: TensorParallel | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x [..., dim]. With residual: returns (norm(x + residual), x + residual). With
-        partial_of, x is summed over partial_of's ranks first."""
+        partial_of, x is summed over partial_of's ranks first. x [T, terms, dim] beside a residual
+        [T, dim] is a sum still to be taken (engine.layers.moe's top-k outputs, sum_in_norm): the
+        fused kernel adds the terms as it reads them."""
         fused = self.fused_kernels
+        if residual is not None and x.dim() == residual.dim() + 1 and (
+                partial_of is not None or fused is None or not fused.applies(x)):
+            x = x.sum(dim=-2)
         if partial_of is not None:
             done = None
             if fused is not None and residual is not None and fused.applies(x):

@@ -24,7 +24,10 @@ before issue 16), tp2_nccl (tp2 with every all-reduce on NCCL, ExecutionConfig.a
 tp2 runs the default, "auto"), tp2_oneshot (tp2 with decode-sized all-reduces, fused with the norm after them,
 through engine.tp.symmetric: all_reduce="symmetric"), fp8_kv (default with an fp8 KV cache,
 CacheConfig.kv_cache_dtype="fp8": half the bytes per cached token; its fraction_of_bound is left
-empty, the bound being the bf16 cache's). A variant's row records whether it overlapped steps (async_scheduling).
+empty, the bound being the bf16 cache's), counts (default with EngineConfig.record_expert_counts: an
+MoE model counts the tokens routed to each expert; the run's counts go to
+expert_counts_counts.csv and the row gets routing_skew, sim.moe.fit_routing_skew of them).
+A variant's row records whether it overlapped steps (async_scheduling).
 
 --load-format dummy serves the preset's shape with random weights made on the device (engine.dummy)
 instead of writing a checkpoint to --ckpt-root: the MoE presets (qwen3-30b-a3b is about 61 GB)
@@ -73,6 +76,7 @@ VARIANTS = {
     "tp2_nccl": {"tensor_parallel_size": 2, "all_reduce": "nccl"},
     "tp2_oneshot": {"tensor_parallel_size": 2, "all_reduce": "symmetric"},
     "fp8_kv": {"kv_cache_dtype": "fp8"},
+    "counts": {"record_expert_counts": True},  # an MoE model's routed tokens per layer and expert
 }
 # Output tokens/s of this workload on one H100 if weights and KV were read once per decode step
 # at the measured 3.0 TB/s and matmuls ran at 798 TFLOP/s (issue 5); for qwen3-0.6b only.
@@ -130,9 +134,11 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
     executor.runner.timer = timer
     if executor.device.type == "cuda":
         torch.cuda.synchronize()
+    executor.take_expert_counts()  # what start-up and the warm-up routed
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t
+    counts = executor.take_expert_counts()
     errors = [o.error for o in outs if o.error]
     if errors:
         raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
@@ -161,6 +167,11 @@ def run_variant(ckpt: str, variant: str, args, device_name: str) -> tuple[dict, 
     for col in [c for c in steps.columns if c.startswith(("host_", "gpu_"))]:
         row[f"decode_mean_{col[:-2]}_us"] = 1e6 * decode[col].mean()
         row[f"total_{col}"] = steps[col].sum()
+    if counts is not None:
+        from sim.moe import fit_routing_skew
+
+        counts.frame().to_csv(Path(args.out) / f"expert_counts_{variant}.csv", index=False)
+        row["routing_skew"] = fit_routing_skew(counts.tokens, executor.runner.shape.num_experts_per_tok)
     row["decode_mean_step_us"] = 1e6 * decode.duration_s.mean()
     row["decode_mean_gap_us"] = 1e6 * decode.gap_s.mean()
     profile = executor.runner.memory_profile

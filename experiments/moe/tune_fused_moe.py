@@ -8,11 +8,14 @@ top-k routing. Each measurement is a CUDA graph of R launches, each on its own r
 launch reads other experts than the last one, as consecutive layers do, instead of hitting in L2),
 replayed a few times; time per launch = elapsed / (replays * R).
 
-Per T (decode sizes first, so a budget cut leaves the prefill sizes at the defaults' nearest entry):
+Per T (decode sizes first, so a budget cut leaves the prefill sizes at the defaults' nearest entry;
+--missing-only tunes only the token counts the GPU's table lacks and keeps its other entries):
 for each candidate BLOCK_M, each GEMM sweeps BLOCK_N x BLOCK_K x warps at 3 stages, then 2/4/5
 stages for its 3 best; configs whose shared memory or accumulator registers cannot fit are
-skipped, and so are those that fail to compile. BLOCK_M is the one minimising gate/up + down +
-alignment. The floor is the distinct experts' weight bytes at the copy bandwidth.
+skipped, and so are those that fail to compile. Past --budget-s nothing new is measured (each GEMM
+keeps the best config it measured, today's default at least) and later token counts are left
+out. BLOCK_M is the one minimising gate/up + down + alignment. The floor is the distinct experts'
+weight bytes at the copy bandwidth.
 Reports per T: best configs, times, floor fractions, the alignment (torch vs Triton) and the whole
 call with today's defaults and torch alignment against the tuned one.
 """
@@ -28,17 +31,19 @@ import torch
 
 from experiments.moe.decode_bound import measure_copy_bandwidth
 from kernels.fused_moe import fused_moe, grouped_gemm, moe_align, moe_align_triton
-from kernels.moe_configs import GemmTiles, MoeTiles, block_m_for, table_path, write_table
+from kernels.moe_configs import GemmTiles, MoeTiles, block_m_for, load_table, table_path, write_table
 
-TOKENS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 4096)
-PRIORITY = (128, 192, 256, 96, 64, 32, 16, 8, 4, 2, 1, 512, 1024, 4096)  # decode batches first
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 4096, 8192, 16384)
+# decode batches first, then the prefill steps the default budget (16,384 tokens) fills
+PRIORITY = (128, 192, 256, 96, 64, 32, 16, 8, 4, 2, 1, 16384, 4096, 1024, 512, 8192)
 ROUTINGS = 8
 
 
 def candidates_m(tokens: int, top_k: int, experts: int) -> list[int]:
-    """Tile heights worth trying: taller ones only once experts hold enough pairs to fill them."""
+    """Tile heights worth trying: the two tallest that the experts' pairs fill at least half of
+    (16 where none does); shorter ones only pad less where few pairs land on each expert."""
     per_expert = tokens * top_k / experts
-    return [m for m in (16, 32, 64) if m == 16 or per_expert > m / 2] or [16]
+    return ([m for m in (16, 32, 64, 128) if m == 16 or per_expert > m / 2])[-2:]
 
 
 def fits(block_m: int, tiles: GemmTiles, gated: bool, elem: int, smem_limit: int) -> bool:
@@ -118,6 +123,8 @@ def sweep(layer: Layer, block_m: int, gated: bool, smem: int, deadline: float) -
     errors = []
 
     def measure(cfg: GemmTiles) -> None:
+        if tried and time.monotonic() > deadline:  # budget spent: the best measured so far
+            return
         try:
             tried.append((layer.gemm_us(block_m, cfg, gated), cfg))
         except Exception as exc:  # noqa: BLE001 -- an out-of-resources config is skipped, and recorded
@@ -171,10 +178,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inter", type=int, default=768, help="per-rank intermediate width")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--budget-s", type=float, default=240.0, help="stop starting new token counts after this")
+    parser.add_argument("--budget-s", type=float, default=240.0,
+                        help="after this, no new config is measured: a token count in progress keeps its best so far")
     parser.add_argument("--copy-tb-s", type=float, default=None, help="copy bandwidth; measured when absent")
     parser.add_argument("--out", type=Path, default=None, help="table path (default: kernels/configs/<shape>.json)")
     parser.add_argument("--report", type=Path, default=None, help="full measurements as JSON")
+    parser.add_argument("--missing-only", action="store_true",
+                        help="tune only the token counts the table lacks (all of them without a table), keep the rest")
     args = parser.parse_args(argv)
     begin = time.monotonic()
     deadline = begin + args.budget_s
@@ -182,8 +192,15 @@ def main(argv: list[str] | None = None) -> None:
     props = torch.cuda.get_device_properties(0)
     smem = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
     args.bandwidth = args.copy_tb_s * 1e12 if args.copy_tb_s else measure_copy_bandwidth()
+    out = args.out or table_path(args.experts, args.inter, args.dtype, device)
+    kept = dict(load_table(str(out)) or ()) if args.missing_only else {}
     order = [t for t in PRIORITY if t in args.tokens] + [t for t in args.tokens if t not in PRIORITY]
-    best, results = {}, []
+    order = [t for t in order if t not in kept]
+    print(f"{device}: tuning T = {order or 'nothing'}" + (f", keeping {sorted(kept)} of {out.name}" if kept else ""),
+          flush=True)
+    if not order:
+        return
+    best, results = dict(kept), []
     for tokens in order:
         if time.monotonic() > deadline:
             print(f"budget spent: T={tokens} and later keep the nearest tuned entry")
@@ -195,11 +212,13 @@ def main(argv: list[str] | None = None) -> None:
               f"{row['align_torch_us']:.1f} -> triton {row['align_triton_us']:.1f} us  call "
               f"{row['call_today_us']:.1f} -> {row['call_tuned_us']:.1f} us ({row['call_tuned_floor_frac']:.0%})",
               flush=True)
-    out = args.out or table_path(args.experts, args.inter, args.dtype, device)
-    meta = {"command": "python experiments/moe/tune_fused_moe.py", "copy_tb_s": args.bandwidth / 1e12,
-            "top_k": args.top_k, "hidden": args.hidden, "tune_s": time.monotonic() - begin}
+    meta = {"command": "python experiments/moe/tune_fused_moe.py" + (" --missing-only" if kept else ""),
+            "copy_tb_s": args.bandwidth / 1e12, "top_k": args.top_k, "hidden": args.hidden,
+            "tune_s": time.monotonic() - begin, "tuned_tokens": sorted(t for t in best if t not in kept)}
+    if kept:  # the kept entries' own measurements
+        meta["earlier"] = json.loads(out.read_text()).get("meta")
     write_table(out, args.experts, args.inter, args.dtype, device, best, meta)
-    print(f"wrote {out} ({len(best)} token counts, {meta['tune_s']:.0f} s)")
+    print(f"wrote {out} ({len(best)} token counts, {len(best) - len(kept)} tuned now, {meta['tune_s']:.0f} s)")
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps({"device": device, **meta, "results": results}, indent=1) + "\n")

@@ -41,7 +41,7 @@ from tqdm import tqdm
 from harness.compare.study import GRIDS, engine_meta, refuse_engine_without_gpu, sim_run_config
 from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
-from harness.fidelity import classes
+from harness.fidelity import classes, routing
 from harness.fidelity.interval import simulate_with_interval
 from harness.fidelity.report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
 from harness.fidelity.schedules import schedule_rows, schedules_frame
@@ -74,6 +74,8 @@ class FidelityConfig:
     interval: IntervalConfig = IntervalConfig()
     results_dir: str | None = None  # null: the run directory
     steps_dir: str | None = None  # each engine run's steps priced by each cost model (harness.fidelity.steps)
+    # an MoE model's routing skew for the simulations; None: measured on the grid (harness.fidelity.routing)
+    moe_routing_skew: float | None = None
 
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
@@ -98,6 +100,9 @@ class FidelityConfig:
         if not self.cost_models or any(c not in COST_MODELS for c in self.cost_models):
             raise ValueError(f"fidelity.cost_models must be a non-empty subset of {list(COST_MODELS.names())}, "
                              f"got {self.cost_models}")
+        skew = self.moe_routing_skew
+        if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0 <= skew < 9):
+            raise ValueError(f"fidelity.moe_routing_skew must be null (measured) or a number in [0, 8], got {skew!r}")
 
 
 class PinnedBlocks(KeepAlive):
@@ -117,31 +122,46 @@ class PinnedBlocks(KeepAlive):
         return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 
-def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> str:
-    """A model file with residuals, fitted on the profiling grid alone."""
+def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> tuple[str, float]:
+    """A model file with residuals, fitted on the profiling grid alone, and the routing skew of an
+    MoE model (harness.fidelity.routing; 0 for a dense one)."""
     from harness.calibration.fit import validate
     from harness.calibration.profiling import ProfileGrid, profile_executor
     graphs = executor.info().graph_sizes
+    take_counts = getattr(executor, "take_expert_counts", None)
+    if take_counts is not None:
+        take_counts()  # start-up's steps are not the grid's
+    counts = None
     if fc.profile_path is not None:
         table = pd.read_csv(fc.profile_path)
-        if "duration_s" not in table.columns:
-            return fc.profile_path  # saved coefficients: their residuals, if any, are used as saved
+        if "duration_s" not in table.columns:  # saved coefficients: their residuals, if any, are used as saved
+            return fc.profile_path, routing.measured_skew(fc.moe_routing_skew, None, rc.model, out_dir)
     else:
         grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
         bar = tqdm(desc="profile", unit="shape", leave=False)
         table = profile_executor(executor, rc.scheduler, grid, progress=lambda n, row: bar.update(1))
         bar.close()
+        counts = take_counts() if take_counts is not None else None
+    skew = routing.measured_skew(fc.moe_routing_skew, counts, rc.model, out_dir)
+    table = routing.with_distinct_experts(table, rc.model, skew)
+    if fc.profile_path is None:
         table.to_csv(out_dir / "profile.csv", index=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, validation = validate(table, None, graphs)
     validation.to_csv(out_dir / "validation.csv", index=False)
     model.to_csv(out_dir / "profile_model.csv")
-    return str(out_dir / "profile_model.csv")
+    return str(out_dir / "profile_model.csv"), skew
+
+
+def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, skew: float) -> dict:
+    """What the simulations of a cell take from its engine runs (harness.compare.study.engine_meta),
+    with the routing skew they price an MoE model's steps at."""
+    return {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": skew}
 
 
 def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool,
-          record_sims: bool = False) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
+          record_sims: bool = False, skew: float = 0.0) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
     """The engine's runs (repeats) and each cost model's simulated run of one cell (and the
     carried model's, where one is given). record_sims: the simulated runs' steps carry their
     schedule hashes (the profiled model's point-estimate run; its interval draws never do)."""
@@ -149,7 +169,7 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
     for i in range(fc.repeats):
         outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
         engine_runs.append(outcome)
-        meta = meta or engine_meta(engine.info(), rc, outcome)
+        meta = meta or cell_meta(engine, rc, outcome, skew)
     sims = {}
     for name in fc.cost_models:
         sim_rc = sim_run_config(rc, name, profile_path, meta)
@@ -177,7 +197,7 @@ def warm_up(engine, rc: RunConfig) -> None:
 
 
 def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
-               profile_path: str, engine, sims: dict[str, RunOutcome]) -> None:
+               profile_path: str, engine, sims: dict[str, RunOutcome], skew: float = 0.0) -> None:
     """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps) and its requests'
     windows, engine runs and simulated runs side by side (harness.fidelity.windows); nothing
     without a steps_dir."""
@@ -185,7 +205,7 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
         return
     from harness.fidelity.steps import predictors, write_replays, write_windows
 
-    meta = engine_meta(engine.info(), rc, engine_runs[0])
+    meta = cell_meta(engine, rc, engine_runs[0], skew)
     write_replays(Path(fc.steps_dir), name, load, [run.steps for run in engine_runs],
                   predictors(rc, fc.cost_models, profile_path, meta))
     runs = {f"engine {i}": (run.requests, run.steps) for i, run in enumerate(engine_runs)}
@@ -216,7 +236,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
         raise ConfigError(f"backend=engine: {error}") from None
     rows, schedules = [], []
     try:
-        profile_path = calibrated_model(executor, rc, fc, out_dir)
+        profile_path, skew = calibrated_model(executor, rc, fc, out_dir)
         # one tick per cell (a class offline, then at each load), so the bar shows the whole run
         cells = tqdm(total=len(fc.workloads) * (1 + len(fc.loads)), desc="fidelity cells", unit="cell",
                      disable=not output.progress)
@@ -225,8 +245,8 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             engine = PinnedBlocks(executor, base.cache.num_blocks)
             if fc.warmup:
                 warm_up(engine, base)
-            engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True)
-            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine, sims)
+            engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True, skew=skew)
+            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine, sims, skew)
             schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
             engine_summaries, sim_summaries = summaries(engine_runs, sims)
             del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
@@ -237,8 +257,8 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             cells.update(1)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
-                engine_runs, sims = serve(engine, cell, fc, profile_path, False)
-                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine, sims)
+                engine_runs, sims = serve(engine, cell, fc, profile_path, False, skew=skew)
+                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine, sims, skew)
                 engine_summaries, sim_summaries = summaries(engine_runs, sims)
                 del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,

@@ -59,17 +59,18 @@ def check_per_head_rms_norm(device: str, dtype: torch.dtype, tokens: int, heads:
     assert torch.equal(buf, before), "rms_norm wrote into its input"
 
 
-def check_add_rms_norm(device: str, dtype: torch.dtype, tokens: int, dim: int, seed: int) -> None:
+def check_add_rms_norm(device: str, dtype: torch.dtype, tokens: int, dim: int, seed: int, terms: int = 0) -> None:
+    """terms > 0: x is [tokens, terms, dim], summed by the kernel (a mixture-of-experts layer's top-k)."""
     from kernels.rmsnorm import add_rms_norm
 
     gen = torch.Generator().manual_seed(seed)
-    x = _randn(gen, tokens, dim, device=device, dtype=dtype)
+    x = _randn(gen, tokens, *((terms,) if terms else ()), dim, device=device, dtype=dtype)
     residual = _randn(gen, tokens, dim, device=device, dtype=dtype, scale=4.0)
     w = _randn(gen, dim, device=device, dtype=dtype, scale=0.2) + 1
     x0, r0 = x.clone(), residual.clone()
     out, new_residual = add_rms_norm(x, residual, w, 1e-6)
-    ref_out, ref_residual = add_rms_norm_ref(x, residual, w, 1e-6)
-    what = f"add_rms_norm {tokens}x{dim} {dtype} seed {seed}"
+    ref_out, ref_residual = add_rms_norm_ref(x.float().sum(1) if terms else x, residual, w, 1e-6)
+    what = f"add_rms_norm {tokens}x{terms or ''}x{dim} {dtype} seed {seed}"
     assert_close_rel(new_residual, ref_residual, dtype, what + " (residual)")
     assert_close_rel(out, ref_out, dtype, what)
     assert torch.equal(x, x0) and torch.equal(residual, r0), "add_rms_norm changed its inputs"

@@ -37,6 +37,7 @@ def loop_bounds_computed_at_run_time():
 def test_norms(hidden):
     cases.check_rms_norm("cpu", F32, 5, hidden, fresh_seed())
     cases.check_add_rms_norm("cpu", F32, 3, hidden, fresh_seed())
+    cases.check_add_rms_norm("cpu", F32, 3, hidden, fresh_seed(), terms=4)
 
 
 @pytest.mark.parametrize("heads, head_dim", [(16, 128), (3, 64)])
@@ -78,6 +79,57 @@ def test_model_with_fused_kernels_matches_torch_path(preset, tmp_path):
     assert calls["qk_norm_rope_"] == calls["silu_and_mul"] == 2 * model.shape.num_layers
     for ours, ref in zip(got, expected):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
+# ---- mixture of experts: the router kernel, the layer from its logits, the model -----------------
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, block_m, renormalize", [(5, 8, 2, 16, True), (37, 128, 8, 16, False),
+                                                                         (20, 60, 6, 32, True), (0, 8, 2, 16, True)])
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_moe_route_align(tokens, experts, top_k, block_m, renormalize, dtype):
+    from tests.kernels import moe_cases
+
+    moe_cases.check_route_align("cpu", dtype, tokens, experts, top_k, block_m, renormalize, fresh_seed())
+
+
+def test_moe_route_align_with_the_scan_kernel(monkeypatch):
+    """Past SMALL_PROGRAMS chunks the alignment scans the count table once (prefill sizes)."""
+    import kernels.moe_align_triton as align
+    from tests.kernels import moe_cases
+
+    monkeypatch.setattr(align, "SMALL_PROGRAMS", 2)
+    moe_cases.check_route_align("cpu", F32, 40, 16, 4, 16, True, fresh_seed())
+
+
+@pytest.mark.parametrize("summed", [True, False])
+def test_fused_moe_routed(summed):
+    from kernels.moe_configs import MoeTiles
+    from tests.kernels import moe_cases
+
+    moe_cases.check_fused_moe_routed("cpu", F32, 9, 16, 4, 64, 32, True, summed, fresh_seed(), tiles=MoeTiles(16))
+
+
+def test_moe_model_with_fused_kernels_matches_torch_path_and_counts_alike(tmp_path):
+    """tiny-qwen3-moe: the router kernel, the fused experts and the top-k sum taken by the next
+    norm, against the torch path; the expert counter records the same choices on both."""
+    from engine.checkpoint import write_checkpoint
+    from engine.layers.moe import attach_expert_counter
+    from engine.loader import load_model
+    from tests.engine.fused_model_checks import prefill_then_decode
+
+    model, _ = load_model(write_checkpoint("tiny-qwen3-moe", tmp_path / "moe", seed=0), dtype="float32")
+    counter = attach_expert_counter(model, "cpu")
+    expected = prefill_then_decode(model, "cpu", lens=(5, 40, 3))
+    torch_counts = counter.take()
+    assert model.set_fused_kernels("triton", allow_cpu=True) > 0
+    got = prefill_then_decode(model, "cpu", lens=(5, 40, 3))
+    for ours, ref in zip(got, expected):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+    kernel_counts = counter.take()
+    assert kernel_counts.layers == torch_counts.layers == (1, 2)
+    assert (kernel_counts.tokens == torch_counts.tokens).all()
+    assert (torch_counts.tokens.sum(axis=1) == (48 + 3) * model.shape.num_experts_per_tok).all()
 
 
 # ---- the sampler's kernel path ------------------------------------------------------------

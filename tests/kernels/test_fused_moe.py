@@ -61,6 +61,7 @@ TUNED_TILES = [
     MoeTiles(32, GemmTiles(64, 256, 8, 2), GemmTiles(64, 256, 4, 3)),
     MoeTiles(64, GemmTiles(128, 64, 8, 4), GemmTiles(128, 128, 8, 3)),
     MoeTiles(64, GemmTiles(32, 64, 4, 5), GemmTiles(64, 128, 4, None)),
+    MoeTiles(128, GemmTiles(64, 64, 4, 3), GemmTiles(128, 64, 8, 4)),  # prefill sizes (T >= 4096)
 ]
 
 

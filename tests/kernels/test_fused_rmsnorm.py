@@ -30,6 +30,15 @@ def test_add_rms_norm(dtype, tokens, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 140])
+@pytest.mark.parametrize("terms", [2, 8])
+@pytest.mark.parametrize("hidden", [64, 2048])
+def test_add_rms_norm_sums_terms(dtype, tokens, terms, hidden):
+    """x [tokens, terms, hidden]: a mixture-of-experts layer's top-k outputs, summed as they are read."""
+    cases.check_add_rms_norm("cuda", dtype, tokens, hidden, fresh_seed(), terms=terms)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 33])
 @pytest.mark.parametrize("heads, head_dim", [(16, 128), (8, 128), (3, 64), (32, 64)])
 def test_per_head_rms_norm(dtype, tokens, heads, head_dim):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -39,9 +40,23 @@ def test_device_names_become_file_names():
     assert table_path(128, 768, "bfloat16", "NVIDIA H200").name == "fused_moe_128_768_bfloat16_NVIDIA_H200.json"
 
 
-def test_without_a_table_the_defaults_serve(tmp_path):
-    got = tiles_for(140, 8, 128, 768, "bfloat16", "No Such GPU", str(tmp_path))
+def test_without_a_table_the_defaults_serve_and_say_so_once(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="kernels.moe_configs"):
+        got = tiles_for(140, 8, 128, 768, "bfloat16", "No Such GPU", str(tmp_path))
+        tiles_for(7, 8, 128, 768, "bfloat16", "No Such GPU", str(tmp_path))
     assert got == MoeTiles(block_m_for(140 * 8, 128)) and got.gate_up == GemmTiles(64, 64, 4, None)
+    said = [r.getMessage() for r in caplog.records if "default tiles" in r.getMessage()]
+    assert len(said) == 1 and "fused_moe_128_768_bfloat16_No_Such_GPU.json" in said[0]
+
+
+def test_each_gpu_reads_its_own_table(tmp_path):
+    """An H100 and an H200 in one tree: the call's device name picks the file."""
+    h100 = {1: MoeTiles(16, GemmTiles(32, 256, 4, 2)), 4096: MoeTiles(128, GemmTiles(128, 64, 8, 3))}
+    _write(tmp_path)
+    write_table(table_path(128, 768, "bfloat16", "NVIDIA H100 80GB HBM3", tmp_path), 128, 768, "bfloat16",
+                "NVIDIA H100 80GB HBM3", h100, {"command": "test"})
+    assert tiles_for(3000, 8, 128, 768, "bfloat16", "NVIDIA H100 80GB HBM3", str(tmp_path)) == h100[4096]
+    assert tiles_for(3000, 8, 128, 768, "bfloat16", "NVIDIA H200", str(tmp_path)) == TUNED[1024]
 
 
 @pytest.mark.parametrize("tokens, key", [(1, 1), (2, 1), (64, 1), (65, 128), (140, 128), (575, 128), (576, 128),
