@@ -9,9 +9,14 @@ model that changed after a device call (a new transfer rule), or one the call di
 
 --check-label profiled prints the largest relative difference of the new point predictions from
 that cost model's in the table (the same model file must be given): 0 when this script rebuilds
-the cells exactly as the call did. --interval adds the prediction interval (sim.interval, the
-default IntervalConfig) as the fidelity run does for its profiled rows; --workloads keeps some
-classes (a call's NUM_REQUESTS may differ between classes).
+the cells exactly as the call did (and of the interval's bounds, where both have them). --interval
+adds the prediction interval (sim.interval, the default IntervalConfig) as the fidelity run does for
+its profiled rows; --workloads keeps some classes (a call's NUM_REQUESTS may differ between classes).
+--cost-model roofline prices the cells with the roofline of --hardware instead (no profile): for a
+call whose roofline priced another GPU than the one it ran on.
+
+    python experiments/fidelity/resimulate.py <table> --cost-model roofline --label roofline \
+        --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out /tmp/roofline.csv
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
     return rc if load == "offline" else classes.with_rate(rc, workload, rate)
 
 
-def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[str], num_blocks: int,
-               num_requests: int, preempt_num_blocks: int | None, interval: bool = False) -> pd.DataFrame:
+def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides: list[str], num_blocks: int,
+               num_requests: int, preempt_num_blocks: int | None, interval: bool = False,
+               cost_model: str = "profiled") -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -56,7 +62,7 @@ def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[s
         rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, preempt_num_blocks)
         blocks = rc.cache.num_blocks if workload == "preempting_bench" else num_blocks
         meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
-        sim_rc = sim_run_config(rc, "profiled", str(profile), meta)
+        sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
         sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -77,7 +83,9 @@ def resimulate(table: pd.DataFrame, profile: Path, label: str, overrides: list[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", type=Path, help="a device call's heldout.csv")
-    parser.add_argument("profile", type=Path, help="the profiled model (model.csv) to simulate with")
+    parser.add_argument("profile", type=Path, nargs="?", default=None,
+                        help="the profiled model (model.csv) to simulate with (not for --cost-model roofline)")
+    parser.add_argument("--cost-model", choices=("profiled", "roofline"), default="profiled")
     parser.add_argument("--label", required=True, help="the cost_model name of the new rows")
     parser.add_argument("--model", required=True, help="conf/model name")
     parser.add_argument("--hardware", required=True, help="conf/hardware name the call ran on")
@@ -93,18 +101,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
+        if (args.profile is None) != (args.cost_model == "roofline"):
+            raise ConfigError("profile: give a model.csv for --cost-model profiled, none for roofline")
         table = pd.read_csv(args.table)
         if args.workloads:
             table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
-                         args.preempt_num_blocks, args.interval)
+                         args.preempt_num_blocks, args.interval, args.cost_model)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
-            old = table[table["cost_model"] == args.check_label].set_index(keys)["sim"]
-            diff = (new.set_index(keys)["sim"] - old) / old
-            largest = np.nanmax(np.abs(diff))
-            print(f"largest relative difference from the call's {args.check_label} cells: {largest:.2e}")
+            old = table[table["cost_model"] == args.check_label].set_index(keys)
+            for column in ("sim", "sim_lo", "sim_hi"):
+                diff = (new.set_index(keys)[column] - old[column]) / old[column]
+                if diff.notna().any():
+                    largest = np.nanmax(np.abs(diff))
+                    print(f"largest relative difference of {column} from the call's {args.check_label} cells: "
+                          f"{largest:.2e}")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         new.to_csv(args.out, index=False)
         print(new.pivot_table(index=["workload", "load"], columns="metric", values="err").round(3).to_string())

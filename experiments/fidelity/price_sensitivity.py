@@ -1,0 +1,122 @@
+"""A call's cells simulated again with one kind of step priced differently, against the engine's
+values: which uniform or per-kind price change would bring a class's cells in, when no step
+replays came back. Each variant: all=F (every step x F), prefill=F (prefill steps), decode=F,
+added=S (S seconds more a step), or <part>:<regime>=F (that host fit of the profile, e.g.
+launch:prefill=1.3, the eager prefill's launches). A variant fitted on a held-out call's own
+engine values is a diagnosis, never a model. No GPU needed.
+
+    python -m experiments.fidelity.price_sensitivity experiments/fidelity/code_completion_h200/qwen3-8b/heldout.csv \
+        experiments/fidelity/h200/qwen3-8b_from_h100.csv --model qwen3-8b --hardware h200 --num-blocks 3002 \
+        --num-requests 250 --variants all=1.044 prefill=1.03 --out /tmp/price_8b.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from experiments.fidelity.code_completion_cpu import simulate
+from experiments.fidelity.resimulate import MAX_MODEL_LEN, cell_config
+from harness.compare.study import sim_run_config
+from harness.convert import ConfigError
+from harness.fidelity.report import PLOTTED, rel_error
+from harness.scripting import compose_run_config, one_line_errors
+from sim.profiled import HOST_PARTS
+
+OFFLINE = ("request_s", "ttft_p50_s", "tpot_p50_s")
+STEP_KINDS = {"all": (1, 1), "prefill": (1, 0), "decode": (0, 1)}
+
+
+def parse_variant(text: str) -> tuple[tuple[float, float, float], tuple[str, float] | None]:
+    """((prefill factor, decode factor, added seconds), (profile regime to scale, factor) or None)."""
+    name, sep, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not sep or number != number:
+        raise ConfigError(f"--variants: expected NAME=NUMBER, got {text!r}")
+    if name in STEP_KINDS:
+        on_prefill, on_decode = STEP_KINDS[name]
+        return (number if on_prefill else 1.0, number if on_decode else 1.0, 0.0), None
+    if name == "added":
+        return (1.0, 1.0, number), None
+    if name.partition(":")[0] in HOST_PARTS:
+        return (1.0, 1.0, 0.0), (name, number)
+    raise ConfigError(f"--variants: unknown {name!r}; known: {', '.join(STEP_KINDS)}, added, "
+                      f"{', '.join(p + ':<regime>' for p in HOST_PARTS)}")
+
+
+def scaled_profile(profile: Path, regime: str, factor: float, folder: Path) -> Path:
+    """A copy of the profile with one host fit's knots and coefficients scaled by factor."""
+    table = pd.read_csv(profile)
+    rows = (table["regime"] == regime) & table["kind"].isin(["knot", "linear"])
+    if not rows.any():
+        raise ConfigError(f"--variants: the profile has no fit {regime!r}")
+    table.loc[rows, "value"] *= factor
+    path = folder / f"{regime.replace(':', '_')}_x{factor}.csv"
+    table.to_csv(path, index=False)
+    return path
+
+
+def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_blocks: int, num_requests: int,
+                variants: list[str]) -> pd.DataFrame:
+    base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
+    reference = table[table["cost_model"] == table["cost_model"].iloc[0]]
+    meta = {"num_blocks": num_blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        plans = [("fit", (1.0, 1.0, 0.0), profile)]
+        for text in variants:
+            change, host = parse_variant(text)
+            plans.append((text, change, profile if host is None else scaled_profile(profile, *host, Path(folder))))
+        cells = list(reference.groupby(["workload", "load"], sort=False))
+        for (workload, load), part in tqdm(cells, desc="price sensitivity", unit="cell"):
+            rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, None)
+            engine = part.set_index("metric")["engine"]
+            for label, change, path in plans:
+                sim_rc = sim_run_config(rc, "profiled", str(path), meta)
+                sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
+                summary = simulate(sim_rc, change).summary
+                for metric in OFFLINE if str(load) == "offline" else PLOTTED:
+                    rows.append({"workload": workload, "load": str(load), "variant": label, "metric": metric,
+                                 "engine": float(engine[metric]), "sim": float(summary[metric]),
+                                 "err": rel_error(float(summary[metric]), float(engine[metric]))})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", type=Path, help="a call's heldout.csv (the engine's values and rates)")
+    parser.add_argument("profile", type=Path, help="the profiled model (model.csv) to change")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--hardware", required=True)
+    parser.add_argument("--num-blocks", type=int, required=True, help="the engine's KV blocks (the call's log)")
+    parser.add_argument("--num-requests", type=int, required=True)
+    parser.add_argument("--variants", nargs="+", required=True, help="NAME=NUMBER (module docstring)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        for text in args.variants:
+            parse_variant(text)
+        overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
+        result = sensitivity(pd.read_csv(args.table), args.profile, overrides, args.num_blocks, args.num_requests,
+                             args.variants)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        result.to_csv(args.out, index=False)
+        shown = result.pivot_table(index=["load", "metric"], columns="variant", values="err", sort=False)
+        print((100 * shown[["fit", *args.variants]]).round(1).to_string())
+        return 0
+
+    return one_line_errors(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The CPU scripts that read a held-out call again: cell_table's rows, price_sensitivity's variants
+and resimulate's cost-model arguments (the simulations themselves are the fidelity tests')."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from experiments.fidelity.cell_table import rows
+from experiments.fidelity.price_sensitivity import parse_variant
+from experiments.fidelity.resimulate import main as resimulate
+from harness.convert import ConfigError
+from harness.fidelity.report import PLOTTED
+
+
+def _cell(errors: list[float], lo: float, hi: float) -> pd.DataFrame:
+    return pd.DataFrame({"model": "qwen3-0.6b", "hardware": "H200-SXM-141GB", "cost_model": "carried", "load": 0.5,
+                         "metric": list(PLOTTED), "engine": 1.0, "err": errors, "engine_spread": 0.02,
+                         "sim_lo": lo, "sim_hi": hi})
+
+
+def test_a_cell_meets_its_bound_only_when_every_percentile_does():
+    within = rows(_cell([0.1, -0.149, 0.0, 0.05], 0.9, 1.1), {}, {"carried": 0.15})[0]
+    missed = rows(_cell([0.1, -0.151, 0.0, 0.05], 0.9, 1.1), {}, {"carried": 0.15})[0]
+    assert "| yes |" in within and "| no |" in missed
+    assert "-15.1% (2.0%)" in missed
+
+
+def test_the_conformal_margin_widens_the_interval_in_log_space():
+    # the engine (1.0) lies 5% above hi: outside, and inside once widened by a margin of ln(1.06)
+    line = rows(_cell([0.0] * 4, 0.9, 1 / 1.05), {"qwen3-0.6b": math.log(1.06)}, {})[0]
+    assert line.endswith("| 0/4, 4/4 |")
+
+
+@pytest.mark.parametrize(("text", "change", "host"), [
+    ("all=1.04", (1.04, 1.04, 0.0), None), ("prefill=1.03", (1.03, 1.0, 0.0), None),
+    ("decode=0.9", (1.0, 0.9, 0.0), None), ("added=0.0002", (1.0, 1.0, 0.0002), None),
+    ("launch:prefill=1.3", (1.0, 1.0, 0.0), ("launch:prefill", 1.3))])
+def test_price_variants_parse_into_step_factors_or_a_host_fit(text, change, host):
+    assert parse_variant(text) == (change, host)
+
+
+@pytest.mark.parametrize("text", ["prefill", "prefill=x", "gpu:prefill=1.1", "both=1.2"])
+def test_a_bad_price_variant_is_refused(text):
+    with pytest.raises(ConfigError, match="--variants"):
+        parse_variant(text)
+
+
+def test_resimulate_wants_a_profile_for_profiled_and_none_for_the_roofline(tmp_path, capsys):
+    common = ["--label", "x", "--model", "qwen3-0.6b", "--hardware", "h200", "--num-blocks", "10",
+              "--num-requests", "3", "--out", str(tmp_path / "o.csv")]
+    assert resimulate([str(tmp_path / "t.csv"), *common]) == 2
+    assert resimulate([str(tmp_path / "t.csv"), "p.csv", "--cost-model", "roofline", *common]) == 2
+    assert capsys.readouterr().err.count("error: profile:") == 2
