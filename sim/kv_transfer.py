@@ -31,12 +31,14 @@ LINKS = ("nvlink", "network")
 class TransferConfig:
     """fleet.transfer: link (nvlink | network); bandwidth (bytes/s per GPU, one way) and latency_s
     override the hardware's figures for that link (null: the hardware's); layerwise: overlap the
-    transfer with the prefill layer by layer."""
+    transfer with the prefill layer by layer; handshake: the engine's protocol, where the replicas
+    act on transfer messages only between their steps (engine.core.disagg_fleet)."""
 
     link: str = "nvlink"
     bandwidth: float | None = None
     latency_s: float | None = None
     layerwise: bool = False
+    handshake: bool = False
 
     def __post_init__(self) -> None:
         if self.link not in LINKS:
@@ -47,6 +49,8 @@ class TransferConfig:
             raise ValueError(f"fleet.transfer.latency_s must be a number >= 0 or null, got {self.latency_s!r}")
         if not isinstance(self.layerwise, bool):
             raise ValueError(f"fleet.transfer.layerwise must be true or false, got {self.layerwise!r}")
+        if not isinstance(self.handshake, bool):
+            raise ValueError(f"fleet.transfer.handshake must be true or false, got {self.handshake!r}")
 
 
 def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: HardwareSpec) -> tuple[float, float]:

@@ -24,13 +24,14 @@ SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-reques
 
 
 def _cells(tmp_path, **kw):
-    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim")
+    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim", handshake=kw.get("handshake", True))
     mc = MeasureConfig(("long", "conversation"), (0.5, 0.8), 1.0, 6, 10, 10, 0.1, 12, 4, common.trace_path(None), 0.0)
     return Cells(setup, mc, tmp_path, Deadline(kw.get("limit_s", 600.0))).run()
 
 
 def test_measure_with_the_simulator_measured_agrees_with_itself_exactly(tmp_path):
-    _cells(tmp_path)
+    # without the handshake the simulator's transfers are the link's price alone, which the fit recovers
+    _cells(tmp_path, handshake=False)
     table = pd.read_csv(tmp_path / "compare.csv")
     cells = table.drop_duplicates(["fleet", "workload", "load"])
     assert set(zip(cells["fleet"], cells["workload"], cells["load"].astype(str))) == {
@@ -43,6 +44,16 @@ def test_measure_with_the_simulator_measured_agrees_with_itself_exactly(tmp_path
     fit = pd.read_csv(tmp_path / "transfer_fit.csv").iloc[0]
     assert fit["bandwidth"] == pytest.approx(CPU_LINK.bandwidth)
     assert fit["latency_s"] == pytest.approx(CPU_LINK.latency_s)
+
+
+def test_measure_prices_the_engines_handshake_on_both_sides(tmp_path):
+    """By default both sides price the engine's protocol: the cells agree exactly, and the
+    transfers are no faster than the link alone prices them."""
+    _cells(tmp_path)
+    table = pd.read_csv(tmp_path / "compare.csv")
+    assert (table.loc[table["sim"] == "roofline", "rel_error"].abs() < 1e-9).all()
+    fit = pd.read_csv(tmp_path / "transfer_fit.csv").iloc[0]
+    assert fit["measured_p50_s"] >= fit["priced_p50_s"]
     moved = pd.read_csv(tmp_path / "transfers.csv")
     assert (moved["transfer_bytes"] > 0).all() and set(moved["load"].astype(str)) == {"offline", "0.5", "0.8"}
     runs = pd.read_csv(tmp_path / "runs.csv")

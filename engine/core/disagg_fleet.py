@@ -14,6 +14,15 @@ moment the prefill ends: one that waited finds its KV complete.
 
 Events are handled in time order, and every replica has run each iteration that starts before an
 event first (engine.core.fleet's rule for arrivals), so a router sees replicas as they are then.
+
+handshake=True prices the engine's protocol (engine.disagg_replica), where each replica's loop
+handles messages only between its steps: the decode replica learns of the transfer at its next
+step boundary after the first token; the prefill replica, told to send, posts the send at its next
+step boundary, after the step then in flight on its GPU (copying the blocks out synchronises the
+host with it), and frees its blocks there; the decode replica sees the receive complete at its
+next step boundary and writes the blocks after its step in flight, so the reported transfer_s
+runs from the send to the start of the first decode step that computes the request (the
+engine's). A replica with nothing running handles a message at once.
 """
 
 from __future__ import annotations
@@ -59,13 +68,17 @@ class DisaggResult:
     max_blocked: int = 0  # most requests waiting for a decode replica at once
 
 
-HANDOFF, LANDED, RETRY = 0, 1, 2
+HANDOFF, LANDED, RETRY, SEND, POST = 0, 1, 2, 3, 4
 
 
 class _Fleet:
     def __init__(self, prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica],
-                 decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None) -> None:
+                 decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None,
+                 handshake: bool = False) -> None:
         self.prefill, self.decode = prefill, decode
+        self.handshake = handshake
+        # handshake: per replica (prefill first), what waits for the end of its step in flight
+        self.after_step: dict[int, list[tuple[int, Request]]] = {}
         self.replicas: list[Replica] = [*prefill, *decode]
         self.decode_router, self.pricer, self.on_step = decode_router, pricer, on_step
         self.events: list[tuple[float, int, int, Request]] = []
@@ -88,17 +101,45 @@ class _Fleet:
     # ---- hooks: a replica finished a step ------------------------------------------------
 
     def _prefill_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+        self._step_ended(index, record)
         for copy in finished:
             self.push(copy.first_token_time or 0.0, HANDOFF, copy)
         if self.on_step is not None:
             self.on_step(index, record, [])
 
     def _decode_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+        self._step_ended(len(self.prefill) + index, record)
         if self.blocked and not self.retry_pending:
             self.push(record.start_s + record.duration_s, RETRY, self.blocked[0])
             self.retry_pending = True
         if self.on_step is not None:
             self.on_step(len(self.prefill) + index, record, finished)
+
+    def _step_ended(self, index: int, record: StepRecord) -> None:
+        waiting = self.after_step.pop(index, None)
+        if waiting:
+            end = record.start_s + record.duration_s
+            for kind, request in waiting:
+                if kind != LANDED:
+                    self.push(end, kind, request)
+                else:  # landed: the decode step that computes the request starts now
+                    transfer = self.transfers[request.request_id]
+                    transfer.transfer_s = end - transfer.start_s
+
+    def _loop_boundary(self, index: int, kind: int, request: Request, t: float, past_in_flight: bool) -> float | None:
+        """handshake: when replica `index`'s loop handles a message sent at t (past_in_flight: and its
+        host has waited for the step then in flight on its device). It has run every iteration that
+        starts before t: one that is idle or stalled handles it at once; one inside a step at its
+        end (its clock). None when that end is not known yet (the replica's next iteration starts
+        at t, the message just behind it, or a step in flight must end first): `kind` is then
+        handled for request as the replica's next step ends."""
+        replica = self.replicas[index]
+        if replica.next_event_time() == math.inf and replica.in_flight is None:
+            return t
+        if (past_in_flight and replica.in_flight is not None) or replica.clock.now() <= t:
+            self.after_step.setdefault(index, []).append((kind, request))
+            return None
+        return replica.clock.now()
 
     # ---- events --------------------------------------------------------------------------
 
@@ -108,7 +149,17 @@ class _Fleet:
         elif kind == LANDED:
             transfer = self.transfers[request.request_id]
             self.prefill[transfer.prefill].release(request.request_id, t)
+            if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
+                landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t, True)
+                if landed is not None:
+                    transfer.transfer_s = landed - transfer.start_s
             self.decode[transfer.decode].arrived(request, t)
+        elif kind == SEND:  # the prefill replica is told to send
+            post = self._loop_boundary(self.transfers[request.request_id].prefill, POST, request, t, True)
+            if post is not None:
+                self.push(post, POST, request)
+        elif kind == POST:
+            self._send(t, request)
         else:
             self.retry_pending = False
             while self.blocked and self._start(t, self.blocked[0], blocked=True):
@@ -155,18 +206,31 @@ class _Fleet:
         target.reserve(request)
         transfer = self.transfers[request.request_id]
         prefill_s = 0.0 if blocked or request.first_scheduled_time is None else t - request.first_scheduled_time
-        seconds, nbytes = self.pricer.price(request.num_prompt_tokens, transfer.prefill, target.index, prefill_s)
-        transfer.decode, transfer.start_s, transfer.transfer_s, transfer.bytes = target.index, t, seconds, nbytes
-        self.push(t + seconds, LANDED, request)
+        transfer.decode = target.index
+        if self.handshake:  # the decode replica reserves and says so at its next step boundary
+            ready = self._loop_boundary(len(self.prefill) + target.index, SEND, request, t, False)
+            if ready is not None:
+                self.push(ready, SEND, request)
+            return True
+        self._send(t, request, prefill_s)
         return True
+
+    def _send(self, t: float, request: Request, prefill_s: float = 0.0) -> None:
+        transfer = self.transfers[request.request_id]
+        seconds, nbytes = self.pricer.price(request.num_prompt_tokens, transfer.prefill, transfer.decode, prefill_s)
+        transfer.start_s, transfer.transfer_s, transfer.bytes = t, seconds, nbytes
+        if self.handshake:  # the engine's prefill replica frees the blocks once their copy is taken
+            self.prefill[transfer.prefill].release(request.request_id, t)
+        self.push(t + seconds, LANDED, request)
 
 
 def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica], requests: Iterable[Request],
                       prefill_router: Router, decode_router: Router, pricer: TransferPricer,
-                      on_step: FleetStepHook | None = None) -> DisaggResult:
-    """Serve requests to completion; replica indices in on_step: prefill first, then decode."""
+                      on_step: FleetStepHook | None = None, handshake: bool = False) -> DisaggResult:
+    """Serve requests to completion; replica indices in on_step: prefill first, then decode;
+    handshake: the engine's protocol (the module's docstring)."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
-    fleet = _Fleet(prefill, decode, decode_router, pricer, on_step)
+    fleet = _Fleet(prefill, decode, decode_router, pricer, on_step, handshake)
     replicas = fleet.replicas
     next_arrival = 0
     while True:

@@ -7,7 +7,8 @@ P + D aggregated replicas), started once on the GPUs and serving run after run:
 
 Every measured run is simulated with the same requests, the measured fleet's KV blocks per
 replica, and the GPU's profiled cost model; disaggregated runs price the KV transfer with the
-hardware's NVLink figures. Once the disaggregated fleet is done, the link's effective bandwidth
+hardware's NVLink figures and the engine's handshake (replicas act on transfer messages between
+their steps: fleet.transfer.handshake). Once the disaggregated fleet is done, the link's effective bandwidth
 and latency are fitted to its measured transfers (tables.fit_link) and its cells simulated again
 with them ("+ fitted link"): calibration, in-sample, reported beside the priced figures.
 """
@@ -154,7 +155,9 @@ class Cells:
         log(self.deadline, f"KV link: measured median transfer {1e3 * fit['measured_p50_s']:.3f} ms against "
                            f"{1e3 * fit['priced_p50_s']:.3f} ms priced; fitted {fit['bandwidth'] / 1e9:.1f} GB/s + "
                            f"{1e6 * fit['latency_s']:.0f} us")
-        link = self.setup.link(fit["bandwidth"], fit["latency_s"])
+        # the fit takes the measured transfers, step waits and all, for the link: priced without the
+        # handshake, which would count those waits twice
+        link = dataclasses.replace(self.setup.link(fit["bandwidth"], fit["latency_s"]), handshake=False)
         for cell, workload, blocks, row in self.served:
             sim_row = simulate(self.setup, self.sim_rc, "disaggregated", workload, blocks, link).summary.to_row()
             side = f"{self.sim_side} + fitted link"

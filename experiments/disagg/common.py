@@ -68,6 +68,7 @@ class Setup:
     measured: str = "engine"
     profile: str | None = None  # prices the simulated side; None: the roofline model (CPU runs)
     overrides: tuple[str, ...] = ()  # --set: Hydra overrides for both sides
+    handshake: bool = True  # the simulated disaggregated fleet prices the engine's protocol
 
     def run_config(self, side: str, scheduler: tuple[str, ...] = ()) -> RunConfig:
         """The measured ("measured") or simulated ("sim") side's RunConfig; the workload is set per run."""
@@ -84,8 +85,11 @@ class Setup:
 
     def link(self, bandwidth: float | None = None, latency_s: float | None = None) -> TransferConfig:
         base = CPU_LINK if self.cpu else TransferConfig(link="nvlink")
+        # NOTE the simulated side prices this engine's transfer protocol (engine.disagg_replica):
+        # replicas act on transfer messages only between their steps
         return dataclasses.replace(base, bandwidth=bandwidth if bandwidth is not None else base.bandwidth,
-                                   latency_s=latency_s if latency_s is not None else base.latency_s)
+                                   latency_s=latency_s if latency_s is not None else base.latency_s,
+                                   handshake=self.handshake)
 
     def fleet(self, mode: str, link: TransferConfig | None = None) -> DisaggConfig | FleetConfig:
         if mode == "disaggregated":

@@ -65,6 +65,9 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     if rc.backend != "sim":
         raise ConfigError(f"fleet.prefill.autoscale / fleet.decode.autoscale: pools scale on their own in the "
                           f"simulator only (backend=sim), got backend={rc.backend}")
+    if fleet.transfer.handshake:
+        raise ConfigError("fleet.transfer.handshake=true is not modelled with autoscaled pools "
+                          "(fleet.prefill.autoscale / fleet.decode.autoscale): set it false")
     pools = pool_run_configs(rc, dataclasses.replace(fleet, prefill_replicas=autoscales[0].max_replicas,
                                                      decode_replicas=autoscales[1].max_replicas))
     tps = [backend_tp_size(p) for p in pools]

@@ -81,7 +81,8 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
     started = time.perf_counter()
     with bar, cyclic_gc_paused():
         result = run_disaggregated(prefill, decode, workload.requests, routers[0], routers[1], pricer,
-                                   (lambda i, record, finished: bar.update(len(finished))) if progress else None)
+                                   (lambda i, record, finished: bar.update(len(finished))) if progress else None,
+                                   fleet.transfer.handshake)
     wall_s = time.perf_counter() - started
     for ex in executors:
         for executor in ex:
