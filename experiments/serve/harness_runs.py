@@ -11,6 +11,7 @@ benchmark runs it as a child, so the GPU's memory is free again for the servers 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -22,7 +23,12 @@ from harness.shared_executor import KeepAlive
 
 
 def main(argv: list[str]) -> int:
-    plan = json.loads(Path(argv[0]).read_text())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("plan", type=Path, help='JSON list of {"overrides": [...], "out": "folder"}')
+    args = parser.parse_args(argv)
+    if not args.plan.is_file():
+        parser.error(f"no such plan file: {args.plan}")
+    plan = json.loads(args.plan.read_text())
     configs = [compose_run_config(case["overrides"]) for case in plan]
     started = time.perf_counter()
     executor = make_executor(configs[0])

@@ -115,7 +115,7 @@ def test_a_catalogue_entry_without_a_price_names_the_field(tmp_path, monkeypatch
     (tmp_path / "hardware").mkdir()
     (tmp_path / "hardware" / "gpu_x.yaml").write_text(
         "name: X\npeak_flops: 1.0e+12\nmem_bandwidth: 1.0e+12\nmem_bytes: 1000000000\ninterconnect_bandwidth: 1.0e+9\n")
-    monkeypatch.setattr("harness.plan.config.CONF_DIR", tmp_path)
+    monkeypatch.setattr("harness.config.CONF_DIR", tmp_path)
     with pytest.raises(ConfigError, match=r"^hardware/gpu_x.price_per_gpu_hour is missing"):
         load_catalogue(("gpu_x",))
 
@@ -123,7 +123,7 @@ def test_a_catalogue_entry_without_a_price_names_the_field(tmp_path, monkeypatch
 @pytest.mark.parametrize("override, message", [
     ("plan.tp_sizes=[3]", r"plan.tp_sizes\[0\]: TP size 3 does not divide model.num_heads"),
     ("plan.routers=[random]", r"plan.routers\[0\] must be one of"),
-    ("plan.hardware=[tpu]", r"plan.hardware\[0\]: no catalogue entry conf/hardware/tpu.yaml"),
+    ("plan.hardware=[tpu]", r"plan.hardware\[0\]: no entry conf/hardware/tpu.yaml"),
     ("slo.ttft_p90_s=0", r"slo.ttft_p90_s must be a finite number > 0"),
 ])
 def test_bad_plan_input_is_one_line_naming_the_field(override, message, tmp_path):
