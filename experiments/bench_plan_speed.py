@@ -11,8 +11,8 @@ upper bound.
 
 --baseline TREE times the same evaluations with another checkout of this repository (e.g. one
 from before a change) side by side: each tree in a fresh process of its own, alternating for
---rounds rounds (baseline first), the best wall time of each kept; the plan rows of the two trees
-must be identical (every column but eval_s), else the bench exits 1.
+--rounds rounds (baseline first), the best wall time and the best CPU time of each kept; the
+plan rows of the two trees must be identical (every column but eval_s), else the bench exits 1.
 
   python experiments/bench_plan_speed.py [--evaluations 200] [--jobs 2] [--out outputs/bench/plan_speed.csv]
   python experiments/bench_plan_speed.py --baseline ../before [--rounds 2]   # side by side
@@ -46,7 +46,9 @@ OVERRIDES = ["experiment=plan", "workload=trace_azure_conv", "workload.rate=null
 TARGET_S, TARGET_EVALUATIONS = 60.0, 200  # fewer evaluations never meet it
 
 # Run in each tree (a fresh process, its own code) with only what every tree since c9a06fd has: this
-# bench's grid and overrides, PlanBase and evaluate_all. Prints the timing and the plan rows as JSON.
+# bench's grid and overrides, PlanBase and evaluate_all. Prints the wall time, the CPU time of this
+# process and its workers (less sensitive to other work on the machine, though not immune: shared
+# cores and caches) and the plan rows as JSON.
 MEASURE = """
 import json, os, sys, time
 from functools import partial
@@ -62,11 +64,15 @@ rc = compose_run_config(bench.OVERRIDES)
 base = PlanBase(rc, load_catalogue(("a100", "h100", "h200")), SLOConfig(), RouterConfig())
 mapper = partial(parallel_map, backend="joblib", num_workers=jobs) if jobs > 1 else map
 load = os.getloadavg()[0]
-started = time.perf_counter()
+cpu = lambda t: t.user + t.system + t.children_user + t.children_system
+before, started = os.times(), time.perf_counter()
 rows = evaluate_all(bench.grid(n), base, mapper)
 wall = time.perf_counter() - started
-print(json.dumps({"wall_s": wall, "load_before": load, "load_after": os.getloadavg()[0],
-                  "rows": [dict(row) for row in rows]}, default=str))
+if jobs > 1:  # the workers' CPU time counts once they have exited
+    from joblib.externals.loky import get_reusable_executor
+    get_reusable_executor().shutdown(wait=True)
+print(json.dumps({"wall_s": wall, "cpu_s": cpu(os.times()) - cpu(before), "load_before": load,
+                  "load_after": os.getloadavg()[0], "rows": [dict(row) for row in rows]}, default=str))
 """
 
 
@@ -137,15 +143,18 @@ def run(args) -> int:
     for round_ in range(args.rounds):
         for name, tree in trees.items():
             runs[name].append(measure(tree, args.evaluations, args.jobs))
-            print(f"round {round_ + 1}, {name}: {runs[name][-1]['wall_s']:.1f} s", flush=True)
+            last = runs[name][-1]
+            print(f"round {round_ + 1}, {name}: {last['wall_s']:.1f} s ({last['cpu_s']:.1f} CPU s), load average "
+                  f"{last['load_before']:.1f} -> {last['load_after']:.1f}", flush=True)
     best = {name: min(timings, key=lambda r: r["wall_s"]) for name, timings in runs.items()}
+    cpu = {name: min(r["cpu_s"] for r in timings) for name, timings in runs.items()}
     reference = _results(best["this"]["rows"])
     identical = all(_results(r["rows"]) == reference for timings in runs.values() for r in timings)
     this, table = best["this"], pd.DataFrame(best["this"]["rows"])
     wall = this["wall_s"]
     row = {
         "evaluations": len(table), "simulations": len({simulation_key(d) for d in grid(args.evaluations)}),
-        "requests_per_evaluation": 2000, "jobs": args.jobs, "wall_s": round(wall, 1),
+        "requests_per_evaluation": 2000, "jobs": args.jobs, "wall_s": round(wall, 1), "cpu_s": round(cpu["this"], 1),
         "mean_eval_s": round(float(table.loc[table["eval_s"] > 0, "eval_s"].mean()), 2),
         "errors": int((table["error"] != "").sum()), "target_s": TARGET_S,
         "meets_target": len(table) >= TARGET_EVALUATIONS and wall < TARGET_S,
@@ -153,6 +162,8 @@ def run(args) -> int:
         "baseline": _commit(args.baseline) if args.baseline else "",
         "baseline_wall_s": round(best["baseline"]["wall_s"], 1) if args.baseline else float("nan"),
         "speedup": round(best["baseline"]["wall_s"] / wall, 2) if args.baseline else float("nan"),
+        "baseline_cpu_s": round(cpu["baseline"], 1) if args.baseline else float("nan"),
+        "cpu_speedup": round(cpu["baseline"] / cpu["this"], 2) if args.baseline else float("nan"),
         "rows_identical": identical, "rounds": args.rounds,
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit(REPO),
@@ -160,7 +171,8 @@ def run(args) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([row]).to_csv(args.out, index=False)
-    against = f"; baseline {row['baseline']} {row['baseline_wall_s']} s (x{row['speedup']})" if args.baseline else ""
+    against = (f"; baseline {row['baseline']} {row['baseline_wall_s']} s (x{row['speedup']}; CPU "
+               f"{row['baseline_cpu_s']} s against {row['cpu_s']} s: x{row['cpu_speedup']})" if args.baseline else "")
     print(f"{len(table)} evaluations ({row['simulations']} simulations) of a 2,000-request trace in {wall:.1f} s on "
           f"{args.jobs} processes (target: {TARGET_EVALUATIONS} in < {TARGET_S:.0f} s: "
           f"{'met' if row['meets_target'] else 'missed'}){against}; "

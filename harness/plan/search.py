@@ -11,7 +11,8 @@ known to meet the SLO; a configuration whose single replica already costs that m
 and a search stops growing at the most replicas still cheaper than it. Configurations are searched
 in rounds (each active one proposes its next replica count), so every round is one call of
 evaluate_all(), the single place where deployments are evaluated: a parallel map can be passed in
-there (default: serial).
+there (default: serial). Deployments that are the same simulation (simulation_key: one replica,
+any router) are simulated once; their rows are identical but for eval_s (0 for the copies).
 """
 
 from __future__ import annotations
