@@ -73,10 +73,12 @@ def test_the_key_keeps_apart_what_can_differ():
         assert simulation_key(d) != simulation_key(dataclasses.replace(d, **{field: value}))
 
 
-def test_a_fleet_that_keeps_only_step_totals_has_the_same_summaries(base):
-    """What evaluate() asks of run_fleet_once (keep_steps=False) against the whole step tables."""
+@pytest.mark.parametrize("tp_size", [1, 2])  # overlapped steps, then plain ones
+def test_a_fleet_that_keeps_only_step_totals_has_the_same_summaries(base, tp_size):
+    """What evaluate() asks of run_fleet_once (keep_steps=False: fast-forwarded runs are added to
+    the totals at once) against the whole step tables."""
     rc = dataclasses.replace(base.rc, hardware=base.catalogue["h100"])
-    kept, totals = (run_fleet_once(rc, FleetConfig(2, 1), RouterConfig(name="least_tokens"), progress=False,
+    kept, totals = (run_fleet_once(rc, FleetConfig(2, tp_size), RouterConfig(name="least_tokens"), progress=False,
                                    keep_steps=keep) for keep in (True, False))
     assert len(kept.steps) > 0 and totals.steps.empty
     for whole, summed in zip([kept.summary, *kept.replica_summaries], [totals.summary, *totals.replica_summaries]):
