@@ -7,8 +7,10 @@ step, DecodeRunner.decode_prices) and books them here: the block manager gets th
 prefix-cache registrations the step-by-step path would give, in the same order (per step: blocks
 in running order, then full blocks offered to the cache in batch order), each request its tokens
 (DecodeRunner.sample_tokens, the tokens the backend would sample), the clock the same durations
-added one at a time, and the run a StepRecord per step. So requests, steps and the clock end
-exactly as the step-by-step path leaves them; tests/core/test_fast_forward.py checks that.
+added one at a time, and the run a StepRecord per step (a replica that keeps only step totals:
+the run added to them at once). So requests, steps and the clock end exactly as the step-by-step
+path leaves them; tests/sim/test_fast_forward.py checks that (tests/harness/test_plan_speed.py
+and test_workload_stream.py the totals).
 
 A run stops before the step that would finish a request (the normal path plans it), before the
 step that would need more blocks than are free (a preemption), and before any step that starts
@@ -127,6 +129,9 @@ class _FastRun:
         previous_duration = 0.0
         allocs, fills = self.allocs, self.fills
         prices = self.prices
+        # Steps the replica only sums (run(keep_steps=False) and no step hook) are added to its
+        # totals after the run, as its records would have been: no StepStats or record per step.
+        totals = replica.result.step_totals if replica.on_step is None else None
         while step < self.max_steps:
             now = clock.now()
             if now >= horizon:
@@ -141,9 +146,7 @@ class _FastRun:
                 self._allocate(due)
             step += 1
             duration = next(prices)
-            new_stats = StepStats(base.step + step, base.kind, base.num_requests, 0, base.num_decode_tokens,
-                                  base.num_waiting, base.num_running, bm.num_free_blocks, 0, 0,
-                                  base.repeated_kv_tokens, base.decode_repeated_kv_tokens)
+            new_stats = self._stats(step) if totals is None else base
             if overlap:
                 if step == 1:
                     assert replica.in_flight is not None, "an overlapped decode step is in flight"
@@ -151,16 +154,30 @@ class _FastRun:
                 clock.advance(previous_duration)
                 if fills and fills[0][0] == step:
                     self._register(step)
-                record_step(clock.now() - previous_duration, previous_duration, stats, None, [])
+                if totals is None:
+                    record_step(clock.now() - previous_duration, previous_duration, stats, None, [])
                 stats, previous_duration = new_stats, duration
             else:
                 if fills and fills[0][0] == step:
                     self._register(step)
                 clock.advance(duration)
-                record_step(now, duration, new_stats, None, [])
+                if totals is None:
+                    record_step(now, duration, new_stats, None, [])
         if step:
+            if totals is not None:  # what record_step would have summed: overlapped, the first record is plan's
+                totals.count += step
+                totals.requests += step * base.num_requests
+                totals.prefill_tokens += base.num_prefill_tokens if overlap else 0
+                stats = self._stats(step) if overlap else base  # the step left in flight
             self._finish(step, stats, previous_duration)
         return step
+
+    def _stats(self, step: int) -> StepStats:
+        """Step `step` of the run's StepStats (the free blocks as they are after its blocks came)."""
+        base = self.plan.stats
+        return StepStats(base.step + step, base.kind, base.num_requests, 0, base.num_decode_tokens,
+                         base.num_waiting, base.num_running, self.bm.num_free_blocks, 0, 0,
+                         base.repeated_kv_tokens, base.decode_repeated_kv_tokens)
 
     def _due(self, step: int) -> list[tuple[int, int]]:
         """The requests that need a block at step, popped in running order."""

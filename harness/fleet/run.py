@@ -22,6 +22,7 @@ from tqdm import tqdm
 from engine.core import make_scheduler
 from engine.core.fleet import FleetResult, run_fleet, run_fleet_wall
 from engine.core.loop import Replica, SimulatedClock, WallClock
+from engine.core.records import StepTotals
 from engine.core.routers import RouterConfig, make_router
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
@@ -46,11 +47,12 @@ class FleetOutcome:
 
 
 @contextmanager
-def _fleet(rc: RunConfig, rcs: list[RunConfig]):
+def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True):
     """The replicas of rcs, built: yields their BackendInfos and serve(requests, router, on_step),
-    which runs a workload on them to completion; stops them afterwards."""
+    which runs a workload on them to completion; stops them afterwards. keep_steps=False:
+    simulated replicas keep only their step totals (engine replicas report every step)."""
     try:
-        built = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs)
+        built = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs, keep_steps)
         infos, serve = next(built)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"backend={rc.backend}: {error}") from None
@@ -60,7 +62,7 @@ def _fleet(rc: RunConfig, rcs: list[RunConfig]):
         built.close()
 
 
-def _sim_fleet(rcs: list[RunConfig]):
+def _sim_fleet(rcs: list[RunConfig], keep_steps: bool):
     from sim import build_sim_executor
 
     executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler) for r in rcs]
@@ -69,6 +71,9 @@ def _sim_fleet(rcs: list[RunConfig]):
     def serve(requests, route, on_step) -> FleetResult:
         replicas = [Replica(i, make_scheduler(rc.scheduler, info, rc.cache), e, SimulatedClock())
                     for i, (e, info, rc) in enumerate(zip(executors, infos, rcs))]
+        if not keep_steps:
+            for replica in replicas:
+                replica.result.step_totals = StepTotals()
         with cyclic_gc_paused():
             return run_fleet(replicas, requests, route, on_step)
 
@@ -96,21 +101,24 @@ def _engine_fleet(rc: RunConfig, rcs: list[RunConfig]):
 
 
 def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
-                   label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS) -> FleetOutcome:
+                   label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS,
+                   keep_steps: bool = True) -> FleetOutcome:
     """Serve rc.workload on the fleet to completion. step_columns: those of the step tables
-    (harness.output.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read)."""
-    with fleet_server(rc, fleet, router, progress, step_columns) as serve:
+    (harness.output.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read);
+    keep_steps=False: a simulated fleet records no steps, only the totals its summaries need
+    (engine.core.records.StepTotals): the same summaries, empty step tables."""
+    with fleet_server(rc, fleet, router, progress, step_columns, keep_steps) as serve:
         return serve(rc.workload, label)
 
 
 @contextmanager
 def fleet_server(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
-                 step_columns: tuple[str, ...] = STEP_COLUMNS):
+                 step_columns: tuple[str, ...] = STEP_COLUMNS, keep_steps: bool = True):
     """The fleet's replicas, built once (engine replicas: their processes started and loaded);
     yields serve(workload, label="") -> FleetOutcome, which serves a WorkloadConfig on them to
     completion, as often as called (each run builds fresh schedulers); stops them afterwards."""
     rcs = replica_run_configs(rc, fleet)
-    with _fleet(rc, rcs) as (infos, serve_requests):
+    with _fleet(rc, rcs, keep_steps) as (infos, serve_requests):
         def serve(workload: WorkloadConfig, label: str = "") -> FleetOutcome:
             run_rc = replace(rc, workload=workload)
             built = build_workload(workload, rc.scheduler.max_model_len, infos[0].vocab_size)
@@ -144,17 +152,26 @@ def tabulate(result: FleetResult, replica_blocks: list[int], labels: RunLabels,
         req, st = requests_frame(replica), steps_frame(replica, step_columns)
         rejected.update(replica.rejected)
         mine = replace(labels, replica=index, num_rejected=len(replica.rejected))
-        summaries.append(summarize(req, st, replica.makespan_s, blocks, mine))
+        summaries.append(summarize(req, st, replica.makespan_s, blocks, mine, replica.step_totals))
         requests.append(req.assign(replica=index))
         steps.append(st.assign(replica=index))
     fleet_requests = pd.concat(requests, ignore_index=True)
     fleet_steps = pd.concat(steps, ignore_index=True)
     summary = summarize(fleet_requests, fleet_steps, result.makespan_s, sum(replica_blocks),
-                        replace(labels, num_rejected=len(rejected)))
+                        replace(labels, num_rejected=len(rejected)), _fleet_totals(result))
     if rejected:
         log.warning("%d of %d requests were rejected at admission, e.g. %s: %s", len(rejected),
                     labels.num_submitted, *next(iter(rejected.items())))
     return FleetOutcome(fleet_requests, fleet_steps, summary, summaries, replica_blocks, rejected)
+
+
+def _fleet_totals(result: FleetResult) -> StepTotals | None:
+    """The replicas' step totals summed; None where a replica kept its steps."""
+    totals = [replica.step_totals for replica in result.replicas if replica.step_totals is not None]
+    if len(totals) < len(result.replicas):
+        return None
+    return StepTotals(sum(t.count for t in totals), sum(t.prefill_tokens for t in totals),
+                      sum(t.requests for t in totals))
 
 
 def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:

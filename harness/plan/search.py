@@ -11,7 +11,8 @@ known to meet the SLO; a configuration whose single replica already costs that m
 and a search stops growing at the most replicas still cheaper than it. Configurations are searched
 in rounds (each active one proposes its next replica count), so every round is one call of
 evaluate_all(), the single place where deployments are evaluated: a parallel map can be passed in
-there (default: serial).
+there (default: serial). Deployments that are the same simulation (simulation_key: one replica,
+any router) are simulated once; their rows are identical but for eval_s (0 for the copies).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
         with cyclic_gc_paused(), fit_warnings_muted():
             outcome = run_fleet_once(rc, FleetConfig(d.replicas, d.tp_size),
                                      dataclasses.replace(base.router, name=d.router), progress=False,
-                                     step_columns=SUMMARY_STEP_COLUMNS)
+                                     step_columns=SUMMARY_STEP_COLUMNS, keep_steps=False)
     except (ValueError, TypeError) as error:  # e.g. the model does not fit this hardware at this TP
         return PlanRow(d, base.cost_per_hour(d), slo_ratio=math.inf, meets_slo=False,
                        error=str(error).splitlines()[0], eval_s=time.perf_counter() - started)
@@ -94,8 +95,21 @@ def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
 
 
 def evaluate_all(deployments: list[Deployment], base: PlanBase, mapper: Callable = map) -> list[PlanRow]:
-    """The one place deployments are evaluated; mapper(fn, items) may be a parallel map."""
-    return list(mapper(partial(evaluate, base=base), deployments))
+    """The one place deployments are evaluated; mapper(fn, items) may be a parallel map. Deployments
+    with the same simulation_key are simulated once: the others get that row (eval_s 0)."""
+    first: dict[Deployment, int] = {}  # simulation key -> index of its first deployment
+    for i, d in enumerate(deployments):
+        first.setdefault(simulation_key(d), i)
+    simulated = list(first.values())
+    rows = dict(zip(simulated, mapper(partial(evaluate, base=base), [deployments[i] for i in simulated])))
+    return [rows[i] if i in rows else dataclasses.replace(rows[first[simulation_key(d)]], deployment=d, eval_s=0.0)
+            for i, d in enumerate(deployments)]
+
+
+def simulation_key(d: Deployment) -> Deployment:
+    """Deployments with the same key are the same simulation, bit for bit: with one replica the
+    router never chooses, so every router gives the row (tests/harness/test_plan_speed.py)."""
+    return dataclasses.replace(d, router="") if d.replicas == 1 else d
 
 
 class ReplicaSearch:
@@ -147,7 +161,7 @@ def search(configs: Iterable[Deployment], base: PlanBase, max_replicas: int, bat
     the dearer ones early); a single replica's result is shared by every router."""
     searches = [ReplicaSearch(c, max_replicas) for c in configs]
     rows: list[PlanRow] = []
-    single: dict[Deployment, PlanRow] = {}  # replicas=1 results by configuration, router left out
+    known: dict[Deployment, PlanRow] = {}  # rows by simulation_key: one simulation each
     best = math.inf
     with tqdm(desc="deployments evaluated", unit="dep", disable=not progress, leave=False) as bar:
         while True:
@@ -161,24 +175,18 @@ def search(configs: Iterable[Deployment], base: PlanBase, max_replicas: int, bat
                 break
             proposals.sort(key=lambda p: base.cost_per_hour(p[1]))
             batch = proposals[:batch_size]  # the others propose again next round, against the new best
-            todo = [d for _, d in batch if _router_free(d) not in single]
+            todo = [d for _, d in batch if simulation_key(d) not in known]
             fresh = dict(zip(todo, evaluate_all(todo, base, mapper)))
             for s, deployment in batch:
-                row = fresh.get(deployment) or dataclasses.replace(single[_router_free(deployment)],
+                row = fresh.get(deployment) or dataclasses.replace(known[simulation_key(deployment)],
                                                                    deployment=deployment, eval_s=0.0)
-                if deployment.replicas == 1:
-                    single.setdefault(_router_free(deployment), row)
+                known.setdefault(simulation_key(deployment), row)
                 s.record(deployment.replicas, row)
                 rows.append(row)
                 if row.meets_slo:
                     best = min(best, row.cost_per_hour)
             bar.update(len(todo))
     return pd.DataFrame([row.as_dict() for row in rows])
-
-
-def _router_free(d: Deployment) -> Deployment:
-    """The key of a single replica's result: with one replica every router routes alike."""
-    return dataclasses.replace(d, router="") if d.replicas == 1 else d
 
 
 def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
