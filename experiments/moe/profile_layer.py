@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from experiments.moe.tune_fused_moe import time_graph
 from kernels.fused_moe import call_tiles, experts, fused_moe, fused_moe_routed
 from kernels.moe_align_triton import moe_align_triton
 from kernels.moe_reference import route
@@ -34,25 +35,6 @@ from kernels.rmsnorm import add_rms_norm
 
 TOKENS = (1, 16, 64, 140, 256, 4096, 16384)
 ROUTINGS = 4
-
-
-def time_graph(launch, routings: int, replays: int) -> float:
-    """Microseconds per launch of launch(r), r = 0..routings-1, captured in one CUDA graph."""
-    for r in range(routings):
-        launch(r)  # compile and allocate outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(routings):
-            launch(r)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * routings)
 
 
 class Layer:

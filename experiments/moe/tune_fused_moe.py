@@ -61,7 +61,8 @@ def stage_one(block_m: int, gated: bool, elem: int, smem: int) -> list[GemmTiles
 
 def time_graph(launch, routings: int, replays: int) -> float:
     """Microseconds per launch of launch(r), r = 0..routings-1, captured in one CUDA graph."""
-    launch(0)  # compile outside the capture
+    for r in range(routings):
+        launch(r)  # compile and allocate outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
