@@ -57,16 +57,17 @@ def prefill_copy(request: Request) -> Request:
     return Request(request.request_id, request.prompt_token_ids, params, request.arrival_time)
 
 
-class PrefillReplica(Replica):
-    """A replica whose finished requests keep their KV blocks until release(request_id)."""
+class TransferReplica(Replica):
+    """A replica that can stall: an empty step while requests wait (the scheduler's RuntimeError)
+    is a wait for blocks that a transfer frees or fills when waits_on_transfers() says so; the
+    fleet's release() or arrived() resumes it."""
 
     def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
-        bm = scheduler.block_manager
-        # before anything is allocated: the scheduler was just built
-        assert bm.num_used_blocks == 0, "a prefill replica needs a fresh scheduler"
-        scheduler.block_manager = HoldingBlockManager(bm.num_blocks, bm.block_size, bm.enable_prefix_caching)
         super().__init__(index, scheduler, executor, clock)
-        self.stalled = False  # its queue head waits for blocks that only a release() frees
+        self.stalled = False
+
+    def waits_on_transfers(self) -> bool:
+        raise NotImplementedError
 
     def next_event_time(self) -> float:
         return math.inf if self.stalled else super().next_event_time()
@@ -75,11 +76,25 @@ class PrefillReplica(Replica):
         try:
             super().tick()
         except RuntimeError:
-            # an empty step with requests waiting: every block is taken, and nothing runs here to free
-            # one, so the blocks held for transfers are the ones it waits for
-            if not self.holding.held:
+            if not self.waits_on_transfers():
                 raise
             self.stalled = True
+
+
+class PrefillReplica(TransferReplica):
+    """A replica whose finished requests keep their KV blocks until release(request_id)."""
+
+    def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
+        bm = scheduler.block_manager
+        # before anything is allocated: the scheduler was just built
+        assert bm.num_used_blocks == 0, "a prefill replica needs a fresh scheduler"
+        scheduler.block_manager = HoldingBlockManager(bm.num_blocks, bm.block_size, bm.enable_prefix_caching)
+        super().__init__(index, scheduler, executor, clock)
+
+    def waits_on_transfers(self) -> bool:
+        # an empty step with requests waiting: every block is taken, and nothing runs here to free
+        # one, so the blocks held for transfers are the ones it waits for
+        return bool(self.holding.held)
 
     @property
     def holding(self) -> HoldingBlockManager:
@@ -95,27 +110,18 @@ class PrefillReplica(Replica):
             self.clock.wait_until(t)
 
 
-class DecodeReplica(Replica):
+class DecodeReplica(TransferReplica):
     """A replica fed requests whose prompt KV arrives by transfer: reserve() at the transfer's
     start, then its inbox at the transfer's end, from which admit() takes them all at once."""
 
     def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
-        super().__init__(index, scheduler, executor, clock)
         self.incoming: dict[str, Request] = {}  # blocks reserved, KV in transit
-        self.stalled = False  # its waiting (preempted) requests lack blocks that KV in transit holds
+        super().__init__(index, scheduler, executor, clock)
 
-    def next_event_time(self) -> float:
-        return math.inf if self.stalled else super().next_event_time()
-
-    def tick(self) -> None:
-        try:
-            super().tick()
-        except RuntimeError:
-            # an empty step with a preempted request waiting and none running: the blocks it lacks
-            # are reserved for KV in transit, so it waits for that to land
-            if not self.incoming:
-                raise
-            self.stalled = True
+    def waits_on_transfers(self) -> bool:
+        # an empty step with a preempted request waiting and none running: the blocks it lacks
+        # are reserved for KV in transit, so it waits for that to land
+        return bool(self.incoming)
 
     def outstanding_requests(self) -> int:
         return super().outstanding_requests() + len(self.incoming)
