@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
@@ -106,11 +107,20 @@ class SimExecutor:
 
     # ---- fast-forward (engine.core.fast_forward.DecodeRunner) ------------------------------------
 
-    def decode_prices(self, plan: StepPlan) -> Iterator[float] | None:
+    def fast_forwards(self) -> bool:
+        """Runs of decode steps may be booked at once: fast-forward is on and no hook watches the steps."""
+        return self.fast_forward and not self._hooks.watched
+
+    def decode_price_array(self, plan: StepPlan, first: int, count: int) -> npt.NDArray[np.float64] | None:
+        """The prices of plan's repeats first .. first + count - 1 in one array, from a cost model
+        that prices them so (decode_run_prices: one without state, which drained() leaves as it
+        is); None otherwise."""
+        prices = getattr(self.cost_model, "decode_run_prices", None)
+        return None if prices is None else prices(plan, first, count)
+
+    def decode_prices(self, plan: StepPlan) -> Iterator[float]:
         """The prices of plan's repeats, as execute() (drained before each) or submit() (one in
-        flight) would give them; None when fast-forward is off or hooks watch the steps."""
-        if not self.fast_forward or self._hooks.watched:
-            return None
+        flight) would give them."""
         cost_model = self.cost_model
         repeats = getattr(cost_model, "decode_repeats", None)
         prices: Iterator[float] = repeats(plan) if repeats is not None else _repeat_plans(cost_model, plan)

@@ -34,6 +34,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+import numpy as np
+import numpy.typing as npt
+
 from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.plan import StepPlan
 from engine.core.sampling_params import samples_by_shard
@@ -155,6 +158,38 @@ class RooflineCostModel:
             context_j = context + j * num_seqs
             yield self.time_for(num_seqs, num_seqs, context_j, decode_attention_pairs(context_j, num_seqs), num_seqs,
                                 repeated, whole_vocab)
+
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> npt.NDArray[np.float64]:
+        """decode_repeats() of repeats first .. first + count - 1 in one array: time_for()'s
+        arithmetic, operation for operation, on arrays of the contexts (every other total is the
+        same at each repeat), so each price equals the scalar one bit for bit."""
+        scheduled = plan.scheduled
+        n = len(scheduled)
+        context: npt.NDArray[np.int64] = np.arange(first, first + count, dtype=np.int64) * n + \
+            sum(entry.num_computed_tokens for entry in scheduled)
+        whole_vocab = bool(self._num_all_reduces and n) and gathers_logits(plan)
+        repeated = plan.stats.repeated_kv_tokens
+        bw = self._bandwidth
+        # time_for(n, n, context, decode_attention_pairs(context, n), n, repeated, whole_vocab)
+        linear = self._linear_flops_per_token * n / self._matmul_rate
+        memory = (self._linear_weight_bytes + self._activation_bytes_per_token * n) / bw
+        fixed = linear if linear > memory else memory
+        if self._experts is not None:
+            fixed += self._experts.time(n)
+        pairs = decode_attention_pairs(context, np.full(count, n, dtype=np.int64))
+        attention = self._attention_flops_per_pair * pairs / self._attention_rate
+        kv_memory = self._kv_bytes_per_token * (context + n) / bw - self._repeat_saving_s * repeated
+        total = fixed + np.where(attention > kv_memory, attention, kv_memory)
+        if n:
+            lm_head = self._lm_flops_per_row * n / self._matmul_rate
+            memory = (self._lm_weight_bytes + self._lm_bytes_per_row * n) / bw
+            total += lm_head if lm_head > memory else memory
+        if self._num_all_reduces:
+            total += self._all_reduces_time(n)
+            if n:
+                total += self._latency + (self._gather_s_per_row * n if whole_vocab else 0.0)
+        out: npt.NDArray[np.float64] = total + self._step_overhead + self._seq_overhead * n
+        return out
 
     def drained(self) -> None:
         """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""

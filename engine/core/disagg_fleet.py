@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
-from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord
+from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, StepRun
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
+from engine.core.step_log import first_step_end
 
 
 class TransferPricer(Protocol):
@@ -87,15 +88,15 @@ class _Fleet:
 
     # ---- hooks: a replica finished a step ------------------------------------------------
 
-    def _prefill_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         for copy in finished:
             self.push(copy.first_token_time or 0.0, HANDOFF, copy)
         if self.on_step is not None:
             self.on_step(index, record, [])
 
-    def _decode_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         if self.blocked and not self.retry_pending:
-            self.push(record.start_s + record.duration_s, RETRY, self.blocked[0])
+            self.push(first_step_end(record), RETRY, self.blocked[0])
             self.retry_pending = True
         if self.on_step is not None:
             self.on_step(len(self.prefill) + index, record, finished)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.fleet import FleetResult, _in_submission_order, _route, _run_until
-from engine.core.loop import FleetStepHook, Replica, StepRecord
+from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router
 
@@ -134,7 +134,7 @@ class _Elastic:
         self.lifetimes.append(Lifetime(index, now, ready))
         return index
 
-    def _step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         for r in finished:
             if r.first_token_time is not None and r.finish_time is not None:
                 decode = r.num_output_tokens - 1

@@ -21,6 +21,10 @@ from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.records import ArrivalFeed, RequestRecords, StepTotals
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from engine.core.step_log import StepLog, StepRecord, StepRun
+
+__all__ = ["Clock", "FleetStepHook", "Replica", "RunResult", "SimulatedClock", "StepLog", "StepRecord", "StepRun",
+           "WallClock", "run", "step_overlap", "tokens_left"]
 
 
 class Clock(Protocol):
@@ -73,24 +77,21 @@ class WallClock:
             time.sleep(delay)
 
 
-@dataclass(slots=True)
-class StepRecord:
-    start_s: float  # when the step was planned (overlapped steps: when it began, its end less its duration)
-    duration_s: float
-    stats: StepStats
-    idle_s: float | None = None  # overlapped steps: the device's wait for this step (StepResult.idle_s)
-
-
 @dataclass
 class RunResult:
     requests: list[Request]  # finished requests, in submission order (rejected ones are in `rejected`)
-    steps: list[StepRecord]
+    steps: StepLog  # (a list of StepRecords is taken as one)
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> error message
     makespan_s: float = 0.0
     # run(compact=True): finished requests as records (in finishing order, each with its submission
     # index), `requests` left empty; steps as totals when run(keep_steps=False), `steps` left empty
     records: RequestRecords | None = None
     step_totals: StepTotals | None = None
+
+    def __post_init__(self) -> None:
+        steps: object = self.steps
+        if not isinstance(steps, StepLog):
+            self.steps = StepLog(steps)  # type: ignore[arg-type]  # a list of StepRecords
 
 
 def tokens_left(request: Request) -> int:
@@ -101,8 +102,9 @@ def tokens_left(request: Request) -> int:
         max(max_tokens - request.num_output_tokens, 0)
 
 
-# replica index, the step it just finished, the requests that step finished
-FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
+# replica index, the step it just finished (or the run of steps engine.core.fast_forward booked at
+# once), the requests that step (the run's last) finished
+FleetStepHook = Callable[[int, StepRecord | StepRun, list[Request]], None]
 
 
 class Replica:
@@ -117,7 +119,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         self.overlap = step_overlap(scheduler, executor)
         self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
         self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
-        self.result = RunResult(requests=[], steps=[])
+        self.result = RunResult(requests=[], steps=StepLog())
         # run(compact=True): each request's submission index, from its submission to its record
         self.submitted: dict[str, int] | None = None
         self.on_step: FleetStepHook | None = None
@@ -208,15 +210,23 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
 
     def record_step(self, start: float, duration: float, stats: StepStats, idle_s: float | None,
                     finished: list[Request]) -> None:
-        record = StepRecord(start, duration, stats, idle_s)
+        self.record_steps(StepRecord(start, duration, stats, idle_s), finished)
+
+    def record_steps(self, steps: StepRecord | StepRun, finished: list[Request]) -> None:
+        """Keep a step (or a run of steps booked at once) and the requests it (its last) finished."""
         result = self.result
         totals = result.step_totals
         if totals is None:
-            result.steps.append(record)
+            if isinstance(steps, StepRun):
+                result.steps.add_run(steps)
+            else:
+                result.steps.append(steps)
         else:
-            totals.count += 1
-            totals.prefill_tokens += stats.num_prefill_tokens
-            totals.requests += stats.num_requests
+            count = steps.num_steps if isinstance(steps, StepRun) else 1
+            stats = steps.stats
+            totals.count += count
+            totals.prefill_tokens += stats.num_prefill_tokens * count
+            totals.requests += stats.num_requests * count
         if finished:
             if result.records is None:
                 result.requests.extend(finished)
@@ -225,7 +235,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                 for request in finished:
                     result.records.add(request, self.submitted.pop(request.request_id))
         if self.on_step is not None:
-            self.on_step(self.index, record, finished)
+            self.on_step(self.index, steps, finished)
 
 
 def run(
@@ -233,7 +243,7 @@ def run(
     executor: Executor,
     requests: Iterable[Request],
     clock: Clock,
-    on_step: Callable[[StepRecord, list[Request]], None] | None = None,
+    on_step: Callable[[StepRecord | StepRun, list[Request]], None] | None = None,
     compact: bool = False,
     keep_steps: bool = True,
 ) -> RunResult:

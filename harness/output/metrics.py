@@ -8,7 +8,6 @@ clock when the last request finished).
 
 from __future__ import annotations
 
-from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pandas as pd
 
 from engine.core.loop import RunResult
 from engine.core.records import RequestRecords, StepTotals
+from engine.core.step_log import StepLog
 from harness.output.summary import RunLabels, RunSummary
 
 PERCENTILES = (50, 90, 99)  # RunSummary has a field for each
@@ -77,6 +77,7 @@ def _with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # column -> (read from the StepRecord or from its StepStats, attribute, dtype; None: Python objects)
+# (StepLog.column tells the two apart by the attribute's name)
 _STEP_SOURCES = {
     "step": ("stats", "step", np.int64), "start": ("record", "start_s", float),
     "duration": ("record", "duration_s", float), "kind": ("stats", "kind", None),
@@ -90,15 +91,12 @@ SUMMARY_STEP_COLUMNS = ("prefill_tokens", "requests")  # what summarize() reads 
 
 
 def steps_frame(result: RunResult, columns: tuple[str, ...] = STEP_COLUMNS) -> pd.DataFrame:
-    """The step table, or only the named columns of it (a whole trace has 10^5 steps and more);
-    no rows when the run kept only its step totals."""
-    rows = {"record": result.steps, "stats": list(map(attrgetter("stats"), result.steps))}
-    table = {}
-    for column in columns:
-        source, name, dtype = _STEP_SOURCES[column]
-        values = map(attrgetter(name), rows[source])
-        table[column] = list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(result.steps))
-    return pd.DataFrame(table, index=pd.RangeIndex(len(result.steps)), columns=list(columns))
+    """The step table, one row per step (a run of steps booked at once included), or only the
+    named columns of it (a whole trace has 10^5 steps and more); no rows when the run kept only
+    its step totals."""
+    steps = result.steps if isinstance(result.steps, StepLog) else StepLog(result.steps)
+    table = {column: steps.column(_STEP_SOURCES[column][1], _STEP_SOURCES[column][2]) for column in columns}
+    return pd.DataFrame(table, index=pd.RangeIndex(len(steps)), columns=list(columns))
 
 
 def write_steps(steps: pd.DataFrame, folder: Path) -> Path:

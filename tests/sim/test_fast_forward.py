@@ -58,8 +58,38 @@ def _state(result, scheduler) -> tuple:
         sorted(bm.key_to_block.items()), list(bm.free_pool)
 
 
-def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
-    executor = _executor(fast, overlap, num_blocks)
+class _Stateful:
+    """A cost model priced step by step with state (as the profiled model's overlap is): each price
+    depends on how many steps were priced since the device last drained, so a step priced that the
+    step-by-step path never prices, or priced out of order, shows in the clock."""
+
+    def __init__(self) -> None:
+        self.inner = RooflineCostModel(helpers.model("qwen3-0.6b"), helpers.hardware("h100"))
+        self.since_drained = 0
+
+    def step_time(self, plan):
+        self.since_drained += 1
+        return self.inner.step_time(plan) * (1.0 + 0.01 * (self.since_drained % 7))
+
+    def drained(self) -> None:
+        self.since_drained = 0
+
+
+class _Repeats(_Stateful):
+    """The same, with decode_repeats (priced one at a time, no arrays)."""
+
+    def decode_repeats(self, plan):
+        for duration in self.inner.decode_repeats(plan):
+            self.since_drained += 1
+            yield duration * (1.0 + 0.01 * (self.since_drained % 7))
+
+
+COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats}
+
+
+def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline"):
+    make = COST_MODELS[cost]
+    executor = _executor(fast, overlap, num_blocks, make() if make else None)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=60, policy=policy)
     scheduler = make_scheduler(config, executor.info())
     scheduler.block_manager.enable_prefix_caching = caching
@@ -72,6 +102,17 @@ def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_se
        st.integers(1, 30), st.booleans(), st.integers(1, 8))
 def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
     args = (policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs)
+    assert _serve(True, *args) == _serve(False, *args)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(("stateful", "repeats")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
+       st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 8))
+def test_fast_forward_with_steps_priced_one_at_a_time_matches_step_by_step(cost, policy, overlap, caching, num_blocks,
+                                                                          seed, n, max_num_seqs):
+    """Cost models without price arrays (decode_repeats, or a plan per step): the run never prices a
+    step the step-by-step path does not, and prices them in its order."""
+    args = (policy, overlap, caching, num_blocks, seed, n, False, max_num_seqs, cost)
     assert _serve(True, *args) == _serve(False, *args)
 
 
@@ -107,7 +148,7 @@ def test_fast_forward_books_long_decode_runs_at_once():
         requests = [Request(f"r{i}", [i + 1] * 20, SamplingParams(max_tokens=500, ignore_eos=True)) for i in range(4)]
         result = run(scheduler, executor, requests, SimulatedClock())
         assert len(result.steps) == 500
-        assert len(counted) == (3 if fast else 500)  # the prefill, the first and the last decode step
+        assert len(counted) == (2 if fast else 500)  # the prefill and the first decode step: the run books the rest
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

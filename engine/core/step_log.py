@@ -1,0 +1,175 @@
+"""A run's steps: one StepRecord per step, or a StepRun for steps booked at once.
+
+engine.core.fast_forward books a run of decode steps of one batch without planning each; it
+keeps them as a StepRun: the first step's StepStats and, per step, the three things that change
+from step to step (its start, its duration and the free blocks after planning it; the step
+number counts up by one). A StepLog holds both kinds in step order and reads as a sequence of
+StepRecords, one per step, so that every reader sees the same steps whichever way they were
+booked; columns() gives the steps' values as arrays without making a record per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.core.plan import StepStats
+
+
+@dataclass(slots=True)
+class StepRecord:
+    start_s: float  # when the step was planned (overlapped steps: when it began, its end less its duration)
+    duration_s: float
+    stats: StepStats
+    idle_s: float | None = None  # overlapped steps: the device's wait for this step (StepResult.idle_s)
+
+
+@dataclass(slots=True)
+class StepRun:
+    """num_steps consecutive steps of one batch: step k (from 0) is stats with step stats.step + k
+    and num_free_blocks free_blocks[k], starting at starts[k] and lasting durations[k]."""
+
+    stats: StepStats  # the first step's
+    starts: npt.NDArray[np.float64]
+    durations: npt.NDArray[np.float64]
+    free_blocks: npt.NDArray[np.int64]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.durations)
+
+    @property
+    def start_s(self) -> float:
+        """The first step's start."""
+        return float(self.starts[0])
+
+    @property
+    def end_s(self) -> float:
+        """The last step's end."""
+        return float(self.starts[-1] + self.durations[-1])
+
+    def first_end_s(self) -> float:
+        return float(self.starts[0] + self.durations[0])
+
+    def records(self) -> Iterator[StepRecord]:
+        stats = self.stats
+        for k, (start, duration, free) in enumerate(zip(self.starts.tolist(), self.durations.tolist(),
+                                                          self.free_blocks.tolist())):
+            yield StepRecord(start, duration, replace(stats, step=stats.step + k, num_free_blocks=free))
+
+
+def first_step_end(step: StepRecord | StepRun) -> float:
+    """When the (first) step a hook was handed ended."""
+    return step.first_end_s() if isinstance(step, StepRun) else step.start_s + step.duration_s
+
+
+# StepRecord attributes that a StepRun keeps per step, and the array it keeps them in
+_PER_STEP = {"start_s": "starts", "duration_s": "durations", "num_free_blocks": "free_blocks"}
+_RECORD_FIELDS = frozenset(("start_s", "duration_s", "idle_s"))
+
+
+class StepLog:
+    """Steps in order, as StepRecords and StepRuns; reads as one StepRecord per step."""
+
+    __slots__ = ("_items", "_num_steps", "_num_runs", "_expanded")
+
+    def __init__(self, records: Iterable[StepRecord] = ()) -> None:
+        self._items: list[StepRecord | StepRun] = list(records)
+        self._num_steps = len(self._items)
+        self._num_runs = 0
+        self._expanded: list[StepRecord] | None = None
+
+    def append(self, record: StepRecord) -> None:
+        self._items.append(record)
+        self._num_steps += 1
+        self._expanded = None
+
+    def extend(self, records: Iterable[StepRecord | StepRun]) -> None:
+        for item in records:
+            if isinstance(item, StepRun):
+                self.add_run(item)
+            else:
+                self.append(item)
+
+    def add_run(self, run: StepRun) -> None:
+        self._items.append(run)
+        self._num_steps += run.num_steps
+        self._num_runs += 1
+        self._expanded = None
+
+    @property
+    def items(self) -> list[StepRecord | StepRun]:
+        """The records and runs as kept (a run is one item)."""
+        return self._items
+
+    def __len__(self) -> int:
+        return self._num_steps
+
+    def __bool__(self) -> bool:
+        return self._num_steps > 0
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        if not self._num_runs:
+            return iter(self._items)  # type: ignore[arg-type]  # no runs: records only
+        return self._records()
+
+    def _records(self) -> Iterator[StepRecord]:
+        for item in self._items:
+            if isinstance(item, StepRun):
+                yield from item.records()
+            else:
+                yield item
+
+    @overload
+    def __getitem__(self, index: int) -> StepRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[StepRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> StepRecord | list[StepRecord]:
+        if self._expanded is None:
+            self._expanded = list(self)
+        return self._expanded[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (StepLog, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"StepLog({self._num_steps} steps, {self._num_runs} booked runs)"
+
+    def column(self, name: str, dtype: npt.DTypeLike | None) -> npt.NDArray[Any] | list[Any]:
+        """Every step's value of a StepRecord attribute (start_s, duration_s, idle_s) or of a
+        StepStats one, in step order: an array of dtype, or a list where dtype is None."""
+        items = self._items
+        on_record = name in _RECORD_FIELDS
+        if not self._num_runs:
+            values: Iterable[Any] = (getattr(r if on_record else r.stats, name) for r in items)
+            if dtype is None:
+                return list(values)
+            return np.fromiter(values, dtype=dtype, count=len(items))
+        if name == "idle_s":
+            firsts: list[Any] = [None if isinstance(r, StepRun) else r.idle_s for r in items]
+        elif on_record:
+            firsts = [getattr(r, name) if isinstance(r, StepRecord) else 0.0 for r in items]
+        else:
+            firsts = [getattr(r.stats, name) for r in items]
+        counts = np.fromiter((r.num_steps if isinstance(r, StepRun) else 1 for r in items), dtype=np.int64,
+                             count=len(items))
+        out = np.repeat(np.array(firsts, dtype=object if dtype is None else dtype), counts)
+        if name == "step":  # counts up by one within a run
+            offsets = np.cumsum(counts) - counts
+            out = out + (np.arange(self._num_steps, dtype=np.int64) - np.repeat(offsets, counts))
+        elif name in _PER_STEP:
+            is_run = np.fromiter((isinstance(r, StepRun) for r in items), dtype=bool, count=len(items))
+            attr = _PER_STEP[name]
+            out[np.repeat(is_run, counts)] = np.concatenate(
+                [getattr(r, attr) for r in items if isinstance(r, StepRun)])
+        return out.tolist() if dtype is None else out

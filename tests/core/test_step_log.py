@@ -1,0 +1,62 @@
+"""StepLog: records and booked runs (StepRun) read as one StepRecord per step, and its columns
+are those records' values, whatever mix of the two it holds."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.core.plan import StepStats
+from engine.core.step_log import StepLog, StepRecord, StepRun, first_step_end
+
+FIELDS = ("step", "kind", "num_requests", "num_prefill_tokens", "num_decode_tokens", "num_waiting", "num_running",
+          "num_free_blocks", "num_preempted", "prefix_hit_tokens", "repeated_kv_tokens", "decode_repeated_kv_tokens")
+
+
+def _stats(draw, step: int) -> StepStats:
+    ints = st.integers(0, 1000)
+    return StepStats(step, draw(st.sampled_from(("prefill", "decode", "mixed"))), *(draw(ints) for _ in range(10)))
+
+
+@st.composite
+def logs(draw):
+    log, step, t = StepLog(), 0, 0.0
+    for _ in range(draw(st.integers(0, 12))):
+        if draw(st.booleans()):
+            duration = draw(st.floats(1e-4, 1.0))
+            log.append(StepRecord(t, duration, _stats(draw, step), draw(st.none() | st.floats(0, 1))))
+            step, t = step + 1, t + duration
+        else:
+            k = draw(st.integers(1, 6))
+            durations = np.array([draw(st.floats(1e-4, 1.0)) for _ in range(k)])
+            starts = t + np.concatenate(([0.0], np.cumsum(durations)[:-1]))
+            frees = np.array([draw(st.integers(0, 500)) for _ in range(k)], dtype=np.int64)
+            log.add_run(StepRun(_stats(draw, step), starts, durations, frees))
+            step, t = step + k, float(starts[-1] + durations[-1])
+    return log
+
+
+@given(logs())
+def test_a_log_reads_as_one_record_per_step_and_its_columns_are_theirs(log):
+    records = list(log)
+    assert len(log) == len(records) == sum(r.num_steps if isinstance(r, StepRun) else 1 for r in log.items)
+    assert [r.stats.step for r in records] == list(range(len(records)))
+    assert log == records and log[-1:] == records[-1:]
+    for name in ("start_s", "duration_s", "idle_s"):
+        assert list(log.column(name, None)) == [getattr(r, name) for r in records]
+    for name in FIELDS:
+        values = [getattr(r.stats, name) for r in records]
+        dtype = None if name == "kind" else np.int64
+        column = log.column(name, dtype)
+        assert (list(column) if dtype is None else column.tolist()) == values
+    for name in ("start_s", "duration_s"):
+        assert log.column(name, float).tolist() == [getattr(r, name) for r in records]
+
+
+def test_a_run_hands_a_hook_the_end_of_its_first_step():
+    stats = StepStats(4, "decode", 2, 0, 2, 0, 2, 10, 0, 0)
+    run = StepRun(stats, np.array([1.0, 1.5]), np.array([0.5, 0.25]), np.array([10, 9], dtype=np.int64))
+    assert first_step_end(run) == 1.5 and run.end_s == 1.75
+    assert first_step_end(StepRecord(1.0, 0.5, stats)) == 1.5
+    assert [r.stats.num_free_blocks for r in run.records()] == [10, 9]
