@@ -22,7 +22,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
@@ -111,10 +110,10 @@ class SimExecutor:
         """Runs of decode steps may be booked at once: fast-forward is on and no hook watches the steps."""
         return self.fast_forward and not self._hooks.watched
 
-    def decode_price_array(self, plan: StepPlan, first: int, count: int) -> npt.NDArray[np.float64] | None:
-        """The prices of plan's repeats first .. first + count - 1 in one array, from a cost model
-        that prices them so (decode_run_prices: one without state, which drained() leaves as it
-        is); None otherwise."""
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> Iterator[float] | None:
+        """The prices of plan's repeats first .. first + count - 1, from a cost model that prices
+        them so (decode_run_prices: one without state, which drained() leaves as it is); None
+        otherwise."""
         prices = getattr(self.cost_model, "decode_run_prices", None)
         return None if prices is None else prices(plan, first, count)
 
@@ -156,16 +155,23 @@ class SimExecutor:
             if request_seed is None:
                 request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
             run_seeds.append(request_seed)
-        counts = np.array([count for _, _, count in runs], dtype=np.int64)
-        firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
-        offsets = np.cumsum(counts) - counts
-        positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
-        hashes = xxh64_u64(positions, np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
-        tokens = hashes % np.uint64(self._vocab_size)
+        if len(runs) == 1:
+            first = runs[0][1]
+            hashes = xxh64_u64(np.arange(first, first + total, dtype=np.uint64), run_seeds[0])
+        else:
+            counts = np.array([count for _, _, count in runs], dtype=np.int64)
+            firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
+            offsets = np.cumsum(counts) - counts
+            positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
+            hashes = xxh64_u64(positions, np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
+        hashes %= np.uint64(self._vocab_size)
+        tokens = hashes.astype(np.int64)  # (Python ints of an int64 array are made faster than of uint64)
         eos = self._eos_token_id
         if eos is not None:
             tokens[tokens == eos] = (eos + 1) % self._vocab_size
         flat = tokens.tolist()
+        if len(runs) == 1:
+            return [flat]
         return [flat[o : o + c] for o, c in zip(offsets.tolist(), counts.tolist())]
 
     def resubmitted(self, pending: PendingStep, result: StepResult) -> PendingStep:

@@ -45,6 +45,7 @@ from sim.moe import ExpertPhase
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
+_SCALAR_REPEATS = 16  # decode_run_prices prices this many repeats one by one before it prices arrays
 
 
 def gathers_logits(plan: StepPlan) -> bool:
@@ -100,6 +101,7 @@ class RooflineCostModel:
         self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
         self._latency = hw.interconnect_latency_s
         self._one_shot_tokens, self._one_shot_latency, self._one_shot_s_per_token = 0, 0.0, 0.0
+        self._decode_cache: tuple[StepPlan, tuple[int, int, bool]] | None = None
         if tp > 1 and all_reduce == "symmetric" and not hw.prices_one_shot:
             raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
                              "execution.all_reduce=symmetric cannot be priced on it")
@@ -159,16 +161,26 @@ class RooflineCostModel:
             yield self.time_for(num_seqs, num_seqs, context_j, decode_attention_pairs(context_j, num_seqs), num_seqs,
                                 repeated, whole_vocab)
 
-    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> npt.NDArray[np.float64]:
-        """decode_repeats() of repeats first .. first + count - 1 in one array: time_for()'s
-        arithmetic, operation for operation, on arrays of the contexts (every other total is the
-        same at each repeat), so each price equals the scalar one bit for bit."""
-        scheduled = plan.scheduled
-        n = len(scheduled)
-        context: npt.NDArray[np.int64] = np.arange(first, first + count, dtype=np.int64) * n + \
-            sum(entry.num_computed_tokens for entry in scheduled)
-        whole_vocab = bool(self._num_all_reduces and n) and gathers_logits(plan)
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> Iterator[float]:
+        """decode_repeats() of repeats first .. first + count - 1, priced as they are taken: the
+        first few one by one (time_for itself costs less than numpy's calls), then in numpy
+        arrays of growing length, time_for()'s arithmetic operation for operation on arrays of
+        the contexts (every other total is the same at each repeat), bit for bit the same."""
+        n, context0, whole_vocab = self._decode_totals(plan)
         repeated = plan.stats.repeated_kv_tokens
+        end = first + count
+        scalar_end = min(end, first + _SCALAR_REPEATS)
+        for c in range(context0 + first * n, context0 + scalar_end * n, n):
+            yield self.time_for(n, n, c, decode_attention_pairs(c, n), n, repeated, whole_vocab)
+        start, chunk = scalar_end, 4 * _SCALAR_REPEATS
+        while start < end:
+            size = min(chunk, end - start)
+            yield from self._decode_prices_array(n, context0, repeated, whole_vocab, start, size)
+            start, chunk = start + size, 4 * chunk
+
+    def _decode_prices_array(self, n: int, context0: int, repeated: int, whole_vocab: bool, first: int,
+                             count: int) -> list[float]:
+        context: npt.NDArray[np.int64] = np.arange(first, first + count, dtype=np.int64) * n + context0
         bw = self._bandwidth
         # time_for(n, n, context, decode_attention_pairs(context, n), n, repeated, whole_vocab)
         linear = self._linear_flops_per_token * n / self._matmul_rate
@@ -188,8 +200,21 @@ class RooflineCostModel:
             total += self._all_reduces_time(n)
             if n:
                 total += self._latency + (self._gather_s_per_row * n if whole_vocab else 0.0)
-        out: npt.NDArray[np.float64] = total + self._step_overhead + self._seq_overhead * n
+        out: list[float] = (total + self._step_overhead + self._seq_overhead * n).tolist()
         return out
+
+    def _decode_totals(self, plan: StepPlan) -> tuple[int, int, bool]:
+        """(sequences, summed contexts, whole_vocab) of a decode plan, kept for the plan last asked
+        about: fast-forward prices one plan's repeats in several calls."""
+        cached = self._decode_cache
+        if cached is not None and cached[0] is plan:
+            return cached[1]
+        scheduled = plan.scheduled
+        n = len(scheduled)
+        totals = (n, sum(entry.num_computed_tokens for entry in scheduled),
+                  bool(self._num_all_reduces and n) and gathers_logits(plan))
+        self._decode_cache = (plan, totals)
+        return totals
 
     def drained(self) -> None:
         """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""

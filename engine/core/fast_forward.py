@@ -34,9 +34,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import numpy as np
-import numpy.typing as npt
-
 from engine.core.fast_forward_run import FastRun
 from engine.core.plan import StepPlan, StepResult
 
@@ -44,7 +41,6 @@ if TYPE_CHECKING:
     from engine.core.executor import PendingStep
     from engine.core.loop import Replica
     from engine.core.request import Request
-    from engine.core.scheduler import Scheduler
 
 
 @runtime_checkable
@@ -54,10 +50,11 @@ class DecodeRunner(Protocol):
     def fast_forwards(self) -> bool:
         """Whether runs may be booked now (False: switched off, or hooks watch the steps)."""
 
-    def decode_price_array(self, plan: StepPlan, first: int, count: int) -> npt.NDArray[np.float64] | None:
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> Iterator[float] | None:
         """Durations of repeats first .. first + count - 1 of plan's decode batch (repeat j: each
-        request's context j tokens longer), what execute()/submit() would price them at; None
-        where steps are priced one at a time (a cost model with state: decode_prices)."""
+        request's context j tokens longer), what execute()/submit() would price them at, in any
+        number at once (a cost model without state); None where the steps must be priced one at
+        a time (decode_prices)."""
 
     def decode_prices(self, plan: StepPlan) -> Iterator[float]:
         """The durations of plan's repeats, the first repeat first, each priced as it is taken."""
@@ -70,31 +67,28 @@ class DecodeRunner(Protocol):
         """Overlapped steps: the step in flight (pending, unread) replaced by one that priced to result."""
 
 
-def fast_forward(replica: Replica, plan: StepPlan, runner: DecodeRunner) -> int:
-    """Book the steps after plan, the decode step the replica just ran (plain) or submitted
-    (overlapped), up to the next event; returns how many steps were booked."""
+def fast_forward(replica: Replica, plan: StepPlan, runner: DecodeRunner) -> FastRun | None:
+    """Start a run after plan, the decode step the replica just ran (plain) or submitted
+    (overlapped), and book it up to the horizon; returns it if it waits there, open (the replica
+    resumes it at its next tick), None if it closed or never started."""
     scheduler = replica.scheduler
     running = scheduler.running
     if len(plan.scheduled) != len(running) or plan.preempted_ids or not scheduler.policy.repeats_decode(scheduler):
-        return 0
+        return None
     if replica.clock.now() >= replica.horizon() or not runner.fast_forwards():
-        return 0
-    left = outputs_left(running, plan, scheduler, replica.executor.info().eos_token_id)
-    if left is None:
-        return 0
-    return FastRun(replica, plan, runner, left).book()
+        return None
+    unsampled = replica.executor.info().eos_token_id
+    if not bookable(running, plan, scheduler.eos_token_id, unsampled):
+        return None
+    run = FastRun(replica, plan, runner, unsampled)
+    return run if run.advance() else None
 
 
-def outputs_left(running: list[Request], plan: StepPlan, scheduler: Scheduler,
-                 unsampled: int | None) -> list[int] | None:
-    """Per running request, the tokens it still samples after the template step's (its last one
-    comes with the step that many steps on); None where a request could stop on a token."""
-    eos = scheduler.eos_token_id
+def bookable(running: list[Request], plan: StepPlan, eos: int | None, unsampled: int | None) -> bool:
+    """Whether the template's batch can be booked: none of its requests could stop on a token."""
     eos_stops = eos is not None and eos != unsampled
-    left = []
     for request, entry in zip(running, plan.scheduled):
         params = request.sampling_params
         if entry.request_id != request.request_id or params.stop_token_ids or (eos_stops and not params.ignore_eos):
-            return None
-        left.append(request.max_tokens - (len(request.token_ids) - request.num_prompt_tokens))  # type: ignore[operator]
-    return left
+            return False
+    return True

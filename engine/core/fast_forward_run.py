@@ -1,332 +1,250 @@
-"""One fast-forwarded run (engine.core.fast_forward): its segments, events and records.
+"""A fast-forwarded run's life (engine.core.fast_forward): it starts after a decode step, books
+decode steps up to the replica's horizon and waits there, open, for the replica's next tick.
 
-Steps are numbered from the template (step 0): step j repeats it with every context j tokens
-longer. Request i (computed[i] tokens after the template) computes token computed[i] + j - 1 at
-step j and samples the token at computed[i] + j; it samples its last token at step last[i], then
-leaves the batch. A segment is a stretch of steps with one batch: it ends with a step at which a
-request samples its last token, or after block_size steps (so that no request needs two blocks
-or fills two within one segment). Its steps are priced and timed as arrays, then the events in
-it (a block needed, a block filled) are applied in order; the requests leave; the next segment
-starts if the policy still plans the same batch without them. Tokens are written once, at the
-end of the run, except those a filled block's prefix-cache key is computed from.
+At that tick the replica admits what arrived; where the policy then plans a step of waiting
+requests alone (Policy.prefill_apart, nano's prefill steps), the run plans it with the scheduler
+and runs it with the executor as the step-by-step path does (it reads and changes no request of
+the booked batch), and the prefilled requests join the batch; otherwise, while the policy plans
+the same batch again, the run books on. Anything else (a step that lacks blocks, a policy that
+would plan another step, a request that could stop on a token, a reader of the requests' state:
+Replica.settle) closes the run: each request's tokens and counters are written out, and an
+overlapped run's booked step in flight becomes a planned step in flight, as the step-by-step path
+leaves them.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 
+from engine.core.fast_forward_steps import Booking, Flight, Member
 from engine.core.kv_reads import step_repeated_reads
 from engine.core.plan import PLACEHOLDER, ScheduledRequest, StepPlan, StepResult, StepStats
-from engine.core.request import FinishReason, Request, RequestStatus
+from engine.core.request import Request
 from engine.core.step_log import StepRecord, StepRun
 
 if TYPE_CHECKING:
-    from engine.core.async_scheduler import AsyncScheduler
+    from engine.core.executor import PendingStep
     from engine.core.fast_forward import DecodeRunner
     from engine.core.loop import Replica
 
-Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.int64]
-_NEVER = 1 << 62  # a step after every step
 
+class FastRun(Booking):
+    """A run started after plan, the decode step the replica just ran (plain) or submitted
+    (overlapped); advance() books it."""
 
-class FastRun:
-    """book() books the run after plan (the template step) and returns its number of steps."""
-
-    def __init__(self, replica: Replica, plan: StepPlan, runner: DecodeRunner, left: list[int]) -> None:
-        self.replica = replica
-        self.plan = plan
-        self.runner = runner
-        self.scheduler = scheduler = replica.scheduler
-        self.bm = bm = scheduler.block_manager
-        self.overlap = replica.overlap
-        self.requests = requests = list(scheduler.running)
-        self.last = left
-        bs = self.bs = bm.block_size
-        self.computed = computed = [r.num_computed_tokens for r in requests]
-        # (step, request index) heaps: the next step at which a request needs a block, fills one
-        self.allocs = [(len(r.block_table) * bs + 1 - c, i) for i, (r, c) in enumerate(zip(requests, computed))]
-        heapq.heapify(self.allocs)
-        self.fills: list[tuple[int, int]] = []
-        if bm.enable_prefix_caching:
-            self.fills = [(bs - c % bs, i) for i, c in enumerate(computed)]
-            heapq.heapify(self.fills)
-        self.leaving = sorted(zip(left, range(len(requests))))  # (last step, index), read from the front
-        self.next_leaving = 0
-        self.batch = list(range(len(requests)))  # the requests in the batch, in batch order
-        # the next token index each request has to write (overlapped: the template's, still pending)
-        self.written = [c + (0 if self.overlap else 1) for c in computed]
-        self.step = 0  # the last step planned
-        # planned steps for the records: (first step's stats, durations, free blocks after each)
-        self.groups: list[tuple[StepStats, Floats, Ints]] = []
-        self.times: list[Floats] = []  # plain: each planned step's start; overlapped: each completed step's end
-        self.finished: dict[int, list[Request]] = {}  # step -> the requests it finishes, in batch order
-        self.completed_at: dict[int, float] = {}  # overlapped: step -> when it completed
-
-    def book(self) -> int:
-        replica = self.replica
-        horizon = replica.horizon()
-        overlap = self.overlap
-        t = replica.clock.now()  # plain: the next step's start; overlapped: when the next is planned
-        previous = 0.0  # overlapped: the duration of the step in flight
-        plan = base = self.plan
-        if overlap:
-            assert replica.in_flight is not None, "an overlapped decode step is in flight"
-            previous = replica.in_flight[1].result().duration_s
-            self.groups.append((base.stats, np.array([previous]), np.array([base.stats.num_free_blocks])))
-        while True:
-            first = self.step + 1
-            leaves_at = self.leaving[self.next_leaving][0]
-            end = min(leaves_at, first + self.bs - 1)
-            due, fits = self._blocks_due(first, end)
-            durations, times = self._timed(plan, first, fits - first + 1, t, previous, horizon)
-            steps = len(durations)
-            if not steps:
-                break
-            last = first + steps - 1
-            frees = self._apply(first, last, due)
-            if overlap:
-                self.times.append(times[1 : steps + 1])
-                self.completed_at[first - 1] = float(times[1])
-                t, previous = float(times[steps]), float(durations[-1])
-            else:
-                self.times.append(times[:steps])
-                t = float(times[steps])
-            self.step = last
-            group = replace(plan.stats, step=base.stats.step + first, num_free_blocks=int(frees[0]))
-            if last < end or end < leaves_at:  # cut (the horizon or the blocks), or a stretch without a finish
-                self.groups.append((group, durations, frees))
-                if last < end:
-                    break
-                continue
-            next_plan = self._leave(last, t, group, durations, frees)
-            if next_plan is None:
-                break
-            plan = next_plan
-        if self.step:
-            self._end(t, previous)
-        elif overlap:  # nothing booked: the template goes back in flight, unread
-            assert replica.in_flight is not None
-            pending = replica.in_flight[1]
-            replica.in_flight = (base, self.runner.resubmitted(pending, pending.result()), replica.in_flight[2])
-        return self.step
-
-    # ---- one segment -------------------------------------------------------------------------
-
-    def _blocks_due(self, first: int, end: int) -> tuple[list[tuple[int, int]], int]:
-        """The blocks steps first..end need, (step, request) in order, and the last step up to
-        which they fit: the step-by-step path preempts at the first step that lacks one."""
-        allocs, last = self.allocs, self.last
-        due = []
-        while allocs and allocs[0][0] <= end:
-            j, i = heapq.heappop(allocs)
-            if last[i] >= j:
-                due.append((j, i))
-        free = self.bm.num_free_blocks
-        if len(due) > free:
-            short = due[free][0]
-            return [d for d in due if d[0] < short], short - 1
-        return due, end
-
-    def _timed(self, plan: StepPlan, first: int, count: int, t: float, previous: float,
-               horizon: float) -> tuple[Floats, Floats]:
-        """Durations of the steps from first on (at most count) that start before horizon, and
-        the clock along them: plain, times[m] is step first + m's start; overlapped, when it is
-        planned (the step before it completes then). The clock adds them one at a time."""
-        if count <= 0:
-            return np.empty(0), np.empty(0)
-        runner = self.runner
-        durations = runner.decode_price_array(plan, first, count)
-        if durations is not None:
-            lead = [t, previous] if self.overlap else [t]
-            times = np.cumsum(np.concatenate((lead, durations)))
-            return durations[: int(np.searchsorted(times[:count], horizon, side="left"))], times
-        # priced one at a time (a cost model with state): never a step past the horizon
-        prices = runner.decode_prices(plan if first == 1 else _shifted(plan, first - 1))
-        taken: list[float] = []
-        clock = [t]
-        for _ in range(count):
-            if t >= horizon:
-                break
-            taken.append(next(prices))
-            t += (previous if len(taken) == 1 else taken[-2]) if self.overlap else taken[-1]
-            clock.append(t)
-        return np.array(taken, dtype=np.float64), np.array(clock, dtype=np.float64)
-
-    def _apply(self, first: int, last: int, due: list[tuple[int, int]]) -> Ints:
-        """Allocate and register steps first..last's blocks, in the step-by-step path's order (per
-        step: its blocks in running order, then the blocks it fills in batch order); returns the
-        free blocks after each step's allocations."""
-        bm, requests, computed, bs = self.bm, self.requests, self.computed, self.bs
-        if due and due[-1][0] > last:
-            due = [d for d in due if d[0] <= last]
-        fills = self._fills_due(last)
-        if fills:
-            self._write([(i, computed[i] + j) for j, i in fills])
-        frees = np.full(last - first + 1, bm.num_free_blocks, dtype=np.int64)
-        allocs, stop = self.allocs, self.last
-        a = f = 0
-        while a < len(due) or f < len(fills):
-            j = min(due[a][0] if a < len(due) else _NEVER, fills[f][0] if f < len(fills) else _NEVER)
-            while a < len(due) and due[a][0] == j:
-                i = due[a][1]
-                bm.allocate(requests[i], computed[i] + j)
-                frees[j - first :] -= 1
-                if j + bs <= stop[i]:
-                    heapq.heappush(allocs, (j + bs, i))
-                a += 1
-            while f < len(fills) and fills[f][0] == j:
-                i = fills[f][1]
-                request, end = requests[i], computed[i] + j
-                request.num_computed_tokens = end
-                bm.register_computed(request, end)
-                f += 1
-        return frees
-
-    def _fills_due(self, last: int) -> list[tuple[int, int]]:
-        """The blocks steps up to last fill, (step, request) in order. Plain, a request's last
-        step registers its blocks before it finishes; overlapped, a block is registered when the
-        step after the one that filled it is planned, by then without the requests that left."""
-        heap, stop, bs = self.fills, self.last, self.bs
-        latest = 0 if self.overlap else 1  # a fill at step j counts while j < last[i] + latest
-        fills = []
-        while heap and heap[0][0] <= last:
-            j, i = heapq.heappop(heap)
-            if j < stop[i] + latest:
-                fills.append((j, i))
-                if j + bs < stop[i] + latest:
-                    heapq.heappush(heap, (j + bs, i))
-        return fills
-
-    def _leave(self, last: int, t: float, group: StepStats, durations: Floats, frees: Ints) -> StepPlan | None:
-        """Step last ended with requests sampling their last tokens: they leave the batch (their
-        blocks freed; plain, they finish at t). Returns the next segment's template, or None where
-        the policy would not plan the rest of the batch again (or nothing is left)."""
-        scheduler, bm, requests = self.scheduler, self.bm, self.requests
-        leaving = []
-        while self.next_leaving < len(self.leaving) and self.leaving[self.next_leaving][0] == last:
-            leaving.append(requests[self.leaving[self.next_leaving][1]])
-            self.next_leaving += 1
-        self.finished[last] = leaving
+    def __init__(self, replica: Replica, plan: StepPlan, runner: DecodeRunner, unsampled: int | None) -> None:
+        super().__init__(replica, runner)
+        self.base_step = plan.stats.step
+        self.inserted = 0  # steps the scheduler planned into the run (prefills)
+        self.use_cuda_graphs = plan.use_cuda_graphs
+        self.unsampled = unsampled  # the executor's EOS, never sampled
+        # admitted by prefills, to join at the next booked step: (request, whether the prefill is in flight)
+        self.joining: list[tuple[Request, bool]] = []
+        self.landing: list[Member] = []  # overlapped: members whose prefill is in flight
+        written = 0 if self.overlap else 1  # overlapped: the template's token is still pending
+        for request, entry in zip(self.scheduler.running, plan.scheduled):
+            self.join(request, entry, 1, request.num_computed_tokens + written, False)
+        self.sample(self.batch)
+        self.stats, self.plan = plan.stats, plan
+        self.arrays = runner.decode_run_prices(plan, 1, 0) is not None
+        self.pending: PendingStep | None = None
         if self.overlap:
-            finishing = cast_async(scheduler).finishing
-            for request in leaving:  # NOTE: frees commute with the fills _apply made at this step
-                bm.free(request)
-                finishing[request.request_id] = request
-            scheduler.running = [r for r in scheduler.running if r.request_id not in finishing]
-            if len(durations) > 1:
-                self.groups.append((group, durations[:-1], frees[:-1]))
-            free = bm.num_free_blocks
-            self.groups.append((replace(group, step=group.step + len(durations) - 1, num_running=len(scheduler.running),
-                                        num_free_blocks=free), durations[-1:], np.array([free])))
+            assert replica.in_flight is not None, "an overlapped decode step is in flight"
+            self.pending = replica.in_flight[1]
+            self.previous = self.pending.result().duration_s
+            self.flight = Flight(plan.stats, self.previous, list(self.batch))
+            replica.in_flight = None  # the run holds it, booked
+
+    # ---- booking -------------------------------------------------------------------------------
+
+    def resume(self) -> bool:
+        """The replica's tick: admit what has arrived, then advance()."""
+        replica = self.replica
+        inbox = replica.inbox
+        if inbox and inbox[0].arrival_time <= self.t:
+            replica.admit(self.t)
+        return self.advance()
+
+    def advance(self) -> bool:
+        """Book up to the horizon and wait there (True), or close where only a planned step can
+        follow (False)."""
+        replica, scheduler = self.replica, self.scheduler
+        horizon = replica.horizon()
+        while True:
+            if self.t >= horizon:
+                self.suspend()
+                return True
+            if scheduler.waiting:
+                self.sync_step()
+                prefill = scheduler.schedule_prefill(self.t)
+                if prefill is not None:
+                    self.insert(prefill)
+                    continue
+            if not scheduler.running or not scheduler.policy.repeats_decode(scheduler) or not self.join_pending():
+                self.close()
+                return False
+            if self.stats is not None and self.stats.num_waiting != len(scheduler.waiting):
+                self.stats = None  # admitted, waiting: a batch at max_num_seqs decodes on
+            if self.stats is None and not self.restat():
+                self.close()
+                return False
+            landing = self.overlap and self.flight is None  # a prefill is in flight: one step, then it lands
+            if landing:
+                assert replica.in_flight is not None
+                self.previous = replica.in_flight[1].result().duration_s
+            planned_at, step = self.t, self.step
+            outcome = self.segment(horizon, landing)
+            if landing:
+                self.land(planned_at, step < self.step)
+            if outcome == "blocks":
+                self.close()
+                return False
+
+    def insert(self, prefill: StepPlan) -> None:
+        """Run a prefill step the scheduler planned (it changes no member's request), as the
+        step-by-step path runs it; the requests it admitted join the batch at the next step."""
+        replica, runner, executor = self.replica, self.runner, self.replica.executor
+        self.flush()
+        now = self.t
+        replica.clock.wait_until(now)
+        if not self.overlap:
+            replica.complete(prefill, executor.execute(prefill), now)
         else:
-            self.groups.append((group, durations, frees))
-            for request in leaving:
-                scheduler._finish(request, FinishReason.LENGTH, t)
-            scheduler.running = [r for r in scheduler.running if r.status is RequestStatus.RUNNING]
-        if not scheduler.running or not scheduler.policy.repeats_decode(scheduler):
-            return None
-        stopped = self.last
-        self.batch = batch = [i for i in self.batch if stopped[i] > last]
-        entries = [self.plan.scheduled[i] for i in batch]
-        repeated, decode_repeated = step_repeated_reads(entries, bm, len(entries))
-        n, bs = len(entries), self.bs
-        stats = StepStats(self.plan.stats.step, "decode", n, 0, n, group.num_waiting, n, 0, 0, 0, repeated * bs,
-                          decode_repeated * bs)
-        return StepPlan(entries, stats, [], [], self.plan.use_cuda_graphs)
+            self.joining = [(request, False) for request, _ in self.joining]  # the prefill in flight lands now
+            flight = self.flight
+            if flight is None:
+                submitted = executor.submit(prefill)
+                replica.finish_in_flight()
+            else:  # the booked step in flight completes as this one is submitted
+                assert self.pending is not None
+                pending = runner.resubmitted(self.pending, StepResult([], flight.duration))
+                submitted = executor.submit(prefill)
+                pending.result()
+                replica.clock.advance(flight.duration)
+                self.complete_flight(replica.clock.now())
+                self.flush()
+            replica.in_flight = (prefill, submitted, now)
+        self.inserted += 1
+        self.t = replica.clock.now()
+        running = self.scheduler.running
+        self.joining += [(request, self.overlap) for request in running[len(self.batch) + len(self.joining):]]
+        self.stats = None
 
-    # ---- the end of the run --------------------------------------------------------------------
+    def join_pending(self) -> bool:
+        """The requests the prefills admitted join the batch (False: one cannot be booked)."""
+        if not self.joining:
+            return True
+        eos = self.scheduler.eos_token_id
+        eos_stops = eos is not None and eos != self.unsampled
+        for request, _ in self.joining:
+            params = request.sampling_params
+            if params.stop_token_ids or (eos_stops and not params.ignore_eos) or \
+                    len(request.token_ids) - request.num_computed_tokens != 1:
+                return False
+        first = self.step + 1
+        joined = []
+        for request, in_flight in self.joining:
+            offset = request.num_computed_tokens - first + 1
+            entry = ScheduledRequest(request.request_id, [PLACEHOLDER], offset - 1, request.block_table, True,
+                                     request.sampling_params, offset - request.num_prompt_tokens, True)
+            member = self.join(request, entry, first, request.num_computed_tokens + 1, in_flight)
+            joined.append(member)
+            if in_flight:
+                self.landing.append(member)
+        self.sample(joined)
+        self.joining = []
+        return True
 
-    def _write(self, ends: list[tuple[int, int]]) -> None:
-        """Write request i's sampled tokens up to index end (exclusive) for each (i, end), all
-        sampled in one call."""
-        requests, written = self.requests, self.written
-        ends = [(i, end) for i, end in ends if end > written[i]]
-        runs = [(requests[i].request_id, written[i], end - written[i]) for i, end in ends]
-        for (i, end), tokens in zip(ends, self.runner.sample_runs(runs)):
-            ids = requests[i].token_ids
-            del ids[written[i] :]  # overlapped: the template's placeholder
-            ids.extend(tokens)
-            written[i] = end
+    def restat(self) -> bool:
+        """Stats and prices of a new batch (False: the step-by-step path would not plan it whole)."""
+        scheduler, bs, n = self.scheduler, self.bs, len(self.batch)
+        if n > scheduler.config.max_num_batched_tokens:
+            return False
+        entries = [m.entry for m in self.batch]
+        repeated, decode_repeated = step_repeated_reads(entries, self.bm, n)
+        self.stats = StepStats(self.base_step + self.inserted, "decode", n, 0, n, len(scheduler.waiting), n, 0, 0, 0,
+                               repeated * bs, decode_repeated * bs)
+        self.plan = StepPlan(entries, self.stats, [], [], self.use_cuda_graphs)
+        return True
 
-    def _end(self, t: float, previous: float) -> None:
-        """Each request's tokens and counts after the run, the finished ones finished (overlapped)
-        and recorded, the clock moved on, and (overlapped) the last step put in flight."""
-        replica, scheduler, requests, computed = self.replica, self.scheduler, self.requests, self.computed
-        steps, stop, overlap = self.step, self.last, self.overlap
-        for i, request in enumerate(requests):
-            start, end = computed[i], computed[i] + min(steps, stop[i])
-            high = request.max_computed_tokens
-            if start < high:
-                request.num_recomputed_tokens += min(end, high) - start
-            if end > high:
-                request.max_computed_tokens = end
-            request.num_computed_tokens = end
-        # each request's tokens up to the one its last step samples (overlapped, in flight: pending)
-        self._write([(i, c + min(steps, stop[i]) + 1) for i, c in enumerate(computed)])
-        scheduler._step += steps
-        if overlap:
-            finishing = cast_async(scheduler).finishing
-            for step, leaving in self.finished.items():
-                if step < steps:
-                    for request in leaving:
-                        del finishing[request.request_id]
-                        request.num_pending_tokens = 0
-                        scheduler._finish(request, FinishReason.LENGTH, self.completed_at[step])
-        self._record()
-        replica.clock.wait_until(t)  # the clock is at t exactly: the sum the steps added up to
-        if overlap:
-            flight = [i for i in range(len(requests)) if stop[i] >= steps]
+    def land(self, planned_at: float, booked: bool) -> None:
+        """Overlapped: the prefill in flight completes once the next step is planned (booked), as
+        the step-by-step path has it: its requests' part of that step is booked on them first."""
+        replica = self.replica
+        assert replica.in_flight is not None
+        if not booked:  # nothing planned: it stays in flight, unread
+            plan, pending, at = replica.in_flight
+            replica.in_flight = (plan, self.runner.resubmitted(pending, pending.result()), at)
+            return
+        for member in self.landing:
+            request = member.request
+            request.num_computed_tokens += 1
+            request.token_ids.append(PLACEHOLDER)
+            request.num_pending_tokens += 1
+        self.landing = []
+        self.flush()
+        replica.clock.wait_until(planned_at)
+        replica.finish_in_flight()
+
+    # ---- waiting and closing -------------------------------------------------------------------
+
+    def sync_step(self) -> None:
+        self.scheduler._step = self.base_step + 1 + self.step + self.inserted
+
+    def suspend(self) -> None:
+        self.sync_step()
+        self.replica.clock.wait_until(self.t)
+        self.flush()
+
+    def flush(self) -> None:
+        """Hand the replica the steps booked so far, the requests they finished written out."""
+        if self.finished:
+            members, self.finished = self.finished, []
+            self.write([(m, m.offset + m.last + 1) for m in members])
+            self.settle(members, [m.last for m in members])
+        record = self.replica.record_steps
+        for group in self.groups:
+            durations = group.durations
+            if len(durations) == 1:
+                item: StepRecord | StepRun = StepRecord(group.starts[0], durations[0], group.stats)
+            else:
+                item = StepRun(group.stats, np.array(group.starts), np.array(durations),
+                               np.array(group.free_blocks, dtype=np.int64))
+            record(item, [m.request for m in group.finished])
+        self.groups = []
+
+    def close(self) -> None:
+        """Write out each member's tokens and counters as the step-by-step path has them now; an
+        overlapped run's booked step in flight becomes a planned one."""
+        replica, steps = self.replica, self.step
+        self.sync_step()
+        flight = self.flight
+        if flight is not None:  # overlapped: its members' last tokens are pending
+            members = flight.members
+            self.write([(m, m.offset + steps + 1) for m in members])
             entries, tokens = [], []
-            for i in flight:
-                request, end = requests[i], computed[i] + steps
+            for member in members:
+                request = member.request
                 tokens.append(request.token_ids[-1])
                 request.token_ids[-1] = PLACEHOLDER
+                request.num_pending_tokens = 1
+                end = member.offset + steps
                 entries.append(ScheduledRequest(request.request_id, [PLACEHOLDER], end - 1, request.block_table, True,
                                                 request.sampling_params, end - request.num_prompt_tokens, True))
-            stats, _, frees = self.groups[-1]
-            stats = replace(stats, step=self.plan.stats.step + steps, num_free_blocks=int(frees[-1]))
-            assert replica.in_flight is not None
-            plan = StepPlan(entries, stats, [], [], self.plan.use_cuda_graphs)
-            result = StepResult(tokens, previous)
-            replica.in_flight = (plan, self.runner.resubmitted(replica.in_flight[1], result), replica.clock.now())
-
-    def _record(self) -> None:
-        """Hand the replica its steps: a StepRun per batch (a StepRecord where it ran one step)."""
-        durations = np.concatenate([g[1] for g in self.groups])
-        times = np.concatenate(self.times)
-        if self.overlap:  # times are the completed steps' ends; the last step planned is in flight
-            starts = times - durations[: len(times)]
+            assert self.pending is not None
+            plan = StepPlan(entries, flight.stats, [], [], self.use_cuda_graphs)
+            replica.in_flight = (plan, self.runner.resubmitted(self.pending, StepResult(tokens, flight.duration)),
+                                 self.t)
         else:
-            starts = times
-        offset, recorded, base = 0, len(times), self.plan.stats.step
-        for stats, group_durations, frees in self.groups:
-            count = min(len(group_durations), recorded - offset)
-            if count <= 0:
-                break
-            step_starts = starts[offset : offset + count]
-            finished = self.finished.get(stats.step - base + count - 1, []) if count == len(group_durations) else []
-            if count == 1:
-                item: StepRecord | StepRun = StepRecord(float(step_starts[0]), float(group_durations[0]),
-                                                       replace(stats, num_free_blocks=int(frees[0])))
-            else:
-                item = StepRun(stats, step_starts, group_durations[:count], frees[:count])
-            self.replica.record_steps(item, finished)
-            offset += count
+            members = [m for m in self.batch if m.offset + steps > m.start]  # those it booked steps for
+            self.write([(m, m.offset + steps + 1) for m in members])
+            if self.overlap:
+                for member in members:
+                    member.request.num_pending_tokens = 0  # their last booked step completed
+        self.settle(members, [min(steps, m.last) for m in members])
+        self.flush()
+        replica.clock.wait_until(self.t)
+        replica.fast = None
 
-
-def _shifted(plan: StepPlan, by: int) -> StepPlan:
-    """plan's repeat `by` as a plan: each entry's context (and outputs) by tokens further."""
-    entries = [ScheduledRequest(e.request_id, e.token_ids, e.num_computed_tokens + by, e.block_table, e.sample,
-                                e.sampling_params, e.num_output_tokens + by, e.is_decode) for e in plan.scheduled]
-    return StepPlan(entries, replace(plan.stats, step=plan.stats.step + by), [], [], plan.use_cuda_graphs)
-
-
-def cast_async(scheduler: object) -> AsyncScheduler:
-    """The scheduler of overlapped steps (engine.core.loop.step_overlap checked its class)."""
-    return scheduler  # type: ignore[return-value]

@@ -17,6 +17,7 @@ from typing import Protocol
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.executor import Executor, PendingStep
 from engine.core.fast_forward import DecodeRunner, fast_forward
+from engine.core.fast_forward_run import FastRun
 from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.records import ArrivalFeed, RequestRecords, StepTotals
 from engine.core.request import Request
@@ -128,6 +129,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         # Runs of identical decode steps are booked at once (engine.core.fast_forward) on a simulated
         # clock, by an executor that prices them so.
         self.runner = executor if isinstance(executor, DecodeRunner) and isinstance(clock, SimulatedClock) else None
+        self.fast: FastRun | None = None  # a booked run waiting at the horizon for the next tick
 
     # ---- what routers read ----------------------------------------------------------------
 
@@ -135,7 +137,14 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         return len(self.scheduler.requests) + len(self.inbox)
 
     def outstanding_tokens(self) -> int:
+        self.settle()
         return sum(map(tokens_left, self.scheduler.requests.values())) + sum(map(tokens_left, self.inbox))
+
+    def settle(self) -> None:
+        """Requests and steps as the step-by-step path has them: a booked run still open writes
+        its requests out and closes (engine.core.fast_forward)."""
+        if self.fast is not None:
+            self.fast.close()
 
     # ---- the loop body --------------------------------------------------------------------
 
@@ -159,7 +168,10 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                     del self.submitted[request.request_id]
 
     def tick(self) -> None:
-        """One iteration: admit what has arrived, then plan and execute (or submit) a step."""
+        """One iteration: admit what has arrived, then plan and execute (or submit) a step (or, in
+        a booked run, book on: engine.core.fast_forward)."""
+        if self.fast is not None and self.fast.resume():
+            return
         now = self.clock.now()
         inbox = self.inbox
         if inbox and inbox[0].arrival_time <= now:
@@ -186,7 +198,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         else:
             self.complete(plan, self.executor.execute(plan), now)
         if self.runner is not None and plan.stats.kind == "decode":
-            fast_forward(self, plan, self.runner)
+            self.fast = fast_forward(self, plan, self.runner)
 
     def horizon(self) -> float:
         """A step may start only before this: the next arrival, or the fleet's next routing."""

@@ -11,7 +11,8 @@ booked; columns() gives the steps' values as arrays without making a record per 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, overload
 
 import numpy as np
@@ -59,7 +60,16 @@ class StepRun:
         stats = self.stats
         for k, (start, duration, free) in enumerate(zip(self.starts.tolist(), self.durations.tolist(),
                                                           self.free_blocks.tolist())):
-            yield StepRecord(start, duration, replace(stats, step=stats.step + k, num_free_blocks=free))
+            yield StepRecord(start, duration, restamp(stats, stats.step + k, free))
+
+
+def restamp(stats: StepStats, step: int, num_free_blocks: int, num_running: int | None = None) -> StepStats:
+    """stats as another step of the same batch: dataclasses.replace() without its cost (a run
+    makes one per step its records are read as)."""
+    return StepStats(step, stats.kind, stats.num_requests, stats.num_prefill_tokens, stats.num_decode_tokens,
+                     stats.num_waiting, stats.num_running if num_running is None else num_running, num_free_blocks,
+                     stats.num_preempted, stats.prefix_hit_tokens, stats.repeated_kv_tokens,
+                     stats.decode_repeated_kv_tokens)
 
 
 def first_step_end(step: StepRecord | StepRun) -> float:
@@ -75,18 +85,19 @@ _RECORD_FIELDS = frozenset(("start_s", "duration_s", "idle_s"))
 class StepLog:
     """Steps in order, as StepRecords and StepRuns; reads as one StepRecord per step."""
 
-    __slots__ = ("_items", "_num_steps", "_num_runs", "_expanded")
+    __slots__ = ("_items", "_num_steps", "_num_runs", "_expanded", "_layout")
 
     def __init__(self, records: Iterable[StepRecord] = ()) -> None:
         self._items: list[StepRecord | StepRun] = list(records)
         self._num_steps = len(self._items)
         self._num_runs = 0
         self._expanded: list[StepRecord] | None = None
+        self._layout: tuple[Any, ...] | None = None  # column()'s arrays of the items, until the next change
 
     def append(self, record: StepRecord) -> None:
         self._items.append(record)
         self._num_steps += 1
-        self._expanded = None
+        self._expanded = self._layout = None
 
     def extend(self, records: Iterable[StepRecord | StepRun]) -> None:
         for item in records:
@@ -99,7 +110,7 @@ class StepLog:
         self._items.append(run)
         self._num_steps += run.num_steps
         self._num_runs += 1
-        self._expanded = None
+        self._expanded = self._layout = None
 
     @property
     def items(self) -> list[StepRecord | StepRun]:
@@ -155,21 +166,24 @@ class StepLog:
             if dtype is None:
                 return list(values)
             return np.fromiter(values, dtype=dtype, count=len(items))
+        if self._layout is None:
+            is_run = [isinstance(r, StepRun) for r in items]
+            counts = np.array([r.num_steps if run else 1 for r, run in zip(items, is_run)],  # type: ignore[union-attr]
+                              dtype=np.int64)
+            self._layout = (counts, np.repeat(np.array(is_run, dtype=bool), counts), [r.stats for r in items],
+                            [r for r, run in zip(items, is_run) if run])
+        counts, in_run, stats, runs = self._layout
         if name == "idle_s":
             firsts: list[Any] = [None if isinstance(r, StepRun) else r.idle_s for r in items]
         elif on_record:
             firsts = [getattr(r, name) if isinstance(r, StepRecord) else 0.0 for r in items]
         else:
-            firsts = [getattr(r.stats, name) for r in items]
-        counts = np.fromiter((r.num_steps if isinstance(r, StepRun) else 1 for r in items), dtype=np.int64,
-                             count=len(items))
+            firsts = list(map(attrgetter(name), stats))
         out = np.repeat(np.array(firsts, dtype=object if dtype is None else dtype), counts)
         if name == "step":  # counts up by one within a run
             offsets = np.cumsum(counts) - counts
             out = out + (np.arange(self._num_steps, dtype=np.int64) - np.repeat(offsets, counts))
         elif name in _PER_STEP:
-            is_run = np.fromiter((isinstance(r, StepRun) for r in items), dtype=bool, count=len(items))
             attr = _PER_STEP[name]
-            out[np.repeat(is_run, counts)] = np.concatenate(
-                [getattr(r, attr) for r in items if isinstance(r, StepRun)])
+            out[in_run] = np.concatenate([getattr(r, attr) for r in runs])
         return out.tolist() if dtype is None else out

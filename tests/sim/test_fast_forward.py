@@ -97,7 +97,7 @@ def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_se
     return _state(result, scheduler)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.booleans(), st.integers(16, 80), st.integers(0, 10**6),
        st.integers(1, 30), st.booleans(), st.integers(1, 8))
 def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
