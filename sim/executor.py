@@ -110,7 +110,7 @@ class SimExecutor:
         """Runs of decode steps may be booked at once: fast-forward is on and no hook watches the steps."""
         return self.fast_forward and not self._hooks.watched
 
-    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> Iterator[float] | None:
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> list[float] | None:
         """The prices of plan's repeats first .. first + count - 1, from a cost model that prices
         them so (decode_run_prices: one without state, which drained() leaves as it is); None
         otherwise."""

@@ -45,7 +45,7 @@ from sim.moe import ExpertPhase
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
-_SCALAR_REPEATS = 16  # decode_run_prices prices this many repeats one by one before it prices arrays
+_SCALAR_REPEATS = 16  # decode_run_prices prices this many repeats or fewer one by one
 
 
 def gathers_logits(plan: StepPlan) -> bool:
@@ -161,25 +161,16 @@ class RooflineCostModel:
             yield self.time_for(num_seqs, num_seqs, context_j, decode_attention_pairs(context_j, num_seqs), num_seqs,
                                 repeated, whole_vocab)
 
-    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> Iterator[float]:
-        """decode_repeats() of repeats first .. first + count - 1, priced as they are taken: the
-        first few one by one (time_for itself costs less than numpy's calls), then in numpy
-        arrays of growing length, time_for()'s arithmetic operation for operation on arrays of
-        the contexts (every other total is the same at each repeat), bit for bit the same."""
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> list[float]:
+        """decode_repeats() of repeats first .. first + count - 1: a few one by one (time_for itself
+        costs less than numpy's calls), more in numpy, time_for()'s arithmetic operation for
+        operation on arrays of the contexts (every other total is the same at each repeat), bit
+        for bit the same."""
         n, context0, whole_vocab = self._decode_totals(plan)
         repeated = plan.stats.repeated_kv_tokens
-        end = first + count
-        scalar_end = min(end, first + _SCALAR_REPEATS)
-        for c in range(context0 + first * n, context0 + scalar_end * n, n):
-            yield self.time_for(n, n, c, decode_attention_pairs(c, n), n, repeated, whole_vocab)
-        start, chunk = scalar_end, 4 * _SCALAR_REPEATS
-        while start < end:
-            size = min(chunk, end - start)
-            yield from self._decode_prices_array(n, context0, repeated, whole_vocab, start, size)
-            start, chunk = start + size, 4 * chunk
-
-    def _decode_prices_array(self, n: int, context0: int, repeated: int, whole_vocab: bool, first: int,
-                             count: int) -> list[float]:
+        if count <= _SCALAR_REPEATS:
+            return [self.time_for(n, n, c, decode_attention_pairs(c, n), n, repeated, whole_vocab)
+                    for c in range(context0 + first * n, context0 + (first + count) * n, n)]
         context: npt.NDArray[np.int64] = np.arange(first, first + count, dtype=np.int64) * n + context0
         bw = self._bandwidth
         # time_for(n, n, context, decode_attention_pairs(context, n), n, repeated, whole_vocab)

@@ -50,7 +50,7 @@ class DecodeRunner(Protocol):
     def fast_forwards(self) -> bool:
         """Whether runs may be booked now (False: switched off, or hooks watch the steps)."""
 
-    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> Iterator[float] | None:
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> list[float] | None:
         """Durations of repeats first .. first + count - 1 of plan's decode batch (repeat j: each
         request's context j tokens longer), what execute()/submit() would price them at, in any
         number at once (a cost model without state); None where the steps must be priced one at

@@ -14,9 +14,8 @@ leaves them.
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from engine.core.fast_forward_steps import Booking, Flight, Member
 from engine.core.kv_reads import step_repeated_reads
@@ -90,13 +89,13 @@ class FastRun(Booking):
             if self.stats is None and not self.restat():
                 self.close()
                 return False
-            landing = self.overlap and self.flight is None  # a prefill is in flight: one step, then it lands
+            landing = self.overlap and self.flight is None  # a prefill is in flight: it lands after a step
             if landing:
                 assert replica.in_flight is not None
                 self.previous = replica.in_flight[1].result().duration_s
             planned_at, step = self.t, self.step
-            outcome = self.segment(horizon, landing)
-            if landing:
+            outcome = self.segment(horizon, self.land if landing else None)
+            if landing and replica.in_flight is not None:  # the segment booked one step or none
                 self.land(planned_at, step < self.step)
             if outcome == "blocks":
                 self.close()
@@ -144,16 +143,14 @@ class FastRun(Booking):
                     len(request.token_ids) - request.num_computed_tokens != 1:
                 return False
         first = self.step + 1
-        joined = []
+        joined: list[Member] = []
         for request, in_flight in self.joining:
             offset = request.num_computed_tokens - first + 1
             entry = ScheduledRequest(request.request_id, [PLACEHOLDER], offset - 1, request.block_table, True,
                                      request.sampling_params, offset - request.num_prompt_tokens, True)
             member = self.join(request, entry, first, request.num_computed_tokens + 1, in_flight)
-            joined.append(member)
-            if in_flight:
-                self.landing.append(member)
-        self.sample(joined)
+            (self.landing if in_flight else joined).append(member)
+        self.sample(joined)  # (the landing ones once their prefill lands: it writes their first token)
         self.joining = []
         return True
 
@@ -178,15 +175,16 @@ class FastRun(Booking):
             plan, pending, at = replica.in_flight
             replica.in_flight = (plan, self.runner.resubmitted(pending, pending.result()), at)
             return
-        for member in self.landing:
+        landing, self.landing = self.landing, []
+        for member in landing:
             request = member.request
             request.num_computed_tokens += 1
             request.token_ids.append(PLACEHOLDER)
             request.num_pending_tokens += 1
-        self.landing = []
         self.flush()
         replica.clock.wait_until(planned_at)
         replica.finish_in_flight()
+        self.sample(landing)
 
     # ---- waiting and closing -------------------------------------------------------------------
 
@@ -199,10 +197,9 @@ class FastRun(Booking):
         self.flush()
 
     def flush(self) -> None:
-        """Hand the replica the steps booked so far, the requests they finished written out."""
+        """Hand the replica the steps booked so far, the requests they finished settled."""
         if self.finished:
             members, self.finished = self.finished, []
-            self.write([(m, m.offset + m.last + 1) for m in members])
             self.settle(members, [m.last for m in members])
         record = self.replica.record_steps
         for group in self.groups:
@@ -210,8 +207,8 @@ class FastRun(Booking):
             if len(durations) == 1:
                 item: StepRecord | StepRun = StepRecord(group.starts[0], durations[0], group.stats)
             else:
-                item = StepRun(group.stats, np.array(group.starts), np.array(durations),
-                               np.array(group.free_blocks, dtype=np.int64))
+                item = StepRun(group.stats, array("d", group.starts), array("d", durations),
+                               array("q", group.free_blocks))
             record(item, [m.request for m in group.finished])
         self.groups = []
 
@@ -223,7 +220,7 @@ class FastRun(Booking):
         flight = self.flight
         if flight is not None:  # overlapped: its members' last tokens are pending
             members = flight.members
-            self.write([(m, m.offset + steps + 1) for m in members])
+            self.truncate(members, steps)
             entries, tokens = [], []
             for member in members:
                 request = member.request
@@ -238,11 +235,12 @@ class FastRun(Booking):
             replica.in_flight = (plan, self.runner.resubmitted(self.pending, StepResult(tokens, flight.duration)),
                                  self.t)
         else:
-            members = [m for m in self.batch if m.offset + steps > m.start]  # those it booked steps for
-            self.write([(m, m.offset + steps + 1) for m in members])
+            members = self.batch
+            self.truncate(members, steps)
             if self.overlap:
                 for member in members:
-                    member.request.num_pending_tokens = 0  # their last booked step completed
+                    if member.offset + steps > member.start:  # (not a landing one: its prefill is in flight)
+                        member.request.num_pending_tokens = 0  # their last booked step completed
         self.settle(members, [min(steps, m.last) for m in members])
         self.flush()
         replica.clock.wait_until(self.t)

@@ -6,17 +6,19 @@ token at step `last`, then leaves the batch. A segment is a stretch of steps wit
 ends at a step where members leave, or after block_size steps (so that no member needs two
 blocks or fills two within it). Its steps are priced and timed as arrays; then the events in it
 (a block needed, a block filled) are applied in the step-by-step path's order, and the members
-that sampled their last tokens leave. Requests' tokens and counters are written only when a
-member finishes or the run closes (and a filled block's tokens before its prefix-cache key is
-computed): until then a member's Request still reads as it was when it joined.
+that sampled their last tokens leave. A member's tokens are all written when it joins; its
+counters when it finishes or the run closes, which also cuts the tokens of steps not booked.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
@@ -28,12 +30,13 @@ if TYPE_CHECKING:
     from engine.core.loop import Replica
 
 _NEVER = 1 << 62  # a step after every step
+_FEW = 16  # steps priced and timed one by one before arrays are
 
 
 class Member:
     """A request in the batch of a run, and what the run owes its Request."""
 
-    __slots__ = ("request", "entry", "offset", "last", "start", "written", "seq", "future")
+    __slots__ = ("request", "entry", "offset", "last", "start", "written", "seq")
 
     def __init__(self, request: Request, entry: ScheduledRequest, offset: int, start: int, written: int,
                  seq: int) -> None:
@@ -42,9 +45,8 @@ class Member:
         self.offset = offset
         self.last = request.num_prompt_tokens + request.max_tokens - 1 - offset  # type: ignore[operator]
         self.start = start  # its computed tokens when it joined
-        self.written = written  # the first token index not yet written
+        self.written = written  # from here on its tokens are written by sample() (before: by the scheduler)
         self.seq = seq  # joins in running order: ties between members go by it
-        self.future: list[int] = []  # its tokens from index written on, sampled when it joined
 
 
 class Flight:
@@ -122,14 +124,15 @@ class Booking:
 
     # ---- one segment ---------------------------------------------------------------------------
 
-    def segment(self, horizon: float, single: bool) -> str:
-        """Book the next segment (at most one step if single); returns how it ended: "cut" (the
-        horizon), "blocks" (a step lacks blocks: a preemption), "stretch" (block_size steps) or
-        "leave" (members sampled their last tokens)."""
+    def segment(self, horizon: float, land: Callable[[float, bool], None] | None = None) -> str:
+        """Book the next segment; returns how it ended: "cut" (the horizon), "blocks" (a step lacks
+        blocks: a preemption), "stretch" (block_size steps) or "leave" (members sampled their last
+        tokens). land: overlapped, a prefill is in flight; it lands (land(planned_at, True)) once
+        the segment's first step is planned, if more steps follow in it (else the caller lands it)."""
         assert self.stats is not None
         first = self.step + 1
         leaves_at = self.leaving[0][0]
-        end = first if single else min(leaves_at, first + self.bs - 1)
+        end = min(leaves_at, first + self.bs - 1)
         due, fits = self._blocks_due(first, end)
         durations, times = self._timed(first, fits - first + 1, horizon)
         steps = len(durations)
@@ -141,8 +144,13 @@ class Booking:
         # overlapped, the step that members leave at frees their blocks when planned, before the
         # step in flight completes and registers the blocks it filled
         deferred: list[tuple[int, int, Member]] = []
-        frees = self._apply(first, last, due, deferred if self.overlap and not single and last == leaves_at else None,
-                            not self.overlap or single)
+        defer = deferred if self.overlap and last == leaves_at and (land is None or last > first) else None
+        if land is not None and last > first:  # its first step's blocks are registered as it is planned
+            frees = self._apply(first, first, [d for d in due if d[0] == first], None, True)
+            land(times[0], True)
+            frees += self._apply(first + 1, last, [d for d in due if d[0] > first], defer, False)
+        else:
+            frees = self._apply(first, last, due, defer, not self.overlap or land is not None)
         template = self.stats
         stats = restamp(template, template.step + first, frees[0])
         if self.overlap:  # completed: the step in flight, then first .. last - 1; last is in flight
@@ -205,17 +213,41 @@ class Booking:
             return [], []
         assert self.plan is not None
         overlap = self.overlap
-        prices: Iterator[float] | None
-        if self.arrays:
-            prices = self.runner.decode_run_prices(self.plan, first, count)
-        else:  # a cost model with state: priced one at a time
+        if not self.arrays:  # a cost model with state: priced one at a time, never a step past the horizon
             prices = self.runner.decode_prices(_shifted(self.plan, first - 1))
-        assert prices is not None
-        durations: list[float] = []
-        times = [self.t]
-        t, previous = self.t, self.previous
+            return self._clocked(prices, count, horizon, [], [self.t], self.previous)
+        # a few steps one by one (numpy's calls would cost more), then arrays of the steps the
+        # horizon leaves room for (a step lasts no less than the one before it in a batch: an
+        # upper bound; more follow if it is not)
+        few = min(count, _FEW)
+        taking = self.runner.decode_run_prices(self.plan, first, few)
+        assert taking is not None
+        durations, times = self._clocked(iter(taking), few, horizon, [], [self.t], self.previous)
+        size = len(durations)
+        while size and len(durations) < count and times[-1] < horizon:
+            taken = len(durations)
+            size = count - taken
+            if horizon < math.inf:
+                size = min(size, int((horizon - times[-1]) / durations[-1]) + 2)
+            more = self.runner.decode_run_prices(self.plan, first + taken, size)
+            assert more is not None
+            # times[-1]: when step first + taken starts (plain) or is planned, the one before it in flight
+            clock = np.cumsum(np.array([times[-1], durations[-1], *more] if overlap else [times[-1], *more]))
+            steps = int(np.searchsorted(clock[:size], horizon, side="left"))
+            durations += more[:steps]
+            times += clock[1 : steps + 1].tolist()
+            if steps < size:
+                break
+        return durations, times
+
+    def _clocked(self, prices: Iterator[float], count: int, horizon: float, durations: list[float],
+                 times: list[float], previous: float) -> tuple[list[float], list[float]]:
+        """Take prices one at a time (each only once its step starts before horizon), the clock
+        along them appended to times."""
+        overlap = self.overlap
+        t = times[-1]
         for _ in range(count):
-            if t >= horizon:  # (before the price is taken: a price taken is a step priced)
+            if t >= horizon:
                 break
             duration = next(prices)
             durations.append(duration)
@@ -240,8 +272,6 @@ class Booking:
                     heapq.heappush(self.allocs, event)
             due = [d for d in due if d[0] <= last]
         fills = self._fills_due(last, planned)
-        if fills:
-            self.write([(m, m.offset + j) for j, _, m in fills])
         free = bm.num_free_blocks
         drops = []  # the steps (from first) whose allocations leave fewer blocks free
         a = f = 0
@@ -342,22 +372,20 @@ class Booking:
     # ---- writing requests ----------------------------------------------------------------------
 
     def sample(self, members: list[Member]) -> None:
-        """Sample the tokens the members will have written, from their first unwritten index to
-        their last token, in one call (DecodeRunner.sample_runs: one numpy pass)."""
+        """Write each member's tokens from its first unwritten index to its last token, sampled in
+        one call (DecodeRunner.sample_runs: one numpy pass). A Request then holds tokens of steps
+        not yet booked: only the prefix cache reads them (the blocks the booked steps filled) until
+        the member finishes (its tokens are then all there) or the run closes (truncate())."""
         runs = [(m.request.request_id, m.written, m.offset + m.last + 1 - m.written) for m in members]
         for member, tokens in zip(members, self.runner.sample_runs(runs)):
-            member.future = tokens
+            ids = member.request.token_ids
+            del ids[member.written :]  # overlapped: the placeholder of the step in flight
+            ids.extend(tokens)
 
-    def write(self, ends: list[tuple[Member, int]]) -> None:
-        """Write each member's tokens up to index end (exclusive)."""
-        for member, end in ends:
-            written = member.written
-            if end > written:
-                ids = member.request.token_ids
-                del ids[written:]  # overlapped: a placeholder of a step that completed since
-                base = member.offset + member.last + 1 - len(member.future)
-                ids.extend(member.future[written - base : end - base])
-                member.written = end
+    def truncate(self, members: list[Member], steps: int) -> None:
+        """Cut each member's tokens after the one its step `steps` samples (its last, if sooner)."""
+        for member in members:
+            del member.request.token_ids[member.offset + min(steps, member.last) + 1 :]
 
     def settle(self, members: list[Member], steps: list[int]) -> None:
         """Each member's counters after `steps` booked steps (those it was in)."""

@@ -3,6 +3,8 @@ are those records' values, whatever mix of the two it holds."""
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,8 +33,8 @@ def logs(draw):
             k = draw(st.integers(1, 6))
             durations = np.array([draw(st.floats(1e-4, 1.0)) for _ in range(k)])
             starts = t + np.concatenate(([0.0], np.cumsum(durations)[:-1]))
-            frees = np.array([draw(st.integers(0, 500)) for _ in range(k)], dtype=np.int64)
-            log.add_run(StepRun(_stats(draw, step), starts, durations, frees))
+            frees = [draw(st.integers(0, 500)) for _ in range(k)]
+            log.add_run(StepRun(_stats(draw, step), array("d", starts), array("d", durations), array("q", frees)))
             step, t = step + k, float(starts[-1] + durations[-1])
     return log
 
@@ -56,7 +58,7 @@ def test_a_log_reads_as_one_record_per_step_and_its_columns_are_theirs(log):
 
 def test_a_run_hands_a_hook_the_end_of_its_first_step():
     stats = StepStats(4, "decode", 2, 0, 2, 0, 2, 10, 0, 0)
-    run = StepRun(stats, np.array([1.0, 1.5]), np.array([0.5, 0.25]), np.array([10, 9], dtype=np.int64))
+    run = StepRun(stats, array("d", [1.0, 1.5]), array("d", [0.5, 0.25]), array("q", [10, 9]))
     assert first_step_end(run) == 1.5 and run.end_s == 1.75
     assert first_step_end(StepRecord(1.0, 0.5, stats)) == 1.5
     assert [r.stats.num_free_blocks for r in run.records()] == [10, 9]

@@ -92,9 +92,9 @@ def test_fast_forward_leaves_an_autoscaled_run_unchanged(monkeypatch):
 
     booked = []
 
-    def counting(self, horizon, single):
+    def counting(self, horizon, land=None):
         before = self.step
-        outcome = original(self, horizon, single)
+        outcome = original(self, horizon, land)
         booked.append(self.step - before)
         return outcome
 

@@ -27,9 +27,9 @@ from tests.sim import helpers
 POLICIES = ("nano", "mixed", "sjf")
 
 
-def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None) -> SimExecutor:
+def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None, block_size: int = 4) -> SimExecutor:
     model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
-    info = BackendInfo(num_blocks=num_blocks, block_size=4, vocab_size=97, eos_token_ids=(5,),
+    info = BackendInfo(num_blocks=num_blocks, block_size=block_size, vocab_size=97, eos_token_ids=(5,),
                        overlaps_steps=overlap)
     return SimExecutor(cost_model or RooflineCostModel(model, hardware), info, seed=3, fast_forward=fast)
 
@@ -87,13 +87,15 @@ class _Repeats(_Stateful):
 COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats}
 
 
-def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline"):
+def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline", block_size=4,
+           max_len=60):
     make = COST_MODELS[cost]
-    executor = _executor(fast, overlap, num_blocks, make() if make else None)
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+    executor = _executor(fast, overlap, num_blocks, make() if make else None, block_size)
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=max_len,
+                             policy=policy)
     scheduler = make_scheduler(config, executor.info())
     scheduler.block_manager.enable_prefix_caching = caching
-    result = run(scheduler, executor, _requests(seed, n, 60, stop), SimulatedClock())
+    result = run(scheduler, executor, _requests(seed, n, max_len, stop), SimulatedClock())
     return _state(result, scheduler)
 
 
@@ -102,6 +104,16 @@ def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_se
        st.integers(1, 30), st.booleans(), st.integers(1, 8))
 def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
     args = (policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs)
+    assert _serve(True, *args) == _serve(False, *args)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(("roofline", "stateful")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
+       st.integers(4, 40), st.integers(0, 10**6), st.integers(1, 16), st.integers(1, 8))
+def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, caching, num_blocks, seed, n, max_num_seqs):
+    """Blocks of 64 tokens and outputs of up to 300: runs of many steps between events, which the
+    roofline prices and times in arrays (a few steps one by one, then numpy)."""
+    args = (policy, overlap, caching, num_blocks, seed, n, False, max_num_seqs, cost, 64, 400)
     assert _serve(True, *args) == _serve(False, *args)
 
 

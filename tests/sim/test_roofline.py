@@ -220,7 +220,7 @@ def test_decode_run_prices_are_the_repeats_priced_one_by_one(name, gpu, tp, cont
     stats = StepStats(3, "decode", n, 0, n, 0, n, 0, 0, 0, repeated * 16, repeated * 16)
     plan = StepPlan(entries, stats)
     expected = list(itertools.islice(cost.decode_repeats(plan), first - 1, first - 1 + count))
-    assert list(cost.decode_run_prices(plan, first, count)) == expected
+    assert cost.decode_run_prices(plan, first, count) == expected
     shifted = [ScheduledRequest(e.request_id, [1], e.num_computed_tokens + first, [], True, params, 1, True)
                for e in entries]
     assert expected[0] == cost.step_time(StepPlan(shifted, stats))
