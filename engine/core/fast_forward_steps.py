@@ -279,7 +279,7 @@ class Booking:
             j = min(due[a][0] if a < len(due) else _NEVER, fills[f][0] if f < len(fills) else _NEVER)
             while a < len(due) and due[a][0] == j:
                 member = due[a][2]
-                bm.allocate(member.request, member.offset + j)
+                bm.allocate_next(member.request)  # (one block: the step's token starts it)
                 drops.append(j - first)
                 if j + bs <= member.last:
                     heapq.heappush(self.allocs, (j + bs, member.seq, member))

@@ -162,10 +162,10 @@ class StepLog:
         items = self._items
         on_record = name in _RECORD_FIELDS
         if not self._num_runs:
-            values: Iterable[Any] = (getattr(r if on_record else r.stats, name) for r in items)
+            plain: Iterable[Any] = (getattr(r if on_record else r.stats, name) for r in items)
             if dtype is None:
-                return list(values)
-            return np.fromiter(values, dtype=dtype, count=len(items))
+                return list(plain)
+            return np.fromiter(plain, dtype=dtype, count=len(items))
         if self._layout is None:
             is_run = [isinstance(r, StepRun) for r in items]
             counts = np.array([r.num_steps if run else 1 for r, run in zip(items, is_run)],  # type: ignore[union-attr]
@@ -179,6 +179,11 @@ class StepLog:
             firsts = [getattr(r, name) if isinstance(r, StepRecord) else 0.0 for r in items]
         else:
             firsts = list(map(attrgetter(name), stats))
+        if dtype is None and name != "step" and name not in _PER_STEP:  # Python objects (kind): run by run
+            values: list[Any] = []
+            for value, count in zip(firsts, counts.tolist()):
+                values += [value] * count
+            return values
         out = np.repeat(np.array(firsts, dtype=object if dtype is None else dtype), counts)
         if name == "step":  # counts up by one within a run
             offsets = np.cumsum(counts) - counts
