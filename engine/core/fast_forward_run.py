@@ -17,7 +17,8 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING
 
-from engine.core.fast_forward_steps import Booking, Flight, Member
+from engine.core.fast_forward_parts import Flight, Member, sample, settle, truncate
+from engine.core.fast_forward_steps import Booking
 from engine.core.kv_reads import step_repeated_reads
 from engine.core.plan import PLACEHOLDER, ScheduledRequest, StepPlan, StepResult, StepStats
 from engine.core.request import Request
@@ -45,7 +46,7 @@ class FastRun(Booking):
         written = 0 if self.overlap else 1  # overlapped: the template's token is still pending
         for request, entry in zip(self.scheduler.running, plan.scheduled):
             self.join(request, entry, 1, request.num_computed_tokens + written, False)
-        self.sample(self.batch)
+        sample(self.runner, self.batch)
         self.stats, self.plan = plan.stats, plan
         self.arrays = runner.decode_run_prices(plan, 1, 0) is not None
         self.pending: PendingStep | None = None
@@ -150,7 +151,7 @@ class FastRun(Booking):
                                      request.sampling_params, offset - request.num_prompt_tokens, True)
             member = self.join(request, entry, first, request.num_computed_tokens + 1, in_flight)
             (self.landing if in_flight else joined).append(member)
-        self.sample(joined)  # (the landing ones once their prefill lands: it writes their first token)
+        sample(self.runner, joined)  # (the landing ones once their prefill lands: it writes their first token)
         self.joining = []
         return True
 
@@ -184,7 +185,7 @@ class FastRun(Booking):
         self.flush()
         replica.clock.wait_until(planned_at)
         replica.finish_in_flight()
-        self.sample(landing)
+        sample(self.runner, landing)
 
     # ---- waiting and closing -------------------------------------------------------------------
 
@@ -200,7 +201,7 @@ class FastRun(Booking):
         """Hand the replica the steps booked so far, the requests they finished settled."""
         if self.finished:
             members, self.finished = self.finished, []
-            self.settle(members, [m.last for m in members])
+            settle(members, [m.last for m in members])
         record = self.replica.record_steps
         for group in self.groups:
             durations = group.durations
@@ -220,7 +221,7 @@ class FastRun(Booking):
         flight = self.flight
         if flight is not None:  # overlapped: its members' last tokens are pending
             members = flight.members
-            self.truncate(members, steps)
+            truncate(members, steps)
             entries, tokens = [], []
             for member in members:
                 request = member.request
@@ -236,12 +237,12 @@ class FastRun(Booking):
                                  self.t)
         else:
             members = self.batch
-            self.truncate(members, steps)
+            truncate(members, steps)
             if self.overlap:
                 for member in members:
                     if member.offset + steps > member.start:  # (not a landing one: its prefill is in flight)
                         member.request.num_pending_tokens = 0  # their last booked step completed
-        self.settle(members, [min(steps, m.last) for m in members])
+        settle(members, [min(steps, m.last) for m in members])
         self.flush()
         replica.clock.wait_until(self.t)
         replica.fast = None

@@ -1,4 +1,4 @@
-"""The booking of decode steps for engine.core.fast_forward: members, segments, events.
+"""The booking of decode steps for engine.core.fast_forward: segments and the events in them.
 
 Steps of a run are numbered from its template (step 0). A member (a request in the batch)
 computes token offset + j - 1 at step j and samples the token at offset + j; it samples its last
@@ -6,76 +6,29 @@ token at step `last`, then leaves the batch. A segment is a stretch of steps wit
 ends at a step where members leave, or after block_size steps (so that no member needs two
 blocks or fills two within it). Its steps are priced and timed as arrays; then the events in it
 (a block needed, a block filled) are applied in the step-by-step path's order, and the members
-that sampled their last tokens leave. A member's tokens are all written when it joins; its
-counters when it finishes or the run closes, which also cuts the tokens of steps not booked.
+that sampled their last tokens leave (engine.core.fast_forward_parts holds the pieces).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from engine.core.fast_forward_parts import Flight, Group, Member, cast_async, shifted
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.step_log import restamp
 
 if TYPE_CHECKING:
-    from engine.core.async_scheduler import AsyncScheduler
     from engine.core.fast_forward import DecodeRunner
     from engine.core.loop import Replica
 
 _NEVER = 1 << 62  # a step after every step
 _FEW = 16  # steps priced and timed one by one before arrays are
-
-
-class Member:
-    """A request in the batch of a run, and what the run owes its Request."""
-
-    __slots__ = ("request", "entry", "offset", "last", "start", "written", "seq")
-
-    def __init__(self, request: Request, entry: ScheduledRequest, offset: int, start: int, written: int,
-                 seq: int) -> None:
-        self.request = request
-        self.entry = entry  # as a decode entry of step 0 (num_computed_tokens offset - 1): what prices read
-        self.offset = offset
-        self.last = request.num_prompt_tokens + request.max_tokens - 1 - offset  # type: ignore[operator]
-        self.start = start  # its computed tokens when it joined
-        self.written = written  # from here on its tokens are written by sample() (before: by the scheduler)
-        self.seq = seq  # joins in running order: ties between members go by it
-
-
-class Flight:
-    """Overlapped steps: the booked step in flight (planned, not yet completed)."""
-
-    __slots__ = ("stats", "duration", "members", "leavers", "key")
-
-    def __init__(self, stats: StepStats, duration: float, members: list[Member]) -> None:
-        self.stats = stats
-        self.duration = duration
-        self.members = members  # its batch, in batch order (the run's list then: replaced, never changed)
-        self.leavers: list[Member] = []  # those that sample their last token in it
-        self.key: object = None  # its record's Group key (None: it differs from the steps around it)
-
-
-class Group:
-    """Consecutive booked steps of one batch, for the records: step k of it is stats with step
-    stats.step + k and free_blocks[k] free blocks, and ran from starts[k] for durations[k]."""
-
-    __slots__ = ("stats", "starts", "durations", "free_blocks", "finished", "key")
-
-    def __init__(self, stats: StepStats, starts: list[float], durations: list[float], free_blocks: list[int],
-                 key: object) -> None:
-        self.stats = stats
-        self.starts = starts
-        self.durations = durations
-        self.free_blocks = free_blocks
-        self.finished: list[Member] = []  # the requests its last step finished
-        self.key = key  # steps of equal keys are stats alike but for step and free blocks (None: alone)
 
 
 class Booking:
@@ -96,6 +49,7 @@ class Booking:
         self.step = 0  # the last step planned
         self.t = replica.clock.now()  # plain: the next step's start; overlapped: when the next is planned
         self.previous = 0.0  # overlapped: the duration of the step in flight
+        self.previous_priced = 0.0  # the last step's booked (how many steps the horizon leaves room for)
         self.arrays = True  # the runner prices repeats in any number at once (else one at a time)
         self.flight: Flight | None = None
         self.groups: list[Group] = []  # booked steps not yet handed to the replica
@@ -214,12 +168,14 @@ class Booking:
         assert self.plan is not None
         overlap = self.overlap
         if not self.arrays:  # a cost model with state: priced one at a time, never a step past the horizon
-            prices = self.runner.decode_prices(_shifted(self.plan, first - 1))
+            prices = self.runner.decode_prices(shifted(self.plan, first - 1))
             return self._clocked(prices, count, horizon, [], [self.t], self.previous)
         # a few steps one by one (numpy's calls would cost more), then arrays of the steps the
         # horizon leaves room for (a step lasts no less than the one before it in a batch: an
         # upper bound; more follow if it is not)
         few = min(count, _FEW)
+        if horizon < math.inf and self.previous_priced > 0.0:
+            few = min(few, int((horizon - self.t) / self.previous_priced) + 2)
         taking = self.runner.decode_run_prices(self.plan, first, few)
         assert taking is not None
         durations, times = self._clocked(iter(taking), few, horizon, [], [self.t], self.previous)
@@ -231,13 +187,20 @@ class Booking:
                 size = min(size, int((horizon - times[-1]) / durations[-1]) + 2)
             more = self.runner.decode_run_prices(self.plan, first + taken, size)
             assert more is not None
+            if size <= _FEW:
+                self._clocked(iter(more), size, horizon, durations, times, durations[-1])
+                if len(durations) < taken + size:
+                    break
+                continue
             # times[-1]: when step first + taken starts (plain) or is planned, the one before it in flight
-            clock = np.cumsum(np.array([times[-1], durations[-1], *more] if overlap else [times[-1], *more]))
-            steps = int(np.searchsorted(clock[:size], horizon, side="left"))
+            clock = list(accumulate([times[-1], durations[-1], *more] if overlap else [times[-1], *more]))
+            steps = bisect_left(clock, horizon, 0, size)
             durations += more[:steps]
-            times += clock[1 : steps + 1].tolist()
+            times += clock[1 : steps + 1]
             if steps < size:
                 break
+        if durations:
+            self.previous_priced = durations[-1]
         return durations, times
 
     def _clocked(self, prices: Iterator[float], count: int, horizon: float, durations: list[float],
@@ -368,49 +331,3 @@ class Booking:
                 scheduler._finish(request, FinishReason.LENGTH, at)
             self.finished += flight.leavers
         self.flight = None
-
-    # ---- writing requests ----------------------------------------------------------------------
-
-    def sample(self, members: list[Member]) -> None:
-        """Write each member's tokens from its first unwritten index to its last token, sampled in
-        one call (DecodeRunner.sample_runs: one numpy pass). A Request then holds tokens of steps
-        not yet booked: only the prefix cache reads them (the blocks the booked steps filled) until
-        the member finishes (its tokens are then all there) or the run closes (truncate())."""
-        runs = [(m.request.request_id, m.written, m.offset + m.last + 1 - m.written) for m in members]
-        for member, tokens in zip(members, self.runner.sample_runs(runs)):
-            ids = member.request.token_ids
-            del ids[member.written :]  # overlapped: the placeholder of the step in flight
-            ids.extend(tokens)
-
-    def truncate(self, members: list[Member], steps: int) -> None:
-        """Cut each member's tokens after the one its step `steps` samples (its last, if sooner)."""
-        for member in members:
-            del member.request.token_ids[member.offset + min(steps, member.last) + 1 :]
-
-    def settle(self, members: list[Member], steps: list[int]) -> None:
-        """Each member's counters after `steps` booked steps (those it was in)."""
-        for member, step in zip(members, steps):
-            request = member.request
-            start, end = member.start, member.offset + step
-            if end == start:
-                continue
-            high = request.max_computed_tokens
-            if start < high:
-                request.num_recomputed_tokens += min(end, high) - start
-            if end > high:
-                request.max_computed_tokens = end
-            request.num_computed_tokens = end
-
-
-def _shifted(plan: StepPlan, by: int) -> StepPlan:
-    """plan's repeat `by` as a plan: each entry's context (and outputs) by tokens further."""
-    if not by:
-        return plan
-    entries = [ScheduledRequest(e.request_id, e.token_ids, e.num_computed_tokens + by, e.block_table, e.sample,
-                                e.sampling_params, e.num_output_tokens + by, e.is_decode) for e in plan.scheduled]
-    return StepPlan(entries, replace(plan.stats, step=plan.stats.step + by), [], [], plan.use_cuda_graphs)
-
-
-def cast_async(scheduler: object) -> AsyncScheduler:
-    """The scheduler of overlapped steps (engine.core.loop.step_overlap checked its class)."""
-    return scheduler  # type: ignore[return-value]

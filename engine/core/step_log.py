@@ -5,7 +5,8 @@ keeps them as a StepRun: the first step's StepStats and, per step, the three thi
 from step to step (its start, its duration and the free blocks after planning it; the step
 number counts up by one). A StepLog holds both kinds in step order and reads as a sequence of
 StepRecords, one per step, so that every reader sees the same steps whichever way they were
-booked; columns() gives the steps' values as arrays without making a record per step.
+booked (harness.output.metrics builds the step table from the runs without making a record per
+step).
 """
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from operator import attrgetter
-from typing import Any, overload
-
-import numpy as np
-import numpy.typing as npt
+from typing import overload
 
 from engine.core.plan import StepStats
 
@@ -77,27 +74,22 @@ def first_step_end(step: StepRecord | StepRun) -> float:
     return step.first_end_s() if isinstance(step, StepRun) else step.start_s + step.duration_s
 
 
-# StepRecord attributes that a StepRun keeps per step, and the array it keeps them in
-_PER_STEP = {"start_s": "starts", "duration_s": "durations", "num_free_blocks": "free_blocks"}
-_RECORD_FIELDS = frozenset(("start_s", "duration_s", "idle_s"))
-
 
 class StepLog:
     """Steps in order, as StepRecords and StepRuns; reads as one StepRecord per step."""
 
-    __slots__ = ("_items", "_num_steps", "_num_runs", "_expanded", "_layout")
+    __slots__ = ("_items", "_num_steps", "_num_runs", "_expanded")
 
     def __init__(self, records: Iterable[StepRecord] = ()) -> None:
         self._items: list[StepRecord | StepRun] = list(records)
         self._num_steps = len(self._items)
         self._num_runs = 0
         self._expanded: list[StepRecord] | None = None
-        self._layout: tuple[Any, ...] | None = None  # column()'s arrays of the items, until the next change
 
     def append(self, record: StepRecord) -> None:
         self._items.append(record)
         self._num_steps += 1
-        self._expanded = self._layout = None
+        self._expanded = None
 
     def extend(self, records: Iterable[StepRecord | StepRun]) -> None:
         for item in records:
@@ -110,12 +102,16 @@ class StepLog:
         self._items.append(run)
         self._num_steps += run.num_steps
         self._num_runs += 1
-        self._expanded = self._layout = None
+        self._expanded = None
 
     @property
     def items(self) -> list[StepRecord | StepRun]:
         """The records and runs as kept (a run is one item)."""
         return self._items
+
+    @property
+    def num_runs(self) -> int:
+        return self._num_runs
 
     def __len__(self) -> int:
         return self._num_steps
@@ -155,40 +151,3 @@ class StepLog:
 
     def __repr__(self) -> str:
         return f"StepLog({self._num_steps} steps, {self._num_runs} booked runs)"
-
-    def column(self, name: str, dtype: npt.DTypeLike | None) -> npt.NDArray[Any] | list[Any]:
-        """Every step's value of a StepRecord attribute (start_s, duration_s, idle_s) or of a
-        StepStats one, in step order: an array of dtype, or a list where dtype is None."""
-        items = self._items
-        on_record = name in _RECORD_FIELDS
-        if not self._num_runs:
-            plain: Iterable[Any] = (getattr(r if on_record else r.stats, name) for r in items)
-            if dtype is None:
-                return list(plain)
-            return np.fromiter(plain, dtype=dtype, count=len(items))
-        if self._layout is None:
-            is_run = [isinstance(r, StepRun) for r in items]
-            counts = np.array([r.num_steps if run else 1 for r, run in zip(items, is_run)],  # type: ignore[union-attr]
-                              dtype=np.int64)
-            self._layout = (counts, np.repeat(np.array(is_run, dtype=bool), counts), [r.stats for r in items],
-                            [r for r, run in zip(items, is_run) if run])
-        counts, in_run, stats, runs = self._layout
-        if name == "idle_s":
-            firsts: list[Any] = [None if isinstance(r, StepRun) else r.idle_s for r in items]
-        elif on_record:
-            firsts = [getattr(r, name) if isinstance(r, StepRecord) else 0.0 for r in items]
-        else:
-            firsts = list(map(attrgetter(name), stats))
-        if dtype is None and name != "step" and name not in _PER_STEP:  # Python objects (kind): run by run
-            values: list[Any] = []
-            for value, count in zip(firsts, counts.tolist()):
-                values += [value] * count
-            return values
-        out = np.repeat(np.array(firsts, dtype=object if dtype is None else dtype), counts)
-        if name == "step":  # counts up by one within a run
-            offsets = np.cumsum(counts) - counts
-            out = out + (np.arange(self._num_steps, dtype=np.int64) - np.repeat(offsets, counts))
-        elif name in _PER_STEP:
-            attr = _PER_STEP[name]
-            out[in_run] = np.concatenate([getattr(r, attr) for r in runs])
-        return out.tolist() if dtype is None else out
