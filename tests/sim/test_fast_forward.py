@@ -129,15 +129,18 @@ def test_fast_forward_with_steps_priced_one_at_a_time_matches_step_by_step(cost,
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30))
-def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n):
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30),
+       st.sampled_from(("round_robin", "least_requests", "least_tokens")))
+def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n, router):
+    """Routers read replicas between booked steps: least_tokens reads requests' counts, so a booked
+    run writes them out first (Replica.settle); the others read what a run keeps exact."""
     def serve(fast: bool):
         replicas = []
         for i in range(2):
             executor = _executor(fast, overlap, 64)
             config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
             replicas.append(Replica(i, make_scheduler(config, executor.info()), executor, SimulatedClock()))
-        result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get("round_robin")())
+        result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get(router)())
         return [_state(r.result, r.scheduler)[:2] for r in replicas], result.makespan_s
     assert serve(True) == serve(False)
 
@@ -178,3 +181,30 @@ def test_fast_forward_with_every_run_hashed_in_numpy_matches_step_by_step(policy
         patch.setattr(sim_executor, "_VECTOR_TOKENS", 1)  # sample_runs' numpy path, however short the run
         args = (policy, overlap, True, num_blocks, seed, n, False, 4)
         assert _serve(True, *args) == _serve(False, *args)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_arrivals_join_a_booked_run(overlap):
+    """Requests arriving while a run is booked are prefilled (nano plans prefills apart) and join
+    it: the executor prices a plan for each prefill and for the first decode step only."""
+    counted = []
+
+    class Counting(RooflineCostModel):
+        def step_time(self, plan):
+            counted.append(plan.stats.kind)
+            return super().step_time(plan)
+
+    model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
+    results = {}
+    for fast in (True, False):
+        counted.clear()
+        executor = _executor(fast, overlap, 600, Counting(model, hardware))
+        scheduler = make_scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=600),
+                                   executor.info())
+        requests = [Request(f"r{i}", [i + 1] * 20, SamplingParams(max_tokens=300, ignore_eos=True),
+                            arrival_time=0.05 * i) for i in range(5)]
+        result = run(scheduler, executor, requests, SimulatedClock())
+        results[fast] = _state(result, scheduler)
+        if fast:
+            assert counted == ["prefill", "decode"] + ["prefill"] * 4
+    assert results[True] == results[False]
