@@ -106,11 +106,20 @@ class SimExecutor:
 
     # ---- fast-forward (engine.core.fast_forward.DecodeRunner) ------------------------------------
 
-    def decode_prices(self, plan: StepPlan) -> Iterator[float] | None:
+    def fast_forwards(self) -> bool:
+        """Runs of decode steps may be booked at once: fast-forward is on and no hook watches the steps."""
+        return self.fast_forward and not self._hooks.watched
+
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> list[float] | None:
+        """The prices of plan's repeats first .. first + count - 1, from a cost model that prices
+        them so (decode_run_prices: one without state, which drained() leaves as it is); None
+        otherwise."""
+        prices = getattr(self.cost_model, "decode_run_prices", None)
+        return None if prices is None else prices(plan, first, count)
+
+    def decode_prices(self, plan: StepPlan) -> Iterator[float]:
         """The prices of plan's repeats, as execute() (drained before each) or submit() (one in
-        flight) would give them; None when fast-forward is off or hooks watch the steps."""
-        if not self.fast_forward or self._hooks.watched:
-            return None
+        flight) would give them."""
         cost_model = self.cost_model
         repeats = getattr(cost_model, "decode_repeats", None)
         prices: Iterator[float] = repeats(plan) if repeats is not None else _repeat_plans(cost_model, plan)
@@ -146,16 +155,23 @@ class SimExecutor:
             if request_seed is None:
                 request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
             run_seeds.append(request_seed)
-        counts = np.array([count for _, _, count in runs], dtype=np.int64)
-        firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
-        offsets = np.cumsum(counts) - counts
-        positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
-        hashes = xxh64_u64(positions, np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
-        tokens = hashes % np.uint64(self._vocab_size)
+        if len(runs) == 1:
+            first = runs[0][1]
+            hashes = xxh64_u64(np.arange(first, first + total, dtype=np.uint64), run_seeds[0])
+        else:
+            counts = np.array([count for _, _, count in runs], dtype=np.int64)
+            firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
+            offsets = np.cumsum(counts) - counts
+            positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
+            hashes = xxh64_u64(positions, np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
+        hashes %= np.uint64(self._vocab_size)
+        tokens = hashes.astype(np.int64)  # (Python ints of an int64 array are made faster than of uint64)
         eos = self._eos_token_id
         if eos is not None:
             tokens[tokens == eos] = (eos + 1) % self._vocab_size
         flat = tokens.tolist()
+        if len(runs) == 1:
+            return [flat]
         return [flat[o : o + c] for o, c in zip(offsets.tolist(), counts.tolist())]
 
     def resubmitted(self, pending: PendingStep, result: StepResult) -> PendingStep:

@@ -34,6 +34,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+import numpy as np
+import numpy.typing as npt
+
 from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.plan import StepPlan
 from engine.core.sampling_params import samples_by_shard
@@ -42,6 +45,7 @@ from sim.moe import ExpertPhase
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
+_SCALAR_REPEATS = 16  # decode_run_prices prices this many repeats or fewer one by one
 
 
 def gathers_logits(plan: StepPlan) -> bool:
@@ -97,6 +101,7 @@ class RooflineCostModel:
         self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
         self._latency = hw.interconnect_latency_s
         self._one_shot_tokens, self._one_shot_latency, self._one_shot_s_per_token = 0, 0.0, 0.0
+        self._decode_cache: tuple[StepPlan, tuple[int, int, float, tuple[float, ...], float]] | None = None
         if tp > 1 and all_reduce == "symmetric" and not hw.prices_one_shot:
             raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
                              "execution.all_reduce=symmetric cannot be priced on it")
@@ -155,6 +160,63 @@ class RooflineCostModel:
             context_j = context + j * num_seqs
             yield self.time_for(num_seqs, num_seqs, context_j, decode_attention_pairs(context_j, num_seqs), num_seqs,
                                 repeated, whole_vocab)
+
+    def decode_run_prices(self, plan: StepPlan, first: int, count: int) -> list[float]:
+        """decode_repeats() of repeats first .. first + count - 1, bit for bit: time_for()'s
+        arithmetic, operation for operation, with the terms that are the same at every repeat
+        computed once (a few repeats one by one, more on numpy arrays of the contexts)."""
+        n, context0, fixed, tail, seqs = self._decode_terms(plan)
+        bw, saving = self._bandwidth, self._repeat_saving_s * plan.stats.repeated_kv_tokens
+        per_pair, rate, kv = self._attention_flops_per_pair, self._attention_rate, self._kv_bytes_per_token
+        step = self._step_overhead
+        if count <= _SCALAR_REPEATS:
+            out = []
+            for c in range(context0 + first * n, context0 + (first + count) * n, n):
+                attention = per_pair * decode_attention_pairs(c, n) / rate
+                memory = kv * (c + n) / bw - saving
+                total = fixed + (attention if attention > memory else memory)
+                for term in tail:
+                    total += term
+                out.append(total + step + seqs)
+            return out
+        context: npt.NDArray[np.int64] = np.arange(first, first + count, dtype=np.int64) * n + context0
+        attention_a = per_pair * decode_attention_pairs(context, np.full(count, n, dtype=np.int64)) / rate
+        memory_a = kv * (context + n) / bw - saving
+        totals = fixed + np.where(attention_a > memory_a, attention_a, memory_a)
+        for term in tail:
+            totals += term
+        prices: list[float] = (totals + step + seqs).tolist()
+        return prices
+
+    def _decode_terms(self, plan: StepPlan) -> tuple[int, int, float, tuple[float, ...], float]:
+        """Of a decode plan's repeats: sequences, summed contexts (of the plan), the linear (and
+        experts) phase, the terms time_for() adds after attention, in its order (LM head, then
+        all-reduces and the sampling exchange), and the per-sequence overhead; kept for the plan
+        last asked about (fast-forward prices one plan's repeats in several calls)."""
+        cached = self._decode_cache
+        if cached is not None and cached[0] is plan:
+            return cached[1]
+        scheduled = plan.scheduled
+        n = len(scheduled)
+        bw = self._bandwidth
+        linear = self._linear_flops_per_token * n / self._matmul_rate
+        memory = (self._linear_weight_bytes + self._activation_bytes_per_token * n) / bw
+        fixed = linear if linear > memory else memory
+        if self._experts is not None:
+            fixed += self._experts.time(n)
+        tail: list[float] = []
+        if n:
+            lm_head = self._lm_flops_per_row * n / self._matmul_rate
+            memory = (self._lm_weight_bytes + self._lm_bytes_per_row * n) / bw
+            tail.append(lm_head if lm_head > memory else memory)
+        if self._num_all_reduces:
+            tail.append(self._all_reduces_time(n))
+            if n:
+                whole_vocab = gathers_logits(plan)
+                tail.append(self._latency + (self._gather_s_per_row * n if whole_vocab else 0.0))
+        terms = (n, sum(entry.num_computed_tokens for entry in scheduled), fixed, tuple(tail), self._seq_overhead * n)
+        self._decode_cache = (plan, terms)
+        return terms
 
     def drained(self) -> None:
         """Steps are priced alone: whether one was in flight changes nothing (sim.cost_model)."""

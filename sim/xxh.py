@@ -16,27 +16,32 @@ _P5_PLUS_8 = np.uint64((0x27D4EB2F165667C5 + 8) & 0xFFFFFFFFFFFFFFFF)  # PRIME64
 U64 = npt.NDArray[np.uint64]
 
 
-def _rotl(x: U64, r: int) -> U64:
-    out: U64 = (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-    return out
-
-
 def xxh64_u64(values: U64, seed: int | U64) -> U64:
     """xxh64 of each value's 8 little-endian bytes under seed (one, or one per value): wrapping
-    uint64 arithmetic, the short-input path of XXH64 (one 8-byte lane, then the avalanche)."""
-    lane = _rotl(values * _P2, 31) * _P1
+    uint64 arithmetic, the short-input path of XXH64 (one 8-byte lane, then the avalanche), in
+    place on one array (a temporary per operation would cost as much as the operations)."""
+    h: U64 = values * _P2
+    _rotl_in_place(h, 31)
+    h *= _P1
     if isinstance(seed, int):
-        h: U64 = np.full(values.shape, (seed + int(_P5_PLUS_8)) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64)
+        h ^= np.uint64((seed + int(_P5_PLUS_8)) & 0xFFFFFFFFFFFFFFFF)
     else:
-        h = seed + _P5_PLUS_8
-    h ^= lane
-    h = _rotl(h, 27) * _P1 + _P4
+        h ^= seed + _P5_PLUS_8
+    _rotl_in_place(h, 27)
+    h *= _P1
+    h += _P4
     h ^= h >> np.uint64(33)
     h *= _P2
     h ^= h >> np.uint64(29)
     h *= _P3
     h ^= h >> np.uint64(32)
     return h
+
+
+def _rotl_in_place(x: U64, r: int) -> None:
+    high = x >> np.uint64(64 - r)
+    x <<= np.uint64(r)
+    x |= high
 
 
 def xxh64_range(first: int, count: int, seed: int) -> U64:

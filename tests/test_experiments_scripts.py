@@ -104,7 +104,7 @@ def test_bench_sim_speed_times_the_librarys_run(monkeypatch):
     row = bench.time_case(TINY)
     assert len(calls) == 1 and calls[0].workload.num_requests == 12
     assert row["requests"] == 12 and row["steps"] > 0 and row["output_tok_s"] > 0
-    assert 0 < row["loop_s"] <= row["total_s"] and row["setup_and_tables_s"] >= 0
+    assert 0 < row["loop_s"] <= row["total_s"] and row["setup_and_tables_s"] >= 0 and row["cpu_s"] > 0
 
 
 def test_calibrate_overrides_split_into_every_run_stage_grid_and_own_settings():
@@ -221,8 +221,9 @@ def test_bench_sim_speed_writes_the_committed_results_only_when_asked(tmp_path, 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench.os, "sched_setaffinity", lambda *a: None, raising=False)  # not the test process
     row = {"requests": 1, "steps": 1, "simulated_makespan_s": 1.0, "output_tok_s": 1.0, "loop_s": 0.1,
-           "setup_and_tables_s": 0.1, "total_s": 0.2}
+           "setup_and_tables_s": 0.1, "total_s": 0.2, "cpu_s": 0.2}
     monkeypatch.setattr(bench, "time_case", lambda overrides, tables=None: row)
+    monkeypatch.setattr(bench, "time_day", lambda overrides: {"total_s": 1.0, "cpu_s": 1.0})
     monkeypatch.setattr(bench, "profile_case", lambda overrides: {"simulator": 1.0})
     bench.main(["--repeats", "1", "--profile"])
     both = ["sim_speed.csv", "sim_speed_profile.csv"]
@@ -259,3 +260,16 @@ def test_plan_speed_ab_names_what_differs_and_keeps_the_tp_sizes_asked_for():
     tp1 = ab.grid_indices([1])
     assert tp1 == [i for i, d in enumerate(everything) if d.tp_size == 1] and len(tp1) == len(everything) // 2
     assert ab.grid_indices(None) == list(range(len(everything)))
+
+
+def test_bench_sim_speed_runs_both_paths_alternating_and_checks_their_tables(monkeypatch):
+    bench = script("bench_sim_speed.py")
+    monkeypatch.setitem(bench.CASES, "tiny", (TINY, 60.0, 1.0))
+    order = []
+    real = bench.time_case
+    monkeypatch.setattr(bench, "time_case", lambda overrides, tables=None: order.append(overrides[-1])
+                        or real(overrides, tables))
+    rows = bench.time_sim_case("tiny", ("on", "off"), 2, {})
+    assert order == ["backend.fast_forward=true", "backend.fast_forward=false"] * 2
+    assert [r["fast_forward"] for r in rows] == ["on", "off"] and rows[0]["speedup"] > 0
+    assert rows[0]["requests"] == rows[1]["requests"] == 12 and rows[0]["steps"] == rows[1]["steps"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import xxhash
 
@@ -28,8 +28,18 @@ _NO_PARENT = 0
 
 
 def chain_hash(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
+    return block_hasher(len(token_ids))(parent, token_ids)
+
+
+def block_hasher(size: int) -> Callable[[int, list[int] | tuple[int, ...]], int]:
+    """chain_hash for blocks of `size` tokens, the packing compiled once (it runs per full block)."""
     # struct packs the ids to the bytes array("q", token_ids) holds, in half the time
-    return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + struct.pack(f"{len(token_ids)}q", *token_ids))
+    pack = struct.Struct(f"{size}q").pack
+
+    def hash_block(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
+        return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + pack(*token_ids))
+
+    return hash_block
 
 
 class BlockManager:
@@ -52,6 +62,7 @@ class BlockManager:
         self.hits = 0  # blocks served from the cache
         self.misses = 0  # full prompt blocks looked up and not found
         self.evictions = 0  # cached blocks whose key was dropped to hold new content
+        self._hash_block = block_hasher(block_size)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -114,17 +125,27 @@ class BlockManager:
         need = self.blocks_for(num_tokens) - len(table)
         assert need <= len(self.free_pool), "allocate() without can_allocate()"
         for _ in range(need):
-            block, _ = self.free_pool.popitem(last=False)
-            key = self.block_keys[block]
-            if key is not None:
-                if self.key_to_block.get(key) == block:
-                    del self.key_to_block[key]
-                self.block_keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
-                self.evictions += 1
-            self.ref_counts[block] = 1
-            table.append(block)
+            table.append(self._take_free())
         if was_empty and table:
             self.num_holders += 1
+
+    def allocate_next(self, request: Request) -> None:
+        """allocate() of one block more for a request that holds blocks: a decode step's next slot
+        (engine.core.fast_forward books them without a plan)."""
+        assert request.block_table and self.free_pool, "allocate_next() of a request with no blocks, or none free"
+        request.block_table.append(self._take_free())
+
+    def _take_free(self) -> int:
+        """The least recently freed block, held once, its prefix-cache key dropped."""
+        block, _ = self.free_pool.popitem(last=False)
+        key = self.block_keys[block]
+        if key is not None:
+            if self.key_to_block.get(key) == block:
+                del self.key_to_block[key]
+            self.block_keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
+            self.evictions += 1
+        self.ref_counts[block] = 1
+        return block
 
     def record_lookup(self, request: Request, num_hits: int) -> None:
         """Count misses for a lookup whose hits were taken (hits are counted by allocate)."""
@@ -180,5 +201,6 @@ class BlockManager:
         hashes = request.block_hashes
         size = self.block_size
         tokens = request.token_ids
+        hash_block = self._hash_block
         for i in range(len(hashes), num_blocks):
-            hashes.append(chain_hash(hashes[i - 1] if i else _NO_PARENT, tokens[i * size : (i + 1) * size]))
+            hashes.append(hash_block(hashes[i - 1] if i else _NO_PARENT, tokens[i * size : (i + 1) * size]))

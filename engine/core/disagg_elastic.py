@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_fleet import DisaggResult, Transfer, TransferPricer, _Fleet, _result
 from engine.core.elastic import FleetSignal, FleetStates, Lifetime, ReplicaSignal, ScaleEvent, Scaling, ScalingPolicy
-from engine.core.loop import FleetStepHook, Replica, StepRecord
+from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router
 
@@ -121,13 +121,13 @@ class _ElasticFleet(_Fleet):
     def _decode_open(self) -> list[DecodeReplica]:
         return [self.decode[i] for i in self.pools[1].serving]
 
-    def _prefill_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         # the prefill pool's window: each first token, a request finished as far as its TTFT goes
         self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan)
                                       for c in finished if c.first_token_time is not None)
         super()._prefill_step(index, record, finished)
 
-    def _decode_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self.pools[1]._record_finished(finished)
         super()._decode_step(index, record, finished)
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
-from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord
+from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, StepRun
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
+from engine.core.step_log import first_step_end
 
 
 class TransferPricer(Protocol):
@@ -100,25 +101,27 @@ class _Fleet:
 
     # ---- hooks: a replica finished a step ------------------------------------------------
 
-    def _prefill_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self._step_ended(index, record)
         for copy in finished:
             self.push(copy.first_token_time or 0.0, HANDOFF, copy)
         if self.on_step is not None:
             self.on_step(index, record, [])
 
-    def _decode_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self._step_ended(len(self.prefill) + index, record)
         if self.blocked and not self.retry_pending:
-            self.push(record.start_s + record.duration_s, RETRY, self.blocked[0])
+            self.push(first_step_end(record), RETRY, self.blocked[0])
             self.retry_pending = True
         if self.on_step is not None:
             self.on_step(len(self.prefill) + index, record, finished)
 
-    def _step_ended(self, index: int, record: StepRecord) -> None:
+    def _step_ended(self, index: int, record: StepRecord | StepRun) -> None:
         waiting = self.after_step.pop(index, None)
         if waiting:
-            end = record.start_s + record.duration_s
+            # a message waits for the step in flight when it came: a run's last (no step of a run
+            # starts past the fleet's next event)
+            end = record.end_s if isinstance(record, StepRun) else record.start_s + record.duration_s
             for kind, request in waiting:
                 if kind != LANDED:
                     self.push(end, kind, request)

@@ -32,7 +32,7 @@ from typing import cast
 from engine.core.disagg import prefill_copy
 from engine.core.disagg_fleet import DisaggResult, Transfer
 from engine.core.fleet import ReplicaLinks, receive_timeout
-from engine.core.loop import Clock, FleetStepHook, RunResult
+from engine.core.loop import Clock, FleetStepHook, RunResult, StepLog
 from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
@@ -53,7 +53,7 @@ class _Router:
                  on_step: FleetStepHook | None) -> None:
         self.links, self.num_prefill = links, num_prefill
         self.views = [ReplicaView() for _ in range(len(links))]
-        self.results = [RunResult(requests=[], steps=[]) for _ in range(len(links))]
+        self.results = [RunResult(requests=[], steps=StepLog()) for _ in range(len(links))]
         self.decode_router, self.max_model_len, self.on_step = decode_router, max_model_len, on_step
         self.originals: dict[str, Request] = {}
         self.transfers: dict[str, Transfer] = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.fleet import FleetResult, _in_submission_order, _route, _run_until
-from engine.core.loop import FleetStepHook, Replica, StepRecord
+from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router
 
@@ -209,7 +209,7 @@ class _Elastic(FleetStates):
         self.replicas.append(replica)
         return index
 
-    def _step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
+    def _step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self._record_finished(finished)
         if self.on_step is not None:
             self.on_step(index, record, finished)

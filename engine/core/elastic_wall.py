@@ -31,7 +31,7 @@ from engine.core.elastic import (
     ScalingPolicy,
 )
 from engine.core.fleet import ReplicaLinks, _collect, _in_submission_order, _route, timeout_until
-from engine.core.loop import FleetStepHook, RunResult, WallClock
+from engine.core.loop import FleetStepHook, RunResult, StepLog, WallClock
 from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import Request
 from engine.core.routers import Router
@@ -60,7 +60,7 @@ class _WallElastic(FleetStates):
 
     def _track(self, now: float, ready: float) -> int:
         self.views.append(ReplicaView())
-        self.results.append(RunResult(requests=[], steps=[]))
+        self.results.append(RunResult(requests=[], steps=StepLog()))
         return self._new_lifetime(now, ready)
 
     def signal(self, now: float) -> FleetSignal:

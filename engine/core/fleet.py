@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from engine.core.loop import Clock, FleetStepHook, Replica, RunResult
+from engine.core.loop import Clock, FleetStepHook, Replica, RunResult, StepLog
 from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import Request
 from engine.core.routers import ReplicaLoad, Router
@@ -91,7 +91,7 @@ def run_fleet_wall(links: ReplicaLinks, requests: Iterable[Request], router: Rou
     (ReplicaView: a proxy's view); arrivals due together go to a replica in one message."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
     views = [ReplicaView() for _ in range(len(links))]
-    results = [RunResult(requests=[], steps=[]) for _ in range(len(links))]
+    results = [RunResult(requests=[], steps=StepLog()) for _ in range(len(links))]
     assignment: dict[str, int] = {}
     done: set[int] = set()
     next_arrival, ended = 0, False

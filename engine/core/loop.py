@@ -17,10 +17,15 @@ from typing import Protocol
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.executor import Executor, PendingStep
 from engine.core.fast_forward import DecodeRunner, fast_forward
+from engine.core.fast_forward_run import FastRun
 from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.records import ArrivalFeed, RequestRecords, StepTotals
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from engine.core.step_log import StepLog, StepRecord, StepRun
+
+__all__ = ["Clock", "FleetStepHook", "Replica", "RunResult", "SimulatedClock", "StepLog", "StepRecord", "StepRun",
+           "WallClock", "run", "step_overlap", "tokens_left"]
 
 
 class Clock(Protocol):
@@ -73,24 +78,21 @@ class WallClock:
             time.sleep(delay)
 
 
-@dataclass(slots=True)
-class StepRecord:
-    start_s: float  # when the step was planned (overlapped steps: when it began, its end less its duration)
-    duration_s: float
-    stats: StepStats
-    idle_s: float | None = None  # overlapped steps: the device's wait for this step (StepResult.idle_s)
-
-
 @dataclass
 class RunResult:
     requests: list[Request]  # finished requests, in submission order (rejected ones are in `rejected`)
-    steps: list[StepRecord]
+    steps: StepLog  # (a list of StepRecords is taken as one)
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> error message
     makespan_s: float = 0.0
     # run(compact=True): finished requests as records (in finishing order, each with its submission
     # index), `requests` left empty; steps as totals when run(keep_steps=False), `steps` left empty
     records: RequestRecords | None = None
     step_totals: StepTotals | None = None
+
+    def __post_init__(self) -> None:
+        steps: object = self.steps
+        if not isinstance(steps, StepLog):
+            self.steps = StepLog(steps)  # type: ignore[arg-type]  # a list of StepRecords
 
 
 def tokens_left(request: Request) -> int:
@@ -101,8 +103,9 @@ def tokens_left(request: Request) -> int:
         max(max_tokens - request.num_output_tokens, 0)
 
 
-# replica index, the step it just finished, the requests that step finished
-FleetStepHook = Callable[[int, StepRecord, list[Request]], None]
+# replica index, the step it just finished (or the run of steps engine.core.fast_forward booked at
+# once), the requests that step (the run's last) finished
+FleetStepHook = Callable[[int, StepRecord | StepRun, list[Request]], None]
 
 
 class Replica:
@@ -117,7 +120,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         self.overlap = step_overlap(scheduler, executor)
         self.inbox: deque[Request] = deque()  # routed, not yet admitted; in arrival order
         self.in_flight: tuple[StepPlan, PendingStep, float] | None = None
-        self.result = RunResult(requests=[], steps=[])
+        self.result = RunResult(requests=[], steps=StepLog())
         # run(compact=True): each request's submission index, from its submission to its record
         self.submitted: dict[str, int] | None = None
         self.on_step: FleetStepHook | None = None
@@ -126,6 +129,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         # Runs of identical decode steps are booked at once (engine.core.fast_forward) on a simulated
         # clock, by an executor that prices them so.
         self.runner = executor if isinstance(executor, DecodeRunner) and isinstance(clock, SimulatedClock) else None
+        self.fast: FastRun | None = None  # a booked run waiting at the horizon for the next tick
 
     # ---- what routers read ----------------------------------------------------------------
 
@@ -133,7 +137,14 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         return len(self.scheduler.requests) + len(self.inbox)
 
     def outstanding_tokens(self) -> int:
+        self.settle()
         return sum(map(tokens_left, self.scheduler.requests.values())) + sum(map(tokens_left, self.inbox))
+
+    def settle(self) -> None:
+        """Requests and steps as the step-by-step path has them: a booked run still open writes
+        its requests out and closes (engine.core.fast_forward)."""
+        if self.fast is not None:
+            self.fast.close()
 
     # ---- the loop body --------------------------------------------------------------------
 
@@ -157,7 +168,10 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                     del self.submitted[request.request_id]
 
     def tick(self) -> None:
-        """One iteration: admit what has arrived, then plan and execute (or submit) a step."""
+        """One iteration: admit what has arrived, then plan and execute (or submit) a step (or, in
+        a booked run, book on: engine.core.fast_forward)."""
+        if self.fast is not None and self.fast.resume():
+            return
         now = self.clock.now()
         inbox = self.inbox
         if inbox and inbox[0].arrival_time <= now:
@@ -184,7 +198,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         else:
             self.complete(plan, self.executor.execute(plan), now)
         if self.runner is not None and plan.stats.kind == "decode":
-            fast_forward(self, plan, self.runner)
+            self.fast = fast_forward(self, plan, self.runner)
 
     def horizon(self) -> float:
         """A step may start only before this: the next arrival, or the fleet's next routing."""
@@ -208,15 +222,23 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
 
     def record_step(self, start: float, duration: float, stats: StepStats, idle_s: float | None,
                     finished: list[Request]) -> None:
-        record = StepRecord(start, duration, stats, idle_s)
+        self.record_steps(StepRecord(start, duration, stats, idle_s), finished)
+
+    def record_steps(self, steps: StepRecord | StepRun, finished: list[Request]) -> None:
+        """Keep a step (or a run of steps booked at once) and the requests it (its last) finished."""
         result = self.result
         totals = result.step_totals
         if totals is None:
-            result.steps.append(record)
+            if isinstance(steps, StepRun):
+                result.steps.add_run(steps)
+            else:
+                result.steps.append(steps)
         else:
-            totals.count += 1
-            totals.prefill_tokens += stats.num_prefill_tokens
-            totals.requests += stats.num_requests
+            count = steps.num_steps if isinstance(steps, StepRun) else 1
+            stats = steps.stats
+            totals.count += count
+            totals.prefill_tokens += stats.num_prefill_tokens * count
+            totals.requests += stats.num_requests * count
         if finished:
             if result.records is None:
                 result.requests.extend(finished)
@@ -225,7 +247,7 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                 for request in finished:
                     result.records.add(request, self.submitted.pop(request.request_id))
         if self.on_step is not None:
-            self.on_step(self.index, record, finished)
+            self.on_step(self.index, steps, finished)
 
 
 def run(
@@ -233,7 +255,7 @@ def run(
     executor: Executor,
     requests: Iterable[Request],
     clock: Clock,
-    on_step: Callable[[StepRecord, list[Request]], None] | None = None,
+    on_step: Callable[[StepRecord | StepRun, list[Request]], None] | None = None,
     compact: bool = False,
     keep_steps: bool = True,
 ) -> RunResult:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.core.loop import Replica, RunResult, StepRecord, tokens_left
+from engine.core.loop import Replica, RunResult, StepLog, StepRecord, tokens_left
 from engine.core.request import Request
 
 
@@ -95,8 +95,8 @@ def take_report(replica: Replica, received: int) -> Report | None:
     result = replica.result
     if not (result.steps or result.requests or result.rejected):
         return None
-    replica.result = RunResult(requests=[], steps=[])
-    return Report(result.steps, result.requests, result.rejected, received, replica.outstanding_tokens())
+    replica.result = RunResult(requests=[], steps=StepLog())
+    return Report(list(result.steps), result.requests, result.rejected, received, replica.outstanding_tokens())
 
 
 class ReplicaView:

@@ -118,10 +118,25 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------
 
     def schedule(self, now: float = 0.0) -> StepPlan:
+        self._begin(now)
+        return self._planned(self.policy.build_step(self))
+
+    def schedule_prefill(self, now: float = 0.0) -> StepPlan | None:
+        """The next step, as schedule() plans it, if the policy plans it of waiting requests alone
+        (Policy.prefill_apart: no running request is in it or changes); None, with nothing
+        changed, where the policy would plan another step. engine.core.fast_forward plans the
+        prefills of arrivals between booked decode steps with it."""
+        self._begin(now)
+        scheduled = self.policy.prefill_apart(self)
+        return self._planned(scheduled) if scheduled else None
+
+    def _begin(self, now: float) -> None:
         self.preempted = []
         self._hit_tokens = 0
         self._now = now
-        scheduled = self.policy.build_step(self)
+
+    def _planned(self, scheduled: list[ScheduledRequest]) -> StepPlan:
+        """The plan of the step the policy built: its entries booked, its stats counted."""
         # before _book(), which may free the blocks of requests this step finishes
         repeated, decode_repeated = step_repeated_reads(scheduled, self.block_manager)
         num_tokens, decode_tokens = self._book(scheduled)

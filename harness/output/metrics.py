@@ -8,6 +8,7 @@ clock when the last request finished).
 
 from __future__ import annotations
 
+from array import array
 from operator import attrgetter
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pandas as pd
 
 from engine.core.loop import RunResult
 from engine.core.records import RequestRecords, StepTotals
+from engine.core.step_log import StepLog, StepRecord, StepRun
 from harness.output.summary import RunLabels, RunSummary
 
 PERCENTILES = (50, 90, 99)  # RunSummary has a field for each
@@ -90,15 +92,61 @@ SUMMARY_STEP_COLUMNS = ("prefill_tokens", "requests")  # what summarize() reads 
 
 
 def steps_frame(result: RunResult, columns: tuple[str, ...] = STEP_COLUMNS) -> pd.DataFrame:
-    """The step table, or only the named columns of it (a whole trace has 10^5 steps and more);
-    no rows when the run kept only its step totals."""
-    rows = {"record": result.steps, "stats": list(map(attrgetter("stats"), result.steps))}
-    table = {}
-    for column in columns:
-        source, name, dtype = _STEP_SOURCES[column]
-        values = map(attrgetter(name), rows[source])
-        table[column] = list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(result.steps))
-    return pd.DataFrame(table, index=pd.RangeIndex(len(result.steps)), columns=list(columns))
+    """The step table, one row per step (a run of steps booked at once included: a StepRun, read
+    without making a record per step), or only the named columns of it (a whole trace has 10^5
+    steps and more); no rows when the run kept only its step totals."""
+    steps = result.steps if isinstance(result.steps, StepLog) else StepLog(result.steps)
+    items = steps.items
+    if not steps.num_runs:  # records only
+        rows = {"record": items, "stats": list(map(attrgetter("stats"), items))}
+        table = {}
+        for column in columns:
+            source, name, dtype = _STEP_SOURCES[column]
+            values = map(attrgetter(name), rows[source])
+            table[column] = list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(items))
+    else:
+        layout = _RunLayout(items)
+        table = {column: layout.column(*_STEP_SOURCES[column]) for column in columns}
+    return pd.DataFrame(table, index=pd.RangeIndex(len(steps)), columns=list(columns))
+
+
+class _RunLayout:
+    """Where each step of a StepLog with runs comes from: per item its step count, whether it is a
+    run, and its stats (a run's values repeat over its steps; step, start, duration and free
+    blocks are the run's per step)."""
+
+    _PER_STEP = {"start_s": "starts", "duration_s": "durations", "num_free_blocks": "free_blocks"}
+
+    def __init__(self, items: list[StepRecord | StepRun]) -> None:
+        self.items = items
+        is_run = [isinstance(r, StepRun) for r in items]
+        self.counts = np.array([r.num_steps if run else 1 for r, run in zip(items, is_run)], dtype=np.int64)
+        self.in_run = np.repeat(np.array(is_run, dtype=bool), self.counts)
+        self.stats = [r.stats for r in items]
+        self.runs = [r for r, run in zip(items, is_run) if run]
+
+    def column(self, source: str, name: str, dtype: type | None) -> np.ndarray | list:
+        items, counts = self.items, self.counts
+        if source == "record":
+            firsts = [getattr(r, name) if isinstance(r, StepRecord) else 0.0 for r in items]
+        else:
+            firsts = list(map(attrgetter(name), self.stats))
+        if dtype is None:  # Python objects (kind): run by run
+            values: list = []
+            for value, count in zip(firsts, counts.tolist()):
+                values += [value] * count
+            return values
+        out = np.repeat(np.array(firsts, dtype=dtype), counts)
+        if name == "step":  # counts up by one within a run
+            offsets = np.cumsum(counts) - counts
+            out += np.arange(len(out), dtype=np.int64) - np.repeat(offsets, counts)
+        elif name in self._PER_STEP:
+            attr = self._PER_STEP[name]
+            joined = array("q" if attr == "free_blocks" else "d")
+            for run in self.runs:  # (array += array copies memory; numpy's concatenate converts each run)
+                joined += getattr(run, attr)
+            out[self.in_run] = np.frombuffer(joined, dtype=joined.typecode)
+        return out
 
 
 def write_steps(steps: pd.DataFrame, folder: Path) -> Path:

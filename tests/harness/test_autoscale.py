@@ -89,16 +89,18 @@ def test_no_replica_takes_traffic_before_its_start_up_has_passed():
 def test_fast_forward_leaves_an_autoscaled_run_unchanged(monkeypatch):
     """The elastic fleet runs replicas only up to its next event (an arrival, an evaluation, a
     replica becoming ready), so decode runs booked at once end where the step-by-step path is."""
-    import engine.core.loop as loop
+    from engine.core import fast_forward_steps
 
     booked = []
 
-    def counting(replica, plan, runner):
-        booked.append(original(replica, plan, runner))
-        return booked[-1]
+    def counting(self, horizon, land=None):
+        before = self.step
+        outcome = original(self, horizon, land)
+        booked.append(self.step - before)
+        return outcome
 
-    original = loop.fast_forward
-    monkeypatch.setattr(loop, "fast_forward", counting)
+    original = fast_forward_steps.Booking.segment
+    monkeypatch.setattr(fast_forward_steps.Booking, "segment", counting)
     outcomes = {}
     for fast in (True, False):
         cfg = compose_config(SURGE + [f"backend.fast_forward={str(fast).lower()}"])

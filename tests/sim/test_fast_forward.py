@@ -30,9 +30,9 @@ from tests.sim import helpers
 POLICIES = ("nano", "mixed", "sjf")
 
 
-def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None) -> SimExecutor:
+def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None, block_size: int = 4) -> SimExecutor:
     model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
-    info = BackendInfo(num_blocks=num_blocks, block_size=4, vocab_size=97, eos_token_ids=(5,),
+    info = BackendInfo(num_blocks=num_blocks, block_size=block_size, vocab_size=97, eos_token_ids=(5,),
                        overlaps_steps=overlap)
     return SimExecutor(cost_model or RooflineCostModel(model, hardware), info, seed=3, fast_forward=fast)
 
@@ -61,16 +61,48 @@ def _state(result, scheduler) -> tuple:
         sorted(bm.key_to_block.items()), list(bm.free_pool)
 
 
-def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
-    executor = _executor(fast, overlap, num_blocks)
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+class _Stateful:
+    """A cost model priced step by step with state (as the profiled model's overlap is): each price
+    depends on how many steps were priced since the device last drained, so a step priced that the
+    step-by-step path never prices, or priced out of order, shows in the clock."""
+
+    def __init__(self) -> None:
+        self.inner = RooflineCostModel(helpers.model("qwen3-0.6b"), helpers.hardware("h100"))
+        self.since_drained = 0
+
+    def step_time(self, plan):
+        self.since_drained += 1
+        return self.inner.step_time(plan) * (1.0 + 0.01 * (self.since_drained % 7))
+
+    def drained(self) -> None:
+        self.since_drained = 0
+
+
+class _Repeats(_Stateful):
+    """The same, with decode_repeats (priced one at a time, no arrays)."""
+
+    def decode_repeats(self, plan):
+        for duration in self.inner.decode_repeats(plan):
+            self.since_drained += 1
+            yield duration * (1.0 + 0.01 * (self.since_drained % 7))
+
+
+COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats}
+
+
+def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline", block_size=4,
+           max_len=60):
+    make = COST_MODELS[cost]
+    executor = _executor(fast, overlap, num_blocks, make() if make else None, block_size)
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=max_len,
+                             policy=policy)
     scheduler = make_scheduler(config, executor.info())
     scheduler.block_manager.enable_prefix_caching = caching
-    result = run(scheduler, executor, _requests(seed, n, 60, stop), SimulatedClock())
+    result = run(scheduler, executor, _requests(seed, n, max_len, stop), SimulatedClock())
     return _state(result, scheduler)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.booleans(), st.integers(16, 80), st.integers(0, 10**6),
        st.integers(1, 30), st.booleans(), st.integers(1, 8))
 def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
@@ -78,16 +110,40 @@ def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks,
     assert _serve(True, *args) == _serve(False, *args)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(("roofline", "stateful")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
+       st.integers(4, 40), st.integers(0, 10**6), st.integers(1, 16), st.integers(1, 8))
+def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, caching, num_blocks, seed, n, max_num_seqs):
+    """Blocks of 64 tokens and outputs of up to 300: runs of many steps between events, which the
+    roofline prices and times in arrays (a few steps one by one, then numpy)."""
+    args = (policy, overlap, caching, num_blocks, seed, n, False, max_num_seqs, cost, 64, 400)
+    assert _serve(True, *args) == _serve(False, *args)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(("stateful", "repeats")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
+       st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 8))
+def test_fast_forward_with_steps_priced_one_at_a_time_matches_step_by_step(cost, policy, overlap, caching, num_blocks,
+                                                                          seed, n, max_num_seqs):
+    """Cost models without price arrays (decode_repeats, or a plan per step): the run never prices a
+    step the step-by-step path does not, and prices them in its order."""
+    args = (policy, overlap, caching, num_blocks, seed, n, False, max_num_seqs, cost)
+    assert _serve(True, *args) == _serve(False, *args)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30))
-def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n):
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30),
+       st.sampled_from(("round_robin", "least_requests", "least_tokens")))
+def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n, router):
+    """Routers read replicas between booked steps: least_tokens reads requests' counts, so a booked
+    run writes them out first (Replica.settle); the others read what a run keeps exact."""
     def serve(fast: bool):
         replicas = []
         for i in range(2):
             executor = _executor(fast, overlap, 64)
             config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
             replicas.append(Replica(i, make_scheduler(config, executor.info()), executor, SimulatedClock()))
-        result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get("round_robin")())
+        result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get(router)())
         return [_state(r.result, r.scheduler)[:2] for r in replicas], result.makespan_s
     assert serve(True) == serve(False)
 
@@ -133,7 +189,7 @@ def test_fast_forward_books_long_decode_runs_at_once():
         requests = [Request(f"r{i}", [i + 1] * 20, SamplingParams(max_tokens=500, ignore_eos=True)) for i in range(4)]
         result = run(scheduler, executor, requests, SimulatedClock())
         assert len(result.steps) == 500
-        assert len(counted) == (3 if fast else 500)  # the prefill, the first and the last decode step
+        assert len(counted) == (2 if fast else 500)  # the prefill and the first decode step: the run books the rest
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -151,3 +207,30 @@ def test_fast_forward_with_every_run_hashed_in_numpy_matches_step_by_step(policy
         patch.setattr(sim_executor, "_VECTOR_TOKENS", 1)  # sample_runs' numpy path, however short the run
         args = (policy, overlap, True, num_blocks, seed, n, False, 4)
         assert _serve(True, *args) == _serve(False, *args)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_arrivals_join_a_booked_run(overlap):
+    """Requests arriving while a run is booked are prefilled (nano plans prefills apart) and join
+    it: the executor prices a plan for each prefill and for the first decode step only."""
+    counted = []
+
+    class Counting(RooflineCostModel):
+        def step_time(self, plan):
+            counted.append(plan.stats.kind)
+            return super().step_time(plan)
+
+    model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
+    results = {}
+    for fast in (True, False):
+        counted.clear()
+        executor = _executor(fast, overlap, 600, Counting(model, hardware))
+        scheduler = make_scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=600),
+                                   executor.info())
+        requests = [Request(f"r{i}", [i + 1] * 20, SamplingParams(max_tokens=300, ignore_eos=True),
+                            arrival_time=0.05 * i) for i in range(5)]
+        result = run(scheduler, executor, requests, SimulatedClock())
+        results[fast] = _state(result, scheduler)
+        if fast:
+            assert counted == ["prefill", "decode"] + ["prefill"] * 4
+    assert results[True] == results[False]

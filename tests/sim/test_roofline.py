@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from engine.core.sampling_params import SamplingParams
 from sim.roofline import RooflineCostModel
+from tests.sim import helpers
 from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
 
 MODELS = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b"]
@@ -195,3 +199,28 @@ def test_step_time_is_the_sum_of_the_phases(tokens, sampled, context, pairs, seq
     cost = RooflineCostModel(model("qwen3-8b"), hardware("h100"), tp)
     phases = cost.phase_times(tokens, sampled, context, pairs, seqs)
     assert cost.time_for(tokens, sampled, context, pairs, seqs) == pytest.approx(sum(phases.values()), rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b")), st.sampled_from(("h100", "h200")),
+       st.sampled_from(((1, "nccl"), (2, "nccl"), (2, "symmetric"), (4, "nccl"))),
+       st.lists(st.integers(1, 40_000), min_size=1, max_size=64), st.integers(0, 64), st.booleans(),
+       st.integers(1, 3000), st.integers(1, 300))
+def test_decode_run_prices_are_the_repeats_priced_one_by_one(name, gpu, tp, contexts, repeated, filters, first, count):
+    """decode_run_prices' arrays equal decode_repeats' prices (and step_time of each repeat's plan),
+    bit for bit: fast-forward's clock sums them."""
+    tp_size, all_reduce = tp
+    try:
+        cost = RooflineCostModel(helpers.model(name), helpers.hardware(gpu), tp_size, all_reduce)
+    except ValueError:  # a tensor-parallel size the model's heads do not split into
+        return
+    params = SamplingParams(top_k=5) if filters else SamplingParams()
+    entries = [ScheduledRequest(f"d{i}", [1], c, [], True, params, 1, True) for i, c in enumerate(contexts)]
+    n = len(entries)
+    stats = StepStats(3, "decode", n, 0, n, 0, n, 0, 0, 0, repeated * 16, repeated * 16)
+    plan = StepPlan(entries, stats)
+    expected = list(itertools.islice(cost.decode_repeats(plan), first - 1, first - 1 + count))
+    assert cost.decode_run_prices(plan, first, count) == expected
+    shifted = [ScheduledRequest(e.request_id, [1], e.num_computed_tokens + first, [], True, params, 1, True)
+               for e in entries]
+    assert expected[0] == cost.step_time(StepPlan(shifted, stats))

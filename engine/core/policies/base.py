@@ -84,6 +84,13 @@ class Policy(ABC):
         fast_forward books such runs at once). False unless a policy knows: no fast-forward."""
         return False
 
+    def prefill_apart(self, scheduler: Scheduler) -> list[ScheduledRequest]:
+        """The entries of the next step, admitted and allocated as build_step() would, if it is a
+        step of waiting requests alone that reads and changes no running request; [] with nothing
+        changed otherwise (then build_step() plans the step). [] unless a policy knows: a booked
+        run of decode steps (engine.core.fast_forward) then ends at each arrival."""
+        return []
+
 
 def admits_none(scheduler: Scheduler) -> bool:
     """No waiting request can join the running batch: none waits, or the batch is at max_num_seqs."""

@@ -24,6 +24,10 @@ class NanoPolicy(Policy):
     def repeats_decode(self, scheduler: Scheduler) -> bool:
         return admits_none(scheduler)
 
+    def prefill_apart(self, scheduler: Scheduler) -> list[ScheduledRequest]:
+        # a prefill step holds waiting requests only; _prefill changes nothing when it admits none
+        return self._prefill(scheduler)
+
     def build_step(self, scheduler: Scheduler) -> list[ScheduledRequest]:
         scheduled = self._prefill(scheduler)
         if scheduled:
