@@ -28,21 +28,19 @@ case and splits its time between the scheduler core (engine/core), the simulator
 harness and the rest (numpy, pandas, ...), charging built-ins to the module that called them.
 
   python experiments/bench_sim_speed.py [--repeats 3] [--profile] [--out outputs/bench/sim_speed.csv]
-  python experiments/bench_sim_speed.py --repeats 3 --update-results   # the committed results
+  python experiments/bench_sim_speed.py --repeats 3 --profile --update-results   # the committed results
+
+It times the library Python imports: the installed one, unless PYTHONPATH=. puts the checkout's
+first (a git worktree beside an editable install of another checkout needs it).
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core means one core, numpy included
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
-# time this checkout's library (a script's own folder, not the working directory, heads sys.path,
-# so an installed copy of another checkout would be imported otherwise)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
@@ -53,8 +51,10 @@ import resource  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pandas as pd  # noqa: E402
 

@@ -270,6 +270,6 @@ def test_bench_sim_speed_runs_both_paths_alternating_and_checks_their_tables(mon
     monkeypatch.setattr(bench, "time_case", lambda overrides, tables=None: order.append(overrides[-1])
                         or real(overrides, tables))
     rows = bench.time_sim_case("tiny", ("on", "off"), 2, {})
-    assert order == ["backend.fast_forward=true", "backend.fast_forward=false"] * 2
+    assert order == ["backend.fast_forward=true", "backend.fast_forward=false"] * 3  # (untimed warm-ups first)
     assert [r["fast_forward"] for r in rows] == ["on", "off"] and rows[0]["speedup"] > 0
     assert rows[0]["requests"] == rows[1]["requests"] == 12 and rows[0]["steps"] == rows[1]["steps"]

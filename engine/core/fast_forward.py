@@ -16,17 +16,16 @@ would have, in the same order:
 - the clock the same durations, added one at a time (a cumulative sum is that sum, bit for bit);
 - the steps are kept as StepRuns (engine.core.step_log): one per batch, not a record per step.
 
-The work is a few array operations per stretch between finishes (a "segment") plus a call per
-block the steps need or fill, not a call per step. requests, steps and clock end exactly as the
-step-by-step path leaves them; tests/sim/test_fast_forward.py checks that.
+The work is a few operations per stretch of steps with one batch (a "segment",
+engine.core.fast_forward_steps) plus a call per block the steps need or fill, not a call per step.
+A run waits, open, at the replica's horizon (the next arrival; a fleet's next routing) and goes on
+at the replica's next tick, the prefills of what arrived planned and run between its steps
+(engine.core.fast_forward_run says when it closes instead). requests, steps and clock end exactly
+as the step-by-step path leaves them; tests/sim/test_fast_forward.py checks that.
 
-A run stops before the first step that would need more blocks than are free (a preemption) or
-that starts at or after `horizon` (the next arrival; a fleet's next routing), and after a finish
-where the policy would admit a waiting request (Policy.repeats_decode). It does not start where a
-request could stop on a token (stop_token_ids, or an EOS the backend can sample) or where step
-hooks watch the executor (they would miss the steps booked here; DecodeRunner.fast_forwards).
-With overlapped steps the run ends with its last step in flight, as the step-by-step path leaves
-it.
+A run does not start where a request could stop on a token (stop_token_ids, or an EOS the backend
+can sample), where the policy would not plan the same batch again (Policy.repeats_decode) or where
+step hooks watch the executor (they would miss the steps booked here; DecodeRunner.fast_forwards).
 """
 
 from __future__ import annotations

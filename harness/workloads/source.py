@@ -93,7 +93,7 @@ class RequestSource:
             start = stop
 
     def _make(self, rows: range, draw: Callable[[int, int], np.ndarray]) -> Iterator[tuple[int, Request]]:
-        flat = self.pool[draw(rows.start, rows.stop)].tolist()
+        flat = self.pool.take(draw(rows.start, rows.stop)).tolist()  # (take: a third faster than [] here)
         own = self.own[rows.start : rows.stop].tolist()
         keep, group = self.keep, self.group
         at = 0
