@@ -65,6 +65,10 @@ class TransferReplica(Replica):
     def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
         super().__init__(index, scheduler, executor, clock)
         self.stalled = False
+        # Disaggregated replicas step one at a time: fast-forward's runs stay open across events,
+        # and one open across a KV landing or a blocked decode queue does not yet give the
+        # step-by-step path's outputs (tests/sim/test_fast_forward.py, the disaggregated case).
+        self.runner = None
 
     def waits_on_transfers(self) -> bool:
         raise NotImplementedError
