@@ -50,7 +50,7 @@ def _stop(process: subprocess.Popen, signum: int) -> tuple[int, list[str]]:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_run_stopped_midway_exits_in_one_line_and_leaves_no_folder(tmp_path, signum):
-    process = _start(tmp_path, "workload.num_requests=4000")
+    process = _start(tmp_path, "workload.num_requests=200000")  # still running a second in, however fast
     _wait_for("outputs/run/*/.hydra/config.yaml", tmp_path)
     time.sleep(1.0)  # inside the run: Hydra wrote its files before calling the harness
     code, lines = _stop(process, signum)

@@ -15,6 +15,7 @@ average, then the cache write waiting for the step in flight, one step: see READ
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -50,9 +51,9 @@ def summarise(transfers: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m experiments.disagg.h200_run1.transfers_by_cell DIR")
-    src = Path(argv[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, help="the measure call's $OUT/m (transfers.csv, runs.csv)")
+    src = parser.parse_args(argv).dir
     table = summarise(pd.read_csv(src / "transfers.csv", dtype={"load": str}),
                       pd.read_csv(src / "runs.csv", dtype={"load": str}))
     table.to_csv(HERE / "transfers_by_cell.csv", index=False)
