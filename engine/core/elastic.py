@@ -291,9 +291,16 @@ def run_elastic(make_replica: Callable[[int], Replica], initial: int, requests: 
     for replica in fleet.replicas:
         replica.result.makespan_s = replica.clock.now()
     result = _in_submission_order([r.result for r in fleet.replicas], pending, assignment)
+    return closed(result, pending, fleet.lifetimes, fleet.events)
+
+
+def closed(result: FleetResult, pending: list[Request], lifetimes: list[Lifetime],
+           events: list[ScaleEvent]) -> ElasticResult:
+    """An elastic run's result: it ends at its last finish or arrival, and every replica still
+    serving (or starting) then is billed until then."""
     end = max(result.makespan_s, pending[-1].arrival_time if pending else 0.0)
-    for life in fleet.lifetimes:
-        if life.stop_s is None:  # still serving (or starting) at the end: billed until then
+    for life in lifetimes:
+        if life.stop_s is None:
             life.stop_s = max(end, life.requested_s)
     result.makespan_s = end
-    return ElasticResult(result, fleet.lifetimes, fleet.events)
+    return ElasticResult(result, lifetimes, events)

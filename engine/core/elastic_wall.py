@@ -29,6 +29,7 @@ from engine.core.elastic import (
     ScaleEvent,
     Scaling,
     ScalingPolicy,
+    closed,
 )
 from engine.core.fleet import ReplicaLinks, _collect, _in_submission_order, _route, timeout_until
 from engine.core.loop import FleetStepHook, RunResult, StepLog, WallClock
@@ -162,10 +163,4 @@ def run_elastic_wall(links: ElasticLinks, initial: int, requests: Iterable[Reque
             continue  # slept to the next arrival or evaluation: do it now
         for index, kind, payload in links.receive(timeout):
             fleet.handle(index, kind, payload, ended)
-    result = _in_submission_order(fleet.results, pending, assignment)
-    end = max(result.makespan_s, pending[-1].arrival_time if pending else 0.0)
-    for life in fleet.lifetimes:
-        if life.stop_s is None:  # still serving (or starting) at the end: billed until then
-            life.stop_s = max(end, life.requested_s)
-    result.makespan_s = end
-    return ElasticResult(result, fleet.lifetimes, fleet.events)
+    return closed(_in_submission_order(fleet.results, pending, assignment), pending, fleet.lifetimes, fleet.events)
