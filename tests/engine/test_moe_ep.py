@@ -17,7 +17,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.core.expert_parallel import experts_per_rank
 from engine.core.model_shapes import MODEL_SHAPES
-from engine.layers.moe import MoEExperts
+from engine.layers.moe import MoEExperts, SparseMoE
 from engine.layers.parallel import TensorParallel
 from tests.engine.test_model_tp import ThreadGroup, _run
 
@@ -105,3 +105,40 @@ def test_foreign_pairs_add_nothing_on_the_torch_path():
     kept = torch.where(ids < 3, weights, torch.zeros_like(weights))
     want = fused_moe_ref(x, w13, w2, kept, ids.clamp(max=2))
     torch.testing.assert_close(grouped_moe(x, w13, w2, weights, ids), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_layer_ranks_sum_to_the_whole_layer(fused):
+    """Two expert-parallel ranks of one SparseMoE, loaded from the packed tensors, sum to the whole
+    layer's output; fused: the layer's fused path, a torch stand-in taking the kernel's arguments
+    (the model's expert count for the tile table, other ranks' pairs as id E / tp)."""
+    from engine.layers.fused import FusedKernels
+    from kernels.moe_reference import grouped_moe, route
+
+    g = torch.Generator().manual_seed(5)
+    experts, hidden, inter = 8, 16, 8
+    w13, w2 = torch.randn(experts, 2 * inter, hidden, generator=g), torch.randn(experts, hidden, inter, generator=g)
+    gate = torch.randn(experts, hidden, generator=g)
+    x = torch.randn(11, hidden, generator=g)
+    tables: list[int] = []
+
+    def stand_in(x, w13, w2, weights, ids, table_experts):
+        tables.append(table_experts)
+        return grouped_moe(x, w13, w2, weights, ids)
+
+    def layer(tp: TensorParallel) -> SparseMoE:
+        moe = SparseMoE(experts, 2, hidden, inter, True, tp, reduce_output=False)
+        moe.gate.weight.data.copy_(gate)
+        moe.experts.load_gate_up(moe.experts.gate_up_proj, w13)
+        moe.experts.load_down(moe.experts.down_proj, w2)
+        if fused:
+            moe.fused_kernels = FusedKernels(None, None, None, None, allow_cpu=True, fused_moe_ids=stand_in)
+        return moe
+
+    f = lambda t: t  # noqa: E731 (collectives are never called: reduce_output is off)
+    weights, ids = route(x @ gate.t(), 2, True)
+    want = grouped_moe(x, w13, w2, weights, ids)  # the whole layer
+    with torch.no_grad():
+        got = sum(layer(TensorParallel(r, 2, f, f, expert_parallel=True)).forward(x) for r in range(2))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert tables == ([8, 8] if fused else [])
