@@ -28,6 +28,7 @@ from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
+from engine.core.expert_parallel import check_expert_parallel
 from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan, StepResult
 from engine.dummy import dummy_model_folder
@@ -100,6 +101,7 @@ def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> 
     if config is None:
         return
     shape = ModelShape.from_hf_config(config)
+    check_expert_parallel(shape, tp, engine_config.execution.expert_parallel)
     kv_ok = shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0
     if shape.num_heads % tp or shape.intermediate_size % tp or not kv_ok:
         raise ValueError(

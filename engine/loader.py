@@ -64,6 +64,7 @@ def load_model(
     all_gather: Collective | None = None,
     fused_reduce_norm: FusedReduceNorm | None = None,
     load_format: str = "auto",
+    expert_parallel: bool = False,
 ) -> tuple[DecoderForCausalLM, Any]:
     """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
 
@@ -72,6 +73,8 @@ def load_model(
     holds rank tp_rank's shard and all_reduce/all_gather combine ranks (fused_reduce_norm, where
     the group has one, sums and normalises in one launch). load_format "dummy" reads only the
     folder's config.json and fills the weights at random on the device (engine.dummy).
+    expert_parallel: a mixture-of-experts rank holds (and reads) only its num_experts / tp_size
+    whole experts (engine.layers.moe).
     """
     from transformers import AutoConfig  # heavy import, only needed here
 
@@ -86,7 +89,7 @@ def load_model(
     hf_config = AutoConfig.from_pretrained(root)
     if isinstance(attention_backend, str):
         attention_backend = get_attention_backend(attention_backend, device)
-    tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather, fused_reduce_norm)
+    tp = TensorParallel(tp_rank, tp_size, all_reduce, all_gather, fused_reduce_norm, expert_parallel)
     model = build_model(hf_config, attention_backend, tp, dtype=torch_dtype, device=device)
     if load_format == "dummy":
         init_dummy_weights(model)

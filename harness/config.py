@@ -36,6 +36,7 @@ MOVED_KEYS = {
     "max_cuda_graph_batch_size": "execution.max_graph_batch_size",
     "tensor_parallel_size": "execution.tensor_parallel_size",
     "tp_size": "execution.tensor_parallel_size",
+    "expert_parallel": "execution.expert_parallel",
     "seed": "execution.seed",
     "gpu_memory_utilization": "execution.gpu_memory_utilization",
     "all_reduce": "execution.all_reduce",

@@ -41,19 +41,22 @@ ALIGNS = {"triton": moe_align_triton, "torch": moe_align}
 @triton.jit(do_not_specialize=["num_pairs"])  # one compile for every T
 def _grouped_gemm_kernel(
     a_ptr, w_ptr, out_ptr, pair_weight_ptr, sorted_ids_ptr, tile_expert_ptr, num_padded_ptr,
-    num_pairs, n_out, k_in, a_row_div, up_offset,
+    num_pairs, n_out, k_in, a_row_div, up_offset, num_experts,
     stride_am, stride_we, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GATED: tl.constexpr, WEIGHTED: tl.constexpr, IEEE: tl.constexpr,
 ):
     """out[pair, n] = sum_k a[pair // a_row_div, k] * w[expert, n, k] for the tile's pairs; GATED
     also takes the up rows (n + up_offset) and writes silu(gate) * up; WEIGHTED scales by the pair's
-    router weight. w's last dimension is contiguous."""
+    router weight. w's last dimension is contiguous. Tiles of expert num_experts (expert
+    parallelism's stand-in for experts other ranks hold) write nothing."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
+    if expert >= num_experts:  # expert parallelism: the tile's experts are another rank's
+        return
     pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     pair_ok = pairs < num_pairs
     rows = (pairs // a_row_div).to(tl.int64)
@@ -115,7 +118,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, topk_weigh
     stages = {} if tiles.num_stages is None else {"num_stages": tiles.num_stages}
     _grouped_gemm_kernel[(tile_expert.numel(), triton.cdiv(n_out, tiles.block_n))](
         a, w, out, topk_weights, sorted_ids, tile_expert, num_padded,
-        num_pairs, n_out, a.shape[1], num_pairs // a.shape[0], n_out if gated else 0,
+        num_pairs, n_out, a.shape[1], num_pairs // a.shape[0], n_out if gated else 0, w.shape[0],
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GATED=gated, WEIGHTED=not gated,
         IEEE=a.dtype == torch.float32, num_warps=tiles.num_warps, **stages,
@@ -127,41 +130,51 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def call_tiles(x: torch.Tensor, w2: torch.Tensor, top_k: int, tiles: MoeTiles | None) -> MoeTiles:
-    """tiles, or the tuned table's for this call's token count (kernels.moe_configs)."""
+def call_tiles(x: torch.Tensor, w2: torch.Tensor, top_k: int, tiles: MoeTiles | None,
+               table_experts: int | None = None) -> MoeTiles:
+    """tiles, or the tuned table's for this call's token count (kernels.moe_configs). table_experts:
+    the model's expert count where this rank holds fewer (expert parallelism: its experts see the
+    rows per expert of the whole layer, so the whole layer's table fits them)."""
     if tiles is not None:
         return tiles
     num_experts, _, inter = w2.shape
-    return tiles_for(x.shape[0], top_k, num_experts, inter, str(x.dtype).removeprefix("torch."),
+    return tiles_for(x.shape[0], top_k, table_experts or num_experts, inter, str(x.dtype).removeprefix("torch."),
                      device_name(x.device))
 
 
 def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-            aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tiles: MoeTiles, top_k: int) -> torch.Tensor:
+            aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], tiles: MoeTiles, top_k: int,
+            foreign: bool = False) -> torch.Tensor:
     """Both grouped GEMMs over aligned pairs -> [T, k, hidden]: each pair's expert output times its
-    router weight, in x's dtype; the caller sums over k."""
+    router weight, in x's dtype; the caller sums over k. foreign: some pairs are another rank's
+    (expert id E), which the GEMMs skip; their rows are zero."""
     t = x.shape[0]
     _, hidden, inter = w2.shape
     h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     grouped_gemm(x, w13, h, topk_weights, aligned, tiles.block_m, tiles.gate_up, gated=True)
-    y = torch.empty((t * top_k, hidden), dtype=x.dtype, device=x.device)
+    y = (torch.zeros if foreign else torch.empty)((t * top_k, hidden), dtype=x.dtype, device=x.device)
     grouped_gemm(h, w2, y, topk_weights, aligned, tiles.block_m, tiles.down, gated=False)
     return y.view(t, top_k, hidden)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, tiles: MoeTiles | None = None, align: str = "triton") -> torch.Tensor:
+              topk_ids: torch.Tensor, tiles: MoeTiles | None = None, align: str = "triton",
+              table_experts: int | None = None) -> torch.Tensor:
     """x [T, hidden] -> [T, hidden] in x's dtype: sum over the k slots of weight * expert(x). tiles:
-    None looks them up for T (kernels.moe_configs); align: "triton" or "torch" (same layout)."""
+    None looks them up for T (kernels.moe_configs); align: "triton" or "torch" (same layout).
+    table_experts (expert parallelism): w13 and w2 hold this rank's E of the model's table_experts
+    experts, and an id equal to E marks a pair another rank computes: it adds nothing here."""
     _check(x, w13, w2, topk_weights, topk_ids)
     if align not in ALIGNS:
         raise ValueError(f"fused_moe: align={align!r} is not one of {sorted(ALIGNS)}")
     t, k = topk_ids.shape
     if t == 0:
         return torch.empty_like(x)
-    tiles = call_tiles(x, w2, k, tiles)
-    aligned = ALIGNS[align](topk_ids.contiguous(), w2.shape[0], tiles.block_m)
-    return experts(x, w13, w2, topk_weights.contiguous(), aligned, tiles, k).sum(dim=1)
+    tiles = call_tiles(x, w2, k, tiles, table_experts)
+    foreign = table_experts is not None
+    # the foreign pairs form one more expert's run, whose tiles the GEMMs skip
+    aligned = ALIGNS[align](topk_ids.contiguous(), w2.shape[0] + foreign, tiles.block_m)
+    return experts(x, w13, w2, topk_weights.contiguous(), aligned, tiles, k, foreign).sum(dim=1)
 
 
 def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -47,7 +47,8 @@ def grouped_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     matmuls per expert over all of its tokens, then each token's top-k outputs weighted and summed.
 
     Reads the per-expert counts on the host, so it is the CPU path (and eager CUDA without Triton),
-    never captured in a CUDA graph."""
+    never captured in a CUDA graph. An id equal to w13.shape[0] is a pair of an expert another
+    rank holds (expert parallelism, engine.layers.moe): it adds nothing here."""
     t, k = topk_ids.shape
     inter = w2.shape[2]
     flat = topk_ids.reshape(-1)
@@ -57,12 +58,14 @@ def grouped_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     out = torch.empty_like(rows)
     start = 0
     for expert, n in enumerate(counts):
+        seg, start = slice(start, start + n), start + n
         if n == 0:
             continue
-        seg = rows[start:start + n]
-        gate_up = seg @ w13[expert].t()  # [n, 2 * inter]
-        out[start:start + n] = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[expert].t()
-        start += n
+        if expert >= w13.shape[0]:  # another rank's experts
+            out[seg] = 0
+            continue
+        gate_up = rows[seg] @ w13[expert].t()  # [n, 2 * inter]
+        out[seg] = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[expert].t()
     per_pair = torch.empty_like(out)
     per_pair[order] = out  # back to (token, slot) order
     weighted = per_pair.view(t, k, -1) * topk_weights.to(x.dtype).unsqueeze(-1)

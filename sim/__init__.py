@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.core.collectives import priced_all_reduce
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo
+from engine.core.expert_parallel import check_expert_parallel
 from engine.core.graph_sizes import planned_graph_sizes
 from sim.config import SimConfig
 from sim.cost_model import CostModel, make_cost_model
@@ -23,6 +24,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned.
     cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws)."""
     execution = sim.execution
+    check_expert_parallel(model, execution.tensor_parallel_size, execution.expert_parallel)
     model = model.with_kv_cache(cache.kv_cache_dtype)
     num_blocks = cache.num_blocks
     if num_blocks is None:

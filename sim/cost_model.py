@@ -64,14 +64,14 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
                          f"(it has {list(MOE_FEATURES)}); {model.name} is dense")
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size,
-                                   sim.execution.all_reduce, sim.moe_routing_skew)
+                                   sim.execution.all_reduce, sim.moe_routing_skew, sim.execution.expert_parallel)
     return profiled
 
 
 @COST_MODELS.register("roofline")
 def _roofline(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs) -> CostModel:
     return RooflineCostModel(model, hardware, sim.execution.tensor_parallel_size, sim.execution.all_reduce,
-                             sim.moe_routing_skew)
+                             sim.moe_routing_skew, sim.execution.expert_parallel)
 
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: Graphs = ()) -> CostModel:

@@ -12,7 +12,9 @@ Phases, per rank of a tensor-parallel group:
 - experts (mixture-of-experts models only; sim.moe.ExpertPhase, docs/moe-pricing.md): the weights
   of the distinct experts the step's tokens touch (an expectation under routing_skew), 2 x the
   top-k experts' params FLOPs per token padded to the grouped GEMM's tile; the linear phase then
-  holds attention, the routers (replicated on every rank) and the dense layers' MLPs;
+  holds attention, the routers (replicated on every rank) and the dense layers' MLPs. With
+  expert_parallel (whole experts per rank) the busiest rank's experts and pairs instead
+  (sim.moe_ranks.RankExpertPhase); its partial outputs are summed by the same all-reduce;
 - attention: 4 * heads * head_dim FLOPs per (query, key) pair (QK^T and PV), causal within a
   prefill chunk and over the whole cached context; KV of the cached context read, new KV written;
   a KV block that another sequence of the step reads too (a shared prefix, StepStats.
@@ -38,10 +40,12 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
+from engine.core.expert_parallel import check_expert_parallel
 from engine.core.plan import StepPlan
 from engine.core.sampling_params import samples_by_shard
 from sim.features import attention_pairs, decode_attention_pairs
 from sim.moe import ExpertPhase
+from sim.moe_ranks import RankExpertPhase
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
@@ -56,8 +60,9 @@ def gathers_logits(plan: StepPlan) -> bool:
 
 class RooflineCostModel:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1, all_reduce: str = "nccl",
-                 routing_skew: float = 0.0) -> None:
+                 routing_skew: float = 0.0, expert_parallel: bool = False) -> None:
         model.check_tp(tp_size)
+        check_expert_parallel(model, tp_size, expert_parallel)
         self.model = model
         self.hardware = hardware
         self.tp_size = tp_size
@@ -81,9 +86,9 @@ class RooflineCostModel:
         per_layer_io = (hidden + q_width + 2 * kv_width) + (q_width + hidden) + (hidden + 2 * inter) + (inter + hidden)
         self._activation_bytes_per_token = float((layers * per_layer_io + 2 * hidden) * dt)
         self._attention_flops_per_pair = 4.0 * layers * (model.num_heads // tp) * model.head_dim
-        self._experts: ExpertPhase | None = None
+        self._experts: ExpertPhase | RankExpertPhase | None = None
         if model.is_moe:
-            self._moe_parts(model, tp, routing_skew)
+            self._moe_parts(model, tp, routing_skew, expert_parallel and tp > 1)
         self._kv_bytes_per_token = float(model.kv_bytes_per_token_per_rank(tp))
         l2 = hw.l2_bandwidth * hw.bandwidth_efficiency if hw.l2_bandwidth is not None else self._bandwidth
         # seconds saved per KV token read again from L2 rather than memory
@@ -112,12 +117,15 @@ class RooflineCostModel:
             self._one_shot_latency = latency
             self._one_shot_s_per_token = (tp - 1) * hidden * dt / bandwidth
 
-    def _moe_parts(self, model: ModelSpec, tp: int, routing_skew: float) -> None:
+    def _moe_parts(self, model: ModelSpec, tp: int, routing_skew: float, expert_parallel: bool) -> None:
         """The linear phase without the experts (attention, routers, dense layers' MLPs); the
-        experts priced by their own phase (sim.moe.ExpertPhase: the distinct experts' weights)."""
+        experts priced by their own phase (sim.moe.ExpertPhase: the distinct experts' weights;
+        sim.moe_ranks.RankExpertPhase: the busiest rank's, with expert parallelism)."""
         dt = model.dtype_bytes
+        # a rank holds E / tp whole experts or every expert's 1 / tp: the same weights either way
         experts = model.num_moe_layers * model.expert_params(tp)
-        self._experts = ExpertPhase(model, tp, routing_skew, self._matmul_rate, self._bandwidth)
+        phase = RankExpertPhase if expert_parallel else ExpertPhase
+        self._experts = phase(model, tp, routing_skew, self._matmul_rate, self._bandwidth)
         self._linear_flops_per_token = 2.0 * (model.active_linear_params(tp) - model.num_experts_per_tok * experts)
         self._linear_weight_bytes = float((model.body_params_per_rank(tp) - model.num_experts * experts) * dt)
         hidden = model.hidden_size

@@ -66,12 +66,12 @@ class TPTransferCostModel:
     at tp_size ranks as the module docstring says."""
 
     def __init__(self, base: CostModel, model: ModelSpec, hardware: HardwareSpec, tp_size: int,
-                 all_reduce: str = "nccl", routing_skew: float = 0.0) -> None:
+                 all_reduce: str = "nccl", routing_skew: float = 0.0, expert_parallel: bool = False) -> None:
         model.check_tp(tp_size)
         self.base = base
         self.tp_size = tp_size
         self._one = RooflineCostModel(model, hardware, 1, routing_skew=routing_skew)
-        self._many = RooflineCostModel(model, hardware, tp_size, all_reduce, routing_skew)
+        self._many = RooflineCostModel(model, hardware, tp_size, all_reduce, routing_skew, expert_parallel)
         # the profile that prices overlapped steps, where the base is one
         self._overlapped = base if isinstance(base, ProfiledCostModel) and base.prices_overlap else None
         # overlapped steps: the previous step's price and its launch time (None: nothing in flight)

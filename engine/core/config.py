@@ -97,6 +97,10 @@ class ExecutionConfig:
     max_graph_batch_size: decode steps of up to this many sequences (and max_num_seqs) replay
         CUDA graphs; larger batches run eagerly.
     tensor_parallel_size: ranks the model is split over.
+    expert_parallel: a mixture-of-experts model's ranks each hold num_experts / tensor_parallel_size
+        whole experts instead of a 1/tensor_parallel_size slice of every expert (attention stays
+        tensor-parallel; the same all-reduce sums the ranks' partial outputs). No effect at
+        tensor_parallel_size 1; a dense model refuses it (docs/moe.md, docs/moe-pricing.md).
     all_reduce: how ranks sum partial outputs (engine.core.collectives): "nccl", NCCL's ring;
         "symmetric", decode-sized tensors in one-shot launches over symmetric memory, fused with
         the residual add and RMSNorm after them (engine.tp.symmetric; an error where the GPUs
@@ -112,13 +116,15 @@ class ExecutionConfig:
     prefill_graph_tokens: int = 4096
     max_graph_batch_size: int = 512
     tensor_parallel_size: int = 1
+    expert_parallel: bool = False
     all_reduce: str = "auto"
     seed: int = 0
     gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enforce_eager, bool):
-            raise TypeError(f"ExecutionConfig.enforce_eager must be a bool, got {self.enforce_eager!r}")
+        for name in ("enforce_eager", "expert_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ExecutionConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise TypeError("ExecutionConfig.async_scheduling must be true, false or null (auto), "
                             f"got {self.async_scheduling!r}")

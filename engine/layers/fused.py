@@ -28,6 +28,7 @@ class FusedKernels:
     qk_norm_rope_: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # kernels.rotary.qk_norm_rope_
     allow_cpu: bool = False
     fused_moe: Callable[..., torch.Tensor] | None = None  # kernels.fused_moe.fused_moe_routed
+    fused_moe_ids: Callable[..., torch.Tensor] | None = None  # kernels.fused_moe.fused_moe (routed ids in)
 
     def applies(self, x: torch.Tensor) -> bool:
         return x.is_cuda or self.allow_cpu
@@ -45,11 +46,11 @@ def _load_fused_kernels(mode: str, allow_cpu: bool) -> FusedKernels | None:
         return None
     # Triton is imported only here: CPU-only installs without it never reach this line.
     from kernels.activation import silu_and_mul
-    from kernels.fused_moe import fused_moe_routed
+    from kernels.fused_moe import fused_moe, fused_moe_routed
     from kernels.rmsnorm import add_rms_norm, rms_norm
     from kernels.rotary import qk_norm_rope_
 
-    return FusedKernels(rms_norm, add_rms_norm, silu_and_mul, qk_norm_rope_, allow_cpu, fused_moe_routed)
+    return FusedKernels(rms_norm, add_rms_norm, silu_and_mul, qk_norm_rope_, allow_cpu, fused_moe_routed, fused_moe)
 
 
 def set_fused_kernels(model: nn.Module, mode: str, device: torch.device | str, allow_cpu: bool = False) -> int:

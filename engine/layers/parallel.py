@@ -34,6 +34,8 @@ class TensorParallel:
     all_gather: Collective | None = None  # concatenation over ranks (rank order) along the last dim
     # Row-parallel outputs all feed a residual add + RMSNorm: with this, those three are one launch
     fused_reduce_norm: FusedReduceNorm | None = None
+    # mixture-of-experts layers hold whole experts per rank instead of a slice of each (engine.layers.moe)
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:

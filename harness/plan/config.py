@@ -38,7 +38,10 @@ class PlanConfig:
     """Every combination of hardware x tp_sizes x max_num_seqs x max_num_batched_tokens x policies
     x routers is one configuration; for each the search finds the fewest replicas (up to
     max_replicas) that meet the SLO. num_closest: deployments listed when none meets it.
-    batch_size: deployments evaluated per round (harness.plan.search.search)."""
+    batch_size: deployments evaluated per round (harness.plan.search.search).
+    expert_parallel: the expert placements searched for a mixture-of-experts model at a TP size
+    above 1 (true: whole experts per rank, execution.expert_parallel; false: every expert sliced);
+    a dense model, and TP 1, have one placement."""
 
     hardware: tuple[str, ...] = ("a100", "h100", "h200")
     tp_sizes: tuple[int, ...] = (1,)
@@ -46,6 +49,7 @@ class PlanConfig:
     max_num_batched_tokens: tuple[int, ...] = (8192,)
     policies: tuple[str, ...] = ("nano",)
     routers: tuple[str, ...] = ("round_robin",)
+    expert_parallel: tuple[bool, ...] = (False, True)
     max_replicas: int = 64
     num_closest: int = 5
     batch_size: int = 1  # deployments per evaluate_all() call: 1 prunes most; a parallel map wants its worker count
@@ -62,13 +66,17 @@ class PlanConfig:
     def __post_init__(self) -> None:
         if not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"plan.modes must list values of {list(MODES)}, got {list(self.modes)}")
-        for name in ("hardware", "tp_sizes", "max_num_seqs", "max_num_batched_tokens", "policies", "routers"):
+        for name in ("hardware", "tp_sizes", "max_num_seqs", "max_num_batched_tokens", "policies", "routers",
+                     "expert_parallel"):
             if not getattr(self, name):
                 raise ValueError(f"plan.{name} must list at least one value")
         for name in ("tp_sizes", "max_num_seqs", "max_num_batched_tokens"):
             for i, value in enumerate(getattr(self, name)):
                 if value < 1:
                     raise ValueError(f"plan.{name}[{i}] must be an int >= 1, got {value}")
+        for i, value in enumerate(self.expert_parallel):
+            if not isinstance(value, bool):
+                raise ValueError(f"plan.expert_parallel[{i}] must be true or false, got {value!r}")
         for name, allowed in (("policies", POLICIES), ("routers", ROUTERS)):
             for i, value in enumerate(getattr(self, name)):
                 if value not in allowed:

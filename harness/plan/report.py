@@ -39,7 +39,9 @@ def plan_summary(table: pd.DataFrame, slo, label: str, workload: Workload, max_m
     """plan_summary.csv's row: what was planned for, and the cheapest deployment meeting the SLO
     (meets_slo True) or else the nearest one (meets_slo False; empty when none could run)."""
     chosen = choose(table)
-    deployment = {c: (chosen[c] if chosen is not None else None) for c in DEPLOYMENT_COLUMNS}
+    # a mixture-of-experts plan also says where the experts go
+    columns = (*DEPLOYMENT_COLUMNS, "expert_parallel") if "expert_parallel" in table else DEPLOYMENT_COLUMNS
+    deployment = {c: (chosen[c] if chosen is not None else None) for c in columns}
     return {
         "workload": label, "num_requests": len(workload.requests), "max_model_len": max_model_len,
         "oversize": oversize, **workload.fit_counts(), "longest_request_tokens": workload.longest,

@@ -17,6 +17,9 @@ class Deployment:
     policy: str
     router: str
     replicas: int = 1
+    # mixture-of-experts models: whole experts per rank (execution.expert_parallel) or each expert
+    # sliced over the ranks; None for a dense model, whose plan.csv has no such column
+    expert_parallel: bool | None = None
 
     @property
     def gpus(self) -> int:
@@ -56,8 +59,10 @@ class PlanRow(Mapping[str, Any]):
 
     def as_dict(self) -> dict[str, Any]:
         """plan.csv's columns, in its order."""
-        head = {**dataclasses.asdict(self.deployment), "gpus": self.deployment.gpus,
-                "cost_per_hour": self.cost_per_hour}
+        placement = dataclasses.asdict(self.deployment)
+        if self.deployment.expert_parallel is None:
+            del placement["expert_parallel"]
+        head = {**placement, "gpus": self.deployment.gpus, "cost_per_hour": self.cost_per_hour}
         if self.measures is None:
             return {**head, "meets_slo": self.meets_slo, "slo_ratio": self.slo_ratio, "error": self.error,
                     "eval_s": self.eval_s}

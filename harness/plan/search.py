@@ -39,6 +39,7 @@ from harness.fleet.run import run_fleet_once
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.parallel import parallel_map
 from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue
+from harness.plan.placement import placements, with_expert_parallel
 from harness.plan.report import DEPLOYMENT_COLUMNS, fit_note, nearest_lines, plan_summary
 from harness.plan.row import Deployment, PlanMeasures, PlanRow
 from harness.run import cyclic_gc_paused
@@ -69,7 +70,8 @@ def evaluate(deployment: Deployment, base: PlanBase) -> PlanRow:
     try:
         scheduler = dataclasses.replace(base.rc.scheduler, policy=d.policy, max_num_seqs=d.max_num_seqs,
                                         max_num_batched_tokens=d.max_num_batched_tokens)
-        rc = on_hardware(dataclasses.replace(base.rc, scheduler=scheduler), base.catalogue[d.hardware])
+        rc = on_hardware(with_expert_parallel(dataclasses.replace(base.rc, scheduler=scheduler),
+                                              bool(d.expert_parallel)), base.catalogue[d.hardware])
         # The whole evaluation without the cycle collector (harness.run.cyclic_gc_paused): its requests
         # and steps are freed before the collector runs again, so it never scans them. Every
         # deployment serves the same requests at the same max_model_len: run_plan reports their
@@ -198,8 +200,10 @@ def configurations(plan: PlanConfig, rc: RunConfig) -> list[Deployment]:
             dataclasses.replace(rc.scheduler, max_num_seqs=seqs, max_num_batched_tokens=tokens)
         except ValueError as error:
             raise ConfigError(f"plan.max_num_seqs / plan.max_num_batched_tokens: {error}") from None
-    return [Deployment(*values) for values in product(plan.hardware, plan.tp_sizes, plan.max_num_seqs,
-                                                      plan.max_num_batched_tokens, plan.policies, plan.routers)]
+    return [Deployment(*values, expert_parallel=ep)
+            for values in product(plan.hardware, plan.tp_sizes, plan.max_num_seqs, plan.max_num_batched_tokens,
+                                  plan.policies, plan.routers)
+            for ep in placements(plan, rc, values[1])]
 
 
 def title_of(rc: RunConfig, label: str, slo: SLOConfig, over: str = "") -> str:
@@ -256,7 +260,8 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     _log_cheapest(summary)
     # the fit's warning came before the search's output: the answer says again that it is for the fitted requests
     print(f"cheapest deployment meeting the SLO{f' (with {over}: see the warning above)' if over else ''}:")
-    print(pd.DataFrame([summary])[list(DEPLOYMENT_COLUMNS)].to_string(index=False))
+    shown = [c for c in (*DEPLOYMENT_COLUMNS, "expert_parallel") if c in summary]
+    print(pd.DataFrame([summary])[shown].to_string(index=False))
     if "winner" in summary:
         for mode in plan.modes:
             print(f"cheapest {mode}: {summary[f'{mode}_deployment'] or 'none meets the SLO'}")

@@ -38,10 +38,11 @@ class ThreadGroup:
         )
 
 
-def _run(model_dir, tp_rank: int = 0, tp_size: int = 1, group: ThreadGroup | None = None):
+def _run(model_dir, tp_rank: int = 0, tp_size: int = 1, group: ThreadGroup | None = None, **load_kw):
     torch.set_num_threads(1)
     reduce, gather = group.collectives(tp_rank) if group else (None, None)
-    model, _ = load_model(model_dir, tp_rank=tp_rank, tp_size=tp_size, all_reduce=reduce, all_gather=gather)
+    model, _ = load_model(model_dir, tp_rank=tp_rank, tp_size=tp_size, all_reduce=reduce, all_gather=gather,
+                          **load_kw)
     caches = model.make_kv_caches(16, 4)
     prompts = [[5, 17, 300, 42, 9, 8, 77], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
     tables = [[0, 1], [2, 3, 4]]

@@ -1,0 +1,64 @@
+"""The planner searches expert parallelism for a mixture-of-experts model above TP 1, and plan.csv
+says which placement each row priced; a dense model's search space and plan.csv are unchanged."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine.core.routers import RouterConfig
+from harness.convert import ConfigError
+from harness.plan.config import PlanConfig, SLOConfig, load_catalogue
+from harness.plan.search import Deployment, PlanBase, configurations, evaluate
+from harness.scripting import compose_run_config
+
+WORKLOAD = ["experiment=plan", "workload.num_requests=40", "workload.rate=5", "output.progress=false"]
+SPACE = dict(hardware=("h100",), tp_sizes=(1, 2), max_num_seqs=(64,), policies=("nano",), routers=("round_robin",))
+
+
+def _rc(model: str, *extra: str):
+    logging.disable(logging.WARNING)
+    try:
+        return compose_run_config([*WORKLOAD, f"model={model}", *extra])
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_moe_model_searches_both_placements_above_tp1() -> None:
+    configs = configurations(PlanConfig(**SPACE), _rc("qwen3-30b-a3b"))
+    assert [(d.tp_size, d.expert_parallel) for d in configs] == [(1, False), (2, False), (2, True)]
+    only_sliced = configurations(PlanConfig(**SPACE, expert_parallel=(False,)), _rc("qwen3-30b-a3b"))
+    assert [(d.tp_size, d.expert_parallel) for d in only_sliced] == [(1, False), (2, False)]
+
+
+def test_dense_model_has_one_placement_and_no_column() -> None:
+    configs = configurations(PlanConfig(**SPACE), _rc("qwen3-8b"))
+    assert [(d.tp_size, d.expert_parallel) for d in configs] == [(1, None), (2, None)]
+    rc = _rc("qwen3-8b")
+    row = evaluate(configs[0], PlanBase(rc, load_catalogue(("h100",)), SLOConfig(), RouterConfig()))
+    assert "expert_parallel" not in row.as_dict()
+
+
+def test_plan_rows_price_each_placement() -> None:
+    rc = _rc("qwen3-30b-a3b")
+    base = PlanBase(rc, load_catalogue(("h100",)), SLOConfig(), RouterConfig())
+    sliced, whole = (evaluate(Deployment("h100", 2, 64, 2048, "nano", "round_robin", 1, expert_parallel=ep), base)
+                     for ep in (False, True))
+    assert sliced.error == whole.error == ""
+    assert sliced.as_dict()["expert_parallel"] is False and whole.as_dict()["expert_parallel"] is True
+    # light load, small decode batches: the busiest rank reads more than half of the touched
+    # experts at full width, so whole experts per rank decode more slowly (docs/moe-pricing.md)
+    assert whole.measures.tpot_p50_s > sliced.measures.tpot_p50_s
+    assert base.cost_per_hour(whole.deployment) == base.cost_per_hour(sliced.deployment)
+
+
+def test_bad_expert_parallel_settings_fail_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"plan.expert_parallel\[0\] must be true or false"):
+        PlanConfig(**SPACE, expert_parallel=("yes",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="plan.expert_parallel must list at least one value"):
+        PlanConfig(**SPACE, expert_parallel=())
+    with pytest.raises((ValueError, ConfigError), match="expert_parallel=true needs a mixture-of-experts model"):
+        from harness.run import make_executor
+
+        make_executor(_rc("qwen3-8b", "execution.tensor_parallel_size=2", "execution.expert_parallel=true"))
