@@ -69,10 +69,53 @@ class KVLink:
         return self.group.recv([blocks], src, 0)
 
 
+def block_index(block_table: list[int], device: torch.device) -> torch.Tensor:
+    """The block ids on the cache's device. On a GPU they go up from pinned host memory without
+    blocking: a pageable copy would wait for the step in flight on the current stream (the
+    host-side cost of a transfer that this module exists to avoid)."""
+    index = torch.tensor(block_table, dtype=torch.long, pin_memory=device.type == "cuda")
+    return index.to(device, non_blocking=True)
+
+
+class BlockMover:
+    """Gathers a request's blocks for a send, and scatters received ones into the cache, without
+    the host waiting on the device. On a GPU the gather runs on a side stream after the steps
+    queued so far (whose KV it copies), and the device's later steps wait for it (they may reuse
+    the blocks once the copy is taken): the send is issued on the side stream, so it waits for
+    the gather and never for a step. The scatter runs on the current stream, after the receive
+    (KVLink.completed orders the stream after it) and before the next step that reads the
+    request. On CPU both are plain copies."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def gather(self, kv_cache: torch.Tensor, block_table: list[int]) -> torch.Tensor:
+        """A copy of the request's blocks: [num_layers, 2, len(block_table), block_size, kv_heads, head_dim]."""
+        if self.side is None:
+            return read_blocks(kv_cache, block_table)
+        main = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(main)
+        with torch.cuda.stream(self.side):
+            blocks = kv_cache.index_select(2, block_index(block_table, self.device))
+        main.wait_stream(self.side)
+        return blocks
+
+    def send(self, link: KVLink, blocks: torch.Tensor, dst: int):
+        """Start sending gathered blocks: after the gather, on its stream (the caller keeps blocks
+        alive until the work completes)."""
+        if self.side is None:
+            return link.send(blocks, dst)
+        with torch.cuda.stream(self.side):
+            return link.send(blocks, dst)
+
+    def scatter(self, kv_cache: torch.Tensor, block_table: list[int], blocks: torch.Tensor) -> None:
+        write_blocks(kv_cache, block_table, blocks)
+
+
 def read_blocks(kv_cache: torch.Tensor, block_table: list[int]) -> torch.Tensor:
     """A copy of the request's blocks: [num_layers, 2, len(block_table), block_size, kv_heads, head_dim]."""
-    index = torch.tensor(block_table, dtype=torch.long, device=kv_cache.device)
-    return kv_cache.index_select(2, index)
+    return kv_cache.index_select(2, block_index(block_table, kv_cache.device))
 
 
 def staging_for(kv_cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
@@ -82,6 +125,6 @@ def staging_for(kv_cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
 
 
 def write_blocks(kv_cache: torch.Tensor, block_table: list[int], blocks: torch.Tensor) -> None:
-    """Put received blocks into the cache at the request's own block ids."""
-    index = torch.tensor(block_table, dtype=torch.long, device=kv_cache.device)
-    kv_cache.index_copy_(2, index, blocks)
+    """Put received blocks into the cache at the request's own block ids (queued on the current
+    stream: the host does not wait)."""
+    kv_cache.index_copy_(2, block_index(block_table, kv_cache.device), blocks)

@@ -56,7 +56,7 @@ def _links(port: int):
 
 def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_dir):
     from engine.executor import EngineExecutor
-    from engine.kv_link import read_blocks, staging_for, write_blocks
+    from engine.kv_link import BlockMover, staging_for
     from engine.tp.group import free_port
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
@@ -73,17 +73,18 @@ def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_d
         assert len({*sent_table}) == len(target) == 5 and not {*target} & {*own_table}
         cache_a, cache_b = sender.runner.kv_cache, receiver.runner.kv_cache
         send_link, recv_link = _links(free_port())
-        blocks = read_blocks(cache_a, sent_table)
+        mover = BlockMover(torch.device("cpu"))
+        blocks = mover.gather(cache_a, sent_table)
         staging = staging_for(cache_b, len(target))
         works = {}
-        threads = [threading.Thread(target=lambda: works.setdefault("send", send_link.send(blocks, 1).wait())),
+        threads = [threading.Thread(target=lambda: works.setdefault("send", mover.send(send_link, blocks, 1).wait())),
                    threading.Thread(target=lambda: works.setdefault("recv", recv_link.recv(staging, 0).wait()))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60.0)
         assert set(works) == {"send", "recv"}
-        write_blocks(cache_b, target, staging)
+        mover.scatter(cache_b, target, staging)
         moved = _prompt_kv(cache_b, target, len(PROMPT))
         assert torch.equal(moved, _prompt_kv(cache_a, sent_table, len(PROMPT)))
         assert torch.equal(moved, _prompt_kv(cache_b, own_table, len(PROMPT)))
