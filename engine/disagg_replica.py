@@ -57,9 +57,11 @@ def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bo
                 received += len(payload)
             elif kind == "send_kv":
                 rid, dst = payload
-                blocks = mover.gather(_cache(replica), replica.holding.held[rid])
+                table = replica.holding.held[rid]
+                blocks = mover.gather(_cache(replica), table)
                 start = replica.clock.now()
                 sends.append((mover.send(link, blocks, dst), blocks))
+                _forward(replica, "kv_send", (table, dst))
                 # the copy is taken (any later step on this device waits for it): the blocks may go
                 replica.release(rid, start)
                 conn.send(("sent", (rid, start, blocks.numel() * blocks.element_size())))
@@ -107,6 +109,7 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
             replica.reserve(request)
             blocks = staging_for(_cache(replica), len(request.block_table))
             receiving.append((request, src, link.recv(blocks, src), blocks))
+            _forward(replica, "kv_recv", (list(request.block_table), src))
             conn.send(("reserved", request.request_id))
         while receiving and link.completed(receiving[0][2]):
             request, _, _, blocks = receiving.popleft()
@@ -120,6 +123,13 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
         report = take_report(replica, received)
         if report is not None:
             conn.send(("report", report))
+
+
+def _forward(replica, kind: str, payload) -> None:
+    """A TP replica's move, for its workers to make with their shards (engine.kv_link.WorkerShards)."""
+    workers = replica.executor.workers
+    if workers:
+        workers.send(kind, payload)
 
 
 def _messages(conn, timeout: float | None):
