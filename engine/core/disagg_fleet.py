@@ -272,17 +272,19 @@ def _next_event_time(replica: Replica) -> float:
 def _stop_at(fleet: _Fleet, first: Replica, t: float) -> float:
     """Where a run booked by fast-forward (engine.core.fast_forward) on `first` must stop: no
     step of it starts at or past the fleet's next event t, nor past the next iteration of any
-    other replica, whose step may push an event (a first token, a decode step's end) that comes
-    before the steps booked past it; the step-by-step loop runs the replica with the earliest
-    iteration, the earlier in the list on a tie. None while requests wait for a decode replica
-    (any step's end may let one in: RETRY), nor while a message waits for the end of the
-    replica's step in flight (handshake): it comes at the first step's end, not a run's last."""
+    other replica whose step may push an event that comes before the steps booked past it (a
+    prefill replica's first tokens; a replica's step that a handshake message waits on); the
+    step-by-step loop runs the replica with the earliest iteration, the earlier in the list on a
+    tie. None while requests wait for a decode replica (any step's end may let one in: RETRY),
+    nor while a message waits for the end of the replica's step in flight (handshake): it comes
+    at the first step's end, not a run's last."""
     index = fleet.replicas.index(first)
-    if fleet.blocked or index in fleet.after_step:
+    after_step = fleet.after_step
+    if fleet.blocked or index in after_step:
         return -math.inf
     stop = t
     for i, other in enumerate(fleet.replicas):
-        if i != index:
+        if i != index and (i < len(fleet.prefill) or i in after_step):
             start = other.next_event_time()
             # a later replica's iteration at the same time runs after first's
             stop = min(stop, start if i < index else math.nextafter(start, math.inf))
