@@ -31,6 +31,7 @@ def test_gather_does_not_wait_for_the_step_and_copies_the_blocks_before_their_re
     cache, mover = _cache(device), BlockMover(device)
     table = [5, 17, 3, 40, 41]
     want = cache[:, :, table].clone()
+    mover.gather(cache, table)  # warm: the pinned and device pools hold blocks of these sizes
     torch.cuda.synchronize(device)
     torch.cuda._sleep(SLEEP_CYCLES)  # the step in flight
     cache[:, :, table] += 1.0  # the step writes the request's KV: the gather must see it
@@ -52,6 +53,7 @@ def test_scatter_does_not_wait_and_writes_the_reserved_blocks():
     incoming = staging_for(cache, len(table)).normal_()
     others = [i for i in range(cache.shape[2]) if i not in table]
     untouched = cache[:, :, others].clone()
+    mover.scatter(cache[:, :, :].clone(), table, incoming)  # warm, on a copy
     torch.cuda.synchronize(device)
     torch.cuda._sleep(SLEEP_CYCLES)
     start = time.perf_counter()
@@ -86,6 +88,7 @@ def test_nccl_send_of_gathered_blocks_lands_exactly_and_does_not_block_the_sende
             link.warm_up(1)
             mover = BlockMover(device)
             if rank == 0:
+                mover.gather(caches[0], send_table)  # warm
                 torch.cuda.synchronize(device)
                 torch.cuda._sleep(SLEEP_CYCLES)
                 start = time.perf_counter()
