@@ -3,7 +3,8 @@ router's side and the messages).
 
 A prefill replica serves prefill copies (engine.core.disagg.PrefillReplica: the blocks of a copy
 that sampled its first token are held) and, told ("send_kv", (request id, decode rank)), copies
-the request's blocks out of its cache, starts sending them over the KV link and releases them;
+the request's blocks out of its cache, starts sending them over the KV link and releases them,
+none of it waiting on its GPU (engine.kv_link.BlockMover);
 told ("release", request id), it releases them without a transfer.
 
 A decode replica is told ("receive_kv", (request, prefill rank)), in the order its transfers were
@@ -25,7 +26,7 @@ import torch
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.remote_replica import Connection, take_report
 from engine.core.request import Request
-from engine.kv_link import KVLink, read_blocks, staging_for, write_blocks
+from engine.kv_link import BlockMover, KVLink, staging_for
 
 POLL_S = 2e-4  # how long an idle replica with a transfer under way waits for a message
 
@@ -40,6 +41,7 @@ def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bo
     """Serve until "end" has come, every copy's blocks are released and every send completed;
     then ("done", makespan_s) and False. True at once on "shutdown"."""
     sends: list[tuple[Any, torch.Tensor]] = []  # work, and the copy it sends (kept alive until done)
+    mover = BlockMover(link.device)
     received, ending, makespan = 0, False, 0.0
     while True:
         sends = [(work, blocks) for work, blocks in sends if not link.completed(work)]
@@ -55,10 +57,12 @@ def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bo
                 received += len(payload)
             elif kind == "send_kv":
                 rid, dst = payload
-                blocks = read_blocks(_cache(replica), replica.holding.held[rid])
+                table = replica.holding.held[rid]
+                blocks = mover.gather(_cache(replica), table)
                 start = replica.clock.now()
-                sends.append((link.send(blocks, dst), blocks))
-                # the copy is taken (queued before any later step on this device): the blocks may go
+                sends.append((mover.send(link, blocks, dst), blocks))
+                _forward(replica, "kv_send", (table, dst))
+                # the copy is taken (any later step on this device waits for it): the blocks may go
                 replica.release(rid, start)
                 conn.send(("sent", (rid, start, blocks.numel() * blocks.element_size())))
             elif kind == "release":
@@ -81,6 +85,7 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
     """Serve until "end" has come and every transfer landed and decoded; then ("done", makespan_s)."""
     waiting: deque[tuple[Request, int]] = deque()  # told to receive, blocks not yet reserved
     receiving: deque[tuple[Request, int, Any, torch.Tensor]] = deque()  # receive posted
+    mover = BlockMover(link.device)
     received, ending, makespan = 0, False, 0.0
     while True:
         busy = replica.next_event_time() < math.inf
@@ -104,10 +109,11 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
             replica.reserve(request)
             blocks = staging_for(_cache(replica), len(request.block_table))
             receiving.append((request, src, link.recv(blocks, src), blocks))
+            _forward(replica, "kv_recv", (list(request.block_table), src))
             conn.send(("reserved", request.request_id))
         while receiving and link.completed(receiving[0][2]):
             request, _, _, blocks = receiving.popleft()
-            write_blocks(_cache(replica), request.block_table, blocks)
+            mover.scatter(_cache(replica), request.block_table, blocks)
             now = replica.clock.now()
             replica.arrived(request, now)
             conn.send(("landed", (request.request_id, now)))
@@ -117,6 +123,13 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
         report = take_report(replica, received)
         if report is not None:
             conn.send(("report", report))
+
+
+def _forward(replica, kind: str, payload) -> None:
+    """A TP replica's move, for its workers to make with their shards (engine.kv_link.WorkerShards)."""
+    workers = replica.executor.workers
+    if workers:
+        workers.send(kind, payload)
 
 
 def _messages(conn, timeout: float | None):

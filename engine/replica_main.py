@@ -54,8 +54,12 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
         if spec.kv_link is not None:
             from engine.kv_link import KVLink
 
+            if executor.workers:  # each TP rank moves its own shard: the workers join the link too
+                executor.workers.send("kv_link", (spec.kv_link, spec.num_prefill))
             link = KVLink(spec.kv_link, executor.device)
             link.warm_up(spec.num_prefill)
+            if executor.workers:
+                executor.workers.replies("kv_link")
         conn.send(("ready", executor.info()))
 
         def handle(kind: str, payload) -> bool:

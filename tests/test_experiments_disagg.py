@@ -135,6 +135,7 @@ def test_goodput_with_the_simulator_measured_matches_its_prediction(tmp_path):
     (["measure", "--loads", "2"], "--loads"),
     (["measure", "--min-requests", "50", "--max-requests", "10"], "--min-requests"),
     (["goodput", "--model", "qwen3-32b"], "scenarios exist"),
+    (["goodput", "--bundle", "results.zip"], "--bundle"),
 ])
 def test_bad_settings_are_refused_in_one_line(argv, field, tmp_path, capsys):
     assert run_disagg.main([*argv, "--out", str(tmp_path)]) == 2
@@ -183,3 +184,23 @@ def test_the_planner_picks_each_scenarios_mode(model, hardware, tmp_path):
     assert disagg_wins["disaggregated_deployment"].startswith(f"1P x {hardware} TP 1 + 1D x {hardware} TP 1 (2 GPUs)")
     agg_wins = pd.read_csv(tmp_path / "plan_agg_wins" / "plan_summary.csv").iloc[0]
     assert agg_wins["aggregated_deployment"].startswith(f"2 x {hardware} TP 1 (2 GPUs)")
+
+
+def test_a_bundle_holds_every_part_written_before_each_log_line(tmp_path, capsys):
+    import tarfile
+
+    out, bundle = tmp_path / "out", tmp_path / "ship" / "r.tar.gz"
+    out.mkdir()
+    bundle.parent.mkdir()
+    deadline = Deadline(600.0, (out, bundle))
+    (out / "runs.csv").write_text("a\n1\n")
+    common.log(deadline, "first part")
+    with tarfile.open(bundle) as tar:
+        assert tar.getnames() == ["out", "out/runs.csv"]
+    (out / "compare.md").write_text("x")
+    common.log(deadline, "second part")
+    with tarfile.open(bundle) as tar:
+        assert sorted(tar.getnames()) == ["out", "out/compare.md", "out/runs.csv"]
+    assert [p.name for p in bundle.parent.iterdir()] == ["r.tar.gz"]  # no partial file left
+    assert run_disagg.main(["goodput", "--out", str(out), "--bundle", str(out / "in.tar.gz")]) == 2
+    assert "outside --out" in capsys.readouterr().err

@@ -65,10 +65,6 @@ class TransferReplica(Replica):
     def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
         super().__init__(index, scheduler, executor, clock)
         self.stalled = False
-        # Disaggregated replicas step one at a time: fast-forward's runs stay open across events,
-        # and one open across a KV landing or a blocked decode queue does not yet give the
-        # step-by-step path's outputs (tests/sim/test_fast_forward.py, the disaggregated case).
-        self.runner = None
 
     def waits_on_transfers(self) -> bool:
         raise NotImplementedError
@@ -138,6 +134,7 @@ class DecodeReplica(TransferReplica):
 
     def can_take(self, request: Request) -> bool:
         """Free blocks for the request's prompt KV, and a sequence slot under max_num_seqs."""
+        self.settle()  # a booked run's finished requests leave, and free their blocks, as step by step
         scheduler = self.scheduler
         seqs = len(scheduler.requests) + len(self.inbox) + len(self.incoming)
         return (seqs < scheduler.config.max_num_seqs
@@ -160,6 +157,8 @@ class DecodeReplica(TransferReplica):
 
     def arrived(self, request: Request, t: float) -> None:
         """The request's KV landed at t: it is admitted at this replica's next iteration."""
+        # a booked run ends here: the step-by-step path plans the next step with the request in it
+        self.settle()
         if self.clock.now() < t:
             # every busy replica has run up to t before an event at t is handled: this one is idle or stalled
             assert self.stalled or (not self.scheduler.has_unfinished() and self.in_flight is None and not self.inbox)

@@ -137,6 +137,7 @@ class _Fleet:
         at t, the message just behind it, or a step in flight must end first): `kind` is then
         handled for request as the replica's next step ends."""
         replica = self.replicas[index]
+        replica.settle()  # a booked run's step in flight is a planned one, as step by step
         if replica.next_event_time() == math.inf and replica.in_flight is None:
             return t
         if (past_in_flight and replica.in_flight is not None) or replica.clock.now() <= t:
@@ -243,10 +244,7 @@ def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[Decode
         # the replica whose next iteration starts first runs it, if it starts before the next event
         first = min(replicas, key=_next_event_time)
         if first.next_event_time() < t:
-            # NOTE a decode replica's fast-forward (engine.core.fast_forward) books steps only up to the
-            # fleet's next event (a transfer landing there adds a request to its batch); while requests
-            # wait for a decode replica, none: the end of any step may let one in (RETRY)
-            first.stop_at = -math.inf if fleet.blocked else t
+            first.stop_at = _stop_at(fleet, first, t)
             first.tick()
             continue
         if t == math.inf:
@@ -269,6 +267,28 @@ def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[Decode
 
 def _next_event_time(replica: Replica) -> float:
     return replica.next_event_time()
+
+
+def _stop_at(fleet: _Fleet, first: Replica, t: float) -> float:
+    """Where a run booked by fast-forward (engine.core.fast_forward) on `first` must stop: no
+    step of it starts at or past the fleet's next event t, nor past the next iteration of any
+    other replica whose step may push an event that comes before the steps booked past it (a
+    prefill replica's first tokens; a replica's step that a handshake message waits on); the
+    step-by-step loop runs the replica with the earliest iteration, the earlier in the list on a
+    tie. None while requests wait for a decode replica (any step's end may let one in: RETRY),
+    nor while a message waits for the end of the replica's step in flight (handshake): it comes
+    at the first step's end, not a run's last."""
+    index = fleet.replicas.index(first)
+    after_step = fleet.after_step
+    if fleet.blocked or index in after_step:
+        return -math.inf
+    stop = t
+    for i, other in enumerate(fleet.replicas):
+        if i != index and (i < len(fleet.prefill) or i in after_step):
+            start = other.next_event_time()
+            # a later replica's iteration at the same time runs after first's
+            stop = min(stop, start if i < index else math.nextafter(start, math.inf))
+    return stop
 
 
 def _result(fleet: _Fleet, pending: list[Request]) -> DisaggResult:

@@ -40,12 +40,16 @@ from engine.core.routers import Router
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A disaggregated fleet replica's place on the KV link (engine.kv_link)."""
+    """A disaggregated fleet replica's place on the KV link (engine.kv_link). Every TP rank of
+    every replica joins the link (process rank * tp + tp_rank) and moves its own KV shard to the
+    same TP rank of the peer replica, so both pools run one TP size."""
 
-    rank: int  # prefill replicas first, then decode replicas
-    size: int
+    rank: int  # the replica: prefill replicas first, then decode replicas
+    size: int  # replicas
     port: int
     timeout_s: float
+    tp: int = 1  # every replica's TP size
+    tp_rank: int = 0  # this process's rank within its replica
 
 
 class _Router:

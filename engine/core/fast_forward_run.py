@@ -65,6 +65,11 @@ class FastRun(Booking):
         inbox = replica.inbox
         if inbox and inbox[0].arrival_time <= self.t:
             replica.admit(self.t)
+        if replica.horizon() <= self.t:
+            # the fleet allows no booked step now (a disaggregated fleet whose requests wait for a
+            # decode replica: any step's end may let one in): the step-by-step path plans it
+            self.close()
+            return False
         return self.advance()
 
     def advance(self) -> bool:

@@ -170,8 +170,12 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
     def tick(self) -> None:
         """One iteration: admit what has arrived, then plan and execute (or submit) a step (or, in
         a booked run, book on: engine.core.fast_forward)."""
-        if self.fast is not None and self.fast.resume():
-            return
+        if self.fast is not None:
+            if self.fast.resume():
+                return
+            if self.clock.now() >= self.stop_at:
+                # the run closed at or past the fleet's bound: the next iteration comes after its event
+                return
         now = self.clock.now()
         inbox = self.inbox
         if inbox and inbox[0].arrival_time <= now:

@@ -3,6 +3,7 @@ messages until "shutdown" (see engine.tp.workers for the protocol)."""
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import signal
@@ -20,7 +21,7 @@ def worker_main(spec, conn) -> None:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(spec.num_threads)
-    state = {}
+    state = {"tp_rank": spec.rank}
 
     def start():
         from engine.rank import build_runner  # after the env is set: it imports the CUDA stack
@@ -31,9 +32,11 @@ def worker_main(spec, conn) -> None:
                                                 spec.engine_config.execution.all_reduce)
         runner = build_runner(spec.engine_config, spec.scheduler_config, spec.cache_config, device, group)
         conn.send(("ready", None))
-        return lambda kind, payload: _answer(runner, conn, kind, payload)
+        return lambda kind, payload: _answer(runner, conn, kind, payload, state)
 
     def stop() -> None:
+        if "shards" in state:
+            state["shards"].close()
         if "group" in state and spec.device_type != "cuda":
             state["group"].destroy()
 
@@ -48,11 +51,26 @@ def worker_main(spec, conn) -> None:
         os._exit(0)
 
 
-def _answer(runner, conn, kind: str, payload) -> None:
+def _answer(runner, conn, kind: str, payload, state: dict) -> None:
+    shards = state.get("shards")  # a disaggregated replica's KV moves (engine.kv_link.WorkerShards)
+    if kind in ("submit", "step", "kv_read") and shards is not None:
+        shards.before_step(runner.kv_cache)
     if kind == "submit":  # payload: (HostBatch, placeholder map)
         runner.follow(*payload)
     elif kind == "step":
         runner.execute_batch(payload, None)
+    elif kind in ("kv_send", "kv_recv"):  # payload: (block table, peer replica)
+        (shards.send if kind == "kv_send" else shards.recv)(runner.kv_cache, *payload)
+    elif kind == "kv_read":  # payload: a block table; the blocks as the next step reads them (checks)
+        from engine.kv_link import read_blocks
+
+        conn.send(("ok", read_blocks(runner.kv_cache, payload).cpu()))
+    elif kind == "kv_link":  # payload: (rank 0's LinkSpec, number of prefill replicas)
+        from engine.kv_link import WorkerShards
+
+        link, num_prefill = payload
+        state["shards"] = WorkerShards(dataclasses.replace(link, tp_rank=state["tp_rank"]), num_prefill, runner.device)
+        conn.send(("ok", None))
     elif kind == "profile":
         conn.send(("ok", runner.determine_num_blocks(graph_reserve=payload)))
     elif kind == "allocate":

@@ -5,9 +5,11 @@ device call, the GPU it runs on, the profile that prices it, and the call's time
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,10 +157,22 @@ def trace_path(given: str | None) -> str:
 
 
 class Deadline:
-    """The call's time budget: a part runs only if its estimate fits what is left."""
+    """The call's time budget: a part runs only if its estimate fits what is left. bundle: (the
+    results folder, a .tar.gz) packed again at every log line, so a call cut short returns one
+    file with every part finished so far."""
 
-    def __init__(self, limit_s: float) -> None:
+    def __init__(self, limit_s: float, bundle: tuple[Path, Path] | None = None) -> None:
         self.start, self.limit_s = time.perf_counter(), limit_s
+        self.bundle = bundle
+
+    def pack(self) -> None:
+        if self.bundle is None:
+            return
+        folder, target = self.bundle
+        partial = target.with_name(target.name + ".partial")
+        with tarfile.open(partial, "w:gz") as tar:
+            tar.add(folder, arcname=folder.name)
+        os.replace(partial, target)  # whole or not at all, whenever the call is cut
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -169,3 +183,4 @@ class Deadline:
 
 def log(deadline: Deadline, message: str) -> None:
     print(f"[{deadline.elapsed():6.1f} s] {message}", flush=True)
+    deadline.pack()  # a log line follows each finished part's files

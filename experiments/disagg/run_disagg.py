@@ -2,6 +2,7 @@
 
     python3 -m experiments.disagg.run_disagg measure --model qwen3-0.6b --out $OUT   # 2 GPUs
     python3 -m experiments.disagg.run_disagg goodput --model qwen3-8b --out $OUT     # 2 GPUs
+    python3 -m experiments.disagg.run_disagg goodput --model qwen3-8b --out /tmp/g --bundle $OUT/g.tar.gz
     python -m experiments.disagg.run_disagg plan --model qwen3-8b --out DIR          # no GPU
     python -m experiments.disagg.run_disagg measure --dry-run --model qwen3-8b --out DIR   # no GPU
 
@@ -70,6 +71,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for both sides")
     parser.add_argument("--limit-s", type=float, default=540.0, help="no run starts that would end past this")
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
+    parser.add_argument("--bundle", type=Path, default=None,
+                        help="a .tar.gz of --out, packed again as each part finishes (a device call returns one file)")
     args = parser.parse_args(argv)
     if args.out is None:
         parser.error("--out is required (or set OUT)")
@@ -95,6 +98,10 @@ def check(args: argparse.Namespace) -> Pools:
         raise ConfigError(f"--drain-requests {args.drain_requests} exceeds --max-drain {args.max_drain}")
     if min(args.cell_s, args.drain_s, args.limit_s) <= 0:
         raise ConfigError("--cell-s, --drain-s and --limit-s must be > 0 seconds")
+    if args.bundle is not None:
+        bundle, out = args.bundle.resolve(), args.out.resolve()
+        if not bundle.name.endswith(".tar.gz") or bundle.parent == out or out in bundle.parents:
+            raise ConfigError(f"--bundle must be a .tar.gz outside --out {args.out}, got {args.bundle}")
     if args.command != "measure" and not args.cpu and args.model not in SCENARIOS:
         raise ConfigError(f"{args.command}: scenarios exist for {sorted(SCENARIOS)}, not {args.model!r}")
     return pools
@@ -121,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         pools = check(args)
         args.out = args.out.resolve()
         args.out.mkdir(parents=True, exist_ok=True)
-        deadline = Deadline(args.limit_s)
+        if args.bundle is not None:
+            args.bundle = args.bundle.resolve()
+            args.bundle.parent.mkdir(parents=True, exist_ok=True)
+        deadline = Deadline(args.limit_s, None if args.bundle is None else (args.out, args.bundle))
         setup = make_setup(args, pools)
         trace = trace_path(args.trace) if args.command == "measure" and "conversation" in args.workloads else None
         write_settings(args.out, command=args.command, setup=setup, args=vars(args), trace=trace)
@@ -134,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                                args.max_requests, args.drain_requests, args.drain_s, args.max_drain,
                                args.warmup_requests, trace, args.session_s)
             Cells(setup, mc, args.out, deadline).run()
+            deadline.pack()
             print((args.out / "compare.md").read_text())
             if args.dry_run:
                 serving_time(pd.read_csv(args.out / "runs.csv").query("side == 'measured'"), mc.warmup_requests)
@@ -141,12 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = SCENARIOS[CPU_SCENARIO_MODEL if args.cpu else args.model]
         plans = pd.DataFrame([plan(setup, s, args.out / f"plan_{s.name}") for s in scenarios])
         plans.to_csv(args.out / "plan_direction.csv", index=False)
+        deadline.pack()
         print(plans.to_string(index=False))
         if args.command == "plan":
             return 0
         table = Ladder(setup, scenarios, args.out, deadline, args.cell_s, args.min_requests, args.max_requests,
                        args.warmup_requests).run()
         write_direction(plans, table, args.out)
+        deadline.pack()
         print((args.out / "direction.md").read_text())
         if args.dry_run:
             serving_time(pd.read_csv(args.out / "goodput_runs.csv"), args.warmup_requests)

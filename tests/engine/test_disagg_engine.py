@@ -62,3 +62,47 @@ def test_prefill_and_decode_replicas_give_the_single_engines_greedy_tokens(tiny_
             blocks = -(-decoded[rid].num_prompt_tokens // CACHE.block_size)
             assert t.bytes % blocks == 0
     assert result.decode[0].steps and result.prefill[0].steps
+
+
+@pytest.mark.slow
+def test_tp2_pools_move_each_ranks_kv_shard_and_give_the_tp2_engines_tokens(tiny_qwen3_dir):
+    """Prefill and decode replicas of TP 2 each (4 processes on gloo): each TP rank sends its KV
+    shard to the same rank of the decode replica; greedy tokens equal a TP 2 engine's (the same
+    shards summed in the same order), which they could not were a worker's shard missing."""
+    from dataclasses import replace
+
+    from engine import LLM
+    from engine.core.config import ExecutionConfig
+    from engine.replicas import EngineReplicas
+
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    config = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
+    requests = _requests(6)
+    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
+        clock = WallClock()
+        engines.start_run(clock)
+        routers = [make_router(RouterConfig("round_robin"), CACHE.block_size) for _ in range(2)]
+        result = run_disagg_wall(engines, 1, requests, *routers, clock, SCHEDULER.max_model_len)
+    llm = LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len,
+              tensor_parallel_size=2)
+    try:
+        reference = _requests(6)
+        outputs = llm.generate([r.prompt_token_ids for r in reference], [r.sampling_params for r in reference],
+                               use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert {r.request_id: r.output_token_ids for r in result.requests} == {
+        f"r{i}": out.token_ids for i, out in enumerate(outputs)}
+    assert sum(t.decode == 0 for t in result.transfers.values()) == 5
+
+
+def test_pools_of_two_tp_sizes_are_refused_before_any_process_starts(tiny_qwen3_dir):
+    from dataclasses import replace
+
+    from engine.core.config import ExecutionConfig
+    from engine.replicas import EngineReplicas
+
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    tp2 = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
+    with pytest.raises(ValueError, match="one tensor_parallel_size"):
+        EngineReplicas([config, tp2], SCHEDULER, CACHE, num_prefill=1)

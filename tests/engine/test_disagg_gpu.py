@@ -90,3 +90,38 @@ def test_bfloat16_disaggregated_tokens_are_the_single_engines_greedy_choices(tmp
                                 "largest_gap_relative": max(gaps), "positions_off_argmax": sum(g > 0 for g in gaps),
                                 "free_running_identical": sum(a == b for a, b in zip(want, got))})
     assert max(gaps) <= TP1_ROUNDING, max(gaps)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA devices")
+def test_tp2_pools_move_each_ranks_shard_over_nccl_and_tokens_match_a_tp2_engine(tiny_qwen3_dir):
+    """1P1D of TP 2 each on 4 GPUs: each TP rank sends its KV shard to the same rank of the
+    decode replica (engine.kv_link.WorkerShards); greedy float32 tokens equal a TP 2 engine's."""
+    from dataclasses import replace
+
+    from engine import LLM
+    from engine.config import EngineConfig
+    from engine.core.config import ExecutionConfig
+    from engine.core.disagg_wall import run_disagg_wall
+    from engine.core.loop import WallClock
+    from engine.core.routers import RouterConfig, make_router
+    from engine.replicas import EngineReplicas
+    from tests.engine.test_disagg_engine import CACHE, SCHEDULER, _requests
+
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cuda", dtype="float32")
+    config = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
+    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
+        clock = WallClock()
+        engines.start_run(clock)
+        routers = [make_router(RouterConfig("round_robin"), CACHE.block_size) for _ in range(2)]
+        result = run_disagg_wall(engines, 1, _requests(), *routers, clock, SCHEDULER.max_model_len)
+    llm = LLM(tiny_qwen3_dir, device="cuda", dtype="float32", max_model_len=SCHEDULER.max_model_len,
+              tensor_parallel_size=2)
+    try:
+        reference = _requests()
+        outputs = llm.generate([r.prompt_token_ids for r in reference], [r.sampling_params for r in reference],
+                               use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert {r.request_id: r.output_token_ids for r in result.requests} == {
+        f"r{i}": out.token_ids for i, out in enumerate(outputs)}
+    assert all(t.transfer_s > 0 for t in result.transfers.values() if t.decode >= 0)

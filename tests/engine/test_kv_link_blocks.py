@@ -56,7 +56,7 @@ def _links(port: int):
 
 def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_dir):
     from engine.executor import EngineExecutor
-    from engine.kv_link import read_blocks, staging_for, write_blocks
+    from engine.kv_link import BlockMover, staging_for
     from engine.tp.group import free_port
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
@@ -73,17 +73,18 @@ def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_d
         assert len({*sent_table}) == len(target) == 5 and not {*target} & {*own_table}
         cache_a, cache_b = sender.runner.kv_cache, receiver.runner.kv_cache
         send_link, recv_link = _links(free_port())
-        blocks = read_blocks(cache_a, sent_table)
+        mover = BlockMover(torch.device("cpu"))
+        blocks = mover.gather(cache_a, sent_table)
         staging = staging_for(cache_b, len(target))
         works = {}
-        threads = [threading.Thread(target=lambda: works.setdefault("send", send_link.send(blocks, 1).wait())),
+        threads = [threading.Thread(target=lambda: works.setdefault("send", mover.send(send_link, blocks, 1).wait())),
                    threading.Thread(target=lambda: works.setdefault("recv", recv_link.recv(staging, 0).wait()))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60.0)
         assert set(works) == {"send", "recv"}
-        write_blocks(cache_b, target, staging)
+        mover.scatter(cache_b, target, staging)
         moved = _prompt_kv(cache_b, target, len(PROMPT))
         assert torch.equal(moved, _prompt_kv(cache_a, sent_table, len(PROMPT)))
         assert torch.equal(moved, _prompt_kv(cache_b, own_table, len(PROMPT)))
@@ -91,3 +92,99 @@ def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_d
     finally:
         sender.shutdown()
         receiver.shutdown()
+
+
+def _tp2_link(executor, replica: int):
+    """Rank 0's end of a TP 2 replica's link, its worker joined too (as engine.replica_main does)."""
+    from engine.kv_link import KVLink
+
+    spec = LinkSpec(replica, 2, PORT_OF[0], 60.0, tp=2)
+    executor.workers.send("kv_link", (spec, 1))
+    link = KVLink(spec, torch.device("cpu"))
+    link.warm_up(1)
+    executor.workers.replies("kv_link")
+    return link
+
+
+PORT_OF: list[int] = []  # the link's port, set in each process before _tp2_link
+
+
+def _tp2_config(model_dir: str) -> EngineConfig:
+    from engine.core.config import ExecutionConfig
+
+    return EngineConfig(model=model_dir, device="cpu", dtype="float32",
+                        execution=ExecutionConfig(tensor_parallel_size=2))
+
+
+def _worker_prompt_kv(executor, table: list[int]):
+    """Rank 1's prompt slots of the blocks, as its next step would read them."""
+    executor.workers.send("kv_read", table)
+    return executor.workers.replies("kv_read")[0].flatten(2, 3)[:, :, :len(PROMPT)]
+
+
+def _tp2_sender(model_dir: str, port: int, conn) -> None:
+    """A child process (one TP engine a process): a TP 2 engine prefills PROMPT and sends its
+    blocks to replica 1, rank 0 forwarding the move to its worker; returns both ranks' prompt KV."""
+    from engine.executor import EngineExecutor
+    from engine.kv_link import BlockMover
+
+    PORT_OF.append(port)
+    executor = EngineExecutor(_tp2_config(model_dir), SCHEDULER, CACHE)
+    try:
+        table = _prefill(PrefillReplica(0, make_scheduler(SCHEDULER, executor.info(), CACHE), executor, WallClock()),
+                         "r", PROMPT)
+        link = _tp2_link(executor, 0)
+        mover = BlockMover(torch.device("cpu"))
+        work = mover.send(link, mover.gather(executor.runner.kv_cache, table), 1)
+        executor.workers.send("kv_send", (table, 1))
+        work.wait()
+        conn.send((_prompt_kv(executor.runner.kv_cache, table, len(PROMPT)), _worker_prompt_kv(executor, table)))
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.slow
+def test_each_tp_rank_moves_its_own_shard_to_the_same_rank_of_the_receiver(tiny_qwen3_dir):
+    """TP 2 engines, the sender in a child process (rank 1 a worker process of each): rank 0's
+    move forwarded to its worker (as engine.disagg_replica does) lands each rank's shard at the
+    receiver's reserved blocks, equal to the sender's and to the receiver's own prefill of the
+    prompt on that rank."""
+    import multiprocessing as mp
+
+    from engine.executor import EngineExecutor
+    from engine.kv_link import BlockMover, staging_for
+    from engine.tp.group import free_port
+
+    port = free_port()
+    PORT_OF[:] = [port]
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    sender = ctx.Process(target=_tp2_sender, args=(str(tiny_qwen3_dir), port, child))
+    sender.start()
+    receiver = EngineExecutor(_tp2_config(str(tiny_qwen3_dir)), SCHEDULER, CACHE)
+    try:
+        b = PrefillReplica(1, make_scheduler(SCHEDULER, receiver.info(), CACHE), receiver, WallClock())
+        _prefill(b, "other", PROMPT[:40])
+        own_table = _prefill(b, "r", PROMPT)
+        incoming = Request("r-in", PROMPT, SamplingParams(max_tokens=4))
+        b.scheduler.block_manager.allocate(incoming, len(PROMPT))
+        target = incoming.block_table
+        link = _tp2_link(receiver, 1)
+        staging = staging_for(receiver.runner.kv_cache, len(target))
+        work = link.recv(staging, 0)
+        receiver.workers.send("kv_recv", (list(target), 0))
+        work.wait()
+        BlockMover(torch.device("cpu")).scatter(receiver.runner.kv_cache, target, staging)
+        assert parent.poll(120.0), "the sender sent nothing in 120 s"
+        sent = parent.recv()
+        moved = (_prompt_kv(receiver.runner.kv_cache, target, len(PROMPT)), _worker_prompt_kv(receiver, target))
+        own = (_prompt_kv(receiver.runner.kv_cache, own_table, len(PROMPT)), _worker_prompt_kv(receiver, own_table))
+        for rank in (0, 1):
+            assert torch.equal(moved[rank], sent[rank]) and torch.equal(moved[rank], own[rank]), f"TP rank {rank}"
+            assert moved[rank].abs().sum() > 0
+        assert not torch.equal(moved[0], moved[1])  # two shards (other KV heads), not one copied twice
+    finally:
+        receiver.shutdown()
+        sender.join(60.0)
+        if sender.is_alive():
+            sender.terminate()

@@ -74,7 +74,7 @@ def test_an_engine_fleet_on_cpu_moves_kv_and_times_the_transfers(tmp_path, tiny_
     assert pd.read_csv(tmp_path / "summary.csv")["transfer_p50_s"].iloc[0] > 0
 
 
-def test_an_engine_fleet_refuses_tp_pools_in_one_line(tmp_path, tiny_checkpoint):
-    with pytest.raises(ConfigError, match="runs TP 1 replicas only"):
+def test_an_engine_fleet_refuses_pools_of_two_tp_sizes_in_one_line(tmp_path, tiny_checkpoint):
+    with pytest.raises(ConfigError, match="needs one TP size for both pools"):
         run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
                                   "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=2"]), tmp_path)
