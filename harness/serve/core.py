@@ -164,7 +164,9 @@ class ServeCore:
 
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
-        if kind == "step":
+        if kind == "tokens":  # a step's tokens, ahead of its "step" (harness.serve.handoff)
+            self._dispatch(message[1], message[2])
+        elif kind == "step":
             self._dispatch(message[1], message[2])
             self._snap(message[3])
         elif kind == "snap":
