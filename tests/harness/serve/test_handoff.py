@@ -110,3 +110,26 @@ def test_every_token_once_with_eos_stops():
     assert outputs == delivered(channel)
     finishes = [rid for _, m in channel.sent if m[0] == "step" for rid, _, reason, _ in m[2] if reason is not None]
     assert sorted(finishes) == sorted(outputs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_engines_overlapped_steps_hand_out_their_tokens_early(tiny_checkpoint, device):
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from engine.llm import LLM
+
+    llm = LLM(str(tiny_checkpoint), device=device, max_model_len=256, block_size=16, num_blocks=64,
+              async_scheduling=True)
+    try:
+        requests = [request(f"r{i}", 20 + 40 * i, 4 + i) for i in range(3)]
+        clock = WallClock()
+        channel = RecordingChannel([*[[("add", r, clock.origin)] for r in requests]])
+        loop = CoreLoop(llm.scheduler, llm.executor, clock, channel, early_tokens=True)  # type: ignore[arg-type]
+        result = loop.run()
+    finally:
+        llm.shutdown()
+    outputs = {r.request_id: r.output_token_ids for r in result.requests}
+    assert outputs == delivered(channel) and [len(outputs[r.request_id]) for r in requests] == [4, 5, 6]
+    early = sum(len(ids) for _, m in channel.sent if m[0] == "tokens" for _, ids, *_ in m[2])
+    assert early == sum(map(len, outputs.values()))  # every token went out through the sender
