@@ -11,9 +11,11 @@ streamed token (tens of microseconds) then adds to every step, and the more stre
 keeps open, the slower the next step (docs/serving.md#the-core-process). Here it runs as a run's loop
 does. It waits on the socket only when it has nothing to do (no timer, no polling interval).
 
-The simulator's clock is paced: simulated time t is due at wall time origin + t / time_scale, and a
-step whose simulated end lies ahead of the wall is slept to before its tokens go out. Times cross
-the processes as perf_counter() values (CLOCK_MONOTONIC on Linux: one clock for the host).
+The simulator's clock is paced: simulated time t is due at wall time origin + t / time_scale. A
+step's tokens are known as soon as it is priced, so they go out at once, with the wall time they
+are due at (the HTTP process holds them until then, harness.serve.core); the loop then sleeps until
+that time before it takes new messages and plans the next step, as the step would have run. Times
+cross the processes as perf_counter() values (CLOCK_MONOTONIC on Linux: one clock for the host).
 """
 
 from __future__ import annotations
@@ -58,14 +60,14 @@ class PacedClock:
         return self.origin + self._t / self.time_scale
 
     def advance(self, duration_s: float) -> None:
+        """The step's end; CoreLoop sleeps until it is due once its tokens are sent."""
         self._t += duration_s
-        self._sleep_until_due()
 
     def wait_until(self, t: float) -> None:
         self._t = max(self._t, t)
-        self._sleep_until_due()
+        self.sleep_until_due()
 
-    def _sleep_until_due(self) -> None:
+    def sleep_until_due(self) -> None:
         delay = self.due() - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -115,6 +117,8 @@ class CoreLoop:
                     replica.tick()
                     if self.sender is not None:
                         self._watch()
+                    elif isinstance(self.clock, PacedClock):  # its tokens are out: now the step runs
+                        self.clock.sleep_until_due()
         finally:
             if self.sender is not None:
                 self.sender.close()
