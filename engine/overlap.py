@@ -126,6 +126,16 @@ class PendingTokens:
             self.on_done()
         return StepResult(tokens, duration, idle, age)
 
+    def sampled(self) -> list[int]:
+        """The step's token per entry (-1 where it samples none) once they are on the host, without
+        taking the result: a thread may hand them on while the loop submits the next step (the
+        event's synchronize() releases the GIL). The pinned buffer holds them until the step after
+        next is submitted, which the loop does only after result()."""
+        if self.end is not None:
+            self.end.synchronize()
+        ids: list[int] = [] if self.host_ids is None else self.host_ids.tolist()
+        return tokens_per_entry(self.num_entries, self.sample_rows, ids)
+
 
 def wall_pending(clock: DeviceClock, started: float, num_entries: int, sample_rows: list[int],
                  sampled: torch.Tensor | None) -> PendingTokens:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import KVCacheSpec, StepPlan, StepResult
@@ -53,6 +53,15 @@ class BackendInfo:
 class PendingStep(Protocol):
     def result(self) -> StepResult:
         """Wait for the step and return its tokens (once)."""
+
+
+class EarlyTokens(Protocol):
+    """A PendingStep that can be read before its result is taken (the engine's, engine.overlap)."""
+
+    def sampled(self) -> list[int]:
+        """Wait for the step's sampled tokens, one per plan entry (-1 where it samples none), and
+        return them without taking the result (which result() still returns, once). Another
+        thread may call it while the loop submits the next step (harness.serve.handoff)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,9 @@ class CompletedStep:
 
     def result(self) -> StepResult:
         return self._result
+
+    def sampled(self) -> list[int]:
+        return self._result.token_ids
 
 
 class StepHooks:
@@ -165,3 +177,7 @@ class _ObservedStep:
             hook(plan, result, self._timing)
         self._plan = None  # the plan's entries need not outlive the step
         return result
+
+    def sampled(self) -> list[int]:
+        """The watched step's EarlyTokens.sampled() (AttributeError where it has none)."""
+        return cast(EarlyTokens, self._pending).sampled()

@@ -13,8 +13,10 @@ so one case's prompts are never cached for the next) are
      the engine, one server for every case, and then
   3. against `python -m harness.serve backend=sim ... backend.cost_model=profiled` at time_scale=1.
 Results are written after each stage, so a run cut short keeps what it finished: serve.csv (one
-row per case and source), overhead.csv (per case and server), serve.md (the tables), and the run
-folders (harness/<case>/, engine_server/, sim_server/ with each case's client records).
+row per case and source), overhead.csv (per case and server), serve.md (the tables), and each
+stage's run folder packed as one tarball (harness.tar.gz: harness/<case>/; engine_server.tar.gz and
+sim_server.tar.gz: the server's requests.csv, serve_overhead.csv and each case's client records):
+at most six files, none deeper than --out, as a device hands back (--no-pack keeps the folders).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -76,6 +79,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="overrides of the simulator-backed server")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
+    parser.add_argument("--no-pack", dest="pack", action="store_false",
+                        help="keep each stage's run folder as it is (by default packed into <folder>.tar.gz)")
     parser.add_argument("--keep-steps", action="store_true",
                         help="keep the runs' per-step tables (steps.csv.gz; by default removed once summarised)")
     args = parser.parse_args(argv)
@@ -178,6 +183,17 @@ def run_harness(engine: list[str], cases: list[Case], out: Path) -> list[dict]:
     return rows
 
 
+STAGE_FOLDERS = {"harness": "harness", "engine": "engine_server", "sim": "sim_server"}
+
+
+def pack(out: Path, folder: str) -> None:
+    """out/folder as out/folder.tar.gz, the folder removed."""
+    if (out / folder).is_dir():
+        with tarfile.open(out / f"{folder}.tar.gz", "w:gz") as tar:
+            tar.add(out / folder, arcname=folder)
+        shutil.rmtree(out / folder)
+
+
 def drop_steps(out: Path) -> None:
     """The per-step tables, once summarised: raw traces do not leave the device (--keep-steps)."""
     for path in out.rglob("steps.csv.gz"):
@@ -247,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             more, more_overheads = stages[stage]()
         except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
             failed.append(stage)
+            if args.pack:  # what the stage left (its server's log) is the clue
+                pack(args.out, STAGE_FOLDERS[stage])
             print(f"stage {stage} FAILED at {time.perf_counter() - started:.0f} s: {error}", flush=True)
             continue
         rows += more
@@ -254,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         write(args.out, rows, overheads)
         if not args.keep_steps:
             drop_steps(args.out)
+        if args.pack:
+            pack(args.out, STAGE_FOLDERS[stage])
         print(f"stage {stage} done at {time.perf_counter() - started:.0f} s", flush=True)
     print(markdown(pd.DataFrame(rows), pd.DataFrame(overheads)))
     return 1 if failed else 0

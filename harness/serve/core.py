@@ -7,7 +7,9 @@ one pass on the asyncio loop. Admission is checked here, before a request is sen
 built from the same config and cache size (check_fits reads only those).
 
 Times cross as perf_counter() values: a delivery's `due` is when its tokens were scheduled for (the
-simulator's paced time, or the engine's step end), and how late they reach the HTTP side (`lags`)
+simulator's paced time, or the engine's step end). The simulator's steps arrive ahead of their time
+and wait on the loop's timer, so at that time the HTTP side need not wait for the core process to
+wake, build and send them. How late they reach the HTTP side (`lags`)
 and a stream's socket (`send_lags`) is kept as one sample per token, for the latest LAG_SAMPLES
 tokens (a server that runs for hours keeps a bounded window).
 """
@@ -30,6 +32,9 @@ from engine.core.scheduler import Scheduler
 from harness.config import RunConfig
 from harness.serve.wire import WireProtocol
 
+# a step's tokens that arrive ahead of their time are timed to this much before it, then slept to
+# (asyncio's and uvloop's timers count whole milliseconds)
+TIMER_SLACK_S = 5e-4
 LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
 
 
@@ -93,6 +98,9 @@ class ServeCore:
         self._proc: subprocess.Popen[bytes] | None = None
         self._waiting: asyncio.Future | None = None  # the ready or result message
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._held: deque[tuple] = deque()  # step messages not yet due, in order
+        self._timer: asyncio.Handle | None = None  # the next _release, while one is set
+        self._flushes: list[Callable[[], None]] | None = None  # during a pass: what defer() was given
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -164,17 +172,62 @@ class ServeCore:
 
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
-        if kind == "step":
-            self._dispatch(message[1], message[2])
-            self._snap(message[3])
+        if kind == "tokens":  # a step's tokens, ahead of its "step" (harness.serve.handoff)
+            self._pass([message])
+        elif kind == "step":
+            self._held.append(message)
+            if self._timer is None and self._loop is not None:  # after the rest of this read
+                self._timer = self._loop.call_soon(self._release)
         elif kind == "snap":
             self._snap(message[1])
         elif kind == "ready":
             self._resolve((message[1], message[2]))
         elif kind == "result":
+            self._release(everything=True)
             self._resolve(CoreResult(*message[1:]))
         else:  # "error"
             self._failed(message[1], message[2])
+
+    def _release(self, everything: bool = False) -> None:
+        """Hand out every held step that is due, in one pass, and time the next. The loop's timer
+        counts whole milliseconds and may fire early: the last fraction is slept."""
+        self._timer = None
+        held = self._held
+        now = time.perf_counter()
+        if held and 0 < held[0][1] - now <= 2 * TIMER_SLACK_S:
+            time.sleep(held[0][1] - now)
+            now = time.perf_counter()
+        due = []
+        while held and (everything or held[0][1] <= now):
+            due.append(held.popleft())
+        if due:
+            self._pass(due)
+        if held and self._loop is not None:
+            delay = held[0][1] - time.perf_counter() - TIMER_SLACK_S
+            self._timer = self._loop.call_later(delay, self._release) if delay > 0 else \
+                self._loop.call_soon(self._release)
+
+    def _pass(self, messages: list[tuple]) -> None:
+        """One pass over these steps' deliveries: a stream that writes as tokens come (sse) writes
+        what it got from all of them once, after the pass (defer)."""
+        flushes: list[Callable[[], None]] = []
+        self._flushes = flushes
+        try:
+            for message in messages:
+                self._dispatch(message[1], message[2])
+        finally:
+            self._flushes = None
+        for flush in flushes:
+            flush()
+        if messages[-1][0] == "step":
+            self._snap(messages[-1][3])
+
+    def defer(self, flush: Callable[[], None]) -> None:
+        """Call flush at the end of the current pass over deliveries (now, outside of one)."""
+        if self._flushes is None:
+            flush()
+        else:
+            self._flushes.append(flush)
 
     def _dispatch(self, due: float, deliveries: list) -> None:
         now = time.perf_counter()

@@ -11,9 +11,11 @@ streamed token (tens of microseconds) then adds to every step, and the more stre
 keeps open, the slower the next step (docs/serving.md#the-core-process). Here it runs as a run's loop
 does. It waits on the socket only when it has nothing to do (no timer, no polling interval).
 
-The simulator's clock is paced: simulated time t is due at wall time origin + t / time_scale, and a
-step whose simulated end lies ahead of the wall is slept to before its tokens go out. Times cross
-the processes as perf_counter() values (CLOCK_MONOTONIC on Linux: one clock for the host).
+The simulator's clock is paced: simulated time t is due at wall time origin + t / time_scale. A
+step's tokens are known as soon as it is priced, so they go out at once, with the wall time they
+are due at (the HTTP process holds them until then, harness.serve.core); the loop then sleeps until
+that time before it takes new messages and plans the next step, as the step would have run. Times
+cross the processes as perf_counter() values (CLOCK_MONOTONIC on Linux: one clock for the host).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from engine.core import make_scheduler
+from engine.core.executor import EarlyTokens
 from engine.core.loop import Replica, RunResult, StepRecord, WallClock
 from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
+from harness.serve.handoff import SWITCH_INTERVAL_S, TokenSender, Watch, early_rows
 from harness.serve.wire import CoreChannel
 
 if TYPE_CHECKING:
@@ -56,14 +60,14 @@ class PacedClock:
         return self.origin + self._t / self.time_scale
 
     def advance(self, duration_s: float) -> None:
+        """The step's end; CoreLoop sleeps until it is due once its tokens are sent."""
         self._t += duration_s
-        self._sleep_until_due()
 
     def wait_until(self, t: float) -> None:
         self._t = max(self._t, t)
-        self._sleep_until_due()
+        self.sleep_until_due()
 
-    def _sleep_until_due(self) -> None:
+    def sleep_until_due(self) -> None:
         delay = self.due() - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -87,7 +91,7 @@ class CoreLoop:
     """One replica fed by the HTTP process (module docstring); run() returns once told to stop."""
 
     def __init__(self, scheduler: Scheduler, executor, clock: Clock, channel: CoreChannel,
-                 recorder: StepRecorder | None = None) -> None:
+                 recorder: StepRecorder | None = None, early_tokens: bool = False) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
@@ -101,12 +105,23 @@ class CoreLoop:
         self.aborted: list[Request] = []
         self.num_blocks = executor.info().num_blocks
         self.handoff_s: list[float] = []  # per step with tokens: building and sending its message
+        # overlapped steps: a thread sends each step's tokens as they exist (harness.serve.handoff)
+        self.sender = TokenSender(channel) if early_tokens and self.replica.overlap else None
+        self.watching: Watch | None = None  # the step in flight, watched by the sender
 
     def run(self) -> RunResult:
         replica = self.replica
-        while self._take(block=replica.next_event_time() == math.inf):
-            if replica.next_event_time() < math.inf:
-                replica.tick()
+        try:
+            while self._take(block=replica.next_event_time() == math.inf):
+                if replica.next_event_time() < math.inf:
+                    replica.tick()
+                    if self.sender is not None:
+                        self._watch()
+                    elif isinstance(self.clock, PacedClock):  # its tokens are out: now the step runs
+                        self.clock.sleep_until_due()
+        finally:
+            if self.sender is not None:
+                self.sender.close()
         for rid in list(self.live):
             self._abort(rid)
         result = replica.result
@@ -153,8 +168,30 @@ class CoreLoop:
         self.aborted.append(request)
         return True
 
+    def _watch(self) -> None:
+        """Hand the step just submitted to the sender, with the entries whose tokens may go early."""
+        in_flight = self.replica.in_flight
+        if in_flight is None or self.sender is None or self.watching is not None:
+            return  # nothing in flight, or the step in flight is watched already
+        plan, pending, _ = in_flight
+        self.watching = self.sender.watch(cast(EarlyTokens, pending), early_rows(plan, self.scheduler))
+
+    def _sent_early(self) -> None:
+        """Count the tokens the sender sent of the step just read (it is done with it by now, or
+        about to be: the step's result is in)."""
+        watch, self.watching = self.watching, None
+        if watch is None:
+            return
+        watch.done.wait()
+        sent = self.sent
+        for rid in watch.sent:
+            if rid in sent:
+                sent[rid] += 1
+
     def _on_step(self, index: int, record: StepRecord, finished: list[Request]) -> None:
         began = time.perf_counter()
+        if self.sender is not None:
+            self._sent_early()
         deliveries = []
         sent = self.sent
         for rid, request in self.live.items():
@@ -204,7 +241,10 @@ def serve_core(channel: CoreChannel) -> None:
         if rc.backend == "engine":
             recorder = StepRecorder(executor.info().graph_sizes, wall=True)
             executor.observe(recorder)
-        loop = CoreLoop(scheduler, executor, clock, channel, recorder)
+        engine = rc.backend == "engine"
+        if engine:  # the token sender gets the GIL soon when it has tokens (harness.serve.handoff)
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        loop = CoreLoop(scheduler, executor, clock, channel, recorder, early_tokens=engine)
         # the loop makes no reference cycles (as in a run, harness.run.cyclic_gc_paused): no
         # collector pauses between steps; what was built so far is never scanned again
         gc.freeze()

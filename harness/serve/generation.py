@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from engine.core.request import FinishReason, Request
@@ -60,6 +60,9 @@ class Generation:
         self._done = False
         self.times = HttpTimes(self.http_arrival)
         self.taken: list[tuple[float, int]] = []
+        # set by a stream that writes each delivery as it comes (sse.EventStream): called in place
+        # of waking deltas(), on the loop's pass over a step's tokens
+        self.direct: Callable[[Delivery], None] | None = None
 
     def submit(self) -> None:
         """Hand the request to the core (QueueFull when serve.max_queue is reached)."""
@@ -79,6 +82,9 @@ class Generation:
                 metrics.itl.observe((now - self._last_token) / n, n)
             self._last_token = now
             metrics.tokens(n)
+        if self.direct is not None:
+            self.direct(delivery)
+            return
         self._pending.append(delivery)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -99,22 +105,40 @@ class Generation:
                     self._waiter = loop.create_future()
                     await self._waiter
                     self._waiter = None
-                batch, self._pending = self._pending, []
-                pieces: list[str] = []
-                for delivery in batch:
-                    if self._done:  # a stop string ended it; later deliveries are dropped
-                        break
-                    self.taken.append((delivery.due, max(len(delivery.token_ids), 1)))
-                    text = self._take(delivery)
-                    if text or (keep_empty and delivery.token_ids):
-                        pieces.append(text)
+                pieces = self.take(self.pending(), keep_empty)
                 if pieces:
                     yield pieces
         finally:
-            if not self._done:
-                self._done = True
-                self.finish_reason = "abort"
-                self.core.abort(self.request_id)
+            self.abort()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def pending(self) -> list[Delivery]:
+        """The deliveries received and not yet taken (emptied)."""
+        batch, self._pending = self._pending, []
+        return batch
+
+    def take(self, batch: list[Delivery], keep_empty: bool = False) -> list[str]:
+        """The text pieces of these deliveries (deltas() describes them), noted in `taken`."""
+        pieces: list[str] = []
+        for delivery in batch:
+            if self._done:  # a stop string ended it; later deliveries are dropped
+                break
+            self.taken.append((delivery.due, max(len(delivery.token_ids), 1)))
+            text = self._take(delivery)
+            if text or (keep_empty and delivery.token_ids):
+                pieces.append(text)
+        return pieces
+
+    def abort(self) -> None:
+        """The consumer went away: the request is aborted in the core (nothing if it ended)."""
+        self.direct = None
+        if not self._done:
+            self._done = True
+            self.finish_reason = "abort"
+            self.core.abort(self.request_id)
 
     def sent(self, now: float) -> None:
         """What was taken since the last call is with the socket at now: its send lag, the first

@@ -1,11 +1,11 @@
 """A completion as server-sent events, and the response that writes them.
 
 Each token's event is `prefix + json.dumps(text) + suffix` from a per-request template (no dict
-built or encoded per token); the deliveries a stream had not yet written go out in one write.
-EventStream pulls the text deltas itself and writes them through the server's own `send` (the
-scope's "harness.send", set by app.Stamped), not through the middlewares' wrappers: one coroutine
-between a delivery and the socket. It watches the connection itself: a client that goes away
-cancels the writer, which closes the deltas and so aborts the request.
+built or encoded per token). A stream writes each delivery the moment the loop hands it over
+(DirectWriter, Generation.direct): on the loop's one pass over a step's tokens, every stream's
+event goes to its socket through the server's own `send` (the scope's "harness.send", set by
+app.Stamped), with no task woken per stream and no middleware wrapper in between. The response
+watches the connection itself: a client that goes away aborts the request.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from starlette.responses import Response
 
+from harness.serve.core import Delivery
 from harness.serve.generation import Generation
 
+Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]  # an ASGI send
 _SLOT = "\x00slot"  # no delta is this string; json.dumps writes it as "\u0000slot"
 
 
@@ -72,36 +76,135 @@ class EventStream(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        writer = asyncio.ensure_future(self._write(scope.get("harness.send", send)))
-        watcher = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({writer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not writer.done():
-                writer.cancel()
-                await asyncio.gather(writer, return_exceptions=True)
-        if writer.cancelled():  # the client went away
-            return
-        writer.result()  # a failure of the stream is the server's error, logged as such
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _write(self, send) -> None:
-        gen, events, clock = self.gen, self.events, time.perf_counter
-        opening = events.opening()
+        send = scope.get("harness.send", send)
+        opening = self.events.opening()
         if opening is not None:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
-        # with return_token_ids (vLLM's extension) every delivery is an event, text or not: a client
-        # timing tokens (experiments/serve/client.py) sees each one, random-weight models included
-        deltas = gen.deltas(keep_empty=events.token_ids)
+        writer = DirectWriter(send, self.gen, self.events)
+        watcher = asyncio.ensure_future(_disconnected(receive))
         try:
-            async for pieces in deltas:
-                await send({"type": "http.response.body", "body": events.deltas(pieces), "more_body": True})
-                gen.sent(clock())
+            await asyncio.wait({writer.finished, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await deltas.aclose()  # type: ignore[attr-defined]  # gone mid-stream: abort the request now
-        await send({"type": "http.response.body", "body": events.closing(gen), "more_body": True})
-        gen.sent(clock())  # deliveries that gave no event of their own (the last, finishing one)
+            watcher.cancel()
+            if not writer.finished.done():  # the client went away (or the server stops): abort
+                writer.close()
+        if writer.finished.cancelled():
+            return
+        writer.finished.result()  # a failure of the stream is the server's error, logged as such
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class DirectWriter:
+    """Writes a stream's events as its deliveries come, on the loop's one pass over a step's
+    tokens (Generation.direct): no task wakes per stream per step. A write the server cannot take
+    at once (its transport paused by flow control) finishes in a task, and what comes meanwhile
+    follows it in one write. `finished` is done once the closing events are written."""
+
+    def __init__(self, send: Send, gen: Generation, events: Events) -> None:
+        self.send, self.gen, self.events = send, gen, events
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._backlog: list[bytes] | None = None  # None: no write waiting; else what follows it
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._queued: list[Delivery] = []  # taken in this pass over deliveries, written after it
+        gen.direct = self.deliver
+        self.deliver_all(gen.pending())  # what came before the stream started
+
+    def deliver(self, delivery: Delivery) -> None:
+        queued = self._queued
+        queued.append(delivery)
+        if len(queued) == 1:  # one write per pass, whatever the steps it covers (a late server's)
+            self.gen.core.defer(self._flush)
+
+    def _flush(self) -> None:
+        batch, self._queued = self._queued, []
+        self.deliver_all(batch)
+
+    def deliver_all(self, batch: list[Delivery]) -> None:
+        if self.finished.done():
+            return
+        gen, events = self.gen, self.events
+        try:
+            # with return_token_ids (vLLM's extension) every delivery is an event, text or not: a
+            # client timing tokens (experiments/serve/client.py) sees each one, random weights included
+            pieces = gen.take(batch, events.token_ids) if batch else []
+            body = events.deltas(pieces) if pieces else b""
+            if gen.done and not self._closing:
+                self._closing = True
+                gen.direct = None
+                body += events.closing(gen)
+            if body:
+                self._out(body)
+        except Exception as error:  # noqa: BLE001 - the stream's own failure, raised by its response
+            self._fail(error)
+
+    def close(self) -> None:
+        """The client went away: abort the request, drop a waiting write."""
+        self.gen.abort()
+        if self._task is not None:
+            self._task.cancel()
+        if not self.finished.done():
+            self.finished.cancel()
+
+    def _out(self, body: bytes) -> None:
+        if self._backlog is not None:
+            self._backlog.append(body)
+            return
+        task = write_now(self.send, {"type": "http.response.body", "body": body, "more_body": True})
+        if task is None:
+            self._sent()
+        else:
+            self._backlog, self._task = [], task
+            task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        backlog, self._backlog, self._task = self._backlog, None, None
+        if task.cancelled():
+            return
+        if (error := task.exception()) is not None:
+            self._fail(error)
+        elif backlog:
+            self._out(b"".join(backlog))
+        else:
+            self._sent()
+
+    def _sent(self) -> None:
+        # deliveries that gave no event of their own (the last, finishing one) count as sent too
+        self.gen.sent(time.perf_counter())
+        if self._closing and not self.finished.done():
+            self.finished.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        self.gen.abort()
+        if not self.finished.done():
+            self.finished.set_exception(error)
+
+
+def write_now(send: Send, message: dict[str, Any]) -> asyncio.Task[None] | None:
+    """Run the ASGI send(message) as far as it goes without waiting: None once done (the usual
+    case: the server's transport took the bytes), else the task that finishes it."""
+    coro = send(message)
+    try:
+        waited = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_resume(coro, waited))
+
+
+async def _resume(coro: Coroutine[Any, Any, None], waited: Any) -> None:
+    """Go on with a coroutine that stopped at waited (what it yielded), as a task would."""
+    try:
+        while True:
+            if waited is None:  # a bare yield (asyncio.sleep(0))
+                await asyncio.sleep(0)
+            else:
+                await waited
+            try:
+                waited = coro.send(None)
+            except StopIteration:
+                return
+    finally:
+        coro.close()
 
 
 async def _disconnected(receive) -> None:

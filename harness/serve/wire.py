@@ -14,6 +14,7 @@ import pickle
 import select
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -58,9 +59,12 @@ class CoreChannel:
         self.sock = sock
         self._frames = _Frames()
         self.closed = False
+        self._sending = threading.Lock()  # the loop and its token sender (harness.serve.handoff) both send
 
     def send(self, message: object) -> None:
-        self.sock.sendall(frame(message))
+        data = frame(message)
+        with self._sending:
+            self.sock.sendall(data)
 
     def poll(self) -> list[Any]:
         out: list[Any] = []

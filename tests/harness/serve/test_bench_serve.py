@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tarfile
+
 import pandas as pd
 import pytest
 
@@ -32,8 +34,15 @@ def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
     overhead = pd.read_csv(tmp_path / "overhead.csv")
     assert list(overhead["server"]) == ["engine_server", "engine_server", "sim_server", "sim_server"]
     assert (overhead[["overhead_mean_ms", "per_token_ms", "http_in_mean_ms"]] > 0).all().all()
-    assert not list(tmp_path.rglob("steps.csv.gz"))  # raw per-step tables do not leave the device
-    assert len(pd.read_csv(tmp_path / "engine_server" / "client_poisson_50.csv")) == 6
+    # what comes back from a device: at most six files, none in a folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine_server.tar.gz", "harness.tar.gz", "overhead.csv",
+                                                           "serve.csv", "serve.md", "sim_server.tar.gz"]
+    with tarfile.open(tmp_path / "engine_server.tar.gz") as tar:
+        assert len(pd.read_csv(tar.extractfile("engine_server/client_poisson_50.csv"))) == 6
+        assert "engine_server/requests.csv" in tar.getnames()
+    for name in ("harness", "engine_server", "sim_server"):  # raw per-step tables do not leave the device
+        with tarfile.open(tmp_path / f"{name}.tar.gz") as tar:
+            assert not [n for n in tar.getnames() if n.endswith("steps.csv.gz")]
     text = (tmp_path / "serve.md").read_text()
     assert "Server overhead" in text and "within 10%" in text
 

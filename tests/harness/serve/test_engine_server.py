@@ -1,8 +1,10 @@
-"""The engine-backed server on the tiny CPU model gives LLM.generate's greedy tokens."""
+"""The engine-backed server on the tiny CPU model gives LLM.generate's greedy tokens, with steps
+overlapped (each step's tokens then sent by the core's token sender, harness.serve.handoff) or not."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from engine.core.sampling_params import SamplingParams
 from engine.llm import LLM
@@ -11,13 +13,14 @@ from tests.harness.serve.conftest import start_server
 PROMPT = "The scheduler pauses a request"
 
 
-def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint):
+@pytest.mark.parametrize("overlap", ["false", "true"])
+def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, overlap):
     llm = LLM(str(tiny_checkpoint), device="cpu", max_model_len=256, block_size=16, num_blocks=64)
     want = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)[0]
     llm.shutdown()
     server = start_server(["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
                            f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
-                           "cache.num_blocks=64"])
+                           "cache.num_blocks=64", f"execution.async_scheduling={overlap}"])
     try:
         url = f"http://127.0.0.1:{server.port}/v1/completions"
         model = httpx.get(f"http://127.0.0.1:{server.port}/v1/models").json()["data"][0]["id"]

@@ -1,0 +1,82 @@
+"""The 200-stream timing run of tests/harness/serve/test_sim_timing.py, for two versions of the server
+back to back: a checkout of the code before a change (--base, e.g. `git worktree add /tmp/base
+<commit>` or `git archive <commit> | tar -x -C /tmp/base`) and this one, alternating, so that both
+see the same load on a shared machine.
+
+    python -m experiments.serve.lag_pairs --base /tmp/base --pairs 5
+
+Each run: the simulator-backed server (Qwen3-8B, simulated H100, time_scale=1) in its own process,
+200 streams x 200 tokens from harness.serve.stream_counter; printed per run: the send lag P50 / P99 /
+max and the dispatch lag P99 (GET /internal/state), the HTTP process's CPU per token, the load
+average; at the end the median and range of each column per version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ONE_RUN = """
+import asyncio, json, sys, tempfile
+import httpx
+from harness.serve.process import ServerProcess
+from harness.serve.stream_counter import count_streams
+from tests.harness.serve.test_sim_timing import STREAMS, TOKENS
+from tests.harness.serve.conftest import SIM
+with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.plots=false"],
+                   tempfile.mkdtemp()) as server:
+    url = server.base_url.removesuffix("/v1") + "/internal/state"
+    before = httpx.get(url).json()
+    bodies = [{"model": "qwen3-8b", "prompt": f"stream {i} " * 20, "max_tokens": TOKENS, "stream": True,
+               "ignore_eos": True} for i in range(STREAMS)]
+    counts = asyncio.run(count_streams(server.base_url, bodies))
+    state = httpx.get(url).json()
+assert counts == [TOKENS + 1] * STREAMS, "a stream lost events"
+print(json.dumps({"p50_ms": state["send_lag_p50_s"] * 1e3, "p99_ms": state["send_lag_p99_s"] * 1e3,
+                  "max_ms": state["send_lag_max_s"] * 1e3, "dispatch_p99_ms": state["lag_p99_s"] * 1e3,
+                  "cpu_us_per_token": (state["http_cpu_s"] - before["http_cpu_s"]) / (STREAMS * TOKENS) * 1e6}))
+"""
+
+COLUMNS = ["p50_ms", "p99_ms", "max_ms", "dispatch_p99_ms", "cpu_us_per_token"]
+
+
+def one_run(code_dir: Path) -> dict:
+    load = os.getloadavg()[0]
+    done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=code_dir, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(code_dir)}, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"the run in {code_dir} failed:\n{done.stderr[-2000:]}")
+    return {"load": load, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="a checkout of the code before the change")
+    parser.add_argument("--pairs", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not (args.base / "harness" / "serve").is_dir() or args.pairs < 1:
+        parser.error(f"--base must be a checkout of this repository (got {args.base}); --pairs >= 1")
+    here = Path(__file__).resolve().parents[2]
+    runs: dict[str, list[dict]] = {"base": [], "new": []}
+    for i in range(args.pairs):
+        for name, code_dir in (("base", args.base), ("new", here)):
+            row = one_run(code_dir)
+            runs[name].append(row)
+            print(f"pair {i + 1} {name}: load {row['load']:.1f}, " +
+                  ", ".join(f"{c} {row[c]:.1f}" for c in COLUMNS), flush=True)
+    print("| version | " + " | ".join(f"{c} median (range)" for c in COLUMNS) + " |")
+    print("|---" * (len(COLUMNS) + 1) + "|")
+    for name, rows in runs.items():
+        cells = [f"{statistics.median(r[c] for r in rows):.1f} ({min(r[c] for r in rows):.1f}-"
+                 f"{max(r[c] for r in rows):.1f})" for c in COLUMNS]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

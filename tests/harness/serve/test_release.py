@@ -1,0 +1,138 @@
+"""The HTTP side's token path (harness.serve.core, harness.serve.sse): the simulator's steps arrive
+ahead of their time and are handed out when due, every step due at once in one pass; a stream
+writes once per pass whatever the steps it covers, and a write the server cannot take at once is
+followed by what came meanwhile, in one write."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+from engine.core.request import FinishReason
+from engine.core.sampling_params import SamplingParams
+from harness.serve.core import CoreSnapshot, Delivery, ServeCore
+from harness.serve.generation import Generation
+from harness.serve.metrics import ServerMetrics
+from harness.serve.sse import DirectWriter, Events
+
+
+class Words:
+    def add(self, ids: list[int]) -> str:
+        return "".join(f" w{i}" for i in ids)
+
+
+def generation(core, max_tokens: int = 10) -> Generation:
+    metrics = ServerMetrics(SimpleNamespace(snapshot=CoreSnapshot()), "m")
+    return Generation(core, SimpleNamespace(decoder=Words), metrics, [1, 2, 3], SamplingParams(max_tokens=max_tokens),
+                      [])
+
+
+def serve_core() -> ServeCore:
+    core = ServeCore(None, 1.0, 16)  # type: ignore[arg-type]  # no process: messages are fed by hand
+    core.num_blocks = 100
+    core._loop = asyncio.get_running_loop()
+    core._wire = SimpleNamespace(send=lambda message: None)  # type: ignore[assignment]
+    core._proc = SimpleNamespace(poll=lambda: None)  # type: ignore[assignment]
+    return core
+
+
+def test_steps_sent_ahead_wait_for_their_time_and_late_ones_go_out_together():
+    async def scenario():
+        core = serve_core()
+        calls: list[tuple[float, float, list[int]]] = []  # (when, due, tokens)
+        core._sinks["a"] = lambda d: calls.append((time.perf_counter(), d.due, d.token_ids))
+        now = time.perf_counter()
+        for k in range(3):  # sent 20, 30 and 40 ms ahead
+            core._on_message(("step", now + 0.02 + 0.01 * k, [("a", [k], None, 0)], (1, 0, k)))
+        await asyncio.sleep(0.08)
+        assert [c[2] for c in calls] == [[0], [1], [2]]
+        assert all(when >= due for when, due, _ in calls)  # never before its time
+        assert core.snapshot.used_blocks == 2
+        # two steps already late when read: one pass, so a stream gets both before it writes
+        passes: list[int] = []
+        one_pass = core._pass
+        core._pass = lambda messages: (passes.append(len(messages)), one_pass(messages))  # type: ignore[method-assign]
+        late = time.perf_counter() - 0.01
+        core._on_message(("step", late, [("a", [3], None, 0)], (1, 0, 3)))
+        core._on_message(("step", late + 0.001, [("a", [4], None, 0)], (1, 0, 4)))
+        await asyncio.sleep(0.01)
+        assert [c[2] for c in calls[3:]] == [[3], [4]] and core.snapshot.used_blocks == 4
+        assert passes == [2]
+
+    asyncio.run(scenario())
+
+
+class Socket:
+    """An ASGI send that takes bodies at once, except the first `hold` ones, which wait for `open`."""
+
+    def __init__(self, hold: int = 0) -> None:
+        self.bodies: list[bytes] = []
+        self.hold = hold
+        self.open = asyncio.get_running_loop().create_future()
+
+    async def __call__(self, message: dict) -> None:
+        if self.hold:
+            self.hold -= 1
+            await self.open
+        self.bodies.append(message["body"])
+
+
+def events_of(body: bytes) -> list[bytes]:
+    return [e for e in body.split(b"\n\n") if e]
+
+
+def test_a_stream_writes_once_per_pass_and_after_a_waiting_write_in_one_piece():
+    async def scenario():
+        core = serve_core()
+        gen = generation(core, max_tokens=6)
+        gen.submit()
+        socket = Socket(hold=1)
+        writer = DirectWriter(socket, gen, Events({"id": "x", "created": 0, "model": "m"}, False, False, False))
+        deliver = gen._receive
+
+        def step(ids: list[int], reason: FinishReason | None = None) -> Delivery:
+            return Delivery(ids, reason, time.perf_counter())
+
+        core._pass([("tokens", 0.0, [])])  # an empty pass writes nothing
+        deliver(step([0]))  # outside a pass: written at once, and that write waits
+        assert socket.bodies == [] and writer._task is not None
+        core._flushes = []
+        for k in (1, 2):  # one pass over two steps: queued behind the waiting write
+            deliver(step([k]))
+        flushes, core._flushes = core._flushes, None
+        for flush in flushes:
+            flush()
+        deliver(step([3]))
+        socket.open.set_result(None)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert [len(events_of(b)) for b in socket.bodies] == [1, 3]  # the waiting one, then the rest at once
+        deliver(step([4, 5], FinishReason.LENGTH))
+        await asyncio.wait_for(writer.finished, 1)
+        closing = events_of(socket.bodies[-1])
+        assert closing[-1] == b"data: [DONE]" and b'"finish_reason": "length"' in closing[-2]
+        text = b"".join(socket.bodies).decode()
+        assert [f"w{i}" in text for i in range(6)] == [True] * 6
+        assert gen.times.send_lag_tokens == 6 and gen.output_ids == [0, 1, 2, 3, 4, 5]
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_goes_away_aborts_its_request_and_its_waiting_write():
+    async def scenario():
+        core = serve_core()
+        aborted: list[str] = []
+        core.abort = aborted.append  # type: ignore[method-assign]
+        gen = generation(core)
+        gen.submit()
+        socket = Socket(hold=1)
+        writer = DirectWriter(socket, gen, Events({"id": "x", "created": 0, "model": "m"}, True, False, False))
+        gen._receive(Delivery([7], None, time.perf_counter()))
+        task = writer._task
+        writer.close()
+        await asyncio.sleep(0)
+        assert aborted == [gen.request_id] and task is not None and task.cancelled()
+        assert writer.finished.cancelled() and gen.direct is None
+
+    asyncio.run(scenario())
