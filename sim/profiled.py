@@ -172,7 +172,7 @@ class ProfiledCostModel:
                 linear = _with_moe(rows, linear)
                 fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                     rows["duration_s"].to_numpy(), size, max_knots,
-                                                    min_support)
+                                                    min_support, unless_collinear=MOE_FEATURES)
         for part, column in OVERLAP_PARTS.items():
             if column not in df.columns:
                 continue
@@ -182,7 +182,7 @@ class ProfiledCostModel:
                     linear = _with_moe(rows, linear)
                     fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
                         rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
-                        size, max_knots, min_support, relative=part != "lead")
+                        size, max_knots, min_support, relative=part != "lead", unless_collinear=MOE_FEATURES)
         if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
             rows = df[df["host_s"] <= HOST_STALL_S]
             size, linear = HOST_FIT
