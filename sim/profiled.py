@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +94,7 @@ REQUIRED_OVERLAP_PARTS = ("launch", "gpu")
 HOST_PARTS = ("launch", "lead")
 OVERLAP_REGIMES = tuple(f"{part}:{regime}" for part in OVERLAP_PARTS for regime in REGIMES)
 EAGER_REGIMES = ("prefill", "decode_eager")
+DECODE_REGIMES = ("decode_graph", "decode_eager")
 # Graph regimes priced by their device time alone (gpu_s, measured after the device sat idle)
 # rather than by the span of back-to-back repeats: repeats of one compute-bound prefill keep the
 # device at full power, and its clock drops, while a served prefill runs between decode steps.
@@ -150,6 +151,8 @@ class ProfiledCostModel:
         # an MoE model's distinct experts per step size (sim.features.MOE_FEATURES); the cost model's
         # builder sets it from the model's routing (sim.cost_model)
         self.distinct_experts: DistinctExperts | None = None
+        # the least time a decode step can take (sim.moe.WeightReadFloor for an MoE model; None: none)
+        self.floor: Callable[[Mapping[str, float]], float] | None = None
 
     @property
     def uses_moe_features(self) -> bool:
@@ -330,7 +333,10 @@ class ProfiledCostModel:
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(used, name, f"{used} step has {name}={value:g} outside the profiled range "
                                         f"[{lo:g}, {hi:g}]; extrapolating")
-        return max(fit.predict(features), _MIN_DURATION_S)
+        floor = _MIN_DURATION_S
+        if self.floor is not None and regime in DECODE_REGIMES:
+            floor = max(self.floor(features), floor)
+        return max(fit.predict(features), floor)
 
     def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
         """Predicted duration_s for each row of a step-timing table; with include_host, plus the
