@@ -22,10 +22,12 @@ simulated clock follows the engine's wall clock. predict() of a table stays comp
 duration_s, the executor's part (gpu_s for device-priced rows: priced_measurement).
 
 Mixture-of-experts models: a profile whose rows carry sim.features.MOE_FEATURES (distinct experts
-touched per MoE layer) adds them to every regime's linear features, so a fit learns the price of an
+touched per MoE layer) adds them to every regime's linear features where the rows separate them
+from the size (else the knots absorb them: sim.piecewise.collinear), so a fit learns the price of an
 expert's weights apart from the batch's other work; the model then prices a simulated step with the
-expected count (distinct_experts, set from the routing by sim.cost_model). Dense profiles lack the
-column and fit exactly as before.
+expected count (distinct_experts, set from the routing by sim.cost_model), a decode step no lower
+than its weight reads (floor: sim.moe.WeightReadFloor). Dense profiles lack the column and fit
+exactly as before.
 
 Overlapped steps (async scheduling): the engine launches step N+1 from the host while the device
 still runs step N, so an eager step whose launches take longer than its device work (a small
