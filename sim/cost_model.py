@@ -16,7 +16,7 @@ from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from engine.core.registry import Registry
 from sim.features import MOE_FEATURES
-from sim.moe import ExpertRouting
+from sim.moe import ExpertRouting, WeightReadFloor
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
@@ -59,6 +59,8 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     if model.is_moe:
         profiled.distinct_experts = ExpertRouting(model.num_experts, model.num_experts_per_tok,
                                                   sim.moe_routing_skew).distinct
+        # a TP=1 profile carried to a larger tp_size is priced at TP=1, then transferred
+        profiled.floor = WeightReadFloor(model, hardware, 1 if sim.transfers_tp else sim.execution.tensor_parallel_size)
     elif profiled.uses_moe_features:
         raise ValueError(f"backend.profile_path {sim.profile_path} was measured on a mixture-of-experts model "
                          f"(it has {list(MOE_FEATURES)}); {model.name} is dense")

@@ -34,13 +34,13 @@ read_routing_counts reads).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from sim.specs import ModelSpec
+from sim.specs import HardwareSpec, ModelSpec
 
 # Largest skew fit_routing_skew reports: beyond it nearly every token goes to the top-k experts.
 MAX_SKEW = 8.0
@@ -198,3 +198,28 @@ class ExpertPhase:
         compute = self._flops_per_row * padded
         memory = self._seconds_per_expert * distinct + self._seconds_per_token * num_tokens
         return compute if compute > memory else memory
+
+
+class WeightReadFloor:
+    """The least time a step of an MoE model can take on one rank of a TP group: the weights it
+    must read, each once, at the hardware's copy bandwidth (mem_bandwidth x bandwidth_efficiency,
+    as the roofline reads them): every weight but the experts (attention, routers, dense layers,
+    norms, the LM head), the distinct experts its tokens touch (the step's moe_distinct_experts)
+    and the KV tokens its decodes read from memory (repeated reads left out: L2 may serve them).
+
+    A profiled model of an MoE model prices no step below it (sim.cost_model sets it): a fit whose
+    terms compensate each other can go below what the step must read where the step leaves the
+    grid's shapes, and no kernel reads faster than the copy bandwidth. With expert parallelism
+    the mean rank reads D / tp whole experts, the same bytes as D slices, so it bounds both."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1) -> None:
+        bandwidth = hardware.mem_bandwidth
+        expert = model.num_moe_layers * model.expert_params(tp_size)
+        others = model.body_params_per_rank(tp_size) - model.num_experts * expert + model.lm_head_params(tp_size)
+        self.others_s = others * model.dtype_bytes / bandwidth
+        self.expert_s = expert * model.dtype_bytes / bandwidth  # one expert of every MoE layer
+        self.kv_token_s = model.kv_bytes_per_token_per_rank(tp_size) / bandwidth
+
+    def __call__(self, features: Mapping[str, float]) -> float:
+        first_reads = max(features["decode_context_tokens"] - features["decode_repeated_tokens"], 0.0)
+        return self.others_s + self.expert_s * features["moe_distinct_experts"] + self.kv_token_s * first_reads

@@ -11,7 +11,7 @@ range of any input the caller is told (see out_of_range).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +29,10 @@ class PiecewiseLinearFit:
 
     @classmethod
     def fit(cls, x: np.ndarray, features: Mapping[str, np.ndarray], y: np.ndarray, size_feature: str,
-            max_knots: int = 40, min_support: int = 3, relative: bool = True) -> PiecewiseLinearFit:
+            max_knots: int = 40, min_support: int = 3, relative: bool = True,
+            unless_collinear: Collection[str] = ()) -> PiecewiseLinearFit:
+        """unless_collinear: features fitted only where the rows separate them from the size and the
+        other features (collinear, below); otherwise absorbed by f like a constant column."""
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
         if len(y) == 0:
@@ -46,6 +49,10 @@ class PiecewiseLinearFit:
             if np.ptp(values) > 0:  # a constant column is absorbed by f; its range still guards it
                 linear.append(name)
                 columns.append(values)
+        for name in [name for name in linear if name in unless_collinear]:
+            i = len(knots) + linear.index(name)
+            if collinear(columns[i], columns[:i] + columns[i + 1:]):
+                del columns[i], linear[i - len(knots)]
         a = np.column_stack(columns)
         scale = np.abs(a).max(axis=0)
         scale[scale == 0] = 1.0
@@ -81,6 +88,26 @@ class PiecewiseLinearFit:
         x0 = knots[i]
         slope = (values[i + 1] - values[i]) / (knots[i + 1] - x0)
         return values[i] + slope * (x - x0)
+
+
+# A column whose least-squares fit on the others leaves less than this share of its variance is
+# collinear with them (variance inflation factor above 100, the usual mark of severe collinearity):
+# its coefficient would be set by noise and the others would move to compensate.
+COLLINEAR_UNEXPLAINED = 0.01
+
+
+def collinear(column: np.ndarray, others: Sequence[np.ndarray]) -> bool:
+    """Whether column is (nearly) a linear combination of others on these rows (1 - R^2 below
+    COLLINEAR_UNEXPLAINED; the others include the knots' hat columns, which span every function
+    of the size at the knots)."""
+    centred = column - column.mean()
+    total = float(centred @ centred)
+    if total == 0.0 or not others:
+        return total == 0.0
+    basis = np.column_stack(others)
+    coef, *_ = np.linalg.lstsq(basis, column, rcond=None)
+    residual = column - basis @ coef
+    return float(residual @ residual) < COLLINEAR_UNEXPLAINED * total
 
 
 def _choose_knots(x: np.ndarray, max_knots: int, min_support: int) -> np.ndarray:

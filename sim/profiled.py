@@ -22,10 +22,12 @@ simulated clock follows the engine's wall clock. predict() of a table stays comp
 duration_s, the executor's part (gpu_s for device-priced rows: priced_measurement).
 
 Mixture-of-experts models: a profile whose rows carry sim.features.MOE_FEATURES (distinct experts
-touched per MoE layer) adds them to every regime's linear features, so a fit learns the price of an
+touched per MoE layer) adds them to every regime's linear features where the rows separate them
+from the size (else the knots absorb them: sim.piecewise.collinear), so a fit learns the price of an
 expert's weights apart from the batch's other work; the model then prices a simulated step with the
-expected count (distinct_experts, set from the routing by sim.cost_model). Dense profiles lack the
-column and fit exactly as before.
+expected count (distinct_experts, set from the routing by sim.cost_model), a decode step no lower
+than its weight reads (floor: sim.moe.WeightReadFloor). Dense profiles lack the column and fit
+exactly as before.
 
 Overlapped steps (async scheduling): the engine launches step N+1 from the host while the device
 still runs step N, so an eager step whose launches take longer than its device work (a small
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +96,7 @@ REQUIRED_OVERLAP_PARTS = ("launch", "gpu")
 HOST_PARTS = ("launch", "lead")
 OVERLAP_REGIMES = tuple(f"{part}:{regime}" for part in OVERLAP_PARTS for regime in REGIMES)
 EAGER_REGIMES = ("prefill", "decode_eager")
+DECODE_REGIMES = ("decode_graph", "decode_eager")
 # Graph regimes priced by their device time alone (gpu_s, measured after the device sat idle)
 # rather than by the span of back-to-back repeats: repeats of one compute-bound prefill keep the
 # device at full power, and its clock drops, while a served prefill runs between decode steps.
@@ -150,6 +153,8 @@ class ProfiledCostModel:
         # an MoE model's distinct experts per step size (sim.features.MOE_FEATURES); the cost model's
         # builder sets it from the model's routing (sim.cost_model)
         self.distinct_experts: DistinctExperts | None = None
+        # the least time a decode step can take (sim.moe.WeightReadFloor for an MoE model; None: none)
+        self.floor: Callable[[Mapping[str, float]], float] | None = None
 
     @property
     def uses_moe_features(self) -> bool:
@@ -172,7 +177,7 @@ class ProfiledCostModel:
                 linear = _with_moe(rows, linear)
                 fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                     rows["duration_s"].to_numpy(), size, max_knots,
-                                                    min_support)
+                                                    min_support, unless_collinear=MOE_FEATURES)
         for part, column in OVERLAP_PARTS.items():
             if column not in df.columns:
                 continue
@@ -182,7 +187,7 @@ class ProfiledCostModel:
                     linear = _with_moe(rows, linear)
                     fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
                         rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
-                        size, max_knots, min_support, relative=part != "lead")
+                        size, max_knots, min_support, relative=part != "lead", unless_collinear=MOE_FEATURES)
         if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
             rows = df[df["host_s"] <= HOST_STALL_S]
             size, linear = HOST_FIT
@@ -330,7 +335,10 @@ class ProfiledCostModel:
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(used, name, f"{used} step has {name}={value:g} outside the profiled range "
                                         f"[{lo:g}, {hi:g}]; extrapolating")
-        return max(fit.predict(features), _MIN_DURATION_S)
+        floor = _MIN_DURATION_S
+        if self.floor is not None and regime in DECODE_REGIMES:
+            floor = max(self.floor(features), floor)
+        return max(fit.predict(features), floor)
 
     def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
         """Predicted duration_s for each row of a step-timing table; with include_host, plus the

@@ -50,7 +50,7 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
 
 def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides: list[str], num_blocks: int,
                num_requests: int, preempt_num_blocks: int | None, interval: bool = False,
-               cost_model: str = "profiled") -> pd.DataFrame:
+               cost_model: str = "profiled", moe_routing_skew: float = 0.0) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -61,7 +61,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
     for (workload, load), part in tqdm(cells, desc=f"resimulate {label}", unit="cell"):
         rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, preempt_num_blocks)
         blocks = rc.cache.num_blocks if workload == "preempting_bench" else num_blocks
-        meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
+        meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True,
+                "moe_routing_skew": moe_routing_skew}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
         sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
         with warnings.catch_warnings():
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preempt-num-blocks", type=int, default=None,
                         help="the preempting bench's pool as the call pinned it (default: sized as the protocol "
                              "sizes it; 400 for calls before it was)")
+    parser.add_argument("--moe-routing-skew", type=float, default=0.0,
+                        help="a mixture-of-experts model's routing skew as the call measured or set it (its log)")
     parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
     parser.add_argument("--interval", action="store_true", help="add the prediction interval")
     parser.add_argument("--workloads", default=None, help="comma-separated classes to keep (default: all)")
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
-                         args.preempt_num_blocks, args.interval, args.cost_model)
+                         args.preempt_num_blocks, args.interval, args.cost_model, args.moe_routing_skew)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

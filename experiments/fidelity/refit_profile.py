@@ -1,0 +1,47 @@
+"""Fit a device call's profiling grid again, on the CPU, as the held-out protocol fits it
+(harness.fidelity.study.calibrated_model: harness.calibration.fit.validate on the grid alone): for a
+fit that changed after the call. Writes profile_model.csv (with the residuals the prediction
+interval resamples) and validation.csv into --out, for resimulate.py.
+
+    python experiments/fidelity/refit_profile.py experiments/fidelity/h100_30b/profile.csv \
+        --out experiments/fidelity/h100_30b/refit
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from harness.calibration.fit import validate
+from harness.convert import ConfigError
+from harness.scripting import one_line_errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", type=Path, help="a call's profile.csv (the grid's measured steps)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for profile_model.csv and validation.csv")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        table = pd.read_csv(args.profile)
+        if "duration_s" not in table.columns or "set" not in table.columns:
+            raise ConfigError(f"profile: {args.profile} is not a profiling grid's table (needs duration_s and set)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, validation = validate(table, None)
+        args.out.mkdir(parents=True, exist_ok=True)
+        model.to_csv(args.out / "profile_model.csv")
+        validation.to_csv(args.out / "validation.csv", index=False)
+        print(validation.round(3).to_string(index=False))
+        return 0
+
+    return one_line_errors(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
