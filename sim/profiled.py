@@ -108,6 +108,9 @@ class ProfiledCostModel:
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
         self.launch_delay_s = 0.0  # see the module docstring
+        # the serving host's speed against the profile's (sim.host_speed): 1 prices the host parts
+        # as the profile measured them
+        self.host_scale = 1.0
         # (predicted - measured) / measured of steps the fit never saw (harness.calibration.fit.validate):
         # what sim.interval resamples for a prediction interval
         self.residuals: tuple[float, ...] = ()
@@ -202,8 +205,13 @@ class ProfiledCostModel:
         launches ahead) nor end before its launches do:
         max(gpu + max(0, lead - free), launch - free). A prefill graph step is launched in one
         call, so only its lead counts (DEVICE_PRICED_REGIMES). Decode graph steps keep the grid's
-        duration of back-to-back repeats."""
+        duration of back-to-back repeats, which holds the grid host's launches; on another host
+        (host_scale != 1, sim.host_speed) such a step also cannot end before that host's launches:
+        max(duration, launch - free)."""
         regime = regime_of(features)
+        if regime == "decode_graph" and self.host_scale != 1.0:
+            free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
+            return max(duration, self._part("launch", features) - free)
         if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
             return duration
         gpu, launch, lead = (self._part(part, features) for part in ("gpu", "launch", "lead"))

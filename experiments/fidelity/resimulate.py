@@ -13,7 +13,9 @@ the cells exactly as the call did (and of the interval's bounds, where both have
 adds the prediction interval (sim.interval, the default IntervalConfig) as the fidelity run does for
 its profiled rows; --workloads keeps some classes (a call's NUM_REQUESTS may differ between classes).
 --cost-model roofline prices the cells with the roofline of --hardware instead (no profile): for a
-call whose roofline priced another GPU than the one it ran on.
+call whose roofline priced another GPU than the one it ran on. --host-scale (one factor) or
+--host-scales (a CSV of workload, load, host_scale) price the profiled model's host parts for the
+serving machine's host (sim.host_speed): 1, the default, prices them as the profile measured them.
 
     python experiments/fidelity/resimulate.py <table> --cost-model roofline --label roofline \
         --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out /tmp/roofline.csv
@@ -50,7 +52,8 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
 
 def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides: list[str], num_blocks: int,
                num_requests: int, preempt_num_blocks: int | None, interval: bool = False,
-               cost_model: str = "profiled") -> pd.DataFrame:
+               cost_model: str = "profiled", host_scales: dict[tuple[str, str], float] | None = None,
+               host_scale: float = 1.0) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -63,7 +66,9 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         blocks = rc.cache.num_blocks if workload == "preempting_bench" else num_blocks
         meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
-        sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
+        scale = (host_scales or {}).get((str(workload), str(load)), host_scale)
+        sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
+                                                                     host_scale=scale))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if interval:
@@ -97,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
     parser.add_argument("--interval", action="store_true", help="add the prediction interval")
     parser.add_argument("--workloads", default=None, help="comma-separated classes to keep (default: all)")
+    parser.add_argument("--host-scale", type=float, default=1.0,
+                        help="the serving host's speed against the profile's (sim.host_speed; default 1)")
+    parser.add_argument("--host-scales", type=Path, default=None,
+                        help="a CSV of workload, load, host_scale: each cell's (e.g. measured by "
+                             "experiments/fidelity/cause/host_scales.py); cells it lacks take --host-scale")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -107,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.workloads:
             table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
+        scales = None
+        if args.host_scales is not None:
+            given = pd.read_csv(args.host_scales)
+            scales = {(str(w), str(ld)): float(h) for w, ld, h in zip(given["workload"], given["load"],
+                                                                       given["host_scale"])}
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
-                         args.preempt_num_blocks, args.interval, args.cost_model)
+                         args.preempt_num_blocks, args.interval, args.cost_model, scales, args.host_scale)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)
