@@ -14,8 +14,9 @@ adds the prediction interval (sim.interval, the default IntervalConfig) as the f
 its profiled rows; --workloads keeps some classes (a call's NUM_REQUESTS may differ between classes).
 --cost-model roofline prices the cells with the roofline of --hardware instead (no profile): for a
 call whose roofline priced another GPU than the one it ran on. --host-scale (one factor) or
---host-scales (a CSV of workload, load, host_scale) price the profiled model's host parts for the
-serving machine's host (sim.host_speed): 1, the default, prices them as the profile measured them.
+--host-scales (a CSV of workload, load, host_scale; a row per engine repeat: the cell is simulated
+at each and its predictions averaged) price the profiled model's host parts for the serving
+machine's host (sim.host_speed): 1, the default, prices them as the profile measured them.
 
     python experiments/fidelity/resimulate.py <table> --cost-model roofline --label roofline \
         --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out /tmp/roofline.csv
@@ -52,8 +53,11 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
 
 def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides: list[str], num_blocks: int,
                num_requests: int, preempt_num_blocks: int | None, interval: bool = False,
-               cost_model: str = "profiled", host_scales: dict[tuple[str, str], float] | None = None,
+               cost_model: str = "profiled", host_scales: dict[tuple[str, str], list[float]] | None = None,
                host_scale: float = 1.0) -> pd.DataFrame:
+    """host_scales: each cell's host factors, one per engine repeat (sim.host_speed): the cell is
+    simulated once per factor and its predictions averaged, as its engine value averages the repeats;
+    cells without an entry take host_scale."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -66,19 +70,24 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         blocks = rc.cache.num_blocks if workload == "preempting_bench" else num_blocks
         meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
-        scale = (host_scales or {}).get((str(workload), str(load)), host_scale)
-        sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
-                                                                     host_scale=scale))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if interval:
-                summary = simulate_with_interval(sim_rc, IntervalConfig()).summary
-            else:
-                summary = run_once(sim_rc, False, label=f"sim {label}").summary
+        summaries = []
+        for scale in (host_scales or {}).get((str(workload), str(load)), [host_scale]):
+            scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
+                                                                         host_scale=scale))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if interval:
+                    summaries.append(simulate_with_interval(scaled, IntervalConfig()).summary)
+                else:
+                    summaries.append(run_once(scaled, False, label=f"sim {label}").summary)
+
+        def mean(key: str) -> float:
+            return float(np.mean([float(s.get(key, np.nan)) for s in summaries]))
+
         for _, row in part.iterrows():
             metric, engine = row["metric"], row["engine"]
-            sim = float(summary[metric])
-            lo, hi = summary.get(f"{metric}_lo", np.nan), summary.get(f"{metric}_hi", np.nan)
+            sim = mean(metric)
+            lo, hi = mean(f"{metric}_lo"), mean(f"{metric}_hi")
             inside = holds(lo, hi, engine)
             rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, engine), "cost_model": label,
                          "sim_lo": lo, "sim_hi": hi, "in_interval": inside})
@@ -105,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-scale", type=float, default=1.0,
                         help="the serving host's speed against the profile's (sim.host_speed; default 1)")
     parser.add_argument("--host-scales", type=Path, default=None,
-                        help="a CSV of workload, load, host_scale: each cell's (e.g. measured by "
-                             "experiments/fidelity/cause/host_scales.py); cells it lacks take --host-scale")
+                        help="a CSV of workload, load, host_scale: each cell's, a row per engine repeat "
+                             "(experiments/fidelity/cause/host_scales.py); cells it lacks take --host-scale")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -120,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         scales = None
         if args.host_scales is not None:
             given = pd.read_csv(args.host_scales)
-            scales = {(str(w), str(ld)): float(h) for w, ld, h in zip(given["workload"], given["load"],
-                                                                       given["host_scale"])}
+            scales: dict[tuple[str, str], list[float]] = {}
+            for w, ld, h in zip(given["workload"], given["load"], given["host_scale"]):
+                scales.setdefault((str(w), str(ld)), []).append(float(h))
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval, args.cost_model, scales, args.host_scale)
         if args.check_label:
