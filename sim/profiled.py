@@ -59,6 +59,7 @@ import pandas as pd
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
+from sim.host_draws import host_draw
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
@@ -111,6 +112,11 @@ class ProfiledCostModel:
         # the serving host's speed against the profile's (sim.host_speed): 1 prices the host parts
         # as the profile measured them
         self.host_scale = 1.0
+        # the host's speed drawn anew each step, exp(N(0, host_jitter)), from (host_seed, step)
+        # (sim.host_speed); _host_draw is the step being priced's draw (1 outside _price)
+        self.host_jitter = 0.0
+        self.host_seed = 0
+        self._host_draw = 1.0
         # (predicted - measured) / measured of steps the fit never saw (harness.calibration.fit.validate):
         # what sim.interval resamples for a prediction interval
         self.residuals: tuple[float, ...] = ()
@@ -182,12 +188,15 @@ class ProfiledCostModel:
             yield self._price({**features, "decode_context_tokens": context + j * num_seqs}, plan.stats.step + j)
 
     def _price(self, features: dict[str, float], step: int) -> float:
+        self._host_draw = host_draw(self.host_seed, step, self.host_jitter)
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
             duration = self.overlapped(features, duration, self._previous if step else None)
             self._previous = (duration, self._part("launch", features))
-        return duration + self.host_time(features)
+        seconds = duration + self.host_time(features)
+        self._host_draw = 1.0
+        return seconds
 
     def drained(self) -> None:
         """The next step has no predecessor in flight to hide its launches behind (sim.cost_model):
@@ -206,10 +215,11 @@ class ProfiledCostModel:
         max(gpu + max(0, lead - free), launch - free). A prefill graph step is launched in one
         call, so only its lead counts (DEVICE_PRICED_REGIMES). Decode graph steps keep the grid's
         duration of back-to-back repeats, which holds the grid host's launches; on another host
-        (host_scale != 1, sim.host_speed) such a step also cannot end before that host's launches:
+        (host_scale != 1 or a host_jitter, sim.host_speed) such a step also cannot end before that
+        host's launches:
         max(duration, launch - free)."""
         regime = regime_of(features)
-        if regime == "decode_graph" and self.host_scale != 1.0:
+        if regime == "decode_graph" and (self.host_scale != 1.0 or self.host_jitter):
             free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
             return max(duration, self._part("launch", features) - free)
         if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
@@ -237,7 +247,9 @@ class ProfiledCostModel:
     def _part(self, part: str, features: Mapping[str, float]) -> float:
         regime = regime_of(features)
         fit = self.fits.get(f"{part}:{regime}")
-        return 0.0 if fit is None else max(fit.predict(features), 0.0)
+        if fit is None:
+            return 0.0
+        return max(fit.predict(features), 0.0) * (self._host_draw if part in HOST_PARTS else 1.0)
 
     def host_time(self, features: Mapping[str, float]) -> float:
         """Wall time the loop spends around the step (0 when the profile has no host_s)."""
@@ -247,7 +259,7 @@ class ProfiledCostModel:
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(HOST_REGIME, name, f"host time of a step with {name}={value:g} outside the "
                                                f"profiled range [{lo:g}, {hi:g}]; extrapolating")
-        return max(fit.predict(features), 0.0)
+        return max(fit.predict(features), 0.0) * self._host_draw
 
     def predict_features(self, features: Mapping[str, float]) -> float:
         """The executor's part of the step (comparable with a table's duration_s)."""

@@ -68,6 +68,7 @@ def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]
     copy = ProfiledCostModel(fits, model.graphs)
     copy.launch_delay_s = model.launch_delay_s
     copy.host_scale = model.host_scale
+    copy.host_jitter, copy.host_seed = model.host_jitter, model.host_seed
     copy.residuals = model.residuals
     copy.distinct_experts = model.distinct_experts
     return copy

@@ -36,7 +36,9 @@ def served():
 
 def test_each_runs_host_is_read_off_its_launches(served):
     _, runs = served
-    assert host_scales(runs, PROFILE) == pytest.approx([1.5, 2.0], rel=1e-6)
+    measured = host_scales(runs, PROFILE)
+    assert [scale for scale, _ in measured] == pytest.approx([1.5, 2.0], rel=1e-6)
+    assert [jitter for _, jitter in measured] == pytest.approx([0.0, 0.0], abs=1e-9)  # a constant ratio
 
 
 def test_runs_without_launches_give_no_row(served):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 
 from sim.config import SimConfig
 from sim.features import step_features
-from sim.host_speed import measured_host_scale, with_host_scale
+from sim.host_draws import host_draw
+from sim.host_speed import measured_host_jitter, measured_host_scale, with_host_jitter, with_host_scale
 from sim.profiled import ProfiledCostModel
 from tests.sim.helpers import decode_batch, plan, prefill
 from tests.sim.test_profiled import GRAPH, grid_plans, true_time
@@ -104,3 +106,54 @@ def test_a_simulated_run_on_a_slower_host_takes_longer_where_launches_bound_it()
     assert float(slower["ttft_p50_s"]) > float(base["ttft_p50_s"])
     same = run_once(dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, host_scale=1.0)), False).summary
     assert float(same["ttft_p50_s"]) == float(base["ttft_p50_s"])
+
+
+def test_host_draws_are_lognormal_and_depend_on_seed_and_step_alone():
+    logs = np.log([host_draw(7, step, 0.25) for step in range(20000)])
+    assert abs(logs.mean()) < 0.01 and logs.std() == pytest.approx(0.25, rel=0.03)
+    assert host_draw(7, 123, 0.25) == host_draw(7, 123, 0.25) != host_draw(8, 123, 0.25)
+    assert host_draw(7, 123, 0.0) == 1.0
+
+
+def test_a_jittered_host_moves_launch_bound_steps_only_and_reproducibly(model):
+    small, big = plan(prefill(300)), plan(prefill(16384))
+    jittered = with_host_jitter(model, 0.3, seed=1)
+    prices = [jittered.step_time(at_step(small, i)) for i in range(1, 200)]
+    logs = np.log(np.array(prices) / np.median(prices))
+    assert 0.2 < logs.std() < 0.4
+    again = with_host_jitter(model, 0.3, seed=1)
+    assert prices == [again.step_time(at_step(small, i)) for i in range(1, 200)]
+    base = model.step_time(at_step(big, 0))
+    assert with_host_jitter(model, 0.1, seed=1).step_time(at_step(big, 0)) == pytest.approx(base, rel=1e-9)
+
+
+def test_the_jitter_is_read_off_the_decode_graph_launches(model):
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(40):
+        for p in grid_plans():
+            f = step_features(p, GRAPH)
+            launch = LAUNCH_PREFILL if f["num_prefill_tokens"] else LAUNCH_DECODE
+            rows.append({**f, "launch_s": launch * 1.4 * float(np.exp(rng.normal(0.0, 0.25)))})
+    table = pd.DataFrame(rows)
+    assert measured_host_scale(table, model) == pytest.approx(1.4, rel=0.05)
+    assert measured_host_jitter(table, model) == pytest.approx(0.25, rel=0.1)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 2.5, True, "much"])
+def test_simconfig_refuses_a_host_jitter_out_of_range(bad):
+    with pytest.raises(ValueError, match="SimConfig.host_jitter"):
+        SimConfig(host_jitter=bad)
+
+
+def test_fast_forward_prices_a_jittered_host_as_step_by_step():
+    from harness.run import run_once
+    from harness.scripting import compose_run_config
+
+    rc = compose_run_config(["backend=sim", "backend.cost_model=profiled", "model=qwen3-0.6b", "hardware=h100",
+                             "backend.profile_path=experiments/fidelity/h100_leakfree/profile_model.csv",
+                             "backend.host_scale=1.5", "backend.host_jitter=0.25", "workload.num_requests=60"])
+    fast = run_once(rc, False)
+    slow = run_once(dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, fast_forward=False)), False)
+    assert fast.requests.equals(slow.requests)
+    assert fast.summary.metrics() == slow.summary.metrics()

@@ -1,5 +1,6 @@
 """Each engine run's host speed against the profile's (sim.host_speed.measured_host_scale: its
-decode graph steps' recorded launches over the launch fit), and what pricing the run's steps with
+decode graph steps' recorded launches over the launch fit; host_jitter, the standard deviation of
+their log: sim.host_speed.measured_host_jitter), and what pricing the run's steps with
 it does to the replay: every step's and the eager prefills' measured time against the profiled
 price, with the profile's host (1) and with the run's. No GPU needed.
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.host_speed import measured_host_scale, with_host_scale
+from sim.host_speed import measured_host_jitter, measured_host_scale, with_host_scale
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
 from sim.profiled_regimes import regime_of
 from sim.step_table import complete_columns
@@ -48,7 +49,8 @@ def run_row(path: Path, model: ProfiledCostModel) -> dict:
     scale = measured_host_scale(steps, model)
     measured = steps["measured_execute_s"]
     eager = steps["regime"] == "prefill"
-    row = {**match.groupdict(), "steps": len(steps), "eager_steps": int(eager.sum()), "host_scale": scale}
+    row = {**match.groupdict(), "steps": len(steps), "eager_steps": int(eager.sum()), "host_scale": scale,
+           "host_jitter": measured_host_jitter(steps, model)}
     for label, priced in (("profile_host", model), ("run_host", with_host_scale(model, scale))):
         predicted = pd.Series(priced.predict(steps), index=steps.index)
         row[f"err_all_{label}"] = predicted.sum() / measured.sum() - 1.0
