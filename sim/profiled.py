@@ -66,13 +66,10 @@ from sim.profiled_regimes import (
     DEVICE_PRICED_REGIMES,
     EAGER_REGIMES,
     FALLBACK,
-    HOST_FIT,
-    HOST_MAX_KNOTS,
     HOST_PARTS,
     HOST_REGIME,
     HOST_STALL_S,
     MIN_DURATION_S,
-    OVERLAP_PARTS,
     OVERLAP_REGIMES,
     REGIMES,
     REQUIRED_OVERLAP_PARTS,
@@ -86,9 +83,9 @@ from sim.step_table import complete_columns, table_regimes
 
 # the regimes' names and rules are sim.profiled_regimes'; re-exported for the modules that price
 # with this model
-__all__ = ["DEVICE_PRICED_REGIMES", "EAGER_REGIMES", "HOST_FIT", "HOST_MAX_KNOTS", "HOST_PARTS", "HOST_REGIME",
-           "HOST_STALL_S", "OVERLAP_PARTS", "OVERLAP_REGIMES", "REGIMES", "REQUIRED_OVERLAP_PARTS",
-           "ExtrapolationWarning", "ProfiledCostModel", "complete_columns", "table_regimes"]
+__all__ = ["DEVICE_PRICED_REGIMES", "EAGER_REGIMES", "HOST_PARTS", "HOST_REGIME", "HOST_STALL_S", "OVERLAP_REGIMES",
+           "REGIMES", "REQUIRED_OVERLAP_PARTS", "ExtrapolationWarning", "ProfiledCostModel", "complete_columns",
+           "table_regimes"]
 
 
 class ExtrapolationWarning(UserWarning):
@@ -188,12 +185,15 @@ class ProfiledCostModel:
             yield self._price({**features, "decode_context_tokens": context + j * num_seqs}, plan.stats.step + j)
 
     def _price(self, features: dict[str, float], step: int) -> float:
-        self._host_draw = host_draw(self.host_seed, step, self.host_jitter)
+        if self.host_jitter:
+            self._host_draw = host_draw(self.host_seed, step, self.host_jitter)
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
             duration = self.overlapped(features, duration, self._previous if step else None)
             self._previous = (duration, self._part("launch", features))
+        if not self.host_jitter:
+            return duration + self.host_time(features)
         seconds = duration + self.host_time(features)
         self._host_draw = 1.0
         return seconds
@@ -219,7 +219,7 @@ class ProfiledCostModel:
         host's launches:
         max(duration, launch - free)."""
         regime = regime_of(features)
-        if regime == "decode_graph" and (self.host_scale != 1.0 or self.host_jitter):
+        if (self.host_scale != 1.0 or self.host_jitter) and regime == "decode_graph":
             free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
             return max(duration, self._part("launch", features) - free)
         if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
@@ -249,7 +249,8 @@ class ProfiledCostModel:
         fit = self.fits.get(f"{part}:{regime}")
         if fit is None:
             return 0.0
-        return max(fit.predict(features), 0.0) * (self._host_draw if part in HOST_PARTS else 1.0)
+        value = max(fit.predict(features), 0.0)
+        return value * self._host_draw if self._host_draw != 1.0 and part in HOST_PARTS else value
 
     def host_time(self, features: Mapping[str, float]) -> float:
         """Wall time the loop spends around the step (0 when the profile has no host_s)."""
@@ -259,7 +260,8 @@ class ProfiledCostModel:
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(HOST_REGIME, name, f"host time of a step with {name}={value:g} outside the "
                                                f"profiled range [{lo:g}, {hi:g}]; extrapolating")
-        return max(fit.predict(features), 0.0) * self._host_draw
+        value = max(fit.predict(features), 0.0)
+        return value * self._host_draw if self._host_draw != 1.0 else value
 
     def predict_features(self, features: Mapping[str, float]) -> float:
         """The executor's part of the step (comparable with a table's duration_s)."""
