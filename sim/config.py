@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
+from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
 from sim.specs import HardwareSpec
 
@@ -30,6 +31,11 @@ class SimConfig:
     ignore it.
     profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
     run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
+    host_scale: the serving host's speed against the host that measured the profile: the profiled
+    model's host parts (launches, leads, host time) take host_scale times the profile's
+    (sim.host_speed; 1: the profile's host). The roofline ignores it.
+    host_jitter: how much that host's speed moves from step to step: each step's host parts take
+    exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
     fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
     outputs identical to stepping them one by one (False).
     """
@@ -43,6 +49,8 @@ class SimConfig:
     profile_tp_size: int | None = None
     moe_routing_skew: float = 0.0
     fast_forward: bool = True
+    host_scale: float = 1.0
+    host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
 
     def __post_init__(self) -> None:
@@ -63,6 +71,8 @@ class SimConfig:
                              f"got {skew!r}")
         if not isinstance(self.fast_forward, bool):
             raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
+        check_host_scale(self.host_scale, "SimConfig.host_scale")
+        check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):
             raise TypeError(f"SimConfig.profile_hardware must be a HardwareSpec or None, "
                             f"got {type(self.profile_hardware).__name__}")

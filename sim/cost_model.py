@@ -16,6 +16,7 @@ from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from engine.core.registry import Registry
 from sim.features import MOE_FEATURES
+from sim.host_speed import with_host_jitter, with_host_scale
 from sim.moe import ExpertRouting, WeightReadFloor
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import with_prior
@@ -56,6 +57,10 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
         profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
     profiled = with_prior(profiled, hardware)
+    if sim.host_scale != 1.0:  # another host CPU than the profile's (sim.host_speed)
+        profiled = with_host_scale(profiled, sim.host_scale)
+    if sim.host_jitter:
+        profiled = with_host_jitter(profiled, sim.host_jitter, sim.execution.seed)
     if model.is_moe:
         profiled.distinct_experts = ExpertRouting(model.num_experts, model.num_experts_per_tok,
                                                   sim.moe_routing_skew).distinct

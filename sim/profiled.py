@@ -61,76 +61,38 @@ import pandas as pd
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
+from sim.host_draws import host_draw
 from sim.piecewise import PiecewiseLinearFit
+from sim.profiled_regimes import (
+    COEFFICIENT_COLUMNS,
+    DECODE_REGIMES,
+    DEVICE_PRICED_REGIMES,
+    EAGER_REGIMES,
+    FALLBACK,
+    HOST_PARTS,
+    HOST_REGIME,
+    HOST_STALL_S,
+    MIN_DURATION_S,
+    OVERLAP_REGIMES,
+    REGIMES,
+    REQUIRED_OVERLAP_PARTS,
+    as_regime,
+    coefficient_rows,
+    fit_regimes,
+    fits_from_table,
+    regime_of,
+)
 from sim.step_table import complete_columns, table_regimes
 
-# regime -> (size feature, linear features)
-# num_seeded: rows sampled with a per-request seed cost a generator each on the host (a profile
-# sampled without seeds leaves the column at 0, and a constant column is not fitted).
-REGIMES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "prefill": ("num_tokens", ("prefill_attention_pairs", "decode_context_tokens", "decode_repeated_tokens",
-                               "prefill_repeated_tokens", "num_seqs", "num_seeded")),
-    "prefill_graph": ("graph_batch_size", ("prefill_attention_pairs", "decode_context_tokens", "decode_repeated_tokens",
-                                           "prefill_repeated_tokens", "num_seqs", "num_seeded")),
-    "decode_graph": ("graph_batch_size", ("decode_context_tokens", "decode_repeated_tokens", "num_seeded")),
-    "decode_eager": ("num_seqs", ("decode_context_tokens", "decode_repeated_tokens", "num_seeded")),
-}
-# Host time between steps: size feature, linear features (see the module docstring).
-HOST_REGIME = "host"
-HOST_FIT = ("num_seqs", ("num_prefill_tokens",))
-HOST_MAX_KNOTS = 2  # linear in num_seqs: the scheduler's work is per request
-# A host time above this is a stall (a garbage-collector pause of the Python process: 0.2-0.4 s,
-# a few per run), not the step's own work; such rows are left out of the host fit.
-HOST_STALL_S = 0.05
-# Where a step's own regime was not profiled, the next one that was.
-_FALLBACK = {"prefill": ("prefill", "prefill_graph"), "prefill_graph": ("prefill_graph", "prefill"),
-             "decode_graph": ("decode_graph", "decode_eager", "prefill", "prefill_graph"),
-             "decode_eager": ("decode_eager", "decode_graph", "prefill", "prefill_graph")}
-_MIN_DURATION_S = 1e-6
-# Overlap fits: "<part>:<regime>" of the columns launch_s, gpu_s and lead_s of an overlapping
-# profile. Pricing overlap needs launch and gpu; a profile without lead_s prices no lead.
-OVERLAP_PARTS = {"launch": "launch_s", "gpu": "gpu_s", "lead": "lead_s"}
-REQUIRED_OVERLAP_PARTS = ("launch", "gpu")
-# Parts that are host time (the same on another GPU; no device-side prior applies to them). Lead
-# can be zero, so it is fitted to absolute, not relative, error.
-HOST_PARTS = ("launch", "lead")
-OVERLAP_REGIMES = tuple(f"{part}:{regime}" for part in OVERLAP_PARTS for regime in REGIMES)
-EAGER_REGIMES = ("prefill", "decode_eager")
-DECODE_REGIMES = ("decode_graph", "decode_eager")
-# Graph regimes priced by their device time alone (gpu_s, measured after the device sat idle)
-# rather than by the span of back-to-back repeats: repeats of one compute-bound prefill keep the
-# device at full power, and its clock drops, while a served prefill runs between decode steps.
-# Summed over the prefill graph steps of served online runs on an H100, the span fit priced
-# Qwen3-8B's 9-11% above what they took, the device-time fit 3-6%; decode graph steps are the
-# other way round (span 0-3% under, device time 1-5% under), so they keep the span
-# (experiments/calibration/price_check.py compares the two fits on a run's steps).
-DEVICE_PRICED_REGIMES = ("prefill_graph",)
+# the regimes' names and rules are sim.profiled_regimes'; re-exported for the modules that price
+# with this model
+__all__ = ["DECODE_REGIMES", "DEVICE_PRICED_REGIMES", "EAGER_REGIMES", "HOST_PARTS", "HOST_REGIME", "HOST_STALL_S", "OVERLAP_REGIMES",
+           "REGIMES", "REQUIRED_OVERLAP_PARTS", "ExtrapolationWarning", "ProfiledCostModel", "complete_columns",
+           "table_regimes"]
 
 
 class ExtrapolationWarning(UserWarning):
     """A step is priced outside the range of the profile it was fitted on."""
-
-
-def _regime(features: Mapping[str, float]) -> str:
-    if features["num_prefill_tokens"] > 0:
-        return "prefill_graph" if features["cuda_graph"] else "prefill"
-    return "decode_graph" if features["cuda_graph"] else "decode_eager"
-
-
-def _as_regime(features: Mapping[str, float], regime: str, used: str) -> Mapping[str, float]:
-    """A step priced by another regime's fit. The two prefill fits differ only in their size (the
-    padded token count of a graph, the token count of an eager step): the step brings the tokens
-    its GPU really runs to either (an eager step's graph_batch_size is its sequence count)."""
-    if {regime, used} != {"prefill", "prefill_graph"}:
-        return features
-    tokens = features["graph_batch_size"] if regime == "prefill_graph" else features["num_tokens"]
-    return {**features, "num_tokens": tokens, "graph_batch_size": tokens}
-
-
-def _with_moe(rows: pd.DataFrame, linear: tuple[str, ...]) -> tuple[str, ...]:
-    """A regime's linear features, plus the MoE columns where the rows have them (an MoE model's
-    profile): a dense profile's fits are exactly as they were."""
-    return linear + tuple(f for f in MOE_FEATURES if f in rows.columns and rows[f].notna().all())
 
 
 class ProfiledCostModel:
@@ -147,6 +109,14 @@ class ProfiledCostModel:
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
         self.launch_delay_s = 0.0  # see the module docstring
+        # the serving host's speed against the profile's (sim.host_speed): 1 prices the host parts
+        # as the profile measured them
+        self.host_scale = 1.0
+        # the host's speed drawn anew each step, exp(N(0, host_jitter)), from (host_seed, step)
+        # (sim.host_speed); _host_draw is the step being priced's draw (1 outside _price)
+        self.host_jitter = 0.0
+        self.host_seed = 0
+        self._host_draw = 1.0
         # (predicted - measured) / measured of steps the fit never saw (harness.calibration.fit.validate):
         # what sim.interval resamples for a prediction interval
         self.residuals: tuple[float, ...] = ()
@@ -167,46 +137,15 @@ class ProfiledCostModel:
     def fit(cls, df: pd.DataFrame, graphs: GraphSizes | Sequence[int] = (), max_knots: int = 40,
             min_support: int = 3) -> ProfiledCostModel:
         """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s)."""
-        df = complete_columns(df)
-        timed = df[df["duration_s"].notna()]
-        regimes = table_regimes(timed)
-        fits = {}
-        for name, (size, linear) in REGIMES.items():
-            rows = timed[regimes == name]
-            if len(rows):
-                linear = _with_moe(rows, linear)
-                fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
-                                                    rows["duration_s"].to_numpy(), size, max_knots,
-                                                    min_support, unless_collinear=MOE_FEATURES)
-        for part, column in OVERLAP_PARTS.items():
-            if column not in df.columns:
-                continue
-            for name, (size, linear) in REGIMES.items():
-                rows = df[(table_regimes(df) == name) & df[column].notna()]
-                if len(rows):
-                    linear = _with_moe(rows, linear)
-                    fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
-                        rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
-                        size, max_knots, min_support, relative=part != "lead", unless_collinear=MOE_FEATURES)
-        if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
-            rows = df[df["host_s"] <= HOST_STALL_S]
-            size, linear = HOST_FIT
-            fits[HOST_REGIME] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
-                                                       rows["host_s"].to_numpy(), size, HOST_MAX_KNOTS,
-                                                       min_support, relative=False)
-        return cls(fits, graphs)
+        return cls(fit_regimes(df, max_knots, min_support), graphs)
 
     def to_csv(self, path: str | Path) -> None:
         """Save the fitted coefficients (long format: regime, kind, name, x, value)."""
-        rows = []
-        for regime, fit in self.fits.items():
-            rows += [(regime, "knot", fit.size_feature, k, v) for k, v in zip(fit.knots, fit.knot_values)]
-            rows += [(regime, "linear", f, 0.0, c) for f, c in zip(fit.linear_features, fit.linear_coefs)]
-            rows += [(regime, "range", f, lo, hi) for f, lo, hi in fit.ranges]
+        rows = coefficient_rows(self.fits)
         if self.prices_overlap:
             rows.append(("overlap", "constant", "launch_delay_s", 0.0, self.launch_delay_s))
         rows += [("residual", "residual", "rel_error", float(i), r) for i, r in enumerate(self.residuals)]
-        pd.DataFrame(rows, columns=["regime", "kind", "name", "x", "value"]).to_csv(path, index=False)
+        pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS).to_csv(path, index=False)
 
     @classmethod
     def load(cls, path: str | Path, graphs: GraphSizes | Sequence[int] = ()) -> ProfiledCostModel:
@@ -217,25 +156,14 @@ class ProfiledCostModel:
             raise ValueError(f"{path}: not a readable CSV file ({str(error).strip()})") from None
         if "duration_s" in df.columns:
             return cls.fit(df, graphs)
-        if not {"regime", "kind", "name", "x", "value"} <= set(df.columns):
+        if not set(COEFFICIENT_COLUMNS) <= set(df.columns):
             raise ValueError(f"{path}: neither a step-timing table (needs duration_s) nor saved coefficients "
                              "(needs regime, kind, name, x, value)")
-        fits = {}
-        constants = df[df["kind"] == "constant"]
-        residuals = df.loc[df["kind"] == "residual", "value"]
-        df = df[~df["kind"].isin(("constant", "residual"))]
-        for regime, part in df.groupby("regime", sort=False):
-            knots = part[part["kind"] == "knot"]
-            linear = part[part["kind"] == "linear"]
-            ranges = part[part["kind"] == "range"]
-            fits[regime] = PiecewiseLinearFit(
-                str(knots["name"].iloc[0]), tuple(knots["x"]), tuple(knots["value"]), tuple(linear["name"]),
-                tuple(linear["value"]), tuple(zip(ranges["name"], ranges["x"], ranges["value"])))
+        fits, residuals, constants = fits_from_table(df)
         model = cls(fits, graphs)
-        model.residuals = tuple(map(float, residuals))
-        for _, row in constants.iterrows():
-            if row["name"] == "launch_delay_s":
-                model.launch_delay_s = float(row["value"])
+        model.residuals = residuals
+        if "launch_delay_s" in constants:
+            model.launch_delay_s = constants["launch_delay_s"]
         return model
 
     # ---- prediction -----------------------------------------------------------------------------
@@ -262,12 +190,18 @@ class ProfiledCostModel:
             yield self._price({**features, "decode_context_tokens": context + j * num_seqs}, plan.stats.step + j)
 
     def _price(self, features: dict[str, float], step: int) -> float:
+        if self.host_jitter:
+            self._host_draw = host_draw(self.host_seed, step, self.host_jitter)
         duration = self.predict_features(features)
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
             duration = self.overlapped(features, duration, self._previous if step else None)
             self._previous = (duration, self._part("launch", features))
-        return duration + self.host_time(features)
+        if not self.host_jitter:
+            return duration + self.host_time(features)
+        seconds = duration + self.host_time(features)
+        self._host_draw = 1.0
+        return seconds
 
     def drained(self) -> None:
         """The next step has no predecessor in flight to hide its launches behind (sim.cost_model):
@@ -285,8 +219,14 @@ class ProfiledCostModel:
         launches ahead) nor end before its launches do:
         max(gpu + max(0, lead - free), launch - free). A prefill graph step is launched in one
         call, so only its lead counts (DEVICE_PRICED_REGIMES). Decode graph steps keep the grid's
-        duration of back-to-back repeats."""
-        regime = _regime(features)
+        duration of back-to-back repeats, which holds the grid host's launches; on another host
+        (host_scale != 1 or a host_jitter, sim.host_speed) such a step also cannot end before that
+        host's launches:
+        max(duration, launch - free)."""
+        regime = regime_of(features)
+        if (self.host_scale != 1.0 or self.host_jitter) and regime == "decode_graph":
+            free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
+            return max(duration, self._part("launch", features) - free)
         if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
             return duration
         gpu, launch, lead = (self._part(part, features) for part in ("gpu", "launch", "lead"))
@@ -296,7 +236,7 @@ class ProfiledCostModel:
         waited = gpu + max(0.0, lead - free)
         if regime in DEVICE_PRICED_REGIMES:
             return waited
-        return max(waited, launch - free, _MIN_DURATION_S)
+        return max(waited, launch - free, MIN_DURATION_S)
 
     def _behind_itself(self, features: Mapping[str, float]) -> tuple[float, float]:
         """(duration, launch) of the step's own predecessor in the grid's back-to-back repeats: with
@@ -310,9 +250,12 @@ class ProfiledCostModel:
         return self._part("launch", features), self._part("gpu", features)
 
     def _part(self, part: str, features: Mapping[str, float]) -> float:
-        regime = _regime(features)
+        regime = regime_of(features)
         fit = self.fits.get(f"{part}:{regime}")
-        return 0.0 if fit is None else max(fit.predict(features), 0.0)
+        if fit is None:
+            return 0.0
+        value = max(fit.predict(features), 0.0)
+        return value * self._host_draw if self._host_draw != 1.0 and part in HOST_PARTS else value
 
     def host_time(self, features: Mapping[str, float]) -> float:
         """Wall time the loop spends around the step (0 when the profile has no host_s)."""
@@ -322,20 +265,21 @@ class ProfiledCostModel:
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(HOST_REGIME, name, f"host time of a step with {name}={value:g} outside the "
                                                f"profiled range [{lo:g}, {hi:g}]; extrapolating")
-        return max(fit.predict(features), 0.0)
+        value = max(fit.predict(features), 0.0)
+        return value * self._host_draw if self._host_draw != 1.0 else value
 
     def predict_features(self, features: Mapping[str, float]) -> float:
         """The executor's part of the step (comparable with a table's duration_s)."""
-        regime = _regime(features)
-        used = next(r for r in _FALLBACK[regime] if r in self.fits)
+        regime = regime_of(features)
+        used = next(r for r in FALLBACK[regime] if r in self.fits)
         if used != regime:
             self._warn_once(regime, "regime", f"no {regime!r} steps were profiled; pricing them as {used!r}")
-            features = _as_regime(features, regime, used)
+            features = as_regime(features, regime, used)
         fit = self.fits[used]
         for name, value, lo, hi in fit.out_of_range(features):
             self._warn_once(used, name, f"{used} step has {name}={value:g} outside the profiled range "
                                         f"[{lo:g}, {hi:g}]; extrapolating")
-        floor = _MIN_DURATION_S
+        floor = MIN_DURATION_S
         if self.floor is not None and regime in DECODE_REGIMES:
             floor = max(self.floor(features), floor)
         return max(fit.predict(features), floor)

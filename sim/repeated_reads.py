@@ -64,9 +64,11 @@ def with_prior(model: ProfiledCostModel, hardware: HardwareSpec) -> ProfiledCost
 
 
 def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]) -> ProfiledCostModel:
-    """A ProfiledCostModel like model (graphs, launch delay, residuals, routing) with other fits."""
+    """A ProfiledCostModel like model (graphs, launch delay, host scale, residuals, routing) with other fits."""
     copy = ProfiledCostModel(fits, model.graphs)
     copy.launch_delay_s = model.launch_delay_s
+    copy.host_scale = model.host_scale
+    copy.host_jitter, copy.host_seed = model.host_jitter, model.host_seed
     copy.residuals = model.residuals
     copy.distinct_experts = model.distinct_experts
     return copy

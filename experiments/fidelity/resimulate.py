@@ -13,7 +13,11 @@ the cells exactly as the call did (and of the interval's bounds, where both have
 adds the prediction interval (sim.interval, the default IntervalConfig) as the fidelity run does for
 its profiled rows; --workloads keeps some classes (a call's NUM_REQUESTS may differ between classes).
 --cost-model roofline prices the cells with the roofline of --hardware instead (no profile): for a
-call whose roofline priced another GPU than the one it ran on.
+call whose roofline priced another GPU than the one it ran on. --host-scale (one factor) or
+--host-scales (a CSV of workload, load, host_scale[, host_jitter]; a row per engine repeat: the
+cell is simulated at each and its predictions averaged; --host-jitter uses the jitter column too)
+price the profiled model's host parts for the serving machine's host (sim.host_speed): 1, the
+default, prices them as the profile measured them.
 
     python experiments/fidelity/resimulate.py <table> --cost-model roofline --label roofline \
         --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out /tmp/roofline.csv
@@ -50,7 +54,12 @@ def cell_config(base, workload: str, load: str, rate: float, num_requests: int, 
 
 def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides: list[str], num_blocks: int,
                num_requests: int, preempt_num_blocks: int | None, interval: bool = False,
-               cost_model: str = "profiled", moe_routing_skew: float = 0.0) -> pd.DataFrame:
+               cost_model: str = "profiled", host_scale: float = 1.0,
+               host_scales: dict[tuple[str, str], list[tuple[float, float]]] | None = None,
+               moe_routing_skew: float = 0.0) -> pd.DataFrame:
+    """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
+    is simulated once per host and its predictions averaged, as its engine value averages the
+    repeats; cells without an entry take host_scale and no jitter."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -64,17 +73,24 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True,
                 "moe_routing_skew": moe_routing_skew}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
-        sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if interval:
-                summary = simulate_with_interval(sim_rc, IntervalConfig()).summary
-            else:
-                summary = run_once(sim_rc, False, label=f"sim {label}").summary
+        summaries = []
+        for scale, jitter in (host_scales or {}).get((str(workload), str(load)), [(host_scale, 0.0)]):
+            scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
+                                                                         host_scale=scale, host_jitter=jitter))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if interval:
+                    summaries.append(simulate_with_interval(scaled, IntervalConfig()).summary)
+                else:
+                    summaries.append(run_once(scaled, False, label=f"sim {label}").summary)
+
+        def mean(key: str) -> float:
+            return float(np.mean([float(s.get(key, np.nan)) for s in summaries]))
+
         for _, row in part.iterrows():
             metric, engine = row["metric"], row["engine"]
-            sim = float(summary[metric])
-            lo, hi = summary.get(f"{metric}_lo", np.nan), summary.get(f"{metric}_hi", np.nan)
+            sim = mean(metric)
+            lo, hi = mean(f"{metric}_lo"), mean(f"{metric}_hi")
             inside = holds(lo, hi, engine)
             rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, engine), "cost_model": label,
                          "sim_lo": lo, "sim_hi": hi, "in_interval": inside})
@@ -100,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
     parser.add_argument("--interval", action="store_true", help="add the prediction interval")
     parser.add_argument("--workloads", default=None, help="comma-separated classes to keep (default: all)")
+    parser.add_argument("--host-scale", type=float, default=1.0,
+                        help="the serving host's speed against the profile's (sim.host_speed; default 1)")
+    parser.add_argument("--host-scales", type=Path, default=None,
+                        help="a CSV of workload, load, host_scale[, host_jitter]: each cell's, a row per engine "
+                             "repeat (experiments/fidelity/cause/host_scales.py); cells it lacks take --host-scale")
+    parser.add_argument("--host-jitter", action="store_true",
+                        help="with --host-scales: each host's step-to-step jitter too (its host_jitter column)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -110,8 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.workloads:
             table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
+        scales = None
+        if args.host_scales is not None:
+            given = pd.read_csv(args.host_scales)
+            scales: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            if args.host_jitter and "host_jitter" not in given:
+                raise ConfigError(f"--host-jitter: {args.host_scales} has no host_jitter column")
+            jitters = given["host_jitter"] if args.host_jitter else [0.0] * len(given)
+            for w, ld, h, j in zip(given["workload"], given["load"], given["host_scale"], jitters):
+                scales.setdefault((str(w), str(ld)), []).append((float(h), float(j)))
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
-                         args.preempt_num_blocks, args.interval, args.cost_model, args.moe_routing_skew)
+                         args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
+                         args.moe_routing_skew)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

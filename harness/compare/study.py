@@ -19,31 +19,34 @@ compare_latency.png; profile.csv and profile_model.csv when profiled inline.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig
 
-from engine.core import BackendInfo, ExecutionConfig, GraphSizes
 from harness.compare import tables
+from harness.compare.replay_config import describe, engine_execution, engine_graph_sizes, sim_run_config, step_pricer
+from harness.compare.sides import EngineSide, Side, engine_meta, profile_inline, run_engine_side
 from harness.config import OutputConfig, RunConfig, build_run_config, existing_path, section
 from harness.convert import ConfigError, to_dataclass
-from harness.run import RunOutcome, make_executor, run_once, write_outcome
+from harness.run import run_once, write_outcome
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
-from sim.profiled import ExtrapolationWarning
 
 if TYPE_CHECKING:
     from harness.study import StudyConfig
 
 log = logging.getLogger(__name__)
 GRIDS = ("quick", "full")
+# the sides and the replay settings live in their own modules; re-exported here, where the studies
+# and experiments import them from
+__all__ = ["GRIDS", "CompareConfig", "CompareResult", "EngineSide", "Side", "compare", "describe",
+           "engine_execution", "engine_graph_sizes", "engine_meta", "profile_inline", "refuse_engine_without_gpu",
+           "run_compare", "run_engine_side", "sim_run_config", "step_pricer"]
 
 
 @dataclass(frozen=True)
@@ -70,23 +73,6 @@ class CompareConfig:
                 raise ValueError(f"compare.{name} must be > 0, got {getattr(self, name)}")
 
 
-@dataclass(frozen=True, eq=False)  # tables do not compare
-class Side:
-    """One run of the comparison: the engine, or sim_<cost model>."""
-
-    name: str
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    # a RunSummary, or the engine's summary.csv row where it was loaded from compare.engine_dir
-    summary: Mapping[str, Any]
-    has_interval: bool = False  # the summary carries <metric>_lo/_hi (sim.interval)
-
-
-@dataclass(frozen=True, eq=False)
-class EngineSide(Side):
-    meta: dict = field(default_factory=dict)  # num_blocks, graph_batch_sizes, prefill_graph_sizes, device, ...
-
-
 @dataclass
 class CompareResult:
     table: pd.DataFrame
@@ -94,129 +80,6 @@ class CompareResult:
     replayed: pd.DataFrame
     targets: pd.DataFrame
     report: str
-
-
-def engine_meta(info: BackendInfo, rc: RunConfig, outcome: RunOutcome) -> dict:
-    return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_sizes.decode),
-            "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": info.device,
-            "async_scheduling": info.overlaps_steps, "all_reduce": info.all_reduce,
-            "engine_config": dataclasses.asdict(rc.engine)}
-
-
-def run_engine_side(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool, plots: bool,
-                    executor=None) -> tuple[EngineSide, str | None]:
-    """Run (or load) the engine; returns it and the profile path to use (fitted inline if needed)."""
-    if cc.engine_dir:
-        from harness.calibration.fit import with_seeded_rows
-
-        folder = Path(cc.engine_dir)
-        if not (folder / "engine.json").is_file():
-            raise ConfigError(f"compare.engine_dir: {folder} has no engine.json "
-                              "(expected a comparison's engine/ folder)")
-        meta = json.loads((folder / "engine.json").read_text())
-        for name in ("workload", "scheduler"):
-            config = getattr(rc, name)
-            ours = json.loads(json.dumps(dataclasses.asdict(config)))
-            # a field the saved run predates had its default there
-            defaults = json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(config)
-                                              if f.default is not dataclasses.MISSING}))
-            saved = {**defaults, **meta.get(name, {})}
-            if name in meta and saved != ours:
-                differ = sorted(k for k in ours if ours[k] != saved.get(k))
-                raise ConfigError(f"compare.engine_dir: the saved engine run had another {name} config "
-                                  f"({', '.join(f'{name}.{k}={saved.get(k)!r}' for k in differ)}); "
-                                  "pass the same overrides")
-        from harness.output.metrics import read_steps
-
-        try:
-            steps = with_seeded_rows(read_steps(folder), meta["workload"]["temperature"])
-        except FileNotFoundError as error:
-            raise ConfigError(f"compare.engine_dir: {error}") from None
-        side = EngineSide("engine", pd.read_csv(folder / "requests.csv"), steps,
-                          pd.read_csv(folder / "summary.csv").iloc[0].to_dict(), meta=meta)
-        return side, cc.profile_path
-    if rc.backend != "engine":
-        raise ConfigError(f"backend must be engine for a comparison (or set compare.engine_dir), got {rc.backend}")
-    if executor is None:
-        try:
-            executor = make_executor(rc)
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"backend=engine: {error}") from None
-    profile_path = cc.profile_path
-    try:
-        if profile_path is None and "profiled" in cc.cost_models:
-            profile_path = str(profile_inline(executor, rc, cc, out_dir))
-        outcome = run_once(rc, progress, executor=executor, label="engine", record=True)
-    except BaseException:
-        executor.shutdown()
-        raise
-    meta = engine_meta(executor.info(), rc, outcome)
-    meta.update(workload=dataclasses.asdict(rc.workload), scheduler=dataclasses.asdict(rc.scheduler),
-                cache=dataclasses.asdict(rc.cache))
-    write_outcome(outcome, out_dir / "engine", plots)
-    (out_dir / "engine" / "engine.json").write_text(json.dumps(meta, indent=1, default=str))
-    return EngineSide("engine", outcome.requests, outcome.steps, outcome.summary, meta=meta), profile_path
-
-
-def profile_inline(executor, rc: RunConfig, cc: CompareConfig, out_dir: Path) -> Path:
-    from harness.calibration.fit import validate
-    from harness.calibration.profiling import ProfileGrid, profile_executor
-
-    sizes = executor.info().graph_sizes
-    grid = ProfileGrid.quick() if cc.grid == "quick" else ProfileGrid()
-    profile = profile_executor(executor, rc.scheduler, grid)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    profile.to_csv(out_dir / "profile.csv", index=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExtrapolationWarning)  # held-out rows outside a partial fit
-        model, _ = validate(profile, None, sizes)  # the fit, with held-out residuals for compare.interval
-    model.to_csv(out_dir / "profile_model.csv")
-    return out_dir / "profile_model.csv"
-
-
-def engine_graph_sizes(meta: dict) -> GraphSizes:
-    """The CUDA graphs a saved engine run replayed (runs saved before prefill graphs had none)."""
-    return GraphSizes(tuple(meta["graph_batch_sizes"]), tuple(meta.get("prefill_graph_sizes", ())))
-
-
-def describe(graphs: GraphSizes) -> str:
-    if not graphs:
-        return "none (eager)"
-    decode = f"decode up to {graphs.decode[-1]} sequences" if graphs.decode else "no decode"
-    return decode + (f", prefill up to {graphs.prefill[-1]} tokens" if graphs.prefill else ", prefill eager")
-
-
-def engine_execution(meta: dict) -> ExecutionConfig:
-    """The execution settings under which the simulator replays a saved engine run: the graphs
-    the engine captured (engine.core.graph_sizes maps them back to the settings exactly), its
-    overlap (runs saved before async scheduling ran their steps one at a time), its TP size and
-    its all-reduce as it was set up ("auto" resolved; runs saved before that setting existed ran
-    NCCL's)."""
-    graphs = engine_graph_sizes(meta)
-    engine_config = meta.get("engine_config") or {}
-    execution = engine_config.get("execution") or engine_config
-    return ExecutionConfig(enforce_eager=not graphs, async_scheduling=bool(meta.get("async_scheduling", False)),
-                           prefill_graph_tokens=max(graphs.prefill, default=0),
-                           max_graph_batch_size=max(graphs.decode, default=ExecutionConfig.max_graph_batch_size),
-                           tensor_parallel_size=execution.get("tensor_parallel_size", 1),
-                           all_reduce=meta.get("all_reduce") or execution.get("all_reduce", "nccl"))
-
-
-def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:
-    from sim.config import SimConfig
-
-    # an MoE model's routing skew, where the engine side measured one (harness.fidelity.routing)
-    sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
-                    execution=engine_execution(meta), moe_routing_skew=float(meta.get("moe_routing_skew", 0.0)))
-    cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
-    return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
-
-
-def step_pricer(sim_rc: RunConfig, meta: dict):
-    """The cost model a simulated run of sim_rc prices steps with, on the engine's CUDA graphs."""
-    from sim.cost_model import make_cost_model
-
-    return make_cost_model(sim_rc.model, sim_rc.hardware, sim_rc.sim, engine_graph_sizes(meta))
 
 
 def compare(rc: RunConfig, cc: CompareConfig, out_dir: Path, progress: bool = False, plots: bool = True,

@@ -76,6 +76,7 @@ class FidelityConfig:
     steps_dir: str | None = None  # each engine run's steps priced by each cost model (harness.fidelity.steps)
     # an MoE model's routing skew for the simulations; None: measured on the grid (harness.fidelity.routing)
     moe_routing_skew: float | None = None
+    price_serving_host: bool = False  # rows "profiled_host": the serving host's speed (harness.fidelity.serving_host)
 
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
@@ -100,6 +101,8 @@ class FidelityConfig:
         if not self.cost_models or any(c not in COST_MODELS for c in self.cost_models):
             raise ValueError(f"fidelity.cost_models must be a non-empty subset of {list(COST_MODELS.names())}, "
                              f"got {self.cost_models}")
+        if not isinstance(self.price_serving_host, bool):
+            raise ValueError(f"fidelity.price_serving_host must be true or false, got {self.price_serving_host!r}")
         skew = self.moe_routing_skew
         if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0 <= skew < 9):
             raise ValueError(f"fidelity.moe_routing_skew must be null (measured) or a number in [0, 8], got {skew!r}")
@@ -213,8 +216,17 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
     write_windows(Path(fc.steps_dir), name, load, runs)
 
 
-def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome]) -> tuple[list[dict], dict[str, dict]]:
-    return [run.summary for run in engine_runs], {name: run.summary for name, run in sims.items()}
+def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome], fc: FidelityConfig, rc: RunConfig,
+              engine, profile_path: str, skew: float) -> tuple[list[dict], dict[str, dict]]:
+    """The engine runs' and simulated runs' summaries, and the profiled model's at the serving
+    host's speed where fc.price_serving_host asks for it (harness.fidelity.serving_host)."""
+    simulated = {name: run.summary for name, run in sims.items()}
+    if fc.price_serving_host and "profiled" in fc.cost_models:
+        from harness.fidelity.serving_host import serving_host_rows
+
+        meta = cell_meta(engine, rc, engine_runs[0], skew)
+        simulated.update(serving_host_rows(rc, profile_path, meta, engine_runs, fc.interval))
+    return [run.summary for run in engine_runs], simulated
 
 
 def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
@@ -248,7 +260,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True, skew=skew)
             keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine, sims, skew)
             schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
-            engine_summaries, sim_summaries = summaries(engine_runs, sims)
+            engine_summaries, sim_summaries = summaries(engine_runs, sims, fc, base, engine, profile_path, skew)
             del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
             capacity = float(np.mean([s["request_s"] for s in engine_summaries]))
             rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries,
@@ -259,7 +271,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
                 cell = classes.with_rate(base, name, load * capacity)
                 engine_runs, sims = serve(engine, cell, fc, profile_path, False, skew=skew)
                 keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine, sims, skew)
-                engine_summaries, sim_summaries = summaries(engine_runs, sims)
+                engine_summaries, sim_summaries = summaries(engine_runs, sims, fc, cell, engine, profile_path, skew)
                 del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,
                                   LOAD_METRICS + COUNTED_METRICS)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every committed cell of the held-out table (H100: 0.6B and 8B with their committed fits; H200:
+# the 0.6B's own fit) and of code_completion_h200 priced again on the CPU with this checkout's
+# model: point predictions, one CSV per group under $1. Before/after a model change:
+#   bash experiments/fidelity/cause/resimulate_all.sh /tmp/before; (change); ... /tmp/after
+#   python experiments/fidelity/cause/diff_cells.py /tmp/before /tmp/after
+set -euo pipefail
+out=${1:?usage: resimulate_all.sh OUT_DIR [GROUP...]}; shift
+groups=${*:-h100_06 h100_8b h200_06 cc_06_profiled cc_06_carried cc_8b_carried}
+mkdir -p "$out"
+R="env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} python experiments/fidelity/resimulate.py"
+T=experiments/fidelity/heldout.csv; D=experiments/fidelity/code_completion_h200
+for g in $groups; do
+  case $g in
+    h100_06) $R $T experiments/fidelity/h100_leakfree/profile_model.csv --label profiled --model qwen3-0.6b \
+               --hardware h100 --num-blocks 2422 --num-requests 80 --out "$out/$g.csv" ;;
+    h100_8b) $R $T experiments/fidelity/h100_8b/qwen3-8b_grid_fit.csv --label profiled --model qwen3-8b \
+               --hardware h100 --num-blocks 1450 --num-requests 60 \
+               --workloads prefill_heavy,bursty,conversation,shared_prefix --out "$out/${g}_60.csv"
+             $R $T experiments/fidelity/h100_8b/qwen3-8b_grid_fit.csv --label profiled --model qwen3-8b \
+               --hardware h100 --num-blocks 1450 --num-requests 40 \
+               --workloads decode_heavy,preempting_bench --out "$out/${g}_40.csv" ;;
+    h200_06) $R $T profiles/h200/qwen3-0.6b.csv --label profiled --model qwen3-0.6b --hardware h200 \
+               --num-blocks 4418 --num-requests 80 --workloads bursty,decode_heavy,conversation --out "$out/$g.csv" ;;
+    cc_06_profiled) $R $D/qwen3-0.6b/heldout.csv profiles/h200/qwen3-0.6b.csv --label profiled --model qwen3-0.6b \
+               --hardware h200 --num-blocks 4418 --num-requests 1000 --out "$out/$g.csv" ;;
+    cc_06_carried) $R $D/qwen3-0.6b/heldout.csv experiments/fidelity/h200/qwen3-0.6b_from_h100.csv --label carried \
+               --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out "$out/$g.csv" ;;
+    cc_8b_carried) $R $D/qwen3-8b/heldout.csv experiments/fidelity/h200/qwen3-8b_from_h100.csv --label carried \
+               --model qwen3-8b --hardware h200 --num-blocks 3002 --num-requests 250 --out "$out/$g.csv" ;;
+    *) echo "unknown group $g" >&2; exit 2 ;;
+  esac
+done
