@@ -63,13 +63,14 @@ class PlanBase:
         return self.catalogue[d.hardware].price_per_gpu_hour * d.tp_size * d.replicas
 
     @cached_property
-    def prepared(self) -> PreparedWorkload:
+    def prepared(self) -> PreparedWorkload | None:
         """The workload's requests, made once for every deployment (harness.workloads.prepared):
-        built on first use in this process. A copy of the base sent to another process leaves
-        them behind (they are large and quick to make again); a forked one inherits them."""
+        built on first use in this process; None without a simulator's run config (then each
+        evaluation builds its own). A copy of the base sent to another process leaves them behind
+        (they are large and quick to make again); a forked one inherits them."""
         rc = self.rc
-        if rc.sim is None:
-            raise ValueError("the deployment search simulates: the run config has no sim section")
+        if getattr(rc, "sim", None) is None:
+            return None
         vocab = rc.model.vocab_size if rc.sim.vocab_size is None else rc.sim.vocab_size
         drawn = Drawn(rc.workload, rc.scheduler.max_model_len, vocab, rc.cache.block_size)
         return PreparedWorkload(drawn, rc.sim.execution.seed, rc.sim.eos_token_id)
