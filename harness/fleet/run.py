@@ -68,7 +68,7 @@ def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True, samples
         built.close()
 
 
-def _sim_fleet(rcs: list[RunConfig], keep_steps: bool, samples: SampledTokens | None):
+def _sim_fleet(rcs: list[RunConfig], keep_steps: bool, samples: SampledTokens | None = None):
     from sim import build_sim_executor
 
     executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler, samples=samples) for r in rcs]
