@@ -4,10 +4,11 @@
 The deployments are the first --evaluations of a seeded shuffle of a grid (hardware x TP x
 max_num_seqs x max_num_batched_tokens x policy x router x 1-2 replicas) for Qwen3-8B on the first
 2,000 requests of the Azure conversation trace. They go through harness.plan.search.evaluate_all, the
-search's single evaluation call site, with a joblib map over --jobs processes plugged in there
+search's single evaluation call site, with a parallel map over --jobs processes plugged in there
 (deployments that are one simulation, harness.plan.search.simulation_key, are simulated once: the
-row's `simulations`). The row records the load average too: on a shared machine the wall time is an
-upper bound.
+row's `simulations`): parallel_map's `processes` backend (forked workers that inherit the plan's
+prepared workload) in a tree that has it, else joblib's (the row's `backend`, this tree's). The
+row records the load average too: on a shared machine the wall time is an upper bound.
 
 --baseline TREE times the same evaluations with another checkout of this repository (e.g. one
 from before a change) side by side: each tree in a fresh process of its own, alternating for
@@ -46,15 +47,15 @@ OVERRIDES = ["experiment=plan", "workload=trace_azure_conv", "workload.rate=null
 TARGET_S, TARGET_EVALUATIONS = 60.0, 200  # fewer evaluations never meet it
 
 # Run in each tree (a fresh process, its own code) with only what every tree since c9a06fd has: this
-# bench's grid and overrides, PlanBase and evaluate_all. Prints the wall time, the CPU time of this
-# process and its workers (less sensitive to other work on the machine, though not immune: shared
-# cores and caches) and the plan rows as JSON.
+# bench's grid and overrides, PlanBase, evaluate_all and parallel_map's backends. Prints the wall
+# time, the CPU time of this process and its workers (less sensitive to other work on the machine,
+# though not immune: shared cores and caches), the backend and the plan rows as JSON.
 MEASURE = """
 import json, os, sys, time
 from functools import partial
 from experiments import bench_plan_speed as bench
 from engine.core.routers import RouterConfig
-from harness.parallel import parallel_map
+from harness.parallel import BACKENDS, parallel_map
 from harness.plan.config import SLOConfig, load_catalogue
 from harness.plan.search import PlanBase, evaluate_all
 from harness.scripting import compose_run_config
@@ -62,17 +63,19 @@ from harness.scripting import compose_run_config
 n, jobs = int(sys.argv[1]), int(sys.argv[2])
 rc = compose_run_config(bench.OVERRIDES)
 base = PlanBase(rc, load_catalogue(("a100", "h100", "h200")), SLOConfig(), RouterConfig())
-mapper = partial(parallel_map, backend="joblib", num_workers=jobs) if jobs > 1 else map
+backend = "processes" if "processes" in BACKENDS else "joblib"
+mapper = partial(parallel_map, backend=backend, num_workers=jobs) if jobs > 1 else map
 load = os.getloadavg()[0]
 cpu = lambda t: t.user + t.system + t.children_user + t.children_system
 before, started = os.times(), time.perf_counter()
 rows = evaluate_all(bench.grid(n), base, mapper)
 wall = time.perf_counter() - started
-if jobs > 1:  # the workers' CPU time counts once they have exited
+if jobs > 1 and backend == "joblib":  # the workers' CPU time counts once they have exited
     from joblib.externals.loky import get_reusable_executor
     get_reusable_executor().shutdown(wait=True)
 print(json.dumps({"wall_s": wall, "cpu_s": cpu(os.times()) - cpu(before), "load_before": load,
-                  "load_after": os.getloadavg()[0], "rows": [dict(row) for row in rows]}, default=str))
+                  "load_after": os.getloadavg()[0], "backend": backend if jobs > 1 else "serial",
+                  "rows": [dict(row) for row in rows]}, default=str))
 """
 
 
@@ -154,7 +157,8 @@ def run(args) -> int:
     wall = this["wall_s"]
     row = {
         "evaluations": len(table), "simulations": len({simulation_key(d) for d in grid(args.evaluations)}),
-        "requests_per_evaluation": 2000, "jobs": args.jobs, "wall_s": round(wall, 1), "cpu_s": round(cpu["this"], 1),
+        "requests_per_evaluation": 2000, "jobs": args.jobs, "backend": this["backend"], "wall_s": round(wall, 1),
+        "cpu_s": round(cpu["this"], 1),
         "mean_eval_s": round(float(table.loc[table["eval_s"] > 0, "eval_s"].mean()), 2),
         "errors": int((table["error"] != "").sum()), "target_s": TARGET_S,
         "meets_target": len(table) >= TARGET_EVALUATIONS and wall < TARGET_S,

@@ -5,6 +5,11 @@ over processes or a cluster. parallel_map is for work inside one run that fans o
 deployment search evaluating many fleets: the caller names a backend, never a pool of its own.
 
 - serial: a loop in this process (the reference: the others must return the same list);
+- processes: worker processes on this machine (num_workers None: every core) that each receive fn
+  once, when started (forked, on Linux: fn and what it holds are inherited, never pickled, which
+  suits an fn bound to a large object such as a plan's prepared workload); items go one at a
+  time to whichever worker is free, in the order given (the longest first keeps the cores busy
+  to the end);
 - joblib: joblib's process pool on this machine (loky; num_workers None: every core);
 - ray: one Ray task per item on the cluster at `address` ("host:port" of a head started with
   `ray start --head`; None: the cluster this process already joined, else Ray's default, which
@@ -13,7 +18,8 @@ deployment search evaluating many fleets: the caller names a backend, never a po
 Results come back in input order. If items fail, the first failing one (in input order) is
 re-raised with its index and repr in the message, as its own exception type where that type can be
 rebuilt from a message (so a ConfigError stays a one-line user error), else as a RuntimeError.
-fn and the items must pickle (a module-level function, not a lambda or a closure, for joblib/ray).
+fn and the items must pickle (a module-level function, not a lambda or a closure, for joblib/ray);
+for processes only the items and results must, where processes are forked.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from tqdm.auto import tqdm
 
 from harness.convert import ConfigError
 
-BACKENDS = ("serial", "joblib", "ray")
+BACKENDS = ("serial", "processes", "joblib", "ray")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -73,6 +79,8 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], backend: str = "seria
     items = list(items)
     if backend == "serial":
         outputs = [_attempt(fn, item) for item in tqdm(items, desc=desc, disable=not progress)]
+    elif backend == "processes":
+        outputs = _process_map(fn, items, num_workers, progress, desc)
     elif backend == "joblib":
         outputs = _joblib_map(fn, items, num_workers, progress, desc)
     else:
@@ -90,6 +98,69 @@ def _named(error: BaseException, where: str) -> BaseException:
     except Exception:  # noqa: BLE001 - a constructor that takes more than a message
         return RuntimeError(f"{where}: {type(error).__name__}: {error}")
     return named if str(named) == message else RuntimeError(f"{where}: {type(error).__name__}: {error}")
+
+
+def _process_map(fn: Callable[[T], R], items: list[T], num_workers: int | None, progress: bool,
+                 desc: str) -> list[R | _Failure]:
+    import multiprocessing
+    import os
+    from multiprocessing.connection import Connection, wait
+
+    workers = min(num_workers or os.cpu_count() or 1, len(items))
+    if workers <= 1:  # one worker would only add a process start
+        return [_attempt(fn, item) for item in tqdm(items, desc=desc, disable=not progress)]
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    outputs: list[Any] = [None] * len(items)
+    busy: dict[Connection, int] = {}  # a worker's pipe -> the index of the item it works on
+    started = []
+    todo = iter(range(len(items)))
+    try:
+        for _ in range(workers):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_work, args=(fn, theirs), daemon=True)
+            process.start()
+            theirs.close()
+            started.append((process, ours))
+            _give(ours, next(todo), items, busy)
+        with tqdm(total=len(items), desc=desc, disable=not progress) as bar:
+            while busy:
+                for pipe in wait(list(busy)):
+                    assert isinstance(pipe, Connection)
+                    try:
+                        outputs[busy.pop(pipe)] = pipe.recv()
+                    except EOFError:
+                        raise RuntimeError("a parallel_map worker process died (killed, or out of memory?)") from None
+                    bar.update(1)
+                    index = next(todo, None)
+                    if index is not None:
+                        _give(pipe, index, items, busy)
+    finally:
+        for process, pipe in started:
+            if process.is_alive():
+                try:
+                    pipe.send(None)  # done: the worker returns
+                except OSError:
+                    process.terminate()
+            pipe.close()
+        for process, _ in started:
+            process.join()
+    return outputs
+
+
+def _give(pipe: Any, index: int, items: list[Any], busy: dict[Any, int]) -> None:
+    pipe.send(items[index])
+    busy[pipe] = index
+
+
+def _work(fn: Callable[[T], R], pipe: Any) -> None:
+    """A process_map worker: fn of each item received, until None; a result that does not pickle
+    comes back as a failure."""
+    while (item := pipe.recv()) is not None:
+        output = _attempt(fn, item)
+        try:
+            pipe.send(output)
+        except Exception as error:  # noqa: BLE001 - re-raised in the caller, naming the item
+            pipe.send(_Failure(RuntimeError(f"its result does not pickle: {error}")))
 
 
 def _joblib_map(fn: Callable[[T], R], items: list[T], num_workers: int | None, progress: bool,

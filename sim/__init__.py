@@ -15,14 +15,17 @@ from sim.memory import estimate_activation_bytes, plan_num_blocks
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
 from sim.profiled_validation import holdout_validation, relative_errors
 from sim.roofline import RooflineCostModel
+from sim.sampled import SampledTokens
 from sim.specs import HardwareSpec, ModelSpec
 from sim.tp_transfer import TPTransferCostModel
 
 
 def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, cache: CacheConfig,
-                       scheduler: SchedulerConfig, cost_model: CostModel | None = None) -> SimExecutor:
+                       scheduler: SchedulerConfig, cost_model: CostModel | None = None,
+                       samples: SampledTokens | None = None) -> SimExecutor:
     """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned.
-    cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws)."""
+    cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws);
+    samples: tokens computed ahead (sim.sampled), read by the executor where they cover its steps."""
     execution = sim.execution
     check_expert_parallel(model, execution.tensor_parallel_size, execution.expert_parallel)
     model = model.with_kv_cache(cache.kv_cache_dtype)
@@ -44,11 +47,11 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         device=f"simulated {hardware.name}",
         all_reduce=priced_all_reduce(execution.all_reduce, execution.tensor_parallel_size, hardware.prices_one_shot),
     )
-    return SimExecutor(cost_model, info, execution.seed, sim.fast_forward)
+    return SimExecutor(cost_model, info, execution.seed, sim.fast_forward, samples)
 
 
 __all__ = [
     "FEATURE_COLUMNS", "CostModel", "ExtrapolationWarning", "HardwareSpec", "ModelSpec", "ProfiledCostModel",
-    "RooflineCostModel", "SimConfig", "SimExecutor", "TPTransferCostModel", "build_sim_executor",
+    "RooflineCostModel", "SampledTokens", "SimConfig", "SimExecutor", "TPTransferCostModel", "build_sim_executor",
     "estimate_activation_bytes", "holdout_validation", "plan_num_blocks", "relative_errors", "step_features",
 ]

@@ -16,28 +16,27 @@ one at a time, is priced after cost_model.drained(): nothing runs before it to h
 from __future__ import annotations
 
 import itertools
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
 import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import ScheduledRequest, StepPlan, StepResult
-from sim.xxh import xxh64_u64
+from sim.sampled import SampledTokens, hash_runs, hash_tokens, position_bytes
+from sim.sampled import request_seed as request_seed_of
 
 if TYPE_CHECKING:
     from sim.cost_model import CostModel
 
-# position.to_bytes(8, "little") (positions are never negative), in half the time: once per sampled token
-_position_bytes = struct.Struct("<Q").pack
-_VECTOR_TOKENS = 128  # sample_runs hashes this many tokens and more in one numpy pass
-
 
 class SimExecutor:
-    def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True) -> None:
+    def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True,
+                 samples: SampledTokens | None = None) -> None:
+        """samples: tokens computed ahead (sim.sampled; a plan's, shared by its deployments), read
+        where they cover what a step samples, if they are of this seed, vocabulary and eos (the
+        same tokens either way: others are hashed here)."""
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
@@ -55,6 +54,8 @@ class SimExecutor:
         self._hooks = StepHooks()
         self._unread = 0  # submitted steps whose result the loop has not read yet
         self.fast_forward = fast_forward  # engine.core.fast_forward books runs of decode steps at once
+        suited = samples is not None and samples.suits(seed, vocab_size, eos_token_id)
+        self._ahead = samples.tokens if samples is not None and suited else {}
 
     def info(self) -> BackendInfo:
         return self._info
@@ -85,6 +86,7 @@ class SimExecutor:
             seeds.pop(request_id, None)
         vocab = self._vocab_size
         eos = self._eos_token_id
+        ahead = self._ahead
         hash_int = xxhash.xxh64_intdigest
         tokens: list[int] = []
         append = tokens.append
@@ -93,12 +95,17 @@ class SimExecutor:
                 append(0)
                 continue
             request_id = entry.request_id
+            # The token sampled this step lands at index context_len of the request's token ids.
+            position = entry.num_computed_tokens + len(entry.token_ids)
+            if ahead:
+                known = ahead.get(request_id)
+                if known is not None and 0 <= position - known[0] < len(known[1]):
+                    append(known[1][position - known[0]])
+                    continue
             request_seed = seeds.get(request_id)
             if request_seed is None:
                 request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
-            # The token sampled this step lands at index context_len of the request's token ids.
-            position = entry.num_computed_tokens + len(entry.token_ids)
-            token = hash_int(_position_bytes(position), request_seed) % vocab
+            token = hash_int(position_bytes(position), request_seed) % vocab
             if token == eos:
                 token = (token + 1) % vocab
             append(token)
@@ -127,52 +134,36 @@ class SimExecutor:
         return prices if self._info.overlaps_steps else _drained_before(cost_model, prices)
 
     def sample_tokens(self, request_id: str, first_position: int, count: int) -> list[int]:
-        seeds = self._request_seeds
-        request_seed = seeds.get(request_id)
-        hash_int = xxhash.xxh64_intdigest
-        if request_seed is None:
-            request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
-        vocab = self._vocab_size
-        eos = self._eos_token_id
-        tokens = [hash_int(_position_bytes(p), request_seed) % vocab
-                  for p in range(first_position, first_position + count)]
-        if eos is not None and eos in tokens:
-            tokens = [(t + 1) % vocab if t == eos else t for t in tokens]
-        return tokens
+        known = self._known(request_id, first_position, count)
+        if known is not None:
+            return known
+        return hash_tokens(self._seed_of(request_id), first_position, count, self._vocab_size, self._eos_token_id)
 
     def sample_runs(self, runs: Sequence[tuple[str, int, int]]) -> list[list[int]]:
-        """sample_tokens for each (request_id, first_position, count), the same values; many
-        tokens at once are hashed in one numpy pass (sim.xxh), a few one by one (numpy's fixed
-        cost per call is that of about a hundred tokens hashed in Python)."""
-        total = sum(count for _, _, count in runs)
-        if total < _VECTOR_TOKENS:
-            return [self.sample_tokens(*run) for run in runs]
+        """sample_tokens for each (request_id, first_position, count), the same values: those
+        computed ahead read, the others hashed together (sim.sampled.hash_runs)."""
+        out: list[list[int] | None] = [self._known(*run) for run in runs] if self._ahead else [None] * len(runs)
+        missing = [i for i, tokens in enumerate(out) if tokens is None]
+        if missing:
+            seeded = [(self._seed_of(runs[i][0]), runs[i][1], runs[i][2]) for i in missing]
+            for i, tokens in zip(missing, hash_runs(seeded, self._vocab_size, self._eos_token_id)):
+                out[i] = tokens
+        return out  # type: ignore[return-value]  # every None was filled
+
+    def _known(self, request_id: str, first_position: int, count: int) -> list[int] | None:
+        """The tokens at these positions from those computed ahead, None where they do not cover them."""
+        known = self._ahead.get(request_id)
+        if known is None:
+            return None
+        start = first_position - known[0]
+        return known[1][start : start + count] if start >= 0 and start + count <= len(known[1]) else None
+
+    def _seed_of(self, request_id: str) -> int:
         seeds = self._request_seeds
-        hash_int = xxhash.xxh64_intdigest
-        run_seeds = []
-        for request_id, _, _ in runs:
-            request_seed = seeds.get(request_id)
-            if request_seed is None:
-                request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
-            run_seeds.append(request_seed)
-        if len(runs) == 1:
-            first = runs[0][1]
-            hashes = xxh64_u64(np.arange(first, first + total, dtype=np.uint64), run_seeds[0])
-        else:
-            counts = np.array([count for _, _, count in runs], dtype=np.int64)
-            firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
-            offsets = np.cumsum(counts) - counts
-            positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
-            hashes = xxh64_u64(positions, np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
-        hashes %= np.uint64(self._vocab_size)
-        tokens = hashes.astype(np.int64)  # (Python ints of an int64 array are made faster than of uint64)
-        eos = self._eos_token_id
-        if eos is not None:
-            tokens[tokens == eos] = (eos + 1) % self._vocab_size
-        flat = tokens.tolist()
-        if len(runs) == 1:
-            return [flat]
-        return [flat[o : o + c] for o, c in zip(offsets.tolist(), counts.tolist())]
+        request_seed = seeds.get(request_id)
+        if request_seed is None:
+            request_seed = seeds[request_id] = request_seed_of(request_id, self.seed)
+        return request_seed
 
     def resubmitted(self, pending: PendingStep, result: StepResult) -> PendingStep:
         """The in-flight step (read by the caller) replaced by one priced to result."""

@@ -42,7 +42,6 @@ import numpy.typing as npt
 from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.expert_parallel import check_expert_parallel
 from engine.core.plan import StepPlan
-from engine.core.sampling_params import samples_by_shard
 from sim.features import attention_pairs, decode_attention_pairs
 from sim.moe import ExpertPhase
 from sim.moe_ranks import RankExpertPhase
@@ -54,8 +53,12 @@ _SCALAR_REPEATS = 16  # decode_run_prices prices this many repeats or fewer one 
 
 def gathers_logits(plan: StepPlan) -> bool:
     """Whether tensor-parallel ranks gather the step's sampled rows' logits (a row filters by
-    top-k or top-p) rather than exchange their best tokens."""
-    return not samples_by_shard(e.sampling_params for e in plan.scheduled if e.sample)
+    top-k or top-p) rather than exchange their best tokens: not samples_by_shard of the sampled
+    rows, as a loop (it runs for every step of a TP > 1 replica)."""
+    for entry in plan.scheduled:
+        if entry.sample and entry.sampling_params.needs_whole_vocab:
+            return True
+    return False
 
 
 class RooflineCostModel:

@@ -15,9 +15,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from sim import SampledTokens
 
 from engine.core import make_scheduler
 from engine.core.fleet import FleetResult, run_fleet, run_fleet_wall
@@ -32,6 +36,7 @@ from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, su
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import WorkloadConfig, build_workload
+from harness.workloads.prepared import Drawn, PreparedWorkload
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,13 @@ class FleetOutcome:
 
 
 @contextmanager
-def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True):
+def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True, samples: SampledTokens | None = None):
     """The replicas of rcs, built: yields their BackendInfos and serve(requests, router, on_step),
     which runs a workload on them to completion; stops them afterwards. keep_steps=False:
-    simulated replicas keep only their step totals (engine replicas report every step)."""
+    simulated replicas keep only their step totals (engine replicas report every step); samples:
+    simulated replicas read the tokens they sample from these (sim.sampled)."""
     try:
-        built = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs, keep_steps)
+        built = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs, keep_steps, samples)
         infos, serve = next(built)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"backend={rc.backend}: {error}") from None
@@ -62,10 +68,10 @@ def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True):
         built.close()
 
 
-def _sim_fleet(rcs: list[RunConfig], keep_steps: bool):
+def _sim_fleet(rcs: list[RunConfig], keep_steps: bool, samples: SampledTokens | None = None):
     from sim import build_sim_executor
 
-    executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler) for r in rcs]
+    executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler, samples=samples) for r in rcs]
     infos = [e.info() for e in executors]
 
     def serve(requests, route, on_step) -> FleetResult:
@@ -102,27 +108,36 @@ def _engine_fleet(rc: RunConfig, rcs: list[RunConfig]):
 
 def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
                    label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS,
-                   keep_steps: bool = True) -> FleetOutcome:
+                   keep_steps: bool = True, prepared: PreparedWorkload | None = None) -> FleetOutcome:
     """Serve rc.workload on the fleet to completion. step_columns: those of the step tables
     (harness.output.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read);
     keep_steps=False: a simulated fleet records no steps, only the totals its summaries need
-    (engine.core.records.StepTotals): the same summaries, empty step tables."""
-    with fleet_server(rc, fleet, router, progress, step_columns, keep_steps) as serve:
+    (engine.core.records.StepTotals): the same summaries, empty step tables; prepared: the
+    workload's requests made ahead (harness.workloads.prepared), served where they were made for
+    this workload, length limit, vocabulary and block size (the same requests either way)."""
+    with fleet_server(rc, fleet, router, progress, step_columns, keep_steps, prepared) as serve:
         return serve(rc.workload, label)
 
 
 @contextmanager
 def fleet_server(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
-                 step_columns: tuple[str, ...] = STEP_COLUMNS, keep_steps: bool = True):
+                 step_columns: tuple[str, ...] = STEP_COLUMNS, keep_steps: bool = True,
+                 prepared: PreparedWorkload | None = None):
     """The fleet's replicas, built once (engine replicas: their processes started and loaded);
     yields serve(workload, label="") -> FleetOutcome, which serves a WorkloadConfig on them to
-    completion, as often as called (each run builds fresh schedulers); stops them afterwards."""
+    completion, as often as called (each run builds fresh schedulers); stops them afterwards.
+    prepared: as run_fleet_once's."""
     rcs = replica_run_configs(rc, fleet)
-    with _fleet(rc, rcs, keep_steps) as (infos, serve_requests):
+    with _fleet(rc, rcs, keep_steps, prepared.samples if prepared else None) as (infos, serve_requests):
         def serve(workload: WorkloadConfig, label: str = "") -> FleetOutcome:
             run_rc = replace(rc, workload=workload)
-            built = build_workload(workload, rc.scheduler.max_model_len, infos[0].vocab_size)
-            bar = tqdm(total=len(built.requests), desc=label or f"{fleet.replicas} x {workload.label}", unit="req",
+            drawn = Drawn(workload, rc.scheduler.max_model_len, infos[0].vocab_size, rc.cache.block_size)
+            if prepared is not None and prepared.drawn == drawn:
+                built, requests = prepared.workload, prepared.requests()
+            else:
+                built = build_workload(workload, rc.scheduler.max_model_len, infos[0].vocab_size)
+                requests = built.requests
+            bar = tqdm(total=len(requests), desc=label or f"{fleet.replicas} x {workload.label}", unit="req",
                        disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
 
             def on_step(index, record, finished) -> None:
@@ -131,13 +146,13 @@ def fleet_server(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progre
 
             started = time.perf_counter()
             with bar:
-                result = serve_requests(built.requests, make_router(router, rc.cache.block_size),
+                result = serve_requests(requests, make_router(router, rc.cache.block_size),
                                         on_step if progress else None)
             wall_s = time.perf_counter() - started
             tp_sizes = [backend_tp_size(r) for r in rcs]
             shape = FleetLabels(router=router.name, replicas=fleet.replicas, tp_sizes=" ".join(map(str, tp_sizes)),
                                 gpus=sum(tp_sizes))
-            labels = RunLabels(backend=rc.backend, **run_identity(run_rc), num_submitted=len(built.requests),
+            labels = RunLabels(backend=rc.backend, **run_identity(run_rc), num_submitted=len(requests),
                                num_rejected=0, fit=FitCounts(**built.fit_counts()), wall_s=wall_s, fleet=shape)
             return tabulate(result, [info.num_blocks for info in infos], labels, step_columns)
 

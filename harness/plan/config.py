@@ -53,7 +53,7 @@ class PlanConfig:
     max_replicas: int = 64
     num_closest: int = 5
     batch_size: int = 1  # deployments per evaluate_all() call: 1 prunes most; a parallel map wants its worker count
-    # how evaluate_all() maps over a batch (harness.parallel.parallel_map): serial, joblib or ray
+    # how evaluate_all() maps over a batch (harness.parallel.parallel_map): serial, processes, joblib or ray
     parallel_backend: str = "serial"
     parallel_address: str | None = None  # ray: a running cluster's address; None starts a local Ray
     parallel_num_workers: int | None = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -70,11 +72,34 @@ def test_joblib_sweep_equals_serial(serial_summaries):
     assert parallel_map(summary_of, sweep_points(), backend="joblib", num_workers=2) == serial_summaries
 
 
+def test_processes_sweep_equals_serial(serial_summaries):
+    assert parallel_map(summary_of, sweep_points(), backend="processes", num_workers=2) == serial_summaries
+
+
+@given(st.lists(st.integers(min_value=0, max_value=3), min_size=2, max_size=12))
+@settings(max_examples=8, deadline=None)
+def test_processes_keep_input_order_and_take_what_does_not_pickle(waits):
+    """Items of uneven work finish out of order; fn is a closure over a lock (neither pickles):
+    forked workers inherit it."""
+    lock = threading.Lock()
+
+    def slow(x: int) -> tuple[int, bool]:
+        time.sleep(x / 100)
+        return x, isinstance(lock, type(threading.Lock()))
+
+    assert parallel_map(slow, waits, backend="processes", num_workers=3) == [(x, True) for x in waits]
+
+
+def test_a_dead_worker_is_an_error_not_a_hang():
+    with pytest.raises(RuntimeError, match="worker process died"):
+        parallel_map(os._exit, [1, 2, 3], backend="processes", num_workers=2)
+
+
 def test_ray_sweep_equals_serial(local_ray, serial_summaries):
     assert parallel_map(summary_of, sweep_points(), backend="ray", address=local_ray) == serial_summaries
 
 
-@pytest.mark.parametrize("backend", ["serial", "joblib", "ray"])
+@pytest.mark.parametrize("backend", ["serial", "processes", "joblib", "ray"])
 def test_failure_names_the_first_failing_item(backend, request):
     if backend == "ray":
         request.getfixturevalue("local_ray")

@@ -23,7 +23,7 @@ from engine.core.executor import BackendInfo
 from engine.core.fleet import run_fleet
 from engine.core.loop import Replica, SimulatedClock, run
 from engine.core.routers import ROUTER_REGISTRY
-from sim import executor as sim_executor
+from sim import sampled as sim_sampled
 from sim.executor import SimExecutor
 from sim.roofline import RooflineCostModel
 from tests.core.test_disagg import LinearPricer
@@ -244,7 +244,7 @@ def test_fast_forward_setting_is_a_bool(value):
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30))
 def test_fast_forward_with_every_run_hashed_in_numpy_matches_step_by_step(policy, overlap, num_blocks, seed, n):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sim_executor, "_VECTOR_TOKENS", 1)  # sample_runs' numpy path, however short the run
+        patch.setattr(sim_sampled, "VECTOR_TOKENS", 1)  # sample_runs' numpy path (hash_runs), however short the run
         args = (policy, overlap, True, num_blocks, seed, n, False, 4)
         assert _serve(True, *args) == _serve(False, *args)
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
-from engine.core.sampling_params import SamplingParams
-from sim.roofline import RooflineCostModel
+from engine.core.sampling_params import SamplingParams, samples_by_shard
+from sim.roofline import RooflineCostModel, gathers_logits
 from tests.sim import helpers
 from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
 
@@ -224,3 +224,13 @@ def test_decode_run_prices_are_the_repeats_priced_one_by_one(name, gpu, tp, cont
     shifted = [ScheduledRequest(e.request_id, [1], e.num_computed_tokens + first, [], True, params, 1, True)
                for e in entries]
     assert expected[0] == cost.step_time(StepPlan(shifted, stats))
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([0.0, 0.7]), st.sampled_from([-1, 5]),
+                          st.sampled_from([1.0, 0.9])), max_size=8))
+def test_gathers_logits_is_the_engine_rule_over_the_sampled_rows(rows):
+    entries = [dataclasses.replace(decode(100, f"r{i}"), sample=sample,
+                                   sampling_params=SamplingParams(temperature=t, top_k=k, top_p=p))
+               for i, (sample, t, k, p) in enumerate(rows)]
+    step = plan(*entries)
+    assert gathers_logits(step) == (not samples_by_shard(e.sampling_params for e in entries if e.sample))
