@@ -111,9 +111,10 @@ def _weight_files(root: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: DecoderForCausalLM, root: Path) -> None:
+def load_weights(model: DecoderForCausalLM, root: Path, read_mode: str = "auto") -> None:
     """Fill every parameter from the checkpoint's files (engine.weight_reader reads them onto the
-    model's device; the parameters' weight loaders take this rank's shard there)."""
+    model's device, read_mode one of its READ_MODES; the parameters' weight loaders take this
+    rank's shard there)."""
     device = model.lm_head.weight.device
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.shape.tie_word_embeddings
@@ -124,7 +125,7 @@ def load_weights(model: DecoderForCausalLM, root: Path) -> None:
             expected[model.checkpoint_target(hf_name)] = hf_name
     seen: set[tuple[str, ShardId]] = set()
     for path in _weight_files(root):
-        for hf_name, tensor in read_tensors(path, device):
+        for hf_name, tensor in read_tensors(path, device, read_mode):
             if hf_name.endswith(_IGNORED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
                 continue
             key = model.checkpoint_target(hf_name)

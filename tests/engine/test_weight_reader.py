@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from engine import weight_reader
-from engine.loader import CheckpointError, load_model
+from engine.loader import CheckpointError, load_model, load_weights
 from engine.weight_reader import Entry, batches, read_tensors
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -59,15 +59,14 @@ def test_loaded_weights_are_the_checkpoint_on_gpu(monkeypatch, tiny_qwen3_moe_di
     monkeypatch.setattr(weight_reader, "BATCH_BYTES", 50_000)
     monkeypatch.setattr(weight_reader, "CHUNK_BYTES", 8192)
     monkeypatch.setattr(weight_reader, "READERS", 2)
-    from engine import loader
-
-    real = weight_reader.read_tensors
-    monkeypatch.setattr(loader, "read_tensors", lambda path, device: real(path, device, mode))
     for folder in (tiny_qwen3_moe_dir, tiny_qwen2_dir):
         for dtype in ("float32", "bfloat16"):
-            model, _ = load_model(folder, dtype=dtype, device="cuda")
-            assert model.weights_load_s is not None and model.weights_load_s > 0
+            model, _ = load_model(folder, dtype=dtype, device="cuda", load_format="dummy")  # random, then read
+            load_weights(model, folder, mode)
             _check_equal(model, folder)
+    model, _ = load_model(tiny_qwen2_dir, device="cuda")  # the default read onto a GPU: streamed
+    assert model.weights_load_s is not None and model.weights_load_s > 0
+    _check_equal(model, tiny_qwen2_dir)
 
 
 def _write(path, tensors: list[tuple[str, str, list[int], bytes]]) -> None:
