@@ -1,6 +1,6 @@
 """A disaggregated fleet whose prefill and decode pools each scale on their own: engine.core.disagg_fleet's
 event loop, with each pool's replicas starting, serving, draining and stopping as its own policy asks
-(engine.core.elastic's FleetStates per pool: its bounds, cooldowns, evaluation interval, cold start).
+(engine.core.elastic_states' SimulatedStates per pool: its bounds, cooldowns, evaluation interval, cold start).
 
 Arrivals go to serving prefill replicas only; transfers to serving decode replicas only (a draining
 decode replica still receives the transfers already under way to it). A draining prefill replica stops
@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_fleet import DisaggResult, Transfer, TransferPricer, _Fleet, _result
-from engine.core.elastic import FleetSignal, FleetStates, Lifetime, ReplicaSignal, ScaleEvent, Scaling, ScalingPolicy
+from engine.core.elastic_states import (
+    FleetSignal,
+    Lifetime,
+    ReplicaSignal,
+    ScaleEvent,
+    Scaling,
+    ScalingPolicy,
+    SimulatedStates,
+)
 from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router
@@ -41,11 +49,10 @@ class ElasticDisaggResult:
     decode: PoolHistory
 
 
-class _Pool(FleetStates):
+class _Pool(SimulatedStates):
     def __init__(self, make: Callable[[int], Replica], scaling: Scaling, policy: ScalingPolicy | None) -> None:
         super().__init__(scaling, policy)
         self.make = make
-        self.replicas: list[Replica] = []  # every replica made, by index
         self.next_tick = scaling.interval_s if policy is not None else math.inf
 
     def add(self, now: float, ready: float) -> Replica:
@@ -56,15 +63,6 @@ class _Pool(FleetStates):
 
     def active(self) -> list[Replica]:
         return [self.replicas[i] for i in self.serving + self.draining]
-
-    def next_ready(self) -> float:
-        return min((self.lifetimes[i].ready_s for i in self.starting), default=math.inf)
-
-    def promote(self, now: float) -> None:
-        for index in [i for i in self.starting if self.lifetimes[i].ready_s <= now]:
-            self.starting.remove(index)
-            self.replicas[index].clock.wait_until(self.lifetimes[index].ready_s)
-            self.serving.append(index)
 
     def stop_idle(self, idle: Callable[[Replica], bool]) -> None:
         for index in [i for i in self.draining if idle(self.replicas[i])]:
