@@ -77,7 +77,7 @@ class _Pool(SimulatedStates):
             replica = self.replicas[index]
             scheduler, blocks = replica.scheduler, replica.scheduler.block_manager
             spread = extra_waiting // len(self.serving) + (k < extra_waiting % len(self.serving))
-            waiting = scheduler.num_waiting + len(replica.inbox) + spread
+            waiting = self.waiting_signal(replica, now)[0] + spread
             used = 1.0 - blocks.num_free_blocks / blocks.num_blocks
             loads.append(ReplicaSignal(scheduler.num_running, waiting, used))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, ages)
@@ -121,8 +121,8 @@ class _ElasticFleet(_Fleet):
 
     def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         # the prefill pool's window: each first token, a request finished as far as its TTFT goes
-        self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan)
-                                      for c in finished if c.first_token_time is not None)
+        self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
+                                       c.arrival_time) for c in finished if c.first_token_time is not None)
         super()._prefill_step(index, record, finished)
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
@@ -130,11 +130,8 @@ class _ElasticFleet(_Fleet):
         super()._decode_step(index, record, finished)
 
     def waiting_ages(self, now: float) -> tuple[float, ...]:
-        ages = []
-        for replica in self.pools[0].active():
-            ages += [now - r.arrival_time for r in replica.scheduler.requests.values() if r.first_token_time is None]
-            ages += [now - r.arrival_time for r in replica.inbox]
-        return tuple(ages)
+        pool = self.pools[0]
+        return tuple(age for replica in pool.active() for age in pool.waiting_signal(replica, now)[1])
 
 
 def _prefill_idle(replica: Replica) -> bool:

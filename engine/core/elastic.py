@@ -79,12 +79,11 @@ class _Elastic(SimulatedStates):
         loads, ages = [], []
         for index in self.serving + self.draining:
             replica = self.replicas[index]
-            scheduler = replica.scheduler
-            ages += [now - r.arrival_time for r in scheduler.requests.values() if r.first_token_time is None]
-            ages += [now - r.arrival_time for r in replica.inbox]
+            waiting, waited = self.waiting_signal(replica, now)
+            ages += waited
             if index in self.serving:
-                blocks = scheduler.block_manager
-                loads.append(ReplicaSignal(scheduler.num_running, scheduler.num_waiting + len(replica.inbox),
+                scheduler, blocks = replica.scheduler, replica.scheduler.block_manager
+                loads.append(ReplicaSignal(scheduler.num_running, waiting,
                                            1.0 - blocks.num_free_blocks / blocks.num_blocks))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages))
 

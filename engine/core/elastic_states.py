@@ -38,7 +38,7 @@ class ColdStart:
 class Scaling:
     """How the fleet scales: bounds, how often the policy is asked, cooldowns (an action waits this
     long after the previous action of either direction), how many replicas one evaluation may drain,
-    and the sliding window of finished requests the policy sees."""
+    the sliding window of finished requests the policy sees, and whether it settles (below)."""
 
     min_replicas: int
     max_replicas: int
@@ -48,6 +48,12 @@ class Scaling:
     max_scale_down: int
     window_s: float
     cold_start: ColdStart
+    # settle: no scale-up while a replica is still starting, and once it serves, the policy reads
+    # only requests that arrived since (their latencies, waiting ages and queue). The capacity a
+    # start brings cannot show in what a policy reads before it serves, and a backlog queued on the
+    # older replicas before then stays on them (requests do not move): judged on either, every
+    # evaluation would ask again for the replicas the pending start already answers.
+    settle: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,26 +78,28 @@ class FleetSignal:
     waiting_ages: tuple[float, ...]
 
 
-def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling) -> int:
+def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling, starting: int = 0) -> int:
     """How many replicas to start (> 0) or to take away (< 0) now: the policy's wish clamped to
     [min_replicas, max_replicas], an action waiting its cooldown after the previous one of either
-    direction, at most max_scale_down taken away at once."""
+    direction, at most max_scale_down taken away at once; with settle, no start while `starting`
+    replicas (counted in current) are still starting."""
     want = min(max(want, scaling.min_replicas), scaling.max_replicas)
-    if want > current and since_last_action_s >= scaling.scale_up_cooldown_s:
+    held = scaling.settle and starting > 0
+    if want > current and not held and since_last_action_s >= scaling.scale_up_cooldown_s:
         return want - current
     if want < current and since_last_action_s >= scaling.scale_down_cooldown_s:
         return -min(current - want, scaling.max_scale_down)
     return 0
 
 
-def finished_latencies(r: Request) -> tuple[float, float, float] | None:
-    """(finish, TTFT, TPOT or NaN for a one-token output) of a finished request, as a policy's
-    window holds them; None for one that never produced a token."""
+def finished_latencies(r: Request) -> tuple[float, float, float, float] | None:
+    """(finish, TTFT, TPOT or NaN for a one-token output, arrival) of a finished request, as a
+    policy's window holds them; None for one that never produced a token."""
     if r.first_token_time is None or r.finish_time is None:
         return None
     decode = r.num_output_tokens - 1
     tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
-    return r.finish_time, r.first_token_time - r.arrival_time, tpot
+    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time
 
 
 class ScalingPolicy(Protocol):
@@ -138,7 +146,8 @@ class FleetStates:
         self.draining: list[int] = []
         self.events: list[ScaleEvent] = []
         self.last_action = -math.inf
-        self.finished: deque[tuple[float, float, float]] = deque()  # (finish, ttft, tpot or nan)
+        self.settled = -math.inf  # when the latest started replica began to serve (Scaling.settle)
+        self.finished: deque[tuple[float, float, float, float]] = deque()  # (finish, ttft, tpot or nan, arrival)
 
     def _new_lifetime(self, now: float, ready: float) -> int:
         index = len(self.lifetimes)
@@ -150,16 +159,25 @@ class FleetStates:
             if (entry := finished_latencies(r)) is not None:
                 self.finished.append(entry)
 
+    def fresh(self, arrival: float) -> bool:
+        """Whether a request that arrived then counts in what the policy reads (Scaling.settle)."""
+        return not self.scaling.settle or arrival >= self.settled
+
+    def _became_ready(self, now: float) -> None:
+        self.settled = max(self.settled, now)
+
     def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """TTFTs and TPOTs of the requests finished within window_s before now."""
+        """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
+        those that arrived since the latest start began to serve)."""
         while self.finished and self.finished[0][0] < now - self.scaling.window_s:
             self.finished.popleft()
-        return tuple(f[1] for f in self.finished), tuple(f[2] for f in self.finished if f[2] == f[2])
+        window = [f for f in self.finished if self.fresh(f[3])]
+        return tuple(f[1] for f in window), tuple(f[2] for f in window if f[2] == f[2])
 
     def _change(self, signal: FleetSignal) -> int:
         assert self.policy is not None
         return scale_by(self.policy.desired(signal), len(self.serving) + len(self.starting),
-                        signal.now - self.last_action, self.scaling)
+                        signal.now - self.last_action, self.scaling, len(self.starting))
 
     def _acted(self, event: ScaleEvent) -> None:
         self.events.append(event)
@@ -200,3 +218,18 @@ class SimulatedStates(FleetStates):
             self.starting.remove(index)
             self.replicas[index].clock.wait_until(self.lifetimes[index].ready_s)
             self.serving.append(index)
+            self._became_ready(self.lifetimes[index].ready_s)
+
+    def waiting_signal(self, replica: Replica, now: float) -> tuple[int, list[float]]:
+        """How many requests a replica holds waiting to be admitted (queued in its scheduler or
+        routed and not yet taken in), and the ages of those still waiting for their first token;
+        with settle, only of requests that arrived since the latest start began to serve."""
+        scheduler = replica.scheduler
+        if not self.scaling.settle:
+            ages = [now - r.arrival_time for r in scheduler.requests.values() if r.first_token_time is None]
+            return scheduler.num_waiting + len(replica.inbox), ages + [now - r.arrival_time for r in replica.inbox]
+        inbox = [r for r in replica.inbox if r.arrival_time >= self.settled]
+        waiting = sum(1 for r in scheduler.waiting if r.arrival_time >= self.settled) + len(inbox)
+        ages = [now - r.arrival_time for r in scheduler.requests.values()
+                if r.first_token_time is None and r.arrival_time >= self.settled]
+        return waiting, ages + [now - r.arrival_time for r in inbox]

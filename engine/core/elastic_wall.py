@@ -118,6 +118,7 @@ class _WallElastic(FleetStates):
             if index in self.starting and not ended:
                 self.starting.remove(index)
                 self.lifetimes[index].ready_s = self.clock.now()
+                self._became_ready(self.clock.now())
                 self.links.send(index, "run", self.clock.origin)
                 self.serving.append(index)
         elif kind == "done":
