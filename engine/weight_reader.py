@@ -124,7 +124,8 @@ class _Streamer:
         self.pieces = [(k, at, min(CHUNK_BYTES, end - at)) for k, (begin, end) in enumerate(spans)
                        for at in range(begin, end, CHUNK_BYTES)]
         slots = min(2 * READERS, len(self.pieces))
-        self.pinned = [torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(slots)]
+        size = max((n for _, _, n in self.pieces), default=0)
+        self.pinned = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(slots)]
         self.copied: list[torch.cuda.Event | None] = [None] * slots
         self.pool = ThreadPoolExecutor(READERS, thread_name_prefix="weight-reader")
         self.reads: dict[int, Future[None]] = {}
@@ -135,23 +136,26 @@ class _Streamer:
     def _submit(self, i: int) -> None:
         if i < len(self.pieces):
             slot = i % len(self.pinned)
-            if (event := self.copied[slot]) is not None:
-                event.synchronize()  # the copy out of this pinned buffer has finished
             _, at, n = self.pieces[i]
-            self.reads[i] = self.pool.submit(_pread, self.fd, self.path, self.pinned[slot][:n], at)
+            self.reads[i] = self.pool.submit(self._read, self.copied[slot], self.pinned[slot][:n], at)
 
-    def span(self) -> torch.Tensor:
-        """The next span's bytes (in the order the spans were given) as a uint8 tensor on the device."""
-        k = self.pieces[self.next][0]
+    def _read(self, copied: torch.cuda.Event | None, into: torch.Tensor, at: int) -> None:
+        if copied is not None:
+            copied.synchronize()  # the copy out of this pinned buffer has finished
+        _pread(self.fd, self.path, into, at)
+
+    def span(self, k: int) -> torch.Tensor:
+        """Span k's bytes (spans are asked for in order) as a uint8 tensor on the device."""
         begin, end = self.spans[k]
         out = torch.empty(end - begin, dtype=torch.uint8, device=self.device)
+        stream = torch.cuda.current_stream(self.device)
         while self.next < len(self.pieces) and self.pieces[self.next][0] == k:
             i, slot = self.next, self.next % len(self.pinned)
             _, at, n = self.pieces[i]
             self.reads.pop(i).result()
             out[at - begin:at - begin + n].copy_(self.pinned[slot][:n], non_blocking=True)
             self.copied[slot] = event = torch.cuda.Event()
-            event.record()
+            event.record(stream)
             self.next += 1
             self._submit(i + len(self.pinned))
         return out
@@ -181,8 +185,8 @@ def _streamed(path: Path, entries: list[Entry], device: torch.device) -> Iterato
     streamer = None
     try:
         streamer = _Streamer(fd, path, device, spans)
-        for group, (base, _) in zip(groups, spans):
-            data = streamer.span()
+        for k, (group, (base, _)) in enumerate(zip(groups, spans)):
+            data = streamer.span(k)
             for e in group:
                 raw = data[e.begin - base:e.end - base]
                 if (e.begin - base) % e.dtype.itemsize:
