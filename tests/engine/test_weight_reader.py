@@ -135,3 +135,39 @@ def test_batches_cover_every_tensor_once_in_order_within_the_limit(sizes, limit)
     assert [e for g in groups for e in g] == entries
     for g in groups:
         assert len(g) == 1 or g[-1].end - g[0].begin <= limit
+
+
+class _NoEvent:
+    def record(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_the_streamed_path_reads_every_byte_on_cpu_with_cuda_faked(monkeypatch, tmp_path):
+    """The streamed reader's pieces, pinned slots and read-ahead, run on the CPU (CUDA's event,
+    stream and pinning faked): tiny pieces and batches, an empty tensor between batches, odd offsets."""
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(weight_reader, "BATCH_BYTES", 40)
+    monkeypatch.setattr(weight_reader, "CHUNK_BYTES", 7)
+    monkeypatch.setattr(weight_reader, "READERS", 2)
+    generator = torch.Generator().manual_seed(0)
+    # batches (40 bytes at most): [a], [c], [e] (empty, at an aligned offset), [d], [b, f] (f at an odd offset)
+    tensors = [("a", "F32", [2]), ("c", "F32", [4, 3]), ("e", "F32", [0]), ("d", "BF16", [30]), ("b", "U8", [3]),
+               ("f", "F32", [3])]
+    values = {name: torch.randn(*shape, generator=generator).to(weight_reader._DTYPES[dtype])
+              for name, dtype, shape in tensors if dtype != "U8"}
+    values["b"] = torch.tensor([1, 2, 250], dtype=torch.uint8)
+    path = tmp_path / "w.safetensors"
+    _write(path, [(name, dtype, shape, values[name].contiguous().view(torch.uint8).numpy().tobytes())
+                  for name, dtype, shape in tensors])
+    entries = weight_reader.read_header(path)
+    assert [[e.name for e in g] for g in batches(entries)] == [["a"], ["c"], ["e"], ["d"], ["b", "f"]]
+    got = {name: t.clone() for name, t in weight_reader._streamed(path, entries, torch.device("cpu"))}
+    assert list(got) == [name for name, _, _ in tensors]
+    for name, want in values.items():
+        assert torch.equal(got[name], want), name
