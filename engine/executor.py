@@ -194,6 +194,8 @@ class EngineExecutor:
         except BaseException:
             self.shutdown()
             raise
+        # the part of the load lap that read the checkpoint's weights (None: dummy weights)
+        self.weights_load_s: float | None = self.runner.model.weights_load_s
         self.hf_config = self.runner.hf_config
         self._tokenizer = None
         eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)

@@ -14,11 +14,11 @@ CheckpointNotFoundError, which is also a FileNotFoundError.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import get_attention_backend
@@ -26,18 +26,13 @@ from engine.dummy import init_dummy_weights
 from engine.layers.linear import ShardId
 from engine.layers.parallel import Collective, FusedReduceNorm, TensorParallel
 from engine.models import DecoderForCausalLM, build_model
+from engine.weight_reader import CheckpointError, CheckpointNotFoundError, read_tensors
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that the model derives itself.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
-
-class CheckpointError(ValueError):
-    """The checkpoint cannot be loaded; the message names the path (and the tensor where known)."""
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """The checkpoint folder, its config.json or a weight file is missing."""
+__all__ = ["CheckpointError", "CheckpointNotFoundError", "load_model", "load_weights", "resolve_dtype"]
 
 
 def resolve_dtype(config: dict[str, Any], override: str | torch.dtype | None, config_path: Path) -> torch.dtype:
@@ -94,7 +89,11 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model)
     elif load_format == "auto":
+        started = time.perf_counter()
         load_weights(model, root)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        model.weights_load_s = time.perf_counter() - started
     else:
         raise ValueError(f"load_format must be one of ('auto', 'dummy'), got {load_format!r}")
     return model.eval(), hf_config
@@ -115,7 +114,11 @@ def _weight_files(root: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: DecoderForCausalLM, root: Path) -> None:
+def load_weights(model: DecoderForCausalLM, root: Path, read_mode: str = "auto") -> None:
+    """Fill every parameter from the checkpoint's files (engine.weight_reader reads them onto the
+    model's device, read_mode one of its READ_MODES; the parameters' weight loaders take this
+    rank's shard there)."""
+    device = model.lm_head.weight.device
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.shape.tie_word_embeddings
     # Which (parameter, shard) pairs must be filled: one per HF tensor the model consumes.
@@ -125,7 +128,7 @@ def load_weights(model: DecoderForCausalLM, root: Path) -> None:
             expected[model.checkpoint_target(hf_name)] = hf_name
     seen: set[tuple[str, ShardId]] = set()
     for path in _weight_files(root):
-        for hf_name, tensor in _tensors(path):
+        for hf_name, tensor in read_tensors(path, device, read_mode):
             if hf_name.endswith(_IGNORED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
                 continue
             key = model.checkpoint_target(hf_name)
@@ -133,7 +136,7 @@ def load_weights(model: DecoderForCausalLM, root: Path) -> None:
                 raise CheckpointError(f"{path}: unexpected tensor {hf_name!r} (no such parameter in the model)")
             param = params[key[0]]
             try:
-                param.weight_loader(param, tensor(), key[1])
+                param.weight_loader(param, tensor, key[1])
             except ValueError as e:
                 raise CheckpointError(f"{path}: tensor {hf_name!r}: {e}") from None
             seen.add(key)
@@ -144,18 +147,3 @@ def load_weights(model: DecoderForCausalLM, root: Path) -> None:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise CheckpointError(f"{root}: checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")
 
-
-def _tensors(path: Path):
-    """(name, read) per tensor of one safetensors file; a truncated or corrupt file is a CheckpointError."""
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                def read(name: str = name) -> torch.Tensor:
-                    try:
-                        return f.get_tensor(name)
-                    except (SafetensorError, OSError) as e:
-                        raise CheckpointError(f"{path}: tensor {name!r} cannot be read (truncated or corrupt file?): "
-                                              f"{e}") from None
-                yield name, read
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None

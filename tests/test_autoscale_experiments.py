@@ -106,3 +106,56 @@ def test_the_midrun_driver_runs_end_to_end_on_cpu(tmp_path):
     assert engine["requested_s"].iloc[1] == pytest.approx(2.0, abs=0.3) and sim["requested_s"].iloc[1] == 2.0
     summary = pd.read_csv(out / "midrun_summary.csv").iloc[0]
     assert summary["windows_scored"] >= 1 and summary["startup_s_engine"] > 0
+
+
+def test_the_set_up_and_a_start_under_load_are_priced(tmp_path):
+    """The executor's set-up before its first phase (startup_s less the timed phases) is part of the
+    priced start; a calibration measured beside a serving replica ("under_load") prices it instead."""
+    rows = [_start("disk", 2.0), _start("page cache", 1.0)]
+    for row in rows:
+        row["startup_s"] += 0.7  # the set-up no phase timed
+    alone = cold_start.summarize(rows, 1, "alone")
+    assert alone["setup_s"] == pytest.approx(0.7)
+    path = tmp_path / "qwen3-0.6b.cold_start.json"
+    path.write_text(json.dumps(alone))
+    cold = read_calibration(path).cold_start(0.0, 10**9, eager=False, cached=True)
+    assert cold.process_s == pytest.approx(8.0 + 0.7 + 3.0) and cold.load_s == pytest.approx(1.0)
+    slow = [{**r, "process_s": r["process_s"] + 2.0, "startup_s": r["startup_s"] + 2.0} for r in rows]
+    from experiments.autoscale import loaded_probe
+
+    loaded_probe.merged(path, cold_start.summarize(slow, 1, "beside a serving replica"))
+    under = read_calibration(path)
+    assert under.under_load is not None and under.under_load.process_s == 10.0
+    assert under.cold_start(0.0, 10**9, False, cached=True).total_s == pytest.approx(cold.total_s + 2.0)
+    broken = json.loads(path.read_text())
+    del broken["under_load"]["capture_s"]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(Exception, match=r"under_load: a cold-start calibration needs \['capture_s'\]"):
+        read_calibration(path)
+
+
+def test_the_rerun_reads_the_committed_run_and_prices_each_start():
+    from pathlib import Path
+
+    from experiments.autoscale import midrun_rerun
+
+    run = Path(__file__).parents[1] / "experiments" / "autoscale" / "h200_run1"
+    timeline, lifetimes = midrun_rerun.engine_side(run)
+    assert len(timeline) == 13 and lifetimes["ready_s"].iloc[1] == pytest.approx(49.08, abs=0.01)
+    priced = midrun_rerun.pricings(run, "h200", "qwen3-0.6b", [], 1_192_135_096, False)
+    assert priced["as_run"].total_s == pytest.approx(16.10, abs=0.01)
+    assert priced["as_run+setup"].total_s - priced["as_run"].total_s == pytest.approx(0.716, abs=0.01)
+
+
+@pytest.mark.slow
+def test_the_rerun_reproduces_the_committed_run(tmp_path):
+    """Served again with the start-up the run's simulator was given, the comparison is the run's."""
+    from pathlib import Path
+
+    from experiments.autoscale import midrun_rerun
+
+    run = Path(__file__).parents[1] / "experiments" / "autoscale" / "h200_run1"
+    table = midrun_rerun.rerun(run, tmp_path, "h200", []).set_index("pricing")
+    committed = pd.read_csv(run / "midrun_summary.csv").iloc[0]
+    assert table.loc["as_run", "ready_error_of_startup"] == pytest.approx(committed["ready_error_of_startup"], abs=1e-3)
+    assert table.loc["as_run", "windows_within_15pct"] == committed["windows_within_15pct"]

@@ -1,6 +1,6 @@
 """A disaggregated fleet whose prefill and decode pools each scale on their own: engine.core.disagg_fleet's
 event loop, with each pool's replicas starting, serving, draining and stopping as its own policy asks
-(engine.core.elastic's FleetStates per pool: its bounds, cooldowns, evaluation interval, cold start).
+(engine.core.elastic_states' SimulatedStates per pool: its bounds, cooldowns, evaluation interval, cold start).
 
 Arrivals go to serving prefill replicas only; transfers to serving decode replicas only (a draining
 decode replica still receives the transfers already under way to it). A draining prefill replica stops
@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_fleet import DisaggResult, Transfer, TransferPricer, _Fleet, _result
-from engine.core.elastic import FleetSignal, FleetStates, Lifetime, ReplicaSignal, ScaleEvent, Scaling, ScalingPolicy
+from engine.core.elastic_states import (
+    FleetSignal,
+    Lifetime,
+    ReplicaSignal,
+    ScaleEvent,
+    Scaling,
+    ScalingPolicy,
+    SimulatedStates,
+)
 from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router
@@ -41,11 +49,10 @@ class ElasticDisaggResult:
     decode: PoolHistory
 
 
-class _Pool(FleetStates):
+class _Pool(SimulatedStates):
     def __init__(self, make: Callable[[int], Replica], scaling: Scaling, policy: ScalingPolicy | None) -> None:
         super().__init__(scaling, policy)
         self.make = make
-        self.replicas: list[Replica] = []  # every replica made, by index
         self.next_tick = scaling.interval_s if policy is not None else math.inf
 
     def add(self, now: float, ready: float) -> Replica:
@@ -56,15 +63,6 @@ class _Pool(FleetStates):
 
     def active(self) -> list[Replica]:
         return [self.replicas[i] for i in self.serving + self.draining]
-
-    def next_ready(self) -> float:
-        return min((self.lifetimes[i].ready_s for i in self.starting), default=math.inf)
-
-    def promote(self, now: float) -> None:
-        for index in [i for i in self.starting if self.lifetimes[i].ready_s <= now]:
-            self.starting.remove(index)
-            self.replicas[index].clock.wait_until(self.lifetimes[index].ready_s)
-            self.serving.append(index)
 
     def stop_idle(self, idle: Callable[[Replica], bool]) -> None:
         for index in [i for i in self.draining if idle(self.replicas[i])]:
@@ -79,7 +77,7 @@ class _Pool(FleetStates):
             replica = self.replicas[index]
             scheduler, blocks = replica.scheduler, replica.scheduler.block_manager
             spread = extra_waiting // len(self.serving) + (k < extra_waiting % len(self.serving))
-            waiting = scheduler.num_waiting + len(replica.inbox) + spread
+            waiting = self.waiting_signal(replica, now)[0] + spread
             used = 1.0 - blocks.num_free_blocks / blocks.num_blocks
             loads.append(ReplicaSignal(scheduler.num_running, waiting, used))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, ages)
@@ -123,8 +121,8 @@ class _ElasticFleet(_Fleet):
 
     def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         # the prefill pool's window: each first token, a request finished as far as its TTFT goes
-        self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan)
-                                      for c in finished if c.first_token_time is not None)
+        self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
+                                       c.arrival_time) for c in finished if c.first_token_time is not None)
         super()._prefill_step(index, record, finished)
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
@@ -132,11 +130,8 @@ class _ElasticFleet(_Fleet):
         super()._decode_step(index, record, finished)
 
     def waiting_ages(self, now: float) -> tuple[float, ...]:
-        ages = []
-        for replica in self.pools[0].active():
-            ages += [now - r.arrival_time for r in replica.scheduler.requests.values() if r.first_token_time is None]
-            ages += [now - r.arrival_time for r in replica.inbox]
-        return tuple(ages)
+        pool = self.pools[0]
+        return tuple(age for replica in pool.active() for age in pool.waiting_signal(replica, now)[1])
 
 
 def _prefill_idle(replica: Replica) -> bool:

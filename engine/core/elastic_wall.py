@@ -21,7 +21,8 @@ import math
 from collections.abc import Iterable
 from typing import Protocol, cast
 
-from engine.core.elastic import (
+from engine.core.elastic import closed
+from engine.core.elastic_states import (
     ElasticResult,
     FleetSignal,
     FleetStates,
@@ -29,7 +30,6 @@ from engine.core.elastic import (
     ScaleEvent,
     Scaling,
     ScalingPolicy,
-    closed,
 )
 from engine.core.fleet import ReplicaLinks, _collect, _in_submission_order, _route, timeout_until
 from engine.core.loop import FleetStepHook, RunResult, StepLog, WallClock
@@ -118,6 +118,7 @@ class _WallElastic(FleetStates):
             if index in self.starting and not ended:
                 self.starting.remove(index)
                 self.lifetimes[index].ready_s = self.clock.now()
+                self._became_ready(self.clock.now())
                 self.links.send(index, "run", self.clock.origin)
                 self.serving.append(index)
         elif kind == "done":

@@ -150,6 +150,7 @@ class DecoderForCausalLM(nn.Module):
             raise ValueError(f"{type(self).__name__} cannot serve model_type={shape.model_type!r} "
                              f"(that is {shape.architecture.hf_class}); build it with engine.models.build_model")
         self.tp = tp = tp or TensorParallel()
+        self.weights_load_s: float | None = None  # the loader's time to fill the weights (engine.loader)
         with torch.device("meta"):
             self.model = DecoderModel(shape, attention_backend, tp, self.build_mlp)
             self.lm_head = ParallelLMHead(shape.vocab_size, shape.hidden_size, tp)

@@ -85,7 +85,8 @@ def _timed(spec: dict, conn, up: float) -> None:
         run(make_scheduler(spec["scheduler"], info, spec["cache"]), executor, [request], WallClock())
         first = time.perf_counter() - started
         conn.send({"up": up, "imported": imported, "ready": ready, "first_token_s": first, "device": info.device,
-                   "num_blocks": info.num_blocks, **{f"{p}_s": executor.startup_s[p] for p in PHASES}})
+                   "num_blocks": info.num_blocks, "weights_s": executor.weights_load_s,
+                   **{f"{p}_s": executor.startup_s[p] for p in PHASES}})
     finally:
         executor.shutdown()
 
@@ -138,10 +139,14 @@ def probe(model: str, ckpt: Path, hardware: str, out: Path, repeats: int, cached
               "in the page cache)", flush=True)
         row = {"model": model, "hardware": hardware, "repeat": i, "kind": kind, "resident_before": resident,
                "weight_bytes": size, **start_once(spec, timeout_s)}
+        row["setup_s"] = row["startup_s"] - row["process_s"] - sum(row[f"{p}_s"] for p in PHASES)
         row["load_bytes_per_s"] = size / row["load_s"]
+        # the weight read alone (the load lap also holds the CUDA context, the model's allocation, the runner)
+        row["weights_bytes_per_s"] = size / row["weights_s"] if row["weights_s"] else float("nan")
         rows.append(row)
         print(f"[cold start]   process {row['process_s']:.1f} s, load {row['load_s']:.1f} s "
-              f"({row['load_bytes_per_s'] / 1e9:.2f} GB/s), KV cache {row['kv_cache_s']:.1f} s, capture "
+              f"({row['load_bytes_per_s'] / 1e9:.2f} GB/s; the weights {row['weights_s'] or 0:.2f} s of it), "
+              f"KV cache {row['kv_cache_s']:.1f} s, capture "
               f"{row['capture_s']:.1f} s, ready {row['startup_s']:.1f} s, first token {row['first_token_s']:.2f} s",
               flush=True)
         pd.DataFrame(rows).to_csv(out / f"cold_start_{model}.csv", index=False)  # kept if a later start fails
@@ -165,13 +170,17 @@ def summarize(rows: list[dict], tp_size: int, command: str) -> dict:
     def median(key: str, of: list[dict]) -> float:
         return float(statistics.median(r[key] for r in of))
 
+    for r in rows:  # the executor's set-up before its first timed phase: part of the start, in no phase
+        r.setdefault("setup_s", r["startup_s"] - r["process_s"] - sum(r[f"{p}_s"] for p in PHASES))
     first = rows[0]
     return {"hardware": first["hardware"], "model": first["model"], "tp_size": tp_size, "device": first["device"],
             "weight_bytes": int(first["weight_bytes"]),
-            **{k: median(k, timed) for k in ("interpreter_s", "process_s", "load_s", "kv_cache_s", "capture_s",
-                                             "warm_up_s", "startup_s", "first_token_s")},
+            **{k: median(k, timed) for k in ("interpreter_s", "process_s", "setup_s", "load_s", "kv_cache_s",
+                                             "capture_s", "warm_up_s", "startup_s", "first_token_s")},
             "load_bytes_per_s": median("load_bytes_per_s", timed),
             "cached_load_bytes_per_s": median("load_bytes_per_s", cached or timed),
+            **({"weights_s": median("weights_s", timed), "weights_bytes_per_s": median("weights_bytes_per_s", timed)}
+               if all(r.get("weights_s") for r in timed) else {}),
             "starts_from_disk": len(disk), "starts_from_page_cache": len(cached),
             "measured": date.today().isoformat(), "command": command}
 

@@ -7,11 +7,14 @@ schedule policy (autoscale.schedule=[[0,1],[t0,2]]) launches the second replica'
 which loads the checkpoint, captures its graphs and takes traffic once it says it is ready. The
 simulator serves the same workload with the same schedule, the new replica's start-up being the
 cold start this call measures with the fleet's settings (from the page cache: the first replica
-has just read the checkpoint), and the profiled cost model of the GPU and model.
+has just read the checkpoint) beside a replica serving the HIGH rate, as the engine's second
+replica starts (experiments/autoscale/loaded_probe.py), and the profiled cost model of the GPU and model.
 
 Stages, each written as it ends (a timeout keeps what ran), under --out:
   cold_start/      the committed calibration's probe of --model at the default settings (--no-probe: none)
-  midrun_probe/    the cold start at the fleet's settings (page cache), which prices the simulated start
+  midrun_probe/    the cold start at the fleet's settings (page cache); its calibration, with the start
+                   beside a serving replica under "under_load", prices the simulated start
+  midrun_probe_loaded/  that start beside a replica serving HIGH on GPU 0 (loaded_probe.py; --no-loaded: none)
   engine/, sim/    summary.csv, timeline.csv, lifetimes.csv, scaling.csv, autoscale.png of each side
   midrun_compare.csv, midrun_summary.csv, midrun.md, midrun_timeline.png
   cold_start/ again for each --probe-after model (qwen3-8b: its checkpoint is written first, 1-2 min)
@@ -27,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.autoscale import cold_start, midrun_compare
+from experiments.autoscale import cold_start, loaded_probe, midrun_compare
 
 CPU = {"model": "tiny-qwen3", "rates": "3,8", "t0": 2.0, "duration": 30.0, "window": 3.0, "interval": 1.0,
        "max_num_seqs": 4}
@@ -100,6 +103,18 @@ def compare(out: Path, title: str) -> dict:
     return summary
 
 
+def probe_loaded(args: argparse.Namespace, ckpt: Path, hardware: str, settings: list[str], base: list[str],
+                 alone_s: float) -> dict:
+    """The start beside a replica serving the HIGH rate (experiments/autoscale/loaded_probe.py): the
+    neighbour's own start (alone_s) and 10 s pass first; it serves long enough for both starts."""
+    high = float(args.rates.split(",")[1])
+    wait = alone_s + 10.0
+    neighbour = loaded_probe.neighbour_overrides(args.model, ckpt, hardware, high, 4 * alone_s + 30.0,
+                                                 args.max_num_seqs, [*base, *args.set])
+    return loaded_probe.probe_under_load(args.model, ckpt, hardware, args.out / "midrun_probe_loaded", 2, settings,
+                                         neighbour, wait, args.cpu)
+
+
 def check(args: argparse.Namespace) -> None:
     rates = args.rates.split(",")
     if len(rates) != 2 or not all(r.replace(".", "", 1).isdigit() and float(r) > 0 for r in rates):
@@ -126,6 +141,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--router", default="least_requests")
     p.add_argument("--repeats", type=int, default=2, help="cold-start probe: starts from disk")
     p.add_argument("--no-probe", dest="probe", action="store_false", help="skip the default-settings probe")
+    p.add_argument("--no-loaded", dest="loaded", action="store_false", help="skip the probe beside a serving "
+                   "replica (the simulated start is then priced by the probe alone)")
     p.add_argument("--probe-after", default="", help="models probed after the fleet, e.g. qwen3-8b")
     p.add_argument("--set", action="append", default=[], help="another harness override for both sides")
     return p
@@ -155,11 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     fleet_settings = [f"scheduler.max_num_seqs={args.max_num_seqs}", *base, *args.set]
     measured = cold_start.probe(args.model, ckpt, hardware, args.out / "midrun_probe", 0, 2, False, fleet_settings,
                                 "midrun_dp, the fleet's settings")
+    alone_path = args.out / "midrun_probe" / "profiles" / hardware / f"{args.model}.cold_start.json"
+    if args.loaded:
+        loaded = probe_loaded(args, ckpt, hardware, fleet_settings, base, measured["startup_s"])
+        loaded_probe.merged(alone_path, loaded)
+        print(f"[midrun] start-up beside a serving replica {loaded['startup_s']:.1f} s (alone "
+              f"{measured['startup_s']:.1f} s)", flush=True)
     serve(engine_side, args.out / "engine")
     from harness.autoscale.calibration import read_calibration
 
     rc = sim_side[0]
-    calibration = read_calibration(args.out / "midrun_probe" / "profiles" / hardware / f"{args.model}.cold_start.json")
+    calibration = read_calibration(alone_path)  # its under_load, where measured, prices the start
     cold = calibration.cold_start(0.0, rc.model.weight_bytes_per_rank(1), rc.sim.execution.enforce_eager, cached=True)
     print(f"[midrun] simulated start-up {cold.total_s:.1f} s (measured ready {measured['startup_s']:.1f} s)",
           flush=True)

@@ -4,8 +4,15 @@ profiles/<hardware>/<model>.cold_start.json (a conf/hardware name, a conf/model 
 medians that experiments/autoscale/cold_start.py measured on that GPU: the engine process's start
 (interpreter and imports), the weight load from disk (bytes/s, the page cache dropped first) and
 from the page cache, the KV cache's sizing and warm-up, and CUDA graph capture; with the command
-that measured them. A new replica's start-up is then provision_s (never measured: a machine or a
-pod) + process + the model's weight bytes per rank at the measured bandwidth + KV set-up + capture.
+that measured them; setup_s, the engine's own set-up between its imports and its first timed
+phase (the device, the attention backend), where the probe recorded it. A new replica's start-up
+is then provision_s (never measured: a machine or a pod) + process + set-up + the model's weight
+bytes per rank at the measured bandwidth + KV set-up + capture.
+
+A replica started mid-run starts beside replicas that serve. Where the probe also measured the
+start with a replica serving on the same host (experiments/autoscale/midrun_dp.py's loaded probe:
+the host's CPU cores, page cache and PCIe shared with a busy neighbour), the file holds that
+calibration under "under_load", and it prices the start: every phase as measured under load.
 """
 
 from __future__ import annotations
@@ -38,16 +45,20 @@ class ColdStartCalibration:
     warm_up_s: float  # the warm-up steps after allocation (none where the cache is profiled)
     capture_s: float  # CUDA graph capture
     command: str
+    setup_s: float = 0.0  # imports done to the first timed phase (files from before the probe timed it: 0)
+    under_load: ColdStartCalibration | None = None  # the same start beside a serving replica
 
     def cold_start(self, provision_s: float, weight_bytes_per_rank: int, eager: bool,
                    cached: bool = False) -> ColdStart:
         """The start-up of a replica of weight_bytes_per_rank per GPU: provision_s, then the measured
         phases (no capture with eager execution); cached: its checkpoint is in the page cache (a
         second replica on the machine that just loaded the first)."""
+        if self.under_load is not None:
+            return self.under_load.cold_start(provision_s, weight_bytes_per_rank, eager, cached)
         bandwidth = self.cached_load_bytes_per_s if cached else self.load_bytes_per_s
         return ColdStart(provision_s=provision_s, load_s=weight_bytes_per_rank / bandwidth,
                          capture_s=0.0 if eager else self.capture_s,
-                         process_s=self.process_s + self.kv_cache_s + self.warm_up_s)
+                         process_s=self.process_s + self.setup_s + self.kv_cache_s + self.warm_up_s)
 
 
 def calibration_path(hardware_conf: str, model_name: str, root: Path | None = None) -> Path:
@@ -60,11 +71,19 @@ def read_calibration(path: Path) -> ColdStartCalibration:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise ConfigError(f"{path}: not a cold-start calibration ({error})") from None
+    return _calibration(data, path, str(path))
+
+
+def _calibration(data: object, path: Path, where: str) -> ColdStartCalibration:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: not a cold-start calibration (a JSON object)")
     missing = [k for k in FIELDS if k not in data]
     if missing:
-        raise ConfigError(f"{path}: a cold-start calibration needs {missing}")
-    phases = {k: float(data[k]) for k in FIELDS[1:-1]}
-    return ColdStartCalibration(path=path, tp_size=int(data["tp_size"]), command=str(data["command"]), **phases)
+        raise ConfigError(f"{where}: a cold-start calibration needs {missing}")
+    phases = {k: float(data[k]) for k in (*FIELDS[1:-1], "setup_s") if k in data}
+    loaded = _calibration(data["under_load"], path, f"{where} under_load") if "under_load" in data else None
+    return ColdStartCalibration(path=path, tp_size=int(data["tp_size"]), command=str(data["command"]),
+                                under_load=loaded, **phases)
 
 
 def find_calibration(hardware_name: str, model_name: str, tp_size: int,

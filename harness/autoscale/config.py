@@ -55,6 +55,9 @@ class AutoscaleConfig:
     one more replica above slo_target x SLO, one fewer below slo_scale_down_below x SLO.
     schedule: schedule=[[t0, n0], [t1, n1], ...] replicas from t_i seconds (at the first evaluation
     at or after it); the only policy an engine fleet (backend=engine) takes.
+    settle: no scale-up while a replica is still starting, and once it serves the policy reads only
+    requests that arrived since (engine.core.elastic_states.Scaling.settle); the schedule policy,
+    which reads the time alone, never settles. false: every evaluation reads everything.
     calibration: price a new replica's start-up with the measured cold start of the hardware and
     model (profiles/<hardware>/<model>.cold_start.json) where there is one; false, or without one:
     graph_capture_s and hardware.weight_load_bytes_per_s.
@@ -80,6 +83,7 @@ class AutoscaleConfig:
     slo_scale_down_below: float = 0.4
     schedule: tuple[tuple[float, float], ...] | None = None
     calibration: bool = True
+    settle: bool = True
 
     def __post_init__(self) -> None:
         from harness.autoscale.policies import AUTOSCALE_POLICIES
@@ -136,8 +140,9 @@ class AutoscaleConfig:
         return ColdStart(self.provision_s, weight_bytes / load_bytes_per_s, self.graph_capture_s)
 
     def scaling(self, cold_start: ColdStart) -> Scaling:
+        settle = self.settle and self.policy != "schedule"
         return Scaling(self.min_replicas, self.max_replicas, self.interval_s, self.scale_up_cooldown_s,
-                       self.scale_down_cooldown_s, self.max_scale_down, self.window_s, cold_start)
+                       self.scale_down_cooldown_s, self.max_scale_down, self.window_s, cold_start, settle)
 
 
 def build_autoscale(cfg: DictConfig) -> tuple[AutoscaleConfig, SLO]:

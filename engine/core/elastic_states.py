@@ -1,0 +1,235 @@
+"""What every elastic fleet shares (engine.core.elastic's simulated one, engine.core.disagg_elastic's
+pools, engine.core.elastic_wall's engine processes): a new replica's priced start-up, the scaling
+rules, what a policy sees, the lifetimes and scale events, and FleetStates, the bookkeeping of which
+replicas are starting, serving and draining and how an evaluation acts; SimulatedStates adds what
+the two simulated fleets share: replicas on their own clocks, each starting one ready at its time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.core.fleet import FleetResult
+from engine.core.loop import Replica
+from engine.core.request import Request
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """A new replica's start-up, in seconds: provisioning (a machine, a container), loading the
+    weights, capturing CUDA graphs, and the rest of the engine's own start (process_s: the
+    interpreter and its imports, sizing and allocating the KV cache). It takes traffic after total_s."""
+
+    provision_s: float = 0.0
+    load_s: float = 0.0
+    capture_s: float = 0.0
+    process_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.provision_s + self.process_s + self.load_s + self.capture_s
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How the fleet scales: bounds, how often the policy is asked, cooldowns (an action waits this
+    long after the previous action of either direction), how many replicas one evaluation may drain,
+    the sliding window of finished requests the policy sees, and whether it settles (below)."""
+
+    min_replicas: int
+    max_replicas: int
+    interval_s: float
+    scale_up_cooldown_s: float
+    scale_down_cooldown_s: float
+    max_scale_down: int
+    window_s: float
+    cold_start: ColdStart
+    # settle: no scale-up while a replica is still starting, and once it serves, the policy reads
+    # only requests that arrived since (their latencies, waiting ages and queue). The capacity a
+    # start brings cannot show in what a policy reads before it serves, and a backlog queued on the
+    # older replicas before then stays on them (requests do not move): judged on either, every
+    # evaluation would ask again for the replicas the pending start already answers.
+    settle: bool = False
+
+
+@dataclass(frozen=True)
+class ReplicaSignal:
+    running: int
+    waiting: int  # queued in the scheduler or routed and not yet admitted
+    kv_used: float  # fraction of KV blocks in use, 0-1
+
+
+@dataclass(frozen=True)
+class FleetSignal:
+    """What a policy sees at an evaluation: each serving replica's load, how many are starting and
+    draining, the TTFT and TPOT of requests finished within the window, and how long each request
+    still waiting for its first token has waited (its TTFT will be at least that)."""
+
+    now: float
+    serving: tuple[ReplicaSignal, ...]
+    starting: int
+    draining: int
+    ttfts: tuple[float, ...]
+    tpots: tuple[float, ...]
+    waiting_ages: tuple[float, ...]
+
+
+def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling, starting: int = 0) -> int:
+    """How many replicas to start (> 0) or to take away (< 0) now: the policy's wish clamped to
+    [min_replicas, max_replicas], an action waiting its cooldown after the previous one of either
+    direction, at most max_scale_down taken away at once; with settle, no start while `starting`
+    replicas (counted in current) are still starting."""
+    want = min(max(want, scaling.min_replicas), scaling.max_replicas)
+    held = scaling.settle and starting > 0
+    if want > current and not held and since_last_action_s >= scaling.scale_up_cooldown_s:
+        return want - current
+    if want < current and since_last_action_s >= scaling.scale_down_cooldown_s:
+        return -min(current - want, scaling.max_scale_down)
+    return 0
+
+
+def finished_latencies(r: Request) -> tuple[float, float, float, float] | None:
+    """(finish, TTFT, TPOT or NaN for a one-token output, arrival) of a finished request, as a
+    policy's window holds them; None for one that never produced a token."""
+    if r.first_token_time is None or r.finish_time is None:
+        return None
+    decode = r.num_output_tokens - 1
+    tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
+    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time
+
+
+class ScalingPolicy(Protocol):
+    def desired(self, signal: FleetSignal) -> int:
+        """How many replicas (serving + starting) the fleet should have; the fleet clamps it to
+        [min_replicas, max_replicas] and applies the cooldowns."""
+
+
+@dataclass
+class Lifetime:
+    index: int
+    requested_s: float
+    ready_s: float
+    drain_s: float | None = None
+    stop_s: float | None = None  # None until it stops; the run's end for those still serving then
+    cancelled: bool = False  # stopped while still starting
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    time_s: float
+    direction: str  # "up" or "down"
+    replicas: tuple[int, ...]  # the replicas started, or drained / cancelled
+
+
+@dataclass
+class ElasticResult:
+    fleet: FleetResult
+    lifetimes: list[Lifetime]
+    events: list[ScaleEvent] = field(default_factory=list)
+
+
+class FleetStates:
+    """The bookkeeping a simulated (run_elastic) and an engine (engine.core.elastic_wall) elastic
+    fleet share: which replicas are starting, serving and draining, their lifetimes, the scale
+    events, the window of finished requests a policy sees, and how an evaluation acts."""
+
+    def __init__(self, scaling: Scaling, policy: ScalingPolicy | None) -> None:
+        self.scaling = scaling
+        self.policy = policy
+        self.lifetimes: list[Lifetime] = []
+        self.serving: list[int] = []
+        self.starting: list[int] = []
+        self.draining: list[int] = []
+        self.events: list[ScaleEvent] = []
+        self.last_action = -math.inf
+        self.settled = -math.inf  # when the latest started replica began to serve (Scaling.settle)
+        self.finished: deque[tuple[float, float, float, float]] = deque()  # (finish, ttft, tpot or nan, arrival)
+
+    def _new_lifetime(self, now: float, ready: float) -> int:
+        index = len(self.lifetimes)
+        self.lifetimes.append(Lifetime(index, now, ready))
+        return index
+
+    def _record_finished(self, finished: Iterable[Request]) -> None:
+        for r in finished:
+            if (entry := finished_latencies(r)) is not None:
+                self.finished.append(entry)
+
+    def fresh(self, arrival: float) -> bool:
+        """Whether a request that arrived then counts in what the policy reads (Scaling.settle)."""
+        return not self.scaling.settle or arrival >= self.settled
+
+    def _became_ready(self, now: float) -> None:
+        self.settled = max(self.settled, now)
+
+    def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
+        those that arrived since the latest start began to serve)."""
+        while self.finished and self.finished[0][0] < now - self.scaling.window_s:
+            self.finished.popleft()
+        window = [f for f in self.finished if self.fresh(f[3])]
+        return tuple(f[1] for f in window), tuple(f[2] for f in window if f[2] == f[2])
+
+    def _change(self, signal: FleetSignal) -> int:
+        assert self.policy is not None
+        return scale_by(self.policy.desired(signal), len(self.serving) + len(self.starting),
+                        signal.now - self.last_action, self.scaling, len(self.starting))
+
+    def _acted(self, event: ScaleEvent) -> None:
+        self.events.append(event)
+        self.last_action = event.time_s
+
+    def _remove(self, now: float, count: int, outstanding: Callable[[int], int]) -> list[int]:
+        """Cancel the newest starting replicas first, then drain the serving ones holding the fewest
+        requests (outstanding(index); ties: the newest)."""
+        removed = []
+        for _ in range(count):
+            if self.starting:
+                index = self.starting.pop()
+                life = self.lifetimes[index]
+                life.drain_s = life.stop_s = now
+                life.cancelled = True
+            else:
+                index = min(reversed(self.serving), key=outstanding)
+                self.serving.remove(index)
+                self.draining.append(index)
+                self.lifetimes[index].drain_s = now
+            removed.append(index)
+        return removed
+
+
+class SimulatedStates(FleetStates):
+    """FleetStates over simulated replicas (self.replicas, by index, each on its own clock): a
+    starting replica serves from its ready time on, its clock moved there."""
+
+    def __init__(self, scaling: Scaling, policy: ScalingPolicy | None) -> None:
+        super().__init__(scaling, policy)
+        self.replicas: list[Replica] = []  # every replica made, by index
+
+    def next_ready(self) -> float:
+        return min((self.lifetimes[i].ready_s for i in self.starting), default=math.inf)
+
+    def promote(self, now: float) -> None:
+        for index in [i for i in self.starting if self.lifetimes[i].ready_s <= now]:
+            self.starting.remove(index)
+            self.replicas[index].clock.wait_until(self.lifetimes[index].ready_s)
+            self.serving.append(index)
+            self._became_ready(self.lifetimes[index].ready_s)
+
+    def waiting_signal(self, replica: Replica, now: float) -> tuple[int, list[float]]:
+        """How many requests a replica holds waiting to be admitted (queued in its scheduler or
+        routed and not yet taken in), and the ages of those still waiting for their first token;
+        with settle, only of requests that arrived since the latest start began to serve."""
+        scheduler = replica.scheduler
+        if not self.scaling.settle:
+            ages = [now - r.arrival_time for r in scheduler.requests.values() if r.first_token_time is None]
+            return scheduler.num_waiting + len(replica.inbox), ages + [now - r.arrival_time for r in replica.inbox]
+        inbox = [r for r in replica.inbox if r.arrival_time >= self.settled]
+        waiting = sum(1 for r in scheduler.waiting if r.arrival_time >= self.settled) + len(inbox)
+        ages = [now - r.arrival_time for r in scheduler.requests.values()
+                if r.first_token_time is None and r.arrival_time >= self.settled]
+        return waiting, ages + [now - r.arrival_time for r in inbox]
