@@ -114,10 +114,11 @@ def _weight_files(root: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: DecoderForCausalLM, root: Path, read_mode: str = "auto") -> None:
+def load_weights(model: DecoderForCausalLM, root: Path, read_mode: str = "mapped") -> None:
     """Fill every parameter from the checkpoint's files (engine.weight_reader reads them onto the
     model's device, read_mode one of its READ_MODES; the parameters' weight loaders take this
-    rank's shard there)."""
+    rank's shard there). The default is the memory-mapped read on every device: the streamed read
+    onto a GPU stays opt-in until experiments/autoscale/load_bench.py has measured it there."""
     device = model.lm_head.weight.device
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.shape.tie_word_embeddings

@@ -1,13 +1,14 @@
 """Read the tensors of a safetensors file onto the model's device.
 
-Onto a GPU ("streamed"): the file's tensors are grouped into batches of adjacent tensors
-(BATCH_BYTES, or one tensor where it is larger); READERS threads pread each batch's bytes in
-CHUNK_BYTES pieces into pinned host buffers ahead of the copies (large reads, no page faults of a
-memory map, the disk or page cache read in parallel), each piece is copied asynchronously into
-the batch's device buffer, and the batch's tensors are slices of that buffer: dtype conversion
-and the packing into fused parameters then run on the GPU (the weight loaders' copy_). Reading
-tensor by tensor from the memory map ("mapped") copies each from pageable memory through the
-driver's staging buffer, synchronously, one tensor at a time.
+Onto a GPU, opt-in ("streamed"; engine.loader reads "mapped" until load_bench has measured it
+there): the file's tensors are grouped into batches of adjacent tensors (BATCH_BYTES, or one tensor
+where it is larger); READERS threads pread each batch's bytes in CHUNK_BYTES pieces into pinned host
+buffers ahead of the copies (large reads, no page faults of a memory map, the disk or page cache
+read in parallel), each piece is copied asynchronously into the batch's device buffer, and the
+batch's tensors are slices of that buffer: dtype conversion and the packing into fused parameters
+then run on the GPU (the weight loaders' copy_). Reading tensor by tensor from the memory map
+("mapped") copies each from pageable memory through the driver's staging buffer, synchronously, one
+tensor at a time.
 
 Onto the CPU ("mapped", the default there): each tensor is a view of the memory map, copied once,
 into its parameter (a read into a buffer first would copy every byte twice).
