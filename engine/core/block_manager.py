@@ -42,6 +42,21 @@ def block_hasher(size: int) -> Callable[[int, list[int] | tuple[int, ...]], int]
     return hash_block
 
 
+def block_keys(data: bytes | memoryview, block_size: int) -> list[int]:
+    """The keys of the full blocks of token ids given as native int64 bytes (numpy's tobytes):
+    chain_hash's, block after block, without packing the ids (a caller that has the bytes sets a
+    request's block_hashes from them before the block manager sees it)."""
+    width = 8 * block_size
+    digest = xxhash.xxh64_intdigest
+    view = memoryview(data).cast("B")
+    keys: list[int] = []
+    parent = _NO_PARENT
+    for start in range(0, len(view) - width + 1, width):
+        parent = digest(parent.to_bytes(8, "little") + view[start : start + width])
+        keys.append(parent)
+    return keys
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
