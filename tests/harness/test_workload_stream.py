@@ -55,9 +55,10 @@ def test_lazy_ids_are_the_eager_draw_in_any_chunking(seed, n, chunk, prefix, ski
 def test_streamed_prompt_block_keys_are_the_block_managers(seed, n, chunk, prefix, block_size):
     """stream(block_size) hands each request its full prompt blocks' keys, hashed from the drawn
     ids' bytes: the keys the block manager packs from the ids, shared prefixes included."""
+    shared = SharedPrefixConfig(num_groups=2, prefix_len=23, fraction=0.5) if prefix else None
     cfg = WorkloadConfig(num_requests=n, seed=seed, arrival="gamma", rate=10.0, cv=3.0,
                          prompt_len=LengthConfig("uniform", 1, 90), output_len=LengthConfig("uniform", 1, 40),
-                         shared_prefix=SharedPrefixConfig(num_groups=2, prefix_len=23, fraction=0.5) if prefix else None)
+                         shared_prefix=shared)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(source, "CHUNK_TOKENS", chunk)
         streamed = list(build_workload(cfg, 100).stream(block_size))
