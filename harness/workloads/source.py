@@ -125,7 +125,7 @@ class RequestSource:
 
     def _keys(self, rows: range, ids_drawn: np.ndarray, block_size: int) -> list[list[int]]:
         """The keys of each row's full prompt blocks (none for a row not kept), from its ids' bytes."""
-        raw = memoryview(np.ascontiguousarray(ids_drawn, dtype=np.int64)).cast("B")
+        raw = np.ascontiguousarray(ids_drawn, dtype=np.int64).data.cast("B")
         prefixes: dict[int, bytes] = {}
         keys: list[list[int]] = []
         at = 0
