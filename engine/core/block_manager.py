@@ -67,7 +67,8 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_keys: list[int | None] = [None] * num_blocks
         self.block_parent_keys: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        # a cached block's token ids (a slice of its request's, kept as the list: never changed)
+        self.block_tokens: list[list[int] | None] = [None] * num_blocks
         self.key_to_block: dict[int, int] = {}
         self.free_pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # Held blocks' references beyond their first (sum of max(holders - 1, 0)) and the requests
@@ -103,7 +104,7 @@ class BlockManager:
         hits: list[int] = []
         for i in range(max_blocks):
             block = self.key_to_block.get(request.block_hashes[i])
-            if block is None or self.block_tokens[block] != tuple(tokens[i * size : (i + 1) * size]):
+            if block is None or self.block_tokens[block] != tokens[i * size : (i + 1) * size]:
                 break
             hits.append(block)
         return hits
@@ -199,17 +200,24 @@ class BlockManager:
         start = request.num_registered_blocks
         if full <= start:
             return
-        self._extend_hashes(request, full)
+        hashes = request.block_hashes
+        if len(hashes) < start:
+            self._extend_hashes(request, start)
         size = self.block_size
+        tokens, table, key_to_block = request.token_ids, request.block_table, self.key_to_block
         for i in range(start, full):
-            key = request.block_hashes[i]
-            block = request.block_table[i]
-            if key in self.key_to_block:
+            ids = tokens[i * size : (i + 1) * size]  # (one slice: hashed here if not yet, and kept)
+            parent = hashes[i - 1] if i else _NO_PARENT
+            if i == len(hashes):
+                hashes.append(self._hash_block(parent, ids))
+            key = hashes[i]
+            block = table[i]
+            if key in key_to_block:
                 continue  # computed twice in one step by two requests: the first copy serves
-            self.key_to_block[key] = block
+            key_to_block[key] = block
             self.block_keys[block] = key
-            self.block_parent_keys[block] = request.block_hashes[i - 1] if i else _NO_PARENT
-            self.block_tokens[block] = tuple(request.token_ids[i * size : (i + 1) * size])
+            self.block_parent_keys[block] = parent
+            self.block_tokens[block] = ids
         request.num_registered_blocks = full
 
     def _extend_hashes(self, request: Request, num_blocks: int) -> None:
