@@ -22,11 +22,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import ScheduledRequest, StepPlan, StepResult
-from sim.xxh import xxh64_u64
+from sim.xxh import xxh64_from_lanes, xxh64_lanes
 
 if TYPE_CHECKING:
     from sim.cost_model import CostModel
@@ -51,6 +52,7 @@ class SimExecutor:
         self._info = info
         self._vocab_size = vocab_size
         self._eos_token_id = eos_token_id
+        self._lanes: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)  # xxh64_lanes of positions 0, 1, ...
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
         self._hooks = StepHooks()
         self._unread = 0  # submitted steps whose result the loop has not read yet
@@ -155,15 +157,19 @@ class SimExecutor:
             if request_seed is None:
                 request_seed = seeds[request_id] = hash_int(request_id.encode(), self.seed)
             run_seeds.append(request_seed)
+        end = max(first + count for _, first, count in runs)
+        lanes = self._lanes
+        if len(lanes) < end:  # positions' seedless part of the hash, kept: it repeats every run
+            lanes = self._lanes = xxh64_lanes(np.arange(max(end, 2 * len(lanes)), dtype=np.uint64))
         if len(runs) == 1:
             first = runs[0][1]
-            hashes = xxh64_u64(np.arange(first, first + total, dtype=np.uint64), run_seeds[0])
+            hashes = xxh64_from_lanes(lanes[first : first + total].copy(), run_seeds[0])
         else:
             counts = np.array([count for _, _, count in runs], dtype=np.int64)
             firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
             offsets = np.cumsum(counts) - counts
-            positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
-            hashes = xxh64_u64(positions, np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
+            positions = np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)
+            hashes = xxh64_from_lanes(lanes.take(positions), np.repeat(np.array(run_seeds, dtype=np.uint64), counts))
         hashes %= np.uint64(self._vocab_size)
         tokens = hashes.astype(np.int64)  # (Python ints of an int64 array are made faster than of uint64)
         eos = self._eos_token_id
