@@ -140,8 +140,8 @@ class BlockManager:
             request.num_registered_blocks = len(hits)
         need = self.blocks_for(num_tokens) - len(table)
         assert need <= len(self.free_pool), "allocate() without can_allocate()"
-        for _ in range(need):
-            table.append(self._take_free())
+        if need > 0:
+            self._take_free(table, need)
         if was_empty and table:
             self.num_holders += 1
 
@@ -149,19 +149,22 @@ class BlockManager:
         """allocate() of one block more for a request that holds blocks: a decode step's next slot
         (engine.core.fast_forward books them without a plan)."""
         assert request.block_table and self.free_pool, "allocate_next() of a request with no blocks, or none free"
-        request.block_table.append(self._take_free())
+        self._take_free(request.block_table, 1)
 
-    def _take_free(self) -> int:
-        """The least recently freed block, held once, its prefix-cache key dropped."""
-        block, _ = self.free_pool.popitem(last=False)
-        key = self.block_keys[block]
-        if key is not None:
-            if self.key_to_block.get(key) == block:
-                del self.key_to_block[key]
-            self.block_keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
-            self.evictions += 1
-        self.ref_counts[block] = 1
-        return block
+    def _take_free(self, table: list[int], count: int) -> None:
+        """Append the count least recently freed blocks to table, each held once, its prefix-cache
+        key dropped (one call for a request's blocks: a prefill takes several)."""
+        pop, keys, refs = self.free_pool.popitem, self.block_keys, self.ref_counts
+        for _ in range(count):
+            block, _ = pop(last=False)
+            key = keys[block]
+            if key is not None:
+                if self.key_to_block.get(key) == block:
+                    del self.key_to_block[key]
+                keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
+                self.evictions += 1
+            refs[block] = 1
+            table.append(block)
 
     def record_lookup(self, request: Request, num_hits: int) -> None:
         """Count misses for a lookup whose hits were taken (hits are counted by allocate)."""
