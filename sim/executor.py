@@ -24,7 +24,7 @@ import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import ScheduledRequest, StepPlan, StepResult
-from sim.sampled import SampledTokens, hash_runs, hash_tokens, position_bytes
+from sim.sampled import PositionLanes, SampledTokens, hash_runs, hash_tokens, position_bytes
 from sim.sampled import request_seed as request_seed_of
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class SimExecutor:
         self._info = info
         self._vocab_size = vocab_size
         self._eos_token_id = eos_token_id
+        self._lanes = PositionLanes()  # the seedless part of each position's hash, kept across runs
         self._request_seeds: dict[str, int] = {}  # per-request hash seed, dropped when released
         self._hooks = StepHooks()
         self._unread = 0  # submitted steps whose result the loop has not read yet
@@ -146,7 +147,7 @@ class SimExecutor:
         missing = [i for i, tokens in enumerate(out) if tokens is None]
         if missing:
             seeded = [(self._seed_of(runs[i][0]), runs[i][1], runs[i][2]) for i in missing]
-            for i, tokens in zip(missing, hash_runs(seeded, self._vocab_size, self._eos_token_id)):
+            for i, tokens in zip(missing, hash_runs(seeded, self._vocab_size, self._eos_token_id, self._lanes)):
                 out[i] = tokens
         return out  # type: ignore[return-value]  # every None was filled
 

@@ -86,9 +86,9 @@ from sim.step_table import complete_columns, table_regimes
 
 # the regimes' names and rules are sim.profiled_regimes'; re-exported for the modules that price
 # with this model
-__all__ = ["DECODE_REGIMES", "DEVICE_PRICED_REGIMES", "EAGER_REGIMES", "HOST_PARTS", "HOST_REGIME", "HOST_STALL_S", "OVERLAP_REGIMES",
-           "REGIMES", "REQUIRED_OVERLAP_PARTS", "ExtrapolationWarning", "ProfiledCostModel", "complete_columns",
-           "table_regimes"]
+__all__ = ["DECODE_REGIMES", "DEVICE_PRICED_REGIMES", "EAGER_REGIMES", "HOST_PARTS", "HOST_REGIME", "HOST_STALL_S",
+           "OVERLAP_REGIMES", "REGIMES", "REQUIRED_OVERLAP_PARTS", "ExtrapolationWarning", "ProfiledCostModel",
+           "complete_columns", "table_regimes"]
 
 
 class ExtrapolationWarning(UserWarning):

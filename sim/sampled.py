@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
-from sim.xxh import xxh64_u64
+from sim.xxh import xxh64_from_lanes, xxh64_lanes
 
 # position.to_bytes(8, "little") (positions are never negative), in half the time: once per sampled token
 position_bytes = struct.Struct("<Q").pack
@@ -37,22 +38,38 @@ def hash_tokens(request_seed_: int, first: int, count: int, vocab_size: int, eos
     return tokens
 
 
-def hash_runs(runs: Sequence[tuple[int, int, int]], vocab_size: int, eos_token_id: int | None) -> list[list[int]]:
+class PositionLanes:
+    """xxh64_lanes of positions 0, 1, ...: the part of a position's hash that does not depend on
+    the seed, kept because every run of a simulation hashes the same positions again."""
+
+    def __init__(self) -> None:
+        self._lanes: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
+
+    def upto(self, end: int) -> npt.NDArray[np.uint64]:
+        """The table, covering positions below end at least (grown by doubling)."""
+        if len(self._lanes) < end:
+            self._lanes = xxh64_lanes(np.arange(max(end, 2 * len(self._lanes)), dtype=np.uint64))
+        return self._lanes
+
+
+def hash_runs(runs: Sequence[tuple[int, int, int]], vocab_size: int, eos_token_id: int | None,
+              lanes: PositionLanes | None = None) -> list[list[int]]:
     """hash_tokens for each (request seed, first position, count), the same values, in one numpy
-    pass (a few tokens in all one by one)."""
+    pass (a few tokens in all one by one); lanes: a table kept across calls (else made here)."""
     total = sum(count for _, _, count in runs)
     if total < VECTOR_TOKENS:
         return [hash_tokens(s, first, count, vocab_size, eos_token_id) for s, first, count in runs]
+    table = (lanes or PositionLanes()).upto(max(first + count for _, first, count in runs))
     if len(runs) == 1:
         seed, first, _ = runs[0]
-        hashes = xxh64_u64(np.arange(first, first + total, dtype=np.uint64), seed)
+        hashes = xxh64_from_lanes(table[first : first + total].copy(), seed)
     else:
         counts = np.array([count for _, _, count in runs], dtype=np.int64)
         firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
         offsets = np.cumsum(counts) - counts
-        positions = (np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)).astype(np.uint64)
+        positions = np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)
         seeds = np.repeat(np.array([s for s, _, _ in runs], dtype=np.uint64), counts)
-        hashes = xxh64_u64(positions, seeds)
+        hashes = xxh64_from_lanes(table.take(positions), seeds)
     hashes %= np.uint64(vocab_size)
     tokens = hashes.astype(np.int64)  # (Python ints of an int64 array are made faster than of uint64)
     if eos_token_id is not None:

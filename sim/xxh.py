@@ -20,9 +20,21 @@ def xxh64_u64(values: U64, seed: int | U64) -> U64:
     """xxh64 of each value's 8 little-endian bytes under seed (one, or one per value): wrapping
     uint64 arithmetic, the short-input path of XXH64 (one 8-byte lane, then the avalanche), in
     place on one array (a temporary per operation would cost as much as the operations)."""
+    return xxh64_from_lanes(xxh64_lanes(values), seed)
+
+
+def xxh64_lanes(values: U64) -> U64:
+    """The part of xxh64_u64 that does not depend on the seed (the lane's round): a table of it
+    over positions makes each later hash of a position five operations shorter."""
     h: U64 = values * _P2
     _rotl_in_place(h, 31)
     h *= _P1
+    return h
+
+
+def xxh64_from_lanes(lanes: U64, seed: int | U64) -> U64:
+    """xxh64_u64 of the values whose xxh64_lanes are lanes (overwritten: the result is lanes)."""
+    h = lanes
     if isinstance(seed, int):
         h ^= np.uint64((seed + int(_P5_PLUS_8)) & 0xFFFFFFFFFFFFFFFF)
     else:

@@ -42,6 +42,21 @@ def block_hasher(size: int) -> Callable[[int, list[int] | tuple[int, ...]], int]
     return hash_block
 
 
+def block_keys(data: bytes | memoryview, block_size: int) -> list[int]:
+    """The keys of the full blocks of token ids given as native int64 bytes (numpy's tobytes):
+    chain_hash's, block after block, without packing the ids (a caller that has the bytes sets a
+    request's block_hashes from them before the block manager sees it)."""
+    width = 8 * block_size
+    digest = xxhash.xxh64_intdigest
+    view = memoryview(data).cast("B")
+    keys: list[int] = []
+    parent = _NO_PARENT
+    for start in range(0, len(view) - width + 1, width):
+        parent = digest(parent.to_bytes(8, "little") + view[start : start + width])
+        keys.append(parent)
+    return keys
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -52,7 +67,8 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_keys: list[int | None] = [None] * num_blocks
         self.block_parent_keys: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        # a cached block's token ids (a slice of its request's, kept as the list: never changed)
+        self.block_tokens: list[list[int] | None] = [None] * num_blocks
         self.key_to_block: dict[int, int] = {}
         self.free_pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # Held blocks' references beyond their first (sum of max(holders - 1, 0)) and the requests
@@ -88,7 +104,7 @@ class BlockManager:
         hits: list[int] = []
         for i in range(max_blocks):
             block = self.key_to_block.get(request.block_hashes[i])
-            if block is None or self.block_tokens[block] != tuple(tokens[i * size : (i + 1) * size]):
+            if block is None or self.block_tokens[block] != tokens[i * size : (i + 1) * size]:
                 break
             hits.append(block)
         return hits
@@ -124,8 +140,8 @@ class BlockManager:
             request.num_registered_blocks = len(hits)
         need = self.blocks_for(num_tokens) - len(table)
         assert need <= len(self.free_pool), "allocate() without can_allocate()"
-        for _ in range(need):
-            table.append(self._take_free())
+        if need > 0:
+            self._take_free(table, need)
         if was_empty and table:
             self.num_holders += 1
 
@@ -133,19 +149,22 @@ class BlockManager:
         """allocate() of one block more for a request that holds blocks: a decode step's next slot
         (engine.core.fast_forward books them without a plan)."""
         assert request.block_table and self.free_pool, "allocate_next() of a request with no blocks, or none free"
-        request.block_table.append(self._take_free())
+        self._take_free(request.block_table, 1)
 
-    def _take_free(self) -> int:
-        """The least recently freed block, held once, its prefix-cache key dropped."""
-        block, _ = self.free_pool.popitem(last=False)
-        key = self.block_keys[block]
-        if key is not None:
-            if self.key_to_block.get(key) == block:
-                del self.key_to_block[key]
-            self.block_keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
-            self.evictions += 1
-        self.ref_counts[block] = 1
-        return block
+    def _take_free(self, table: list[int], count: int) -> None:
+        """Append the count least recently freed blocks to table, each held once, its prefix-cache
+        key dropped (one call for a request's blocks: a prefill takes several)."""
+        pop, keys, refs = self.free_pool.popitem, self.block_keys, self.ref_counts
+        for _ in range(count):
+            block, _ = pop(last=False)
+            key = keys[block]
+            if key is not None:
+                if self.key_to_block.get(key) == block:
+                    del self.key_to_block[key]
+                keys[block] = self.block_parent_keys[block] = self.block_tokens[block] = None
+                self.evictions += 1
+            refs[block] = 1
+            table.append(block)
 
     def record_lookup(self, request: Request, num_hits: int) -> None:
         """Count misses for a lookup whose hits were taken (hits are counted by allocate)."""
@@ -184,17 +203,24 @@ class BlockManager:
         start = request.num_registered_blocks
         if full <= start:
             return
-        self._extend_hashes(request, full)
+        hashes = request.block_hashes
+        if len(hashes) < start:
+            self._extend_hashes(request, start)
         size = self.block_size
+        tokens, table, key_to_block = request.token_ids, request.block_table, self.key_to_block
         for i in range(start, full):
-            key = request.block_hashes[i]
-            block = request.block_table[i]
-            if key in self.key_to_block:
+            ids = tokens[i * size : (i + 1) * size]  # (one slice: hashed here if not yet, and kept)
+            parent = hashes[i - 1] if i else _NO_PARENT
+            if i == len(hashes):
+                hashes.append(self._hash_block(parent, ids))
+            key = hashes[i]
+            block = table[i]
+            if key in key_to_block:
                 continue  # computed twice in one step by two requests: the first copy serves
-            self.key_to_block[key] = block
+            key_to_block[key] = block
             self.block_keys[block] = key
-            self.block_parent_keys[block] = request.block_hashes[i - 1] if i else _NO_PARENT
-            self.block_tokens[block] = tuple(request.token_ids[i * size : (i + 1) * size])
+            self.block_parent_keys[block] = parent
+            self.block_tokens[block] = ids
         request.num_registered_blocks = full
 
     def _extend_hashes(self, request: Request, num_blocks: int) -> None:

@@ -12,13 +12,11 @@ that sampled their last tokens leave (engine.core.fast_forward_parts holds the p
 from __future__ import annotations
 
 import heapq
-import math
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from itertools import accumulate
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.core.fast_forward_parts import Flight, Group, Member, cast_async, shifted
+from engine.core.fast_forward_clock import timed
+from engine.core.fast_forward_parts import Flight, Group, Member, cast_async
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.step_log import restamp
@@ -28,7 +26,6 @@ if TYPE_CHECKING:
     from engine.core.loop import Replica
 
 _NEVER = 1 << 62  # a step after every step
-_FEW = 16  # steps priced and timed one by one before arrays are
 
 
 class Booking:
@@ -88,7 +85,7 @@ class Booking:
         leaves_at = self.leaving[0][0]
         end = min(leaves_at, first + self.bs - 1)
         due, fits = self._blocks_due(first, end)
-        durations, times = self._timed(first, fits - first + 1, horizon)
+        durations, times = timed(self, first, fits - first + 1, horizon)
         steps = len(durations)
         if not steps:
             for event in due:
@@ -158,69 +155,6 @@ class Booking:
             short = due[free][0]
             return due, short - 1  # (_apply puts the steps' after short-1 back)
         return due, end
-
-    def _timed(self, first: int, count: int, horizon: float) -> tuple[list[float], list[float]]:
-        """Durations of the steps from first on (at most count) that start before horizon, and
-        the clock along them: plain, times[m] is step first + m's start; overlapped, when it is
-        planned (the step in flight completes then). The clock adds them one at a time."""
-        if count <= 0:
-            return [], []
-        assert self.plan is not None
-        overlap = self.overlap
-        if not self.arrays:  # a cost model with state: priced one at a time, never a step past the horizon
-            prices = self.runner.decode_prices(shifted(self.plan, first - 1))
-            return self._clocked(prices, count, horizon, [], [self.t], self.previous)
-        # a few steps one by one (numpy's calls would cost more), then arrays of the steps the
-        # horizon leaves room for (a step lasts no less than the one before it in a batch: an
-        # upper bound; more follow if it is not)
-        few = min(count, _FEW)
-        if horizon < math.inf and self.previous_priced > 0.0:
-            few = min(few, int((horizon - self.t) / self.previous_priced) + 2)
-        taking = self.runner.decode_run_prices(self.plan, first, few)
-        assert taking is not None
-        durations, times = self._clocked(iter(taking), few, horizon, [], [self.t], self.previous)
-        size = len(durations)
-        while size and len(durations) < count and times[-1] < horizon:
-            taken = len(durations)
-            size = count - taken
-            if horizon < math.inf:
-                size = min(size, int((horizon - times[-1]) / durations[-1]) + 2)
-            more = self.runner.decode_run_prices(self.plan, first + taken, size)
-            assert more is not None
-            if size <= _FEW:
-                self._clocked(iter(more), size, horizon, durations, times, durations[-1])
-                if len(durations) < taken + size:
-                    break
-                continue
-            # times[-1]: when step first + taken starts (plain) or is planned, the one before it in flight
-            clock = list(accumulate([times[-1], durations[-1], *more] if overlap else [times[-1], *more]))
-            steps = bisect_left(clock, horizon, 0, size)
-            durations += more[:steps]
-            times += clock[1 : steps + 1]
-            if steps < size:
-                break
-        if durations:
-            self.previous_priced = durations[-1]
-        return durations, times
-
-    def _clocked(self, prices: Iterator[float], count: int, horizon: float, durations: list[float],
-                 times: list[float], previous: float) -> tuple[list[float], list[float]]:
-        """Take prices one at a time (each only once its step starts before horizon), the clock
-        along them appended to times."""
-        overlap = self.overlap
-        t = times[-1]
-        for _ in range(count):
-            if t >= horizon:
-                break
-            duration = next(prices)
-            durations.append(duration)
-            if overlap:
-                t += previous
-                previous = duration
-            else:
-                t += duration
-            times.append(t)
-        return durations, times
 
     def _apply(self, first: int, last: int, due: list[tuple[int, int, Member]],
                deferred: list[tuple[int, int, Member]] | None, planned: bool) -> list[int]:

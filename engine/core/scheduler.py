@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.core.admission import fitted_max_tokens
 from engine.core.block_manager import BlockManager
 from engine.core.kv_reads import step_repeated_reads
 from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
@@ -65,32 +66,7 @@ class Scheduler:
 
         Reads only the configuration and the cache's size, so another thread may ask it (the HTTP
         server answers 400 before a request reaches the loop)."""
-        cfg = self.config
-        rid = request.request_id
-        prompt_len = request.num_prompt_tokens
-        if prompt_len == 0:
-            raise ValueError(f"request {rid!r} has an empty prompt: at least one token is needed")
-        if prompt_len >= cfg.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt of {prompt_len} tokens leaves no room to generate "
-                f"within max_model_len={cfg.max_model_len}"
-            )
-        max_tokens = request.sampling_params.max_tokens
-        if max_tokens is None:
-            max_tokens = cfg.max_model_len - prompt_len
-        elif prompt_len + max_tokens > cfg.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "
-                f"exceeds max_model_len={cfg.max_model_len}"
-            )
-        # The last sampled token is never written to the cache.
-        blocks_needed = self.block_manager.blocks_for(prompt_len + max_tokens - 1)
-        if blocks_needed > self.block_manager.num_blocks:
-            raise ValueError(
-                f"request {rid!r} needs {blocks_needed} KV blocks ({prompt_len} prompt + {max_tokens} "
-                f"output tokens) but the whole cache has {self.block_manager.num_blocks}"
-            )
-        return max_tokens
+        return fitted_max_tokens(request, self.config, self.block_manager)
 
     def abort(self, request_id: str, now: float = 0.0) -> bool:
         """Finish a waiting or running request as ABORTED and free its blocks. False if unknown."""

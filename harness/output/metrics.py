@@ -119,7 +119,7 @@ class _RunLayout:
 
     def __init__(self, items: list[StepRecord | StepRun]) -> None:
         self.items = items
-        is_run = [isinstance(r, StepRun) for r in items]
+        self.is_run = is_run = [isinstance(r, StepRun) for r in items]
         self.counts = np.array([r.num_steps if run else 1 for r, run in zip(items, is_run)], dtype=np.int64)
         self.in_run = np.repeat(np.array(is_run, dtype=bool), self.counts)
         self.stats = [r.stats for r in items]
@@ -128,13 +128,12 @@ class _RunLayout:
     def column(self, source: str, name: str, dtype: type | None) -> np.ndarray | list:
         items, counts = self.items, self.counts
         if source == "record":
-            firsts = [getattr(r, name) if isinstance(r, StepRecord) else 0.0 for r in items]
+            read = attrgetter(name)
+            firsts = [0.0 if run else read(r) for r, run in zip(items, self.is_run)]
         else:
             firsts = list(map(attrgetter(name), self.stats))
-        if dtype is None:  # Python objects (kind): run by run
-            values: list = []
-            for value, count in zip(firsts, counts.tolist()):
-                values += [value] * count
+        if dtype is None:  # Python objects (kind), each repeated over its run's steps
+            values: list = np.repeat(np.array(firsts, dtype=object), counts).tolist()
             return values
         out = np.repeat(np.array(firsts, dtype=dtype), counts)
         if name == "step":  # counts up by one within a run

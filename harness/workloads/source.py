@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.core import Request, SamplingParams
+from engine.core.block_manager import block_keys
 from harness.convert import ConfigError
 
 CHUNK_TOKENS = 1 << 20  # token ids drawn per call: a few MB at a time
@@ -66,8 +67,11 @@ class RequestSource:
         for rows in self._chunks(len(self.keep)):
             yield from (r for _, r in self._make(rows, draw))
 
-    def in_arrival_order(self) -> Iterator[Request]:
-        """Kept rows' requests by arrival time (ties in row order), drawing ids on the way."""
+    def in_arrival_order(self, block_size: int | None = None) -> Iterator[Request]:
+        """Kept rows' requests by arrival time (ties in row order), drawing ids on the way.
+        block_size: each request comes with the keys of its full prompt blocks of that many tokens
+        (Request.block_hashes), hashed from the drawn ids' bytes rather than packed from the list
+        by the block manager (engine.core.block_manager.block_keys: the same keys)."""
         order = np.argsort(self.arrival, kind="stable")
         order = order[self.keep[order]]
         waiting: dict[int, Request] = {}
@@ -77,7 +81,7 @@ class RequestSource:
         for row in order.tolist():
             while row >= drawn:
                 rows = next(chunks)
-                waiting.update(self._make(rows, draw))
+                waiting.update(self._make(rows, draw, block_size))
                 drawn = rows.stop
             yield waiting.pop(row)
 
@@ -92,8 +96,16 @@ class RequestSource:
             yield range(start, stop)
             start = stop
 
-    def _make(self, rows: range, draw: Callable[[int, int], np.ndarray]) -> Iterator[tuple[int, Request]]:
-        flat = self.pool.take(draw(rows.start, rows.stop)).tolist()  # (take: a third faster than [] here)
+    def _make(self, rows: range, draw: Callable[[int, int], np.ndarray],
+              block_size: int | None = None) -> Iterator[tuple[int, Request]]:
+        ids_drawn = draw(rows.start, rows.stop)
+        keys = self._keys(rows, ids_drawn, block_size) if block_size else None
+        # (take: a third faster than [] here; each array freed as soon as it is read, so that the
+        # next one reuses its memory rather than fresh pages)
+        objects = self.pool.take(ids_drawn)
+        del ids_drawn
+        flat = objects.tolist()
+        del objects
         own = self.own[rows.start : rows.stop].tolist()
         keep, group = self.keep, self.group
         at = 0
@@ -106,4 +118,27 @@ class RequestSource:
             ids = self.prefixes[g][: int(self.prompt[i])] + own_ids if g >= 0 else own_ids
             params = SamplingParams(temperature=self.temperature, max_tokens=int(self.output[i]),
                                     ignore_eos=self.ignore_eos, seed=int(self.seeds[i]))
-            yield i, Request(str(i + self.id_offset), ids, params, arrival_time=float(self.arrival[i]))
+            request = Request(str(i + self.id_offset), ids, params, arrival_time=float(self.arrival[i]))
+            if keys is not None:
+                request.block_hashes = keys[i - rows.start]
+            yield i, request
+
+    def _keys(self, rows: range, ids_drawn: np.ndarray, block_size: int) -> list[list[int]]:
+        """The keys of each row's full prompt blocks (none for a row not kept), from its ids' bytes."""
+        raw = np.ascontiguousarray(ids_drawn, dtype=np.int64).data.cast("B")
+        prefixes: dict[int, bytes] = {}
+        keys: list[list[int]] = []
+        at = 0
+        for i, length in zip(rows, self.own[rows.start : rows.stop].tolist()):
+            data: bytes | memoryview = raw[8 * at : 8 * (at + length)]
+            at += length
+            if not self.keep[i]:
+                keys.append([])
+                continue
+            g = int(self.group[i])
+            if g >= 0:
+                if g not in prefixes:
+                    prefixes[g] = np.asarray(self.prefixes[g], dtype=np.int64).tobytes()
+                data = prefixes[g][: 8 * min(int(self.prompt[i]), len(self.prefixes[g]))] + data
+            keys.append(block_keys(data, block_size))
+        return keys

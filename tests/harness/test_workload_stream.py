@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.core import SchedulerConfig, make_scheduler
+from engine.core.block_manager import BlockManager
 from engine.core.loop import SimulatedClock, run
 from harness.convert import ConfigError
 from harness.output.metrics import requests_frame, steps_frame, summarize
@@ -47,6 +48,27 @@ def test_lazy_ids_are_the_eager_draw_in_any_chunking(seed, n, chunk, prefix, ski
     assert [r.prompt_token_ids[-len(ids):] if ids else [] for r, ids in
             zip(requests, _reference_ids(cfg, whole))] == _reference_ids(cfg, whole)
     assert _key(streamed) == _key(sorted(whole.requests, key=lambda r: r.arrival_time))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6), st.integers(1, 40), st.integers(1, 300), st.booleans(), st.integers(1, 20))
+def test_streamed_prompt_block_keys_are_the_block_managers(seed, n, chunk, prefix, block_size):
+    """stream(block_size) hands each request its full prompt blocks' keys, hashed from the drawn
+    ids' bytes: the keys the block manager packs from the ids, shared prefixes included."""
+    shared = SharedPrefixConfig(num_groups=2, prefix_len=23, fraction=0.5) if prefix else None
+    cfg = WorkloadConfig(num_requests=n, seed=seed, arrival="gamma", rate=10.0, cv=3.0,
+                         prompt_len=LengthConfig("uniform", 1, 90), output_len=LengthConfig("uniform", 1, 40),
+                         shared_prefix=shared)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(source, "CHUNK_TOKENS", chunk)
+        streamed = list(build_workload(cfg, 100).stream(block_size))
+    manager = BlockManager(4, block_size)
+    for request in streamed:
+        keys = request.block_hashes
+        assert len(keys) == request.num_prompt_tokens // block_size
+        request.block_hashes = []
+        manager._extend_hashes(request, len(keys))
+        assert request.block_hashes == keys
 
 
 def test_trace_rows_out_of_time_order_stream_in_arrival_order(tmp_path, monkeypatch):
