@@ -6,6 +6,7 @@ the largest change of any prediction. No GPU needed.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,10 +17,11 @@ KEYS = ["model", "hardware", "workload", "load", "metric"]
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: diff_cells.py BEFORE_DIR AFTER_DIR", file=sys.stderr)
-        return 2
-    before, after = (Path(a) for a in argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("before", type=Path, help="resimulate_all.sh's folder before a model change")
+    parser.add_argument("after", type=Path, help="its folder after the change")
+    args = parser.parse_args(argv)
+    before, after = args.before, args.after
     for path in sorted(before.glob("*.csv")):
         old = pd.read_csv(path)
         new = pd.read_csv(after / path.name)
