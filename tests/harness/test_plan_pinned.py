@@ -20,7 +20,8 @@ from engine.core.loop import SimulatedClock, run
 from engine.core.routers import RouterConfig
 from harness.output.metrics import STEP_COLUMNS, SUMMARY_STEP_COLUMNS, steps_frame
 from harness.plan.config import SLOConfig, load_catalogue
-from harness.plan.search import Deployment, PlanBase, evaluate
+from harness.plan.evaluate import PlanBase, evaluate
+from harness.plan.row import Deployment
 from harness.run import cyclic_gc_paused, make_executor
 from harness.scripting import compose_run_config
 from harness.workloads import build_workload
