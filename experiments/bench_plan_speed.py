@@ -3,9 +3,9 @@
 
 The deployments are the first --evaluations of a seeded shuffle of a grid (hardware x TP x
 max_num_seqs x max_num_batched_tokens x policy x router x 1-2 replicas) for Qwen3-8B on the first
-2,000 requests of the Azure conversation trace. They go through harness.plan.search.evaluate_all, the
+2,000 requests of the Azure conversation trace. They go through harness.plan.evaluate.evaluate_all, the
 search's single evaluation call site, with a parallel map over --jobs processes plugged in there
-(deployments that are one simulation, harness.plan.search.simulation_key, are simulated once: the
+(deployments that are one simulation, harness.plan.evaluate.simulation_key, are simulated once: the
 row's `simulations`): parallel_map's `processes` backend (forked workers that inherit the plan's
 prepared workload) in a tree that has it, else joblib's (the row's `backend`, this tree's). The
 row records the load average too: on a shared machine the wall time is an upper bound.
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.plan.search import Deployment, simulation_key
+from harness.plan.evaluate import simulation_key
+from harness.plan.row import Deployment
 from harness.scripting import one_line_errors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,10 @@ from experiments import bench_plan_speed as bench
 from engine.core.routers import RouterConfig
 from harness.parallel import BACKENDS, parallel_map
 from harness.plan.config import SLOConfig, load_catalogue
-from harness.plan.search import PlanBase, evaluate_all
+try:
+    from harness.plan.evaluate import PlanBase, evaluate_all
+except ImportError:  # a tree that keeps them in harness.plan.search
+    from harness.plan.search import PlanBase, evaluate_all
 from harness.scripting import compose_run_config
 
 n, jobs = int(sys.argv[1]), int(sys.argv[2])

@@ -34,11 +34,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Runs inside each tree with only the APIs both trees have: bench_plan_speed's grid and overrides,
-# harness.plan.search.evaluate, and harness.plan.search.run_fleet_once wrapped to keep the outcome.
+# harness.plan.evaluate.evaluate (harness.plan.search.evaluate in trees that keep it there), and that
+# module's run_fleet_once wrapped to keep the outcome.
 WORKER = """
 import hashlib, json, sys, time
 import pandas as pd
-import harness.plan.search as plan
+try:
+    import harness.plan.evaluate as plan
+except ImportError:
+    import harness.plan.search as plan
 from experiments import bench_plan_speed as bench
 from engine.core.routers import RouterConfig
 from harness.plan.config import SLOConfig, load_catalogue

@@ -201,6 +201,6 @@ def _autoscale(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_di
 
 @STUDIES.register("plan")
 def _plan(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_dir: Path) -> pd.DataFrame:
-    from harness.plan.search import run_plan
+    from harness.plan.run import run_plan
 
     return run_plan(cfg, output, out_dir)  # prints its own table and outputs line

@@ -29,23 +29,9 @@ expected count (distinct_experts, set from the routing by sim.cost_model), a dec
 than its weight reads (floor: sim.moe.WeightReadFloor). Dense profiles lack the column and fit
 exactly as before.
 
-Overlapped steps (async scheduling): the engine launches step N+1 from the host while the device
-still runs step N, so an eager step whose launches take longer than its device work (a small
-prefill: ~20 ms of Python launches for Qwen3-0.6B against ~2 ms of kernels) is partly hidden
-behind the step before it. A profile of an overlapping engine (harness.calibration.profiling) measures, per
-shape, launch_s (host time of submit()) and gpu_s (device time alone), and a real run records
-launch_s of every step; then two more fits per regime, "launch:<regime>" and "gpu:<regime>", and
-step_time() prices an eager step as max(gpu + max(0, lead - free), launch - free) and a prefill
-graph step as gpu + max(0, lead - free), where free is the host time left free during the
-previous step (its priced duration less its own launch time less launch_delay_s, the loop's own
-work before it launches the next step: reading the previous result, update(), schedule(),
-building the batch; fitted on real steps, harness.calibration.fit; 0 with nothing in flight) and
-lead, a third fit ("lead:<regime>", from the profile's lead_s), the host time from submit() until
-the device can run the step without waiting, measured as the time from submit() on an idle device
-until the device finished the step, less its device time. A step after an idle gap pays its whole
-lead; one behind a long step pays none. predict() does the same for a table in step order with its previous_duration_s
-column (the measured duration of each row's predecessor; without it a row is priced as the grid
-measured it, behind a repeat of itself).
+Overlapped steps (async scheduling): where the profile measured each step's launches and device
+time apart, an eager or prefill graph step is priced behind the step before it
+(sim.profiled_overlap says how); predict() does the same for a table in step order.
 """
 
 from __future__ import annotations
@@ -53,6 +39,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +50,7 @@ from engine.core.plan import StepPlan
 from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
 from sim.host_draws import host_draw
 from sim.piecewise import PiecewiseLinearFit
+from sim.profiled_overlap import behind_itself, overlapped_duration
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
     DECODE_REGIMES,
@@ -108,7 +96,7 @@ class ProfiledCostModel:
         self._warned: set[tuple[str, str]] = set()
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
-        self.launch_delay_s = 0.0  # see the module docstring
+        self.launch_delay_s = 0.0  # the loop's work before a launch (sim.profiled_overlap)
         # the serving host's speed against the profile's (sim.host_speed): 1 prices the host parts
         # as the profile measured them
         self.host_scale = 1.0
@@ -210,39 +198,12 @@ class ProfiledCostModel:
 
     def overlapped(self, features: Mapping[str, float], duration: float,
                    previous: tuple[float, float] | None) -> float:
-        """A prefill or eager step, from the previous step's end on the device to its own end.
-
-        The host starts submitting it `free` seconds before the device is done with the previous
-        step (that step's duration less its own launch time and the loop's launch_delay_s; 0 with
-        nothing in flight). Its device work cannot start before its lead (host time from submit()
-        until the device can run it without waiting: the batch built and uploaded, the first
-        launches ahead) nor end before its launches do:
-        max(gpu + max(0, lead - free), launch - free). A prefill graph step is launched in one
-        call, so only its lead counts (DEVICE_PRICED_REGIMES). Decode graph steps keep the grid's
-        duration of back-to-back repeats, which holds the grid host's launches; on another host
-        (host_scale != 1 or a host_jitter, sim.host_speed) such a step also cannot end before that
-        host's launches:
-        max(duration, launch - free)."""
-        regime = regime_of(features)
-        if (self.host_scale != 1.0 or self.host_jitter) and regime == "decode_graph":
-            free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
-            return max(duration, self._part("launch", features) - free)
-        if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
-            return duration
-        gpu, launch, lead = (self._part(part, features) for part in ("gpu", "launch", "lead"))
-        if regime in DEVICE_PRICED_REGIMES and gpu <= 0:
-            return duration
-        free = 0.0 if previous is None else max(0.0, previous[0] - previous[1] - self.launch_delay_s)
-        waited = gpu + max(0.0, lead - free)
-        if regime in DEVICE_PRICED_REGIMES:
-            return waited
-        return max(waited, launch - free, MIN_DURATION_S)
-
-    def _behind_itself(self, features: Mapping[str, float]) -> tuple[float, float]:
-        """(duration, launch) of the step's own predecessor in the grid's back-to-back repeats: with
-        its lead hidden, the longer of its device time and its launches."""
-        launch = self._part("launch", features)
-        return max(self._part("gpu", features), launch), launch
+        """A prefill or eager step, from the previous step's end on the device to its own end,
+        behind previous (its duration and launch time; None: nothing in flight):
+        sim.profiled_overlap.overlapped_duration."""
+        other_host = self.host_scale != 1.0 or bool(self.host_jitter)
+        return overlapped_duration(regime_of(features), duration, lambda part: self._part(part, features),
+                                   previous, self.launch_delay_s, other_host)
 
     def overlap_parts(self, features: Mapping[str, float]) -> tuple[float, float]:
         """(launch_s, gpu_s) of the step's regime: the host time of submit() and the device time
@@ -296,7 +257,8 @@ class ProfiledCostModel:
             launches = [self._part("launch", row) for row in rows]
             for i, row in enumerate(rows):
                 before = row.get("previous_duration_s", float("nan")) if i else float("nan")
-                previous = (before, launches[i - 1]) if before == before else self._behind_itself(row)
+                previous = (before, launches[i - 1]) if before == before else \
+                    behind_itself(partial(self._part, features=row))
                 predicted[i] = self.overlapped(row, predicted[i], previous)
         if include_host:
             predicted += np.array([self.host_time(row) for row in rows])

@@ -21,13 +21,9 @@ Phases, per rank of a tensor-parallel group:
   repeated_kv_tokens) is read from memory once and from L2 (hardware.l2_bandwidth) after that;
 - LM head: only for sampled positions (a prefill chunk that does not finish its prompt samples
   nothing); its weights, and float32 logits out;
-- TP communication: two all-reduces per layer plus one after the vocab-parallel embedding (ring:
-  2 * (tp - 1) / tp of the activation bytes over the interconnect, plus a latency each; or, where
-  all_reduce takes the engine's one-shot launch for the step's size (engine.core.collectives),
-  the hardware's one-shot latency plus (tp - 1) x the bytes over its one-shot bandwidth); for the
-  sampled rows, one exchange of each rank's best tokens (a latency: a few bytes a row,
-  engine.sharded_sampling), or an all-gather of their logits (in the model's dtype) when a row
-  filters by top-k or top-p (engine.core.sampling_params.samples_by_shard);
+- TP communication: two all-reduces per layer plus one after the vocab-parallel embedding, ring or
+  one-shot, and for the sampled rows an exchange of each rank's best tokens or an all-gather of
+  their logits (sim.roofline_comm);
 - fixed host overhead per step and per scheduled sequence.
 """
 
@@ -39,26 +35,16 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from engine.core.collectives import one_shot_max_tokens, priced_all_reduce
 from engine.core.expert_parallel import check_expert_parallel
 from engine.core.plan import StepPlan
 from sim.features import attention_pairs, decode_attention_pairs
 from sim.moe import ExpertPhase
 from sim.moe_ranks import RankExpertPhase
+from sim.roofline_comm import Collectives, gathers_logits
 from sim.specs import HardwareSpec, ModelSpec
 
 _LOGIT_BYTES = 4  # logits are computed in float32 for sampling
 _SCALAR_REPEATS = 16  # decode_run_prices prices this many repeats or fewer one by one
-
-
-def gathers_logits(plan: StepPlan) -> bool:
-    """Whether tensor-parallel ranks gather the step's sampled rows' logits (a row filters by
-    top-k or top-p) rather than exchange their best tokens: not samples_by_shard of the sampled
-    rows, as a loop (it runs for every step of a TP > 1 replica)."""
-    for entry in plan.scheduled:
-        if entry.sample and entry.sampling_params.needs_whole_vocab:
-            return True
-    return False
 
 
 class RooflineCostModel:
@@ -101,24 +87,9 @@ class RooflineCostModel:
         self._lm_bytes_per_row = float(hidden * dt + vocab * _LOGIT_BYTES)
         self._step_overhead = hw.step_overhead_s
         self._seq_overhead = hw.seq_overhead_s
-        # Tensor-parallel collectives.
-        link = hw.interconnect_bandwidth * hw.interconnect_efficiency
-        self._num_all_reduces = 2 * layers + 1 if tp > 1 else 0
-        self._all_reduce_s_per_token = 2.0 * (tp - 1) / tp * hidden * dt / link
-        # the engine gathers each rank's logits in the weights' dtype and upcasts them after
-        self._gather_s_per_row = (tp - 1) / tp * model.vocab_size * dt / link
-        self._latency = hw.interconnect_latency_s
-        self._one_shot_tokens, self._one_shot_latency, self._one_shot_s_per_token = 0, 0.0, 0.0
+        self._comm = Collectives(model, hw, tp, all_reduce)
+        self._num_all_reduces = self._comm.count
         self._decode_cache: tuple[StepPlan, tuple[int, int, float, tuple[float, ...], float]] | None = None
-        if tp > 1 and all_reduce == "symmetric" and not hw.prices_one_shot:
-            raise ValueError(f"hardware {hw.name} has no one_shot_latency_s / one_shot_bandwidth: "
-                             "execution.all_reduce=symmetric cannot be priced on it")
-        if priced_all_reduce(all_reduce, tp, hw.prices_one_shot) == "symmetric":
-            latency, bandwidth = hw.one_shot_latency_s, hw.one_shot_bandwidth
-            assert latency is not None and bandwidth is not None  # hw.prices_one_shot
-            self._one_shot_tokens = one_shot_max_tokens(hidden, dt)
-            self._one_shot_latency = latency
-            self._one_shot_s_per_token = (tp - 1) * hidden * dt / bandwidth
 
     def _moe_parts(self, model: ModelSpec, tp: int, routing_skew: float, expert_parallel: bool) -> None:
         """The linear phase without the experts (attention, routers, dense layers' MLPs); the
@@ -221,10 +192,9 @@ class RooflineCostModel:
             memory = (self._lm_weight_bytes + self._lm_bytes_per_row * n) / bw
             tail.append(lm_head if lm_head > memory else memory)
         if self._num_all_reduces:
-            tail.append(self._all_reduces_time(n))
+            tail.append(self._comm.all_reduces(n))
             if n:
-                whole_vocab = gathers_logits(plan)
-                tail.append(self._latency + (self._gather_s_per_row * n if whole_vocab else 0.0))
+                tail.append(self._comm.sampling(n, gathers_logits(plan)))
         terms = (n, sum(entry.num_computed_tokens for entry in scheduled), fixed, tuple(tail), self._seq_overhead * n)
         self._decode_cache = (plan, terms)
         return terms
@@ -255,9 +225,9 @@ class RooflineCostModel:
             memory = (self._lm_weight_bytes + self._lm_bytes_per_row * num_sampled) / bw
             total += lm_head if lm_head > memory else memory
         if self._num_all_reduces:
-            total += self._all_reduces_time(num_tokens)
+            total += self._comm.all_reduces(num_tokens)
             if num_sampled:
-                total += self._latency + (self._gather_s_per_row * num_sampled if whole_vocab else 0.0)
+                total += self._comm.sampling(num_sampled, whole_vocab)
         return total + self._step_overhead + self._seq_overhead * num_seqs
 
     def phase_times(self, num_tokens: int, num_sampled: int, context_tokens: int, attention_pairs: int,
@@ -286,20 +256,15 @@ class RooflineCostModel:
     def communication_time(self, num_tokens: int, num_sampled: int, whole_vocab: bool = False) -> float:
         """Seconds of tensor-parallel collectives in a step (0 at tp_size 1): per all-reduce its
         latency plus 2 (tp - 1) / tp of [num_tokens, hidden] activations over one GPU's link
-        (ring), or a one-shot launch's price where the step is small enough for one (module
-        docstring); for sampling, one latency, plus (tp - 1) / tp of [num_sampled, vocab] logits
-        (model dtype) when whole_vocab (they are gathered). Neither shrinks as tp grows."""
+        (ring), or a one-shot launch's price where the step is small enough for one
+        (sim.roofline_comm); for sampling, one latency, plus (tp - 1) / tp of [num_sampled, vocab]
+        logits (model dtype) when whole_vocab (they are gathered). Neither shrinks as tp grows."""
         if not self._num_all_reduces:
             return 0.0
-        comm = self._all_reduces_time(num_tokens)
+        comm = self._comm.all_reduces(num_tokens)
         if num_sampled:
-            comm += self._latency + (self._gather_s_per_row * num_sampled if whole_vocab else 0.0)
+            comm += self._comm.sampling(num_sampled, whole_vocab)
         return comm
-
-    def _all_reduces_time(self, num_tokens: int) -> float:
-        if num_tokens <= self._one_shot_tokens:
-            return self._num_all_reduces * (self._one_shot_latency + self._one_shot_s_per_token * num_tokens)
-        return self._num_all_reduces * (self._latency + self._all_reduce_s_per_token * num_tokens)
 
     def host_time(self, num_seqs: int) -> float:
         """The step's fixed host overhead: the same on every rank count (rank 0's Python)."""

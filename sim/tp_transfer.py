@@ -21,7 +21,7 @@ The profiled model is fitted to an engine running on one GPU. At N GPUs, rank 0'
   each moving 2 (N - 1) / N of the data over the GPU's link (hardware.interconnect_bandwidth x
   interconnect_efficiency) plus a latency each, or the one-shot launches of execution.all_reduce
   where they apply; the ranks' best tokens exchanged for sampling, or the sampled rows' logits
-  gathered where a row filters by top-k or top-p (sim.roofline.gathers_logits).
+  gathered where a row filters by top-k or top-p (sim.roofline_comm.gathers_logits).
 
 How the TP=1 step splits into host and device:
 - a ProfiledCostModel of an overlapping engine (fits of launch_s and gpu_s per regime): host =
@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING
 from engine.core.plan import StepPlan
 from sim.features import step_features
 from sim.profiled import ProfiledCostModel
-from sim.roofline import RooflineCostModel, gathers_logits
+from sim.roofline import RooflineCostModel
+from sim.roofline_comm import gathers_logits
 from sim.specs import HardwareSpec, ModelSpec
 
 if TYPE_CHECKING:  # sim.cost_model builds this model: a runtime import would be a circle

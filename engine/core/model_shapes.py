@@ -16,46 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from engine.core.registry import Registry
+from engine.core.architectures import ARCHITECTURES, Architecture
+from engine.core.hf_config import DTYPE_BYTES, HasToDict, shape_fields
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 # The project's own tokenizer (engine.tokenizer_builder) has exactly this many ids; the tiny
 # models' vocabulary matches it so every embedding row is reachable.
 TOKENIZER_VOCAB_SIZE = 512
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What one Hugging Face model_type changes in the decoder every architecture shares
-    (pre-norm, RoPE, grouped-query attention, SwiGLU), and where the engine's class for it lives."""
-
-    hf_class: str  # config.json's "architectures" entry, and the name of the engine's class
-    module: str  # the engine module defining hf_class; only the engine imports it (torch)
-    qk_norm: bool  # an RMSNorm over each head of q and of k, before the rotation
-    fixed_qkv_bias: bool  # q/k/v always carry a bias and o never does; no attention_bias switch
-    config_keys: tuple[str, ...]  # the optional config.json keys its Hugging Face config class has
-    moe: bool = False  # its layers may route tokens to experts (ModelShape.num_experts > 0)
-
-
-# Every architecture, by Hugging Face model_type. A new one is a module defining its class (see
-# engine/models/llama.py) and one entry here; the engine finds the class through this entry.
-ARCHITECTURES: Registry[Architecture] = Registry("model_type")
-_QWEN_WINDOW = ("use_sliding_window", "sliding_window", "max_window_layers")
-ARCHITECTURES.add("qwen3", Architecture(
-    "Qwen3ForCausalLM", "engine.models.qwen3", qk_norm=True, fixed_qkv_bias=False,
-    config_keys=(*_QWEN_WINDOW, "attention_bias", "attention_dropout", "rope_scaling")))
-_MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-             "mlp_only_layers", "norm_topk_prob")
-ARCHITECTURES.add("qwen3_moe", Architecture(
-    "Qwen3MoeForCausalLM", "engine.models.qwen3_moe", qk_norm=True, fixed_qkv_bias=False,
-    config_keys=(*_QWEN_WINDOW, "attention_bias", "attention_dropout", "rope_scaling", *_MOE_KEYS), moe=True))
-ARCHITECTURES.add("qwen2", Architecture(
-    "Qwen2ForCausalLM", "engine.models.qwen2", qk_norm=False, fixed_qkv_bias=True, config_keys=_QWEN_WINDOW))
-ARCHITECTURES.add("llama", Architecture(
-    "LlamaForCausalLM", "engine.models.llama", qk_norm=False, fixed_qkv_bias=False,
-    config_keys=("attention_bias", "mlp_bias")))
 
 
 def check_positive(owner: str, name: str, value: Any, types: tuple[type, ...]) -> None:
@@ -68,14 +36,9 @@ def check_positive(owner: str, name: str, value: Any, types: tuple[type, ...]) -
         raise ValueError(f"{owner}.{name} must be > 0, got {value!r}")
 
 
-class _HasToDict(Protocol):
-    def to_dict(self) -> dict[str, Any]: ...
-
-
 S = TypeVar("S", bound="ModelShape")
 _INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                "vocab_size", "max_position_embeddings")
-_REQUIRED_HF_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -188,76 +151,11 @@ class ModelShape:
         return self.attention_bias
 
     @classmethod
-    def from_hf_config(cls: type[S], config: Mapping[str, Any] | _HasToDict, name: str | None = None) -> S:
+    def from_hf_config(cls: type[S], config: Mapping[str, Any] | HasToDict, name: str | None = None) -> S:
         """Read a Hugging Face config.json (the dict, or a transformers PretrainedConfig); ValueError
-        names what this project cannot serve. A key left out means the field's default."""
-        cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
-        missing = [key for key in _REQUIRED_HF_KEYS if key not in cfg]
-        if missing:
-            raise ValueError(f"config lacks {missing}: not a config.json of a {list(ARCHITECTURES.names())} model")
-        model_type = cfg.get("model_type")
-        if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-            raise ValueError(f"config model_type={model_type!r} is not supported; expected one of "
-                             f"{list(ARCHITECTURES.names())}")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config hidden_act={cfg['hidden_act']!r} is not supported; expected 'silu'")
-        if cfg.get("use_sliding_window"):
-            raise ValueError("config use_sliding_window=true is not supported; expected false")
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or _default("dtype")).removeprefix("torch.")
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"config torch_dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
-        # a switch the family's config class does not have is off, whatever the file says
-        switches = ARCHITECTURES.get(model_type).config_keys
-        return cls(
-            name=str(name or cfg.get("_name_or_path") or model_type),
-            num_layers=int(cfg["num_hidden_layers"]),
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            model_type=model_type,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", _default("tie_word_embeddings"))),
-            dtype=dtype,
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or _default("max_position_embeddings")),
-            rope_theta=_rope_theta(cfg),
-            rms_norm_eps=float(cfg.get("rms_norm_eps") or _default("rms_norm_eps")),
-            attention_bias="attention_bias" in switches and bool(cfg.get("attention_bias", False)),
-            mlp_bias="mlp_bias" in switches and bool(cfg.get("mlp_bias", False)),
-            **_experts(cfg, switches),
-        )
-
-
-def _experts(cfg: Mapping[str, Any], switches: tuple[str, ...]) -> dict[str, Any]:
-    """The mixture-of-experts fields of a config.json whose family has them (none for dense ones)."""
-    if "num_experts" not in switches:
-        return {}
-    return dict(
-        # transformers 5's PretrainedConfig.to_dict spells it num_local_experts (an attribute_map alias)
-        num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
-        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
-        mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", _default("norm_topk_prob"))),
-    )
-
-
-def _default(name: str) -> Any:
-    """ModelShape's default for a field: what a config.json without that key means."""
-    return next(f.default for f in fields(ModelShape) if f.name == name)
-
-
-def _rope_theta(cfg: Mapping[str, Any]) -> float:
-    # transformers 4.x writes rope_theta (+ rope_scaling); 5.x folds both into rope_parameters.
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ValueError(f"config rope type {rope_type!r} is not supported; expected 'default'")
-    return float(params.get("rope_theta") or cfg.get("rope_theta") or _default("rope_theta"))
+        names what this project cannot serve. A key left out means the field's default
+        (engine.core.hf_config)."""
+        return cls(**shape_fields(config, name, {f.name: f.default for f in fields(cls)}))
 
 
 def _qwen3(name: str, layers: int, hidden: int, heads: int, intermediate: int, tied: bool) -> ModelShape:

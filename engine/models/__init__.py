@@ -1,5 +1,5 @@
 """Decoder models over the paged KV cache, one class per architecture (decoder.py holds what they
-share). engine.core.model_shapes.ARCHITECTURES names each architecture's class and module by its
+share). engine.core.architectures.ARCHITECTURES names each architecture's class and module by its
 Hugging Face model_type; build_model reads a config.json and builds the class it names. presets.py
 turns the described models of engine.core.model_shapes into the checkpoint the writer ships."""
 
@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from engine.attention.backend import AttentionBackend
-from engine.core.model_shapes import ARCHITECTURES, ModelShape
+from engine.core.architectures import ARCHITECTURES
+from engine.core.model_shapes import ModelShape
 from engine.layers.parallel import TensorParallel
 from engine.models.decoder import DecoderForCausalLM
 

@@ -4,7 +4,7 @@ grouped-query attention, SwiGLU MLP.
 What sets an architecture apart is read from its ModelShape (engine.core.model_shapes): the q/k
 norm, which projections carry a bias, a tied LM head. Each architecture is a subclass of
 DecoderForCausalLM in a module of its own (qwen3.py, qwen2.py, llama.py), named by
-engine.core.model_shapes.ARCHITECTURES. Inputs are flat: all scheduled tokens of all sequences in
+engine.core.architectures.ARCHITECTURES. Inputs are flat: all scheduled tokens of all sequences in
 one [num_tokens] batch, with their absolute positions; the attention metadata says which
 sequence each token belongs to.
 """

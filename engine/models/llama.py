@@ -2,7 +2,7 @@
 switch biases on (engine.core.model_shapes).
 
 A new architecture is a module like this one, with its class (overriding what its decoder does
-differently), plus one entry in engine.core.model_shapes.ARCHITECTURES that names the class and
+differently), plus one entry in engine.core.architectures.ARCHITECTURES that names the class and
 this module; engine.models.build_model then serves checkpoints whose config.json has its
 model_type."""
 

@@ -68,7 +68,7 @@ def _link(c: Candidate, catalogue: dict) -> str:
 
 
 def evaluate(c: Candidate, base) -> dict:
-    """One plan.csv row (base: harness.plan.search.PlanBase)."""
+    """One plan.csv row (base: harness.plan.evaluate.PlanBase)."""
     cost = cost_per_hour(c, base.catalogue)
     head = {"mode": "disaggregated", "hardware": f"{c.prefill_hardware}/{c.decode_hardware}",
             "tp_size": math.nan, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,

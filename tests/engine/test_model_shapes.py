@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from engine.checkpoint import main, write_checkpoint
-from engine.core.model_shapes import ARCHITECTURES, MODEL_SHAPES, RENAMED, ModelShape
+from engine.core.architectures import ARCHITECTURES
+from engine.core.model_shapes import MODEL_SHAPES, RENAMED, ModelShape
 from engine.models import build_model, model_class
 from engine.models.presets import hf_config, hf_tensor_shapes, preset_config
 from sim.specs import ModelSpec

@@ -12,7 +12,8 @@ import pytest
 
 from engine.core.routers import RouterConfig
 from harness.plan.config import SLOConfig, load_catalogue
-from harness.plan.search import Deployment, PlanBase, evaluate
+from harness.plan.evaluate import PlanBase, evaluate
+from harness.plan.row import Deployment
 from harness.scripting import compose_run_config
 
 ROOT = Path(__file__).resolve().parents[2]

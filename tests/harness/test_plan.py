@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from harness.config import build_run_config
 from harness.convert import ConfigError
 from harness.plan.config import SLOConfig, load_catalogue
-from harness.plan.row import PlanRow
-from harness.plan.search import Deployment, PlanBase, ReplicaSearch, search
+from harness.plan.evaluate import PlanBase
+from harness.plan.row import Deployment, PlanRow
+from harness.plan.search import ReplicaSearch, search
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 

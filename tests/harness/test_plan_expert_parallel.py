@@ -10,7 +10,9 @@ import pytest
 from engine.core.routers import RouterConfig
 from harness.convert import ConfigError
 from harness.plan.config import PlanConfig, SLOConfig, load_catalogue
-from harness.plan.search import Deployment, PlanBase, configurations, evaluate
+from harness.plan.evaluate import PlanBase, evaluate
+from harness.plan.row import Deployment
+from harness.plan.search import configurations
 from harness.scripting import compose_run_config
 
 WORKLOAD = ["experiment=plan", "workload.num_requests=40", "workload.rate=5", "output.progress=false"]

@@ -2,7 +2,7 @@
 numbers they gave before (recorded at commit 0c4f729: every latency percentile, throughput and SLO
 verdict; both policies, overlapped (TP 1) and plain (TP 2) steps, every router, 1-3 replicas,
 prefix-cache hits and, on a cache of 24 blocks, preemptions; the TP 2 rows re-recorded when the
-ranks stopped gathering the logits to sample, sim.roofline.gathers_logits); an evaluation makes
+ranks stopped gathering the logits to sample, sim.roofline_comm.gathers_logits); an evaluation makes
 no reference cycles (the cycle collector is paused for it); a step table of some columns is
 those columns of the whole table."""
 
@@ -20,7 +20,8 @@ from engine.core.loop import SimulatedClock, run
 from engine.core.routers import RouterConfig
 from harness.output.metrics import STEP_COLUMNS, SUMMARY_STEP_COLUMNS, steps_frame
 from harness.plan.config import SLOConfig, load_catalogue
-from harness.plan.search import Deployment, PlanBase, evaluate
+from harness.plan.evaluate import PlanBase, evaluate
+from harness.plan.row import Deployment
 from harness.run import cyclic_gc_paused, make_executor
 from harness.scripting import compose_run_config
 from harness.workloads import build_workload

@@ -1,5 +1,5 @@
 """What makes the plan search's evaluations cheaper changes no row: deployments that are the same
-simulation (harness.plan.search.simulation_key: one replica, any router) are simulated once and
+simulation (harness.plan.evaluate.simulation_key: one replica, any router) are simulated once and
 give the row each would give simulated alone; a simulated fleet that keeps only step totals (what
 an evaluation asks for) summarizes as one that keeps every step."""
 
@@ -17,8 +17,8 @@ from engine.core.routers import ROUTERS, RouterConfig
 from harness.fleet.config import FleetConfig
 from harness.fleet.run import run_fleet_once
 from harness.plan.config import SLOConfig, load_catalogue
-from harness.plan.row import PlanRow
-from harness.plan.search import Deployment, PlanBase, evaluate, evaluate_all, expected_work, simulation_key
+from harness.plan.evaluate import PlanBase, evaluate, evaluate_all, expected_work, simulation_key
+from harness.plan.row import Deployment, PlanRow
 from harness.scripting import compose_run_config
 
 # shared prefixes and a tight cache: prefix hits (prefix_affinity reads them) and preemptions

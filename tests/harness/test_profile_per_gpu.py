@@ -13,8 +13,8 @@ from engine.core.routers import RouterConfig
 from harness.config import build_run_config, load_hardware, on_hardware
 from harness.convert import ConfigError
 from harness.plan.config import load_catalogue
+from harness.plan.evaluate import PlanBase, evaluate
 from harness.plan.row import Deployment
-from harness.plan.search import PlanBase, evaluate
 from harness.profiles import PROFILES_DIR
 from harness.run import run_once
 from sim.profiled import ProfiledCostModel

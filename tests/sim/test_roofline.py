@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams, samples_by_shard
-from sim.roofline import RooflineCostModel, gathers_logits
+from sim.roofline import RooflineCostModel
+from sim.roofline_comm import gathers_logits
 from tests.sim import helpers
 from tests.sim.helpers import decode, decode_batch, hardware, model, plan, prefill
 
