@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
-from engine.core.disagg_fleet import DisaggResult, Transfer, TransferPricer, _Fleet, _result
+from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
 from engine.core.elastic_states import (
     FleetSignal,
     Lifetime,
@@ -95,8 +95,8 @@ class _Pool(SimulatedStates):
             self._acted(ScaleEvent(now, "down", tuple(removed)))
 
 
-class _ElasticFleet(_Fleet):
-    """disagg_fleet's event handling over pools that change: transfers go to serving decode replicas."""
+class _ElasticFleet(FleetEvents):
+    """disagg_events's event handling over pools that change: transfers go to serving decode replicas."""
 
     def __init__(self, pools: tuple[_Pool, _Pool], decode_router: Router, pricer: TransferPricer,
                  on_step: FleetStepHook | None) -> None:
@@ -199,7 +199,7 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
             serving[choice].inbox.append(prefill_copy(request))
     assert not fleet.blocked, "requests left waiting for a decode replica"
     fleet.replicas = [*fleet.prefill, *fleet.decode]
-    result = _result(fleet, pending)
+    result = fleet_result(fleet, pending)
     end = max(result.makespan_s, pending[-1].arrival_time if pending else 0.0)
     for pool in pools:
         for life in pool.lifetimes:

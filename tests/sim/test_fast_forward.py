@@ -164,18 +164,19 @@ def _deadline(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
-       st.integers(1, 2), st.sampled_from([(16, False), (64, False), (64, True)]))
+       st.integers(1, 2), st.sampled_from([(16, False), (64, False), (16, True), (64, True)]))
 @example("nano", False, 1, 4, 2, 1, (16, False))  # a decode replica waits for KV in transit to re-admit a preempted one
 @example("nano", False, 291933, 28, 1, 1, (16, False))  # a first token pushed while a decode run is booked ahead
 @example("sjf", True, 870408, 19, 1, 2, (16, False))
+@example("sjf", False, 740800, 29, 1, 1, (16, True))  # a decode replica stalls with a transfer's message waiting on it
 def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, overlap, seed, n, p, d, decode):
     """Transfers land on decode replicas mid-run (a 1 ms transfer against sub-millisecond steps), and
     16-block decode caches make requests wait for room (back-pressure); handshake: the engine's
-    protocol, messages handled at step boundaries. Decode replicas fast-forward (the fast path books
-    runs: checked below), so a run must end where a KV lands, where a request waits for a decode
-    replica and before any other replica's next step."""
+    protocol, messages handled at step boundaries (or where a replica stalls: no boundary comes).
+    Decode replicas fast-forward (the fast path books runs: checked below), so a run must end where
+    a KV lands, where a request waits for a decode replica and before any other replica's next step."""
     decode_blocks, handshake = decode
 
     def serve(fast: bool):
