@@ -170,8 +170,9 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
         active = pools[0].active() + pools[1].active()
         first = min(active, key=lambda r: r.next_event_time(), default=None)  # a stalled prefill replica: inf
         if first is not None and first.next_event_time() < t:
-            # NOTE no fast-forward here (a booked run would need engine.core.disagg_fleet's bound,
-            # and the scaling signals read replicas between steps): every step is planned
+            # NOTE no fast-forward here: a run (bounded as engine.core.disagg_fleet.run_stop bounds
+            # one) reports its finished requests ahead of other replicas' earlier steps, and a pool's
+            # window (SimulatedStates._window, pruned as a prefix) depends on the order they come in
             first.stop_at = -math.inf
             first.tick()
             continue

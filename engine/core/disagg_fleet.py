@@ -60,21 +60,28 @@ def _next_event_time(replica: Replica) -> float:
 
 
 def _stop_at(fleet: FleetEvents, first: Replica, t: float) -> float:
-    """Where a run booked by fast-forward (engine.core.fast_forward) on `first` must stop: no
-    step of it starts at or past the fleet's next event t, nor past the next iteration of any
-    other replica whose step may push an event that comes before the steps booked past it (a
-    prefill replica's first tokens; a replica's step that a handshake message waits on); the
-    step-by-step loop runs the replica with the earliest iteration, the earlier in the list on a
-    tie. None while requests wait for a decode replica (any step's end may let one in: RETRY),
-    nor while a message waits for the end of the replica's step in flight (handshake): it comes
-    at the first step's end, not a run's last."""
+    """Where a run booked by fast-forward (engine.core.fast_forward) on `first` must stop
+    (run_stop): the bounding replicas are the prefill replicas (their first tokens) and any whose
+    step a handshake message waits on. None while requests wait for a decode replica (any step's
+    end may let one in: RETRY), nor while a message waits for the end of the replica's step in
+    flight (handshake): it comes at the first step's end, not a run's last."""
     index = fleet.replicas.index(first)
     after_step = fleet.after_step
     if fleet.blocked or index in after_step:
         return -math.inf
+    bounding = [i < len(fleet.prefill) or i in after_step for i in range(len(fleet.replicas))]
+    return run_stop(first, fleet.replicas, bounding, t)
+
+
+def run_stop(first: Replica, order: Sequence[Replica], bounding: Sequence[bool], t: float) -> float:
+    """Where a run booked on `first` must stop: no step of it starts at or past the fleet's next
+    event t, nor past the next iteration of any other replica whose step may push an event that
+    comes before the steps booked past it (bounding[i], order[i]). `order` is the list the
+    step-by-step loop takes the replica with the earliest iteration from, the earlier on a tie."""
+    index = next(i for i, replica in enumerate(order) if replica is first)
     stop = t
-    for i, other in enumerate(fleet.replicas):
-        if i != index and (i < len(fleet.prefill) or i in after_step):
+    for i, other in enumerate(order):
+        if i != index and bounding[i]:
             start = other.next_event_time()
             # a later replica's iteration at the same time runs after first's
             stop = min(stop, start if i < index else math.nextafter(start, math.inf))
