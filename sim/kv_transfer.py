@@ -32,7 +32,7 @@ class TransferConfig:
     """fleet.transfer: link (nvlink | network); bandwidth (bytes/s per GPU, one way) and latency_s
     override the hardware's figures for that link (null: the hardware's); layerwise: overlap the
     transfer with the prefill layer by layer; handshake: the engine's protocol, where the replicas
-    act on transfer messages only between their steps (engine.core.disagg_fleet)."""
+    act on transfer messages only between their steps (engine.core.disagg_events)."""
 
     link: str = "nvlink"
     bandwidth: float | None = None
@@ -72,7 +72,7 @@ def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: Hardware
 
 
 class KVTransferPricer:
-    """engine.core.disagg_fleet.TransferPricer for pools of fixed TP sizes over one link kind."""
+    """engine.core.disagg_events.TransferPricer for pools of fixed TP sizes over one link kind."""
 
     def __init__(self, config: TransferConfig, model: ModelSpec, prefill: HardwareSpec, decode: HardwareSpec,
                  prefill_tp: int, decode_tp: int) -> None:

@@ -8,6 +8,8 @@ tiny model's engine processes and a gloo KV link."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -129,6 +131,54 @@ def test_goodput_with_the_simulator_measured_matches_its_prediction(tmp_path):
     assert ok == (runs["attainment"].iloc[0] >= 0.9) and runs["attainment"].iloc[0] == runs["sim_attainment"].iloc[0]
 
 
+def _fake_ladder(tmp_path, goodput, limit_s=600.0):
+    """A Ladder whose fleets pass a rate exactly when it is at most goodput[mode] (no serving), and
+    the first two rates of each served: the Qwen3-8B H200 call's intervals, disagg [3.7, 5.55) and
+    aggregated [2.8, 4.2)."""
+    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim")
+    scenario = SCENARIOS["qwen3-8b"][0]
+    ladder = Ladder(setup, (scenario,), tmp_path, Deadline(limit_s), 1.0, 6, 10, 4)
+    visits = []
+
+    def serve(_, scenario, mode, rate):
+        ladder.runs.append({"scenario": scenario.name, "mode": mode, "rate_req_s": rate,
+                            "attainment": 1.0 if rate <= goodput[mode] else 0.5})
+        return rate <= goodput[mode]
+
+    ladder._serve = serve
+    ladder._fleet = lambda mode: visits.append(mode) or contextlib.nullcontext(None)
+    ladder._warm = lambda serve, scenario: None
+    for mode, rates in (("disaggregated", (3.7, 5.55)), ("aggregated", (2.8, 4.2))):
+        for rate in rates:
+            serve(None, scenario, mode, rate)
+    return ladder, scenario, visits
+
+
+@pytest.mark.parametrize("goodput, settled", [
+    ({"disaggregated": 4.0, "aggregated": 3.9}, "disaggregated"),
+    ({"disaggregated": 3.8, "aggregated": 4.1}, "aggregated"),
+    ({"disaggregated": 5.0, "aggregated": 3.0}, "disaggregated"),
+    ({"disaggregated": 3.95, "aggregated": 3.95}, "tie within 5%"),
+])
+def test_goodput_bisects_until_the_fleets_intervals_separate(goodput, settled, tmp_path):
+    ladder, scenario, visits = _fake_ladder(tmp_path, goodput)
+    ladder._settle(None, scenario, "aggregated")  # the second fleet, right after its first rates
+    ladder._settle_visits()
+    assert ladder.settled(scenario) == settled
+    for mode in goodput:
+        lo, hi = ladder.interval(scenario, mode)
+        assert lo <= goodput[mode] < hi  # every interval still brackets the fleet's goodput
+    assert len(visits) <= 6 and len(ladder.runs) <= 4 + 8
+    assert ladder.summary()["settled"].tolist() == [settled, settled]
+
+
+def test_goodput_settling_stops_at_the_call_budget(tmp_path, capsys):
+    ladder, scenario, visits = _fake_ladder(tmp_path, {"disaggregated": 4.0, "aggregated": 3.9}, limit_s=30.0)
+    ladder._settle_visits()  # a fleet start (60 s until one is timed) does not fit
+    assert visits == [] and ladder.settled(scenario) is None
+    assert "no settling visit, out of time" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, field", [
     (["measure", "--pools", "0P1D"], "--pools"),
     (["measure", "--workloads", "chat"], "--workloads"),
@@ -136,6 +186,7 @@ def test_goodput_with_the_simulator_measured_matches_its_prediction(tmp_path):
     (["measure", "--min-requests", "50", "--max-requests", "10"], "--min-requests"),
     (["goodput", "--model", "qwen3-32b"], "scenarios exist"),
     (["goodput", "--bundle", "results.zip"], "--bundle"),
+    (["goodput", "--model", "qwen3-8b", "--scenarios", "both"], "--scenarios"),
 ])
 def test_bad_settings_are_refused_in_one_line(argv, field, tmp_path, capsys):
     assert run_disagg.main([*argv, "--out", str(tmp_path)]) == 2
@@ -168,6 +219,8 @@ def test_goodput_end_to_end_on_cpu_engines(tmp_path):
     assert run_disagg.main(["goodput", *SMALL, "--out", str(tmp_path)]) == 0
     direction = pd.read_csv(tmp_path / "direction.csv")
     assert list(direction["scenario"]) == ["disagg_wins", "agg_wins"]
+    assert direction["settled"].isin(["disaggregated", "aggregated", "unresolved"]).all() or \
+        direction["settled"].str.startswith("tie").any()
     runs = pd.read_csv(tmp_path / "goodput_runs.csv")
     assert set(runs["fleet"]) == {"1P1D", "2x"} and runs["attainment"].between(0, 1).all()
     assert (tmp_path / "plan_disagg_wins" / "plan_summary.csv").is_file()

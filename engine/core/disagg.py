@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from engine.core.block_manager import BlockManager
 from engine.core.executor import Executor
@@ -60,11 +61,13 @@ def prefill_copy(request: Request) -> Request:
 class TransferReplica(Replica):
     """A replica that can stall: an empty step while requests wait (the scheduler's RuntimeError)
     is a wait for blocks that a transfer frees or fills when waits_on_transfers() says so; the
-    fleet's release() or arrived() resumes it."""
+    fleet's release() or arrived() resumes it. on_stall, if set, is told when it stalls (a stalled
+    replica's loop has nothing to run: it handles messages at once)."""
 
     def __init__(self, index: int, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
         super().__init__(index, scheduler, executor, clock)
         self.stalled = False
+        self.on_stall: Callable[[], None] | None = None
 
     def waits_on_transfers(self) -> bool:
         raise NotImplementedError
@@ -79,6 +82,8 @@ class TransferReplica(Replica):
             if not self.waits_on_transfers():
                 raise
             self.stalled = True
+            if self.on_stall is not None:
+                self.on_stall()
 
 
 class PrefillReplica(TransferReplica):

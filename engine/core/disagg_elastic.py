@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
-from engine.core.disagg_fleet import DisaggResult, Transfer, TransferPricer, _Fleet, _result
+from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
+from engine.core.disagg_fleet import run_stop
 from engine.core.elastic_states import (
     FleetSignal,
     Lifetime,
@@ -28,6 +30,7 @@ from engine.core.elastic_states import (
     Scaling,
     ScalingPolicy,
     SimulatedStates,
+    finished_latencies,
 )
 from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
@@ -95,8 +98,8 @@ class _Pool(SimulatedStates):
             self._acted(ScaleEvent(now, "down", tuple(removed)))
 
 
-class _ElasticFleet(_Fleet):
-    """disagg_fleet's event handling over pools that change: transfers go to serving decode replicas."""
+class _ElasticFleet(FleetEvents):
+    """disagg_events's event handling over pools that change: transfers go to serving decode replicas."""
 
     def __init__(self, pools: tuple[_Pool, _Pool], decode_router: Router, pricer: TransferPricer,
                  on_step: FleetStepHook | None) -> None:
@@ -121,17 +124,38 @@ class _ElasticFleet(_Fleet):
 
     def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         # the prefill pool's window: each first token, a request finished as far as its TTFT goes
-        self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
-                                       c.arrival_time) for c in finished if c.first_token_time is not None)
+        for c in finished:
+            if c.first_token_time is not None:
+                _in_order(self.pools[0].finished, (c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
+                                                   c.arrival_time))
         super()._prefill_step(index, record, finished)
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
-        self.pools[1]._record_finished(finished)
+        for r in finished:
+            if (entry := finished_latencies(r)) is not None:
+                _in_order(self.pools[1].finished, entry)
         super()._decode_step(index, record, finished)
 
     def waiting_ages(self, now: float) -> tuple[float, ...]:
         pool = self.pools[0]
         return tuple(age for replica in pool.active() for age in pool.waiting_signal(replica, now)[1])
+
+
+def _in_order(window: deque[tuple[float, float, float, float]], entry: tuple[float, float, float, float]) -> None:
+    """Put a finished request's (finish, TTFT, TPOT, arrival) in a pool's window in finish order
+    (ties: arrival, TTFT, TPOT), whatever order the replicas report in: a run booked at once
+    reports its finishes ahead of other replicas' earlier steps, and the window is pruned as a
+    prefix (SimulatedStates._window) and read in order."""
+    key = _window_key(entry)
+    position = len(window)
+    while position > 0 and _window_key(window[position - 1]) > key:
+        position -= 1
+    window.insert(position, entry)
+
+
+def _window_key(entry: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+    finish, ttft, tpot, arrival = entry
+    return finish, arrival, ttft, -1.0 if math.isnan(tpot) else tpot
 
 
 def _prefill_idle(replica: Replica) -> bool:
@@ -170,9 +194,11 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
         active = pools[0].active() + pools[1].active()
         first = min(active, key=lambda r: r.next_event_time(), default=None)  # a stalled prefill replica: inf
         if first is not None and first.next_event_time() < t:
-            # NOTE no fast-forward here (a booked run would need engine.core.disagg_fleet's bound,
-            # and the scaling signals read replicas between steps): every step is planned
-            first.stop_at = -math.inf
+            # a booked run stops before t (the next arrival, event, evaluation or replica ready)
+            # and before any prefill replica's next step (its first tokens); none starts while
+            # requests wait for a decode replica (any decode step's end may let one in)
+            bounding = [isinstance(replica, PrefillReplica) for replica in active]
+            first.stop_at = -math.inf if fleet.blocked else run_stop(first, active, bounding, t)
             first.tick()
             continue
         if t == math.inf:
@@ -199,7 +225,7 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
             serving[choice].inbox.append(prefill_copy(request))
     assert not fleet.blocked, "requests left waiting for a decode replica"
     fleet.replicas = [*fleet.prefill, *fleet.decode]
-    result = _result(fleet, pending)
+    result = fleet_result(fleet, pending)
     end = max(result.makespan_s, pending[-1].arrival_time if pending else 0.0)
     for pool in pools:
         for life in pool.lifetimes:

@@ -9,11 +9,17 @@ finds each mode's by bisection (cheap); the engine then serves each mode a short
 its simulated goodput (0.8x and 1.2x), ascending until a rate fails, with a rung of half the
 rate below when the first fails and one of 1.5x above when the last passes (two at most each
 way), on P + D GPUs both ways. The runs bracket each measured goodput in [lo, hi); the direction
-is confirmed when the planner's mode's lo is at least the other mode's hi.
+is settled when the intervals separate (one mode's lo at least the other's hi). Until they do,
+each fleet (the second right after its ladder, then each in turn again, a fleet start each visit)
+serves the rates that can separate them: the other mode's bounds that lie inside its own interval
+(passing the other's hi proves it wins; failing the other's lo proves it loses), else its own
+interval's midpoint (bisection), until --limit-s is spent or the overlap is narrower than
+TIE_SHARE of its rate (a tie at this resolution).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -38,6 +44,8 @@ ATTAINMENT = 0.9
 CPU_PLAN = ("scheduler.max_model_len=512", "cache.block_size=16", "plan.max_replicas=2",
             "plan.disagg_max_pool_replicas=1", "plan.disagg_max_evals=1")
 LADDER = (0.8, 1.2)
+TIE_SHARE = 0.05  # intervals overlapping over less than this share of the rate: a tie
+FIRST_START_S = 60.0  # a fleet's start and warm-up, until the call has timed one
 
 
 def attainment(requests: pd.DataFrame, scenario: Scenario) -> float:
@@ -87,6 +95,8 @@ class Ladder:
         self.runs: list[dict] = []
         self.sim_goodput: dict[tuple[str, str], float] = {}
         self.blocks = 0
+        self.start_s, self.timed = FIRST_START_S, False  # the longest fleet start and warm-up timed
+        self.opened_s: float | None = None
 
     def workload(self, scenario: Scenario, rate: float):
         n = request_count(rate, self.run_s, self.min_requests, self.max_requests)
@@ -121,17 +131,101 @@ class Ladder:
             if not self.deadline.fits(30.0):
                 log(self.deadline, f"{mode}: not started, out of time")
                 continue
-            log(self.deadline, f"starting the {self.setup.fleet_label(mode)} {mode} fleet")
-            with open_fleet(self.setup, self.measured_rc, mode) as serve:
+            with self._fleet(mode) as serve:
                 for scenario in self.scenarios:
-                    warm = dataclasses.replace(self.workload(scenario, scenario.rate), arrival="offline", rate=None,
-                                               num_requests=self.warmup_requests)
-                    self.blocks = replica_blocks(serve(warm))
+                    self._warm(serve, scenario)
                     if (scenario.name, mode) not in self.sim_goodput:
                         for m in MODES:
                             self.sim_goodput[(scenario.name, m)] = self.find_sim_goodput(scenario, m)
                     self._climb(serve, scenario, mode)
+                    self._settle(serve, scenario, mode)
+        self._settle_visits()
+        for scenario in self.scenarios:
+            log(self.deadline, f"{scenario.name}: {self.settled(scenario) or 'unresolved (out of time)'}")
         return self.summary()
+
+    def _settle_visits(self) -> None:
+        """Each fleet in turn again while a scenario's intervals overlap and a visit fits the budget."""
+        while True:
+            progressed = False
+            for mode in MODES:
+                open_ = [s for s in self.scenarios if self.settled(s) is None]
+                if not open_:
+                    return
+                if not self.deadline.fits(self.start_s + 30.0):
+                    log(self.deadline, f"{mode}: no settling visit, out of time")
+                    return
+                runs = len(self.runs)
+                with self._fleet(mode) as serve:
+                    for scenario in open_:
+                        self._warm(serve, scenario)
+                        self._settle(serve, scenario, mode)
+                progressed = progressed or len(self.runs) > runs
+            if not progressed:
+                return
+
+    @contextlib.contextmanager
+    def _fleet(self, mode: str):
+        log(self.deadline, f"starting the {self.setup.fleet_label(mode)} {mode} fleet")
+        self.opened_s = self.deadline.elapsed()
+        with open_fleet(self.setup, self.measured_rc, mode) as serve:
+            yield serve
+
+    def _warm(self, serve, scenario: Scenario) -> None:
+        warm = dataclasses.replace(self.workload(scenario, scenario.rate), arrival="offline", rate=None,
+                                   num_requests=self.warmup_requests)
+        self.blocks = replica_blocks(serve(warm))
+        if self.opened_s is not None:  # the fleet's first warm-up: its start is timed
+            self.start_s = max(self.start_s if self.timed else 0.0, self.deadline.elapsed() - self.opened_s)
+            self.timed, self.opened_s = True, None
+
+    def interval(self, scenario: Scenario, mode: str) -> tuple[float, float]:
+        runs = pd.DataFrame(self.runs)
+        if runs.empty:
+            return math.nan, math.nan
+        return measured_goodput(runs[(runs["scenario"] == scenario.name) & (runs["mode"] == mode)])
+
+    def settled(self, scenario: Scenario) -> str | None:
+        """The mode whose measured goodput interval lies above the other's, "tie" where they overlap
+        over less than TIE_SHARE of the rate, else None (both fleets need runs)."""
+        (lo_d, hi_d), (lo_a, hi_a) = (self.interval(scenario, m) for m in MODES)
+        if math.isnan(lo_d) or math.isnan(lo_a):
+            return None
+        for mode, lo, other_hi in ((MODES[0], lo_d, hi_a), (MODES[1], lo_a, hi_d)):
+            if lo >= other_hi:
+                return mode
+        low, high = max(lo_d, lo_a), min(hi_d, hi_a)
+        return f"tie within {100 * TIE_SHARE:g}%" if high - low <= TIE_SHARE * high else None
+
+    def next_rate(self, scenario: Scenario, mode: str, bisect: bool) -> float | None:
+        """The rate that can separate the mode's interval from the other's: the other's hi, then its
+        lo, where inside this mode's interval; else (bisect) this interval's midpoint; None when
+        nothing new is left to try."""
+        other = MODES[1 - MODES.index(mode)]
+        lo, hi = self.interval(scenario, mode)
+        other_lo, other_hi = self.interval(scenario, other)
+        for rate in (other_hi, other_lo):
+            if lo < rate < hi and math.isfinite(rate):
+                return rate
+        if not bisect:
+            return None
+        rate = round((lo + hi) / 2 if math.isfinite(hi) else 1.5 * lo, 3)
+        return rate if lo < rate < hi else None
+
+    def _settle(self, serve, scenario: Scenario, mode: str) -> None:
+        """Serve the mode the rates that can separate it from the other mode, until they separate
+        or one bisection step has run (the other fleet's next visit tests the new bounds)."""
+        other = MODES[1 - MODES.index(mode)]
+        if math.isnan(self.interval(scenario, other)[0]):
+            return  # the other mode has no runs yet
+        bisected = False
+        while self.settled(scenario) is None:
+            rate = self.next_rate(scenario, mode, bisect=not bisected)
+            if rate is None:
+                return
+            bisected = bisected or rate not in self.interval(scenario, other)
+            if self._serve(serve, scenario, mode, rate) is None:
+                return
 
     def _climb(self, serve, scenario: Scenario, mode: str) -> None:
         """The mode's ladder ascending until a rate fails; below it by halves when its first rate
@@ -184,7 +278,8 @@ class Ladder:
                 rows.append({"scenario": scenario.name, "mode": mode, "fleet": self.setup.fleet_label(mode),
                              "ttft_slo_s": scenario.ttft_s, "tpot_slo_s": scenario.tpot_s,
                              "sim_goodput_req_s": self.sim_goodput.get((scenario.name, mode), math.nan),
-                             "goodput_lo_req_s": low, "goodput_hi_req_s": high, "rates_tried": len(mine)})
+                             "goodput_lo_req_s": low, "goodput_hi_req_s": high, "rates_tried": len(mine),
+                             "settled": self.settled(scenario) or "unresolved"})
         table = pd.DataFrame(rows)
         table.to_csv(self.out / "goodput.csv", index=False)
         (self.out / "goodput.md").write_text(markdown(table) + "\n")

@@ -56,6 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: the simulator stands in for the engine (same flow; prints the serving time)")
     parser.add_argument("--workloads", nargs="+", default=list(CLASSES), help=f"measure: of {list(CLASSES)}")
+    parser.add_argument("--scenarios", nargs="+", default=None,
+                        help="goodput and plan: some of the model's scenarios (default: all; workloads.py)")
     parser.add_argument("--loads", nargs="+", type=float, default=[0.5, 0.8], help="measure: fractions of capacity")
     parser.add_argument("--cell-s", type=float, default=20.0, help="a loaded run's arrivals span about this long")
     parser.add_argument("--min-requests", type=int, default=None,
@@ -104,6 +106,10 @@ def check(args: argparse.Namespace) -> Pools:
             raise ConfigError(f"--bundle must be a .tar.gz outside --out {args.out}, got {args.bundle}")
     if args.command != "measure" and not args.cpu and args.model not in SCENARIOS:
         raise ConfigError(f"{args.command}: scenarios exist for {sorted(SCENARIOS)}, not {args.model!r}")
+    names = [s.name for s in SCENARIOS[CPU_SCENARIO_MODEL if args.cpu else args.model]] \
+        if args.command != "measure" else []
+    if args.scenarios is not None and (not args.scenarios or not set(args.scenarios) <= set(names)):
+        raise ConfigError(f"--scenarios must be some of {names}, got {args.scenarios}")
     return pools
 
 
@@ -149,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.dry_run:
                 serving_time(pd.read_csv(args.out / "runs.csv").query("side == 'measured'"), mc.warmup_requests)
             return 0
-        scenarios = SCENARIOS[CPU_SCENARIO_MODEL if args.cpu else args.model]
+        scenarios = tuple(s for s in SCENARIOS[CPU_SCENARIO_MODEL if args.cpu else args.model]
+                          if args.scenarios is None or s.name in args.scenarios)
         plans = pd.DataFrame([plan(setup, s, args.out / f"plan_{s.name}") for s in scenarios])
         plans.to_csv(args.out / "plan_direction.csv", index=False)
         deadline.pack()
@@ -178,7 +185,7 @@ def serving_time(runs: pd.DataFrame, warmup_requests: int) -> None:
 def write_direction(plans: pd.DataFrame, goodput: pd.DataFrame, out: Path) -> None:
     """Per scenario: the planner's winner, each mode's goodput (simulated; measured as an interval),
     and the engine's winner: the mode whose measured goodput is at least the other's upper bound
-    ("unresolved" where the intervals overlap)."""
+    ("unresolved" where the intervals overlap), and what the runs settled (Ladder.settled)."""
     rows = []
     for p in plans.itertuples():
         mine = goodput[goodput["scenario"] == p.scenario].set_index("mode")
@@ -187,7 +194,8 @@ def write_direction(plans: pd.DataFrame, goodput: pd.DataFrame, out: Path) -> No
         rows.append({"scenario": p.scenario, "planner_winner": p.winner,
                      **{f"sim_goodput_{m}": mine.loc[m, "sim_goodput_req_s"] for m in mine.index},
                      **{f"goodput_{m}": f"[{lo:.3g}, {hi:.3g})" for m, (lo, hi) in bounds.items()},
-                     "engine_winner": winner, "confirmed": bool(winner == p.winner)})
+                     "engine_winner": winner, "confirmed": bool(winner == p.winner),
+                     "settled": mine["settled"].iloc[0] if "settled" in mine else "unresolved"})
     table = pd.DataFrame(rows)
     table.to_csv(out / "direction.csv", index=False)
     (out / "direction.md").write_text(markdown(table) + "\n")

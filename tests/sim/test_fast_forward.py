@@ -2,23 +2,20 @@
 
 Over random workloads (arrivals, shared prefixes, stop tokens, tight caches that preempt), every
 policy, plain and overlapped steps, with and without the prefix cache, a single replica and a
-fleet: each request ends with the same tokens, timestamps and counters, every step with the same
-record, bit for bit, and the block manager in the same state.
+fleet (disaggregated fleets: test_fast_forward_disagg.py): each request ends with the same tokens,
+timestamps and counters, every step with the same record, bit for bit, and the block manager in
+the same state.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-import signal
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
-from engine.core.disagg import DecodeReplica, PrefillReplica
-from engine.core.disagg_fleet import run_disaggregated
 from engine.core.executor import BackendInfo
 from engine.core.fleet import run_fleet
 from engine.core.loop import Replica, SimulatedClock, run
@@ -26,7 +23,6 @@ from engine.core.routers import ROUTER_REGISTRY
 from sim import sampled as sim_sampled
 from sim.executor import SimExecutor
 from sim.roofline import RooflineCostModel
-from tests.core.test_disagg import LinearPricer
 from tests.sim import helpers
 
 POLICIES = ("nano", "mixed", "sjf")
@@ -53,13 +49,17 @@ def _requests(seed: int, n: int, max_len: int, stop: bool) -> list[Request]:
     return requests
 
 
-def _state(result, scheduler) -> tuple:
+def _tables(result) -> tuple:
+    """A run's requests and steps, as compared."""
     requests = [(r.request_id, tuple(r.token_ids), r.first_token_time, r.finish_time, r.first_scheduled_time,
                  r.finish_reason, r.num_preemptions, r.num_cached_tokens, r.num_recomputed_tokens)
                 for r in result.requests]
-    steps = [(s.start_s, s.duration_s, s.stats, s.idle_s) for s in result.steps]
+    return requests, [(s.start_s, s.duration_s, s.stats, s.idle_s) for s in result.steps]
+
+
+def _state(result, scheduler) -> tuple:
     bm = scheduler.block_manager
-    return requests, steps, result.rejected, result.makespan_s, bm.hits, bm.misses, bm.evictions, \
+    return *_tables(result), result.rejected, result.makespan_s, bm.hits, bm.misses, bm.evictions, \
         sorted(bm.key_to_block.items()), list(bm.free_pool)
 
 
@@ -146,69 +146,8 @@ def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n, 
             config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
             replicas.append(Replica(i, make_scheduler(config, executor.info()), executor, SimulatedClock()))
         result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get(router)())
-        return [_state(r.result, r.scheduler)[:2] for r in replicas], result.makespan_s
+        return [_tables(r.result) for r in replicas], result.makespan_s
     assert serve(True) == serve(False)
-
-
-@contextlib.contextmanager
-def _deadline(seconds: int):
-    """Fail, rather than hang, when a fleet loop stops making progress (SIGALRM: POSIX main thread)."""
-    def expired(*_):
-        raise TimeoutError(f"no result within {seconds} s: the fleet loop made no progress")
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
-       st.integers(1, 2), st.sampled_from([(16, False), (64, False), (64, True)]))
-@example("nano", False, 1, 4, 2, 1, (16, False))  # a decode replica waits for KV in transit to re-admit a preempted one
-@example("nano", False, 291933, 28, 1, 1, (16, False))  # a first token pushed while a decode run is booked ahead
-@example("sjf", True, 870408, 19, 1, 2, (16, False))
-def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, overlap, seed, n, p, d, decode):
-    """Transfers land on decode replicas mid-run (a 1 ms transfer against sub-millisecond steps), and
-    16-block decode caches make requests wait for room (back-pressure); handshake: the engine's
-    protocol, messages handled at step boundaries. Decode replicas fast-forward (the fast path books
-    runs: checked below), so a run must end where a KV lands, where a request waits for a decode
-    replica and before any other replica's next step."""
-    decode_blocks, handshake = decode
-
-    def serve(fast: bool):
-        config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
-
-        def pool(kind, count: int, blocks: int):
-            executors = [_executor(fast, overlap, blocks) for _ in range(count)]
-            return [kind(i, make_scheduler(config, e.info()), e, SimulatedClock()) for i, e in enumerate(executors)]
-
-        prefill, decode = pool(PrefillReplica, p, 64), pool(DecodeReplica, d, decode_blocks)
-        assert all(r.runner is not None and r.runner.fast_forwards() == fast for r in decode)
-        routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
-        with _deadline(60):
-            result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
-                                       LinearPricer(1e-3, 1e-5), handshake=handshake)
-        moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
-        return [_state(r.result, r.scheduler)[:2] for r in [*prefill, *decode]], moves, result.max_blocked
-    assert serve(True) == serve(False)
-
-
-def test_decode_replicas_of_a_disaggregated_fleet_book_runs():
-    """Fast-forward is on for decode replicas: a decode-heavy disaggregated run books StepRuns."""
-    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=200)
-    prefill = [PrefillReplica(0, make_scheduler(config, (e := _executor(True, False, 64)).info()), e, SimulatedClock())]
-    decode = [DecodeReplica(0, make_scheduler(config, (e := _executor(True, False, 64)).info()), e, SimulatedClock())]
-    requests = [Request(f"r{i}", [1 + i, 2, 3], SamplingParams(max_tokens=150, ignore_eos=True), arrival_time=0.0)
-                for i in range(4)]
-    routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
-    with _deadline(60):
-        result = run_disaggregated(prefill, decode, requests, *routers, LinearPricer(1e-3, 1e-5))
-    steps = decode[0].result.steps
-    assert len(result.requests) == 4 and len(steps) > 100
-    assert steps.num_runs > 0, "no run was booked"
 
 
 def test_fast_forward_books_long_decode_runs_at_once():

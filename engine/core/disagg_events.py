@@ -1,0 +1,250 @@
+"""What a disaggregated fleet does at each event (engine.core.disagg_fleet's loop hands them here).
+
+An arrival goes to a prefill replica (the prefill router), which serves its prefill_copy. When the
+copy samples the first token (the request's TTFT), the request is handed off: the decode router
+picks among the decode replicas that can take it now (free blocks for its prompt KV, a sequence
+slot), blocks are reserved there and the transfer starts; when it ends, the prefill replica's
+blocks are released and the decode replica admits the request. A request whose first token ends
+it (max_tokens=1, EOS, a stop token) finishes on its prefill replica and moves nothing.
+
+NOTE back-pressure: when no decode replica can take a request, it waits, first come first served,
+on its prefill replica holding its blocks; waiting requests are offered again whenever a decode
+step ends. Layer-by-layer overlap (TransferPricer) only applies to a transfer that starts the
+moment the prefill ends: one that waited finds its KV complete.
+
+handshake=True prices the engine's protocol (engine.disagg_replica), where each replica's loop
+handles messages only between its steps: the decode replica learns of the transfer at its next
+step boundary after the first token; the prefill replica, told to send, posts the send at its next
+step boundary, after the step then in flight on its GPU (copying the blocks out synchronises the
+host with it), and frees its blocks there; the decode replica sees the receive complete at its
+next step boundary and writes the blocks after its step in flight, so the reported transfer_s
+runs from the send to the start of the first decode step that computes the request (the
+engine's). A replica with nothing running handles a message at once, and so does one that stalls
+(nothing it can run until a transfer frees or fills blocks): a message that waited for its next
+step boundary is handled when it stalls, since that step never comes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, StepRun
+from engine.core.request import FinishReason, Request, RequestStatus
+from engine.core.routers import Router
+from engine.core.step_log import first_step_end
+
+
+class TransferPricer(Protocol):
+    def price(self, num_tokens: int, prefill: int, decode: int, overlap_s: float) -> tuple[float, int]:
+        """(seconds the transfer adds after overlap_s seconds of prefill it may overlap, bytes) for
+        the KV of num_tokens tokens from prefill replica `prefill` to decode replica `decode`."""
+        ...
+
+
+@dataclass(slots=True)
+class Transfer:
+    prefill: int
+    decode: int = -1
+    ready_s: float = 0.0  # the first token: the KV is complete
+    start_s: float = math.nan  # decode blocks reserved, transfer under way
+    transfer_s: float = math.nan  # start to landing
+    bytes: int = 0
+
+
+@dataclass
+class DisaggResult:
+    requests: list[Request]  # every finished request, in submission order
+    prefill: list[RunResult]  # per prefill replica: its steps, its prefill copies, its rejections
+    decode: list[RunResult]  # per decode replica: its steps, the requests it finished
+    transfers: dict[str, Transfer] = field(default_factory=dict)  # request id -> where it went
+    rejected: dict[str, str] = field(default_factory=dict)
+    makespan_s: float = 0.0
+    max_blocked: int = 0  # most requests waiting for a decode replica at once
+
+
+HANDOFF, LANDED, RETRY, SEND, POST = 0, 1, 2, 3, 4
+
+
+class FleetEvents:
+    def __init__(self, prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica],
+                 decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None,
+                 handshake: bool = False) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.handshake = handshake
+        # handshake: per replica (prefill first), what waits for the end of its step in flight
+        self.after_step: dict[int, list[tuple[int, Request]]] = {}
+        self.replicas: list[Replica] = [*prefill, *decode]
+        self.decode_router, self.pricer, self.on_step = decode_router, pricer, on_step
+        self.events: list[tuple[float, int, int, Request]] = []
+        self.seq = 0
+        self.originals: dict[str, Request] = {}
+        self.transfers: dict[str, Transfer] = {}
+        self.blocked: deque[Request] = deque()
+        self.retry_pending = False
+        self.rejected: dict[str, str] = {}
+        self.max_blocked = 0
+        for index, replica in enumerate(self.replicas):
+            self._hook(index, replica)
+
+    def _hook(self, index: int, replica: Replica) -> None:
+        """Replica `index` (prefill first, then decode) reports its steps and stalls here."""
+        replica.on_step = self._prefill_step if isinstance(replica, PrefillReplica) else self._decode_step
+        if isinstance(replica, PrefillReplica | DecodeReplica):
+            replica.on_stall = lambda: self._boundary(index, replica.clock.now())
+
+    def push(self, t: float, kind: int, request: Request) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, request))
+        self.seq += 1
+
+    # ---- hooks: a replica finished a step ------------------------------------------------
+
+    def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
+        self._step_ended(index, record)
+        for copy in finished:
+            self.push(copy.first_token_time or 0.0, HANDOFF, copy)
+        if self.on_step is not None:
+            self.on_step(index, record, [])
+
+    def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
+        self._step_ended(len(self.prefill) + index, record)
+        if self.blocked and not self.retry_pending:
+            self.push(first_step_end(record), RETRY, self.blocked[0])
+            self.retry_pending = True
+        if self.on_step is not None:
+            self.on_step(len(self.prefill) + index, record, finished)
+
+    def _step_ended(self, index: int, record: StepRecord | StepRun) -> None:
+        if index in self.after_step:
+            # a message waits for the step in flight when it came: a run's last (no step of a run
+            # starts past the fleet's next event)
+            self._boundary(index, record.end_s if isinstance(record, StepRun) else record.start_s + record.duration_s)
+
+    def _boundary(self, index: int, end: float) -> None:
+        """Replica `index`'s loop is between steps at `end`: it handles the messages that waited."""
+        waiting = self.after_step.pop(index, None)
+        if waiting:
+            for kind, request in waiting:
+                if kind != LANDED:
+                    self.push(end, kind, request)
+                else:  # landed: the decode step that computes the request starts now
+                    transfer = self.transfers[request.request_id]
+                    transfer.transfer_s = end - transfer.start_s
+
+    def _loop_boundary(self, index: int, kind: int, request: Request, t: float, past_in_flight: bool) -> float | None:
+        """handshake: when replica `index`'s loop handles a message sent at t (past_in_flight: and its
+        host has waited for the step then in flight on its device). It has run every iteration that
+        starts before t: one that is idle or stalled handles it at once; one inside a step at its
+        end (its clock). None when that end is not known yet (the replica's next iteration starts
+        at t, the message just behind it, or a step in flight must end first): `kind` is then
+        handled for request as the replica's next step ends."""
+        replica = self.replicas[index]
+        replica.settle()  # a booked run's step in flight is a planned one, as step by step
+        if replica.next_event_time() == math.inf and replica.in_flight is None:
+            return t
+        if (past_in_flight and replica.in_flight is not None) or replica.clock.now() <= t:
+            self.after_step.setdefault(index, []).append((kind, request))
+            return None
+        return replica.clock.now()
+
+    # ---- events --------------------------------------------------------------------------
+
+    def handle(self, t: float, kind: int, request: Request) -> None:
+        if kind == HANDOFF:
+            self._handoff(t, request)
+        elif kind == LANDED:
+            transfer = self.transfers[request.request_id]
+            self.prefill[transfer.prefill].release(request.request_id, t)
+            if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
+                landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t, True)
+                if landed is not None:
+                    transfer.transfer_s = landed - transfer.start_s
+            self.decode[transfer.decode].arrived(request, t)
+        elif kind == SEND:  # the prefill replica is told to send
+            post = self._loop_boundary(self.transfers[request.request_id].prefill, POST, request, t, True)
+            if post is not None:
+                self.push(post, POST, request)
+        elif kind == POST:
+            self._send(t, request)
+        else:
+            self.retry_pending = False
+            while self.blocked and self._start(t, self.blocked[0], blocked=True):
+                self.blocked.popleft()
+
+    def _handoff(self, t: float, copy: Request) -> None:
+        rid = copy.request_id
+        request = self.originals[rid]
+        transfer = self.transfers[rid]
+        transfer.ready_s = t
+        # the prefill side's story is the request's: its first token, queueing, cache hits, recompute
+        request.token_ids = list(copy.token_ids)
+        for name in ("first_scheduled_time", "first_token_time", "num_cached_tokens", "num_preemptions",
+                     "num_recomputed_tokens", "max_computed_tokens", "block_hashes"):
+            setattr(request, name, getattr(copy, name))
+        if request.max_tokens is None:  # until max_model_len, as the decode replica's scheduler would say
+            request.max_tokens = self.decode[0].scheduler.config.max_model_len - request.num_prompt_tokens
+        if copy.finish_reason is not FinishReason.LENGTH or request.max_tokens <= 1:
+            self.prefill[transfer.prefill].release(rid, t)
+            request.status, request.finish_reason, request.finish_time = RequestStatus.FINISHED, copy.finish_reason, t
+            return
+        why = self.decode[0].fits_ever(request)
+        if why is not None:
+            self.prefill[transfer.prefill].release(rid, t)
+            self.rejected[rid] = why
+            return
+        if self.blocked or not self._start(t, request, blocked=False):
+            self.blocked.append(request)
+            self.max_blocked = max(self.max_blocked, len(self.blocked))
+
+    def _decode_open(self) -> Sequence[DecodeReplica]:
+        """The decode replicas a transfer may go to (an elastic fleet: its serving ones)."""
+        return self.decode
+
+    def _start(self, t: float, request: Request, blocked: bool) -> bool:
+        """Reserve decode blocks and start the transfer; False when no decode replica can take it."""
+        open_ = [replica for replica in self._decode_open() if replica.can_take(request)]
+        if not open_:
+            return False
+        choice = self.decode_router.route(request, open_)
+        if not 0 <= choice < len(open_):
+            raise RuntimeError(f"decode router chose replica {choice} of {len(open_)}")
+        target = open_[choice]
+        target.reserve(request)
+        transfer = self.transfers[request.request_id]
+        prefill_s = 0.0 if blocked or request.first_scheduled_time is None else t - request.first_scheduled_time
+        transfer.decode = target.index
+        if self.handshake:  # the decode replica reserves and says so at its next step boundary
+            ready = self._loop_boundary(len(self.prefill) + target.index, SEND, request, t, False)
+            if ready is not None:
+                self.push(ready, SEND, request)
+            return True
+        self._send(t, request, prefill_s)
+        return True
+
+    def _send(self, t: float, request: Request, prefill_s: float = 0.0) -> None:
+        transfer = self.transfers[request.request_id]
+        seconds, nbytes = self.pricer.price(request.num_prompt_tokens, transfer.prefill, transfer.decode, prefill_s)
+        transfer.start_s, transfer.transfer_s, transfer.bytes = t, seconds, nbytes
+        if self.handshake:  # the engine's prefill replica frees the blocks once their copy is taken
+            self.prefill[transfer.prefill].release(request.request_id, t)
+        self.push(t + seconds, LANDED, request)
+
+
+
+
+def fleet_result(fleet: FleetEvents, pending: list[Request]) -> DisaggResult:
+    rejected = dict(fleet.rejected)
+    for sender in fleet.prefill:
+        rejected.update(sender.result.rejected)
+    finished = [r for r in pending if r.is_finished]
+    transfers = {rid: t for rid, t in fleet.transfers.items() if rid not in rejected}
+    for replica in fleet.replicas:
+        replica.result.makespan_s = replica.clock.now()
+    makespan = max((replica.clock.now() for replica in fleet.replicas), default=0.0)
+    return DisaggResult(finished, [r.result for r in fleet.prefill], [r.result for r in fleet.decode], transfers,
+                        rejected, makespan, fleet.max_blocked)

@@ -1,0 +1,155 @@
+"""Fast-forward in disaggregated fleets, static and autoscaled, against the step-by-step path
+(tests/sim/test_fast_forward.py has the single replica's and the aggregated fleet's): the same
+requests, steps, transfers and, autoscaled, the same signals to each pool's policy, lifetimes and
+scale events."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
+from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.disagg_elastic import run_disaggregated_elastic
+from engine.core.disagg_fleet import run_disaggregated
+from engine.core.elastic_states import ColdStart, FleetSignal, Scaling
+from engine.core.loop import SimulatedClock
+from engine.core.routers import ROUTER_REGISTRY
+from tests.core.test_disagg import LinearPricer
+from tests.sim.test_fast_forward import POLICIES, _executor, _requests, _tables
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int):
+    """Fail, rather than hang, when a fleet loop stops making progress (SIGALRM: POSIX main thread)."""
+    def expired(*_):
+        raise TimeoutError(f"no result within {seconds} s: the fleet loop made no progress")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
+       st.integers(1, 2), st.sampled_from([(16, False), (64, False), (16, True), (64, True)]))
+@example("nano", False, 1, 4, 2, 1, (16, False))  # a decode replica waits for KV in transit to re-admit a preempted one
+@example("nano", False, 291933, 28, 1, 1, (16, False))  # a first token pushed while a decode run is booked ahead
+@example("sjf", True, 870408, 19, 1, 2, (16, False))
+@example("sjf", False, 740800, 29, 1, 1, (16, True))  # a decode replica stalls with a transfer's message waiting on it
+def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, overlap, seed, n, p, d, decode):
+    """Transfers land on decode replicas mid-run (a 1 ms transfer against sub-millisecond steps), and
+    16-block decode caches make requests wait for room (back-pressure); handshake: the engine's
+    protocol, messages handled at step boundaries (or where a replica stalls: no boundary comes).
+    Decode replicas fast-forward (the fast path books runs: checked below), so a run must end where
+    a KV lands, where a request waits for a decode replica and before any other replica's next step."""
+    decode_blocks, handshake = decode
+
+    def serve(fast: bool):
+        config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+
+        def pool(kind, count: int, blocks: int):
+            executors = [_executor(fast, overlap, blocks) for _ in range(count)]
+            return [kind(i, make_scheduler(config, e.info()), e, SimulatedClock()) for i, e in enumerate(executors)]
+
+        prefill, decode = pool(PrefillReplica, p, 64), pool(DecodeReplica, d, decode_blocks)
+        assert all(r.runner is not None and r.runner.fast_forwards() == fast for r in decode)
+        routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+        with _deadline(60):
+            result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
+                                       LinearPricer(1e-3, 1e-5), handshake=handshake)
+        moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
+        return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
+    assert serve(True) == serve(False)
+
+
+def test_decode_replicas_of_a_disaggregated_fleet_book_runs():
+    """Fast-forward is on for decode replicas: a decode-heavy disaggregated run books StepRuns."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=200)
+    prefill = [PrefillReplica(0, make_scheduler(config, (e := _executor(True, False, 64)).info()), e, SimulatedClock())]
+    decode = [DecodeReplica(0, make_scheduler(config, (e := _executor(True, False, 64)).info()), e, SimulatedClock())]
+    requests = [Request(f"r{i}", [1 + i, 2, 3], SamplingParams(max_tokens=150, ignore_eos=True), arrival_time=0.0)
+                for i in range(4)]
+    routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+    with _deadline(60):
+        result = run_disaggregated(prefill, decode, requests, *routers, LinearPricer(1e-3, 1e-5))
+    steps = decode[0].result.steps
+    assert len(result.requests) == 4 and len(steps) > 100
+    assert steps.num_runs > 0, "no run was booked"
+
+
+class _Reading:
+    """A policy whose wish is made of everything it reads (any difference in a signal shows in
+    the scaling), keeping each signal it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def desired(self, signal: FleetSignal) -> int:
+        self.seen.append(repr(signal))  # repr: a NaN TPOT equals itself
+        load = sum(r.running + r.waiting for r in signal.serving) + round(10 * sum(r.kv_used for r in signal.serving))
+        return 1 + (load + len(signal.ttfts) + len(signal.waiting_ages) + signal.starting) % 3
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 40), st.sampled_from([16, 64]),
+       st.booleans(), st.sampled_from(["prefill", "decode", "both"]))
+@example("nano", False, 534, 9, 16, False, "decode")  # a run reports its finishes ahead of another replica's
+def test_fast_forward_matches_step_by_step_in_an_autoscaled_disaggregated_fleet(policy, overlap, seed, n, blocks,
+                                                                                settle, scaled):
+    """Pools that start, drain and stop replicas every few tens of milliseconds (a policy that
+    reads every field of its signal): a run stops before each evaluation and each replica's ready
+    time as well as the static fleet's bounds, and what the policies read between runs is what
+    the step-by-step path shows them."""
+    scaling = Scaling(min_replicas=1, max_replicas=3, interval_s=0.03, scale_up_cooldown_s=0.03,
+                      scale_down_cooldown_s=0.06, max_scale_down=1, window_s=0.2,
+                      cold_start=ColdStart(provision_s=0.02), settle=settle)
+
+    def serve(fast: bool):
+        config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
+
+        def maker(kind, num_blocks: int):
+            def make(index: int):
+                executor = _executor(fast, overlap, num_blocks)
+                return kind(index, make_scheduler(config, executor.info()), executor, SimulatedClock())
+            return make
+
+        policies = tuple(_Reading() if scaled in (pool, "both") else None for pool in ("prefill", "decode"))
+        routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+        with _deadline(60):
+            result = run_disaggregated_elastic((maker(PrefillReplica, 64), maker(DecodeReplica, blocks)), (1, 1),
+                                               _requests(seed, n, 60, False), *routers, LinearPricer(1e-3, 1e-5),
+                                               (scaling, scaling), policies)
+        fleet = result.fleet
+        moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in fleet.transfers.items()}
+        pools = [(h.lifetimes, h.events) for h in (result.prefill, result.decode)]
+        seen = [p.seen for p in policies if p is not None]
+        return [_tables(r) for r in [*fleet.prefill, *fleet.decode]], moves, fleet.max_blocked, pools, seen, \
+            fleet.makespan_s
+    assert serve(True) == serve(False)
+
+
+def test_decode_replicas_of_an_autoscaled_disaggregated_fleet_book_runs():
+    """Fast-forward is on in autoscaled disaggregated fleets: a decode-heavy run books StepRuns."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=200)
+
+    def maker(kind):
+        def make(index: int):
+            executor = _executor(True, False, 64)
+            return kind(index, make_scheduler(config, executor.info()), executor, SimulatedClock())
+        return make
+
+    requests = [Request(f"r{i}", [1 + i, 2, 3], SamplingParams(max_tokens=150, ignore_eos=True), arrival_time=0.0)
+                for i in range(4)]
+    scaling = Scaling(1, 2, 0.05, 0.05, 0.1, 1, 0.5, ColdStart(provision_s=0.02))
+    routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+    with _deadline(60):
+        result = run_disaggregated_elastic((maker(PrefillReplica), maker(DecodeReplica)), (1, 1), requests, *routers,
+                                           LinearPricer(1e-3, 1e-5), (scaling, scaling), (None, _Reading()))
+    assert len(result.fleet.requests) == 4 and result.fleet.decode[0].steps.num_runs > 0, "no run was booked"
