@@ -17,6 +17,10 @@ row per case and source), overhead.csv (per case and server), serve.md (the tabl
 stage's run folder packed as one tarball (harness.tar.gz: harness/<case>/; engine_server.tar.gz and
 sim_server.tar.gz: the server's requests.csv, serve_overhead.csv and each case's client records):
 at most six files, none deeper than --out, as a device hands back (--no-pack keeps the folders).
+The engine's stages keep their per-step tables (steps.csv.gz, with each step's features and
+measured times), so the simulator's price of every step the engine ran can be checked on a CPU
+afterwards (experiments/serve/mooncake_pricing); the simulator server's table, which a CPU makes
+again from the same requests, is dropped unless --keep-steps.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pack", dest="pack", action="store_false",
                         help="keep each stage's run folder as it is (by default packed into <folder>.tar.gz)")
     parser.add_argument("--keep-steps", action="store_true",
-                        help="keep the runs' per-step tables (steps.csv.gz; by default removed once summarised)")
+                        help="keep the simulator server's per-step table too (the engine's stages always keep theirs)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     bad_stages = sorted(set(args.stages) - {"harness", "engine", "sim"})
@@ -184,6 +188,9 @@ def run_harness(engine: list[str], cases: list[Case], out: Path) -> list[dict]:
 
 
 STAGE_FOLDERS = {"harness": "harness", "engine": "engine_server", "sim": "sim_server"}
+# Stages whose step tables leave the device: what the engine measured, step by step, is what the
+# simulator's prices are checked against; the simulator's own table is made again on a CPU.
+MEASURED_STAGES = ("harness", "engine")
 
 
 def pack(out: Path, folder: str) -> None:
@@ -194,9 +201,9 @@ def pack(out: Path, folder: str) -> None:
         shutil.rmtree(out / folder)
 
 
-def drop_steps(out: Path) -> None:
-    """The per-step tables, once summarised: raw traces do not leave the device (--keep-steps)."""
-    for path in out.rglob("steps.csv.gz"):
+def drop_steps(folder: Path) -> None:
+    """The per-step tables under folder, once summarised (a stage outside MEASURED_STAGES)."""
+    for path in folder.rglob("steps.csv.gz"):
         path.unlink()
 
 
@@ -270,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += more
         overheads += more_overheads
         write(args.out, rows, overheads)
-        if not args.keep_steps:
-            drop_steps(args.out)
+        if not args.keep_steps and stage not in MEASURED_STAGES:
+            drop_steps(args.out / STAGE_FOLDERS[stage])
         if args.pack:
             pack(args.out, STAGE_FOLDERS[stage])
         print(f"stage {stage} done at {time.perf_counter() - started:.0f} s", flush=True)

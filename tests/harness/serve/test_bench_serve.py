@@ -40,9 +40,13 @@ def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
     with tarfile.open(tmp_path / "engine_server.tar.gz") as tar:
         assert len(pd.read_csv(tar.extractfile("engine_server/client_poisson_50.csv"))) == 6
         assert "engine_server/requests.csv" in tar.getnames()
-    for name in ("harness", "engine_server", "sim_server"):  # raw per-step tables do not leave the device
+    for name, kept in (("harness", 2), ("engine_server", 1), ("sim_server", 0)):  # the engine's steps come back
         with tarfile.open(tmp_path / f"{name}.tar.gz") as tar:
-            assert not [n for n in tar.getnames() if n.endswith("steps.csv.gz")]
+            tables = [n for n in tar.getnames() if n.endswith("steps.csv.gz")]
+            assert len(tables) == kept
+            if kept:  # with the features the simulator prices them by
+                steps = pd.read_csv(tar.extractfile(tables[0]), compression="gzip")
+                assert {"duration", "prefill_attention_pairs", "decode_context_tokens"} <= set(steps.columns)
     text = (tmp_path / "serve.md").read_text()
     assert "Server overhead" in text and "within 10%" in text
 
