@@ -56,8 +56,11 @@ def test_the_profile_gets_the_expected_distinct_experts_of_each_shape():
         assert moe.moe_distinct_experts.tolist() == pytest.approx(want)
     assert with_distinct_experts(table, MOE, 0.0).moe_distinct_experts.iloc[0] == pytest.approx(8.0)
     assert "moe_distinct_experts" not in with_distinct_experts(table, DENSE, 0.0)
-    kept = table.assign(moe_distinct_experts=5.0)  # a profile that has the column keeps it
-    assert (with_distinct_experts(kept, MOE, 1.0).moe_distinct_experts == 5.0).all()
+    kept = table.assign(moe_distinct_experts=5.0)  # a profile that has the column (measured) keeps it
+    measured = with_distinct_experts(kept, MOE, 1.0)
+    assert (measured.moe_distinct_experts == 5.0).all()
+    assert measured.moe_expected_experts.tolist() == pytest.approx([ExpertRouting(128, 8, 1.0).distinct(n)
+                                                                    for n in table.num_tokens])
 
 
 def test_simulations_take_the_skew_from_the_engine_side():
