@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.features import MOE_FEATURES
+from sim.features import EXPECTED_EXPERTS, MOE_FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +50,16 @@ def measured_skew(given: float | None, counts, model, out_dir: Path) -> float:
     return skew
 
 
-EXPECTED_COLUMN = "moe_expected_experts"
-
-
 def with_distinct_experts(table: pd.DataFrame, model, skew: float) -> pd.DataFrame:
     """table with the MoE column where the model has experts and the table lacks it, and the
     expectation beside it (module docstring)."""
-    if not model.is_moe or EXPECTED_COLUMN in table.columns:
+    if not model.is_moe or EXPECTED_EXPERTS in table.columns:
         return table
     from sim.moe import ExpertRouting
 
     routing = ExpertRouting(model.num_experts, model.num_experts_per_tok, skew)
     expected = [routing.distinct(int(n)) for n in table["num_tokens"]]
-    table = table.assign(**{EXPECTED_COLUMN: expected})
+    table = table.assign(**{EXPECTED_EXPERTS: expected})
     if all(f in table.columns for f in MOE_FEATURES):
         return table
     return table.assign(moe_distinct_experts=expected)

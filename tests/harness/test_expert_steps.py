@@ -64,3 +64,20 @@ def test_none_without_a_counter_and_the_per_layer_mean():
     assert ExpertTally.of(object()) is None  # a simulated executor has no counter
     dense.shutdown()
     assert distinct_per_layer(np.array([[0, 3, 1, 0], [5, 0, 0, 0]])) == 1.5
+
+
+def test_validation_prices_random_shapes_by_the_expected_count_too(tmp_path):
+    import pandas as pd
+
+    from harness.calibration.fit import validate
+    from tests.sim.test_moe_measured_grid import measured_grid
+
+    path = tmp_path / "grid.csv"
+    measured_grid(str(path), "moe_distinct_experts")
+    table = pd.read_csv(path).assign(set="grid", kind="decode")
+    table = pd.concat([table] + [table[table.num_prefill_tokens > 0]] * 4, ignore_index=True)  # a prefill kept
+    table.loc[(table.index % 7 == 3) & (table.num_prefill_tokens == 0), "set"] = "random"
+    _, validation = validate(table, None)
+    assert {"random_shapes", "random_shapes_expected"} <= set(validation["set"])
+    _, dense = validate(table.drop(columns="moe_expected_experts"), None)  # no expectation: no such rows
+    assert "random_shapes_expected" not in set(dense["set"])
