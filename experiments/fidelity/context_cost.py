@@ -48,13 +48,13 @@ def implied_experts(profile: pd.DataFrame, spec: ModelSpec, skew: float) -> pd.D
     return rows[columns].sort_values(["num_seqs", "context"]).reset_index(drop=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile")
     parser.add_argument("--model", default="qwen3-30b-a3b")
     parser.add_argument("--skew", type=float, required=True, help="the call's routing skew (run.log)")
     parser.add_argument("--out", help="write the table here as CSV")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     table = implied_experts(pd.read_csv(args.profile), ModelSpec(**preset_fields(args.model)), args.skew)
     if args.out:
         table.round(6).to_csv(args.out, index=False)

@@ -13,6 +13,7 @@ blocks; each step's distinct experts per MoE layer as the grid now records them
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import numpy as np
@@ -26,7 +27,8 @@ from sim.moe import ExpertRouting
 BATCHES, CONTEXTS = (2, 8), (100, 300, 700)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     shape = dataclasses.replace(MODEL_SHAPES["qwen3-30b-a3b"], moe_intermediate_size=32, vocab_size=20000)
     llm = LLM(shape, load_format="dummy", device="cpu", dtype="bfloat16", max_model_len=4096, num_blocks=48,
               record_expert_counts=True, enable_prefix_caching=False)
