@@ -45,6 +45,9 @@ FEATURE_COLUMNS = (
 # tokens touch: their weights are what its decode steps read. Written only for MoE models, so a
 # dense model's rows, profiles and fits are as they were.
 MOE_FEATURES = ("moe_distinct_experts",)
+# Beside a profile's measured counts (harness.calibration.expert_steps): the expectation of each
+# row's token count, what a simulated step of its shape is priced with. Not fitted.
+EXPECTED_EXPERTS = "moe_expected_experts"
 # How many distinct experts a step of n tokens touches per MoE layer: sim.moe.ExpertRouting.distinct
 # (an expectation), or a count the engine observed.
 DistinctExperts = Callable[[int], float]

@@ -11,6 +11,8 @@ takes the executor's time from the grid alone: see fit_calibration. The random s
 (validation table, one row per set and regime):
 - grid_split: a random 20% of the grid, predicted by a model fitted on the other 80% (+ real steps);
 - random_shapes: the random shapes (ragged, off-grid sizes), by the final model;
+- random_shapes_expected (an MoE grid whose rows carry the distinct experts each step touched):
+  the same shapes priced with the expected count of their tokens instead, as a simulated step is;
 - real_steps: a random half of the real steps, by a model fitted on the grid and the other half.
 The steps of the workloads a comparison then runs are the held-out test of the final model.
 """
@@ -22,6 +24,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from sim.features import EXPECTED_EXPERTS
 from sim.profiled import (
     EAGER_REGIMES,
     REGIMES,
@@ -31,7 +34,7 @@ from sim.profiled import (
 )
 from sim.profiled_validation import priced_measurement
 
-VALIDATION_SETS = ("grid_split", "random_shapes", "real_steps")
+VALIDATION_SETS = ("grid_split", "random_shapes", "random_shapes_expected", "real_steps")
 
 
 def real_step_table(steps: pd.DataFrame) -> pd.DataFrame:
@@ -150,6 +153,8 @@ def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
     random = profile[profile["set"] == "random"]
     if len(random):
         held_out("random_shapes", model, random)
+        if EXPECTED_EXPERTS in random.columns:  # an MoE grid of measured counts: priced as the simulator prices
+            held_out("random_shapes_expected", model, random.assign(moe_distinct_experts=random[EXPECTED_EXPERTS]))
     if len(real) >= 2:
         held = rng.random(len(real)) < 0.5
         held_out("real_steps", fit_calibration(grid, real[~held], graphs), real[held])

@@ -41,11 +41,12 @@ import pandas as pd
 from engine.core.config import SchedulerConfig
 from engine.core.executor import Executor
 from engine.core.plan import StepPlan
+from harness.calibration.expert_steps import ExpertTally
 from harness.calibration.grid import DECODE_KINDS, LONG_PREFILL, ProfileGrid, build_plan
 from sim.features import step_features
 
-__all__ = ["LONG_PREFILL", "OverlappedTiming", "ProfileGrid", "build_plan", "profile_executor", "time_plan",
-           "time_plan_overlapped"]
+__all__ = ["LONG_PREFILL", "ExpertTally", "OverlappedTiming", "ProfileGrid", "build_plan", "profile_executor",
+           "time_plan", "time_plan_overlapped"]
 
 STALL = 3.0
 
@@ -120,10 +121,13 @@ def _end_from_idle(executor: Executor, plan: StepPlan) -> float:
     return time.perf_counter() - started - result.ready_age_s
 
 
-def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGrid, progress=None) -> pd.DataFrame:
+def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGrid, progress=None,
+                     experts: ExpertTally | None = None) -> pd.DataFrame:
     """One row per timed shape: step features, duration_s (mean of the repeats, stalls left out) and
     how it was measured. Decode shapes also run with use_cuda_graphs off where the executor replays
-    decode graphs (info().graph_sizes), so the table holds eager decode steps too."""
+    decode graphs (info().graph_sizes), so the table holds eager decode steps too. experts: an MoE
+    engine's tally (harness.calibration.expert_steps): each row gets moe_distinct_experts, the
+    distinct experts per MoE layer its step's tokens touched."""
     rng = np.random.default_rng(grid.seed)
     info = executor.info()
     spec = info.kv_cache_spec
@@ -139,7 +143,11 @@ def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGr
         if kind == LONG_PREFILL and step_features(plan, info.graph_sizes)["cuda_graph"]:
             plans.append(dataclasses.replace(plan, use_cuda_graphs=False))
         for timed in plans:
+            if experts is not None:
+                experts.begin()
             rows.append(_profile_row(executor, timed, grid, info.overlaps_steps, info.graph_sizes, shape_set, kind))
+            if experts is not None:
+                rows[-1]["moe_distinct_experts"] = experts.distinct()
             if progress is not None:
                 progress(len(rows), rows[-1])
     return pd.DataFrame(rows)

@@ -9,10 +9,13 @@ random token ids are drawn like the classes' (harness.calibration.grid, harness.
 grid routes as the classes do. The skew reaches every simulated cell through the engine's run
 metadata (harness.compare.study.sim_run_config reads meta["moe_routing_skew"]).
 
-The profile gets sim.features' moe_distinct_experts column, the expected distinct experts per MoE
-layer of each shape's tokens under that skew (sim.moe.ExpertRouting), as the simulator computes it
-for a simulated step, so the profiled model prices an expert's weights as a feature of its own
-(sim.profiled). A profile that already has the column keeps it.
+The profile's moe_distinct_experts column is what the profiled model fits an expert's price on
+(sim.profiled): the distinct experts per MoE layer each shape's step really touched, where the
+engine recorded them (harness.calibration.expert_steps), else the expectation of its token count
+under that skew (sim.moe.ExpertRouting), as the simulator computes it for a simulated step (a
+column the fit cannot separate from the size: sim.piecewise.collinear). A profile that already
+has the column keeps it. moe_expected_experts holds the expectation beside it, for comparing the
+two; the fit does not read it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.features import MOE_FEATURES
+from sim.features import EXPECTED_EXPERTS, MOE_FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +51,15 @@ def measured_skew(given: float | None, counts, model, out_dir: Path) -> float:
 
 
 def with_distinct_experts(table: pd.DataFrame, model, skew: float) -> pd.DataFrame:
-    """table with the MoE column where the model has experts and the table lacks it."""
-    if not model.is_moe or all(f in table.columns for f in MOE_FEATURES):
+    """table with the MoE column where the model has experts and the table lacks it, and the
+    expectation beside it (module docstring)."""
+    if not model.is_moe or EXPECTED_EXPERTS in table.columns:
         return table
     from sim.moe import ExpertRouting
 
     routing = ExpertRouting(model.num_experts, model.num_experts_per_tok, skew)
-    return table.assign(moe_distinct_experts=[routing.distinct(int(n)) for n in table["num_tokens"]])
+    expected = [routing.distinct(int(n)) for n in table["num_tokens"]]
+    table = table.assign(**{EXPECTED_EXPERTS: expected})
+    if all(f in table.columns for f in MOE_FEATURES):
+        return table
+    return table.assign(moe_distinct_experts=expected)

@@ -129,11 +129,8 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
     """A model file with residuals, fitted on the profiling grid alone, and the routing skew of an
     MoE model (harness.fidelity.routing; 0 for a dense one)."""
     from harness.calibration.fit import validate
-    from harness.calibration.profiling import ProfileGrid, profile_executor
+    from harness.calibration.profiling import ExpertTally, ProfileGrid, profile_executor
     graphs = executor.info().graph_sizes
-    take_counts = getattr(executor, "take_expert_counts", None)
-    if take_counts is not None:
-        take_counts()  # start-up's steps are not the grid's
     counts = None
     if fc.profile_path is not None:
         table = pd.read_csv(fc.profile_path)
@@ -142,9 +139,13 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
     else:
         grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
         bar = tqdm(desc="profile", unit="shape", leave=False)
-        table = profile_executor(executor, rc.scheduler, grid, progress=lambda n, row: bar.update(1))
+        # an MoE engine that records its routing: each row's distinct experts as measured, the
+        # grid's counts in all for the skew (start-up's steps are not the grid's: dropped)
+        experts = ExpertTally.of(executor)
+        table = profile_executor(executor, rc.scheduler, grid, progress=lambda n, row: bar.update(1),
+                                 experts=experts)
         bar.close()
-        counts = take_counts() if take_counts is not None else None
+        counts = experts.total if experts is not None else None
     skew = routing.measured_skew(fc.moe_routing_skew, counts, rc.model, out_dir)
     table = routing.with_distinct_experts(table, rc.model, skew)
     if fc.profile_path is None:

@@ -56,8 +56,11 @@ def test_the_profile_gets_the_expected_distinct_experts_of_each_shape():
         assert moe.moe_distinct_experts.tolist() == pytest.approx(want)
     assert with_distinct_experts(table, MOE, 0.0).moe_distinct_experts.iloc[0] == pytest.approx(8.0)
     assert "moe_distinct_experts" not in with_distinct_experts(table, DENSE, 0.0)
-    kept = table.assign(moe_distinct_experts=5.0)  # a profile that has the column keeps it
-    assert (with_distinct_experts(kept, MOE, 1.0).moe_distinct_experts == 5.0).all()
+    kept = table.assign(moe_distinct_experts=5.0)  # a profile that has the column (measured) keeps it
+    measured = with_distinct_experts(kept, MOE, 1.0)
+    assert (measured.moe_distinct_experts == 5.0).all()
+    assert measured.moe_expected_experts.tolist() == pytest.approx([ExpertRouting(128, 8, 1.0).distinct(n)
+                                                                    for n in table.num_tokens])
 
 
 def test_simulations_take_the_skew_from_the_engine_side():
@@ -88,7 +91,12 @@ def test_run_gpu_sh_serves_the_moe_protocol_on_cpu(tmp_path):
     table = pd.read_csv(model_dir / "prefill_heavy-shared_prefix-bursty" / "heldout.csv")
     assert list(dict.fromkeys(table.workload)) == ["prefill_heavy", "shared_prefix", "bursty"]
     assert set(table.load.astype(str)) == {"offline", "0.5", "0.8"}
-    assert "moe_distinct_experts" in pd.read_csv(model_dir / "profile.csv").columns
+    profile = pd.read_csv(model_dir / "profile.csv")
+    # each row's distinct experts as its step touched them (whole experts per layer, averaged over
+    # the MoE layers), the expectation beside them
+    assert {"moe_distinct_experts", "moe_expected_experts"} <= set(profile.columns)
+    assert (profile.moe_distinct_experts * 2).round(6).eq((profile.moe_distinct_experts * 2).round()).all()
+    assert "random_shapes_expected" in set(pd.read_csv(model_dir / "validation.csv")["set"])
     assert "moe_distinct_experts" in set(pd.read_csv(model_dir / "profile_model.csv").name)
     assert pd.read_csv(model_dir / "expert_counts.csv").tokens.sum() > 0
     assert "routing skew" in (model_dir / "prefill_heavy-shared_prefix-bursty" / "run.log").read_text()
