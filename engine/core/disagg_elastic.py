@@ -122,7 +122,7 @@ class _ElasticFleet(_Fleet):
     def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         # the prefill pool's window: each first token, a request finished as far as its TTFT goes
         self.pools[0].finished.extend((c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
-                                       c.arrival_time) for c in finished if c.first_token_time is not None)
+                                       c.arrival_time, math.nan) for c in finished if c.first_token_time is not None)
         super()._prefill_step(index, record, finished)
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:

@@ -61,13 +61,20 @@ class ReplicaSignal:
     running: int
     waiting: int  # queued in the scheduler or routed and not yet admitted
     kv_used: float  # fraction of KV blocks in use, 0-1
+    queued: int | None = None  # every request waiting, settled or not (None: as waiting)
+
+    @property
+    def backlog(self) -> int:
+        return self.waiting if self.queued is None else self.queued
 
 
 @dataclass(frozen=True)
 class FleetSignal:
     """What a policy sees at an evaluation: each serving replica's load, how many are starting and
-    draining, the TTFT and TPOT of requests finished within the window, and how long each request
-    still waiting for its first token has waited (its TTFT will be at least that)."""
+    draining, the TTFT and TPOT of requests finished within the window, how long each request
+    still waiting for its first token has waited (its TTFT will be at least that), and the demand:
+    the window's arrival rate (req/s) and the mean time a request finished in it spent in service
+    (first scheduled to finished, s); None where the fleet does not measure them."""
 
     now: float
     serving: tuple[ReplicaSignal, ...]
@@ -76,6 +83,9 @@ class FleetSignal:
     ttfts: tuple[float, ...]
     tpots: tuple[float, ...]
     waiting_ages: tuple[float, ...]
+    arrival_rate: float | None = None
+    service_s: float | None = None
+    startup_s: float = 0.0  # how long a replica started now takes to serve
 
 
 def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling, starting: int = 0) -> int:
@@ -92,14 +102,19 @@ def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scali
     return 0
 
 
-def finished_latencies(r: Request) -> tuple[float, float, float, float] | None:
-    """(finish, TTFT, TPOT or NaN for a one-token output, arrival) of a finished request, as a
-    policy's window holds them; None for one that never produced a token."""
+Finished = tuple[float, float, float, float, float]  # (finish, ttft, tpot or nan, arrival, service or nan)
+
+
+def finished_latencies(r: Request) -> Finished | None:
+    """(finish, TTFT, TPOT or NaN for a one-token output, arrival, time in service from first
+    scheduled to finished or NaN where unknown) of a finished request, as a policy's window holds
+    them; None for one that never produced a token."""
     if r.first_token_time is None or r.finish_time is None:
         return None
     decode = r.num_output_tokens - 1
     tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
-    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time
+    service = r.finish_time - r.first_scheduled_time if r.first_scheduled_time is not None else math.nan
+    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time, service
 
 
 class ScalingPolicy(Protocol):
@@ -147,7 +162,8 @@ class FleetStates:
         self.events: list[ScaleEvent] = []
         self.last_action = -math.inf
         self.settled = -math.inf  # when the latest started replica began to serve (Scaling.settle)
-        self.finished: deque[tuple[float, float, float, float]] = deque()  # (finish, ttft, tpot or nan, arrival)
+        self.finished: deque[Finished] = deque()
+        self.arrivals: deque[float] = deque()  # arrival times since the previous evaluation (arrived)
 
     def _new_lifetime(self, now: float, ready: float) -> int:
         index = len(self.lifetimes)
@@ -165,6 +181,26 @@ class FleetStates:
 
     def _became_ready(self, now: float) -> None:
         self.settled = max(self.settled, now)
+
+    def arrived(self, time_s: float) -> None:
+        """A request arrived at the fleet (for the arrival rate a policy reads)."""
+        self.arrivals.append(time_s)
+
+    def _demand(self, now: float) -> tuple[float | None, float | None]:
+        """The arrival rate since the previous evaluation and the mean time in service of the
+        requests finished since then (of those in the window when none has); None for either not
+        measurable yet. The latest interval: one decision stands until the next evaluation, so the
+        demand it answers is the newest (a surge shows in it at once, where a window's mean shows
+        it diluted by the quieter minute before). Settling leaves both whole: an arrival rate is no
+        backlog, and a request's time in service does not count the time it waited.
+        Call after _window, which drops the finished requests older than the window."""
+        since = max(now - self.scaling.interval_s, 0.0)
+        while self.arrivals and self.arrivals[0] <= since:
+            self.arrivals.popleft()
+        rate = sum(1 for t in self.arrivals if t <= now) / (now - since) if now > since else None
+        latest = [f[4] for f in self.finished if f[0] > since and f[4] == f[4]]
+        services = latest or [f[4] for f in self.finished if f[4] == f[4]]
+        return rate, (sum(services) / len(services) if services else None)
 
     def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
