@@ -163,7 +163,7 @@ class FleetStates:
         self.last_action = -math.inf
         self.settled = -math.inf  # when the latest started replica began to serve (Scaling.settle)
         self.finished: deque[Finished] = deque()
-        self.arrivals: deque[float] = deque()  # arrival times since the previous evaluation (arrived)
+        self.arrivals: deque[float] = deque()  # arrival times within the window (arrived)
 
     def _new_lifetime(self, now: float, ready: float) -> int:
         index = len(self.lifetimes)
@@ -187,20 +187,26 @@ class FleetStates:
         self.arrivals.append(time_s)
 
     def _demand(self, now: float) -> tuple[float | None, float | None]:
-        """The arrival rate since the previous evaluation and the mean time in service of the
-        requests finished since then (of those in the window when none has); None for either not
-        measurable yet. The latest interval: one decision stands until the next evaluation, so the
-        demand it answers is the newest (a surge shows in it at once, where a window's mean shows
-        it diluted by the quieter minute before). Settling leaves both whole: an arrival rate is no
-        backlog, and a request's time in service does not count the time it waited.
-        Call after _window, which drops the finished requests older than the window."""
-        since = max(now - self.scaling.interval_s, 0.0)
-        while self.arrivals and self.arrivals[0] <= since:
+        """The arrival rate, the larger of that since the previous evaluation and that over the
+        window, and the mean time in service of the requests finished since the previous
+        evaluation (of those in the window when none has); None for either not measurable yet.
+        The newest interval shows a surge at once, where the window's mean shows it diluted by the
+        quieter time before; the window's mean keeps one quiet interval (a few arrivals at low
+        rates) from reading as a fall: the demand falls only once the whole window, the policy's
+        memory, was quieter (Kubernetes' scale-down stabilisation window). Settling leaves both
+        whole: an arrival rate is no backlog, and a request's time in service does not count the
+        time it waited. Call after _window, which drops the finished requests older than the window."""
+        while self.arrivals and self.arrivals[0] <= now - self.scaling.window_s:
             self.arrivals.popleft()
-        rate = sum(1 for t in self.arrivals if t <= now) / (now - since) if now > since else None
+        rates = []
+        for span in (self.scaling.interval_s, self.scaling.window_s):
+            since = max(now - span, 0.0)
+            if now > since:
+                rates.append(sum(1 for t in self.arrivals if since < t <= now) / (now - since))
+        since = max(now - self.scaling.interval_s, 0.0)
         latest = [f[4] for f in self.finished if f[0] > since and f[4] == f[4]]
         services = latest or [f[4] for f in self.finished if f[4] == f[4]]
-        return rate, (sum(services) / len(services) if services else None)
+        return (max(rates) if rates else None), (sum(services) / len(services) if services else None)
 
     def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
