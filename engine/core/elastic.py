@@ -86,7 +86,7 @@ class _Elastic(SimulatedStates):
                 loads.append(ReplicaSignal(scheduler.num_running, waiting,
                                            1.0 - blocks.num_free_blocks / blocks.num_blocks,
                                            scheduler.num_waiting + len(replica.inbox)))
-        rate, service = self._demand(now)
+        rate, service = self._demand(now, any(load.queued for load in loads))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
                            rate, service, self.scaling.cold_start.total_s)
 

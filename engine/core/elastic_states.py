@@ -186,27 +186,23 @@ class FleetStates:
         """A request arrived at the fleet (for the arrival rate a policy reads)."""
         self.arrivals.append(time_s)
 
-    def _demand(self, now: float) -> tuple[float | None, float | None]:
-        """The arrival rate, the larger of that since the previous evaluation and that over the
-        window, and the mean time in service of the requests finished since the previous
-        evaluation (of those in the window when none has); None for either not measurable yet.
-        The newest interval shows a surge at once, where the window's mean shows it diluted by the
-        quieter time before; the window's mean keeps one quiet interval (a few arrivals at low
-        rates) from reading as a fall: the demand falls only once the whole window, the policy's
-        memory, was quieter (Kubernetes' scale-down stabilisation window). Settling leaves both
-        whole: an arrival rate is no backlog, and a request's time in service does not count the
-        time it waited. Call after _window, which drops the finished requests older than the window."""
+    def _demand(self, now: float, queued: bool) -> tuple[float | None, float | None]:
+        """The arrival rate and the mean time in service (first scheduled to finished) of the
+        requests finished, over the window, or, while a serving replica has a queue, since the
+        previous evaluation; None for either not measurable yet. A queue shows the replicas at
+        their admission limit, the demand above what they serve: the newest interval shows a surge
+        at once, where the window's mean dilutes it with the quieter time before. Without a queue
+        nothing is short, and the window's many more arrivals keep a few seconds' noise at low
+        rates from reading as a change. Settling leaves both whole: an arrival rate is no backlog,
+        and a request's time in service does not count the time it waited.
+        Call after _window, which drops the finished requests older than the window."""
         while self.arrivals and self.arrivals[0] <= now - self.scaling.window_s:
             self.arrivals.popleft()
-        rates = []
-        for span in (self.scaling.interval_s, self.scaling.window_s):
-            since = max(now - span, 0.0)
-            if now > since:
-                rates.append(sum(1 for t in self.arrivals if since < t <= now) / (now - since))
-        since = max(now - self.scaling.interval_s, 0.0)
+        since = max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
+        rate = sum(1 for t in self.arrivals if since < t <= now) / (now - since) if now > since else None
         latest = [f[4] for f in self.finished if f[0] > since and f[4] == f[4]]
         services = latest or [f[4] for f in self.finished if f[4] == f[4]]
-        return (max(rates) if rates else None), (sum(services) / len(services) if services else None)
+        return rate, (sum(services) / len(services) if services else None)
 
     def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
