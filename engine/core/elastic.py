@@ -28,6 +28,7 @@ from engine.core.elastic_states import (
     Scaling,
     ScalingPolicy,
     SimulatedStates,
+    at_limit,
     finished_latencies,
     scale_by,
 )
@@ -85,8 +86,8 @@ class _Elastic(SimulatedStates):
                 scheduler, blocks = replica.scheduler, replica.scheduler.block_manager
                 loads.append(ReplicaSignal(scheduler.num_running, waiting,
                                            1.0 - blocks.num_free_blocks / blocks.num_blocks,
-                                           scheduler.num_waiting + len(replica.inbox)))
-        rate, service = self._demand(now, any(load.queued for load in loads))
+                                           scheduler.num_waiting + len(replica.inbox), at_limit(replica)))
+        rate, service = self._demand(now, any(load.full for load in loads))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
                            rate, service, self.scaling.cold_start.total_s)
 

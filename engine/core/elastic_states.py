@@ -62,6 +62,7 @@ class ReplicaSignal:
     waiting: int  # queued in the scheduler or routed and not yet admitted
     kv_used: float  # fraction of KV blocks in use, 0-1
     queued: int | None = None  # every request waiting, settled or not (None: as waiting)
+    full: bool = False  # requests wait that it cannot admit (no sequence slot or KV for the next)
 
     @property
     def backlog(self) -> int:
@@ -238,6 +239,20 @@ class FleetStates:
                 self.lifetimes[index].drain_s = now
             removed.append(index)
         return removed
+
+
+def at_limit(replica: Replica) -> bool:
+    """Whether requests wait on a replica that it cannot admit: its running set at max_num_seqs or
+    too few free KV blocks for the next waiting request's remaining prompt. Requests that arrived
+    during a step wait for the next one on a replica that is not full: they do not count."""
+    scheduler = replica.scheduler
+    head = next(iter(scheduler.waiting), None)
+    if head is None:
+        return False
+    if scheduler.num_running >= scheduler.config.max_num_seqs:
+        return True
+    blocks = scheduler.block_manager
+    return blocks.num_free_blocks * blocks.block_size < head.num_prompt_tokens - head.num_computed_tokens
 
 
 class SimulatedStates(FleetStates):

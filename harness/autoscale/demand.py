@@ -26,20 +26,20 @@ def sustained(signal: FleetSignal) -> float | None:
 
 
 class Demand:
-    """One run's measure of a full replica: the most requests a replica with a queue has held in
-    service at once (a replica with a queue is at its admission limit, sequence slots or KV; the
-    most such, since a queue of one just routed shows a replica that is not full)."""
+    """One run's measure of a full replica: the most requests a replica at its admission limit
+    (ReplicaSignal.full: requests wait that it cannot admit, for want of a sequence slot or KV)
+    has held in service at once."""
 
     def __init__(self) -> None:
         self.full_running = 0
 
     def observe(self, signal: FleetSignal) -> None:
-        held = [r.running for r in signal.serving if r.backlog > 0]
+        held = [r.running for r in signal.serving if r.full]
         self.full_running = max([self.full_running, *held])
 
     def capacity(self, signal: FleetSignal) -> float | None:
         """Requests per second one full replica serves (Little's law: its requests in service over
-        the mean time in service); None until a replica has had a queue or the time is measured."""
+        the mean time in service); None until a replica has been full or the time is measured."""
         if not self.full_running or not signal.service_s:
             return None
         return self.full_running / signal.service_s

@@ -20,7 +20,7 @@ POLICIES = {"utilisation": AutoscaleConfig(policy="utilisation", target_running=
 
 
 def _signal(backlogs: list[int], rate: float, service_s: float, startup_s: float, running: int = 8) -> FleetSignal:
-    serving = tuple(ReplicaSignal(running, b, 1.0, b) for b in backlogs)
+    serving = tuple(ReplicaSignal(running, b, 1.0, b, True) for b in backlogs)
     return FleetSignal(100.0, serving, 0, 0, (5.0,) * 10, (), (5.0,) * sum(backlogs), rate, service_s, startup_s)
 
 
