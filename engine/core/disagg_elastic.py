@@ -23,6 +23,7 @@ from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
 from engine.core.disagg_fleet import run_stop
 from engine.core.elastic_states import (
+    Finished,
     FleetSignal,
     Lifetime,
     ReplicaSignal,
@@ -127,7 +128,7 @@ class _ElasticFleet(FleetEvents):
         for c in finished:
             if c.first_token_time is not None:
                 _in_order(self.pools[0].finished, (c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
-                                                   c.arrival_time))
+                                                   c.arrival_time, math.nan))
         super()._prefill_step(index, record, finished)
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
@@ -141,8 +142,8 @@ class _ElasticFleet(FleetEvents):
         return tuple(age for replica in pool.active() for age in pool.waiting_signal(replica, now)[1])
 
 
-def _in_order(window: deque[tuple[float, float, float, float]], entry: tuple[float, float, float, float]) -> None:
-    """Put a finished request's (finish, TTFT, TPOT, arrival) in a pool's window in finish order
+def _in_order(window: deque[Finished], entry: Finished) -> None:
+    """Put a finished request's (finish, TTFT, TPOT, arrival, time in service) in a pool's window in finish order
     (ties: arrival, TTFT, TPOT), whatever order the replicas report in: a run booked at once
     reports its finishes ahead of other replicas' earlier steps, and the window is pruned as a
     prefix (SimulatedStates._window) and read in order."""
@@ -153,8 +154,8 @@ def _in_order(window: deque[tuple[float, float, float, float]], entry: tuple[flo
     window.insert(position, entry)
 
 
-def _window_key(entry: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
-    finish, ttft, tpot, arrival = entry
+def _window_key(entry: Finished) -> tuple[float, float, float, float]:
+    finish, ttft, tpot, arrival, _ = entry
     return finish, arrival, ttft, -1.0 if math.isnan(tpot) else tpot
 
 

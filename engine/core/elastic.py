@@ -28,6 +28,7 @@ from engine.core.elastic_states import (
     Scaling,
     ScalingPolicy,
     SimulatedStates,
+    at_limit,
     finished_latencies,
     scale_by,
 )
@@ -84,8 +85,11 @@ class _Elastic(SimulatedStates):
             if index in self.serving:
                 scheduler, blocks = replica.scheduler, replica.scheduler.block_manager
                 loads.append(ReplicaSignal(scheduler.num_running, waiting,
-                                           1.0 - blocks.num_free_blocks / blocks.num_blocks))
-        return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages))
+                                           1.0 - blocks.num_free_blocks / blocks.num_blocks,
+                                           scheduler.num_waiting + len(replica.inbox), at_limit(replica)))
+        rate, service = self._demand(now, any(load.full for load in loads))
+        return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
+                           rate, service, self.scaling.cold_start.total_s)
 
     def evaluate(self, now: float) -> None:
         change = self._change(self.signal(now))
@@ -119,6 +123,7 @@ def run_elastic(make_replica: Callable[[int], Replica], initial: int, requests: 
             next_tick += scaling.interval_s
         if arrival <= t:
             request = pending[position]
+            fleet.arrived(request.arrival_time)
             if not fleet.serving:
                 raise RuntimeError(f"no replica serves at t={t:.3f} s (min_replicas must be >= 1)")
             choice = _route(request, [fleet.replicas[i] for i in fleet.serving], router, assignment)

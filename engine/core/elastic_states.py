@@ -61,13 +61,21 @@ class ReplicaSignal:
     running: int
     waiting: int  # queued in the scheduler or routed and not yet admitted
     kv_used: float  # fraction of KV blocks in use, 0-1
+    queued: int | None = None  # every request waiting, settled or not (None: as waiting)
+    full: bool = False  # requests wait that it cannot admit (no sequence slot or KV for the next)
+
+    @property
+    def backlog(self) -> int:
+        return self.waiting if self.queued is None else self.queued
 
 
 @dataclass(frozen=True)
 class FleetSignal:
     """What a policy sees at an evaluation: each serving replica's load, how many are starting and
-    draining, the TTFT and TPOT of requests finished within the window, and how long each request
-    still waiting for its first token has waited (its TTFT will be at least that)."""
+    draining, the TTFT and TPOT of requests finished within the window, how long each request
+    still waiting for its first token has waited (its TTFT will be at least that), and the demand:
+    the window's arrival rate (req/s) and the mean time a request finished in it spent in service
+    (first scheduled to finished, s); None where the fleet does not measure them."""
 
     now: float
     serving: tuple[ReplicaSignal, ...]
@@ -76,6 +84,9 @@ class FleetSignal:
     ttfts: tuple[float, ...]
     tpots: tuple[float, ...]
     waiting_ages: tuple[float, ...]
+    arrival_rate: float | None = None
+    service_s: float | None = None
+    startup_s: float = 0.0  # how long a replica started now takes to serve
 
 
 def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling, starting: int = 0) -> int:
@@ -92,14 +103,19 @@ def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scali
     return 0
 
 
-def finished_latencies(r: Request) -> tuple[float, float, float, float] | None:
-    """(finish, TTFT, TPOT or NaN for a one-token output, arrival) of a finished request, as a
-    policy's window holds them; None for one that never produced a token."""
+Finished = tuple[float, float, float, float, float]  # (finish, ttft, tpot or nan, arrival, service or nan)
+
+
+def finished_latencies(r: Request) -> Finished | None:
+    """(finish, TTFT, TPOT or NaN for a one-token output, arrival, time in service from first
+    scheduled to finished or NaN where unknown) of a finished request, as a policy's window holds
+    them; None for one that never produced a token."""
     if r.first_token_time is None or r.finish_time is None:
         return None
     decode = r.num_output_tokens - 1
     tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
-    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time
+    service = r.finish_time - r.first_scheduled_time if r.first_scheduled_time is not None else math.nan
+    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time, service
 
 
 class ScalingPolicy(Protocol):
@@ -147,7 +163,8 @@ class FleetStates:
         self.events: list[ScaleEvent] = []
         self.last_action = -math.inf
         self.settled = -math.inf  # when the latest started replica began to serve (Scaling.settle)
-        self.finished: deque[tuple[float, float, float, float]] = deque()  # (finish, ttft, tpot or nan, arrival)
+        self.finished: deque[Finished] = deque()
+        self.arrivals: deque[float] = deque()  # arrival times within the window (arrived)
 
     def _new_lifetime(self, now: float, ready: float) -> int:
         index = len(self.lifetimes)
@@ -165,6 +182,28 @@ class FleetStates:
 
     def _became_ready(self, now: float) -> None:
         self.settled = max(self.settled, now)
+
+    def arrived(self, time_s: float) -> None:
+        """A request arrived at the fleet (for the arrival rate a policy reads)."""
+        self.arrivals.append(time_s)
+
+    def _demand(self, now: float, queued: bool) -> tuple[float | None, float | None]:
+        """The arrival rate and the mean time in service (first scheduled to finished) of the
+        requests finished, over the window, or, while a serving replica has a queue, since the
+        previous evaluation; None for either not measurable yet. A queue shows the replicas at
+        their admission limit, the demand above what they serve: the newest interval shows a surge
+        at once, where the window's mean dilutes it with the quieter time before. Without a queue
+        nothing is short, and the window's many more arrivals keep a few seconds' noise at low
+        rates from reading as a change. Settling leaves both whole: an arrival rate is no backlog,
+        and a request's time in service does not count the time it waited.
+        Call after _window, which drops the finished requests older than the window."""
+        while self.arrivals and self.arrivals[0] <= now - self.scaling.window_s:
+            self.arrivals.popleft()
+        since = max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
+        rate = sum(1 for t in self.arrivals if since < t <= now) / (now - since) if now > since else None
+        latest = [f[4] for f in self.finished if f[0] > since and f[4] == f[4]]
+        services = latest or [f[4] for f in self.finished if f[4] == f[4]]
+        return rate, (sum(services) / len(services) if services else None)
 
     def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
@@ -200,6 +239,20 @@ class FleetStates:
                 self.lifetimes[index].drain_s = now
             removed.append(index)
         return removed
+
+
+def at_limit(replica: Replica) -> bool:
+    """Whether requests wait on a replica that it cannot admit: its running set at max_num_seqs or
+    too few free KV blocks for the next waiting request's remaining prompt. Requests that arrived
+    during a step wait for the next one on a replica that is not full: they do not count."""
+    scheduler = replica.scheduler
+    head = next(iter(scheduler.waiting), None)
+    if head is None:
+        return False
+    if scheduler.num_running >= scheduler.config.max_num_seqs:
+        return True
+    blocks = scheduler.block_manager
+    return blocks.num_free_blocks * blocks.block_size < head.num_prompt_tokens - head.num_computed_tokens
 
 
 class SimulatedStates(FleetStates):

@@ -49,10 +49,13 @@ class AutoscaleConfig:
     """policy: a name in harness.autoscale.policies.AUTOSCALE_POLICIES, or null (a static fleet).
 
     utilisation: desired = ceil(serving x mean load / target), load = KV use (metric=kv, target a
-    fraction) or requests held (running + waiting) per replica (metric=running, target_running).
-    queue: desired = ceil(serving x waiting per replica / target_waiting); one fewer when nothing waits.
+    fraction) or the requests the arrival rate keeps in service per replica (metric=running,
+    target_running; harness.autoscale.demand).
+    queue: above target_waiting per serving replica, the replicas the arrival rate needs
+    (harness.autoscale.demand), at least one more; one fewer when nothing waits.
     slo: the window's P90 of slo_metric (waiting requests' ages count as TTFTs) against the SLO:
-    one more replica above slo_target x SLO, one fewer below slo_scale_down_below x SLO.
+    above slo_target x SLO the replicas the arrival rate needs, at least one more; one fewer below
+    slo_scale_down_below x SLO.
     schedule: schedule=[[t0, n0], [t1, n1], ...] replicas from t_i seconds (at the first evaluation
     at or after it); the only policy an engine fleet (backend=engine) takes.
     settle: no scale-up while a replica is still starting, and once it serves the policy reads only

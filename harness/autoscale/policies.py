@@ -11,6 +11,7 @@ import numpy as np
 
 from engine.core.elastic import FleetSignal, ScalingPolicy
 from engine.core.registry import Registry
+from harness.autoscale.demand import Demand
 
 if TYPE_CHECKING:  # the config module imports this one (to check autoscale.policy)
     from harness.autoscale.config import SLO, AutoscaleConfig
@@ -34,9 +35,14 @@ def _current(signal: FleetSignal) -> int:
 
 @AUTOSCALE_POLICIES.register("utilisation")
 class Utilisation(RegisteredPolicy):
-    """Kubernetes HPA's rule: ceil(serving x mean load / target). Load is KV use (metric=kv) or the
-    requests a replica holds, running or waiting (metric=running: Knative's concurrency). NOTE: KV use
-    alone misses a queue that waits for a sequence slot rather than for blocks."""
+    """Kubernetes HPA's rule: ceil(serving x mean load / target). Load is KV use (metric=kv) or
+    requests per replica (metric=running: Knative's concurrency), counted as the requests the
+    arrival stream keeps in service (harness.autoscale.demand), not as those held: a backlog held
+    on the serving replicas is no load a new replica can take; the time that backlog keeps them
+    busy after the start-up comes on top, as they take no arrivals meanwhile. Until the demand is
+    measured (or where the fleet does not measure it: disaggregated pools), the requests held,
+    running or waiting. NOTE: KV use alone misses a queue that waits for a sequence slot rather
+    than for blocks."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -45,18 +51,31 @@ class Utilisation(RegisteredPolicy):
     def __init__(self, metric: str, target: float) -> None:
         self.metric = metric
         self.target = target
+        self.demand = Demand()
 
     def desired(self, signal: FleetSignal) -> int:
         if not signal.serving:
             return _current(signal)
-        loads = [r.kv_used if self.metric == "kv" else r.running + r.waiting for r in signal.serving]
-        return math.ceil(sum(loads) / self.target - 1e-9)
+        if self.metric == "kv":
+            return math.ceil(sum(r.kv_used for r in signal.serving) / self.target - 1e-9)
+        self.demand.observe(signal)
+        needed = self.demand.needed(signal, self.target)
+        if needed is None:
+            return math.ceil(sum(r.running + r.waiting for r in signal.serving) / self.target - 1e-9)
+        return needed
 
 
 @AUTOSCALE_POLICIES.register("queue")
 class Queue(RegisteredPolicy):
-    """ceil(serving x waiting per replica / target): waiting requests, not running ones, call for
-    more replicas; with nothing waiting it asks for one fewer (the cooldown paces the descent)."""
+    """Waiting requests above target_waiting per serving replica call for more replicas; with
+    nothing waiting it asks for one fewer (the cooldown paces the descent), and in between for the
+    serving count. How many more: the queue shows that the fleet is short, not by how much, and
+    the requests in it stay where they wait, so the count is the replicas that serve the arrival
+    rate at a full replica's capacity plus the time queues keep the serving ones busy
+    (harness.autoscale.demand), and at least one more (the
+    target is missed, and a new replica speeds the drain by taking arrivals off the replicas that
+    hold the queue). Until that is measured (or where the fleet does not measure the demand:
+    disaggregated pools), ceil(waiting / target_waiting)."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -64,18 +83,29 @@ class Queue(RegisteredPolicy):
 
     def __init__(self, target_waiting: float) -> None:
         self.target_waiting = target_waiting
+        self.demand = Demand()
 
     def desired(self, signal: FleetSignal) -> int:
+        self.demand.observe(signal)
         waiting = sum(r.waiting for r in signal.serving)
         if waiting == 0:
             return _current(signal) - 1
-        return max(math.ceil(waiting / self.target_waiting - 1e-9), len(signal.serving))
+        by_queue = math.ceil(waiting / self.target_waiting - 1e-9)
+        serving = len(signal.serving)
+        if by_queue <= serving:
+            return serving
+        needed = self.demand.needed(signal)
+        return by_queue if needed is None else max(needed, serving + 1)
 
 
 @AUTOSCALE_POLICIES.register("slo")
 class SLOFeedback(RegisteredPolicy):
     """The window's P90 TTFT (requests still waiting count with their age so far) or TPOT against the
-    SLO: one more replica above target x SLO, one fewer below scale_down_below x SLO."""
+    SLO: more replicas above target x SLO, one fewer below scale_down_below x SLO. How many more:
+    at least one, and as many as serve the arrival rate at a full replica's capacity plus the time
+    queues keep the serving ones busy (harness.autoscale.demand) when that is measured: a settled
+    fleet decides once per start-up, so one
+    replica a decision would serve a surge that needs several one start-up at a time."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -89,15 +119,18 @@ class SLOFeedback(RegisteredPolicy):
         self.percentile = percentile
         self.target = target
         self.down_below = down_below
+        self.demand = Demand()
 
     def desired(self, signal: FleetSignal) -> int:
+        self.demand.observe(signal)
         values = signal.ttfts + signal.waiting_ages if self.metric == "ttft" else signal.tpots
         current = _current(signal)
         if not values:
             return current - 1 if not any(r.running or r.waiting for r in signal.serving) else current
         observed = float(np.percentile(values, self.percentile))
         if observed > self.target * self.bound_s:
-            return current + 1
+            needed = self.demand.needed(signal)
+            return current + 1 if needed is None else max(needed, current + 1)
         if observed < self.down_below * self.bound_s:
             return current - 1
         return current
