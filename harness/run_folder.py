@@ -71,20 +71,33 @@ def claim(base: str) -> str:
     raise FileExistsError(f"hydra.run.dir: {base} and 9,999 numbered folders beside it exist")
 
 
+def remove_tree(path: Path) -> None:
+    """shutil.rmtree(path, ignore_errors=True), except that a Ctrl-C landing inside it stays a
+    KeyboardInterrupt: CPython's rmtree closes its folder's descriptor again in a finally when the
+    signal arrives between the close and the flag that records it, and that EBADF would replace
+    the interrupt (an exit status of 1 and a traceback instead of a clean stop)."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError as error:
+        if isinstance(error.__context__, KeyboardInterrupt):
+            raise error.__context__ from None
+        raise
+
+
 @contextmanager
 def staged(out_dir: Path) -> Iterator[Path]:
     """A hidden folder inside out_dir to write a run's files into; when the block ends normally
     they move into out_dir (summary.csv last), and when it raises they are deleted."""
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    remove_tree(staging)
     staging.mkdir()
     try:
         yield staging
         for path in sorted(staging.iterdir(), key=lambda p: p.name == LAST):
             os.replace(path, out_dir / path.name)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
 
 
 def write_csv(frame: pd.DataFrame, path: Path, **kwargs) -> None:
@@ -107,7 +120,7 @@ def complete_runs(out_dir: Path) -> list[str]:
 def finish_interrupted(out_dir: Path, signal_name: str, planned: int | None = None) -> str:
     """Leave out_dir complete or gone after an interruption; returns what was done, in words."""
     for staging in out_dir.glob(f"{STAGING_PREFIX}*"):
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
     if remove_if_unused(out_dir):
         return f"nothing complete was written; removed {out_dir}"
     done = complete_runs(out_dir)

@@ -142,3 +142,26 @@ def test_staged_files_appear_whole_or_not_at_all(tmp_path):
     write_csv(frame, tmp_path / "run" / "sweep.csv", index=False)
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "run" / "sweep.csv"), frame)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["requests.csv", "summary.csv", "sweep.csv"]
+
+
+def _rmtree_interrupted_between_close_and_flag(path, ignore_errors=False):
+    """CPython's rmtree when Ctrl-C lands after its os.close and before fd_closed is set: the
+    finally closes the descriptor again, and EBADF replaces the interrupt."""
+    try:
+        raise KeyboardInterrupt
+    finally:
+        raise OSError(9, "Bad file descriptor")
+
+
+def test_ctrl_c_inside_the_staging_cleanup_stays_an_interrupt(tmp_path, monkeypatch):
+    from harness import run_folder
+
+    with run_folder.staged(tmp_path / "run") as staging:
+        (staging / "summary.csv").write_text("x\n")
+    monkeypatch.setattr(run_folder.shutil, "rmtree", _rmtree_interrupted_between_close_and_flag)
+    with pytest.raises(KeyboardInterrupt):
+        run_folder.remove_tree(tmp_path / "run")
+    monkeypatch.setattr(run_folder.shutil, "rmtree", lambda path, ignore_errors=False: (_ for _ in ()).throw(
+        OSError(13, "Permission denied")))
+    with pytest.raises(OSError, match="Permission denied"):
+        run_folder.remove_tree(tmp_path / "run")
