@@ -64,30 +64,35 @@ def _run(model_dir, tp_rank: int = 0, tp_size: int = 1, group: ThreadGroup | Non
     return out, model
 
 
-@pytest.mark.parametrize("model_fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen3_moe_dir"])
-@pytest.mark.parametrize("tp_size", [2, 4])
-def test_sharded_model_matches_unsharded(request, model_fixture, tp_size):
-    model_dir = request.getfixturevalue(model_fixture)
-    want, full = _run(model_dir)
-    group = ThreadGroup(tp_size)
-    results: list = [None] * tp_size
+def run_on_threads(model_dir, size: int, **load_kw) -> list:
+    """_run on every rank of a ThreadGroup of size threads: each rank's (logits, model), rank order."""
+    group = ThreadGroup(size)
+    results: list = [None] * size
     errors: list[BaseException] = []
 
     def worker(rank: int) -> None:
         try:
-            results[rank] = _run(model_dir, rank, tp_size, group)
+            results[rank] = _run(model_dir, rank, size, group, **load_kw)
         except BaseException as e:  # surfaced below; a dead rank would otherwise hang the barrier
             errors.append(e)
             group.barrier.abort()
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(tp_size)]
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    for got, model in results:
+    return results
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen3_moe_dir"])
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_sharded_model_matches_unsharded(request, model_fixture, tp_size):
+    model_dir = request.getfixturevalue(model_fixture)
+    want, full = _run(model_dir)
+    for got, model in run_on_threads(model_dir, tp_size):
         assert model.num_kv_heads == max(1, full.num_kv_heads // tp_size)
         assert model.lm_head.weight.shape[0] == full.lm_head.weight.shape[0] // tp_size
         for g, w in zip(got, want):

@@ -9,8 +9,6 @@ teacher forced, with real gloo worker processes.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -19,39 +17,17 @@ from engine.core.expert_parallel import experts_per_rank
 from engine.core.model_shapes import MODEL_SHAPES
 from engine.layers.moe import MoEExperts, SparseMoE
 from engine.layers.parallel import TensorParallel
-from tests.engine.test_model_tp import ThreadGroup, _run
+from tests.engine.test_model_tp import _run, run_on_threads
 
 NUM_TOKENS = 8
 PROMPTS = [[5, 17, 300, 42, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [400, 3], list(range(100, 140))]
 ENGINE = dict(device="cpu", max_model_len=96, block_size=4, max_num_batched_tokens=64)
 
 
-def _threads(model_dir, size: int, **kw):
-    group = ThreadGroup(size)
-    results: list = [None] * size
-    errors: list[BaseException] = []
-
-    def worker(rank: int) -> None:
-        try:
-            results[rank] = _run(model_dir, rank, size, group, **kw)
-        except BaseException as e:  # a dead rank would otherwise hang the barrier
-            errors.append(e)
-            group.barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
 @pytest.mark.parametrize("size", [2, 4])
 def test_ep_logits_equal_tp1(tiny_qwen3_moe_dir, size):
     want, full = _run(tiny_qwen3_moe_dir)
-    for rank, (got, model) in enumerate(_threads(tiny_qwen3_moe_dir, size, expert_parallel=True)):
+    for rank, (got, model) in enumerate(run_on_threads(tiny_qwen3_moe_dir, size, expert_parallel=True)):
         experts = model.model.layers[1].mlp.experts
         held = 8 // size
         # whole experts at full width, the rank's own block of them

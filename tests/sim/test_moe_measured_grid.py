@@ -14,21 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.core.graph_sizes import GraphSizes, decode_graph_sizes
 from sim.config import SimConfig
 from sim.cost_model import make_cost_model
-from sim.moe import ExpertRouting, WeightReadFloor
 from sim.profiled import ProfiledCostModel
-from tests.sim.helpers import decode_batch, hardware, model
+from tests.sim.helpers import decode_batch
+from tests.sim.moe_grid import GRAPHS, H100, LAUNCH_S, PHYSICS, ROUTING, ROW_S, SIZES, SKEW, SPEC
 
-SPEC = model("qwen3-30b-a3b")
-H100 = hardware("h100")
-SKEW = 0.4
-GRAPHS = GraphSizes(decode=decode_graph_sizes(256, 256))
-ROUTING = ExpertRouting(SPEC.num_experts, SPEC.num_experts_per_tok, SKEW)
-PHYSICS = WeightReadFloor(SPEC, H100)
-LAUNCH_S, ROW_S = 1.5e-3, 2e-5
-SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)
 LAYERS = 8  # a measured count is a mean over the MoE layers
 
 

@@ -15,29 +15,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.graph_sizes import GraphSizes, decode_graph_sizes
 from sim.config import SimConfig
 from sim.cost_model import make_cost_model
 from sim.features import step_features
-from sim.moe import ExpertRouting, WeightReadFloor
 from sim.piecewise import PiecewiseLinearFit, collinear
 from sim.profiled import ProfiledCostModel
-from tests.sim.helpers import decode_batch, hardware, model
-
-SPEC = model("qwen3-30b-a3b")
-H100 = hardware("h100")
-SKEW = 0.4
-GRAPHS = GraphSizes(decode=decode_graph_sizes(256, 256))
-ROUTING = ExpertRouting(SPEC.num_experts, SPEC.num_experts_per_tok, SKEW)
-PHYSICS = WeightReadFloor(SPEC, H100)
-# the law the fake device follows: the weights read at the copy bandwidth (PHYSICS), a launch and
-# per-row costs; a padded graph runs its padded rows, and its padding rows (token 0 at position 0,
-# engine.graph_buffers) route alike: one more token's experts
-LAUNCH_S, ROW_S = 1.5e-3, 2e-5
-FULL_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # as the 30B-A3B grid on an H100 measured them
+from tests.sim.helpers import decode_batch
+from tests.sim.moe_grid import GRAPHS, H100, LAUNCH_S, PHYSICS, ROUTING, ROW_S, SIZES, SKEW, SPEC
 
 
 def law(batch: int, padded: int, context: int) -> float:
+    """The fake device's step (tests.sim.moe_grid): a padded graph runs its padded rows, and its
+    padding rows (token 0 at position 0, engine.graph_buffers) route alike: one more token's experts."""
     distinct = ROUTING.distinct(batch + (padded > batch))
     return LAUNCH_S + ROW_S * padded + PHYSICS({"moe_distinct_experts": distinct, "decode_context_tokens": context,
                                                 "decode_repeated_tokens": 0})
@@ -51,7 +40,7 @@ def grid_profile(path: str) -> None:
     rng = np.random.default_rng(0)
     rows = []
     for batch in GRAPHS.decode:
-        contexts = (100, 400, 1000, 2000, 4000) if batch in FULL_SIZES else (400, 2000)[:1 + batch % 2]
+        contexts = (100, 400, 1000, 2000, 4000) if batch in SIZES else (400, 2000)[:1 + batch % 2]
         for per_seq in contexts:
             context = batch * per_seq
             rows.append(dict(num_prefill_tokens=0, num_decode_tokens=batch, num_seqs=batch, num_sampled=batch,
