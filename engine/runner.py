@@ -34,7 +34,6 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs
-from engine.graph_capture import capture_decode_graphs, capture_prefill_graphs
 from engine.host_staging import HostStaging
 from engine.kv_sizing import (
     MemoryProfile,
@@ -49,6 +48,7 @@ from engine.layers.moe import attach_expert_counter
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.overlap import PendingTokens, Placeholders, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
+from engine.runner_graphs import capture_decode_graphs, capture_prefill_graphs
 from engine.sampler import Sampler
 from engine.sharded_sampling import ShardedSampler
 from engine.step_sampling import sample_step, step_logits, tokens_per_entry
@@ -153,12 +153,12 @@ class ModelRunner:
 
     def capture_decode_graphs(self, capture: bool = True) -> None:
         """Decode graphs for batch sizes up to max_num_seqs over the allocated cache
-        (engine.graph_capture). capture=False keeps the padded static-buffer path but runs it
+        (engine.runner_graphs). capture=False keeps the padded static-buffer path but runs it
         eagerly (tests on CPU)."""
         capture_decode_graphs(self, capture)
 
     def capture_prefill_graphs(self, max_tokens: int, capture: bool = True) -> None:
-        """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.graph_capture);
+        """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.runner_graphs);
         call before capture_decode_graphs, which then shares their memory pool."""
         capture_prefill_graphs(self, max_tokens, capture)
 

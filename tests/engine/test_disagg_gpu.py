@@ -51,16 +51,9 @@ def test_bfloat16_disaggregated_tokens_are_the_single_engines_greedy_choices(tmp
     from engine.core.loop import WallClock
     from engine.core.routers import RouterConfig, make_router
     from engine.replicas import EngineReplicas
-    from tests.engine.test_tp_gpu import (
-        ENGINE,
-        GREEDY,
-        NUM_TOKENS,
-        TP1_ROUNDING,
-        _gaps,
-        _prompts,
-        _report,
-        _tp1_logits,
-    )
+    from tests.engine.test_tp_gpu import ENGINE, GREEDY, NUM_TOKENS, _prompts
+    from tests.engine.tp_gpu_checks import TP1_ROUNDING, report, tp1_logits
+    from tests.engine.tp_gpu_checks import gaps as logit_gaps
 
     model_dir = str(write_checkpoint("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b-bf16"), dtype="bfloat16"))
     prompts = _prompts(16, seed=2)
@@ -82,13 +75,13 @@ def test_bfloat16_disaggregated_tokens_are_the_single_engines_greedy_choices(tmp
     llm = LLM(model_dir, **ENGINE)
     try:
         want = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-        logits = _tp1_logits(llm, [p + g for p, g in zip(prompts, got)], [len(p) for p in prompts])
+        logits = tp1_logits(llm, [p + g for p, g in zip(prompts, got)], [len(p) for p in prompts])
     finally:
         llm.shutdown()
-    gaps = [gap for row, g in zip(logits, got) for gap in _gaps(row, g)[0]]
-    _report("disagg_bfloat16", {"prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
-                                "largest_gap_relative": max(gaps), "positions_off_argmax": sum(g > 0 for g in gaps),
-                                "free_running_identical": sum(a == b for a, b in zip(want, got))})
+    gaps = [gap for row, g in zip(logits, got) for gap in logit_gaps(row, g)[0]]
+    report("disagg_bfloat16", {"prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
+                               "largest_gap_relative": max(gaps), "positions_off_argmax": sum(g > 0 for g in gaps),
+                               "free_running_identical": sum(a == b for a, b in zip(want, got))})
     assert max(gaps) <= TP1_ROUNDING, max(gaps)
 
 
