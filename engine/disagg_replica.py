@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from engine.core.disagg import DecodeReplica, PrefillReplica
-from engine.core.remote_replica import Connection, take_report
+from engine.core.remote_replica import Connection, step_and_report
 from engine.core.request import Request
 from engine.kv_link import BlockMover, KVLink, staging_for
 
@@ -73,12 +73,7 @@ def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bo
                 return True
             else:
                 raise ValueError(f"prefill replica {replica.index}: unknown message {kind!r}")
-        if replica.next_event_time() < math.inf:
-            replica.tick()
-            makespan = replica.clock.now()
-        report = take_report(replica, received)
-        if report is not None:
-            conn.send(("report", report))
+        makespan = step_and_report(replica, conn, received, makespan)
 
 
 def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool:
@@ -117,12 +112,7 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
             now = replica.clock.now()
             replica.arrived(request, now)
             conn.send(("landed", (request.request_id, now)))
-        if replica.next_event_time() < math.inf:
-            replica.tick()
-            makespan = replica.clock.now()
-        report = take_report(replica, received)
-        if report is not None:
-            conn.send(("report", report))
+        makespan = step_and_report(replica, conn, received, makespan)
 
 
 def _forward(replica, kind: str, payload) -> None:

@@ -16,11 +16,9 @@ on no worker per step.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -28,13 +26,18 @@ from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
-from engine.core.expert_parallel import check_expert_parallel
-from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan, StepResult
 from engine.dummy import dummy_model_folder
 from engine.expert_counts import ExpertCounts
 from engine.graph_use import captured_graph_sizes, graphs_detached
 from engine.kv_sizing import kv_cache_torch_dtype
+from engine.preflight import (
+    check_max_model_len,
+    check_tensor_parallel,
+    describe_device,
+    read_eos_token_ids,
+    resolve_device,
+)
 from engine.rank import build_runner, engine_dtype
 from engine.runner import ModelRunner
 
@@ -42,78 +45,6 @@ log = logging.getLogger(__name__)
 
 # How long rank 0 waits for a worker's answer, and torch.distributed's collective timeout.
 TP_TIMEOUT_S = 600.0
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("EngineConfig.device='cuda' but torch.cuda.is_available() is False; use 'cpu' or 'auto'")
-    return torch.device(name)
-
-
-def read_eos_token_ids(model_dir: str | Path, hf_config) -> tuple[int, ...]:
-    """End-of-sequence ids, primary first: generation_config.json, then config.json.
-
-    Qwen3 lists two (<|im_end|>, <|endoftext|>); the scheduler stops on the primary one and
-    LLM.generate turns the others into stop tokens, as vLLM does.
-    """
-    ids: list[int] = []
-    path = Path(model_dir) / "generation_config.json"
-    sources = [json.loads(path.read_text()).get("eos_token_id")] if path.is_file() else []
-    sources.append(getattr(hf_config, "eos_token_id", None))
-    for value in sources:
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(token, int) and token not in ids:
-                ids.append(token)
-    return tuple(ids)
-
-
-def read_model_config(model_dir: str | Path) -> dict | None:
-    """The checkpoint's config.json as a dict; None when it is missing (the loader reports that)."""
-    config_path = Path(model_dir) / "config.json"
-    return json.loads(config_path.read_text()) if config_path.is_file() else None
-
-
-def max_position_embeddings(model_dir: str | Path) -> int | None:
-    value = (read_model_config(model_dir) or {}).get("max_position_embeddings")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def check_max_model_len(engine_config: EngineConfig, scheduler_config: SchedulerConfig) -> None:
-    """Reject a max_model_len beyond the positions the model was built for, before loading it."""
-    max_positions = max_position_embeddings(engine_config.model)
-    if max_positions is not None and scheduler_config.max_model_len > max_positions:
-        raise ValueError(
-            f"max_model_len={scheduler_config.max_model_len} exceeds the model's max_position_embeddings="
-            f"{max_positions} ({Path(engine_config.model) / 'config.json'}); set max_model_len <= {max_positions}"
-        )
-
-
-def check_tensor_parallel(engine_config: EngineConfig, device: torch.device) -> None:
-    """Reject a tensor_parallel_size the model or the host cannot split over, before spawning."""
-    tp = engine_config.execution.tensor_parallel_size
-    if device.type == "cuda" and tp > torch.cuda.device_count():
-        raise ValueError(f"tensor_parallel_size={tp} exceeds the {torch.cuda.device_count()} visible CUDA devices")
-    if engine_config.execution.all_reduce == "symmetric" and device.type != "cuda":
-        raise ValueError(f"all_reduce='symmetric' needs CUDA devices, got {device.type}: use 'auto' or 'nccl'")
-    config = read_model_config(engine_config.model)
-    if config is None:
-        return
-    shape = ModelShape.from_hf_config(config)
-    check_expert_parallel(shape, tp, engine_config.execution.expert_parallel)
-    kv_ok = shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0
-    if shape.num_heads % tp or shape.intermediate_size % tp or not kv_ok:
-        raise ValueError(
-            f"tensor_parallel_size={tp} must divide num_attention_heads={shape.num_heads} and "
-            f"intermediate_size={shape.intermediate_size}, and divide or be a multiple of "
-            f"num_key_value_heads={shape.num_kv_heads}"
-        )
-
-
-def describe_device(device: torch.device, dtype: torch.dtype) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return f"{name}, {str(dtype).removeprefix('torch.')}"
 
 
 class _Laps:
@@ -165,32 +96,8 @@ class EngineExecutor:
                         backend.name)
         # seconds of each start-up phase (an autoscaled fleet's cold start is calibrated from them)
         self.startup_s: dict[str, float] = {}
-        lap = _Laps(self.startup_s, device)
         try:
-            if tp > 1:
-                self._start_workers(scheduler_config, cache_config)
-            self.runner = build_runner(engine_config, scheduler_config, cache_config, device, self.group)
-            if self.workers:
-                self.workers.replies("load")
-                self.workers.send("profile", self.uses_cuda_graphs)
-            lap("load")
-            num_blocks = self.runner.determine_num_blocks(graph_reserve=self.uses_cuda_graphs)
-            if self.workers:
-                num_blocks = min([num_blocks, *self.workers.replies("profile")])
-                self.workers.send("allocate", num_blocks)
-            self.runner.allocate_kv_cache(num_blocks)
-            if self.workers:
-                self.workers.replies("allocate")
-            lap("kv_cache")
-            if self.uses_cuda_graphs:
-                self._capture_graphs()
-            lap("capture")
-            # a given block count skipped the profiling steps that compile the kernels
-            if device.type == "cuda" and cache_config.num_blocks is not None and not self.workers:
-                if not self.runner.warm_up():
-                    log.warning("cache of %d blocks is smaller than one max_model_len sequence: no warm-up; "
-                                "the first steps will include kernel compilation", num_blocks)
-            lap("warm_up")
+            self._start(scheduler_config, cache_config)
         except BaseException:
             self.shutdown()
             raise
@@ -206,6 +113,36 @@ class EngineExecutor:
                                  eos_token_ids, execution.overlaps_steps(device.type == "cuda"),
                                  captured_graph_sizes(self.runner), describe_device(device, self.runner.dtype),
                                  all_reduce)
+
+    def _start(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        """Spawn the workers, load, size and allocate the KV cache, capture the graphs and warm up,
+        timing each phase into startup_s."""
+        engine_config, device = self.config, self.device
+        lap = _Laps(self.startup_s, device)
+        if engine_config.execution.tensor_parallel_size > 1:
+            self._start_workers(scheduler_config, cache_config)
+        self.runner = build_runner(engine_config, scheduler_config, cache_config, device, self.group)
+        if self.workers:
+            self.workers.replies("load")
+            self.workers.send("profile", self.uses_cuda_graphs)
+        lap("load")
+        num_blocks = self.runner.determine_num_blocks(graph_reserve=self.uses_cuda_graphs)
+        if self.workers:
+            num_blocks = min([num_blocks, *self.workers.replies("profile")])
+            self.workers.send("allocate", num_blocks)
+        self.runner.allocate_kv_cache(num_blocks)
+        if self.workers:
+            self.workers.replies("allocate")
+        lap("kv_cache")
+        if self.uses_cuda_graphs:
+            self._capture_graphs()
+        lap("capture")
+        # a given block count skipped the profiling steps that compile the kernels
+        if device.type == "cuda" and cache_config.num_blocks is not None and not self.workers:
+            if not self.runner.warm_up():
+                log.warning("cache of %d blocks is smaller than one max_model_len sequence: no warm-up; "
+                            "the first steps will include kernel compilation", num_blocks)
+        lap("warm_up")
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()

@@ -25,8 +25,9 @@ from engine.core.policies import make_scheduler
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.dummy import dummy_model_folder
-from engine.executor import EngineExecutor, max_position_embeddings
+from engine.executor import EngineExecutor
 from engine.outputs import RequestOutput, ThroughputMeter
+from engine.preflight import max_position_embeddings
 
 _CONFIGS = (EngineConfig, ExecutionConfig, SchedulerConfig, CacheConfig)
 _FIELDS = {cls: {f.name for f in dataclasses.fields(cls)} - {"model", "execution"} for cls in _CONFIGS}

@@ -31,7 +31,6 @@ import torch
 from engine.batch import HostBatch, build_host_batch
 from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.graph_sizes import decode_graph_sizes, prefill_graph_sizes
 from engine.core.model_shapes import ModelShape
 from engine.core.plan import StepPlan
 from engine.cuda_graph import DecodeGraphs
@@ -49,6 +48,7 @@ from engine.layers.moe import attach_expert_counter
 from engine.model_inputs import ModelInputs, upload_batch
 from engine.overlap import PendingTokens, Placeholders, StepOverlap
 from engine.prefill_graphs import PrefillGraphs
+from engine.runner_graphs import capture_decode_graphs, capture_prefill_graphs
 from engine.sampler import Sampler
 from engine.sharded_sampling import ShardedSampler
 from engine.step_sampling import sample_step, step_logits, tokens_per_entry
@@ -152,37 +152,15 @@ class ModelRunner:
         self.num_blocks = num_blocks
 
     def capture_decode_graphs(self, capture: bool = True) -> None:
-        """Decode graphs for batch sizes up to max_num_seqs over the allocated cache.
-        capture=False keeps the padded static-buffer path but runs it eagerly (tests on CPU)."""
-        if self.kv_cache is None:
-            raise RuntimeError("capture_decode_graphs() needs the KV cache: call allocate_kv_cache() first")
-        self.graphs = None  # release the old graphs' memory pool before capturing the new ones
-        # into the prefill graphs' pool where they were captured first: one pool for all
-        pool = self.prefill_graphs.pool if self.prefill_graphs is not None else None
-        graphs = DecodeGraphs(self.model, self.kv_caches, decode_graph_sizes(self.scheduler_config.max_num_seqs,
-                                                 self.engine_config.execution.max_graph_batch_size),
-                              self.max_blocks_per_seq, self.scheduler_config.max_model_len, self.device, capture,
-                              self.balance_decode)
-        graphs.capture(pool)
-        self.graphs = graphs
+        """Decode graphs for batch sizes up to max_num_seqs over the allocated cache
+        (engine.runner_graphs). capture=False keeps the padded static-buffer path but runs it
+        eagerly (tests on CPU)."""
+        capture_decode_graphs(self, capture)
 
     def capture_prefill_graphs(self, max_tokens: int, capture: bool = True) -> None:
-        """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.prefill_graphs);
-        call before capture_decode_graphs, which then shares their memory pool. Needs an
-        attention backend that reads tile maps (Triton; the torch backend ignores them, which
-        serves capture=False on CPU)."""
-        if self.kv_cache is None:
-            raise RuntimeError("capture_prefill_graphs() needs the KV cache: call allocate_kv_cache() first")
-        # the decode graphs go too: they live in the old prefill graphs' pool
-        self.graphs = self.prefill_graphs = None
-        sizes = prefill_graph_sizes(min(max_tokens, self.scheduler_config.max_num_batched_tokens))
-        if not sizes:
-            return
-        attn = self.model.model.layers[0].self_attn
-        self.prefill_graphs = PrefillGraphs(
-            self.model, self.kv_caches, sizes, self.scheduler_config.max_num_seqs, self.max_blocks_per_seq,
-            self.scheduler_config.max_model_len, attn.num_heads // attn.num_kv_heads, self.device, capture)
-        self.prefill_graphs.capture()
+        """Graphs for prefill and mixed steps of up to max_tokens tokens (engine.runner_graphs);
+        call before capture_decode_graphs, which then shares their memory pool."""
+        capture_prefill_graphs(self, max_tokens, capture)
 
     # ---- one step ----------------------------------------------------------------------------
 

@@ -78,6 +78,14 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _configured_executor(rc: RunConfig) -> Executor:
+    try:
+        return make_executor(rc)
+    except (ValueError, TypeError) as error:
+        # The backend rejected the configuration (model does not fit, missing checkpoint, ...).
+        raise ConfigError(f"backend={rc.backend}: {error}") from None
+
+
 def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = None, label: str = "",
              record: bool | None = None, keep_steps: bool = True) -> RunOutcome:
     """Serve rc.workload to completion; executor overrides the configured backend (tests).
@@ -87,11 +95,7 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
     and an empty step table."""
     stop_recording = None
     if executor is None:
-        try:
-            executor = make_executor(rc)
-        except (ValueError, TypeError) as error:
-            # The backend rejected the configuration (model does not fit, missing checkpoint, ...).
-            raise ConfigError(f"backend={rc.backend}: {error}") from None
+        executor = _configured_executor(rc)
     try:
         info = executor.info()
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size)
@@ -128,6 +132,12 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         if stop_recording is not None:
             stop_recording()
         executor.shutdown()
+    return _outcome(rc, result, recorder, workload, info, total, wall_s, counts)
+
+
+def _outcome(rc: RunConfig, result, recorder: StepRecorder | None, workload, info, total: int, wall_s: float,
+             counts) -> RunOutcome:
+    """A finished run's tables and summary."""
     if result.rejected:
         first = next(iter(result.rejected.items()))
         log.warning("%d of %d requests were rejected at admission, e.g. %s: %s",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from engine.core.plan import PLACEHOLDER, KVCacheSpec, ScheduledRequest
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.core.stopping import stop_reason
 
 if TYPE_CHECKING:
     from engine.core.config import SchedulerConfig
@@ -76,7 +77,7 @@ class AsyncScheduler(Scheduler):
         """Write each sampling entry's token over its placeholder; returns the requests that stop, and why."""
         stops: list[tuple[Request, FinishReason]] = []
         requests = self.requests
-        stop_reason = self._stop_reason
+        eos_token_id = self.eos_token_id
         block_size = self.block_manager.block_size
         for entry, token in zip(scheduled, token_ids):
             if not entry.sample:
@@ -92,7 +93,7 @@ class AsyncScheduler(Scheduler):
             request.num_pending_tokens -= 1
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = stop_reason(request, index - request.num_prompt_tokens + 1, token)
+            reason = stop_reason(request, index - request.num_prompt_tokens + 1, token, eos_token_id)
             if reason is None:
                 # The token just written may complete a computed block that _book() could not hash.
                 if request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:

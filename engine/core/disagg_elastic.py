@@ -213,24 +213,34 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
             _, _, kind, request = heapq.heappop(fleet.events)
             fleet.handle(t, kind, request)
         else:
-            request = pending[next_arrival]
+            _route_arrival(fleet, [fleet.prefill[i] for i in pools[0].serving], prefill_router,
+                           pending[next_arrival], t)
             next_arrival += 1
-            serving = [fleet.prefill[i] for i in pools[0].serving]
-            if not serving:
-                raise RuntimeError(f"no prefill replica serves at t={t:.3f} s (min_replicas must be >= 1)")
-            choice = prefill_router.route(request, serving)
-            if not 0 <= choice < len(serving):
-                raise RuntimeError(f"prefill router chose replica {choice} of {len(serving)}")
-            fleet.originals[request.request_id] = request
-            fleet.transfers[request.request_id] = Transfer(serving[choice].index)
-            serving[choice].inbox.append(prefill_copy(request))
     assert not fleet.blocked, "requests left waiting for a decode replica"
+    return _result(fleet, pools, pending)
+
+
+def _route_arrival(fleet: _ElasticFleet, serving: list[PrefillReplica], prefill_router: Router, request: Request,
+                   t: float) -> None:
+    """Hand an arriving request to the serving prefill replica the router picks."""
+    if not serving:
+        raise RuntimeError(f"no prefill replica serves at t={t:.3f} s (min_replicas must be >= 1)")
+    choice = prefill_router.route(request, serving)
+    if not 0 <= choice < len(serving):
+        raise RuntimeError(f"prefill router chose replica {choice} of {len(serving)}")
+    fleet.originals[request.request_id] = request
+    fleet.transfers[request.request_id] = Transfer(serving[choice].index)
+    serving[choice].inbox.append(prefill_copy(request))
+
+
+def _result(fleet: _ElasticFleet, pools: tuple[_Pool, _Pool], pending: list[Request]) -> ElasticDisaggResult:
+    """The finished run's result, each replica still serving (or starting) billed until its end."""
     fleet.replicas = [*fleet.prefill, *fleet.decode]
     result = fleet_result(fleet, pending)
     end = max(result.makespan_s, pending[-1].arrival_time if pending else 0.0)
     for pool in pools:
         for life in pool.lifetimes:
-            if life.stop_s is None:  # still serving (or starting) at the end: billed until then
+            if life.stop_s is None:
                 life.stop_s = max(end, life.requested_s)
     result.makespan_s = end
     return ElasticDisaggResult(result, PoolHistory(pools[0].lifetimes, pools[0].events),

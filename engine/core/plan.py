@@ -78,6 +78,15 @@ class StepStats:
     decode_repeated_kv_tokens: int = 0
 
 
+def step_kind(num_scheduled: int, prefill_tokens: int, decode_tokens: int) -> str:
+    """StepStats.kind of a step of num_scheduled entries with these new tokens."""
+    if not num_scheduled:
+        return "idle"
+    if not decode_tokens:
+        return "prefill"
+    return "decode" if not prefill_tokens else "mixed"
+
+
 @dataclass(slots=True)
 class StepPlan:
     scheduled: list[ScheduledRequest]

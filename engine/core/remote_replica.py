@@ -75,12 +75,7 @@ def serve_replica(replica: Replica, conn: Connection) -> bool:
                 return True
             else:
                 raise ValueError(f"replica {replica.index}: unknown message {kind!r}")
-        if replica.next_event_time() < math.inf:
-            replica.tick()
-            makespan = replica.clock.now()
-        report = take_report(replica, received)
-        if report is not None:
-            conn.send(("report", report))
+        makespan = step_and_report(replica, conn, received, makespan)
 
 
 def _messages(conn: Connection, block: bool) -> Iterator[Any]:
@@ -88,6 +83,18 @@ def _messages(conn: Connection, block: bool) -> Iterator[Any]:
         yield conn.recv()
     while conn.poll():
         yield conn.recv()
+
+
+def step_and_report(replica: Replica, conn: Connection, received: int, makespan: float) -> float:
+    """Run the replica's next event, if it has one, and send what it produced since the last
+    report; returns when its last iteration ended (makespan where it had nothing to run)."""
+    if replica.next_event_time() < math.inf:
+        replica.tick()
+        makespan = replica.clock.now()
+    report = take_report(replica, received)
+    if report is not None:
+        conn.send(("report", report))
+    return makespan
 
 
 def take_report(replica: Replica, received: int) -> Report | None:

@@ -2,8 +2,8 @@
 
 schedule() asks the policy (engine/core/policies) for a step's batch and counts its tokens as
 computed; update() appends the tokens the backend sampled and finishes requests on length, EOS or
-a stop token, freeing their blocks. The policy also orders the waiting queue. The methods under
-"for policies" are the mechanism a policy builds a batch with. engine.core.async_scheduler
+a stop token (engine.core.stopping), freeing their blocks. The policy also orders the waiting
+queue. The methods under "for policies" are the mechanism a policy builds a batch with. engine.core.async_scheduler
 overrides a few hooks for overlapped steps, where the next step is planned before this one's
 tokens are known.
 """
@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from engine.core.admission import fitted_max_tokens
 from engine.core.block_manager import BlockManager
 from engine.core.kv_reads import step_repeated_reads
-from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats
+from engine.core.plan import KVCacheSpec, ScheduledRequest, StepPlan, StepResult, StepStats, step_kind
 from engine.core.request import FinishReason, Request, RequestStatus
+from engine.core.stopping import stop_reason
 
 if TYPE_CHECKING:
     from engine.core.config import SchedulerConfig
@@ -117,14 +118,7 @@ class Scheduler:
         repeated, decode_repeated = step_repeated_reads(scheduled, self.block_manager)
         num_tokens, decode_tokens = self._book(scheduled)
         prefill_tokens = num_tokens - decode_tokens
-        if not scheduled:
-            kind = "idle"
-        elif not decode_tokens:
-            kind = "prefill"
-        elif not prefill_tokens:
-            kind = "decode"
-        else:
-            kind = "mixed"
+        kind = step_kind(len(scheduled), prefill_tokens, decode_tokens)
         block_size = self.block_manager.block_size
         stats = StepStats(  # positional: a StepStats per step, and keywords cost twice the time
             self._step, kind, len(scheduled), prefill_tokens, decode_tokens, len(self.waiting), len(self.running),
@@ -179,7 +173,7 @@ class Scheduler:
         """
         stops: list[tuple[Request, FinishReason]] = []
         requests = self.requests
-        stop_reason = self._stop_reason
+        eos_token_id = self.eos_token_id
         for entry, token in zip(scheduled, token_ids):
             if not entry.sample:
                 continue
@@ -190,24 +184,10 @@ class Scheduler:
             tokens.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = stop_reason(request, len(tokens) - request.num_prompt_tokens, token)
+            reason = stop_reason(request, len(tokens) - request.num_prompt_tokens, token, eos_token_id)
             if reason is not None:
                 stops.append((request, reason))
         return stops
-
-    def _stop_reason(self, request: Request, num_output_tokens: int, token: int) -> FinishReason | None:
-        """Why the request stops with token as its num_output_tokens-th output, None if it goes on."""
-        params = request.sampling_params
-        if num_output_tokens >= request.max_tokens:  # type: ignore[operator]  # add() resolved None
-            return FinishReason.LENGTH
-        if token == self.eos_token_id and not params.ignore_eos:
-            reason = FinishReason.EOS
-        elif token in params.stop_token_ids:
-            reason = FinishReason.STOP
-        else:
-            return None
-        # vLLM's min_tokens: EOS and stop tokens do not end a request before it has that many outputs
-        return reason if num_output_tokens >= params.min_tokens else None
 
     # ---- for policies: the mechanism a batch is built with ----------------------------------
 

@@ -1,9 +1,7 @@
-"""`run_disagg.py plan` and `goodput`: the planner's direction, and the engine's confirmation.
+"""`run_disagg.py goodput`: the engine's confirmation of the planner's direction
+(experiments/disagg/planning.py).
 
-plan: experiment=plan 'plan.modes=[aggregated,disaggregated]' on each scenario (workloads.SCENARIOS)
-with the call's GPU type, priced by its profile; plan_<scenario>/ holds plan.csv and plan_summary.csv.
-
-goodput: a scenario's goodput on a fleet is the highest Poisson rate at which 90% of requests meet
+A scenario's goodput on a fleet is the highest Poisson rate at which 90% of requests meet
 both SLOs (TTFT <= ttft_s and TPOT <= tpot_s; a one-token request has no TPOT). The simulator
 finds each mode's by bisection (cheap); the engine then serves each mode a short ladder around
 its simulated goodput (0.8x and 1.2x), ascending until a rate fails, with a rung of half the
@@ -33,16 +31,12 @@ from experiments.disagg.workloads import (
     CPU_LENGTH_SCALE,
     GOODPUT_MAX_MODEL_LEN,
     GOODPUT_SCHEDULER,
-    PLAN_SPACE,
     Scenario,
     request_count,
 )
 from harness.compare.tables import markdown
-from harness.scripting import compose_config
 
 ATTAINMENT = 0.9
-CPU_PLAN = ("scheduler.max_model_len=512", "cache.block_size=16", "plan.max_replicas=2",
-            "plan.disagg_max_pool_replicas=1", "plan.disagg_max_evals=1")
 LADDER = (0.8, 1.2)
 TIE_SHARE = 0.05  # intervals overlapping over less than this share of the rate: a tie
 FIRST_START_S = 60.0  # a fleet's start and warm-up, until the call has timed one
@@ -56,31 +50,6 @@ def attainment(requests: pd.DataFrame, scenario: Scenario) -> float:
 
 def scheduler_overrides(setup: Setup) -> tuple[str, ...]:
     return GOODPUT_SCHEDULER if setup.cpu else GOODPUT_SCHEDULER + GOODPUT_MAX_MODEL_LEN
-
-
-def plan(setup: Setup, scenario: Scenario, out: Path) -> dict:
-    """The planner on the scenario: each mode's cheapest deployment meeting the SLO, and the winner."""
-    from harness.study import run_study
-
-    scale = CPU_LENGTH_SCALE if setup.cpu else 1.0
-    w = scenario.workload(scenario.rate, scenario.plan_requests, scale)
-    # CPU runs (tests): the planner's mechanics only, on an H100's figures (the CPU entry has no link)
-    # and a search cut to a few fleets
-    hardware = "h100" if setup.cpu else setup.hardware
-    overrides = [*PLAN_SPACE, f"model={setup.model}", f"hardware={hardware}", f"plan.hardware=[{hardware}]",
-                 f"workload.num_requests={w.num_requests}", f"workload.rate={scenario.rate}",
-                 f"workload.prompt_len.low={w.prompt_len.low}", f"workload.prompt_len.high={w.prompt_len.high}",
-                 f"workload.output_len.low={w.output_len.low}", f"workload.output_len.high={w.output_len.high}",
-                 f"slo.ttft_p90_s={scenario.ttft_s}", f"slo.tpot_p90_s={scenario.tpot_s}",
-                 *(CPU_PLAN if setup.cpu else GOODPUT_MAX_MODEL_LEN),
-                 *(("backend.cost_model=profiled", f"backend.profile_path={setup.profile}") if setup.profile else ()),
-                 f"hydra.run.dir={out}"]
-    out.mkdir(parents=True, exist_ok=True)
-    run_study(compose_config(overrides), out)
-    summary = pd.read_csv(out / "plan_summary.csv").iloc[0]
-    return {"scenario": scenario.name, "expected": scenario.expected, "winner": summary.get("winner", ""),
-            "aggregated": summary.get("aggregated_deployment", ""),
-            "disaggregated": summary.get("disaggregated_deployment", "")}
 
 
 class Ladder:

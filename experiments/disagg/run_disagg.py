@@ -30,7 +30,8 @@ import pandas as pd
 
 from experiments.disagg.cells import Cells, MeasureConfig, write_settings
 from experiments.disagg.common import Deadline, Pools, Setup, detect_gpus, hardware_of, log, profile_for, trace_path
-from experiments.disagg.goodput import Ladder, plan
+from experiments.disagg.goodput import Ladder
+from experiments.disagg.planning import plan
 from experiments.disagg.workloads import CLASSES, CPU_SCENARIO_MODEL, SCENARIOS
 from harness.compare.tables import markdown
 from harness.convert import ConfigError

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,49 @@ def _with_rate(rc: RunConfig, arrival: str, rate: float | None) -> RunConfig:
     return dataclasses.replace(rc, workload=dataclasses.replace(rc.workload, arrival=arrival, rate=rate, cv=cv))
 
 
+def _offline_run(rc: RunConfig, cap: CapacityConfig, progress: bool, label: str):
+    """The configuration's offline run (every request at once) and whether it already meets the SLO."""
+    p = cap.percentile
+    offline = run_once(_with_rate(rc, "offline", None), progress, label=f"{label} offline")
+    if not offline.summary.num_requests:
+        # No throughput to start the bracket from (it would be NaN); say why instead.
+        rid, error = next(iter(offline.rejected.items()), ("?", "no request served"))
+        raise ConfigError(f"capacity search {label}: all {offline.summary.labels.num_submitted} requests were rejected "
+                          f"at admission (e.g. {rid}: {error})")
+    offline_ttft = percentile(offline.requests, "ttft", p)
+    offline_tpot = percentile(offline.requests, "tpot", p)
+    met_offline = bool(offline_ttft <= cap.ttft_slo_s and offline_tpot <= cap.tpot_slo_s)
+    if met_offline:
+        # Faster arrivals only bring the run closer to this one: every rate would pass, and the
+        # doubling would end only at max_probes with a meaningless rate.
+        log.warning("capacity search %s: all %d requests at once already meet the SLO (P%g TTFT %.3g s, TPOT %.3g s): "
+                    "the workload is too small to bound the rate; raise workload.num_requests",
+                    label or "base", offline.summary.num_requests, p, offline_ttft, offline_tpot)
+    return offline, met_offline
+
+
+def _bisect(probe: Callable[[float], bool], probes: list[dict], low: float, high: float,
+            cap: CapacityConfig) -> tuple[float, bool]:
+    """The highest rate found to pass, from the bracket [low, high), and whether max_probes cut the search."""
+    if not probe(low):
+        return 0.0, False
+    # The offline throughput underestimates the steady state (its tail runs small batches):
+    # double the upper rate until it fails the SLO, then bisect.
+    capped = False
+    while probe(high):
+        low, high = high, 2.0 * high
+        if len(probes) >= cap.max_probes:
+            capped = True
+            break
+    while not capped and (high - low) / high > cap.rel_tol and len(probes) < cap.max_probes:
+        mid = 0.5 * (low + high)
+        if probe(mid):
+            low = mid
+        else:
+            high = mid
+    return low, capped
+
+
 def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: str = "") -> tuple[dict, list[dict]]:
     """Bisect the rate for one configuration; returns (capacity row, probe rows)."""
     if rc.workload.arrival not in ("poisson", "gamma"):
@@ -64,45 +108,12 @@ def search(rc: RunConfig, cap: CapacityConfig, progress: bool = False, label: st
                        "request_s": outcome.summary.request_s})
         return ok
 
-    offline = run_once(_with_rate(rc, "offline", None), progress, label=f"{label} offline")
-    if not offline.summary.num_requests:
-        # No throughput to start the bracket from (it would be NaN); say why instead.
-        rid, error = next(iter(offline.rejected.items()), ("?", "no request served"))
-        raise ConfigError(f"capacity search {label}: all {offline.summary.labels.num_submitted} requests were rejected "
-                          f"at admission (e.g. {rid}: {error})")
-    offline_ttft = percentile(offline.requests, "ttft", p)
-    offline_tpot = percentile(offline.requests, "tpot", p)
-    met_offline = bool(offline_ttft <= cap.ttft_slo_s and offline_tpot <= cap.tpot_slo_s)
-    if met_offline:
-        # Faster arrivals only bring the run closer to this one: every rate would pass, and the
-        # doubling would end only at max_probes with a meaningless rate.
-        log.warning("capacity search %s: all %d requests at once already meet the SLO (P%g TTFT %.3g s, TPOT %.3g s): "
-                    "the workload is too small to bound the rate; raise workload.num_requests",
-                    label or "base", offline.summary.num_requests, p, offline_ttft, offline_tpot)
+    offline, met_offline = _offline_run(rc, cap, progress, label)
     high = cap.rate_high if cap.rate_high is not None else offline.summary.request_s
     low = cap.rate_low if cap.rate_low is not None else 0.25 * offline.summary.request_s
-    capped = False
     if high <= low and not met_offline:
         raise ConfigError(f"study.capacity.rate_low={low} is not below the upper rate {high:.4g} req/s")
-    if met_offline:
-        capacity = math.inf
-    elif not probe(low):
-        capacity = 0.0
-    else:
-        # The offline throughput underestimates the steady state (its tail runs small batches):
-        # double the upper rate until it fails the SLO, then bisect.
-        while probe(high):
-            low, high = high, 2.0 * high
-            if len(probes) >= cap.max_probes:
-                capped = True
-                break
-        while not capped and (high - low) / high > cap.rel_tol and len(probes) < cap.max_probes:
-            mid = 0.5 * (low + high)
-            if probe(mid):
-                low = mid
-            else:
-                high = mid
-        capacity = low
+    capacity, capped = (math.inf, False) if met_offline else _bisect(probe, probes, low, high, cap)
     at = [r for r in probes if r["rate"] == capacity]
     row = {
         "config": label, **run_identity(rc), "capacity_req_s": capacity, "ttft_slo_s": cap.ttft_slo_s,

@@ -89,17 +89,10 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
     output = draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN))
 
-    group = np.full(n, -1, dtype=np.int64)  # -1: no shared prefix
-    group_rng = np.random.default_rng(group_seq)
-    prefix_len = 0
-    prefixes = np.zeros((0, 0), dtype=np.int64)
     bound = min(cfg.max_token_id, vocab_size) if vocab_size else cfg.max_token_id
+    group, prefixes = _shared_prefixes(cfg, n, np.random.default_rng(group_seq), bound)
+    prefix_len = prefixes.shape[1]
     if cfg.shared_prefix is not None:
-        sp = cfg.shared_prefix
-        prefix_len = sp.prefix_len
-        prefixes = group_rng.integers(0, bound, size=(sp.num_groups, prefix_len), dtype=np.int64)
-        in_group = group_rng.random(n) < sp.fraction
-        group = np.where(in_group, group_rng.integers(0, sp.num_groups, size=n), -1)
         prompt = prompt + prefix_len
 
     keep = np.ones(n, dtype=bool)
@@ -113,7 +106,36 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
                     cfg.label, num_over, n, max_model_len)
     elif num_over:
         prompt, output, clipped = _clip(cfg, prompt, output, over, max_model_len)
-    drawer: Callable[[], Callable[[int, int], np.ndarray]]
+    own, drawer = _token_drawer(cfg, trace, keep, prompt, group, prefix_len, token_seq, bound)
+    seeds = np.random.default_rng(seed_seq).integers(0, 2**62, size=n)
+    # NOTE: ids come from one shared pool of Python ints so that millions of prompt tokens cost
+    # a pointer each, not a fresh int object each; indexing the pool as a numpy object array maps
+    # them all in one call (a Python-level lookup per token was a tenth of a plan evaluation).
+    pool = np.array(list(range(bound)), dtype=object)
+    source = RequestSource(
+        arrival=arrival, prompt=prompt, output=output, group=group, own=own, seeds=seeds, keep=keep,
+        prefixes=[pool[row].tolist() for row in prefixes], drawer=drawer, pool=pool,
+        id_offset=cfg.start_row if trace is not None and cfg.rate_profile is None else 0,
+        temperature=cfg.temperature, ignore_eos=cfg.ignore_eos)
+    return Workload(source, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
+
+
+def _shared_prefixes(cfg: WorkloadConfig, n: int, rng: np.random.Generator,
+                     bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's shared-prefix group (-1: none) and the groups' prefix tokens [groups, prefix_len]."""
+    sp = cfg.shared_prefix
+    if sp is None:
+        return np.full(n, -1, dtype=np.int64), np.zeros((0, 0), dtype=np.int64)
+    prefixes = rng.integers(0, bound, size=(sp.num_groups, sp.prefix_len), dtype=np.int64)
+    in_group = rng.random(n) < sp.fraction
+    return np.where(in_group, rng.integers(0, sp.num_groups, size=n), -1), prefixes
+
+
+def _token_drawer(cfg: WorkloadConfig, trace, keep: np.ndarray, prompt: np.ndarray, group: np.ndarray,
+                  prefix_len: int, token_seq: np.random.SeedSequence, bound: int
+                  ) -> tuple[np.ndarray, Callable[[], Callable[[int, int], np.ndarray]]]:
+    """Each request's own prompt tokens (those not from a shared group prefix), and a maker of the
+    function that draws the own tokens of rows a..b."""
     if trace is not None and HASH_COLUMN in trace:
         # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
         own = np.where(keep, prompt, 0)
@@ -131,17 +153,7 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         def drawer() -> Callable[[int, int], np.ndarray]:
             rng = np.random.default_rng(token_seq)
             return lambda a, b: rng.integers(0, bound, size=int(own[a:b].sum()), dtype=np.int64)
-    seeds = np.random.default_rng(seed_seq).integers(0, 2**62, size=n)
-    # NOTE: ids come from one shared pool of Python ints so that millions of prompt tokens cost
-    # a pointer each, not a fresh int object each; indexing the pool as a numpy object array maps
-    # them all in one call (a Python-level lookup per token was a tenth of a plan evaluation).
-    pool = np.array(list(range(bound)), dtype=object)
-    source = RequestSource(
-        arrival=arrival, prompt=prompt, output=output, group=group, own=own, seeds=seeds, keep=keep,
-        prefixes=[pool[row].tolist() for row in prefixes], drawer=drawer, pool=pool,
-        id_offset=cfg.start_row if trace is not None and cfg.rate_profile is None else 0,
-        temperature=cfg.temperature, ignore_eos=cfg.ignore_eos)
-    return Workload(source, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
+    return own, drawer
 
 
 class _Drop(logging.Filter):

@@ -30,17 +30,24 @@ def _requests(n=8):
     return out
 
 
-def test_prefill_and_decode_replicas_give_the_single_engines_greedy_tokens(tiny_qwen3_dir):
-    from engine import LLM
+def serve_1p1d(config: EngineConfig, requests: list[Request], scheduler: SchedulerConfig = SCHEDULER,
+               cache: CacheConfig = CACHE):
+    """One prefill and one decode replica of config, each a process, serve requests on the wall
+    clock, both pools routed round robin; the fleet's DisaggResult."""
     from engine.replicas import EngineReplicas
 
-    config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
-    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
+    with EngineReplicas([config, config], scheduler, cache, num_prefill=1) as engines:
         clock = WallClock()
         engines.start_run(clock)
-        route = make_router(RouterConfig("round_robin"), CACHE.block_size)
-        result = run_disagg_wall(engines, 1, _requests(), route, make_router(RouterConfig("round_robin"), 16), clock,
-                                 SCHEDULER.max_model_len)
+        routers = [make_router(RouterConfig("round_robin"), cache.block_size) for _ in range(2)]
+        return run_disagg_wall(engines, 1, requests, *routers, clock, scheduler.max_model_len)
+
+
+def test_prefill_and_decode_replicas_give_the_single_engines_greedy_tokens(tiny_qwen3_dir):
+    from engine import LLM
+
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    result = serve_1p1d(config, _requests())
     llm = LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len)
     try:
         reference = _requests()
@@ -73,16 +80,10 @@ def test_tp2_pools_move_each_ranks_kv_shard_and_give_the_tp2_engines_tokens(tiny
 
     from engine import LLM
     from engine.core.config import ExecutionConfig
-    from engine.replicas import EngineReplicas
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
     config = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
-    requests = _requests(6)
-    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
-        clock = WallClock()
-        engines.start_run(clock)
-        routers = [make_router(RouterConfig("round_robin"), CACHE.block_size) for _ in range(2)]
-        result = run_disagg_wall(engines, 1, requests, *routers, clock, SCHEDULER.max_model_len)
+    result = serve_1p1d(config, _requests(6))
     llm = LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len,
               tensor_parallel_size=2)
     try:

@@ -13,18 +13,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 def test_nccl_moves_kv_and_tokens_match_the_single_engine(tiny_qwen3_dir):
     from engine import LLM
     from engine.config import EngineConfig
-    from engine.core.disagg_wall import run_disagg_wall
-    from engine.core.loop import WallClock
-    from engine.core.routers import RouterConfig, make_router
-    from engine.replicas import EngineReplicas
-    from tests.engine.test_disagg_engine import CACHE, SCHEDULER, _requests
+    from tests.engine.test_disagg_engine import SCHEDULER, _requests, serve_1p1d
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cuda", dtype="float32")
-    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
-        clock = WallClock()
-        engines.start_run(clock)
-        routers = [make_router(RouterConfig("round_robin"), CACHE.block_size) for _ in range(2)]
-        result = run_disagg_wall(engines, 1, _requests(), *routers, clock, SCHEDULER.max_model_len)
+    result = serve_1p1d(config, _requests())
     llm = LLM(tiny_qwen3_dir, device="cuda", dtype="float32", max_model_len=SCHEDULER.max_model_len)
     try:
         reference = _requests()
@@ -47,20 +39,10 @@ def test_bfloat16_disaggregated_tokens_are_the_single_engines_greedy_choices(tmp
     from engine.config import EngineConfig
     from engine.core import CacheConfig, Request, SchedulerConfig
     from engine.core.config import ExecutionConfig
-    from engine.core.disagg_wall import run_disagg_wall
-    from engine.core.loop import WallClock
-    from engine.core.routers import RouterConfig, make_router
-    from engine.replicas import EngineReplicas
-    from tests.engine.test_tp_gpu import (
-        ENGINE,
-        GREEDY,
-        NUM_TOKENS,
-        TP1_ROUNDING,
-        _gaps,
-        _prompts,
-        _report,
-        _tp1_logits,
-    )
+    from tests.engine.test_disagg_engine import serve_1p1d
+    from tests.engine.test_tp_gpu import ENGINE, GREEDY, NUM_TOKENS, _prompts
+    from tests.engine.tp_gpu_checks import TP1_ROUNDING, report, tp1_logits
+    from tests.engine.tp_gpu_checks import gaps as logit_gaps
 
     model_dir = str(write_checkpoint("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b-bf16"), dtype="bfloat16"))
     prompts = _prompts(16, seed=2)
@@ -71,24 +53,20 @@ def test_bfloat16_disaggregated_tokens_are_the_single_engines_greedy_choices(tmp
     config = EngineConfig(model=model_dir, device="cuda",
                           execution=ExecutionConfig(gpu_memory_utilization=ENGINE["gpu_memory_utilization"]))
     requests = [Request(f"r{i}", p, GREEDY, arrival_time=0.0) for i, p in enumerate(prompts)]
-    with EngineReplicas([config, config], scheduler, cache, num_prefill=1) as engines:
-        clock = WallClock()
-        engines.start_run(clock)
-        routers = [make_router(RouterConfig("round_robin"), cache.block_size) for _ in range(2)]
-        result = run_disagg_wall(engines, 1, requests, *routers, clock, scheduler.max_model_len)
+    result = serve_1p1d(config, requests, scheduler, cache)
     got = {r.request_id: r.output_token_ids for r in result.requests}
     got = [got[f"r{i}"] for i in range(len(prompts))]
     assert all(len(g) == NUM_TOKENS for g in got) and all(t.transfer_s > 0 for t in result.transfers.values())
     llm = LLM(model_dir, **ENGINE)
     try:
         want = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-        logits = _tp1_logits(llm, [p + g for p, g in zip(prompts, got)], [len(p) for p in prompts])
+        logits = tp1_logits(llm, [p + g for p, g in zip(prompts, got)], [len(p) for p in prompts])
     finally:
         llm.shutdown()
-    gaps = [gap for row, g in zip(logits, got) for gap in _gaps(row, g)[0]]
-    _report("disagg_bfloat16", {"prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
-                                "largest_gap_relative": max(gaps), "positions_off_argmax": sum(g > 0 for g in gaps),
-                                "free_running_identical": sum(a == b for a, b in zip(want, got))})
+    gaps = [gap for row, g in zip(logits, got) for gap in logit_gaps(row, g)[0]]
+    report("disagg_bfloat16", {"prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
+                               "largest_gap_relative": max(gaps), "positions_off_argmax": sum(g > 0 for g in gaps),
+                               "free_running_identical": sum(a == b for a, b in zip(want, got))})
     assert max(gaps) <= TP1_ROUNDING, max(gaps)
 
 
@@ -101,19 +79,11 @@ def test_tp2_pools_move_each_ranks_shard_over_nccl_and_tokens_match_a_tp2_engine
     from engine import LLM
     from engine.config import EngineConfig
     from engine.core.config import ExecutionConfig
-    from engine.core.disagg_wall import run_disagg_wall
-    from engine.core.loop import WallClock
-    from engine.core.routers import RouterConfig, make_router
-    from engine.replicas import EngineReplicas
-    from tests.engine.test_disagg_engine import CACHE, SCHEDULER, _requests
+    from tests.engine.test_disagg_engine import SCHEDULER, _requests, serve_1p1d
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cuda", dtype="float32")
     config = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
-    with EngineReplicas([config, config], SCHEDULER, CACHE, num_prefill=1) as engines:
-        clock = WallClock()
-        engines.start_run(clock)
-        routers = [make_router(RouterConfig("round_robin"), CACHE.block_size) for _ in range(2)]
-        result = run_disagg_wall(engines, 1, _requests(), *routers, clock, SCHEDULER.max_model_len)
+    result = serve_1p1d(config, _requests())
     llm = LLM(tiny_qwen3_dir, device="cuda", dtype="float32", max_model_len=SCHEDULER.max_model_len,
               tensor_parallel_size=2)
     try:

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.config import ExecutionConfig
-from engine.executor import read_eos_token_ids, resolve_device
+from engine.preflight import read_eos_token_ids, resolve_device
 from engine.rank import resolve_dtype
 
 

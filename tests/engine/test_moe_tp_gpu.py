@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.core.model_shapes import TOKENIZER_VOCAB_SIZE
-from tests.engine.test_tp_gpu import TP1_ROUNDING, _gaps, _tp1_logits
+from tests.engine.tp_gpu_checks import TP1_ROUNDING, generate, teacher_forced, two_gpus
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
+pytestmark = [pytest.mark.gpu, two_gpus]
 
 NUM_TOKENS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
@@ -35,36 +33,15 @@ def _checkpoint(tmp_path_factory, dtype: str) -> str:
     return str(write_checkpoint("tiny-qwen3-moe", tmp_path_factory.mktemp(f"moe-{dtype}"), dtype=dtype))
 
 
-def _greedy(model_dir: str, prompts: list[list[int]], tp: int) -> list[list[int]]:
-    llm = LLM(model_dir, tensor_parallel_size=tp, **ENGINE)
-    try:
-        return [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    finally:
-        llm.shutdown()
-
-
 def test_moe_tp2_equals_tp1_float32(tmp_path_factory):
     model_dir = _checkpoint(tmp_path_factory, "float32")
     prompts = _prompts(8)
-    assert _greedy(model_dir, prompts, 2) == _greedy(model_dir, prompts, 1)
+    want = generate(model_dir, prompts, GREEDY, ENGINE, tensor_parallel_size=1)
+    assert generate(model_dir, prompts, GREEDY, ENGINE, tensor_parallel_size=2) == want
 
 
 def test_moe_tp2_matches_tp1_bfloat16_teacher_forced(tmp_path_factory):
     model_dir = _checkpoint(tmp_path_factory, "bfloat16")
-    prompts = _prompts(8, seed=1)
-    llm1 = LLM(model_dir, tensor_parallel_size=1, **ENGINE)
-    try:
-        want = [o.token_ids for o in llm1.generate(prompts, GREEDY, use_tqdm=False)]
-        logits = _tp1_logits(llm1, [p + w for p, w in zip(prompts, want)], [len(p) for p in prompts])
-    finally:
-        llm1.shutdown()
-    prefixes = [p + w[:j] for p, w in zip(prompts, want) for j in range(NUM_TOKENS)]
-    llm2 = LLM(model_dir, tensor_parallel_size=2, **ENGINE)
-    try:
-        forced = [o.token_ids[0] for o in llm2.generate(prefixes, SamplingParams(temperature=0.0, max_tokens=1),
-                                                         use_tqdm=False)]
-    finally:
-        llm2.shutdown()
-    gaps = [g for i, row in enumerate(logits) for g in _gaps(row, forced[i * NUM_TOKENS:(i + 1) * NUM_TOKENS])[0]]
-    assert len(gaps) == len(prompts) * NUM_TOKENS
+    _, gaps, _, _ = teacher_forced(model_dir, _prompts(8, seed=1), GREEDY, NUM_TOKENS, ENGINE)
+    assert len(gaps) == 8 * NUM_TOKENS
     assert max(gaps) <= TP1_ROUNDING, max(gaps)

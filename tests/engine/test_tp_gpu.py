@@ -13,24 +13,16 @@ magnitude); free-running agreement is only reported.
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
-from engine.core.plan import ScheduledRequest, StepPlan, StepStats
+from tests.engine.tp_gpu_checks import TP1_ROUNDING, report, teacher_forced, two_gpus
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
+pytestmark = [pytest.mark.gpu, two_gpus]
 
 NUM_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
-# bf16 keeps 8 significant bits (2^-8 relative); the sum of two ranks' rounded partials and the
-# rounded LM-head input allow a few of those
-TP1_ROUNDING = 2.0**-6
 ENGINE = dict(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=8192, gpu_memory_utilization=0.5)
 
 
@@ -54,37 +46,6 @@ def _generate(model_dir, prompts, tp, params=GREEDY, **kw):
         llm.shutdown()
 
 
-def _tp1_logits(llm, sequences, prompt_lens):
-    """TP=1's float32 logits [generated positions, vocab] of each sequence, on the CPU."""
-    runner = llm.executor.runner
-    out = []
-    with torch.inference_mode():
-        for seq, plen in zip(sequences, prompt_lens):
-            table = list(range(-(-len(seq) // runner.block_size)))
-            entry = ScheduledRequest("m", seq, 0, table, True, GREEDY, 0, False)
-            plan = StepPlan([entry], StepStats(0, "prefill", 1, len(seq), 0, 0, 0, 0, 0, 0))
-            out.append(runner.model.compute_logits(runner.forward(runner.prepare(plan)))[plen - 1: len(seq) - 1].cpu())
-    return out
-
-
-def _gaps(logits: torch.Tensor, tokens: list[int]) -> tuple[list[float], list[float]]:
-    """Per position: TP=1's largest logit minus its logit of `tokens`, relative to the row's largest
-    magnitude, and the top-2 margin in standard deviations."""
-    top2 = logits.topk(2, dim=-1).values
-    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-    gap = (top2[:, 0] - chosen) / logits.abs().max(dim=-1).values
-    margin = (top2[:, 0] - top2[:, 1]) / logits.std(dim=-1)
-    return gap.tolist(), margin.tolist()
-
-
-def _report(name, payload):
-    print(name, json.dumps(payload))
-    out = os.environ.get("TP_REPORT_DIR")
-    if out:
-        with open(os.path.join(out, f"{name}.json"), "w") as f:
-            json.dump(payload, f, indent=1)
-
-
 def test_tp2_async_equals_tp1_sync_float32(tmp_path_factory):
     model_dir = _checkpoint(tmp_path_factory, "float32")
     prompts = _prompts(8)
@@ -102,8 +63,8 @@ def test_tp2_async_equals_tp1_sync_float32(tmp_path_factory):
     params = [params_of(i) for i in range(len(prompts))]
     want, tp1_overlapped = _generate(model_dir, prompts, 1, params, async_scheduling=False)
     got, tp2_overlapped = _generate(model_dir, prompts, 2, params)
-    _report("tp_float32", {"identical": sum(a == b for a, b in zip(want, got)), "prompts": len(prompts),
-                           "tp2_async": tp2_overlapped})
+    report("tp_float32", {"identical": sum(a == b for a, b in zip(want, got)), "prompts": len(prompts),
+                          "tp2_async": tp2_overlapped})
     assert tp2_overlapped and not tp1_overlapped
     assert got == want
 
@@ -111,34 +72,16 @@ def test_tp2_async_equals_tp1_sync_float32(tmp_path_factory):
 def test_tp2_matches_tp1_bfloat16(tmp_path_factory):
     model_dir = _checkpoint(tmp_path_factory, "bfloat16")
     prompts = _prompts(16, seed=1)
-    llm1 = LLM(model_dir, tensor_parallel_size=1, **ENGINE)
-    try:
-        want = [o.token_ids for o in llm1.generate(prompts, GREEDY, use_tqdm=False)]
-        logits = _tp1_logits(llm1, [p + w for p, w in zip(prompts, want)], [len(p) for p in prompts])
-    finally:
-        llm1.shutdown()
+    want, gaps, margins, forced = teacher_forced(model_dir, prompts, GREEDY, NUM_TOKENS, ENGINE)
     got_eager, _ = _generate(model_dir, prompts, 2, enforce_eager=True)
     got, _ = _generate(model_dir, prompts, 2)
-    # teacher-forced: TP=2's next token after each prefix of TP=1's output
-    prefixes = [p + w[:j] for p, w in zip(prompts, want) for j in range(NUM_TOKENS)]
-    llm2 = LLM(model_dir, tensor_parallel_size=2, **ENGINE)
-    try:
-        forced = [o.token_ids[0] for o in llm2.generate(prefixes, SamplingParams(temperature=0.0, max_tokens=1),
-                                                         use_tqdm=False)]
-    finally:
-        llm2.shutdown()
-    gaps, margins = [], []
-    for i, row in enumerate(logits):
-        g, m = _gaps(row, forced[i * NUM_TOKENS:(i + 1) * NUM_TOKENS])
-        gaps += g
-        margins += m
     expected = [t for w in want for t in w]
     disagree = [i for i, (a, b) in enumerate(zip(forced, expected)) if a != b]
 
     def common(a, b):
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
 
-    _report("tp_bfloat16", {
+    report("tp_bfloat16", {
         "prompts": len(prompts), "tokens_each": NUM_TOKENS, "tolerance_relative": TP1_ROUNDING,
         "teacher_forced_positions": len(expected), "teacher_forced_disagreements": len(disagree),
         "largest_gap_relative": max(gaps), "gaps_at_disagreements": [gaps[i] for i in disagree],

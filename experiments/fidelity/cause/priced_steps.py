@@ -10,22 +10,13 @@ steps did not come back. No GPU needed.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from engine.core.graph_sizes import planned_graph_sizes
-from experiments.fidelity.resimulate import MAX_MODEL_LEN, cell_config
-from harness.compare.study import sim_run_config
-from harness.run import run_once
-from harness.scripting import compose_run_config
-from sim import build_sim_executor
-from sim.cost_model import make_cost_model
+from experiments.fidelity.cause.resimulated_cell import base_config, cell_parser, profiled_cell, simulate_cell
 from sim.profiled import ProfiledCostModel
 from sim.profiled_regimes import regime_of
 
@@ -54,23 +45,19 @@ class Recording:
 
 def priced_steps(table: Path, profile: Path, model: str, hardware: str, num_blocks: int, num_requests: int,
                  load: str) -> tuple[pd.DataFrame, object]:
-    base = compose_run_config([f"model={model}", f"hardware={hardware}", "backend=sim",
-                               f"scheduler.max_model_len={MAX_MODEL_LEN}"])
+    base = base_config(model, hardware)
     cells = pd.read_csv(table)
     rate = float(cells.loc[cells["load"].astype(str) == load, "rate_req_s"].iloc[0]) if load != "offline" else 0.0
     workload = str(cells["workload"].iloc[0])
-    rc = cell_config(base, workload, load, rate, num_requests, None)
-    meta = {"num_blocks": num_blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
-    rc = sim_run_config(rc, "profiled", str(profile), meta)
-    rc = dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, execution=base.sim.execution))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
-        cost = make_cost_model(rc.model, rc.hardware, rc.sim, graphs)
-        recording = Recording(cost)
-        executor = build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler, cost)
-        summary = run_once(rc, False, executor=executor).summary
-    return pd.DataFrame(recording.rows), summary
+    rc = profiled_cell(base, workload, load, rate, num_requests, profile, num_blocks)
+    recordings: list[Recording] = []
+
+    def record(cost: ProfiledCostModel) -> ProfiledCostModel:
+        recordings.append(Recording(cost))
+        return cost
+
+    summary = simulate_cell(rc, record)
+    return pd.DataFrame(recordings[0].rows), summary
 
 
 def summarise(steps: pd.DataFrame) -> pd.DataFrame:
@@ -89,13 +76,7 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", type=Path)
-    parser.add_argument("profile", type=Path)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--hardware", required=True)
-    parser.add_argument("--num-blocks", type=int, required=True)
-    parser.add_argument("--num-requests", type=int, required=True)
+    parser = cell_parser(__doc__)
     parser.add_argument("--load", default="0.95")
     args = parser.parse_args(argv)
     steps, summary = priced_steps(args.table, args.profile, args.model, args.hardware, args.num_blocks,

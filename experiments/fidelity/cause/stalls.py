@@ -10,21 +10,11 @@ cell whose engine has none rules it out. No GPU needed.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import sys
-import warnings
-from pathlib import Path
 
 import pandas as pd
 
-from engine.core.graph_sizes import planned_graph_sizes
-from experiments.fidelity.resimulate import MAX_MODEL_LEN, cell_config
-from harness.compare.study import sim_run_config
-from harness.run import run_once
-from harness.scripting import compose_run_config
-from sim import build_sim_executor
-from sim.cost_model import make_cost_model
+from experiments.fidelity.cause.resimulated_cell import base_config, cell_parser, profiled_cell, simulate_cell
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 
@@ -50,36 +40,21 @@ class Stalled:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", type=Path)
-    parser.add_argument("profile", type=Path)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--hardware", required=True)
-    parser.add_argument("--num-blocks", type=int, required=True)
-    parser.add_argument("--num-requests", type=int, required=True)
+    parser = cell_parser(__doc__)
     parser.add_argument("--stalls", nargs="+", default=["3:0.3"], help="EVERY:STALL seconds")
     args = parser.parse_args(argv)
     variants = [(0.0, 0.0)] + [(float(a), float(b)) for a, _, b in (v.partition(":") for v in args.stalls)]
-    base = compose_run_config([f"model={args.model}", f"hardware={args.hardware}", "backend=sim",
-                               f"scheduler.max_model_len={MAX_MODEL_LEN}"])
+    base = base_config(args.model, args.hardware)
     cells = pd.read_csv(args.table)
     cells = cells[cells["cost_model"] == cells["cost_model"].iloc[0]]
-    meta = {"num_blocks": args.num_blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
     for (workload, load), part in cells.groupby(["workload", "load"], sort=False):
         if str(load) == "offline":
             continue
-        rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), args.num_requests, None)
-        rc = sim_run_config(rc, "profiled", str(args.profile), meta)
-        rc = dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, execution=base.sim.execution))
+        rc = profiled_cell(base, workload, str(load), float(part["rate_req_s"].iloc[0]), args.num_requests,
+                           args.profile, args.num_blocks)
         engine = part.set_index("metric")["engine"]
         for every, stall in variants:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs,
-                                             rc.scheduler.max_num_batched_tokens)
-                cost = Stalled(make_cost_model(rc.model, rc.hardware, rc.sim, graphs), every, stall)
-                executor = build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler, cost)
-                summary = run_once(rc, False, executor=executor).summary
+            summary = simulate_cell(rc, lambda cost, every=every, stall=stall: Stalled(cost, every, stall))
             errors = " ".join(f"{m[:-2]} {100 * (float(summary[m]) / engine[m] - 1):+.1f}%" for m in METRICS)
             print(f"{workload} {load} every {every:g} s a {stall:g} s stall: {errors}")
     return 0
