@@ -176,7 +176,7 @@ def plot_coverage(coverage: pd.DataFrame, path: Path, level: float = 0.9) -> Non
     labels = [f"{m}\n{h.split('-')[0]} {load}"
               for m, h, load in zip(groups["model"], groups["hardware"], groups["load"])]
     x = np.arange(len(groups))
-    fig = Figure(figsize=(max(6.0, 0.75 * len(groups)), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 0.75 * len(groups)), 4.6), layout="constrained")
     ax = fig.subplots()
     ax.bar(x - 0.2, 100 * groups["in_interval"], 0.4, label="propagated interval (sim.interval)")
     if "in_interval_conformal" in groups.columns:
@@ -189,7 +189,7 @@ def plot_coverage(coverage: pd.DataFrame, path: Path, level: float = 0.9) -> Non
     ax.set_ylim(0, 105)
     ax.set_ylabel("cells inside the interval (%)")
     ax.set_title("Held-out cells inside their 90% interval, per model, GPU and load", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.savefig(path, dpi=110)
 
 

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from experiments.fidelity.cell_table import rows
+from experiments.fidelity.cell_table import read_margins, rows
 from experiments.fidelity.price_sensitivity import parse_variant
 from experiments.fidelity.resimulate import main as resimulate
 from harness.convert import ConfigError
@@ -28,10 +28,21 @@ def test_a_cell_meets_its_bound_only_when_every_percentile_does():
     assert "-15.1% (2.0%)" in missed
 
 
-def test_the_conformal_margin_widens_the_interval_in_log_space():
+def test_the_conformal_margin_widens_the_interval_in_log_space(tmp_path):
     # the engine (1.0) lies 5% above hi: outside, and inside once widened by a margin of ln(1.06)
-    line = rows(_cell([0.0] * 4, 0.9, 1 / 1.05), {"qwen3-0.6b": math.log(1.06)}, {})[0]
-    assert line.endswith("| 0/4, 4/4 |")
+    cell = _cell([0.0] * 4, 0.9, 1 / 1.05)
+    assert rows(cell, {("qwen3-0.6b",): math.log(1.06)}, {})[0].endswith("| 0/4, 4/4 |")
+    # margins per model, GPU and load (merge.py's file) take the cell's own group; inf: too few cells
+    per_group = tmp_path / "margins.csv"
+    pd.DataFrame({"model": "qwen3-0.6b", "hardware": "H200-SXM-141GB", "load": ["0.5", "0.8"],
+                  "calibration_cells": [18, 6], "conformal_margin": [math.log(1.04), math.inf]}).to_csv(per_group)
+    margins = read_margins(per_group)
+    assert rows(cell, margins, {})[0].endswith("| 0/4, 0/4 |")
+    assert rows(cell.assign(load=0.8), margins, {})[0].endswith("| 0/4, too few cells |")
+    per_model = tmp_path / "per_model.csv"
+    pd.DataFrame({"model": ["qwen3-0.6b"], "served_cells": [41],
+                  "conformal_margin": [math.log(1.06)]}).to_csv(per_model)
+    assert rows(cell, read_margins(per_model), {})[0].endswith("| 0/4, 4/4 |")
 
 
 @pytest.mark.parametrize(("text", "change", "host"), [
