@@ -1,9 +1,11 @@
 """The held-out cells of some tables as one markdown table: per model, GPU, cost model and load, the
 error of TTFT and TPOT P50/P90 (offline: throughput, TTFT P50, TPOT P50) with the engine's own
 spread between its repeats beside each, how many of the cell's metrics its prediction interval
-holds, and the same widened by the model's conformal margin for new workloads (merge.py's
-interval_margins.csv, harness.fidelity.conformal). --bound COST_MODEL=FRACTION marks whether every
-TTFT/TPOT P50/P90 of a load cell is within the bound. No GPU needed.
+holds, and the same widened by the conformal margin of its model, GPU and load for new workloads
+(merge.py's interval_margins.csv, harness.fidelity.conformal; a file of one margin per model, as
+merge.py wrote before, is read per model; an infinite margin says too few cells). --bound
+COST_MODEL=FRACTION marks whether every TTFT/TPOT P50/P90 of a load cell is within the bound. No
+GPU needed.
 
     python experiments/fidelity/cell_table.py experiments/fidelity/code_completion_h200/*/heldout_h200.csv \
         --bound carried=0.15 profiled=0.10
@@ -19,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from harness.convert import ConfigError
+from harness.fidelity.conformal import GROUP
 from harness.fidelity.report import PLOTTED
 from harness.scripting import one_line_errors
 
@@ -51,14 +54,34 @@ def _inside(cells: pd.DataFrame, margin: float) -> str:
         return ""
     lo, hi, engine = (bounded[c].astype(float) for c in ("sim_lo", "sim_hi", "engine"))
     plain = int(((lo <= engine) & (engine <= hi)).sum())
+    if np.isinf(margin):
+        return f"{plain}/{len(bounded)}, too few cells"
     if not np.isfinite(margin):
         return f"{plain}/{len(bounded)}"
     widened = int(((lo * np.exp(-margin) <= engine) & (engine <= hi * np.exp(margin))).sum())
     return f"{plain}/{len(bounded)}, {widened}/{len(bounded)}"
 
 
-def rows(table: pd.DataFrame, margins: dict[str, float], limits: dict[str, float]) -> list[str]:
-    """The markdown rows of the table's cells, one per model, GPU, cost model and load."""
+def read_margins(path: Path) -> dict[tuple[str, ...], float]:
+    """The conformal margins of interval_margins.csv keyed by the group columns it has (of model,
+    GPU and load; loads as the tables write them)."""
+    table = pd.read_csv(path, dtype={"load": str})
+    keys = [c for c in GROUP if c in table.columns]
+    if "model" not in keys or "conformal_margin" not in table.columns:
+        raise ConfigError(f"--margins: {path} needs columns model and conformal_margin, has {list(table.columns)}")
+    return {tuple(str(v) for v in row[keys]): float(row["conformal_margin"]) for _, row in table.iterrows()}
+
+
+def _margin_of(margins: dict[tuple[str, ...], float], model: str, hardware: str, load: str) -> float:
+    for key in ((model, hardware, load), (model,)):
+        if key in margins:
+            return margins[key]
+    return float("nan")
+
+
+def rows(table: pd.DataFrame, margins: dict[tuple[str, ...], float], limits: dict[str, float]) -> list[str]:
+    """The markdown rows of the table's cells, one per model, GPU, cost model and load; margins keyed
+    by (model, GPU, load) or by (model,)."""
     out = []
     table = table.assign(load=table["load"].astype(str))
     for (model, hardware, cost_model, load), cell in table.groupby(["model", "hardware", "cost_model", "load"],
@@ -73,7 +96,7 @@ def rows(table: pd.DataFrame, margins: dict[str, float], limits: dict[str, float
             met = "yes" if bool((by_metric.loc[list(PLOTTED), "err"].abs() <= limit).all()) else "no"
         bounded = cell[cell["metric"].isin(metrics)]
         out.append(f"| {model} | {hardware} | {cost_model} | {load} | " + " | ".join(shown)
-                   + f" | {met} | {_inside(bounded, margins.get(model, float('nan')))} |")
+                   + f" | {met} | {_inside(bounded, _margin_of(margins, model, hardware, load))} |")
     return out
 
 
@@ -82,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tables", nargs="+", type=Path, help="held-out tables (heldout.csv's columns)")
     parser.add_argument("--bound", nargs="*", default=[], help="COST_MODEL=FRACTION: the target of a cost model")
     parser.add_argument("--margins", type=Path, default=HERE / "interval_margins.csv",
-                        help="conformal margins per model (merge.py's interval_margins.csv)")
+                        help="conformal margins per model, GPU and load (merge.py's interval_margins.csv)")
     parser.add_argument("--cost-models", default=None, help="comma-separated cost models to show (default: all)")
     args = parser.parse_args(argv)
 
@@ -91,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         table = pd.concat([pd.read_csv(path) for path in args.tables], ignore_index=True)
         if args.cost_models:
             table = table[table["cost_model"].isin(args.cost_models.split(","))]
-        margins = pd.read_csv(args.margins).set_index("model")["conformal_margin"].to_dict()
+        margins = read_margins(args.margins)
         print("| model | GPU | cost model | load | " + " | ".join(HEADER)
               + " | within bound | in interval (90%, conformal) |")
         print("|---|---|---|---|---|---|---|---|---|---|")

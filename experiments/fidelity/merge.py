@@ -1,7 +1,9 @@
 """Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
-with heldout_<model>.png per model, coverage.csv, targets.csv (cells within 10%) and
-interval_margins.csv (the conformal margin per model from every class, harness.fidelity.conformal,
-for intervals of new workloads). No GPU needed.
+with heldout_<model>.png per model, coverage.csv and coverage.png (per model, GPU and load: the cells
+inside the propagated and the conformalised interval), targets.csv (cells within 10%) and
+interval_margins.csv (the conformal margin per model, GPU and load from every class,
+harness.fidelity.conformal, for intervals of new workloads; inf where a group has too few cells).
+No GPU needed.
 The schedules.csv found beside any of the tables (harness.fidelity.schedules) are merged the same
 way into schedules.csv; tables without one (calls from before it existed) are merged as before.
 
@@ -28,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fidelity.conformal import margins
-from harness.fidelity.report import LOAD_METRICS, coverage_table, merge, plot_heldout, pool, target_table
+from harness.fidelity.report import LOAD_METRICS, coverage_table, merge, plot_coverage, plot_heldout, pool, target_table
 from harness.fidelity.schedules import merge_schedules
 from harness.scripting import one_line_errors
 
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         target_table(table).to_csv(args.out / "targets.csv", index=False)
         coverage = coverage_table(table)
         coverage.to_csv(args.out / "coverage.csv", index=False)
+        plot_coverage(coverage, args.out / "coverage.png")
         bounded = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)
                         & table["in_interval"].notna()]
         margins(bounded).to_csv(args.out / "interval_margins.csv", index=False)

@@ -1,22 +1,29 @@
-"""Prediction intervals calibrated on the held-out table: split-conformal margins, held out by class.
+"""Prediction intervals calibrated on the held-out table: group-conditional (Mondrian) split-conformal
+margins, each class held out of its own.
 
 NOTE: sim.interval propagates three error sources through the simulation; on the held-out table
-that holds 90% of cells pooled, not in every model-and-load group (Qwen3-8B at 50% load: 31 of
-36), because what it leaves out (a model's bias on one kind of traffic, queueing at a load) is
-shared by a class's cells. A conformalised interval (Romano et al., "Conformalized Quantile
-Regression", 2019) widens each interval in log space by a margin learnt from served cells:
-- a cell's score is how far, as a log ratio, the engine's value lies outside [lo, hi]
-  (s = max(ln(engine / hi), ln(lo / engine)); negative inside);
-- the calibration unit is a served cell (one class at one load on one GPU): its metrics come from
-  the same runs and miss together, so a unit scores its worst metric;
-- a model's margin is the ceil((K + 1) level)-th smallest of its K unit scores (the largest where
-  that exceeds K), never below 0 (an interval is only widened); the widened interval is
-  [lo e^-m, hi e^m].
-Scores are pooled over a model's GPUs and loads: one group (a GPU and a load) holds 3-6 classes,
-too few units for a 90% quantile, and a class's misses are its own (the H200's two misses at 50%
-load are both conversation's). Held out by class: a cell's margin comes from the model's units of
-the other workload classes (leave_one_class_out), so the coverage reported for a class is of
-intervals that never saw it; margins() takes every class, for intervals of new workloads.
+that holds 90% of cells pooled, not in every model-and-load group, because what it leaves out (a
+model's bias on one kind of traffic, queueing at a load) is shared by a group's cells. A
+conformalised interval (Romano et al., "Conformalized Quantile Regression", 2019) widens each
+interval in log space by a margin learnt from served cells:
+- a cell (one metric of one class at one load on one GPU) scores how far, as a log ratio, the
+  engine's value lies outside [lo, hi] (s = max(ln(engine / hi), ln(lo / engine)); negative
+  inside); the score is measured from the propagated interval's edges, which already widen with
+  the simulator's own spread at a load;
+- margins are calibrated per group (GROUP: model, GPU and load; Vovk's Mondrian conformal
+  prediction), so the guarantee is per group, as the target asks, and a load or GPU whose errors
+  run larger does not borrow the narrower margins of the others;
+- a cell's margin comes from the cells of its group's other workload classes only
+  (leave_one_class_out): neither the cell nor any metric of its class, which come from the same
+  runs, calibrates its interval;
+- the margin of K calibration scores is the ceil((K + 1) level)-th smallest, never below 0 (an
+  interval is only widened); where that rank exceeds K (K < 9 at 90%) no finite margin carries the
+  guarantee, the margin is infinite and the cell is flagged as too few cells (in_interval_conformal
+  NaN), never counted as covered. The widened interval is [lo e^-m, hi e^m].
+The guarantee (coverage at least `level` in expectation) holds where the group's cells are
+exchangeable. A group's cells of one class share its runs and its model error, so the cells are
+not independent; with classes as the exchangeable units the same rank rule would need at least 9
+other classes in a group, which the protocol's 1-7 classes a group do not have.
 """
 
 from __future__ import annotations
@@ -26,8 +33,7 @@ import math
 import numpy as np
 import pandas as pd
 
-POOL = ["model"]  # the cells whose scores set a margin
-UNIT = ["workload", "hardware", "load"]  # a served cell: its metrics' worst score
+GROUP = ["model", "hardware", "load"]  # one margin per group: the cells whose scores calibrate it
 LEVEL = 0.9
 
 
@@ -40,46 +46,63 @@ def scores(table: pd.DataFrame) -> pd.Series:
     return score.where(valid)
 
 
+def rank(count: int, level: float = LEVEL) -> int:
+    """The finite-sample conformal rank ceil((count + 1) level) (1-based); above count, no finite
+    margin holds the level. The small tolerance keeps (9 + 1) x 0.9 at 9, not 10, in floating point."""
+    return math.ceil((count + 1) * level - 1e-9)
+
+
+def fewest_cells(level: float = LEVEL) -> int:
+    """The fewest calibration scores that give a finite margin at this level (9 at 90%)."""
+    count = 0
+    while rank(count, level) > count:
+        count += 1
+    return count
+
+
 def margin(calibration: np.ndarray, level: float = LEVEL) -> float:
-    """The split-conformal margin of these scores: their ceil((K + 1) level)-th smallest (the
-    largest where that exceeds K), at least 0; NaN without scores."""
+    """The split-conformal margin of these scores: their ceil((K + 1) level)-th smallest, at least
+    0; infinite where that rank exceeds K (too few scores for the level, none included)."""
     values = np.sort(calibration[np.isfinite(calibration)])
-    if not len(values):
-        return math.nan
-    k = min(math.ceil((len(values) + 1) * level), len(values))
+    k = rank(len(values), level)
+    if k > len(values):
+        return math.inf
     return max(0.0, float(values[k - 1]))
 
 
-def unit_scores(table: pd.DataFrame) -> np.ndarray:
-    """The worst score of each served cell (UNIT) of the table."""
-    return table.assign(score=scores(table)).groupby(UNIT, sort=False)["score"].max().to_numpy()
-
-
 def leave_one_class_out(table: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
-    """table (cells with intervals: sim_lo, sim_hi, engine) with conformal_margin, sim_lo_conformal,
-    sim_hi_conformal and in_interval_conformal: each cell widened by the margin of its model's
-    served cells of the other workload classes."""
-    out = table.assign(conformal_margin=np.nan)
-    for _, pool in out.groupby(POOL, sort=False):
-        for workload in pool["workload"].unique():
-            mine = pool["workload"] == workload
-            out.loc[pool.index[mine], "conformal_margin"] = margin(unit_scores(pool[~mine]), level)
-    return _widened(out)
+    """table (cells with intervals: sim_lo, sim_hi, engine) with calibration_cells, conformal_margin,
+    sim_lo_conformal, sim_hi_conformal and in_interval_conformal: each cell widened by the margin of
+    its group's cells of the other workload classes (NaN in_interval_conformal where too few)."""
+    score = scores(table).to_numpy(dtype=float)
+    workload = table["workload"].to_numpy()
+    margins_out = np.full(len(table), np.nan)
+    counts = np.zeros(len(table), dtype=int)
+    for rows in table.groupby(GROUP, sort=False).indices.values():
+        for name in pd.unique(workload[rows]):
+            mine = workload[rows] == name
+            calibration = score[rows[~mine]]
+            margins_out[rows[mine]] = margin(calibration, level)
+            counts[rows[mine]] = int(np.isfinite(calibration).sum())
+    return _widened(table.assign(calibration_cells=counts, conformal_margin=margins_out))
 
 
 def margins(table: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
-    """Per model, the margin from every served cell (for intervals of new workloads) and their count."""
+    """Per group, the margin from every class's cells (for intervals of new workloads) and their
+    count; infinite where the group has too few cells."""
     rows = []
-    for key, part in table.groupby(POOL, sort=False):
-        units = unit_scores(part)
-        rows.append({**dict(zip(POOL, key)), "served_cells": len(units), "conformal_margin": margin(units, level)})
-    return pd.DataFrame(rows)
+    for key, part in table.groupby(GROUP, sort=False):
+        calibration = scores(part).to_numpy(dtype=float)
+        rows.append({**dict(zip(GROUP, key)), "calibration_cells": int(np.isfinite(calibration).sum()),
+                     "conformal_margin": margin(calibration, level)})
+    return pd.DataFrame(rows, columns=[*GROUP, "calibration_cells", "conformal_margin"])
 
 
 def _widened(table: pd.DataFrame) -> pd.DataFrame:
-    factor = np.exp(table["conformal_margin"].astype(float))
+    m = table["conformal_margin"].astype(float)
+    factor = np.exp(m)
     lo, hi = table["sim_lo"].astype(float) / factor, table["sim_hi"].astype(float) * factor
     engine = table["engine"].astype(float)
-    known = lo.notna() & hi.notna() & engine.notna()
+    known = lo.notna() & hi.notna() & engine.notna() & np.isfinite(m)
     return table.assign(sim_lo_conformal=lo, sim_hi_conformal=hi,
                         in_interval_conformal=((lo <= engine) & (engine <= hi)).where(known))

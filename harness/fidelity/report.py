@@ -136,11 +136,13 @@ def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per model and load: cells with an interval, the share holding the engine's value, and the
+    """Per model, GPU and load: cells with an interval, the share holding the engine's value, and the
     profiled model's median |err| on the latency percentiles (the README's table); a last row
     "all" pools every cell of the table. Where the table has the intervals' bounds, also the share
-    inside the conformalised interval held out by class (harness.fidelity.conformal) and the
-    group's median margin."""
+    inside the conformalised interval (harness.fidelity.conformal: calibrated per group, each class
+    held out of its own) over the cells whose group had enough other cells, the fewest calibration
+    cells a cell of the group had, how many cells had too few (an infinite margin: no coverage is
+    claimed for them) and the group's median margin."""
     profiled = table[(table["cost_model"] == "profiled") & table["metric"].isin(LOAD_METRICS)]
     if {"sim_lo", "sim_hi", "engine"} <= set(profiled.columns) and profiled["in_interval"].notna().any():
         from harness.fidelity.conformal import leave_one_class_out
@@ -156,10 +158,39 @@ def coverage_table(table: pd.DataFrame) -> pd.DataFrame:
                "median_engine_spread": float(part["engine_spread"].median())}
         if "in_interval_conformal" in part.columns:
             inside = part["in_interval_conformal"].dropna()
+            margin = part["conformal_margin"].dropna()
             row["in_interval_conformal"] = float(inside.astype(bool).mean()) if len(inside) else float("nan")
-            row["conformal_margin"] = float(part["conformal_margin"].median())
+            row["calibration_cells"] = int(part["calibration_cells"].dropna().min()) if len(margin) else 0
+            row["too_few_cells"] = int(np.isinf(margin).sum())
+            row["conformal_margin"] = float(margin.median()) if len(margin) else float("nan")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def plot_coverage(coverage: pd.DataFrame, path: Path, level: float = 0.9) -> None:
+    """Per model, GPU and load: the share of cells inside the propagated interval and inside the
+    conformalised one, the level as a line; a group with too few calibration cells is marked."""
+    from matplotlib.figure import Figure
+
+    groups = coverage[coverage["model"] != "all"].reset_index(drop=True)
+    labels = [f"{m}\n{h.split('-')[0]} {load}"
+              for m, h, load in zip(groups["model"], groups["hardware"], groups["load"])]
+    x = np.arange(len(groups))
+    fig = Figure(figsize=(max(6.0, 0.75 * len(groups)), 4.6), layout="constrained")
+    ax = fig.subplots()
+    ax.bar(x - 0.2, 100 * groups["in_interval"], 0.4, label="propagated interval (sim.interval)")
+    if "in_interval_conformal" in groups.columns:
+        ax.bar(x + 0.2, 100 * groups["in_interval_conformal"].fillna(0), 0.4,
+               label="conformal, per group, class held out")
+        for i in np.flatnonzero(groups["too_few_cells"].to_numpy() > 0):
+            ax.text(x[i] + 0.2, 2, "too few\ncells", ha="center", fontsize=6, rotation=90)
+    ax.axhline(100 * level, color="black", lw=0.8, ls="--", label=f"{100 * level:.0f}% asked")
+    ax.set_xticks(x, labels, fontsize=6)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("cells inside the interval (%)")
+    ax.set_title("Held-out cells inside their 90% interval, per model, GPU and load", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    fig.savefig(path, dpi=110)
 
 
 def target_table(table: pd.DataFrame, loads=("0.5", "0.8"), bound: float = 0.10) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from experiments.fidelity.cell_table import rows
+from experiments.fidelity.cell_table import read_margins, rows
 from experiments.fidelity.price_sensitivity import parse_variant
 from experiments.fidelity.resimulate import main as resimulate
 from harness.convert import ConfigError
@@ -28,10 +28,21 @@ def test_a_cell_meets_its_bound_only_when_every_percentile_does():
     assert "-15.1% (2.0%)" in missed
 
 
-def test_the_conformal_margin_widens_the_interval_in_log_space():
+def test_the_conformal_margin_widens_the_interval_in_log_space(tmp_path):
     # the engine (1.0) lies 5% above hi: outside, and inside once widened by a margin of ln(1.06)
-    line = rows(_cell([0.0] * 4, 0.9, 1 / 1.05), {"qwen3-0.6b": math.log(1.06)}, {})[0]
-    assert line.endswith("| 0/4, 4/4 |")
+    cell = _cell([0.0] * 4, 0.9, 1 / 1.05)
+    assert rows(cell, {("qwen3-0.6b",): math.log(1.06)}, {})[0].endswith("| 0/4, 4/4 |")
+    # margins per model, GPU and load (merge.py's file) take the cell's own group; inf: too few cells
+    per_group = tmp_path / "margins.csv"
+    pd.DataFrame({"model": "qwen3-0.6b", "hardware": "H200-SXM-141GB", "load": ["0.5", "0.8"],
+                  "calibration_cells": [18, 6], "conformal_margin": [math.log(1.04), math.inf]}).to_csv(per_group)
+    margins = read_margins(per_group)
+    assert rows(cell, margins, {})[0].endswith("| 0/4, 0/4 |")
+    assert rows(cell.assign(load=0.8), margins, {})[0].endswith("| 0/4, too few cells |")
+    per_model = tmp_path / "per_model.csv"
+    pd.DataFrame({"model": ["qwen3-0.6b"], "served_cells": [41],
+                  "conformal_margin": [math.log(1.06)]}).to_csv(per_model)
+    assert rows(cell, read_margins(per_model), {})[0].endswith("| 0/4, 4/4 |")
 
 
 @pytest.mark.parametrize(("text", "change", "host"), [
@@ -54,3 +65,18 @@ def test_resimulate_wants_a_profile_for_profiled_and_none_for_the_roofline(tmp_p
     assert resimulate([str(tmp_path / "t.csv"), *common]) == 2
     assert resimulate([str(tmp_path / "t.csv"), "p.csv", "--cost-model", "roofline", *common]) == 2
     assert capsys.readouterr().err.count("error: profile:") == 2
+
+
+def test_coverage_misses_name_the_classes_outside_and_skip_groups_with_too_few_cells():
+    from experiments.fidelity.coverage_misses import misses, spreads
+
+    def cell(workload: str, engine: float, load: str) -> dict:
+        return {"model": "m", "hardware": "h", "workload": workload, "load": load, "metric": "ttft_p50_s",
+                "engine": engine, "sim": 1.0, "sim_lo": 0.9, "sim_hi": 1.1}
+
+    rows = [cell("odd", 1.5, "0.5")] + [cell(f"c{i}", 1.0, "0.5") for i in range(10)]
+    rows += [cell(f"c{i}", 2.0, "0.8") for i in range(3)]  # too few: no claim, so no miss listed
+    table = pd.DataFrame(rows)
+    found = misses(table).reset_index()
+    assert list(found["workload"]) == ["odd"] and list(found["load"]) == ["0.5"]
+    assert spreads(table).loc[("m", "h", "0.8"), "classes"] == 3

@@ -3,6 +3,7 @@ merge, and the offline schedule comparison (schedules.csv) with its merge."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -86,6 +87,19 @@ def test_coverage_pools_every_cell_with_an_interval_in_its_last_row():
     assert list(table["in_interval"][:-1]) == [0.5, 1.0]
 
 
+def test_coverage_is_claimed_only_for_groups_with_enough_calibration_cells():
+    """Per model, GPU and load: ten one-metric classes at 0.5 (nine calibration cells each, the
+    fewest for 90%) and three at 0.8 (two each: too few, flagged, no share claimed)."""
+    rows = [{"model": "m", "hardware": "h", "workload": f"c{i}", "cost_model": "profiled", "load": load,
+             "metric": "ttft_p50_s", "engine": 1.0, "sim": 1.0, "sim_lo": 0.9, "sim_hi": 1.1, "err": 0.0,
+             "engine_spread": 0.0, "in_interval": True} for load, n in (("0.5", 10), ("0.8", 3)) for i in range(n)]
+    table = coverage_table(pd.DataFrame(rows)).set_index("load")
+    assert table.loc["0.5", "in_interval_conformal"] == 1.0 and table.loc["0.5", "calibration_cells"] == 9
+    assert table.loc["0.5", "too_few_cells"] == 0
+    assert math.isnan(table.loc["0.8", "in_interval_conformal"]) and table.loc["0.8", "too_few_cells"] == 3
+    assert table.loc["0.8", "calibration_cells"] == 2 and table.loc["all", "too_few_cells"] == 3
+
+
 def _steps(hashes: str, preempted: str | None = None) -> pd.DataFrame:
     """A recorded step table of one letter per step's schedule hash."""
     flags = [int(c) for c in (preempted or "0" * len(hashes))]
@@ -148,7 +162,7 @@ def test_merge_script_merges_the_schedules_beside_the_tables(tmp_path, capsys):
     merged = pd.read_csv(tmp_path / "out" / "schedules.csv").set_index("engine_repeat")
     assert len(merged) == 2 and not merged.loc[0, "schedule_identical"] and merged.loc[1, "schedule_identical"]
     assert "schedules: 1 of 2 offline comparisons identical" in capsys.readouterr().out
-    plots = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    plots = sorted(p.name for p in (tmp_path / "out").glob("heldout_*.png"))
     assert plots == [f"heldout_qwen3-0.6b_{row['hardware']}.png"]
     pd.DataFrame([row]).drop(columns=["sim_steps"]).to_csv(calls[0] / "schedules.csv", index=False)
     assert main([str(calls[0] / "heldout.csv"), "--out", str(tmp_path / "out")]) == 2
