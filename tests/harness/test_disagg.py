@@ -93,7 +93,7 @@ def test_an_engine_fleet_of_two_tp_sizes_moves_the_whole_kv_of_each_request(tmp_
 
 
 def test_an_engine_fleet_with_a_tp_size_that_does_not_split_the_heads_is_one_line(tmp_path, tiny_checkpoint):
-    with pytest.raises(ConfigError, match=r"fleet.decode.tp_size: TP size 3 does not divide model.num_heads=4") as error:
+    with pytest.raises(ConfigError, match=r"fleet.decode.tp_size: TP size 3 does not divide model.num_heads") as error:
         run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
                                   "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=3"]), tmp_path)
     assert "\n" not in str(error.value)
