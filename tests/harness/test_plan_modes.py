@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
+import pytest
 
 from harness.study import run_study
 from tests.harness.conftest import compose_config
@@ -108,3 +109,11 @@ def test_the_planner_searches_pools_of_two_tp_sizes_and_picks_a_tp2_prefill_for_
     transfer = table.groupby(["prefill_tp", "decode_tp"])["transfer_p50_s"].first()
     assert transfer[1, 2] == transfer[1, 1] == transfer[2, 1]
     assert set(table["prefill_tp"]) == {1, 2} and set(table["decode_tp"]) == {1, 2}
+
+
+def test_a_disaggregated_search_that_meets_no_slo_names_its_nearest_pools_in_one_line(tmp_path):
+    from harness.convert import ConfigError
+
+    with pytest.raises(ConfigError, match=r"the nearest, \$9.00/h 1P x h100 TP 2 \+ 1D x h100 TP 1 ") as error:
+        run_study(compose_config([*SPACE, *MIXED_TP, "slo.ttft_p90_s=0.01"]), tmp_path)
+    assert "\n" not in str(error.value)
