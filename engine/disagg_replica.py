@@ -3,7 +3,8 @@ router's side and the messages).
 
 A prefill replica serves prefill copies (engine.core.disagg.PrefillReplica: the blocks of a copy
 that sampled its first token are held) and, told ("send_kv", (request id, decode rank)), copies
-the request's blocks out of its cache, starts sending them over the KV link and releases them,
+the request's blocks out of its cache, starts sending them over the KV link (each TP rank the
+pieces of its shard the head plan gives it: engine.core.kv_heads) and releases them,
 none of it waiting on its GPU (engine.kv_link.BlockMover);
 told ("release", request id), it releases them without a transfer.
 
@@ -64,7 +65,7 @@ def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bo
                 _forward(replica, "kv_send", (table, dst))
                 # the copy is taken (any later step on this device waits for it): the blocks may go
                 replica.release(rid, start)
-                conn.send(("sent", (rid, start, blocks.numel() * blocks.element_size())))
+                conn.send(("sent", (rid, start, link.request_bytes(blocks, dst))))
             elif kind == "release":
                 replica.release(payload, replica.clock.now())
             elif kind == "end":

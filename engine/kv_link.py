@@ -7,9 +7,12 @@ on CPU), not the default group: a replica's default group is its tensor-parallel
 torch matches the sends of one source with the receives posted for it in order, so each side
 posts them in the order the router ordered the transfers (engine.core.disagg_wall).
 
-A request's blocks travel as one tensor [num_layers, 2, num_blocks_of_request, block_size,
-num_kv_heads, head_dim]: the runner's cache (engine.runner: [num_layers, 2, num_blocks,
-block_size, num_kv_heads, head_dim]) indexed by the request's block table along dim 2.
+A request's blocks on one TP rank are one tensor [num_layers, 2, num_blocks_of_request,
+block_size, kv_heads, head_dim]: the runner's cache (engine.runner: [num_layers, 2, num_blocks,
+block_size, kv_heads, head_dim]) indexed by the request's block table along dim 2. Between
+replicas of two TP sizes the KV heads are regrouped (engine.core.kv_heads.reshard_plan): each
+source rank sends each destination rank the consecutive heads it owes it, one message a piece,
+and a destination rank puts its pieces side by side along the head dimension.
 """
 
 from __future__ import annotations
@@ -21,17 +24,43 @@ import torch
 import torch.distributed as dist
 
 from engine.core.disagg_wall import LinkSpec
+from engine.core.kv_heads import HeadPiece, reshard_plan
 from engine.tp.group import apply_safe_env
 
 
-class KVLink:
-    """This process's end of the link. Peers are named by replica index; a TP rank talks to the
-    same TP rank of the peer replica (LinkSpec)."""
+class Move:
+    """One request's KV to or from one peer replica: a point-to-point work a piece, with the
+    tensors it reads or fills (kept alive until it completes), and for a received piece that is
+    not the whole shard, the part of the staging tensor it goes into. Waits and polls like a
+    torch.distributed work."""
 
-    def __init__(self, spec: LinkSpec, device: torch.device) -> None:
+    def __init__(self) -> None:
+        self.parts: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work, _, _ in self.parts)
+
+    def wait(self) -> None:
+        """Once (a gloo work waited on twice never returns): every piece, then each into place
+        (queued on the current stream, which the wait ordered after the receive)."""
+        if self.done:
+            return
+        for work, buffer, target in self.parts:
+            work.wait()
+            if target is not None:
+                target.copy_(buffer)
+        self.done = True
+
+
+class KVLink:
+    """This process's end of the link. Peers are named by replica index; which TP ranks of the
+    peer this rank exchanges which KV heads with is the head plan's (LinkSpec)."""
+
+    def __init__(self, spec: LinkSpec, device: torch.device, num_kv_heads: int) -> None:
         apply_safe_env()
         timeout = datetime.timedelta(seconds=spec.timeout_s)
-        rank, size = spec.rank * spec.tp + spec.tp_rank, spec.size * spec.tp
+        rank, size = spec.link_rank(spec.rank, spec.tp_rank), spec.world_size
         self.store = dist.TCPStore("127.0.0.1", spec.port, size, is_master=rank == 0, timeout=timeout)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
@@ -39,21 +68,45 @@ class KVLink:
             self.group = dist.ProcessGroupNCCL(self.store, rank, size, options)
         else:
             self.group = dist.ProcessGroupGloo(self.store, rank, size, timeout=timeout)
-        self.rank, self.replicas, self.device = spec.rank, spec.size, device
+        self.spec, self.device, self.num_kv_heads = spec, device, num_kv_heads
+        self.rank, self.replicas = spec.rank, spec.size
         self.tp, self.tp_rank = spec.tp, spec.tp_rank
+        self._plans: dict[tuple[int, int], tuple[HeadPiece, ...]] = {}
 
-    def peer(self, replica: int) -> int:
-        return replica * self.tp + self.tp_rank
+    def plan(self, src: int, dst: int) -> tuple[HeadPiece, ...]:
+        """The pieces that move a request from replica src to replica dst, between all their ranks."""
+        key = (self.spec.tp_of(src), self.spec.tp_of(dst))
+        if key not in self._plans:
+            self._plans[key] = reshard_plan(self.num_kv_heads, *key)
+        return self._plans[key]
+
+    def sends_to(self, dst: int) -> list[HeadPiece]:
+        return [p for p in self.plan(self.rank, dst) if p.src == self.tp_rank]
+
+    def receives_from(self, src: int) -> list[HeadPiece]:
+        return [p for p in self.plan(src, self.rank) if p.dst == self.tp_rank]
+
+    def request_bytes(self, blocks: torch.Tensor, dst: int) -> int:
+        """Bytes a request moves to replica dst over all ranks, from this rank's blocks of it
+        (heads replicated on several decode ranks counted for each)."""
+        per_head = blocks.numel() // blocks.shape[-2] * blocks.element_size()
+        return per_head * sum(p.count for p in self.plan(self.rank, dst))
 
     def warm_up(self, num_prefill: int) -> None:
-        """One small message from every prefill replica to every decode replica (rank to rank),
-        so that no request's transfer pays for setting up a pair's connection (NCCL makes one
-        per pair on first use)."""
-        peers = range(num_prefill, self.replicas) if self.rank < num_prefill else range(num_prefill)
+        """One small message along every pair of ranks the plans use between prefill and decode
+        replicas, so that no request's transfer pays for setting up a pair's connection (NCCL
+        makes one per pair on first use, blocking both). Both sides go through their peers in
+        link rank order, so no two pairs wait on each other."""
+        sending = self.rank < num_prefill
+        if sending:
+            peers = [(dst, p.dst) for dst in range(num_prefill, self.replicas) for p in self.sends_to(dst)]
+        else:
+            peers = [(src, p.src) for src in range(num_prefill) for p in self.receives_from(src)]
         works = []
-        for peer in peers:
+        for replica, tp_rank in peers:
             token = torch.zeros(1, device=self.device)
-            works.append((self.send(token, peer) if self.rank < num_prefill else self.recv(token, peer), token))
+            peer = self.spec.link_rank(replica, tp_rank)
+            works.append((self.group.send([token], peer, 0) if sending else self.group.recv([token], peer, 0), token))
         for work, _ in works:
             work.wait()
 
@@ -68,14 +121,28 @@ class KVLink:
         work.wait()
         return True
 
-    def send(self, blocks: torch.Tensor, dst: int):
-        """Start sending a request's blocks to replica dst (a tensor the caller keeps alive until
-        the work completes)."""
-        return self.group.send([blocks], self.peer(dst), 0)
+    def send(self, blocks: torch.Tensor, dst: int) -> Move:
+        """Start sending this rank's blocks of a request to replica dst: each piece the plan has
+        this rank send (the Move keeps the tensors alive until it completes)."""
+        move = Move()
+        for piece in self.sends_to(dst):
+            heads = piece.local(self.num_kv_heads, self.tp, self.tp_rank)
+            part = blocks if heads == slice(0, blocks.shape[-2]) else blocks[..., heads, :].contiguous()
+            peer = self.spec.link_rank(dst, piece.dst)
+            move.parts.append((self.group.send([part], peer, 0), part, None))
+        return move
 
-    def recv(self, blocks: torch.Tensor, src: int):
-        """Start receiving a request's blocks from replica src into `blocks` (shaped as the sender's)."""
-        return self.group.recv([blocks], self.peer(src), 0)
+    def recv(self, staging: torch.Tensor, src: int) -> Move:
+        """Start receiving this rank's blocks of a request from replica src into `staging`
+        (staging_for: this rank's layout); staging is whole once the Move completed."""
+        move = Move()
+        for piece in self.receives_from(src):
+            heads = piece.local(self.num_kv_heads, self.tp, self.tp_rank)
+            target = None if heads == slice(0, staging.shape[-2]) else staging[..., heads, :]
+            buffer = staging if target is None else torch.empty_like(target, memory_format=torch.contiguous_format)
+            peer = self.spec.link_rank(src, piece.src)
+            move.parts.append((self.group.recv([buffer], peer, 0), buffer, target))
+        return move
 
 
 def block_index(block_table: list[int], device: torch.device) -> torch.Tensor:
@@ -110,9 +177,9 @@ class BlockMover:
         main.wait_stream(self.side)
         return blocks
 
-    def send(self, link: KVLink, blocks: torch.Tensor, dst: int):
+    def send(self, link: KVLink, blocks: torch.Tensor, dst: int) -> Move:
         """Start sending gathered blocks: after the gather, on its stream (the caller keeps blocks
-        alive until the work completes)."""
+        alive until the move completes; the pieces it cuts out of them live in the move)."""
         if self.side is None:
             return link.send(blocks, dst)
         with torch.cuda.stream(self.side):
@@ -140,22 +207,24 @@ def write_blocks(kv_cache: torch.Tensor, block_table: list[int], blocks: torch.T
 
 
 class WorkerShards:
-    """A tensor-parallel worker's part of its replica's transfers: its own KV shard, moved to or
-    from the same TP rank of the peer replica. Rank 0 forwards each of its own moves to its
+    """A tensor-parallel worker's part of its replica's transfers: the pieces of its KV shard the
+    head plan has it send to or receive from the peer replica's ranks. Rank 0 forwards each of its own moves to its
     workers (engine.disagg_replica) in its message order, so a gather is queued before any later
     step that reuses the blocks, and a receive is posted before any step that could read them.
     A received shard is written into the cache before the worker's next step, the device ordering
     that step after the receive; rank 0 schedules the request only once its own shard landed."""
 
-    def __init__(self, spec: LinkSpec, num_prefill: int, device: torch.device) -> None:
-        self.link = KVLink(spec, device)
+    def __init__(self, spec: LinkSpec, num_prefill: int, device: torch.device, num_kv_heads: int) -> None:
+        self.link = KVLink(spec, device, num_kv_heads)
         self.link.warm_up(num_prefill)
         self.mover = BlockMover(device)
-        self.sends: list[tuple[Any, torch.Tensor]] = []  # work, and the copy it sends (kept alive until done)
-        self.receiving: list[tuple[Any, torch.Tensor, list[int]]] = []
+        self.sends: list[tuple[Move, torch.Tensor]] = []  # move, and the copy it sends (kept alive until done)
+        self.receiving: list[tuple[Move, torch.Tensor, list[int]]] = []
 
     def send(self, kv_cache: torch.Tensor, block_table: list[int], dst: int) -> None:
         self._reap()
+        if not self.link.sends_to(dst):
+            return  # a replicated head another rank sends: nothing of this rank's is owed
         blocks = self.mover.gather(kv_cache, block_table)
         self.sends.append((self.mover.send(self.link, blocks, dst), blocks))
 

@@ -54,9 +54,9 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
         if spec.kv_link is not None:
             from engine.kv_link import KVLink
 
-            if executor.workers:  # each TP rank moves its own shard: the workers join the link too
+            if executor.workers:  # each TP rank moves its own shard's pieces: the workers join the link too
                 executor.workers.send("kv_link", (spec.kv_link, spec.num_prefill))
-            link = KVLink(spec.kv_link, executor.device)
+            link = KVLink(spec.kv_link, executor.device, executor.runner.shape.num_kv_heads)
             link.warm_up(spec.num_prefill)
             if executor.workers:
                 executor.workers.replies("kv_link")

@@ -64,17 +64,13 @@ class EngineReplicas:
             raise ValueError(f"initial={initial} replicas must be 1..{len(configs)} (all of a disaggregated fleet)")
         threads = max(1, (os.cpu_count() or 1) // len(configs))
         port = free_port() if num_prefill else 0
-        tps = {cfg.execution.tensor_parallel_size for cfg in configs}
-        if num_prefill and len(tps) != 1:
-            raise ValueError(f"a disaggregated fleet's replicas need one tensor_parallel_size (each TP rank moves "
-                             f"its KV shard to the same rank of the peer), got {sorted(tps)}")
-        tp = max(tps)
+        tps = tuple(cfg.execution.tensor_parallel_size for cfg in configs)
 
         def disagg(i: int) -> dict:
             if not num_prefill:
                 return {}
             return {"role": "prefill" if i < num_prefill else "decode", "num_prefill": num_prefill,
-                    "kv_link": LinkSpec(i, len(configs), port, REPLICA_TIMEOUT_S, tp)}
+                    "kv_link": LinkSpec(i, len(configs), port, REPLICA_TIMEOUT_S, tps)}
 
         self._specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads, **disagg(i))
                        for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]

@@ -1,10 +1,14 @@
 """The price of moving a request's prompt KV from a prefill replica to a decode replica.
 
 bytes = prompt tokens x the KV bytes per token the decode pool stores (all layers; per rank
-times its TP size, so KV heads replicated across ranks are sent to each). Each rank of the
-smaller TP group streams its share over its own link, so
+times its TP size, so KV heads replicated across ranks are sent to each). The KV heads move by
+the engine's plan (engine.core.kv_heads.reshard_plan: between two TP sizes each prefill rank
+sends each decode rank the heads it holds for it), every GPU over its own link, so the GPU that
+sends or receives the most heads sets the time; its share is 1 / min(tp_prefill, tp_decode) of
+the bytes, rounded up to whole heads (one KV head on 2 prefill ranks, replicated on 3 decode
+ranks: one prefill GPU sends it twice, 2/3 of the bytes):
 
-    transfer_s = latency + bytes / (min(tp_prefill, tp_decode) x bandwidth)
+    transfer_s = latency + bytes / (streams x bandwidth),  streams = heads moved / busiest GPU's heads
 
 with bandwidth the per-GPU, one-way figure of the link (hardware.nvlink_bandwidth inside a node,
 hardware.network_bandwidth between nodes; the slower GPU type's where pools differ) and latency
@@ -22,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.core.kv_heads import busiest_rank_heads, reshard_plan
 from sim.specs import HardwareSpec, ModelSpec
 
 LINKS = ("nvlink", "network")
@@ -71,6 +76,14 @@ def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: Hardware
     return figures[0], figures[1]
 
 
+def transfer_streams(num_kv_heads: int, prefill_tp: int, decode_tp: int) -> float:
+    """How many GPUs' links a transfer's bytes divide over: all heads moved over the busiest
+    GPU's (min(prefill_tp, decode_tp) wherever that comes out whole)."""
+    plan = reshard_plan(num_kv_heads, prefill_tp, decode_tp)
+    heads, busiest = sum(p.count for p in plan), busiest_rank_heads(plan)
+    return heads // busiest if heads % busiest == 0 else heads / busiest
+
+
 class KVTransferPricer:
     """engine.core.disagg_events.TransferPricer for pools of fixed TP sizes over one link kind."""
 
@@ -78,7 +91,7 @@ class KVTransferPricer:
                  prefill_tp: int, decode_tp: int) -> None:
         self.bandwidth, self.latency_s = link_figures(config, prefill, decode)
         self.bytes_per_token = model.kv_bytes_per_token_per_rank(decode_tp) * decode_tp
-        self.streams = min(prefill_tp, decode_tp)
+        self.streams = transfer_streams(model.num_kv_heads, prefill_tp, decode_tp)
         self.num_layers = model.num_layers
         self.layerwise = config.layerwise
 

@@ -41,15 +41,35 @@ from engine.core.routers import Router
 @dataclass(frozen=True)
 class LinkSpec:
     """A disaggregated fleet replica's place on the KV link (engine.kv_link). Every TP rank of
-    every replica joins the link (process rank * tp + tp_rank) and moves its own KV shard to the
-    same TP rank of the peer replica, so both pools run one TP size."""
+    every replica joins the link, numbered replica by replica (link_rank). A request's KV moves
+    from the prefill replica's TP ranks to the decode replica's by engine.core.kv_heads's plan:
+    rank to same rank between pools of one TP size, KV heads regrouped between two sizes."""
 
     rank: int  # the replica: prefill replicas first, then decode replicas
     size: int  # replicas
     port: int
     timeout_s: float
-    tp: int = 1  # every replica's TP size
+    tps: tuple[int, ...] = ()  # each replica's TP size (empty: 1 each)
     tp_rank: int = 0  # this process's rank within its replica
+
+    def __post_init__(self) -> None:
+        if self.tps and (len(self.tps) != self.size or min(self.tps) < 1):
+            raise ValueError(f"LinkSpec.tps must give each of the {self.size} replicas a TP size >= 1, got {self.tps}")
+
+    def tp_of(self, replica: int) -> int:
+        return self.tps[replica] if self.tps else 1
+
+    @property
+    def tp(self) -> int:
+        return self.tp_of(self.rank)
+
+    def link_rank(self, replica: int, tp_rank: int) -> int:
+        """The link's process rank of a replica's TP rank."""
+        return sum(self.tp_of(i) for i in range(replica)) + tp_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.link_rank(self.size, 0)
 
 
 class _Router:

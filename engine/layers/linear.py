@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core.kv_heads import kv_heads_held
 from engine.layers.parallel import TensorParallel
 
 ShardId = str | int | tuple[int, int] | None  # tuple: (expert, gate 0 | up 1) of stacked experts
@@ -105,13 +106,11 @@ class QKVParallelLinear(_ColumnParallel):
         tp = tp or TensorParallel()
         heads = tp.split(num_heads, "num_attention_heads")
         if num_kv_heads >= tp.size:
-            kv_heads = tp.split(num_kv_heads, "num_key_value_heads")
-            kv_first = tp.rank * kv_heads
-        else:
-            if tp.size % num_kv_heads:
-                raise ValueError(f"tp_size={tp.size} must be a multiple of num_key_value_heads={num_kv_heads}")
-            kv_heads = 1
-            kv_first = tp.rank // (tp.size // num_kv_heads)
+            tp.split(num_kv_heads, "num_key_value_heads")
+        elif tp.size % num_kv_heads:
+            raise ValueError(f"tp_size={tp.size} must be a multiple of num_key_value_heads={num_kv_heads}")
+        held = kv_heads_held(num_kv_heads, tp.size, tp.rank)  # the KV link regroups heads by this rule
+        kv_heads, kv_first = len(held), held.start
         q, kv = heads * head_dim, kv_heads * head_dim
         shards = {
             "q": (num_heads * head_dim, tp.rank * q, q, 0),

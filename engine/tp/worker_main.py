@@ -69,7 +69,8 @@ def _answer(runner, conn, kind: str, payload, state: dict) -> None:
         from engine.kv_link import WorkerShards
 
         link, num_prefill = payload
-        state["shards"] = WorkerShards(dataclasses.replace(link, tp_rank=state["tp_rank"]), num_prefill, runner.device)
+        state["shards"] = WorkerShards(dataclasses.replace(link, tp_rank=state["tp_rank"]), num_prefill, runner.device,
+                                       runner.shape.num_kv_heads)
         conn.send(("ok", None))
     elif kind == "profile":
         conn.send(("ok", runner.determine_num_blocks(graph_reserve=payload)))

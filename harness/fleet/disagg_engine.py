@@ -42,11 +42,7 @@ def engine_disagg_server(rc: RunConfig, fleet, router: RouterConfig, pools, step
     from harness.checkpoints import ensure_checkpoint
     from harness.labels import run_identity
 
-    tps = [backend_tp_size(p) for p in pools]
-    if tps[0] != tps[1]:
-        # each TP rank sends its KV shard to the same rank of the peer replica (engine.kv_link)
-        raise ConfigError(f"fleet=disaggregated with backend=engine needs one TP size for both pools, got prefill TP "
-                          f"{tps[0]} and decode TP {tps[1]}: set fleet.prefill.tp_size and fleet.decode.tp_size alike")
+    tps = [backend_tp_size(p) for p in pools]  # two sizes regroup KV heads on the link (engine.core.kv_heads)
     counts = (fleet.prefill_replicas, fleet.decode_replicas)
     ensure_checkpoint(rc.engine.model, rc.model)
     configs = [pools[0].engine] * counts[0] + [pools[1].engine] * counts[1]
@@ -69,7 +65,8 @@ def engine_disagg_server(rc: RunConfig, fleet, router: RouterConfig, pools, step
                                      rc.scheduler.max_model_len)
             wall_s = time.perf_counter() - started
             shape = FleetLabels(router=f"{fleet.prefill_router or router.name} / {fleet.decode_router or router.name}",
-                                replicas=sum(counts), tp_sizes=f"{tps[0]}P {tps[1]}D", gpus=sum(counts) * tps[0])
+                                replicas=sum(counts), tp_sizes=f"{tps[0]}P {tps[1]}D",
+                                gpus=counts[0] * tps[0] + counts[1] * tps[1])
             labels = RunLabels(backend=rc.backend, **run_identity(replace(rc, workload=workload)),
                                num_submitted=len(built.requests), num_rejected=len(result.rejected),
                                fit=FitCounts(**built.fit_counts()), wall_s=wall_s, fleet=shape)

@@ -25,6 +25,7 @@ from harness.convert import ConfigError
 from harness.fleet.disagg import run_disagg_once
 from harness.fleet.disagg_config import DisaggConfig, PoolConfig
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
+from harness.plan.report import pools_text
 from harness.run import cyclic_gc_paused
 from harness.workloads import fit_warnings_muted
 from sim.kv_transfer import TransferConfig
@@ -172,11 +173,6 @@ def compare_modes(aggregated: pd.DataFrame, plan, base, slo, title: str, out_dir
 
 
 def describe(row: pd.Series) -> str:
-    """One deployment of either mode in words (pool sizes as ints, however the table's dtypes came out)."""
-    if row["mode"] == "disaggregated":
-        pools = (f"{int(row['prefill_replicas'])}P x {row['prefill_hardware']} TP {int(row['prefill_tp'])} + "
-                 f"{int(row['decode_replicas'])}D x {row['decode_hardware']} TP {int(row['decode_tp'])}")
-    else:
-        pools = f"{int(row['replicas'])} x {row['hardware']} TP {int(row['tp_size'])}"
-    return (f"{pools} ({int(row['gpus'])} GPUs), policy {row['policy']}, router {row['router']}: "
+    """One deployment of either mode in words."""
+    return (f"{pools_text(row)} ({int(row['gpus'])} GPUs), policy {row['policy']}, router {row['router']}: "
             f"P90 TTFT {row['ttft_p90_s']:.3f} s, P90 TPOT {row['tpot_p90_s']:.4f} s")

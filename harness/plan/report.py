@@ -88,8 +88,17 @@ def nearest_lines(table: pd.DataFrame, slo, count: int) -> tuple[list[str], str]
     return lines, error
 
 
+def pools_text(row: pd.Series) -> str:
+    """A plan.csv row's replicas in words, either mode (pool sizes as ints, however the table's
+    dtypes came out; a disaggregated row's pools may differ in GPU type and TP size)."""
+    if row.get("mode") == "disaggregated":
+        return (f"{int(row['prefill_replicas'])}P x {row['prefill_hardware']} TP {int(row['prefill_tp'])} + "
+                f"{int(row['decode_replicas'])}D x {row['decode_hardware']} TP {int(row['decode_tp'])}")
+    return f"{int(row['replicas'])} x {row['hardware']} TP {int(row['tp_size'])}"
+
+
 def _describe(row: pd.Series) -> str:
-    return (f"${row['cost_per_hour']:.2f}/h {int(row['replicas'])} x {row['hardware']} TP {int(row['tp_size'])} "
+    return (f"${row['cost_per_hour']:.2f}/h {pools_text(row)} "
             f"({row['policy']}, {row['router']}, {int(row['max_num_seqs'])} seqs, "
             f"{int(row['max_num_batched_tokens'])} batched tokens)")
 

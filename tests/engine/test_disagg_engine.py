@@ -97,13 +97,51 @@ def test_tp2_pools_move_each_ranks_kv_shard_and_give_the_tp2_engines_tokens(tiny
     assert sum(t.decode == 0 for t in result.transfers.values()) == 5
 
 
-def test_pools_of_two_tp_sizes_are_refused_before_any_process_starts(tiny_qwen3_dir):
+def _served(configs, requests):
+    from engine.replicas import EngineReplicas
+
+    with EngineReplicas(configs, SCHEDULER, CACHE, num_prefill=1) as engines:
+        clock = WallClock()
+        engines.start_run(clock)
+        routers = [make_router(RouterConfig("round_robin"), CACHE.block_size) for _ in range(2)]
+        return run_disagg_wall(engines, 1, requests, *routers, clock, SCHEDULER.max_model_len)
+
+
+def _aggregated(model_dir, requests, tp: int) -> dict[str, list[int]]:
+    from engine import LLM
+
+    llm = LLM(model_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len,
+              tensor_parallel_size=tp)
+    try:
+        outputs = llm.generate([r.prompt_token_ids for r in requests], [r.sampling_params for r in requests],
+                               use_tqdm=False)
+    finally:
+        llm.shutdown()
+    return {r.request_id: out.token_ids for r, out in zip(requests, outputs)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefill_tp, decode_tp", [(1, 2), (2, 1)])
+def test_pools_of_two_tp_sizes_regroup_kv_heads_and_give_the_aggregated_engines_tokens(tiny_qwen3_dir, prefill_tp,
+                                                                                      decode_tp):
+    """A TP 1 replica and a TP 2 replica (3 processes on gloo): tiny-qwen3's two KV heads are split
+    over the decode ranks, or joined from the prefill ranks (engine.core.kv_heads). Greedy
+    float32 tokens equal the aggregated engine's at either TP size, which they could not were a
+    head missing, misplaced or taken from the wrong rank."""
     from dataclasses import replace
 
     from engine.core.config import ExecutionConfig
-    from engine.replicas import EngineReplicas
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
-    tp2 = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
-    with pytest.raises(ValueError, match="one tensor_parallel_size"):
-        EngineReplicas([config, tp2], SCHEDULER, CACHE, num_prefill=1)
+    configs = [replace(config, execution=ExecutionConfig(tensor_parallel_size=tp)) for tp in (prefill_tp, decode_tp)]
+    result = _served(configs, _requests(6))
+    served = {r.request_id: r.output_token_ids for r in result.requests}
+    assert served == _aggregated(tiny_qwen3_dir, _requests(6), 1) == _aggregated(tiny_qwen3_dir, _requests(6), 2)
+    moved = [t for t in result.transfers.values() if t.decode == 0]
+    assert len(moved) == 5 and all(t.transfer_s > 0 for t in moved)
+    # the whole request's KV (both heads) is reported, whichever ranks sent it
+    decoded = {r.request_id: r for r in result.requests}
+    per_block = 2 * 2 * CACHE.block_size * 2 * 16 * 4  # layers x K/V x block x kv heads x head_dim x 4 bytes
+    for rid, t in result.transfers.items():
+        if t.decode == 0:
+            assert t.bytes == -(-decoded[rid].num_prompt_tokens // CACHE.block_size) * per_block

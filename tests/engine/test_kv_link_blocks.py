@@ -44,7 +44,7 @@ def _links(port: int):
     links: dict[int, object] = {}
 
     def make(rank: int) -> None:
-        links[rank] = KVLink(LinkSpec(rank, 2, port, 60.0), torch.device("cpu"))
+        links[rank] = KVLink(LinkSpec(rank, 2, port, 60.0), torch.device("cpu"), 2)
 
     threads = [threading.Thread(target=make, args=(rank,)) for rank in (0, 1)]
     for t in threads:
@@ -98,9 +98,9 @@ def _tp2_link(executor, replica: int):
     """Rank 0's end of a TP 2 replica's link, its worker joined too (as engine.replica_main does)."""
     from engine.kv_link import KVLink
 
-    spec = LinkSpec(replica, 2, PORT_OF[0], 60.0, tp=2)
+    spec = LinkSpec(replica, 2, PORT_OF[0], 60.0, tps=(2, 2))
     executor.workers.send("kv_link", (spec, 1))
-    link = KVLink(spec, torch.device("cpu"))
+    link = KVLink(spec, torch.device("cpu"), executor.runner.shape.num_kv_heads)
     link.warm_up(1)
     executor.workers.replies("kv_link")
     return link

@@ -84,7 +84,7 @@ def test_nccl_send_of_gathered_blocks_lands_exactly_and_does_not_block_the_sende
         try:
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
-            link = links[rank] = KVLink(LinkSpec(rank, 2, port, 60.0), device)
+            link = links[rank] = KVLink(LinkSpec(rank, 2, port, 60.0), device, 2)
             link.warm_up(1)
             mover = BlockMover(device)
             if rank == 0:

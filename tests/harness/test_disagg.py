@@ -74,7 +74,26 @@ def test_an_engine_fleet_on_cpu_moves_kv_and_times_the_transfers(tmp_path, tiny_
     assert pd.read_csv(tmp_path / "summary.csv")["transfer_p50_s"].iloc[0] > 0
 
 
-def test_an_engine_fleet_refuses_pools_of_two_tp_sizes_in_one_line(tmp_path, tiny_checkpoint):
-    with pytest.raises(ConfigError, match="needs one TP size for both pools"):
+@pytest.mark.slow
+def test_an_engine_fleet_of_two_tp_sizes_moves_the_whole_kv_of_each_request(tmp_path, tiny_checkpoint):
+    """Prefill TP 1, decode TP 2 (3 processes on gloo): the KV heads are regrouped on the link and
+    transfer_bytes counts both of tiny-qwen3's heads, as the simulated fleet's does."""
+    run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
+                              "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=2",
+                              "workload.num_requests=4", "workload.prompt_len.high=100", "workload.output_len.low=2",
+                              "workload.output_len.high=8", "scheduler.max_model_len=256", "output.plots=false"]),
+              tmp_path)
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert len(requests) == 4 and (requests["decode_replica"] == 0).all()
+    # whole blocks (256 tokens, conf/config.yaml) of 2 layers x K/V x 2 KV heads x head_dim 16 x 4 bytes a token
+    blocks = -(-requests["prompt_tokens"] // 256)
+    assert (requests["transfer_bytes"] == blocks * 256 * 2 * 2 * 2 * 16 * 4).all()
+    assert summary["gpus"] == 3
+
+
+def test_an_engine_fleet_with_a_tp_size_that_does_not_split_the_heads_is_one_line(tmp_path, tiny_checkpoint):
+    with pytest.raises(ConfigError, match=r"fleet.decode.tp_size: TP size 3 does not divide model.num_heads") as error:
         run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
-                                  "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=2"]), tmp_path)
+                                  "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=3"]), tmp_path)
+    assert "\n" not in str(error.value)

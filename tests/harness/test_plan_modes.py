@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
+import pytest
 
 from harness.study import run_study
 from tests.harness.conftest import compose_config
@@ -88,3 +89,31 @@ def test_short_prompts_pick_aggregation_and_the_dearer_mode_is_still_named(tmp_p
 def test_an_aggregated_only_plan_keeps_its_summary_columns(tmp_path):
     _, summary = _plan([*SHORT_PROMPTS, "plan.modes=[aggregated]"], tmp_path)
     assert "winner" not in summary and "disaggregated_deployment" not in summary
+
+
+# One long prompt at a time (7-8k tokens, 0.5 req/s) and a 150 ms P90 TTFT: a TP 1 prefill
+# replica takes ~195 ms whatever the pool's size, a TP 2 one ~135 ms, while one TP 1 decode
+# replica holds any TPOT. The cheapest fleet meeting it mixes the pools' TP sizes.
+MIXED_TP = ["plan.tp_sizes=[1,2]", "plan.modes=[disaggregated]", "workload.num_requests=30", "workload.rate=0.5",
+            "workload.prompt_len.low=7000", "workload.prompt_len.high=8000", "workload.output_len.low=50",
+            "workload.output_len.high=100", "scheduler.max_model_len=8400", "slo.ttft_p90_s=0.15",
+            "slo.tpot_p90_s=1"]
+
+
+def test_the_planner_searches_pools_of_two_tp_sizes_and_picks_a_tp2_prefill_for_a_tp1_decode(tmp_path):
+    table, summary = _plan(MIXED_TP, tmp_path)
+    best = _cheapest(table, "disaggregated")
+    assert (int(best["prefill_tp"]), int(best["decode_tp"]), int(best["gpus"])) == (2, 1, 3)
+    assert summary["disaggregated_deployment"].startswith("1P x h100 TP 2 + 1D x h100 TP 1 (3 GPUs)")
+    # the KV crosses as many NVLinks as the smaller pool has GPUs: one for TP 1 -> 1, 1 -> 2, 2 -> 1
+    transfer = table.groupby(["prefill_tp", "decode_tp"])["transfer_p50_s"].first()
+    assert transfer[1, 2] == transfer[1, 1] == transfer[2, 1]
+    assert set(table["prefill_tp"]) == {1, 2} and set(table["decode_tp"]) == {1, 2}
+
+
+def test_a_disaggregated_search_that_meets_no_slo_names_its_nearest_pools_in_one_line(tmp_path):
+    from harness.convert import ConfigError
+
+    with pytest.raises(ConfigError, match=r"the nearest, \$9.00/h 1P x h100 TP 2 \+ 1D x h100 TP 1 ") as error:
+        run_study(compose_config([*SPACE, *MIXED_TP, "slo.ttft_p90_s=0.01"]), tmp_path)
+    assert "\n" not in str(error.value)
