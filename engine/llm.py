@@ -140,7 +140,7 @@ class LLM:
         return outputs
 
     def _fill(self, out: RequestOutput, request: Request) -> None:
-        out.token_ids = request.output_token_ids
+        out.token_ids = list(request.output_token_ids)  # (a simulated request may hold packed ids)
         out.finish_reason = request.finish_reason.value if request.finish_reason else None
         out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         out.num_cached_tokens = request.num_cached_tokens

@@ -122,7 +122,8 @@ def run_once(rc: RunConfig, progress: bool = True, executor: Executor | None = N
         if recorder is not None:
             clock = recorder.watch(clock)
         bm = scheduler.block_manager
-        requests = workload.stream(bm.block_size if bm.enable_prefix_caching else None)
+        # the simulator's requests hold their ids packed (no int object per token: docs/fast_forward.md)
+        requests = workload.stream(bm.block_size if bm.enable_prefix_caching else None, packed=not wall)
         with bar, nullcontext() if wall else cyclic_gc_paused():
             result = run(scheduler, executor, requests, clock, on_step if progress else None,
                          compact=True, keep_steps=keep_steps)

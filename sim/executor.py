@@ -24,7 +24,8 @@ import xxhash
 
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import ScheduledRequest, StepPlan, StepResult
-from sim.sampled import PositionLanes, SampledTokens, hash_runs, hash_tokens, position_bytes
+from engine.core.request import TokenIds
+from sim.sampled import PositionLanes, SampledTokens, hash_runs_packed, hash_tokens, position_bytes
 from sim.sampled import request_seed as request_seed_of
 
 if TYPE_CHECKING:
@@ -140,14 +141,14 @@ class SimExecutor:
             return known
         return hash_tokens(self._seed_of(request_id), first_position, count, self._vocab_size, self._eos_token_id)
 
-    def sample_runs(self, runs: Sequence[tuple[str, int, int]]) -> list[list[int]]:
+    def sample_runs(self, runs: Sequence[tuple[str, int, int]]) -> list[TokenIds]:
         """sample_tokens for each (request_id, first_position, count), the same values: those
         computed ahead read, the others hashed together (sim.sampled.hash_runs)."""
-        out: list[list[int] | None] = [self._known(*run) for run in runs] if self._ahead else [None] * len(runs)
+        out: list[TokenIds | None] = [self._known(*run) for run in runs] if self._ahead else [None] * len(runs)
         missing = [i for i, tokens in enumerate(out) if tokens is None]
         if missing:
             seeded = [(self._seed_of(runs[i][0]), runs[i][1], runs[i][2]) for i in missing]
-            for i, tokens in zip(missing, hash_runs(seeded, self._vocab_size, self._eos_token_id, self._lanes)):
+            for i, tokens in zip(missing, hash_runs_packed(seeded, self._vocab_size, self._eos_token_id, self._lanes)):
                 out[i] = tokens
         return out  # type: ignore[return-value]  # every None was filled
 

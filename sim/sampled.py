@@ -10,6 +10,7 @@ per call is that of about a hundred tokens hashed in Python); both give xxhash's
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from engine.core.request import TokenIds
 from sim.xxh import xxh64_from_lanes, xxh64_lanes
 
 # position.to_bytes(8, "little") (positions are never negative), in half the time: once per sampled token
@@ -56,28 +58,51 @@ def hash_runs(runs: Sequence[tuple[int, int, int]], vocab_size: int, eos_token_i
               lanes: PositionLanes | None = None) -> list[list[int]]:
     """hash_tokens for each (request seed, first position, count), the same values, in one numpy
     pass (a few tokens in all one by one); lanes: a table kept across calls (else made here)."""
-    total = sum(count for _, _, count in runs)
-    if total < VECTOR_TOKENS:
+    if sum(count for _, _, count in runs) < VECTOR_TOKENS:
         return [hash_tokens(s, first, count, vocab_size, eos_token_id) for s, first, count in runs]
+    tokens, offsets = _hashed(runs, vocab_size, eos_token_id, lanes)
+    flat = tokens.tolist()
+    return [flat] if len(runs) == 1 else [flat[o : o + c] for o, c in zip(offsets, _counts(runs))]
+
+
+def hash_runs_packed(runs: Sequence[tuple[int, int, int]], vocab_size: int, eos_token_id: int | None,
+                     lanes: PositionLanes | None = None) -> list[TokenIds]:
+    """hash_runs, the tokens of one numpy pass as arrays ("q") of their bytes: no int object per
+    token (packed ids, engine.core.request.TokenIds); a few tokens in all as hash_runs has them."""
+    if sum(count for _, _, count in runs) < VECTOR_TOKENS:
+        return [hash_tokens(s, first, count, vocab_size, eos_token_id) for s, first, count in runs]
+    tokens, offsets = _hashed(runs, vocab_size, eos_token_id, lanes)
+    flat = array("q", tokens.tobytes())
+    return [flat] if len(runs) == 1 else [flat[o : o + c] for o, c in zip(offsets, _counts(runs))]
+
+
+def _counts(runs: Sequence[tuple[int, int, int]]) -> list[int]:
+    return [count for _, _, count in runs]
+
+
+def _hashed(runs: Sequence[tuple[int, int, int]], vocab_size: int, eos_token_id: int | None,
+            lanes: PositionLanes | None) -> tuple[npt.NDArray[np.int64], list[int]]:
+    """The runs' tokens, one after the other, and where each run starts among them."""
+    counts = _counts(runs)
+    total = sum(counts)
     table = (lanes or PositionLanes()).upto(max(first + count for _, first, count in runs))
     if len(runs) == 1:
         seed, first, _ = runs[0]
         hashes = xxh64_from_lanes(table[first : first + total].copy(), seed)
+        offsets = [0]
     else:
-        counts = np.array([count for _, _, count in runs], dtype=np.int64)
+        count_a = np.array(counts, dtype=np.int64)
         firsts = np.array([first for _, first, _ in runs], dtype=np.int64)
-        offsets = np.cumsum(counts) - counts
-        positions = np.arange(total, dtype=np.int64) + np.repeat(firsts - offsets, counts)
-        seeds = np.repeat(np.array([s for s, _, _ in runs], dtype=np.uint64), counts)
+        starts = np.cumsum(count_a) - count_a
+        positions = np.arange(total, dtype=np.int64) + np.repeat(firsts - starts, count_a)
+        seeds = np.repeat(np.array([s for s, _, _ in runs], dtype=np.uint64), count_a)
         hashes = xxh64_from_lanes(table.take(positions), seeds)
+        offsets = starts.tolist()
     hashes %= np.uint64(vocab_size)
     tokens = hashes.astype(np.int64)  # (Python ints of an int64 array are made faster than of uint64)
     if eos_token_id is not None:
         tokens[tokens == eos_token_id] = (eos_token_id + 1) % vocab_size
-    flat = tokens.tolist()
-    if len(runs) == 1:
-        return [flat]
-    return [flat[o : o + c] for o, c in zip(offsets.tolist(), counts.tolist())]
+    return tokens, offsets
 
 
 @dataclass(frozen=True)

@@ -17,27 +17,32 @@ NOTE on the prefix cache:
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import xxhash
 
-from engine.core.request import Request
+from engine.core.request import Request, TokenIds
 
 _NO_PARENT = 0
+Ids: TypeAlias = "list[int] | tuple[int, ...] | array[int]"  # a block's token ids
 
 
-def chain_hash(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
+def chain_hash(parent: int, token_ids: Ids) -> int:
     return block_hasher(len(token_ids))(parent, token_ids)
 
 
-def block_hasher(size: int) -> Callable[[int, list[int] | tuple[int, ...]], int]:
+def block_hasher(size: int) -> Callable[[int, Ids], int]:
     """chain_hash for blocks of `size` tokens, the packing compiled once (it runs per full block)."""
-    # struct packs the ids to the bytes array("q", token_ids) holds, in half the time
+    # struct packs the ids to the bytes array("q", token_ids) holds, in half the time; an
+    # array("q") (packed ids, engine.core.request.TokenIds) has them
     pack = struct.Struct(f"{size}q").pack
 
-    def hash_block(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
-        return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + pack(*token_ids))
+    def hash_block(parent: int, token_ids: Ids) -> int:
+        data = token_ids.tobytes() if isinstance(token_ids, array) else pack(*token_ids)
+        return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + data)
 
     return hash_block
 
@@ -68,7 +73,7 @@ class BlockManager:
         self.block_keys: list[int | None] = [None] * num_blocks
         self.block_parent_keys: list[int | None] = [None] * num_blocks
         # a cached block's token ids (a slice of its request's, kept as the list: never changed)
-        self.block_tokens: list[list[int] | None] = [None] * num_blocks
+        self.block_tokens: list[TokenIds | None] = [None] * num_blocks
         self.key_to_block: dict[int, int] = {}
         self.free_pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # Held blocks' references beyond their first (sum of max(holders - 1, 0)) and the requests

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.core.fast_forward_run import FastRun
 from engine.core.plan import StepPlan, StepResult
+from engine.core.request import TokenIds
 
 if TYPE_CHECKING:
     from engine.core.executor import PendingStep
@@ -58,7 +59,7 @@ class DecodeRunner(Protocol):
     def decode_prices(self, plan: StepPlan) -> Iterator[float]:
         """The durations of plan's repeats, the first repeat first, each priced as it is taken."""
 
-    def sample_runs(self, runs: Sequence[tuple[str, int, int]]) -> list[list[int]]:
+    def sample_runs(self, runs: Sequence[tuple[str, int, int]]) -> list[TokenIds]:
         """For each (request_id, first_position, count), the tokens the request samples at those
         positions, never the executor's info().eos_token_id."""
 

@@ -9,6 +9,7 @@ when it finishes or the run closes (settle()).
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,11 @@ def sample(runner: DecodeRunner, members: list[Member]) -> None:
     for member, tokens in zip(members, runner.sample_runs(runs)):
         ids = member.request.token_ids
         del ids[member.written :]  # overlapped: the placeholder of the step in flight
-        ids.extend(tokens)
+        # (packed ids take packed tokens as bytes; a list takes ints, made in one call)
+        if isinstance(ids, list):
+            ids.extend(tokens.tolist() if isinstance(tokens, array) else tokens)
+        else:
+            ids.extend(array("q", tokens) if isinstance(tokens, list) else tokens)
 
 
 def truncate(members: list[Member], steps: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.core.request import TokenIds
 from engine.core.sampling_params import SamplingParams
 
 # A sampling entry's token while it is still being sampled on the device: with overlapped steps
@@ -35,7 +36,7 @@ class ScheduledRequest:
     """
 
     request_id: str
-    token_ids: list[int]
+    token_ids: TokenIds
     num_computed_tokens: int
     block_table: list[int]
     sample: bool

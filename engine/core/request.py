@@ -7,8 +7,15 @@ Preemption sends a RUNNING request back to WAITING with its KV dropped; it keeps
 from __future__ import annotations
 
 import enum
+from array import array
+from typing import TypeAlias
 
 from engine.core.sampling_params import SamplingParams
+
+# A request's token ids: a list, or an array("q") (the simulator's requests: no int object per
+# token, engine.core.block_manager hashes its bytes); never both in one block manager (the
+# prefix cache compares stored blocks with a request's ids).
+TokenIds: TypeAlias = "list[int] | array[int]"
 
 
 class RequestStatus(enum.Enum):
@@ -36,12 +43,14 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: TokenIds,
         sampling_params: SamplingParams,
         arrival_time: float = 0.0,
     ) -> None:
         self.request_id = request_id
-        self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then output
+        # prompt, then output (an array("q") stays one, copied)
+        self.token_ids: TokenIds = array("q", prompt_token_ids) if type(prompt_token_ids) is array \
+            else list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.sampling_params = sampling_params
         self.max_tokens = sampling_params.max_tokens  # the scheduler resolves None at admission
@@ -73,11 +82,11 @@ class Request:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
-    def prompt_token_ids(self) -> list[int]:
+    def prompt_token_ids(self) -> TokenIds:
         return self.token_ids[: self.num_prompt_tokens]
 
     @property
-    def output_token_ids(self) -> list[int]:
+    def output_token_ids(self) -> TokenIds:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property

@@ -57,11 +57,12 @@ class Workload:
     def __len__(self) -> int:
         return len(self.source)
 
-    def stream(self, block_size: int | None = None) -> Iterator[Request]:
+    def stream(self, block_size: int | None = None, packed: bool = False) -> Iterator[Request]:
         """The requests in arrival order (ties in row order), each made when it is asked for: the
         same requests as `requests`, holding only those not yet served in memory. block_size: the
-        block manager's; each request comes with its full prompt blocks' keys (RequestSource)."""
-        return self.source.in_arrival_order(block_size)
+        block manager's; each request comes with its full prompt blocks' keys (RequestSource).
+        packed: token ids as array("q"), not lists (RequestSource.in_arrival_order)."""
+        return self.source.in_arrival_order(block_size, packed)
 
     def fit_counts(self) -> dict[str, int]:
         """What fitting max_model_len cost: the summary.csv columns."""

@@ -24,9 +24,10 @@ PREFIXES = [[1] * 9, [2, 3] * 5, [7, 8, 9, 10, 11, 12, 13, 14]]
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans())
-    def setup(self, num_blocks: int, caching: bool) -> None:
+    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans(), packed=st.booleans())
+    def setup(self, num_blocks: int, caching: bool, packed: bool) -> None:
         self.bm = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=caching)
+        self.packed = packed  # every request's ids an array("q") (the simulator's), else lists
         self.live: list[Request] = []  # requests holding blocks
         self.parked: list[Request] = []  # preempted: no blocks, tokens kept
         self.kv: dict[int, list[int | None]] = {}  # shadow content of each block
@@ -46,7 +47,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _admit(self, request: Request) -> bool:
         hits = self.bm.lookup(request)
         for i, block in enumerate(hits):
-            assert self.kv[block] == request.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
+            assert self.kv[block] == list(request.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
         if not self.bm.can_allocate(request, request.num_tokens, hits):
             return False
         free_before = self.bm.num_free_blocks
@@ -65,7 +66,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def add_request(self, prefix: list[int], use_prefix: bool, suffix: list[int]) -> None:
         tokens = (prefix if use_prefix else []) + suffix
         self.counter += 1
-        request = Request(f"r{self.counter}", tokens, SamplingParams(max_tokens=None))
+        request = Request(f"r{self.counter}", array("q", tokens) if self.packed else tokens,
+                          SamplingParams(max_tokens=None))
         self._admit(request)
 
     @precondition(lambda self: self.parked)
@@ -153,3 +155,4 @@ def test_a_block_key_is_the_hash_of_its_parent_key_and_its_ids_as_int64(parent, 
     """The key format: xxh64 of the parent key (8 bytes, little-endian) and the ids as native int64."""
     expected = xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + array("q", token_ids).tobytes())
     assert chain_hash(parent, token_ids) == chain_hash(parent, tuple(token_ids)) == expected
+    assert chain_hash(parent, array("q", token_ids)) == expected  # packed ids hash their bytes

@@ -10,6 +10,7 @@ the same state.
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +36,8 @@ def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None, block
     return SimExecutor(cost_model or RooflineCostModel(model, hardware), info, seed=3, fast_forward=fast)
 
 
-def _requests(seed: int, n: int, max_len: int, stop: bool) -> list[Request]:
+def _requests(seed: int, n: int, max_len: int, stop: bool, packed: bool = False) -> list[Request]:
+    """packed: prompts as array("q") (the simulator's requests, engine.core.request.TokenIds)."""
     rng = random.Random(seed)
     shared = [rng.randrange(97) for _ in range(12)]
     requests, t = [], 0.0
@@ -45,7 +47,7 @@ def _requests(seed: int, n: int, max_len: int, stop: bool) -> list[Request]:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=rng.random() < 0.5,
                                 stop_token_ids=[rng.randrange(97)] if stop and rng.random() < 0.2 else [])
         t += rng.expovariate(1 / 0.02) if rng.random() < 0.7 else 0.0
-        requests.append(Request(f"r{i}", prompt, params, arrival_time=t))
+        requests.append(Request(f"r{i}", array("q", prompt) if packed else prompt, params, arrival_time=t))
     return requests
 
 
@@ -93,33 +95,35 @@ COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats}
 
 
 def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline", block_size=4,
-           max_len=60):
+           max_len=60, packed=False):
     make = COST_MODELS[cost]
     executor = _executor(fast, overlap, num_blocks, make() if make else None, block_size)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, max_model_len=max_len,
                              policy=policy)
     scheduler = make_scheduler(config, executor.info())
     scheduler.block_manager.enable_prefix_caching = caching
-    result = run(scheduler, executor, _requests(seed, n, max_len, stop), SimulatedClock())
+    result = run(scheduler, executor, _requests(seed, n, max_len, stop, packed), SimulatedClock())
     return _state(result, scheduler)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.booleans(), st.integers(16, 80), st.integers(0, 10**6),
-       st.integers(1, 30), st.booleans(), st.integers(1, 8))
-def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs):
+       st.integers(1, 30), st.booleans(), st.integers(1, 8), st.booleans())
+def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed):
+    """packed: the fast path's requests hold packed ids, the reference's lists."""
     args = (policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs)
-    assert _serve(True, *args) == _serve(False, *args)
+    assert _serve(True, *args, packed=packed) == _serve(False, *args)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(("roofline", "stateful")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
-       st.integers(4, 40), st.integers(0, 10**6), st.integers(1, 16), st.integers(1, 8))
-def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, caching, num_blocks, seed, n, max_num_seqs):
+       st.integers(4, 40), st.integers(0, 10**6), st.integers(1, 16), st.integers(1, 8), st.booleans())
+def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, caching, num_blocks, seed, n, max_num_seqs,
+                                                     packed):
     """Blocks of 64 tokens and outputs of up to 300: runs of many steps between events, which the
     roofline prices and times in arrays (a few steps one by one, then numpy)."""
     args = (policy, overlap, caching, num_blocks, seed, n, False, max_num_seqs, cost, 64, 400)
-    assert _serve(True, *args) == _serve(False, *args)
+    assert _serve(True, *args, packed=packed) == _serve(False, *args)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -180,12 +184,13 @@ def test_fast_forward_setting_is_a_bool(value):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(POLICIES), st.booleans(), st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30))
-def test_fast_forward_with_every_run_hashed_in_numpy_matches_step_by_step(policy, overlap, num_blocks, seed, n):
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30),
+       st.booleans())
+def test_fast_forward_with_every_run_hashed_in_numpy_matches_step_by_step(policy, overlap, num_blocks, seed, n, packed):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sim_sampled, "VECTOR_TOKENS", 1)  # sample_runs' numpy path (hash_runs), however short the run
         args = (policy, overlap, True, num_blocks, seed, n, False, 4)
-        assert _serve(True, *args) == _serve(False, *args)
+        assert _serve(True, *args, packed=packed) == _serve(False, *args)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
