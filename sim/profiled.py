@@ -251,7 +251,7 @@ class ProfiledCostModel:
         column and an overlapping profile, eager and prefill graph steps are priced after their
         measured predecessor; a row without one as the grid measured it, behind a repeat of itself."""
         df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
-        rows = df.to_dict("records")
+        rows = self._with_expected_experts(df).to_dict("records")
         predicted = np.array([self.predict_features(row) for row in rows])
         if self.prices_overlap:
             launches = [self._part("launch", row) for row in rows]
@@ -263,6 +263,18 @@ class ProfiledCostModel:
         if include_host:
             predicted += np.array([self.host_time(row) for row in rows])
         return predicted
+
+    def _with_expected_experts(self, df: pd.DataFrame) -> pd.DataFrame:
+        """df with the MoE column where the fits price it and the table lacks it (a served run's
+        steps: the engine reads its expert counter back only for the profiling grid), filled with
+        the expected count of each step's tokens, as step_time() prices a simulated step."""
+        if all(name in df.columns for name in MOE_FEATURES) or not self.uses_moe_features:
+            return df
+        if self.distinct_experts is None:
+            raise ValueError(f"the step table lacks {list(MOE_FEATURES)} and this mixture-of-experts profile has no "
+                             "routing to derive it from (sim.cost_model.make_cost_model sets distinct_experts)")
+        expected = {int(n): self.distinct_experts(int(n)) for n in pd.unique(df["num_tokens"])}
+        return df.assign(**{name: df["num_tokens"].astype(int).map(expected) for name in MOE_FEATURES})
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:
         if (regime, name) not in self._warned:

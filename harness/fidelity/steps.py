@@ -8,6 +8,13 @@ per-step tables: kept out of the repository, summarised by experiments/fidelity/
 Beside them <class>_<load>_windows.csv, one row per engine run and simulated run of the cell
 (harness.fidelity.windows: where a request's time between its first and last token went), a
 summary small enough to keep.
+
+A mixture-of-experts model's profiled fit prices a step by its distinct experts
+(sim.features.MOE_FEATURES). A served run's steps carry the count the engine saw where they have the
+column (source "measured"); the engine reads its counter back per step only for the profiling grid,
+so served steps get the expectation of their token count at the cell's routing skew, as the
+simulator prices its own steps (source "expected"). The replay keeps the column and its source
+(moe_experts_source).
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ from harness.compare.study import sim_run_config, step_pricer
 from harness.compare.tables import replay
 from harness.config import RunConfig
 from harness.fidelity.windows import window_table
-from sim.features import FEATURE_COLUMNS
+from sim.features import FEATURE_COLUMNS, MOE_FEATURES, DistinctExperts
+
+# what a replay's MoE column holds: "measured" (the engine's per-step count) or "expected" (module docstring)
+MOE_SOURCE = "moe_experts_source"
 
 # kept beside the replay's own columns: what a cost model prices a step from, so a file can be priced again
-KEPT_FEATURES = (*FEATURE_COLUMNS, "launch_s", "host_s", "slept_s")
+KEPT_FEATURES = (*FEATURE_COLUMNS, *MOE_FEATURES, MOE_SOURCE, "launch_s", "host_s", "slept_s")
 
 
 def predictors(rc: RunConfig, cost_models: tuple[str, ...], profile_path: str, meta: dict) -> dict[str, object]:
@@ -32,7 +42,34 @@ def predictors(rc: RunConfig, cost_models: tuple[str, ...], profile_path: str, m
     return {name: step_pricer(sim_run_config(rc, name, profile_path, meta), meta) for name in cost_models}
 
 
-def replay_with_features(steps: pd.DataFrame, priced: dict[str, object]) -> pd.DataFrame:
+def expected_experts(rc: RunConfig, meta: dict) -> DistinctExperts | None:
+    """The expected distinct experts per MoE layer of a step's tokens at the cell's routing skew
+    (the engine side's, harness.fidelity.routing); None for a dense model."""
+    model = rc.model
+    if not model.is_moe:
+        return None
+    from sim.moe import ExpertRouting
+
+    skew = float(meta.get("moe_routing_skew", 0.0))
+    return ExpertRouting(model.num_experts, model.num_experts_per_tok, skew).distinct
+
+
+def with_moe_experts(steps: pd.DataFrame, experts: DistinctExperts | None) -> pd.DataFrame:
+    """steps with the MoE column and its source (module docstring); unchanged for a dense model."""
+    if experts is None:
+        return steps
+    if all(name in steps.columns and steps[name].notna().all() for name in MOE_FEATURES):
+        return steps.assign(**{MOE_SOURCE: "measured"})
+    expected = {int(n): experts(int(n)) for n in pd.unique(steps["num_tokens"])}
+    counts = steps["num_tokens"].astype(int).map(expected)
+    return steps.assign(**{name: counts for name in MOE_FEATURES}, **{MOE_SOURCE: "expected"})
+
+
+def replay_with_features(steps: pd.DataFrame, priced: dict[str, object],
+                         experts: DistinctExperts | None = None) -> pd.DataFrame:
+    """The replay of one engine run (harness.compare.tables.replay) with the features it was priced
+    from; experts: an MoE model's expected count (expected_experts), for steps without their own."""
+    steps = with_moe_experts(steps, experts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # extrapolation is what a held-out class is for
         table = replay(steps, priced)
@@ -41,13 +78,14 @@ def replay_with_features(steps: pd.DataFrame, priced: dict[str, object]) -> pd.D
 
 
 def write_replays(steps_dir: Path, workload: str, load: str, runs: list[pd.DataFrame],
-                  priced: dict[str, object]) -> list[Path]:
-    """One file per engine run of the cell (module docstring); the paths written."""
+                  priced: dict[str, object], experts: DistinctExperts | None = None) -> list[Path]:
+    """One file per engine run of the cell (module docstring); the paths written. experts: as
+    replay_with_features."""
     steps_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for repeat, steps in enumerate(runs):
         path = steps_dir / f"{workload}_{load}_{repeat}.csv.gz"
-        replay_with_features(steps, priced).to_csv(path, index=False)
+        replay_with_features(steps, priced, experts).to_csv(path, index=False)
         paths.append(path)
     return paths
 

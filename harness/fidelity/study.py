@@ -207,11 +207,11 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
     without a steps_dir."""
     if fc.steps_dir is None:
         return
-    from harness.fidelity.steps import predictors, write_replays, write_windows
+    from harness.fidelity.steps import expected_experts, predictors, write_replays, write_windows
 
     meta = cell_meta(engine, rc, engine_runs[0], skew)
     write_replays(Path(fc.steps_dir), name, load, [run.steps for run in engine_runs],
-                  predictors(rc, fc.cost_models, profile_path, meta))
+                  predictors(rc, fc.cost_models, profile_path, meta), expected_experts(rc, meta))
     runs = {f"engine {i}": (run.requests, run.steps) for i, run in enumerate(engine_runs)}
     runs.update({f"sim {cost_model}": (run.requests, run.steps) for cost_model, run in sims.items()})
     write_windows(Path(fc.steps_dir), name, load, runs)
