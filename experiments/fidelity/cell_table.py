@@ -80,12 +80,14 @@ def _margin_of(margins: dict[tuple[str, ...], float], model: str, hardware: str,
 
 
 def rows(table: pd.DataFrame, margins: dict[tuple[str, ...], float], limits: dict[str, float]) -> list[str]:
-    """The markdown rows of the table's cells, one per model, GPU, cost model and load; margins keyed
-    by (model, GPU, load) or by (model,)."""
+    """The markdown rows of the table's cells, one per model, GPU, cost model, class (a table of
+    several classes; blank where it has no workload column) and load; margins keyed by (model, GPU,
+    load) or by (model,)."""
     out = []
-    table = table.assign(load=table["load"].astype(str))
-    for (model, hardware, cost_model, load), cell in table.groupby(["model", "hardware", "cost_model", "load"],
-                                                                   sort=False):
+    table = table.assign(load=table["load"].astype(str),
+                         workload=table["workload"].astype(str) if "workload" in table.columns else "")
+    for (model, hardware, cost_model, workload, load), cell in table.groupby(
+            ["model", "hardware", "cost_model", "workload", "load"], sort=False):
         metrics = OFFLINE if load == "offline" else PLOTTED
         by_metric = cell.set_index("metric")
         shown = [f"{_percent(by_metric.at[m, 'err'])} ({100 * by_metric.at[m, 'engine_spread']:.1f}%)"
@@ -95,7 +97,7 @@ def rows(table: pd.DataFrame, margins: dict[tuple[str, ...], float], limits: dic
         if load != "offline" and np.isfinite(limit):
             met = "yes" if bool((by_metric.loc[list(PLOTTED), "err"].abs() <= limit).all()) else "no"
         bounded = cell[cell["metric"].isin(metrics)]
-        out.append(f"| {model} | {hardware} | {cost_model} | {load} | " + " | ".join(shown)
+        out.append(f"| {model} | {hardware} | {cost_model} | {workload} | {load} | " + " | ".join(shown)
                    + f" | {met} | {_inside(bounded, _margin_of(margins, model, hardware, load))} |")
     return out
 
@@ -115,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cost_models:
             table = table[table["cost_model"].isin(args.cost_models.split(","))]
         margins = read_margins(args.margins)
-        print("| model | GPU | cost model | load | " + " | ".join(HEADER)
+        print("| model | GPU | cost model | class | load | " + " | ".join(HEADER)
               + " | within bound | in interval (90%, conformal) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        print("| | | | offline: | " + " | ".join(OFFLINE_HEADER) + " | | |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| | | | | offline: | " + " | ".join(OFFLINE_HEADER) + " | | |")
         print("\n".join(rows(table, margins, limits)))
         return 0
 

@@ -28,6 +28,14 @@ def test_a_cell_meets_its_bound_only_when_every_percentile_does():
     assert "-15.1% (2.0%)" in missed
 
 
+def test_a_table_of_several_classes_gets_a_row_per_class():
+    cells = pd.concat([_cell([0.05] * 4, 0.9, 1.1).assign(workload="chat"),
+                       _cell([0.2] * 4, 0.9, 1.1).assign(workload="code")], ignore_index=True)
+    chat, code = rows(cells, {}, {"carried": 0.15})
+    assert "| carried | chat | 0.5 |" in chat and "| yes |" in chat
+    assert "| carried | code | 0.5 |" in code and "| no |" in code
+
+
 def test_the_conformal_margin_widens_the_interval_in_log_space(tmp_path):
     # the engine (1.0) lies 5% above hi: outside, and inside once widened by a margin of ln(1.06)
     cell = _cell([0.0] * 4, 0.9, 1 / 1.05)
