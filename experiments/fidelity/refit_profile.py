@@ -5,6 +5,11 @@ interval resamples) and validation.csv into --out, for resimulate.py.
 
     python experiments/fidelity/refit_profile.py experiments/fidelity/h100_30b/profile.csv \
         --out experiments/fidelity/h100_30b/refit
+
+--experts expected fits an MoE grid that recorded each step's distinct experts
+(harness.calibration.expert_steps) on the expectation beside them (moe_expected_experts) instead,
+as a grid without per-step counts was fitted: the fit then prices steps with the quantity the
+simulator gives a served step.
 """
 
 from __future__ import annotations
@@ -19,18 +24,26 @@ import pandas as pd
 from harness.calibration.fit import validate
 from harness.convert import ConfigError
 from harness.scripting import one_line_errors
+from sim.features import EXPECTED_EXPERTS
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profile", type=Path, help="a call's profile.csv (the grid's measured steps)")
     parser.add_argument("--out", type=Path, required=True, help="folder for profile_model.csv and validation.csv")
+    parser.add_argument("--experts", choices=("measured", "expected"), default="measured",
+                        help="an MoE grid's distinct-experts column: as recorded, or the expectation beside it")
     args = parser.parse_args(argv)
 
     def run() -> int:
         table = pd.read_csv(args.profile)
         if "duration_s" not in table.columns or "set" not in table.columns:
             raise ConfigError(f"profile: {args.profile} is not a profiling grid's table (needs duration_s and set)")
+        if args.experts == "expected":
+            if EXPECTED_EXPERTS not in table.columns:
+                raise ConfigError(f"--experts expected: {args.profile} has no {EXPECTED_EXPERTS} column "
+                                  "(a grid of an MoE model with per-step counts has)")
+            table = table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, validation = validate(table, None)
