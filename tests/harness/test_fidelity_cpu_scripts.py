@@ -88,3 +88,12 @@ def test_coverage_misses_name_the_classes_outside_and_skip_groups_with_too_few_c
     found = misses(table).reset_index()
     assert list(found["workload"]) == ["odd"] and list(found["load"]) == ["0.5"]
     assert spreads(table).loc[("m", "h", "0.8"), "classes"] == 3
+
+
+def test_refit_profile_refuses_expected_experts_of_a_grid_without_them(tmp_path, capsys):
+    from experiments.fidelity.refit_profile import main as refit
+
+    grid = tmp_path / "profile.csv"
+    pd.DataFrame({"set": ["grid"], "duration_s": [0.01], "num_tokens": [1]}).to_csv(grid, index=False)
+    assert refit([str(grid), "--experts", "expected", "--out", str(tmp_path / "out")]) != 0
+    assert "moe_expected_experts" in capsys.readouterr().err
