@@ -10,10 +10,12 @@ told ("release", request id), it releases them without a transfer.
 
 A decode replica is told ("receive_kv", (request, prefill rank)), in the order its transfers were
 routed. First come first served, as soon as it has the blocks and a sequence slot for the
-request (DecodeReplica.can_take), it reserves them, posts the receive and reports ("reserved",
-request id), on which the router tells the prefill replica to send; when the receive completes
-it writes the blocks into its cache at the reserved ids, admits the request (its first token
-sampled on the prefill replica) and reports ("landed", (request id, time)).
+request (DecodeReplica.can_take) and room in the staging ring of its prefill peer (the link's
+StagingPool, a fixed budget of its memory plan: engine.core.kv_staging), it reserves them,
+posts the receive and reports ("reserved", request id), on which the router tells the prefill
+replica to send; when the receive completes it writes the blocks into its cache at the reserved
+ids, admits the request (its first token sampled on the prefill replica) and reports ("landed",
+(request id, time)).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.remote_replica import Connection, step_and_report
 from engine.core.request import Request
-from engine.kv_link import BlockMover, KVLink, staging_for
+from engine.kv_link import BlockMover, KVLink, StagingPool
 
 POLL_S = 2e-4  # how long an idle replica with a transfer under way waits for a message
 
@@ -82,6 +84,8 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
     waiting: deque[tuple[Request, int]] = deque()  # told to receive, blocks not yet reserved
     receiving: deque[tuple[Request, int, Any, torch.Tensor]] = deque()  # receive posted
     mover = BlockMover(link.device)
+    staging = link.staging
+    assert staging is not None, "a decode replica's link has its staging (KVLink.stage)"
     received, ending, makespan = 0, False, 0.0
     while True:
         busy = replica.next_event_time() < math.inf
@@ -98,22 +102,28 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
                 return True
             else:
                 raise ValueError(f"decode replica {replica.index}: unknown message {kind!r}")
-        # NOTE first come first served: a request that does not fit yet holds back the ones behind it,
-        # whose senders post in this same order
-        while waiting and replica.can_take(waiting[0][0]):
+        # NOTE first come first served: a request that does not fit yet (cache blocks, a sequence slot,
+        # or its peer's staging ring) holds back the ones behind it, whose senders post in this same order
+        while waiting and _can_receive(replica, staging, *waiting[0]):
             request, src = waiting.popleft()
             replica.reserve(request)
-            blocks = staging_for(_cache(replica), len(request.block_table))
+            blocks = staging.take(src, len(request.block_table))
             receiving.append((request, src, link.recv(blocks, src), blocks))
             _forward(replica, "kv_recv", (list(request.block_table), src))
             conn.send(("reserved", request.request_id))
         while receiving and link.completed(receiving[0][2]):
-            request, _, _, blocks = receiving.popleft()
+            request, src, _, blocks = receiving.popleft()
             mover.scatter(_cache(replica), request.block_table, blocks)
+            staging.release(src)  # the next receive into it waits for the scatter (NCCL's stream waits)
             now = replica.clock.now()
             replica.arrived(request, now)
             conn.send(("landed", (request.request_id, now)))
         makespan = step_and_report(replica, conn, received, makespan)
+
+
+def _can_receive(replica: DecodeReplica, staging: StagingPool, request: Request, src: int) -> bool:
+    need = replica.scheduler.block_manager.blocks_for(request.num_prompt_tokens)
+    return replica.can_take(request) and staging.fits(src, need)
 
 
 def _forward(replica, kind: str, payload) -> None:

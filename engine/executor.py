@@ -65,7 +65,9 @@ class _Laps:
 
 class EngineExecutor:
     def __init__(self, engine_config: EngineConfig, scheduler_config: SchedulerConfig,
-                 cache_config: CacheConfig) -> None:
+                 cache_config: CacheConfig, kv_staging_blocks: int = 0) -> None:
+        """kv_staging_blocks: blocks of this cache's layout kept free beside it when the cache is
+        sized (a disaggregated replica's KV link staging: engine.core.kv_staging)."""
         if engine_config.load_format == "dummy":  # a preset name becomes a weightless model folder
             engine_config = replace(engine_config, model=dummy_model_folder(engine_config.model, self))
         check_max_model_len(engine_config, scheduler_config)
@@ -96,6 +98,7 @@ class EngineExecutor:
                         backend.name)
         # seconds of each start-up phase (an autoscaled fleet's cold start is calibrated from them)
         self.startup_s: dict[str, float] = {}
+        self.kv_staging_blocks = kv_staging_blocks
         try:
             self._start(scheduler_config, cache_config)
         except BaseException:
@@ -124,9 +127,9 @@ class EngineExecutor:
         self.runner = build_runner(engine_config, scheduler_config, cache_config, device, self.group)
         if self.workers:
             self.workers.replies("load")
-            self.workers.send("profile", self.uses_cuda_graphs)
+            self.workers.send("profile", (self.uses_cuda_graphs, self.kv_staging_blocks))
         lap("load")
-        num_blocks = self.runner.determine_num_blocks(graph_reserve=self.uses_cuda_graphs)
+        num_blocks = self.runner.determine_num_blocks(self.uses_cuda_graphs, self.kv_staging_blocks)
         if self.workers:
             num_blocks = min([num_blocks, *self.workers.replies("profile")])
             self.workers.send("allocate", num_blocks)

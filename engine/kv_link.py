@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from engine.core.disagg_wall import LinkSpec
 from engine.core.kv_heads import HeadPiece, reshard_plan
+from engine.core.kv_staging import StagingRing, staging_blocks_per_peer
 from engine.tp.group import apply_safe_env
 
 
@@ -72,6 +73,13 @@ class KVLink:
         self.rank, self.replicas = spec.rank, spec.size
         self.tp, self.tp_rank = spec.tp, spec.tp_rank
         self._plans: dict[tuple[int, int], tuple[HeadPiece, ...]] = {}
+        self.staging: StagingPool | None = None  # a decode replica's receive buffers (stage())
+
+    def stage(self, kv_cache: torch.Tensor, num_prefill: int, max_blocks_per_seq: int) -> None:
+        """On a decode replica, allocate the receive staging its memory plan kept room for
+        (engine.core.kv_staging): a ring per prefill peer. Nothing on a prefill replica."""
+        if self.rank >= num_prefill:
+            self.staging = StagingPool(kv_cache, num_prefill, staging_blocks_per_peer(max_blocks_per_seq))
 
     def plan(self, src: int, dst: int) -> tuple[HeadPiece, ...]:
         """The pieces that move a request from replica src to replica dst, between all their ranks."""
@@ -134,7 +142,7 @@ class KVLink:
 
     def recv(self, staging: torch.Tensor, src: int) -> Move:
         """Start receiving this rank's blocks of a request from replica src into `staging`
-        (staging_for: this rank's layout); staging is whole once the Move completed."""
+        (StagingPool.take or staging_for: this rank's layout); staging is whole once the Move completed."""
         move = Move()
         for piece in self.receives_from(src):
             heads = piece.local(self.num_kv_heads, self.tp, self.tp_rank)
@@ -195,9 +203,36 @@ def read_blocks(kv_cache: torch.Tensor, block_table: list[int]) -> torch.Tensor:
 
 
 def staging_for(kv_cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """A receive buffer for num_blocks blocks of this cache's layout."""
+    """A receive buffer for num_blocks blocks of this cache's layout, outside any StagingPool."""
     shape = (kv_cache.shape[0], 2, num_blocks, *kv_cache.shape[3:])
     return torch.empty(shape, dtype=kv_cache.dtype, device=kv_cache.device)
+
+
+class StagingPool:
+    """A decode replica's receive buffers: one allocation, cut into a StagingRing of
+    blocks_per_peer blocks for each prefill peer. take() hands out a request's contiguous buffer
+    in the cache's layout ([num_layers, 2, n, block_size, kv_heads, head_dim]); release(peer)
+    frees that peer's oldest, so a peer's transfers must land in the order they were taken."""
+
+    def __init__(self, kv_cache: torch.Tensor, peers: int, blocks_per_peer: int) -> None:
+        self.block_shape = (kv_cache.shape[0], 2, *kv_cache.shape[3:])
+        self.block_elems = kv_cache.shape[0] * 2 * kv_cache[0, 0, 0].numel()
+        self.blocks_per_peer = blocks_per_peer
+        self.rings = [StagingRing(blocks_per_peer) for _ in range(peers)]
+        self.buffer = torch.empty(peers * blocks_per_peer * self.block_elems, dtype=kv_cache.dtype,
+                                  device=kv_cache.device)
+
+    def fits(self, peer: int, num_blocks: int) -> bool:
+        return self.rings[peer].fits(num_blocks)
+
+    def take(self, peer: int, num_blocks: int) -> torch.Tensor:
+        start = (peer * self.blocks_per_peer + self.rings[peer].take(num_blocks)) * self.block_elems
+        flat = self.buffer[start:start + num_blocks * self.block_elems]
+        layers, two, *rest = self.block_shape
+        return flat.view(layers, two, num_blocks, *rest)
+
+    def release(self, peer: int) -> None:
+        self.rings[peer].release()
 
 
 def write_blocks(kv_cache: torch.Tensor, block_table: list[int], blocks: torch.Tensor) -> None:
@@ -214,12 +249,14 @@ class WorkerShards:
     A received shard is written into the cache before the worker's next step, the device ordering
     that step after the receive; rank 0 schedules the request only once its own shard landed."""
 
-    def __init__(self, spec: LinkSpec, num_prefill: int, device: torch.device, num_kv_heads: int) -> None:
-        self.link = KVLink(spec, device, num_kv_heads)
+    def __init__(self, spec: LinkSpec, num_prefill: int, kv_cache: torch.Tensor, num_kv_heads: int,
+                 max_blocks_per_seq: int) -> None:
+        self.link = KVLink(spec, kv_cache.device, num_kv_heads)
         self.link.warm_up(num_prefill)
-        self.mover = BlockMover(device)
+        self.link.stage(kv_cache, num_prefill, max_blocks_per_seq)
+        self.mover = BlockMover(kv_cache.device)
         self.sends: list[tuple[Move, torch.Tensor]] = []  # move, and the copy it sends (kept alive until done)
-        self.receiving: list[tuple[Move, torch.Tensor, list[int]]] = []
+        self.receiving: list[tuple[Move, torch.Tensor, list[int], int]] = []  # and the source replica
 
     def send(self, kv_cache: torch.Tensor, block_table: list[int], dst: int) -> None:
         self._reap()
@@ -229,14 +266,24 @@ class WorkerShards:
         self.sends.append((self.mover.send(self.link, blocks, dst), blocks))
 
     def recv(self, kv_cache: torch.Tensor, block_table: list[int], src: int) -> None:
-        staging = staging_for(kv_cache, len(block_table))
-        self.receiving.append((self.link.recv(staging, src), staging, block_table))
+        # rank 0 frees its staging as its own shard lands, which can be before this rank's step
+        # wrote its shard: then the ring is full here, and this rank writes what it holds first
+        pool = self.link.staging
+        assert pool is not None, "a receive on a replica without staging (a prefill replica)"
+        if not pool.fits(src, len(block_table)):
+            self.before_step(kv_cache)
+        staging = pool.take(src, len(block_table))
+        self.receiving.append((self.link.recv(staging, src), staging, block_table, src))
 
     def before_step(self, kv_cache: torch.Tensor) -> None:
-        """Write every posted receive into the cache (on a GPU the host does not wait)."""
-        for work, staging, table in self.receiving:
+        """Write every posted receive into the cache (on a GPU the host does not wait), freeing its
+        staging (a later receive into it is ordered after the write: NCCL's stream waits for the
+        current one)."""
+        for work, staging, table, src in self.receiving:
             work.wait()
             self.mover.scatter(kv_cache, table, staging)
+            assert self.link.staging is not None
+            self.link.staging.release(src)
         self.receiving = []
         self._reap()
 

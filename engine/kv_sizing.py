@@ -1,7 +1,7 @@
 """How many KV-cache blocks fit on a device, from a measured memory profile.
 
     usable = total * gpu_memory_utilization
-    kv     = usable - non_torch - weights - peak_activations - graph_reserve
+    kv     = usable - non_torch - weights - peak_activations - graph_reserve - staging
     blocks = kv // block_bytes
 
 non_torch is device memory held outside PyTorch's allocator (CUDA context, NCCL buffers, other
@@ -10,7 +10,8 @@ peak_activations is what a warm-up at the largest batch (a full prefill budget, 
 batch through the sampler's costliest path) made the allocator reserve on top of the weights.
 graph_reserve is set aside for the CUDA-graph memory pool, which is captured after the cache
 is allocated; one pool serves every captured batch size and the largest is captured first, so
-the decode forward's own peak at the largest batch bounds it.
+the decode forward's own peak at the largest batch bounds it. staging is what a disaggregated
+replica's KV link holds for transfers in flight (engine.core.kv_staging; 0 otherwise).
 
 On CPU there is nothing to profile: a fixed budget (cpu_kv_blocks).
 """
@@ -52,9 +53,11 @@ class MemoryProfile:
     weights_bytes: int  # held before the warm-up: parameters, rotary tables
     peak_activation_bytes: int  # warm-up's reserved memory above the weights (temporary cache excluded)
     graph_reserve_bytes: int  # set aside for the CUDA-graph pool (0 when no graphs are captured)
+    staging_bytes: int = 0  # a disaggregated replica's KV link staging (engine.core.kv_staging)
 
     def kv_budget_bytes(self, utilization: float) -> float:
-        used = self.non_torch_bytes + self.weights_bytes + self.peak_activation_bytes + self.graph_reserve_bytes
+        used = (self.non_torch_bytes + self.weights_bytes + self.peak_activation_bytes + self.graph_reserve_bytes
+                + self.staging_bytes)
         return self.total_bytes * utilization - used
 
     def describe(self, utilization: float) -> str:
@@ -62,7 +65,8 @@ class MemoryProfile:
         return (f"total {self.total_bytes / gib:.2f} GiB x {utilization} = {self.total_bytes * utilization / gib:.2f} "
                 f"GiB usable; non-torch {self.non_torch_bytes / gib:.2f}, weights {self.weights_bytes / gib:.2f}, "
                 f"peak activations {self.peak_activation_bytes / gib:.2f}, graph reserve "
-                f"{self.graph_reserve_bytes / gib:.2f} GiB; KV cache {self.kv_budget_bytes(utilization) / gib:.2f} GiB")
+                f"{self.graph_reserve_bytes / gib:.2f}, KV link staging {self.staging_bytes / gib:.2f} GiB; "
+                f"KV cache {self.kv_budget_bytes(utilization) / gib:.2f} GiB")
 
 
 def num_kv_blocks(profile: MemoryProfile, utilization: float, block_bytes: int, min_blocks: int) -> int:

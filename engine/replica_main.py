@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.disagg_wall import LinkSpec
+from engine.core.kv_staging import link_staging_blocks
 from engine.core.loop import Replica, WallClock
 from engine.core.policies import make_scheduler
 from engine.core.remote_replica import serve_replica
@@ -36,6 +37,16 @@ class ReplicaSpec:
     kv_link: LinkSpec | None = None
     num_prefill: int = 0
 
+    @property
+    def kv_staging_blocks(self) -> int:
+        """What this replica's KV link stages, kept out of its KV cache (engine.core.kv_staging)."""
+        if self.kv_link is None:
+            return 0
+        link = self.kv_link
+        tps = tuple(link.tp_of(i) for i in range(link.size))
+        max_blocks = -(-self.scheduler_config.max_model_len // self.cache_config.block_size)
+        return link_staging_blocks(self.role, link.rank, self.num_prefill, tps, max_blocks)
+
 
 def replica_main(spec: ReplicaSpec, conn) -> None:
     if spec.visible_devices is not None:
@@ -49,7 +60,8 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
 
         torch.set_num_threads(spec.num_threads)
         conn.send(("hello", None))
-        executor = state["executor"] = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config)
+        executor = state["executor"] = EngineExecutor(spec.engine_config, spec.scheduler_config, spec.cache_config,
+                                                      spec.kv_staging_blocks)
         link = None
         if spec.kv_link is not None:
             from engine.kv_link import KVLink
@@ -58,6 +70,7 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
                 executor.workers.send("kv_link", (spec.kv_link, spec.num_prefill))
             link = KVLink(spec.kv_link, executor.device, executor.runner.shape.num_kv_heads)
             link.warm_up(spec.num_prefill)
+            link.stage(executor.runner.kv_cache, spec.num_prefill, executor.runner.max_blocks_per_seq)
             if executor.workers:
                 executor.workers.replies("kv_link")
         conn.send(("ready", executor.info()))

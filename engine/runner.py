@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -118,15 +119,18 @@ class ModelRunner:
         elem = self.kv_dtype.itemsize
         return 2 * self.shape.num_layers * self.block_size * self.num_kv_heads * self.shape.head_dim * elem
 
-    def determine_num_blocks(self, graph_reserve: bool = False) -> int:
+    def determine_num_blocks(self, graph_reserve: bool = False, staging_blocks: int = 0) -> int:
         """CacheConfig.num_blocks if set; else sized by profiling (CUDA) or a fixed budget (CPU).
 
         graph_reserve: keep room for the CUDA-graph pool (set when graphs will be captured).
+        staging_blocks: keep room for that many blocks of this cache's layout outside it (a
+        disaggregated replica's KV link staging, engine.core.kv_staging).
         """
         if self.cache_config.num_blocks is not None:
             return self.cache_config.num_blocks
         if self.device.type == "cuda":
-            self.memory_profile = profile_memory(self, graph_reserve)
+            profile = profile_memory(self, graph_reserve)
+            self.memory_profile = replace(profile, staging_bytes=staging_blocks * self.block_bytes)
             return profiled_kv_blocks(self.memory_profile, self.engine_config.execution.gpu_memory_utilization,
                                       self.block_bytes, self.block_size, self.max_blocks_per_seq)
         return cpu_kv_blocks(self.block_bytes, self.max_blocks_per_seq, self.scheduler_config.max_num_seqs)

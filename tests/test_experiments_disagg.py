@@ -266,3 +266,16 @@ def test_a_bundle_holds_every_part_written_before_each_log_line(tmp_path, capsys
     assert [p.name for p in bundle.parent.iterdir()] == ["r.tar.gz"]  # no partial file left
     assert run_disagg.main(["goodput", "--out", str(out), "--bundle", str(out / "in.tar.gz")]) == 2
     assert "outside --out" in capsys.readouterr().err
+
+
+def test_transfers_by_cell_reads_each_cell_against_its_own_fleets_run():
+    from experiments.disagg.h200_run1.transfers_by_cell import summarise
+
+    transfers = pd.DataFrame({"fleet": ["2P2D"] * 4 + ["3P1D"] * 4, "workload": "long", "load": "0.8",
+                              "prompt_tokens": [100, 200, 300, 400] * 2, "transfer_bytes": [1e6, 2e6, 3e6, 4e6] * 2,
+                              "transfer_s": [0.001, 0.002, 0.003, 0.004] * 2, "transfer_wait_s": 0.001})
+    runs = pd.DataFrame({"side": ["measured", "measured", "profiled"], "fleet": ["2P2D", "3P1D", "3P1D"],
+                         "workload": "long", "load": "0.8", "tpot_p50_s": [0.002, 0.004, 0.001]})
+    table = summarise(transfers, runs)
+    assert list(table.tpot_p50_ms) == [2.0, 4.0]  # each mix's measured TPOT, not another fleet's
+    assert list(table.transfer_per_step) == [1.25, 0.62]

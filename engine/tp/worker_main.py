@@ -69,11 +69,11 @@ def _answer(runner, conn, kind: str, payload, state: dict) -> None:
         from engine.kv_link import WorkerShards
 
         link, num_prefill = payload
-        state["shards"] = WorkerShards(dataclasses.replace(link, tp_rank=state["tp_rank"]), num_prefill, runner.device,
-                                       runner.shape.num_kv_heads)
+        state["shards"] = WorkerShards(dataclasses.replace(link, tp_rank=state["tp_rank"]), num_prefill,
+                                       runner.kv_cache, runner.shape.num_kv_heads, runner.max_blocks_per_seq)
         conn.send(("ok", None))
-    elif kind == "profile":
-        conn.send(("ok", runner.determine_num_blocks(graph_reserve=payload)))
+    elif kind == "profile":  # payload: (graph_reserve, staging blocks)
+        conn.send(("ok", runner.determine_num_blocks(*payload)))
     elif kind == "allocate":
         runner.allocate_kv_cache(payload)
         conn.send(("ok", None))

@@ -145,3 +145,33 @@ def test_pools_of_two_tp_sizes_regroup_kv_heads_and_give_the_aggregated_engines_
     for rid, t in result.transfers.items():
         if t.decode == 0:
             assert t.bytes == -(-decoded[rid].num_prompt_tokens // CACHE.block_size) * per_block
+
+
+@pytest.mark.slow
+def test_two_prefill_replicas_into_one_decode_staging_ring_each_give_the_single_engines_tokens(tiny_qwen3_dir):
+    """2P1D with prompts of 13 of max_model_len's 16 blocks: the decode replica's staging ring per
+    prefill peer (engine.core.kv_staging: two full-length requests) holds two of them at a time
+    while its cache has room for all six, so receives wait for staging and land through reused
+    ring space; the tokens still equal a single engine's."""
+    from engine import LLM
+    from engine.replicas import EngineReplicas
+
+    rng = random.Random(2)
+    requests = [Request(f"r{i}", [rng.randrange(1, 500) for _ in range(200)],
+                        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)) for i in range(6)]
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    cache = CacheConfig(block_size=16, num_blocks=160)
+    with EngineReplicas([config] * 3, SCHEDULER, cache, num_prefill=2) as engines:
+        clock = WallClock()
+        engines.start_run(clock)
+        routers = [make_router(RouterConfig("round_robin"), cache.block_size) for _ in range(2)]
+        result = run_disagg_wall(engines, 2, requests, *routers, clock, SCHEDULER.max_model_len)
+    llm = LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len)
+    try:
+        outputs = llm.generate([r.prompt_token_ids for r in requests], [r.sampling_params for r in requests],
+                               use_tqdm=False)
+    finally:
+        llm.executor.shutdown()
+    assert {r.request_id: r.output_token_ids for r in result.requests} == {
+        f"r{i}": out.token_ids for i, out in enumerate(outputs)}
+    assert {t.prefill for t in result.transfers.values()} == {0, 1}

@@ -56,7 +56,7 @@ def _links(port: int):
 
 def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_dir):
     from engine.executor import EngineExecutor
-    from engine.kv_link import BlockMover, staging_for
+    from engine.kv_link import BlockMover, StagingPool
     from engine.tp.group import free_port
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
@@ -75,7 +75,13 @@ def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_d
         send_link, recv_link = _links(free_port())
         mover = BlockMover(torch.device("cpu"))
         blocks = mover.gather(cache_a, sent_table)
-        staging = staging_for(cache_b, len(target))
+        # received into a decode replica's staging pool, behind another transfer in flight from
+        # the same peer (peer 1 of 2: the pool's second ring), which it must leave untouched
+        pool = StagingPool(cache_b, 2, 8)
+        decoy = pool.take(1, 3).fill_(-7.0)
+        staging = pool.take(1, len(target))
+        assert staging.shape == (cache_b.shape[0], 2, len(target), *cache_b.shape[3:]) and staging.is_contiguous()
+        assert not pool.fits(1, 1)
         works = {}
         threads = [threading.Thread(target=lambda: works.setdefault("send", mover.send(send_link, blocks, 1).wait())),
                    threading.Thread(target=lambda: works.setdefault("recv", recv_link.recv(staging, 0).wait()))]
@@ -85,6 +91,7 @@ def test_moved_blocks_equal_the_receivers_own_prefill_of_the_prompt(tiny_qwen3_d
             t.join(60.0)
         assert set(works) == {"send", "recv"}
         mover.scatter(cache_b, target, staging)
+        assert bool((decoy == -7.0).all())
         moved = _prompt_kv(cache_b, target, len(PROMPT))
         assert torch.equal(moved, _prompt_kv(cache_a, sent_table, len(PROMPT)))
         assert torch.equal(moved, _prompt_kv(cache_b, own_table, len(PROMPT)))

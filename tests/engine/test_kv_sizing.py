@@ -33,7 +33,7 @@ def test_blocks_fill_what_the_utilisation_leaves(utilization):
 def test_every_term_reduces_the_budget():
     block_bytes = 1 << 20
     base = num_kv_blocks(_profile(), 0.9, block_bytes, 1)
-    for field in ("non_torch_bytes", "weights_bytes", "peak_activation_bytes", "graph_reserve_bytes"):
+    for field in ("non_torch_bytes", "weights_bytes", "peak_activation_bytes", "graph_reserve_bytes", "staging_bytes"):
         grown = num_kv_blocks(_profile(**{field: getattr(_profile(), field) + 64 * block_bytes}), 0.9, block_bytes, 1)
         assert grown == base - 64, field
 
