@@ -205,16 +205,23 @@ def _streamed(path: Path, entries: list[Entry], device: torch.device) -> Iterato
 READ_MODES = WEIGHT_READS
 
 
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """The read mode taken onto device: "auto" is "streamed" onto a GPU and "mapped" elsewhere."""
+    if mode not in READ_MODES:
+        raise ValueError(f"mode must be one of {READ_MODES}, got {mode!r}")
+    if mode == "auto":
+        return "streamed" if device.type == "cuda" else "mapped"
+    if mode == "streamed" and device.type != "cuda":
+        raise ValueError(f"mode='streamed' reads through pinned memory onto a GPU, not onto {device}")
+    return mode
+
+
 def read_tensors(path: Path, device: torch.device, mode: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor on device) for each tensor of the file, in file order; copy each into its
     parameter before asking for the next (a mapped one is a view of the file). mode: "mapped"
     (tensor by tensor from the memory map), "streamed" (batches through pinned buffers, CUDA only)
     or "auto" (streamed onto a GPU, mapped onto the CPU)."""
-    if mode not in READ_MODES:
-        raise ValueError(f"mode must be one of {READ_MODES}, got {mode!r}")
-    streamed = mode == "streamed" or (mode == "auto" and device.type == "cuda")
-    if streamed and device.type != "cuda":
-        raise ValueError(f"mode='streamed' reads through pinned memory onto a GPU, not onto {device}")
+    streamed = resolve_mode(mode, device) == "streamed"
     entries = read_header(path)
     try:
         yield from (_streamed if streamed else _mapped)(path, entries, device)
