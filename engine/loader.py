@@ -60,6 +60,7 @@ def load_model(
     fused_reduce_norm: FusedReduceNorm | None = None,
     load_format: str = "auto",
     expert_parallel: bool = False,
+    weight_read: str = "auto",
 ) -> tuple[DecoderForCausalLM, Any]:
     """Returns (model in eval mode, transformers PretrainedConfig of the checkpoint).
 
@@ -69,7 +70,8 @@ def load_model(
     the group has one, sums and normalises in one launch). load_format "dummy" reads only the
     folder's config.json and fills the weights at random on the device (engine.dummy).
     expert_parallel: a mixture-of-experts rank holds (and reads) only its num_experts / tp_size
-    whole experts (engine.layers.moe).
+    whole experts (engine.layers.moe). weight_read: how the files are read onto the device
+    (engine.weight_reader.READ_MODES; "auto": streamed onto a GPU, mapped onto the CPU).
     """
     from transformers import AutoConfig  # heavy import, only needed here
 
@@ -90,7 +92,7 @@ def load_model(
         init_dummy_weights(model)
     elif load_format == "auto":
         started = time.perf_counter()
-        load_weights(model, root)
+        load_weights(model, root, weight_read)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         model.weights_load_s = time.perf_counter() - started
@@ -114,11 +116,10 @@ def _weight_files(root: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: DecoderForCausalLM, root: Path, read_mode: str = "mapped") -> None:
+def load_weights(model: DecoderForCausalLM, root: Path, read_mode: str = "auto") -> None:
     """Fill every parameter from the checkpoint's files (engine.weight_reader reads them onto the
-    model's device, read_mode one of its READ_MODES; the parameters' weight loaders take this
-    rank's shard there). The default is the memory-mapped read on every device: the streamed read
-    onto a GPU stays opt-in until experiments/autoscale/load_bench.py has measured it there."""
+    model's device, read_mode one of its READ_MODES: "auto" streams onto a GPU and maps onto the
+    CPU; the parameters' weight loaders take this rank's shard there)."""
     device = model.lm_head.weight.device
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.shape.tie_word_embeddings

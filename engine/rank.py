@@ -58,6 +58,7 @@ def build_runner(engine_config: EngineConfig, scheduler_config: SchedulerConfig,
         all_gather=group.all_gather if group else None,
         fused_reduce_norm=group.symmetric if group else None,
         load_format=engine_config.load_format,
+        weight_read=engine_config.weight_read,
         expert_parallel=engine_config.execution.expert_parallel,
     )
     return ModelRunner(model, hf_config, engine_config, scheduler_config, cache_config, device,

@@ -1,14 +1,15 @@
 """Read the tensors of a safetensors file onto the model's device.
 
-Onto a GPU, opt-in ("streamed"; engine.loader reads "mapped" until load_bench has measured it
-there): the file's tensors are grouped into batches of adjacent tensors (BATCH_BYTES, or one tensor
-where it is larger); READERS threads pread each batch's bytes in CHUNK_BYTES pieces into pinned host
-buffers ahead of the copies (large reads, no page faults of a memory map, the disk or page cache
-read in parallel), each piece is copied asynchronously into the batch's device buffer, and the
-batch's tensors are slices of that buffer: dtype conversion and the packing into fused parameters
-then run on the GPU (the weight loaders' copy_). Reading tensor by tensor from the memory map
-("mapped") copies each from pageable memory through the driver's staging buffer, synchronously, one
-tensor at a time.
+Onto a GPU ("streamed", the default there; experiments/autoscale/load_bench.py measured it on an
+H100 at 2.3x the bytes/s of "mapped" from the page cache and 1.24x from disk): the file's tensors
+are grouped into batches of adjacent tensors (BATCH_BYTES, or one tensor where it is larger);
+READERS threads pread each batch's bytes in CHUNK_BYTES pieces into pinned host buffers ahead of
+the copies (large reads, no page faults of a memory map, the disk or page cache read in parallel),
+each piece is copied asynchronously into the batch's device buffer, and the batch's tensors are
+slices of that buffer: dtype conversion and the packing into fused parameters then run on the GPU
+(the weight loaders' copy_). Reading tensor by tensor from the memory map ("mapped") copies each
+from pageable memory through the driver's staging buffer, synchronously, one tensor at a time; it
+stays selectable (EngineConfig.weight_read="mapped").
 
 Onto the CPU ("mapped", the default there): each tensor is a view of the memory map, copied once,
 into its parameter (a read into a buffer first would copy every byte twice).
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from engine.config import WEIGHT_READS
 
 BATCH_BYTES = 256 << 20  # device memory held by one batch's buffer while its tensors are loaded
 CHUNK_BYTES = 32 << 20  # one read, into one pinned host buffer (2 x READERS of them)
@@ -199,7 +202,18 @@ def _streamed(path: Path, entries: list[Entry], device: torch.device) -> Iterato
         os.close(fd)
 
 
-READ_MODES = ("auto", "mapped", "streamed")
+READ_MODES = WEIGHT_READS
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """The read mode taken onto device: "auto" is "streamed" onto a GPU and "mapped" elsewhere."""
+    if mode not in READ_MODES:
+        raise ValueError(f"mode must be one of {READ_MODES}, got {mode!r}")
+    if mode == "auto":
+        return "streamed" if device.type == "cuda" else "mapped"
+    if mode == "streamed" and device.type != "cuda":
+        raise ValueError(f"mode='streamed' reads through pinned memory onto a GPU, not onto {device}")
+    return mode
 
 
 def read_tensors(path: Path, device: torch.device, mode: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
@@ -207,11 +221,7 @@ def read_tensors(path: Path, device: torch.device, mode: str = "auto") -> Iterat
     parameter before asking for the next (a mapped one is a view of the file). mode: "mapped"
     (tensor by tensor from the memory map), "streamed" (batches through pinned buffers, CUDA only)
     or "auto" (streamed onto a GPU, mapped onto the CPU)."""
-    if mode not in READ_MODES:
-        raise ValueError(f"mode must be one of {READ_MODES}, got {mode!r}")
-    streamed = mode == "streamed" or (mode == "auto" and device.type == "cuda")
-    if streamed and device.type != "cuda":
-        raise ValueError(f"mode='streamed' reads through pinned memory onto a GPU, not onto {device}")
+    streamed = resolve_mode(mode, device) == "streamed"
     entries = read_header(path)
     try:
         yield from (_streamed if streamed else _mapped)(path, entries, device)

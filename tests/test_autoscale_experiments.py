@@ -24,11 +24,15 @@ def _start(kind: str, load_s: float, capture_s: float = 2.0) -> dict:
 def test_the_probes_calibration_is_the_medians_and_reads_back(tmp_path):
     rows = [_start("warm-up", 9.0, capture_s=30.0), _start("disk", 1.0), _start("disk", 3.0), _start("disk", 2.0),
             _start("page cache", 0.25)]
+    for row in rows:
+        row["weight_read"] = "streamed"
     calibration = cold_start.summarize(rows, 1, "python -m experiments.autoscale.cold_start ...")
+    assert calibration["weight_read"] == "streamed"  # the read the starts took goes into the file
     assert calibration["load_s"] == 2.0 and calibration["capture_s"] == 2.0  # the warm-up start is left out
     assert calibration["load_bytes_per_s"] == 0.5e9 and calibration["cached_load_bytes_per_s"] == 4e9
     path = tmp_path / "qwen3-0.6b.cold_start.json"
     path.write_text(json.dumps(calibration))
+    assert read_calibration(path).weight_read == "streamed"
     cold = read_calibration(path).cold_start(provision_s=0.0, weight_bytes_per_rank=10**9, eager=False)
     assert (cold.load_s, cold.capture_s, cold.process_s) == (2.0, 2.0, 11.0)
     only_cached = cold_start.summarize([_start("page cache", 0.5)], 1, "")
@@ -89,6 +93,8 @@ def test_the_probe_times_fresh_processes_on_cpu(tmp_path):
     assert (rows["process_s"] > rows["interpreter_s"]).all() and (rows["startup_s"] > rows["process_s"]).all()
     calibration = read_calibration(out / "profiles" / "cpu" / "tiny-qwen3.cold_start.json")
     assert calibration.tp_size == 1 and calibration.capture_s < 0.1  # CPU: no graphs
+    assert rows["weight_read"].tolist() == ["mapped"] * 2  # "auto" onto the CPU
+    assert json.loads((out / "profiles" / "cpu" / "tiny-qwen3.cold_start.json").read_text())["weight_read"] == "mapped"
 
 
 @pytest.mark.slow

@@ -74,6 +74,7 @@ def _timed(spec: dict, conn, up: float) -> None:
     from engine.core import Request, SamplingParams, make_scheduler
     from engine.core.loop import WallClock, run
     from engine.executor import EngineExecutor
+    from engine.weight_reader import resolve_mode
 
     imported = time.time()
     executor = EngineExecutor(spec["engine"], spec["scheduler"], spec["cache"])
@@ -86,6 +87,7 @@ def _timed(spec: dict, conn, up: float) -> None:
         first = time.perf_counter() - started
         conn.send({"up": up, "imported": imported, "ready": ready, "first_token_s": first, "device": info.device,
                    "num_blocks": info.num_blocks, "weights_s": executor.weights_load_s,
+                   "weight_read": resolve_mode(spec["engine"].weight_read, executor.device),
                    **{f"{p}_s": executor.startup_s[p] for p in PHASES}})
     finally:
         executor.shutdown()
@@ -181,6 +183,7 @@ def summarize(rows: list[dict], tp_size: int, command: str) -> dict:
             "cached_load_bytes_per_s": median("load_bytes_per_s", cached or timed),
             **({"weights_s": median("weights_s", timed), "weights_bytes_per_s": median("weights_bytes_per_s", timed)}
                if all(r.get("weights_s") for r in timed) else {}),
+            **({"weight_read": first["weight_read"]} if "weight_read" in first else {}),
             "starts_from_disk": len(disk), "starts_from_page_cache": len(cached),
             "measured": date.today().isoformat(), "command": command}
 

@@ -1,7 +1,8 @@
 """The weight read alone: engine.loader.load_weights into one model allocated once, each read mode
-in turn (engine.weight_reader: "mapped", tensor by tensor from the memory map, as the loader read
-before; "streamed", batches through pinned buffers, opt-in until this bench has measured it), from
-the page cache and, with --drop, from disk. One CSV row per read; GB/s is the checkpoint's bytes over the read.
+in turn (engine.weight_reader: "mapped", tensor by tensor from the memory map, the calibrations'
+read; "streamed", batches through pinned buffers, the default onto a GPU since this bench measured
+it on an H100: experiments/autoscale/h100_8b/), from the page cache and, with --drop, from disk.
+One CSV row per read; GB/s is the checkpoint's bytes over the read.
 
   python -m experiments.autoscale.load_bench --ckpt /tmp/ck/qwen3-8b --out $OUT/load_bench.csv --drop  # on a GPU
   python -m experiments.autoscale.load_bench --ckpt /tmp/tiny --out /tmp/load_bench.csv --device cpu   # CPU check

@@ -7,7 +7,10 @@ from the page cache, the KV cache's sizing and warm-up, and CUDA graph capture; 
 that measured them; setup_s, the engine's own set-up between its imports and its first timed
 phase (the device, the attention backend), where the probe recorded it. A new replica's start-up
 is then provision_s (never measured: a machine or a pod) + process + set-up + the model's weight
-bytes per rank at the measured bandwidth + KV set-up + capture.
+bytes per rank at the measured bandwidth + KV set-up + capture. weight_read names the weight read
+the starts took (engine.weight_reader: "mapped" or "streamed"); a file without it was measured
+with "mapped", the engine's only read then. The price is the measured one whichever read the
+engine now defaults to: a calibration of the other read is a new measurement, not a rescaling.
 
 A replica started mid-run starts beside replicas that serve. Where the probe also measured the
 start with a replica serving on the same host (experiments/autoscale/midrun_dp.py's loaded probe:
@@ -22,11 +25,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import WEIGHT_READS
 from engine.core.elastic import ColdStart
 from harness.convert import ConfigError
 from harness.profiles import PROFILES_DIR, hardware_conf_name
 
 log = logging.getLogger(__name__)
+
+# the reads a start takes ("auto" resolves to one of them: engine.weight_reader.resolve_mode)
+READS = tuple(m for m in WEIGHT_READS if m != "auto")
 
 SUFFIX = ".cold_start.json"
 # the fields a calibration file must carry (the probe writes more: repeats, device, medians of each phase)
@@ -46,6 +53,7 @@ class ColdStartCalibration:
     capture_s: float  # CUDA graph capture
     command: str
     setup_s: float = 0.0  # imports done to the first timed phase (files from before the probe timed it: 0)
+    weight_read: str = "mapped"  # the read the starts took (files from before the probe recorded it: mapped)
     under_load: ColdStartCalibration | None = None  # the same start beside a serving replica
 
     def cold_start(self, provision_s: float, weight_bytes_per_rank: int, eager: bool,
@@ -82,8 +90,11 @@ def _calibration(data: object, path: Path, where: str) -> ColdStartCalibration:
         raise ConfigError(f"{where}: a cold-start calibration needs {missing}")
     phases = {k: float(data[k]) for k in (*FIELDS[1:-1], "setup_s") if k in data}
     loaded = _calibration(data["under_load"], path, f"{where} under_load") if "under_load" in data else None
+    read = str(data.get("weight_read", "mapped"))
+    if read not in READS:
+        raise ConfigError(f"{where}: weight_read must be one of {READS}, got {read!r}")
     return ColdStartCalibration(path=path, tp_size=int(data["tp_size"]), command=str(data["command"]),
-                                under_load=loaded, **phases)
+                                weight_read=read, under_load=loaded, **phases)
 
 
 def find_calibration(hardware_name: str, model_name: str, tp_size: int,

@@ -67,7 +67,8 @@ def cold_start_of(rc: RunConfig, autoscale: AutoscaleConfig, tp_size: int) -> Co
     weight_bytes = rc.model.weight_bytes_per_rank(tp_size)
     calibration = find_calibration(rc.hardware.name, rc.model.name, tp_size) if autoscale.calibration else None
     if calibration is not None:
-        log.info("a new replica's start-up: the cold start measured in %s", calibration.path)
+        log.info("a new replica's start-up: the cold start measured in %s (its weights read %s)", calibration.path,
+                 calibration.weight_read)
         return calibration.cold_start(autoscale.provision_s, weight_bytes, eager)
     bandwidth = rc.hardware.weight_load_bytes_per_s
     if bandwidth is None:

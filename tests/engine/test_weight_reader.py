@@ -1,6 +1,7 @@
 """engine.weight_reader: the loaded parameters are the checkpoint's tensors (rebuilt here from the
 file on the CPU, not through the weight loaders), on the CPU (memory map) and on a GPU (streamed
-through pinned buffers, and mapped), with dtype conversion; odd offsets; broken headers."""
+through pinned buffers, the default there, and mapped), with dtype conversion; which reader each
+mode and device takes; odd offsets; broken headers."""
 
 from __future__ import annotations
 
@@ -64,8 +65,11 @@ def test_loaded_weights_are_the_checkpoint_on_gpu(monkeypatch, tiny_qwen3_moe_di
             model, _ = load_model(folder, dtype=dtype, device="cuda", load_format="dummy")  # random, then read
             load_weights(model, folder, mode)
             _check_equal(model, folder)
+    streamed = []
+    real = weight_reader._streamed
+    monkeypatch.setattr(weight_reader, "_streamed", lambda *a: streamed.append(a[0]) or real(*a))
     model, _ = load_model(tiny_qwen2_dir, device="cuda")  # the default read onto a GPU: streamed
-    assert model.weights_load_s is not None and model.weights_load_s > 0
+    assert streamed and model.weights_load_s is not None and model.weights_load_s > 0
     _check_equal(model, tiny_qwen2_dir)
 
 
@@ -123,6 +127,39 @@ def test_bad_mode_is_refused(tmp_path):
         list(read_tensors(path, torch.device("cpu"), "fast"))
     with pytest.raises(ValueError, match="onto a GPU"):
         list(read_tensors(path, torch.device("cpu"), "streamed"))
+
+
+@pytest.mark.parametrize("device, mode, path", [("cuda", "auto", "streamed"), ("cpu", "auto", "mapped"),
+                                               ("cuda", "mapped", "mapped"), ("cuda", "streamed", "streamed")])
+def test_auto_streams_onto_a_gpu_and_maps_onto_the_cpu(monkeypatch, tmp_path, device, mode, path):
+    """Which reader each mode takes (the readers replaced by recorders: no GPU needed)."""
+    file = tmp_path / "w.safetensors"
+    _write(file, [("w", "F32", [1], bytes(4))])
+    taken = []
+    for name in ("_streamed", "_mapped"):
+        monkeypatch.setattr(weight_reader, name, lambda p, e, d, name=name: iter(taken.append(name) or ()))
+    list(read_tensors(file, torch.device(device), mode))
+    assert taken == [f"_{path}"]
+
+
+def test_the_engines_weight_read_reaches_the_reader_and_defaults_to_auto(monkeypatch, tiny_qwen3_dir):
+    """EngineConfig.weight_read goes to every file's read (LLM -> executor -> rank -> loader); unset, "auto"
+    (streamed onto a GPU, by the test above); a bad value or streamed onto the CPU is one line."""
+    from engine import loader
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+
+    modes = []
+    real = loader.read_tensors
+    monkeypatch.setattr(loader, "read_tensors", lambda path, device, mode: modes.append(mode) or real(path, device,
+                                                                                                      mode))
+    LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=64, weight_read="mapped")
+    LLM(tiny_qwen3_dir, device="cpu", dtype="float32", max_model_len=64)
+    assert modes == ["mapped", "auto"]
+    with pytest.raises(ValueError, match=r"^EngineConfig.weight_read must be one of \('auto', 'mapped', 'streamed'\)"):
+        EngineConfig(model="m", weight_read="fast")
+    with pytest.raises(ValueError, match="weight_read='streamed' reads through pinned memory onto a GPU"):
+        EngineConfig(model="m", device="cpu", weight_read="streamed")
 
 
 @given(st.lists(st.integers(0, 300), max_size=30), st.integers(1, 500))
