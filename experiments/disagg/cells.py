@@ -11,6 +11,8 @@ hardware's NVLink figures and the engine's handshake (replicas act on transfer m
 their steps: fleet.transfer.handshake). Once the disaggregated fleet is done, the link's effective bandwidth
 and latency are fitted to its measured transfers (tables.fit_link) and its cells simulated again
 with them ("+ fitted link"): calibration, in-sample, reported beside the priced figures.
+With keep_steps (--keep-steps), each cell's per-replica steps of the measured run and of its
+priced simulation go to steps_<fleet>_<workload>_<load>.csv.gz (experiments/disagg/kept_steps.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.disagg.common import ROUTER, Deadline, Setup, log
+from experiments.disagg.kept_steps import STEP_COLUMNS as KEPT_STEP_COLUMNS
+from experiments.disagg.kept_steps import write_kept
 from experiments.disagg.tables import Book, fit_link
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload, request_count
 from harness.config import RunConfig
@@ -50,13 +54,19 @@ class MeasureConfig:
     warmup_requests: int
     trace: str | None
     session_s: float  # what starting a fleet needs at least (loading, graph capture)
+    keep_steps: bool = False  # every run's per-replica steps, both sides (experiments/disagg/kept_steps.py)
+
+    @property
+    def step_columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*SUMMARY_STEP_COLUMNS, *KEPT_STEP_COLUMNS))) if self.keep_steps \
+            else SUMMARY_STEP_COLUMNS
 
 
 @contextmanager
-def open_fleet(setup: Setup, rc: RunConfig, mode: str):
+def open_fleet(setup: Setup, rc: RunConfig, mode: str, step_columns: tuple[str, ...] = SUMMARY_STEP_COLUMNS):
     """serve(workload) -> outcome, on the measured fleet of `mode`, started once."""
     server = disagg_server if mode == "disaggregated" else fleet_server
-    with server(rc, setup.fleet(mode), ROUTER, False, SUMMARY_STEP_COLUMNS) as serve:  # type: ignore[arg-type]
+    with server(rc, setup.fleet(mode), ROUTER, False, step_columns) as serve:  # type: ignore[arg-type]
         yield serve
 
 
@@ -67,13 +77,13 @@ def replica_blocks(outcome) -> int:
 
 
 def simulate(setup: Setup, sim_rc: RunConfig, mode: str, workload, num_blocks: int,
-             link: TransferConfig | None = None):
+             link: TransferConfig | None = None, step_columns: tuple[str, ...] = SUMMARY_STEP_COLUMNS):
     rc = dataclasses.replace(sim_rc, workload=workload, cache=dataclasses.replace(sim_rc.cache, num_blocks=num_blocks))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a profile extrapolated past its grid says so once per run
         if mode == "disaggregated":
-            return run_disagg_once(rc, setup.fleet(mode, link), ROUTER, False, SUMMARY_STEP_COLUMNS)  # type: ignore[arg-type]
-        return run_fleet_once(rc, setup.fleet(mode), ROUTER, False, step_columns=SUMMARY_STEP_COLUMNS)  # type: ignore[arg-type]
+            return run_disagg_once(rc, setup.fleet(mode, link), ROUTER, False, step_columns)  # type: ignore[arg-type]
+        return run_fleet_once(rc, setup.fleet(mode), ROUTER, False, step_columns=step_columns)  # type: ignore[arg-type]
 
 
 class Cells:
@@ -93,7 +103,7 @@ class Cells:
                 self.book.note(f"{mode}: not started, {self.deadline.elapsed():.0f} s of the call spent")
                 continue
             log(self.deadline, f"starting the {self.setup.fleet_label(mode)} {mode} fleet")
-            with open_fleet(self.setup, self.measured_rc, mode) as serve:
+            with open_fleet(self.setup, self.measured_rc, mode, self.mc.step_columns) as serve:
                 log(self.deadline, "fleet ready")
                 for name, base in self.classes.items():
                     self._serve_class(serve, mode, name, base)
@@ -120,7 +130,7 @@ class Cells:
               blocks: int) -> float | None:
         """Serve and simulate one cell; the measured request throughput, or None when skipped."""
         workload = at_rate(base, rate, n)
-        sim = simulate(self.setup, self.sim_rc, mode, workload, blocks)
+        sim = simulate(self.setup, self.sim_rc, mode, workload, blocks, step_columns=self.mc.step_columns)
         estimate = 1.5 * max(sim.summary["makespan_s"], n / rate if rate else 0.0) + SLACK_S
         cell = {"fleet": self.setup.fleet_label(mode), "mode": mode, "workload": name, "load": load,
                 "rate_req_s": rate if rate is not None else float("nan"), "num_requests": n}
@@ -131,6 +141,8 @@ class Cells:
         row, sim_row = measured.summary.to_row(), sim.summary.to_row()
         self.book.run("measured", cell, row)
         self.book.run(self.sim_side, cell, sim_row)
+        if self.mc.keep_steps:
+            write_kept(self.book.out, cell, {"measured": measured, self.sim_side: sim}, self.sim_rc.cache.block_size)
         compared = self.book.compare(cell, row, sim_row, self.sim_side)
         if mode == "disaggregated":
             self.book.moved(cell, measured.requests)

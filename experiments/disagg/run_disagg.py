@@ -9,7 +9,9 @@
 measure: P prefill + D decode engine replicas (--pools, default 1P1D), then P + D aggregated
 replicas, each against its simulation with the GPU's profiled cost model, on two workload
 classes at each load x the fleet's measured capacity (experiments/disagg/cells.py); results as
-each cell finishes: compare.md, compare.csv, runs.csv, transfers.csv, transfer_fit.csv.
+each cell finishes: compare.md, compare.csv, runs.csv, transfers.csv, transfer_fit.csv; with
+--keep-steps also every replica's steps, measured and simulated, per cell (steps_*.csv.gz, read by
+experiments/disagg/step_report.py).
 goodput: the planner's pick on two scenarios, confirmed by the engine's goodput of both modes
 (experiments/disagg/goodput.py): direction.md, goodput.csv, goodput_runs.csv, plan_<scenario>/.
 plan: the planner alone, on the simulator (no GPU).
@@ -74,6 +76,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for both sides")
     parser.add_argument("--limit-s", type=float, default=540.0, help="no run starts that would end past this")
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
+    parser.add_argument("--keep-steps", action="store_true",
+                        help="measure: every run's per-replica steps and its simulation's (steps_*.csv.gz)")
     parser.add_argument("--bundle", type=Path, default=None,
                         help="a .tar.gz of --out, packed again as each part finishes (a device call returns one file)")
     args = parser.parse_args(argv)
@@ -105,6 +109,8 @@ def check(args: argparse.Namespace) -> Pools:
         bundle, out = args.bundle.resolve(), args.out.resolve()
         if not bundle.name.endswith(".tar.gz") or bundle.parent == out or out in bundle.parents:
             raise ConfigError(f"--bundle must be a .tar.gz outside --out {args.out}, got {args.bundle}")
+    if args.keep_steps and args.command != "measure":
+        raise ConfigError(f"--keep-steps keeps the measure command's steps, not {args.command}'s")
     if args.command != "measure" and not args.cpu and args.model not in SCENARIOS:
         raise ConfigError(f"{args.command}: scenarios exist for {sorted(SCENARIOS)}, not {args.model!r}")
     names = [s.name for s in SCENARIOS[CPU_SCENARIO_MODEL if args.cpu else args.model]] \
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "measure":
             mc = MeasureConfig(tuple(args.workloads), tuple(args.loads), args.cell_s, args.min_requests,
                                args.max_requests, args.drain_requests, args.drain_s, args.max_drain,
-                               args.warmup_requests, trace, args.session_s)
+                               args.warmup_requests, trace, args.session_s, args.keep_steps)
             Cells(setup, mc, args.out, deadline).run()
             deadline.pack()
             print((args.out / "compare.md").read_text())
