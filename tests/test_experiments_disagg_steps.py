@@ -1,0 +1,103 @@
+"""run_disagg measure --keep-steps: each cell's per-replica steps, measured and simulated, kept in a
+small gzipped file per cell, read back, and compared by experiments/disagg/step_report.py."""
+
+from __future__ import annotations
+
+import tarfile
+
+import pandas as pd
+import pytest
+
+from experiments.disagg import run_disagg, step_report
+from experiments.disagg.kept_steps import KEPT_COLUMNS, read_kept
+
+SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--max-drain", "12",
+         "--drain-s", "0.1", "--warmup-requests", "4", "--cell-s", "1", "--workloads", "long", "--keep-steps"]
+CELLS = {f"steps_{fleet}_long_{load}.csv.gz" for fleet in ("1P1D", "2x") for load in ("offline", "0.5", "0.8")}
+SLOW, GAP = 1.5, 0.002
+
+
+def _report(folder, tmp_path) -> pd.DataFrame:
+    assert step_report.main([str(folder), "--out", str(tmp_path / "report")]) == 0
+    return pd.read_csv(tmp_path / "report" / "step_report.csv", keep_default_na=False, na_values=[""])
+
+
+def _rows(report: pd.DataFrame, fleet: str, load: str, pool: str, replica: int) -> pd.DataFrame:
+    mine = report[(report["fleet"] == fleet) & (report["load"].astype(str) == load) & (report["pool"] == pool)
+                  & (report["replica"] == replica)]
+    return mine.set_index("kind")
+
+
+def test_kept_steps_are_read_back_and_an_injected_slowdown_and_gap_are_reported(tmp_path):
+    out = tmp_path / "out"
+    assert run_disagg.main(["measure", *SMALL, "--dry-run", "--out", str(out)]) == 0
+    assert {p.name for p in out.glob("steps_*.csv.gz")} == CELLS
+    for name in CELLS:
+        steps = read_kept(out / name)
+        assert list(steps.columns[:len(KEPT_COLUMNS)]) == list(KEPT_COLUMNS)
+        measured, sim = (steps[steps["side"] == s].drop(columns="side").reset_index(drop=True)
+                         for s in ("measured", "roofline"))
+        pd.testing.assert_frame_equal(measured, sim)  # the simulator on both sides of a dry run
+        assert (steps["kv_tokens"] >= 0).all() and (steps["duration"] > 0).all()
+        pools = {"prefill", "decode"} if name.startswith("steps_1P1D") else {"aggregated"}
+        assert set(steps["pool"]) == pools
+    clean = _report(out, tmp_path)
+    assert clean["measured_over_sim"].eq(1.0).all() and clean["measured_over_priced"].between(0.99, 1.01).all()
+
+    # the decode replica's measured steps 1.5x slower; the second aggregated replica 2 ms idle before each step
+    path = out / "steps_1P1D_long_0.8.csv.gz"
+    steps = pd.read_csv(path)
+    slow = (steps["side"] == "measured") & (steps["pool"] == "decode")
+    steps.loc[slow, "duration"] *= SLOW
+    steps.to_csv(path, index=False, compression="gzip")
+    path = out / "steps_2x_long_0.5.csv.gz"
+    steps = pd.read_csv(path)
+    late = (steps["side"] == "measured") & (steps["replica"] == 1)
+    steps.loc[late, "start"] += GAP * steps[late].groupby("replica").cumcount()
+    steps.to_csv(path, index=False, compression="gzip")
+
+    report = _report(out, tmp_path)
+    decode = _rows(report, "1P1D", "0.8", "decode", 0)
+    assert decode.loc["decode", "measured_over_sim"] == pytest.approx(SLOW)
+    assert decode.loc["decode", "measured_over_priced"] == pytest.approx(SLOW, rel=0.01)
+    assert decode.loc["decode", "batch_measured"] == decode.loc["decode", "batch_sim"]
+    assert _rows(report, "1P1D", "0.8", "prefill", 0).loc["prefill", "measured_over_sim"] == 1.0
+    late_rows, other = _rows(report, "2x", "0.5", "aggregated", 1), _rows(report, "2x", "0.5", "aggregated", 0)
+    assert late_rows.loc["all", "measured_over_sim"] == 1.0  # the steps themselves are as priced
+    # the gap grows by GAP wherever the simulated one is clipped at 0 or not: never less, on average GAP
+    assert late_rows.loc["all", "gap_measured_s"] - late_rows.loc["all", "gap_sim_s"] == pytest.approx(GAP, abs=2e-4)
+    assert other.loc["all", "gap_measured_s"] == pytest.approx(other.loc["all", "gap_sim_s"])
+    batches = pd.read_csv(tmp_path / "report" / "step_batches.csv")
+    slowed = batches[(batches["fleet"] == "1P1D") & (batches["load"].astype(str) == "0.8")
+                     & (batches["pool"] == "decode")]
+    assert slowed["group"].str.startswith("decode (").all()
+    assert slowed["measured_over_sim"].to_numpy() == pytest.approx(SLOW)
+
+
+def test_bad_step_input_is_refused_in_one_line(tmp_path, capsys):
+    assert step_report.main([str(tmp_path)]) == 2
+    assert "--keep-steps" in capsys.readouterr().err
+    path = tmp_path / "steps_2x_long_0.5.csv.gz"
+    path.write_text("a,b\n1,2\n")  # not gzipped
+    assert step_report.main([str(tmp_path)]) == 2
+    assert "not a kept steps file" in capsys.readouterr().err
+    pd.DataFrame({"a": [1]}).to_csv(path, index=False, compression="gzip")
+    assert step_report.main([str(path)]) == 2
+    assert "not a kept steps file (no [" in capsys.readouterr().err
+    assert run_disagg.main(["goodput", "--keep-steps", "--cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "--keep-steps" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_keep_steps_end_to_end_on_cpu_engines(tmp_path):
+    out, bundle = tmp_path / "out", tmp_path / "ship" / "m.tar.gz"
+    assert run_disagg.main(["measure", *SMALL, "--out", str(out), "--bundle", str(bundle)]) == 0
+    with tarfile.open(bundle) as tar:
+        assert {n.split("/")[-1] for n in tar.getnames() if "/steps_" in n} == CELLS
+    report = _report(out, tmp_path)
+    # every replica ran steps on both sides, and the measured ones are the CPU engine's
+    assert (report["steps_measured"] > 0).all() and (report["steps_sim"] > 0).all()
+    assert set(zip(report["fleet"], report["pool"], report["replica"])) == {
+        ("1P1D", "prefill", 0), ("1P1D", "decode", 0), ("2x", "aggregated", 0), ("2x", "aggregated", 1)}
+    assert (report["step_measured_s"] != report["step_sim_s"]).any()
