@@ -50,6 +50,23 @@ def visible_devices(configs: list[EngineConfig]) -> list[str | None]:
     return out
 
 
+def replica_specs(configs: list[EngineConfig], scheduler: SchedulerConfig, cache: CacheConfig, num_prefill: int = 0,
+                  port: int = 0) -> list[ReplicaSpec]:
+    """What each replica process is told (num_prefill > 0: a disaggregated fleet's roles and its
+    KV link on `port`, which sizes each replica's staging: ReplicaSpec.kv_staging_blocks)."""
+    threads = max(1, (os.cpu_count() or 1) // len(configs))
+    tps = tuple(cfg.execution.tensor_parallel_size for cfg in configs)
+
+    def disagg(i: int) -> dict:
+        if not num_prefill:
+            return {}
+        return {"role": "prefill" if i < num_prefill else "decode", "num_prefill": num_prefill,
+                "kv_link": LinkSpec(i, len(configs), port, REPLICA_TIMEOUT_S, tps)}
+
+    return [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads, **disagg(i))
+            for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
+
+
 class EngineReplicas:
     """The replica processes, loaded and sized (infos), and the router's links to them
     (engine.core.fleet.ReplicaLinks). start_run() hands them the clock; close() stops them."""
@@ -62,18 +79,7 @@ class EngineReplicas:
         count = len(configs) if initial is None else initial
         if not 1 <= count <= len(configs) or (num_prefill and count != len(configs)):
             raise ValueError(f"initial={initial} replicas must be 1..{len(configs)} (all of a disaggregated fleet)")
-        threads = max(1, (os.cpu_count() or 1) // len(configs))
-        port = free_port() if num_prefill else 0
-        tps = tuple(cfg.execution.tensor_parallel_size for cfg in configs)
-
-        def disagg(i: int) -> dict:
-            if not num_prefill:
-                return {}
-            return {"role": "prefill" if i < num_prefill else "decode", "num_prefill": num_prefill,
-                    "kv_link": LinkSpec(i, len(configs), port, REPLICA_TIMEOUT_S, tps)}
-
-        self._specs = [ReplicaSpec(i + 1, cfg, scheduler, cache, devices, REPLICA_TIMEOUT_S, threads, **disagg(i))
-                       for i, (cfg, devices) in enumerate(zip(configs, visible_devices(configs)))]
+        self._specs = replica_specs(configs, scheduler, cache, num_prefill, free_port() if num_prefill else 0)
         self._workers = Workers(self._specs[:count], target=replica_main, role="engine replica", daemon=False)
         try:
             self._workers.replies("start")

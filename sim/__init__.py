@@ -22,8 +22,10 @@ from sim.tp_transfer import TPTransferCostModel
 
 def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, cache: CacheConfig,
                        scheduler: SchedulerConfig, cost_model: CostModel | None = None,
-                       samples: SampledTokens | None = None) -> SimExecutor:
+                       samples: SampledTokens | None = None, staging_blocks: int = 0) -> SimExecutor:
     """A SimExecutor for this configuration; its block count is cache.num_blocks if set, else planned.
+    staging_blocks: a disaggregated replica's KV link staging (engine.core.kv_staging), kept out of
+    the planned cache; a set cache.num_blocks is the cache itself, as the engine takes it.
     cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws);
     samples: tokens computed ahead (sim.sampled), read by the executor where they cover its steps."""
     execution = sim.execution
@@ -33,7 +35,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     if num_blocks is None:
         num_blocks = plan_num_blocks(model, hardware, cache.block_size, execution.gpu_memory_utilization,
                                      sim.activation_reserve_bytes, execution.tensor_parallel_size,
-                                     scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
+                                     scheduler.max_num_batched_tokens, scheduler.max_num_seqs, staging_blocks)
     graphs = planned_graph_sizes(execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
     if cost_model is None:
         cost_model = make_cost_model(model, hardware, sim, graphs)

@@ -9,8 +9,13 @@ it (max_tokens=1, EOS, a stop token) finishes on its prefill replica and moves n
 
 NOTE back-pressure: when no decode replica can take a request, it waits, first come first served,
 on its prefill replica holding its blocks; waiting requests are offered again whenever a decode
-step ends. Layer-by-layer overlap (TransferPricer) only applies to a transfer that starts the
-moment the prefill ends: one that waited finds its KV complete.
+step ends. A decode replica takes one only with room in its receive staging ring for the request's
+prefill replica (engine.core.kv_staging.StagingRing, staging_blocks_per_peer of the decode
+replica's max_model_len: the engine's StagingPool): its blocks are taken as the transfer starts
+and freed oldest first, each once it and every earlier transfer from that peer landed (the
+engine scatters receives in the order it posted them). Layer-by-layer overlap (TransferPricer)
+only applies to a transfer that starts the moment the prefill ends: one that waited finds its KV
+complete.
 
 handshake=True prices the engine's protocol (engine.disagg_replica), where each replica's loop
 handles messages only between its steps: the decode replica learns of the transfer at its next
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.kv_staging import StagingRing, staging_blocks_per_peer
 from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, StepRun
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
@@ -89,6 +95,10 @@ class FleetEvents:
         self.retry_pending = False
         self.rejected: dict[str, str] = {}
         self.max_blocked = 0
+        # (decode replica, prefill replica) -> its receive staging ring and the ids staged in it, oldest first
+        self.rings: dict[tuple[int, int], StagingRing] = {}
+        self.staged: dict[tuple[int, int], deque[str]] = {}
+        self.landed: set[str] = set()  # staged requests whose KV landed behind an earlier one still in transit
         for index, replica in enumerate(self.replicas):
             self._hook(index, replica)
 
@@ -160,6 +170,7 @@ class FleetEvents:
         elif kind == LANDED:
             transfer = self.transfers[request.request_id]
             self.prefill[transfer.prefill].release(request.request_id, t)
+            self._unstage(transfer, request.request_id)
             if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
                 landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t, True)
                 if landed is not None:
@@ -207,7 +218,10 @@ class FleetEvents:
 
     def _start(self, t: float, request: Request, blocked: bool) -> bool:
         """Reserve decode blocks and start the transfer; False when no decode replica can take it."""
-        open_ = [replica for replica in self._decode_open() if replica.can_take(request)]
+        transfer = self.transfers[request.request_id]
+        open_ = [replica for replica in self._decode_open()
+                 if replica.can_take(request) and self._ring(replica, transfer.prefill).fits(
+                     replica.blocks_to_receive(request))]
         if not open_:
             return False
         choice = self.decode_router.route(request, open_)
@@ -215,7 +229,8 @@ class FleetEvents:
             raise RuntimeError(f"decode router chose replica {choice} of {len(open_)}")
         target = open_[choice]
         target.reserve(request)
-        transfer = self.transfers[request.request_id]
+        self._ring(target, transfer.prefill).take(len(request.block_table))
+        self.staged[target.index, transfer.prefill].append(request.request_id)
         prefill_s = 0.0 if blocked or request.first_scheduled_time is None else t - request.first_scheduled_time
         transfer.decode = target.index
         if self.handshake:  # the decode replica reserves and says so at its next step boundary
@@ -225,6 +240,26 @@ class FleetEvents:
             return True
         self._send(t, request, prefill_s)
         return True
+
+    def _ring(self, replica: DecodeReplica, prefill: int) -> StagingRing:
+        """The decode replica's receive staging for transfers from prefill replica `prefill`."""
+        key = (replica.index, prefill)
+        ring = self.rings.get(key)
+        if ring is None:
+            bm = replica.scheduler.block_manager
+            ring = self.rings[key] = StagingRing(staging_blocks_per_peer(
+                bm.blocks_for(replica.scheduler.config.max_model_len)))
+            self.staged[key] = deque()
+        return ring
+
+    def _unstage(self, transfer: Transfer, request_id: str) -> None:
+        """The request's KV landed: free the ring's oldest ranges whose transfers all landed."""
+        key = (transfer.decode, transfer.prefill)
+        staged = self.staged[key]
+        self.landed.add(request_id)
+        while staged and staged[0] in self.landed:
+            self.landed.remove(staged.popleft())
+            self.rings[key].release()
 
     def _send(self, t: float, request: Request, prefill_s: float = 0.0) -> None:
         transfer = self.transfers[request.request_id]

@@ -32,7 +32,7 @@ from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import backend_tp_size
 from harness.fleet.disagg import _check_decode_cache, tabulate
-from harness.fleet.disagg_config import DisaggConfig, pool_run_configs
+from harness.fleet.disagg_config import DisaggConfig, pool_run_configs, pool_staging_blocks
 from harness.labels import run_identity
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
 from harness.run import cyclic_gc_paused, require_served, write_tables
@@ -72,7 +72,10 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
                                                      decode_replicas=autoscales[1].max_replicas))
     tps = [backend_tp_size(p) for p in pools]
     colds = [cold_start_of(p, a, tp) for p, a, tp in zip(pools, autoscales, tps)]
-    probes = [build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler) for p in pools]
+    # a replica's memory plan is made once, at its start: its staging is for every peer the other pool may have
+    staging = pool_staging_blocks(pools, (autoscales[0].max_replicas, autoscales[1].max_replicas))
+    probes = [build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler, staging_blocks=s)
+              for p, s in zip(pools, staging)]
     infos = [e.info() for e in probes]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
@@ -80,7 +83,8 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     def maker(p: int, kind: type):
         def make(index: int):
             executor = probes[p] if index == 0 else build_sim_executor(
-                pools[p].model, pools[p].hardware, pools[p].sim, pools[p].cache, pools[p].scheduler)
+                pools[p].model, pools[p].hardware, pools[p].sim, pools[p].cache, pools[p].scheduler,
+                staging_blocks=staging[p])
             return kind(index, make_scheduler(pools[p].scheduler, infos[p], pools[p].cache), executor,
                         SimulatedClock())
         return make

@@ -31,7 +31,7 @@ from engine.core.routers import RouterConfig, make_router
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import backend_tp_size
-from harness.fleet.disagg_config import DisaggConfig, pool_run_configs
+from harness.fleet.disagg_config import DisaggConfig, pool_run_configs, pool_staging_blocks
 from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
@@ -63,8 +63,9 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
     from sim.kv_transfer import KVTransferPricer
 
     counts = (fleet.prefill_replicas, fleet.decode_replicas)
-    executors = [[build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler) for _ in range(n)]
-                 for p, n in zip(pools, counts)]
+    staging = pool_staging_blocks(pools, counts)  # the engine's memory plan: KV link staging out of the cache
+    executors = [[build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler, staging_blocks=s)
+                  for _ in range(n)] for p, n, s in zip(pools, counts, staging)]
     infos = [ex[0].info() for ex in executors]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from engine.core.kv_staging import link_staging_blocks
 from engine.core.routers import ROUTERS
 from harness.config import RunConfig, load_hardware, on_hardware, section
 from harness.convert import ConfigError, to_dataclass
@@ -92,4 +93,16 @@ def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, Run
         if gpus > prefill.hardware.gpus_per_node:
             raise ConfigError(f"fleet.transfer.link=nvlink: the fleet's {gpus} GPUs exceed one node's "
                               f"{prefill.hardware.gpus_per_node}: use fleet.transfer.link=network")
+    return prefill, decode
+
+
+def pool_staging_blocks(pools: tuple[RunConfig, RunConfig], counts: tuple[int, int]) -> tuple[int, int]:
+    """The KV link staging a prefill and a decode replica keep out of their KV cache, in blocks of
+    their cache's layout, as the engine's replicas of this fleet plan it (engine.replica_main:
+    link_staging_blocks over ranks prefill first, each a peer of its pool's TP size). counts: the
+    replicas each pool may have at once (an autoscaled pool's max_replicas: a plan is made once)."""
+    tps = (backend_tp_size(pools[0]),) * counts[0] + (backend_tp_size(pools[1]),) * counts[1]
+    prefill, decode = (link_staging_blocks(role, rank, counts[0], tps,
+                                           -(-pool.scheduler.max_model_len // pool.cache.block_size))
+                       for role, rank, pool in (("prefill", 0, pools[0]), ("decode", counts[0], pools[1])))
     return prefill, decode

@@ -69,6 +69,39 @@ def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, over
     assert serve(True) == serve(False)
 
 
+def _ring_bound(fast: bool, policy: str, overlap: bool, seed: int, n: int, p: int, handshake: bool):
+    """Transfers of 2 ms + 2 ms a token against sub-millisecond steps and decode caches with room:
+    the receive staging rings (a peer's: 2 requests of max_model_len) hold transfers back."""
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=60, policy=policy)
+
+    def pool(kind, count: int):
+        executors = [_executor(fast, overlap, 200) for _ in range(count)]
+        return [kind(i, make_scheduler(config, e.info()), e, SimulatedClock()) for i, e in enumerate(executors)]
+
+    prefill, decode = pool(PrefillReplica, p), pool(DecodeReplica, 1)
+    routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+    with _deadline(60):
+        result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
+                                   LinearPricer(2e-3, 2e-3), handshake=handshake)
+    moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
+    return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
+       st.booleans())
+def test_fast_forward_matches_step_by_step_when_staging_rings_hold_transfers_back(policy, overlap, seed, n, p,
+                                                                                  handshake):
+    assert _ring_bound(True, policy, overlap, seed, n, p, handshake) == _ring_bound(False, policy, overlap, seed, n,
+                                                                                    p, handshake)
+
+
+def test_staging_rings_hold_transfers_back_in_the_fast_forward_fleet():
+    """The fleet above does make transfers wait for ring room (not for decode blocks: 200 each)."""
+    _, _, max_blocked = _ring_bound(True, "nano", False, 7, 30, 1, False)
+    assert max_blocked >= 2
+
+
 def test_decode_replicas_of_a_disaggregated_fleet_book_runs():
     """Fast-forward is on for decode replicas: a decode-heavy disaggregated run books StepRuns."""
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=200)
