@@ -44,7 +44,7 @@ def test_sample_runs_are_the_tokens_sampled_one_by_one(runs, seed, eos):
     executor = SimExecutor(cost, BackendInfo(num_blocks=8, block_size=4, vocab_size=97, eos_token_ids=(
         () if eos is None else (eos,))), seed=seed)
     runs = [(f"r{r}", first, count) for r, first, count in runs]
-    assert executor.sample_runs(runs) == [executor.sample_tokens(*run) for run in runs]
+    assert [list(tokens) for tokens in executor.sample_runs(runs)] == [executor.sample_tokens(*run) for run in runs]
 
 
 @given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5000), st.integers(0, 300)), min_size=1,
@@ -56,4 +56,4 @@ def test_sample_runs_of_one_executor_reuse_its_table_of_positions(calls, seed):
     executor = SimExecutor(cost, BackendInfo(num_blocks=8, block_size=4, vocab_size=1000), seed=seed)
     for runs in calls:
         runs = [(f"r{r}", first, count) for r, first, count in runs]
-        assert executor.sample_runs(runs) == [executor.sample_tokens(*run) for run in runs]
+        assert [list(tokens) for tokens in executor.sample_runs(runs)] == [executor.sample_tokens(*run) for run in runs]
