@@ -37,13 +37,16 @@ class TransferConfig:
     """fleet.transfer: link (nvlink | network); bandwidth (bytes/s per GPU, one way) and latency_s
     override the hardware's figures for that link (null: the hardware's); layerwise: overlap the
     transfer with the prefill layer by layer; handshake: the engine's protocol, where the replicas
-    act on transfer messages only between their steps (engine.core.disagg_events)."""
+    act on transfer messages only between their steps (engine.core.disagg_events); queue_behind_step:
+    the engine's block moves, a send queued on the prefill GPU behind its step in flight (ignored,
+    by sends_queue_behind_step, with layerwise, whose layers leave during the prefill)."""
 
     link: str = "nvlink"
     bandwidth: float | None = None
     latency_s: float | None = None
     layerwise: bool = False
     handshake: bool = False
+    queue_behind_step: bool = False
 
     def __post_init__(self) -> None:
         if self.link not in LINKS:
@@ -56,6 +59,13 @@ class TransferConfig:
             raise ValueError(f"fleet.transfer.layerwise must be true or false, got {self.layerwise!r}")
         if not isinstance(self.handshake, bool):
             raise ValueError(f"fleet.transfer.handshake must be true or false, got {self.handshake!r}")
+        if not isinstance(self.queue_behind_step, bool):
+            raise ValueError(f"fleet.transfer.queue_behind_step must be true or false, got {self.queue_behind_step!r}")
+
+    def sends_queue_behind_step(self) -> bool:
+        """Whether a send waits for the prefill replica's step in flight (engine.core.disagg_events):
+        not a layer-by-layer one, whose layers leave while the prefill computes."""
+        return self.queue_behind_step and not self.layerwise
 
 
 def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: HardwareSpec) -> tuple[float, float]:

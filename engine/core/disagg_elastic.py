@@ -103,11 +103,11 @@ class _ElasticFleet(FleetEvents):
     """disagg_events's event handling over pools that change: transfers go to serving decode replicas."""
 
     def __init__(self, pools: tuple[_Pool, _Pool], decode_router: Router, pricer: TransferPricer,
-                 on_step: FleetStepHook | None) -> None:
+                 on_step: FleetStepHook | None, queue_behind_step: bool = False) -> None:
         self.pools = pools
         prefill = [r for r in pools[0].replicas if isinstance(r, PrefillReplica)]
         decode = [r for r in pools[1].replicas if isinstance(r, DecodeReplica)]
-        super().__init__(prefill, decode, decode_router, pricer, on_step)
+        super().__init__(prefill, decode, decode_router, pricer, on_step, queue_behind_step=queue_behind_step)
 
     def hook(self, replica: Replica) -> None:
         """A replica a pool just made joins the fleet's lists and hooks."""
@@ -172,16 +172,18 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
                               initial: tuple[int, int], requests: Iterable[Request], prefill_router: Router,
                               decode_router: Router, pricer: TransferPricer, scalings: tuple[Scaling, Scaling],
                               policies: tuple[ScalingPolicy | None, ScalingPolicy | None],
-                              on_step: FleetStepHook | None = None) -> ElasticDisaggResult:
+                              on_step: FleetStepHook | None = None,
+                              queue_behind_step: bool = False) -> ElasticDisaggResult:
     """Serve requests to completion on initial[0] prefill and initial[1] decode replicas, ready at 0
     (make[p](i) builds pool p's replica i on a fresh clock), each pool scaled by its policy (None:
-    that pool's size is fixed). Evaluations, as in run_elastic, fall while arrivals remain."""
+    that pool's size is fixed). Evaluations, as in run_elastic, fall while arrivals remain.
+    queue_behind_step: engine.core.disagg_events's rule for when a send starts on the wire."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
     pools = (_Pool(make[0], scalings[0], policies[0]), _Pool(make[1], scalings[1], policies[1]))
     for pool, count in zip(pools, initial):
         for _ in range(count):
             pool.serving.append(pool.add(0.0, 0.0).index)
-    fleet = _ElasticFleet(pools, decode_router, pricer, on_step)
+    fleet = _ElasticFleet(pools, decode_router, pricer, on_step, queue_behind_step)
     idle = (_prefill_idle, _decode_idle)
     next_arrival = 0
     while True:

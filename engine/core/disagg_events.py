@@ -27,6 +27,15 @@ runs from the send to the start of the first decode step that computes the reque
 engine's). A replica with nothing running handles a message at once, and so does one that stalls
 (nothing it can run until a transfer frees or fills blocks): a message that waited for its next
 step boundary is handled when it stalls, since that step never comes.
+
+queue_behind_step=True prices the engine's block moves (engine.kv_link.BlockMover): no host waits
+on its GPU for a move, but the gather, hence the send, is queued on the prefill GPU behind the
+step in flight there (with overlapped steps the next step is already launched when the send is
+posted). So the wire starts at the end of the prefill replica's step in flight when the send is
+posted (if any; _wire_start, the one place of the rule), and the transfer (from the post) lasts
+that wait plus the wire. With handshake=True the replicas then handle the send and the landing
+at their next step boundary, not after the step then in flight (the hosts do not wait), and the
+prefill replica frees the blocks as it posts the send.
 """
 
 from __future__ import annotations
@@ -74,15 +83,16 @@ class DisaggResult:
     max_blocked: int = 0  # most requests waiting for a decode replica at once
 
 
-HANDOFF, LANDED, RETRY, SEND, POST = 0, 1, 2, 3, 4
+HANDOFF, LANDED, RETRY, SEND, POST, WIRE = 0, 1, 2, 3, 4, 5
 
 
 class FleetEvents:
     def __init__(self, prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica],
                  decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None,
-                 handshake: bool = False) -> None:
+                 handshake: bool = False, queue_behind_step: bool = False) -> None:
         self.prefill, self.decode = prefill, decode
         self.handshake = handshake
+        self.queue_behind_step = queue_behind_step
         # handshake: per replica (prefill first), what waits for the end of its step in flight
         self.after_step: dict[int, list[tuple[int, Request]]] = {}
         self.replicas: list[Replica] = [*prefill, *decode]
@@ -172,16 +182,23 @@ class FleetEvents:
             self.prefill[transfer.prefill].release(request.request_id, t)
             self._unstage(transfer, request.request_id)
             if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
-                landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t, True)
+                landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t,
+                                             not self.queue_behind_step)
                 if landed is not None:
                     transfer.transfer_s = landed - transfer.start_s
             self.decode[transfer.decode].arrived(request, t)
         elif kind == SEND:  # the prefill replica is told to send
-            post = self._loop_boundary(self.transfers[request.request_id].prefill, POST, request, t, True)
+            post = self._loop_boundary(self.transfers[request.request_id].prefill, POST, request, t,
+                                       not self.queue_behind_step)
             if post is not None:
                 self.push(post, POST, request)
         elif kind == POST:
             self._send(t, request)
+        elif kind == WIRE:  # the prefill step the send queued behind ended: the wire starts
+            transfer = self.transfers[request.request_id]
+            wire_s = transfer.transfer_s
+            transfer.transfer_s = t - transfer.start_s + wire_s
+            self.push(t + wire_s, LANDED, request)
         else:
             self.retry_pending = False
             while self.blocked and self._start(t, self.blocked[0], blocked=True):
@@ -267,7 +284,24 @@ class FleetEvents:
         transfer.start_s, transfer.transfer_s, transfer.bytes = t, seconds, nbytes
         if self.handshake:  # the engine's prefill replica frees the blocks once their copy is taken
             self.prefill[transfer.prefill].release(request.request_id, t)
-        self.push(t + seconds, LANDED, request)
+        wire = self._wire_start(transfer.prefill, t, request) if self.queue_behind_step else t
+        if wire is not None:  # else WIRE comes as the step in flight ends
+            transfer.transfer_s = wire - t + seconds
+            self.push(wire + seconds, LANDED, request)
+
+    def _wire_start(self, index: int, t: float, request: Request) -> float | None:
+        """When a send posted at t on prefill replica `index` starts on the wire: after the step on
+        its GPU at t, whose end the gather queues behind (engine.kv_link.BlockMover). That is a
+        step the replica has run past t (it ends at its clock), else the one in flight (launched
+        before the send was posted: None, WIRE then comes as it ends), else none (t)."""
+        replica = self.prefill[index]
+        replica.settle()
+        if replica.clock.now() > t:
+            return replica.clock.now()
+        if replica.in_flight is not None:
+            self.after_step.setdefault(index, []).append((WIRE, request))
+            return None
+        return t
 
 
 

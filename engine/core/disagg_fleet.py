@@ -20,11 +20,13 @@ from engine.core.routers import Router
 
 def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica], requests: Iterable[Request],
                       prefill_router: Router, decode_router: Router, pricer: TransferPricer,
-                      on_step: FleetStepHook | None = None, handshake: bool = False) -> DisaggResult:
+                      on_step: FleetStepHook | None = None, handshake: bool = False,
+                      queue_behind_step: bool = False) -> DisaggResult:
     """Serve requests to completion; replica indices in on_step: prefill first, then decode;
-    handshake: the engine's protocol (the module's docstring)."""
+    handshake: the engine's protocol; queue_behind_step: sends wait for the prefill step in flight
+    (engine.core.disagg_events's docstring)."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
-    fleet = FleetEvents(prefill, decode, decode_router, pricer, on_step, handshake)
+    fleet = FleetEvents(prefill, decode, decode_router, pricer, on_step, handshake, queue_behind_step)
     replicas = fleet.replicas
     next_arrival = 0
     while True:

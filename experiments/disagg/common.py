@@ -71,6 +71,7 @@ class Setup:
     profile: str | None = None  # prices the simulated side; None: the roofline model (CPU runs)
     overrides: tuple[str, ...] = ()  # --set: Hydra overrides for both sides
     handshake: bool = True  # the simulated disaggregated fleet prices the engine's protocol
+    queue_behind_step: bool = TransferConfig().queue_behind_step  # fleet.transfer.queue_behind_step
 
     def run_config(self, side: str, scheduler: tuple[str, ...] = ()) -> RunConfig:
         """The measured ("measured") or simulated ("sim") side's RunConfig; the workload is set per run."""
@@ -91,7 +92,7 @@ class Setup:
         # replicas act on transfer messages only between their steps
         return dataclasses.replace(base, bandwidth=bandwidth if bandwidth is not None else base.bandwidth,
                                    latency_s=latency_s if latency_s is not None else base.latency_s,
-                                   handshake=self.handshake)
+                                   handshake=self.handshake, queue_behind_step=self.queue_behind_step)
 
     def fleet(self, mode: str, link: TransferConfig | None = None) -> DisaggConfig | FleetConfig:
         if mode == "disaggregated":

@@ -102,7 +102,8 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
             workload.requests, routers[0], routers[1], pricer, (autoscales[0].scaling(colds[0]),
                                                                  autoscales[1].scaling(colds[1])),
             (make_policy(autoscales[0], slo), make_policy(autoscales[1], slo)),
-            (lambda i, record, finished: bar.update(len(finished))) if progress else None)
+            (lambda i, record, finished: bar.update(len(finished))) if progress else None,
+            fleet.transfer.sends_queue_behind_step())
     counts = (len(result.prefill.lifetimes), len(result.decode.lifetimes))
     gpus = sum(peak_replicas(h.lifetimes) * tp for h, tp in zip((result.prefill, result.decode), tps))
     shape = FleetLabels(router=f"{fleet.prefill_router or router.name} / {fleet.decode_router or router.name}",

@@ -88,3 +88,53 @@ def test_a_send_waits_for_the_prefill_step_under_way():
 def test_handshake_must_be_a_boolean():
     with pytest.raises(ValueError, match="fleet.transfer.handshake"):
         TransferConfig(handshake="yes")  # type: ignore[arg-type]
+
+
+def _queued(queue: bool, specs, handshake: bool = False, executor_class=OverlappingFakeExecutor):
+    prefill, decode = _pools(1, 1, executor_class=executor_class)
+    make = (lambda: make_router(RouterConfig("least_requests"), BLOCK))  # noqa: E731
+    result = run_disaggregated(prefill, decode, _requests(specs), make(), make(), LinearPricer(1e-3, 1e-5),
+                               handshake=handshake, queue_behind_step=queue)
+    _assert_blocks_returned(prefill, decode)
+    return result
+
+
+def test_a_prefill_step_in_flight_delays_the_send_by_its_remaining_time():
+    """Two 64-token prompts (a full step each) on an overlapped prefill replica: the second's step
+    is launched before the first's first token is read, so the first's send (queue_behind_step)
+    waits on the prefill GPU for exactly the rest of that step, then takes its wire time."""
+    specs = [([7] * 64, 6, 0.0), ([5] * 64, 6, 0.0)]
+    plain, queued = _queued(False, specs), _queued(True, specs)
+    first, second = sorted(queued.prefill[0].steps, key=lambda s: s.start_s)[:2]
+    rid = min(queued.transfers, key=lambda r: queued.transfers[r].ready_s)
+    moved, alone = queued.transfers[rid], plain.transfers[rid]
+    wire = 1e-3 + 64e-5
+    assert moved.start_s == moved.ready_s == first.start_s + first.duration_s == alone.start_s
+    assert second.start_s == moved.start_s  # the step in flight when the first token came
+    remaining = second.start_s + second.duration_s - moved.start_s
+    assert remaining > 1e-3
+    assert math.isclose(alone.transfer_s, wire, abs_tol=1e-12)
+    assert math.isclose(moved.transfer_s, remaining + wire, abs_tol=1e-12)
+    # the last prompt's send has no step behind which to queue
+    last = max(queued.transfers, key=lambda r: queued.transfers[r].ready_s)
+    assert queued.transfers[last].transfer_s == plain.transfers[last].transfer_s
+
+
+@pytest.mark.parametrize("handshake", [False, True])
+@pytest.mark.parametrize("executor_class", [FakeExecutor, OverlappingFakeExecutor])
+def test_with_no_step_in_flight_a_queued_send_changes_nothing(handshake, executor_class):
+    """One request: nothing runs on the prefill replica when its send is posted."""
+    specs = [([7] * 30, 6, 0.0)]
+    plain, queued = (_queued(q, specs, handshake, executor_class) for q in (False, True))
+    (rid, alone), = plain.transfers.items()
+    moved = queued.transfers[rid]
+    assert (moved.start_s, moved.transfer_s, moved.bytes) == (alone.start_s, alone.transfer_s, alone.bytes)
+    assert [r.token_ids for r in plain.requests] == [r.token_ids for r in queued.requests]
+    assert [r.finish_time for r in plain.requests] == [r.finish_time for r in queued.requests]
+
+
+def test_queue_behind_step_must_be_a_boolean_and_yields_to_layerwise():
+    with pytest.raises(ValueError, match="fleet.transfer.queue_behind_step"):
+        TransferConfig(queue_behind_step=1)  # type: ignore[arg-type]
+    assert TransferConfig(queue_behind_step=True).sends_queue_behind_step()
+    assert not TransferConfig(queue_behind_step=True, layerwise=True).sends_queue_behind_step()

@@ -38,18 +38,20 @@ def _deadline(seconds: int):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
-       st.integers(1, 2), st.sampled_from([(16, False), (64, False), (16, True), (64, True)]))
-@example("nano", False, 1, 4, 2, 1, (16, False))  # a decode replica waits for KV in transit to re-admit a preempted one
-@example("nano", False, 291933, 28, 1, 1, (16, False))  # a first token pushed while a decode run is booked ahead
-@example("sjf", True, 870408, 19, 1, 2, (16, False))
-@example("sjf", False, 740800, 29, 1, 1, (16, True))  # a decode replica stalls with a transfer's message waiting on it
+       st.integers(1, 2), st.tuples(st.sampled_from([16, 64]), st.booleans(), st.booleans()))
+@example("nano", False, 1, 4, 2, 1, (16, False, False))  # KV in transit, a preempted one re-admitted
+@example("nano", False, 291933, 28, 1, 1, (16, False, False))  # a first token pushed while a decode run is booked ahead
+@example("sjf", True, 870408, 19, 1, 2, (16, False, False))
+@example("sjf", False, 740800, 29, 1, 1, (16, True, False))  # a decode replica stalls, a message waiting
+@example("sjf", True, 870408, 19, 2, 2, (16, True, True))  # sends wait for prefill steps in flight
 def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, overlap, seed, n, p, d, decode):
     """Transfers land on decode replicas mid-run (a 1 ms transfer against sub-millisecond steps), and
     16-block decode caches make requests wait for room (back-pressure); handshake: the engine's
     protocol, messages handled at step boundaries (or where a replica stalls: no boundary comes).
     Decode replicas fast-forward (the fast path books runs: checked below), so a run must end where
-    a KV lands, where a request waits for a decode replica and before any other replica's next step."""
-    decode_blocks, handshake = decode
+    a KV lands, where a request waits for a decode replica and before any other replica's next step;
+    queue: sends wait for the prefill step in flight."""
+    decode_blocks, handshake, queue = decode
 
     def serve(fast: bool):
         config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
@@ -63,13 +65,13 @@ def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, over
         routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
         with _deadline(60):
             result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
-                                       LinearPricer(1e-3, 1e-5), handshake=handshake)
+                                       LinearPricer(1e-3, 1e-5), handshake=handshake, queue_behind_step=queue)
         moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
         return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
     assert serve(True) == serve(False)
 
 
-def _ring_bound(fast: bool, policy: str, overlap: bool, seed: int, n: int, p: int, handshake: bool):
+def _ring_bound(fast: bool, policy: str, overlap: bool, seed: int, n: int, p: int, handshake: bool, queue: bool):
     """Transfers of 2 ms + 2 ms a token against sub-millisecond steps and decode caches with room:
     the receive staging rings (a peer's: 2 requests of max_model_len) hold transfers back."""
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=60, policy=policy)
@@ -82,23 +84,23 @@ def _ring_bound(fast: bool, policy: str, overlap: bool, seed: int, n: int, p: in
     routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
     with _deadline(60):
         result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
-                                   LinearPricer(2e-3, 2e-3), handshake=handshake)
+                                   LinearPricer(2e-3, 2e-3), handshake=handshake, queue_behind_step=queue)
     moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
     return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 2),
-       st.booleans())
+       st.booleans(), st.booleans())
 def test_fast_forward_matches_step_by_step_when_staging_rings_hold_transfers_back(policy, overlap, seed, n, p,
-                                                                                  handshake):
-    assert _ring_bound(True, policy, overlap, seed, n, p, handshake) == _ring_bound(False, policy, overlap, seed, n,
-                                                                                    p, handshake)
+                                                                                  handshake, queue):
+    args = (policy, overlap, seed, n, p, handshake, queue)
+    assert _ring_bound(True, *args) == _ring_bound(False, *args)
 
 
 def test_staging_rings_hold_transfers_back_in_the_fast_forward_fleet():
     """The fleet above does make transfers wait for ring room (not for decode blocks: 200 each)."""
-    _, _, max_blocked = _ring_bound(True, "nano", False, 7, 30, 1, False)
+    _, _, max_blocked = _ring_bound(True, "nano", False, 7, 30, 1, False, False)
     assert max_blocked >= 2
 
 
@@ -132,10 +134,10 @@ class _Reading:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 40), st.sampled_from([16, 64]),
-       st.booleans(), st.sampled_from(["prefill", "decode", "both"]))
-@example("nano", False, 534, 9, 16, False, "decode")  # a run reports its finishes ahead of another replica's
+       st.booleans(), st.sampled_from(["prefill", "decode", "both"]), st.booleans())
+@example("nano", False, 534, 9, 16, False, "decode", False)  # a run reports its finishes ahead of another replica's
 def test_fast_forward_matches_step_by_step_in_an_autoscaled_disaggregated_fleet(policy, overlap, seed, n, blocks,
-                                                                                settle, scaled):
+                                                                                settle, scaled, queue):
     """Pools that start, drain and stop replicas every few tens of milliseconds (a policy that
     reads every field of its signal): a run stops before each evaluation and each replica's ready
     time as well as the static fleet's bounds, and what the policies read between runs is what
@@ -158,7 +160,7 @@ def test_fast_forward_matches_step_by_step_in_an_autoscaled_disaggregated_fleet(
         with _deadline(60):
             result = run_disaggregated_elastic((maker(PrefillReplica, 64), maker(DecodeReplica, blocks)), (1, 1),
                                                _requests(seed, n, 60, False), *routers, LinearPricer(1e-3, 1e-5),
-                                               (scaling, scaling), policies)
+                                               (scaling, scaling), policies, queue_behind_step=queue)
         fleet = result.fleet
         moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in fleet.transfers.items()}
         pools = [(h.lifetimes, h.events) for h in (result.prefill, result.decode)]
