@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.convert import ConfigError
 from harness.fidelity.routing import LOCALITY_KINDS, locality_rows
 from harness.scripting import compose_run_config, one_line_errors
 from sim.features import EXPECTED_EXPERTS, row_sequences
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         model = compose_run_config([f"model={args.model}"]).model
         table = pd.read_csv(args.profile)
         if EXPECTED_EXPERTS not in table.columns:
-            raise ValueError(f"profile: {args.profile} has no per-step counts ({EXPECTED_EXPERTS} beside them)")
+            raise ConfigError(f"profile: {args.profile} has no per-step counts ({EXPECTED_EXPERTS} beside them)")
         e, k, skew = model.num_experts, model.num_experts_per_tok, args.moe_routing_skew
         steps = [row_sequences(p, d, s) for p, d, s in
                  zip(table["num_prefill_tokens"], table["num_decode_tokens"], table["num_seqs"], strict=True)]
