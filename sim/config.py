@@ -8,6 +8,7 @@ from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
 from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
+from sim.moe_locality import check_locality
 from sim.specs import HardwareSpec
 
 
@@ -29,6 +30,10 @@ class SimConfig:
     experts, as a Zipf exponent over the experts' popularity ranks (0: uniform; sim.moe, which also
     estimates it from an engine's observed per-expert counts: fit_routing_skew). Dense models
     ignore it.
+    moe_routing_locality: how alike the tokens of one sequence route (sim.moe_locality: token j of a
+    sequence draws a fresh top-k with probability 1 / (1 + locality j), else reuses an earlier
+    token's); a step's distinct experts are counted from its sequences. 0: independent tokens, as
+    sim.moe prices them. Measured from a profiling grid's per-step counts (fit_routing_locality).
     profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
     run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
     host_scale: the serving host's speed against the host that measured the profile: the profiled
@@ -48,6 +53,7 @@ class SimConfig:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     profile_tp_size: int | None = None
     moe_routing_skew: float = 0.0
+    moe_routing_locality: float = 0.0
     fast_forward: bool = True
     host_scale: float = 1.0
     host_jitter: float = 0.0
@@ -69,6 +75,7 @@ class SimConfig:
         if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0.0 <= skew <= MAX_SKEW:
             raise ValueError(f"SimConfig.moe_routing_skew must be a number in [0, {MAX_SKEW}] (0: uniform routing), "
                              f"got {skew!r}")
+        check_locality(self.moe_routing_locality, "SimConfig.moe_routing_locality")
         if not isinstance(self.fast_forward, bool):
             raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
         check_host_scale(self.host_scale, "SimConfig.host_scale")

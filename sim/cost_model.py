@@ -17,7 +17,8 @@ from engine.core.plan import StepPlan
 from engine.core.registry import Registry
 from sim.features import MOE_FEATURES
 from sim.host_speed import with_host_jitter, with_host_scale
-from sim.moe import ExpertRouting, WeightReadFloor
+from sim.moe import WeightReadFloor
+from sim.moe_locality import SequenceRouting
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
@@ -62,8 +63,8 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     if sim.host_jitter:
         profiled = with_host_jitter(profiled, sim.host_jitter, sim.execution.seed)
     if model.is_moe:
-        profiled.distinct_experts = ExpertRouting(model.num_experts, model.num_experts_per_tok,
-                                                  sim.moe_routing_skew).distinct
+        profiled.distinct_experts = SequenceRouting(model.num_experts, model.num_experts_per_tok,
+                                                    sim.moe_routing_skew, sim.moe_routing_locality).distinct
         # a TP=1 profile carried to a larger tp_size is priced at TP=1, then transferred
         profiled.floor = WeightReadFloor(model, hardware, 1 if sim.transfers_tp else sim.execution.tensor_parallel_size)
     elif profiled.uses_moe_features:

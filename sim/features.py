@@ -48,9 +48,21 @@ MOE_FEATURES = ("moe_distinct_experts",)
 # Beside a profile's measured counts (harness.calibration.expert_steps): the expectation of each
 # row's token count, what a simulated step of its shape is priced with. Not fitted.
 EXPECTED_EXPERTS = "moe_expected_experts"
-# How many distinct experts a step of n tokens touches per MoE layer: sim.moe.ExpertRouting.distinct
-# (an expectation), or a count the engine observed.
-DistinctExperts = Callable[[int], float]
+# How many distinct experts a step touches per MoE layer, from its sequences' new tokens (a decode:
+# 1): sim.moe_locality.SequenceRouting.distinct (an expectation), or a count the engine observed.
+DistinctExperts = Callable[[Sequence[int]], float]
+
+
+def row_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int) -> list[int]:
+    """A step table row's new tokens per sequence, where the table keeps only totals: its
+    num_seqs - decode_tokens prefill chunks share prefill_tokens equally (as the profiling grid's
+    prefill shapes do; a served or random step's ragged chunks are evened out), then one token
+    per decode."""
+    chunks = max(int(num_seqs) - int(decode_tokens), 0)
+    if chunks == 0:
+        return [1] * int(decode_tokens) + ([int(prefill_tokens)] if prefill_tokens > 0 else [])
+    size, extra = divmod(int(prefill_tokens), chunks)
+    return [size + (i < extra) for i in range(chunks)] + [1] * int(decode_tokens)
 
 
 def as_graph_sizes(sizes: GraphSizes | Sequence[int]) -> GraphSizes:
@@ -80,7 +92,7 @@ def decode_attention_pairs(context_tokens: Counts, num_decodes: Counts) -> Count
 def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
                   distinct_experts: DistinctExperts | None = None) -> dict[str, float]:
     """Describe a step by FEATURE_COLUMNS, and MOE_FEATURES where distinct_experts is given (an
-    MoE model: distinct_experts(num_tokens)).
+    MoE model: distinct_experts(new tokens of each scheduled sequence)).
 
     graphs: what the engine captured (GraphSizes; a plain sequence: decode batch sizes only;
     empty when running eager). A decode-only step whose batch fits the largest decode graph runs
@@ -89,9 +101,11 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
     """
     graphs = as_graph_sizes(graphs) if plan.use_cuda_graphs else GraphSizes()
     prefill_tokens = decode = sampled = seeded = prefill_context = pairs = decode_context = 0
+    sizes: list[int] = []
     for entry in plan.scheduled:
         n = len(entry.token_ids)
         c = entry.num_computed_tokens
+        sizes.append(n)
         if entry.is_decode:
             decode += 1
             decode_context += c + n
@@ -130,5 +144,5 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
         "graph_batch_size": batch,
     }
     if distinct_experts is not None:
-        features["moe_distinct_experts"] = distinct_experts(prefill_tokens + decode)
+        features["moe_distinct_experts"] = distinct_experts(sizes)
     return features

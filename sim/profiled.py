@@ -47,7 +47,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
+from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, row_sequences, step_features
 from sim.host_draws import host_draw
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled_overlap import behind_itself, overlapped_duration
@@ -267,14 +267,17 @@ class ProfiledCostModel:
     def _with_expected_experts(self, df: pd.DataFrame) -> pd.DataFrame:
         """df with the MoE column where the fits price it and the table lacks it (a served run's
         steps: the engine reads its expert counter back only for the profiling grid), filled with
-        the expected count of each step's tokens, as step_time() prices a simulated step."""
+        the expected count of each step's sequences (sim.features.row_sequences), as step_time()
+        prices a simulated step."""
         if all(name in df.columns for name in MOE_FEATURES) or not self.uses_moe_features:
             return df
         if self.distinct_experts is None:
             raise ValueError(f"the step table lacks {list(MOE_FEATURES)} and this mixture-of-experts profile has no "
                              "routing to derive it from (sim.cost_model.make_cost_model sets distinct_experts)")
-        expected = {int(n): self.distinct_experts(int(n)) for n in pd.unique(df["num_tokens"])}
-        return df.assign(**{name: df["num_tokens"].astype(int).map(expected) for name in MOE_FEATURES})
+        distinct = self.distinct_experts
+        expected = [distinct(row_sequences(p, d, s)) for p, d, s in
+                    zip(df["num_prefill_tokens"], df["num_decode_tokens"], df["num_seqs"], strict=True)]
+        return df.assign(**{name: expected for name in MOE_FEATURES})
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:
         if (regime, name) not in self._warned:

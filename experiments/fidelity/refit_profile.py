@@ -9,7 +9,9 @@ interval resamples) and validation.csv into --out, for resimulate.py.
 --experts expected fits an MoE grid that recorded each step's distinct experts
 (harness.calibration.expert_steps) on the expectation beside them (moe_expected_experts) instead,
 as a grid without per-step counts was fitted: the fit then prices steps with the quantity the
-simulator gives a served step.
+simulator gives a served step. With --moe-routing-locality (and --model, --moe-routing-skew) that
+expectation is first computed again from each row's sequences at that skew and locality
+(harness.fidelity.routing.expected_experts), as the protocol computes it when it fits a locality.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import pandas as pd
 
 from harness.calibration.fit import validate
 from harness.convert import ConfigError
-from harness.scripting import one_line_errors
+from harness.fidelity.routing import expected_experts
+from harness.scripting import compose_run_config, one_line_errors
 from sim.features import EXPECTED_EXPERTS
 
 
@@ -33,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for profile_model.csv and validation.csv")
     parser.add_argument("--experts", choices=("measured", "expected"), default="measured",
                         help="an MoE grid's distinct-experts column: as recorded, or the expectation beside it")
+    parser.add_argument("--moe-routing-locality", type=float, default=None,
+                        help="with --experts expected: the expectation at this locality (sim.moe_locality)")
+    parser.add_argument("--moe-routing-skew", type=float, default=0.0, help="the skew the call fitted (its log)")
+    parser.add_argument("--model", default=None, help="conf/model name (with --moe-routing-locality)")
     args = parser.parse_args(argv)
 
     def run() -> int:
@@ -43,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
             if EXPECTED_EXPERTS not in table.columns:
                 raise ConfigError(f"--experts expected: {args.profile} has no {EXPECTED_EXPERTS} column "
                                   "(a grid of an MoE model with per-step counts has)")
+            if args.moe_routing_locality is not None:
+                if args.model is None:
+                    raise ConfigError("--moe-routing-locality needs --model (its experts and top-k)")
+                model = compose_run_config([f"model={args.model}"]).model
+                table = table.assign(**{EXPECTED_EXPERTS: expected_experts(
+                    table, model, args.moe_routing_skew, args.moe_routing_locality)})
             table = table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

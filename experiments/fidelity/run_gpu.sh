@@ -31,6 +31,7 @@ LOADS=${LOADS:-0.5,0.8,0.95}
 [ "$LOADS" = offline ] && LOADS=""  # fidelity.loads=[]: no load cells
 PROFILE=${PROFILE:-null}
 SKEW=${SKEW:-null}
+LOCALITY=${LOCALITY:-null}  # MoE: how alike a sequence's tokens route; null: fitted to the grid's per-step counts, else 0
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-16384}
 EXTRA=${EXTRA:-}  # more Hydra overrides  # MoE with a given PROFILE: the routing skew its call measured (run.log); null: measured or uniform
 BUDGET_S=${BUDGET_S:-0}
@@ -83,7 +84,7 @@ set +e
 $LIMIT python3 -m harness experiment=fidelity model=$MODEL hardware=$HARDWARE $WEIGHTS \
     scheduler.max_model_len=$MAX_MODEL_LEN "fidelity.workloads=[$WORKLOADS]" \
     "fidelity.loads=[$LOADS]" fidelity.num_requests=$NUM_REQUESTS fidelity.profile_path=$PROFILE \
-    fidelity.carried_profile_path=$CARRIED fidelity.steps_dir=$STEPS_DIR fidelity.moe_routing_skew=$SKEW \
+    fidelity.carried_profile_path=$CARRIED fidelity.steps_dir=$STEPS_DIR fidelity.moe_routing_skew=$SKEW fidelity.moe_routing_locality=$LOCALITY \
     fidelity.results_dir=$OUT/$MODEL/$TAG hydra.run.dir=$RUN output.progress=false $EXTRA 2>&1 | tee "$OUT/$MODEL/$TAG/run.log"
 status=${PIPESTATUS[0]}
 kill "$WATCH" 2> /dev/null

@@ -16,6 +16,13 @@ under that skew (sim.moe.ExpertRouting), as the simulator computes it for a simu
 column the fit cannot separate from the size: sim.piecewise.collinear). A profile that already
 has the column keeps it. moe_expected_experts holds the expectation beside it, for comparing the
 two; the fit does not read it.
+
+The routing locality (sim.moe_locality: how alike one sequence's tokens route) is
+fidelity.moe_routing_locality where given; else fitted (sim.moe_locality.fit_routing_locality, the
+skew held at its own value) to the grid rows whose counts the engine recorded and whose sequences
+attend to KV of their own (locality_rows); else 0, independent tokens as before. The expectation
+beside the counts is then of each row's sequences (sim.features.row_sequences) at the skew and
+locality: what a simulated step of that shape is priced with.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.features import EXPECTED_EXPERTS, MOE_FEATURES
+from sim.features import EXPECTED_EXPERTS, MOE_FEATURES, row_sequences
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +57,60 @@ def measured_skew(given: float | None, counts, model, out_dir: Path) -> float:
     return skew
 
 
-def with_distinct_experts(table: pd.DataFrame, model, skew: float) -> pd.DataFrame:
-    """table with the MoE column where the model has experts and the table lacks it, and the
-    expectation beside it (module docstring)."""
-    if not model.is_moe or EXPECTED_EXPERTS in table.columns:
-        return table
-    from sim.moe import ExpertRouting
+# Grid kinds whose sequences' counts the locality is fitted to: each sequence's KV is its own. Left
+# out: rows with a cached context (the grid fills it with whatever the pool's blocks hold, not the
+# sequence's own KV: chunks after it route as no served chunk does) and the shared_* kinds
+# (sequences over one prefix route alike, a correlation across sequences the model leaves out).
+LOCALITY_KINDS = ("prefill", "decode", "mixed", "long_prefill")
 
-    routing = ExpertRouting(model.num_experts, model.num_experts_per_tok, skew)
-    expected = [routing.distinct(int(n)) for n in table["num_tokens"]]
-    table = table.assign(**{EXPECTED_EXPERTS: expected})
+
+def locality_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The grid rows the locality is fitted to (LOCALITY_KINDS, no cached prefill context)."""
+    keep = (table["set"] == "grid") & table["kind"].isin(LOCALITY_KINDS) & (table["prefill_context_tokens"] == 0)
+    return table[keep]
+
+
+def measured_locality(given: float | None, table: pd.DataFrame, model, skew: float) -> float:
+    """The routing locality of a run (module docstring); table: the profiling grid's rows."""
+    if not model.is_moe:
+        return 0.0
+    if given is not None:
+        log.info("routing locality %.3f (fidelity.moe_routing_locality)", given)
+        return float(given)
+    if EXPECTED_EXPERTS not in table.columns or "moe_distinct_experts" not in table.columns:
+        log.info("routing locality 0 (independent tokens): the grid has no per-step expert counts")
+        return 0.0
+    from sim.moe_locality import fit_routing_locality
+
+    rows = locality_rows(table)
+    steps = [row_sequences(p, d, s) for p, d, s in
+             zip(rows["num_prefill_tokens"], rows["num_decode_tokens"], rows["num_seqs"], strict=True)]
+    locality = fit_routing_locality(steps, rows["moe_distinct_experts"], model.num_experts,
+                                    model.num_experts_per_tok, skew)
+    log.info("routing locality %.3f, fitted to the distinct experts of %d grid steps", locality, len(rows))
+    return locality
+
+
+def expected_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0) -> list[float]:
+    """The expected distinct experts of each row's sequences at the skew and locality."""
+    from sim.moe import ExpertRouting
+    from sim.moe_locality import SequenceRouting
+
+    if locality == 0.0:  # the step's token count alone (a table may have no other column)
+        independent = ExpertRouting(model.num_experts, model.num_experts_per_tok, skew)
+        return [independent.distinct(int(n)) for n in table["num_tokens"]]
+    routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality)
+    return [routing.distinct(row_sequences(p, d, s)) for p, d, s in
+            zip(table["num_prefill_tokens"], table["num_decode_tokens"], table["num_seqs"], strict=True)]
+
+
+def with_distinct_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0) -> pd.DataFrame:
+    """table with the MoE column where the model has experts and the table lacks it, and the
+    expectation beside it (module docstring); a table with the expectation gets it again at a
+    nonzero locality."""
+    if not model.is_moe or (EXPECTED_EXPERTS in table.columns and locality == 0.0):
+        return table
+    table = table.assign(**{EXPECTED_EXPERTS: expected_experts(table, model, skew, locality)})
     if all(f in table.columns for f in MOE_FEATURES):
         return table
-    return table.assign(moe_distinct_experts=expected)
+    return table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])

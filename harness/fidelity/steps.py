@@ -12,7 +12,7 @@ summary small enough to keep.
 A mixture-of-experts model's profiled fit prices a step by its distinct experts
 (sim.features.MOE_FEATURES). A served run's steps carry the count the engine saw where they have the
 column (source "measured"); the engine reads its counter back per step only for the profiling grid,
-so served steps get the expectation of their token count at the cell's routing skew, as the
+so served steps get the expectation of their sequences at the cell's routing skew and locality, as the
 simulator prices its own steps (source "expected"). The replay keeps the column and its source
 (moe_experts_source).
 """
@@ -28,7 +28,7 @@ from harness.compare.study import sim_run_config, step_pricer
 from harness.compare.tables import replay
 from harness.config import RunConfig
 from harness.fidelity.windows import window_table
-from sim.features import FEATURE_COLUMNS, MOE_FEATURES, DistinctExperts
+from sim.features import FEATURE_COLUMNS, MOE_FEATURES, DistinctExperts, row_sequences
 
 # what a replay's MoE column holds: "measured" (the engine's per-step count) or "expected" (module docstring)
 MOE_SOURCE = "moe_experts_source"
@@ -43,15 +43,16 @@ def predictors(rc: RunConfig, cost_models: tuple[str, ...], profile_path: str, m
 
 
 def expected_experts(rc: RunConfig, meta: dict) -> DistinctExperts | None:
-    """The expected distinct experts per MoE layer of a step's tokens at the cell's routing skew
-    (the engine side's, harness.fidelity.routing); None for a dense model."""
+    """The expected distinct experts per MoE layer of a step's sequences at the cell's routing skew
+    and locality (the engine side's, harness.fidelity.routing); None for a dense model."""
     model = rc.model
     if not model.is_moe:
         return None
-    from sim.moe import ExpertRouting
+    from sim.moe_locality import SequenceRouting
 
     skew = float(meta.get("moe_routing_skew", 0.0))
-    return ExpertRouting(model.num_experts, model.num_experts_per_tok, skew).distinct
+    locality = float(meta.get("moe_routing_locality", 0.0))
+    return SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality).distinct
 
 
 def with_moe_experts(steps: pd.DataFrame, experts: DistinctExperts | None) -> pd.DataFrame:
@@ -60,8 +61,8 @@ def with_moe_experts(steps: pd.DataFrame, experts: DistinctExperts | None) -> pd
         return steps
     if all(name in steps.columns and steps[name].notna().all() for name in MOE_FEATURES):
         return steps.assign(**{MOE_SOURCE: "measured"})
-    expected = {int(n): experts(int(n)) for n in pd.unique(steps["num_tokens"])}
-    counts = steps["num_tokens"].astype(int).map(expected)
+    counts = [experts(row_sequences(p, d, s)) for p, d, s in
+              zip(steps["num_prefill_tokens"], steps["num_decode_tokens"], steps["num_seqs"], strict=True)]
     return steps.assign(**{name: counts for name in MOE_FEATURES}, **{MOE_SOURCE: "expected"})
 
 

@@ -49,6 +49,7 @@ from harness.run import RunOutcome, make_executor, run_once
 from harness.shared_executor import KeepAlive
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
+from sim.moe_locality import check_locality
 
 if TYPE_CHECKING:
     from harness.study import StudyConfig
@@ -76,6 +77,9 @@ class FidelityConfig:
     steps_dir: str | None = None  # each engine run's steps priced by each cost model (harness.fidelity.steps)
     # an MoE model's routing skew for the simulations; None: measured on the grid (harness.fidelity.routing)
     moe_routing_skew: float | None = None
+    # how alike one sequence's tokens route (sim.moe_locality); None: fitted to the grid's per-step
+    # expert counts where it has them, else 0 (harness.fidelity.routing)
+    moe_routing_locality: float | None = None
     price_serving_host: bool = False  # rows "profiled_host": the serving host's speed (harness.fidelity.serving_host)
 
     def __post_init__(self) -> None:
@@ -106,6 +110,8 @@ class FidelityConfig:
         skew = self.moe_routing_skew
         if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0 <= skew < 9):
             raise ValueError(f"fidelity.moe_routing_skew must be null (measured) or a number in [0, 8], got {skew!r}")
+        if self.moe_routing_locality is not None:
+            check_locality(self.moe_routing_locality, "fidelity.moe_routing_locality")
 
 
 class PinnedBlocks(KeepAlive):
@@ -125,9 +131,9 @@ class PinnedBlocks(KeepAlive):
         return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 
-def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> tuple[str, float]:
-    """A model file with residuals, fitted on the profiling grid alone, and the routing skew of an
-    MoE model (harness.fidelity.routing; 0 for a dense one)."""
+def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> tuple[str, dict[str, float]]:
+    """A model file with residuals, fitted on the profiling grid alone, and the routing of an MoE
+    model (harness.fidelity.routing: moe_routing_skew and moe_routing_locality; 0 for a dense one)."""
     from harness.calibration.fit import validate
     from harness.calibration.profiling import ExpertTally, ProfileGrid, profile_executor
     graphs = executor.info().graph_sizes
@@ -135,7 +141,9 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
     if fc.profile_path is not None:
         table = pd.read_csv(fc.profile_path)
         if "duration_s" not in table.columns:  # saved coefficients: their residuals, if any, are used as saved
-            return fc.profile_path, routing.measured_skew(fc.moe_routing_skew, None, rc.model, out_dir)
+            skew = routing.measured_skew(fc.moe_routing_skew, None, rc.model, out_dir)
+            return fc.profile_path, {"moe_routing_skew": skew,
+                                     "moe_routing_locality": fc.moe_routing_locality or 0.0}
     else:
         grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
         bar = tqdm(desc="profile", unit="shape", leave=False)
@@ -147,7 +155,8 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         bar.close()
         counts = experts.total if experts is not None else None
     skew = routing.measured_skew(fc.moe_routing_skew, counts, rc.model, out_dir)
-    table = routing.with_distinct_experts(table, rc.model, skew)
+    locality = routing.measured_locality(fc.moe_routing_locality, table, rc.model, skew)
+    table = routing.with_distinct_experts(table, rc.model, skew, locality)
     if fc.profile_path is None:
         table.to_csv(out_dir / "profile.csv", index=False)
     with warnings.catch_warnings():
@@ -155,17 +164,21 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         model, validation = validate(table, None, graphs)
     validation.to_csv(out_dir / "validation.csv", index=False)
     model.to_csv(out_dir / "profile_model.csv")
-    return str(out_dir / "profile_model.csv"), skew
+    return str(out_dir / "profile_model.csv"), {"moe_routing_skew": skew, "moe_routing_locality": locality}
 
 
-def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, skew: float) -> dict:
+def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float]) -> dict:
     """What the simulations of a cell take from its engine runs (harness.compare.study.engine_meta),
-    with the routing skew they price an MoE model's steps at."""
-    return {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": skew}
+    with the routing skew and locality they price an MoE model's steps at."""
+    meta = {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": moe.get("moe_routing_skew", 0.0)}
+    if moe.get("moe_routing_locality"):  # absent at 0: the meta of runs without it stays as it was
+        meta["moe_routing_locality"] = moe["moe_routing_locality"]
+    return meta
 
 
 def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool,
-          record_sims: bool = False, skew: float = 0.0) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
+          record_sims: bool = False,
+          moe: dict[str, float] | None = None) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
     """The engine's runs (repeats) and each cost model's simulated run of one cell (and the
     carried model's, where one is given). record_sims: the simulated runs' steps carry their
     schedule hashes (the profiled model's point-estimate run; its interval draws never do)."""
@@ -173,7 +186,7 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
     for i in range(fc.repeats):
         outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
         engine_runs.append(outcome)
-        meta = meta or cell_meta(engine, rc, outcome, skew)
+        meta = meta or cell_meta(engine, rc, outcome, moe or {})
     sims = {}
     for name in fc.cost_models:
         sim_rc = sim_run_config(rc, name, profile_path, meta)
@@ -201,7 +214,7 @@ def warm_up(engine, rc: RunConfig) -> None:
 
 
 def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
-               profile_path: str, engine, sims: dict[str, RunOutcome], skew: float = 0.0) -> None:
+               profile_path: str, engine, sims: dict[str, RunOutcome], moe: dict[str, float] | None = None) -> None:
     """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps) and its requests'
     windows, engine runs and simulated runs side by side (harness.fidelity.windows); nothing
     without a steps_dir."""
@@ -209,7 +222,7 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
         return
     from harness.fidelity.steps import expected_experts, predictors, write_replays, write_windows
 
-    meta = cell_meta(engine, rc, engine_runs[0], skew)
+    meta = cell_meta(engine, rc, engine_runs[0], moe or {})
     write_replays(Path(fc.steps_dir), name, load, [run.steps for run in engine_runs],
                   predictors(rc, fc.cost_models, profile_path, meta), expected_experts(rc, meta))
     runs = {f"engine {i}": (run.requests, run.steps) for i, run in enumerate(engine_runs)}
@@ -218,14 +231,14 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
 
 
 def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome], fc: FidelityConfig, rc: RunConfig,
-              engine, profile_path: str, skew: float) -> tuple[list[dict], dict[str, dict]]:
+              engine, profile_path: str, moe: dict[str, float]) -> tuple[list[dict], dict[str, dict]]:
     """The engine runs' and simulated runs' summaries, and the profiled model's at the serving
     host's speed where fc.price_serving_host asks for it (harness.fidelity.serving_host)."""
     simulated = {name: run.summary for name, run in sims.items()}
     if fc.price_serving_host and "profiled" in fc.cost_models:
         from harness.fidelity.serving_host import serving_host_rows
 
-        meta = cell_meta(engine, rc, engine_runs[0], skew)
+        meta = cell_meta(engine, rc, engine_runs[0], moe or {})
         simulated.update(serving_host_rows(rc, profile_path, meta, engine_runs, fc.interval))
     return [run.summary for run in engine_runs], simulated
 
@@ -249,7 +262,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
         raise ConfigError(f"backend=engine: {error}") from None
     rows, schedules = [], []
     try:
-        profile_path, skew = calibrated_model(executor, rc, fc, out_dir)
+        profile_path, moe = calibrated_model(executor, rc, fc, out_dir)
         # one tick per cell (a class offline, then at each load), so the bar shows the whole run
         cells = tqdm(total=len(fc.workloads) * (1 + len(fc.loads)), desc="fidelity cells", unit="cell",
                      disable=not output.progress)
@@ -258,10 +271,10 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             engine = PinnedBlocks(executor, base.cache.num_blocks)
             if fc.warmup:
                 warm_up(engine, base)
-            engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True, skew=skew)
-            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine, sims, skew)
+            engine_runs, sims = serve(engine, base, fc, profile_path, False, record_sims=True, moe=moe)
+            keep_steps(fc, base, name, "offline", engine_runs, profile_path, engine, sims, moe)
             schedules += schedule_rows(rc, name, [r.steps for r in engine_runs], {c: r.steps for c, r in sims.items()})
-            engine_summaries, sim_summaries = summaries(engine_runs, sims, fc, base, engine, profile_path, skew)
+            engine_summaries, sim_summaries = summaries(engine_runs, sims, fc, base, engine, profile_path, moe)
             del engine_runs, sims  # per-step tables live for their cell only, not through the load cells
             capacity = float(np.mean([s["request_s"] for s in engine_summaries]))
             rows += cell_rows(rc, name, "offline", np.nan, engine_summaries, sim_summaries,
@@ -270,9 +283,9 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
             cells.update(1)
             for load in fc.loads:
                 cell = classes.with_rate(base, name, load * capacity)
-                engine_runs, sims = serve(engine, cell, fc, profile_path, False, skew=skew)
-                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine, sims, skew)
-                engine_summaries, sim_summaries = summaries(engine_runs, sims, fc, cell, engine, profile_path, skew)
+                engine_runs, sims = serve(engine, cell, fc, profile_path, False, moe=moe)
+                keep_steps(fc, cell, name, f"{load:g}", engine_runs, profile_path, engine, sims, moe)
+                engine_summaries, sim_summaries = summaries(engine_runs, sims, fc, cell, engine, profile_path, moe)
                 del engine_runs, sims
                 rows += cell_rows(rc, name, f"{load:g}", load * capacity, engine_summaries, sim_summaries,
                                   LOAD_METRICS + COUNTED_METRICS)

@@ -97,3 +97,18 @@ def test_refit_profile_refuses_expected_experts_of_a_grid_without_them(tmp_path,
     pd.DataFrame({"set": ["grid"], "duration_s": [0.01], "num_tokens": [1]}).to_csv(grid, index=False)
     assert refit([str(grid), "--experts", "expected", "--out", str(tmp_path / "out")]) != 0
     assert "moe_expected_experts" in capsys.readouterr().err
+
+
+def test_refit_profile_at_a_locality_needs_the_model_and_fit_locality_a_grid_with_counts(tmp_path, capsys):
+    from experiments.fidelity.fit_locality import main as fit
+    from experiments.fidelity.refit_profile import main as refit
+
+    grid = tmp_path / "profile.csv"
+    pd.DataFrame({"set": ["grid"], "duration_s": [0.01], "num_tokens": [1],
+                  "moe_expected_experts": [8.0]}).to_csv(grid, index=False)
+    assert refit([str(grid), "--experts", "expected", "--moe-routing-locality", "2", "--out", str(tmp_path)]) != 0
+    assert "--model" in capsys.readouterr().err
+    bare = tmp_path / "bare.csv"
+    pd.DataFrame({"set": ["grid"], "duration_s": [0.01]}).to_csv(bare, index=False)
+    assert fit([str(bare), "--model", "qwen3-30b-a3b", "--moe-routing-skew", "0", "--out", str(tmp_path)]) != 0
+    assert "moe_expected_experts" in capsys.readouterr().err

@@ -100,3 +100,39 @@ def test_run_gpu_sh_serves_the_moe_protocol_on_cpu(tmp_path):
     assert "moe_distinct_experts" in set(pd.read_csv(model_dir / "profile_model.csv").name)
     assert pd.read_csv(model_dir / "expert_counts.csv").tokens.sum() > 0
     assert "routing skew" in (model_dir / "prefill_heavy-shared_prefix-bursty" / "run.log").read_text()
+
+
+def _grid_rows(locality: float) -> pd.DataFrame:
+    """Grid rows (one and several sequences, cached context, a decode batch) whose counts are the
+    locality model's expectation, as an engine whose sequences route alike would record them."""
+    from sim.moe_locality import SequenceRouting
+
+    shapes = [(16, 0, 1, 0), (256, 0, 1, 0), (1024, 0, 4, 0), (512, 8, 9, 0), (0, 32, 32, 0), (64, 0, 1, 2048)]
+    table = pd.DataFrame(shapes, columns=["num_prefill_tokens", "num_decode_tokens", "num_seqs",
+                                          "prefill_context_tokens"])
+    table = table.assign(num_tokens=table.num_prefill_tokens + table.num_decode_tokens, set="grid",
+                         kind=["prefill", "prefill", "prefill", "mixed", "decode", "prefill"])
+    routing = SequenceRouting(128, 8, 0.0, locality)
+    counts = [routing.distinct([64])] * 5 + [100.0]  # placeholders, set below for the fitted rows
+    sizes = [[16], [256], [256] * 4, [512] + [1] * 8, [1] * 32]
+    counts[:5] = [routing.distinct(s) for s in sizes]
+    return table.assign(moe_distinct_experts=counts, moe_expected_experts=0.0)
+
+
+def test_the_locality_is_fitted_to_the_grids_per_step_counts():
+    from harness.fidelity.routing import measured_locality
+
+    table = _grid_rows(2.0)
+    # the cached-context row (100 experts, far from the model) is left out of the fit
+    assert measured_locality(None, table, MOE, 0.0) == pytest.approx(2.0, rel=0.02)
+    assert measured_locality(0.5, table, MOE, 0.0) == 0.5
+    assert measured_locality(None, table.drop(columns="moe_expected_experts"), MOE, 0.0) == 0.0  # no per-step counts
+    assert measured_locality(None, table, DENSE, 0.0) == 0.0
+
+
+def test_the_expectation_beside_the_counts_is_of_each_rows_sequences():
+    table = _grid_rows(2.0)
+    assert with_distinct_experts(table, MOE, 0.0, 0.0) is table  # locality 0: the table as it was
+    local = with_distinct_experts(table, MOE, 0.0, 2.0)
+    assert local["moe_distinct_experts"].tolist() == table["moe_distinct_experts"].tolist()  # the counts stay
+    assert local["moe_expected_experts"].iloc[:5].tolist() == pytest.approx(table["moe_distinct_experts"].iloc[:5])

@@ -84,7 +84,7 @@ def test_the_profiled_model_prices_a_table_without_the_column_by_the_expectation
     model = ProfiledCostModel.fit(grid)
     with pytest.raises(ValueError, match="moe_distinct_experts"):
         model.predict(table.drop(columns="moe_distinct_experts"))
-    model.distinct_experts = lambda n: {1: 2.0, 8: 6.0, 64: 7.5}[n]
+    model.distinct_experts = lambda sizes: {1: 2.0, 8: 6.0, 64: 7.5}[sum(sizes)]
     assert model.predict(table.drop(columns="moe_distinct_experts")) == pytest.approx(model.predict(table))
 
 

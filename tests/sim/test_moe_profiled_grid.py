@@ -98,7 +98,7 @@ def test_no_decode_step_is_priced_below_its_weight_reads(priced: ProfiledCostMod
 def test_a_fit_that_undercuts_the_weights_is_floored() -> None:
     fit = PiecewiseLinearFit("graph_batch_size", (1.0, 256.0), (1e-4, 1e-4), (), (), ())
     model = ProfiledCostModel({"prefill": fit, "decode_graph": fit}, GRAPHS)
-    features = step_features(decode_batch([1000] * 16), GRAPHS, ROUTING.distinct)
+    features = step_features(decode_batch([1000] * 16), GRAPHS, lambda sizes: ROUTING.distinct(sum(sizes)))
     assert model.predict_features(features) == pytest.approx(1e-4)  # no floor: what the fit says
     model.floor = PHYSICS
     assert model.predict_features(features) == pytest.approx(PHYSICS(features))
