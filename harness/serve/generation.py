@@ -143,7 +143,7 @@ class Generation:
         later one is too) or an earlier delivery is still to be decoded (one that came without an
         offer before the stream began): the decoder takes tokens in order."""
         if self.stops or reason is not None or self._done or not token_ids or \
-                any(d.ahead is None for d in self._pending):
+                (self._pending and any(d.ahead is None for d in self._pending)):
             return None
         text = self._decoder.add(token_ids)
         encode = self.encode

@@ -116,7 +116,9 @@ class DirectWriter:
     def _encode(self, text: str) -> Ahead:
         """A delivery whose text is text, with its event (Generation.take's rule: none when it
         adds no text, unless every delivery is an event)."""
-        return Ahead(text, self.events.deltas([text]) if text or self.events.token_ids else b"", self._write_first)
+        events = self.events
+        body = (events.prefix + json.dumps(text) + events.suffix).encode() if text or events.token_ids else b""
+        return Ahead(text, body, self._write_first)
 
     def _write_first(self, ahead: Ahead) -> None:
         """Write ahead's event at the start of its pass (core._pass), before the deliveries are
@@ -139,7 +141,12 @@ class DirectWriter:
         the send noted) waits for _flush, after every stream of the pass has written."""
         if self.finished.done():
             return
-        aheads = [d.ahead for d in self._queued]
+        queued = self._queued
+        if len(queued) == 1 and (one := queued[0].ahead) is not None and one.written:  # the usual case
+            self._ahead = True
+            self._written_at = one.written_at if one.body else None
+            return
+        aheads = [d.ahead for d in queued]
         if any(a is None or a.body is None for a in aheads):
             return
         self._ahead = True
