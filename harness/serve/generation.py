@@ -151,7 +151,7 @@ class Generation:
 
     def abort(self) -> None:
         """The consumer went away: the request is aborted in the core (nothing if it ended)."""
-        self.direct = None
+        self.direct = self.encode = None  # (they hold its stream, which holds it)
         if not self._done:
             self._done = True
             self.finish_reason = "abort"

@@ -133,6 +133,6 @@ def test_a_client_that_goes_away_aborts_its_request_and_its_waiting_write():
         writer.close()
         await asyncio.sleep(0)
         assert aborted == [gen.request_id] and task is not None and task.cancelled()
-        assert writer.finished.cancelled() and gen.direct is None
+        assert writer.finished.cancelled() and gen.direct is None and gen.encode is None
 
     asyncio.run(scenario())
