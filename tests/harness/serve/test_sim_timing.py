@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from harness.serve.process import ServerProcess
-from harness.serve.stream_counter import count_streams
+from harness.serve.stream_counter import count_events, count_streams
 from tests.harness.serve.conftest import SIM
 
 STREAMS, TOKENS = 200, 200
@@ -50,3 +50,12 @@ def test_200_streams_keep_to_the_schedule(tmp_path):
           f"(on the same cores)")
     assert p99 <= BOX_P99_S
     assert (tmp_path / "serve" / "requests.csv").is_file() and (tmp_path / "serve" / "serve_overhead.csv").is_file()
+
+
+def test_the_stream_counter_counts_every_event_and_names_a_refusal(sim_server):
+    base_url = f"http://127.0.0.1:{sim_server.port}/v1"
+    bodies = [{"model": "qwen3-8b", "prompt": f"count {i}", "max_tokens": 3 + i, "stream": True, "ignore_eos": True,
+               "stream_options": {"include_usage": True}} for i in range(3)]
+    assert asyncio.run(count_streams(base_url, bodies)) == [5, 6, 7]  # tokens, the finishing one, usage
+    with pytest.raises(RuntimeError, match="404 Not Found"):
+        asyncio.run(count_events(base_url, {**bodies[0], "model": "other"}))
