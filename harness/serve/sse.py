@@ -46,6 +46,9 @@ class Events:
         return self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                          "finish_reason": None}]})
 
+    def delta(self, piece: str) -> bytes:
+        return (self.prefix + json.dumps(piece) + self.suffix).encode()
+
     def deltas(self, pieces: list[str]) -> bytes:
         prefix, suffix, dumps = self.prefix, self.suffix, json.dumps
         return "".join([prefix + dumps(piece) + suffix for piece in pieces]).encode()
@@ -116,14 +119,14 @@ class DirectWriter:
     def _encode(self, text: str) -> Ahead:
         """A delivery whose text is text, with its event (Generation.take's rule: none when it
         adds no text, unless every delivery is an event)."""
-        events = self.events
-        body = (events.prefix + json.dumps(text) + events.suffix).encode() if text or events.token_ids else b""
+        body = self.events.delta(text) if text or self.events.token_ids else b""
         return Ahead(text, body, self._write_first)
 
     def _write_first(self, ahead: Ahead) -> None:
-        """Write ahead's event at the start of its pass (core._pass), before the deliveries are
-        handed out; not if this stream has others in hand (they keep their order)."""
-        if self._queued or self.finished.done() or ahead.body is None:
+        """Write ahead's event at the start of its pass (core._pass, over one step: a step holds
+        one delivery per request, so it is this stream's only one in the pass), before the
+        deliveries are handed out; not once the request is done (aborted, or ended by the core)."""
+        if self.gen.done or self.finished.done() or self._queued or ahead.body is None:
             return
         ahead.written = True
         if ahead.body:
@@ -254,6 +257,9 @@ async def _resume(coro: Coroutine[Any, Any, None], waited: Any) -> None:
             if waited is None:  # a bare yield (asyncio.sleep(0))
                 await asyncio.sleep(0)
             else:
+                # a future yielded by an await is marked as blocking; a task clears the mark when
+                # it takes one (awaiting it again while still marked and pending raises)
+                waited._asyncio_future_blocking = False
                 await waited
             try:
                 waited = coro.send(None)

@@ -143,3 +143,21 @@ def test_text_made_ahead_is_the_text_decoded_in_order(events, stream_starts, sto
         return gen._text
 
     assert run(True) == run(False)
+
+
+def test_a_step_made_ahead_writes_nothing_after_its_request_ended():
+    async def scenario():
+        core = serve_core()
+        gen = generation(core, max_tokens=4)
+        gen.submit()
+        socket = Socket(hold=1)  # the closing write waits (a slow client)
+        writer = DirectWriter(socket, gen, Events(HEAD, False, False, False))
+        core._on_message(("step", time.perf_counter() + 0.003, [(gen.request_id, [7], None, 0)], (1, 0, 1)))
+        core._end_streams()  # the core process is gone: the stream closes before the step is due
+        await asyncio.sleep(0.01)
+        socket.open.set_result(None)
+        await asyncio.wait_for(writer.finished, 1)
+        text = b"".join(socket.bodies)
+        assert text.endswith(b"data: [DONE]\n\n") and b" w7" not in text
+
+    asyncio.run(scenario())
