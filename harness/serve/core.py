@@ -17,6 +17,7 @@ tokens (a server that runs for hours keeps a bounded window).
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 import time
@@ -30,11 +31,14 @@ from engine.core import BackendInfo, make_scheduler
 from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
 from harness.config import RunConfig
+from harness.serve.delivery import Ahead, Delivery, Prepare, Sink
 from harness.serve.wire import WireProtocol
 
-# a step's tokens that arrive ahead of their time are timed to this much before it, then slept to
-# (asyncio's and uvloop's timers count whole milliseconds)
-TIMER_SLACK_S = 5e-4
+# a step's tokens that arrive ahead of their time are timed to this much before it, then slept to:
+# uvloop's timers count whole milliseconds against a clock read once per loop iteration, and fire
+# up to 0.7 ms early or late on an idle loop (more behind other work); a timer aimed closer fired
+# early, was set again for the rest, and that one fired late
+TIMER_SLACK_S = 1.5e-3
 LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
 
 
@@ -44,19 +48,6 @@ class QueueFull(Exception):
 
 class CoreStopped(Exception):
     """The core process is gone (its error is in the message); nothing more can be served."""
-
-
-@dataclass(slots=True)
-class Delivery:
-    """What one step gave one request: its new tokens, and why it stopped (None: it goes on)."""
-
-    token_ids: list[int]
-    finish_reason: FinishReason | None
-    due: float  # perf_counter time the tokens were scheduled for
-    cached_tokens: int = 0
-
-
-Sink = Callable[[Delivery], None]  # called on the asyncio loop
 
 
 @dataclass
@@ -94,6 +85,7 @@ class ServeCore:
         self.error: str | None = None
         self.origin = 0.0  # perf_counter() time 0 of the core's clock
         self._sinks: dict[str, Sink] = {}  # submitted and not yet finished or aborted
+        self._prepares: dict[str, Prepare] = {}  # of those, the ones that prepare ahead
         self._wire: WireProtocol | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._waiting: asyncio.Future | None = None  # the ready or result message
@@ -101,6 +93,7 @@ class ServeCore:
         self._held: deque[tuple] = deque()  # step messages not yet due, in order
         self._timer: asyncio.Handle | None = None  # the next _release, while one is set
         self._flushes: list[Callable[[], None]] | None = None  # during a pass: what defer() was given
+        self._writes: list[Callable[[], None]] = []  # ... and its first round
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -146,8 +139,9 @@ class ServeCore:
 
     # ---- from the HTTP side ------------------------------------------------------------------
 
-    def submit(self, request: Request, sink: Sink) -> None:
-        """Queue request (its max_tokens already checked by the admission rule), arriving now."""
+    def submit(self, request: Request, sink: Sink, prepare: Prepare | None = None) -> None:
+        """Queue request (its max_tokens already checked by the admission rule), arriving now.
+        prepare, if given, is offered each of its deliveries in a step that arrives ahead."""
         if len(self._sinks) >= self.max_queue:
             raise QueueFull(f"the server holds serve.max_queue={self.max_queue} requests; retry later")
         if not self.alive or self._wire is None:
@@ -155,10 +149,13 @@ class ServeCore:
         stamp = time.perf_counter()
         request.arrival_time = stamp - self.origin
         self._sinks[request.request_id] = sink
+        if prepare is not None:
+            self._prepares[request.request_id] = prepare
         self.snapshot.live = len(self._sinks)
         self._wire.send(("add", request, stamp))
 
     def abort(self, request_id: str) -> None:
+        self._prepares.pop(request_id, None)
         if self._sinks.pop(request_id, None) is not None and self._wire is not None:
             self.snapshot.live = len(self._sinks)
             self._wire.send(("abort", request_id))
@@ -175,7 +172,7 @@ class ServeCore:
         if kind == "tokens":  # a step's tokens, ahead of its "step" (harness.serve.handoff)
             self._pass([message])
         elif kind == "step":
-            self._held.append(message)
+            self._held.append((*message, self._prepare(message[2])))
             if self._timer is None and self._loop is not None:  # after the rest of this read
                 self._timer = self._loop.call_soon(self._release)
         elif kind == "snap":
@@ -207,38 +204,82 @@ class ServeCore:
             self._timer = self._loop.call_later(delay, self._release) if delay > 0 else \
                 self._loop.call_soon(self._release)
 
+    def _prepare(self, deliveries: list) -> list[Ahead | None] | None:
+        """What each delivery's Prepare gives (in arrival order, so a request's text is decoded in
+        order); None if no request of the step prepares ahead."""
+        prepares = self._prepares
+        if not prepares:
+            return None
+        out: list[Ahead | None] = []
+        for rid, token_ids, reason, _ in deliveries:
+            prepare = prepares.get(rid)
+            out.append(None if prepare is None else prepare(token_ids, reason))
+        return out
+
     def _pass(self, messages: list[tuple]) -> None:
         """One pass over these steps' deliveries: a stream that writes as tokens come (sse) writes
-        what it got from all of them once, after the pass (defer)."""
+        what it got from all of them once, after the pass (defer). A pass over one step whose
+        events were made ahead writes them first, before it hands the deliveries out. The cyclic
+        garbage collector waits until the pass is over (a collection of the old generations takes
+        tens of milliseconds; between passes it delays no token that is already due)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._pass_steps(messages)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _pass_steps(self, messages: list[tuple]) -> None:
+        start = time.perf_counter()
+        if len(messages) == 1 and messages[0][0] == "step" and messages[0][4] is not None:
+            for ahead in messages[0][4]:
+                if ahead is not None and ahead.write is not None:
+                    ahead.write(ahead)
         flushes: list[Callable[[], None]] = []
-        self._flushes = flushes
+        writes: list[Callable[[], None]] = []
+        self._flushes, self._writes = flushes, writes
         try:
             for message in messages:
-                self._dispatch(message[1], message[2])
+                self._dispatch(start, message[1], message[2], message[4] if message[0] == "step" else None)
         finally:
-            self._flushes = None
+            self._flushes, self._writes = None, []
+        for write in writes:
+            write()
         for flush in flushes:
             flush()
         if messages[-1][0] == "step":
             self._snap(messages[-1][3])
 
-    def defer(self, flush: Callable[[], None]) -> None:
-        """Call flush at the end of the current pass over deliveries (now, outside of one)."""
+    def defer(self, flush: Callable[[], None], write: Callable[[], None] | None = None) -> None:
+        """Call flush at the end of the current pass over deliveries (now, outside of one); write,
+        if given, before it, in a first round that runs every stream's write before any flush."""
         if self._flushes is None:
+            if write is not None:
+                write()
             flush()
-        else:
-            self._flushes.append(flush)
+            return
+        if write is not None:
+            self._writes.append(write)
+        self._flushes.append(flush)
 
-    def _dispatch(self, due: float, deliveries: list) -> None:
-        now = time.perf_counter()
+    def _dispatch(self, now: float, due: float, deliveries: list, prepared: list | None) -> None:
+        """Hand each delivery to its sink; now: when the pass began (the step reached the loop)."""
         lag = now - due
         lags, sinks = self.lags, self._sinks
-        for rid, token_ids, reason, cached in deliveries:
-            sink = sinks.pop(rid, None) if reason is not None else sinks.get(rid)
+        for i, (rid, token_ids, reason, cached) in enumerate(deliveries):
+            if reason is not None:
+                sink = sinks.pop(rid, None)
+                self._prepares.pop(rid, None)
+            else:
+                sink = sinks.get(rid)
             if sink is None:  # aborted here already
                 continue
             lags.extend([lag] * max(len(token_ids), 1))
-            sink(Delivery(token_ids, reason, due, cached))
+            if prepared is None:
+                sink(Delivery(token_ids, reason, due, cached))
+            else:
+                sink(Delivery(token_ids, reason, due, cached, prepared[i]))
         self.snapshot.live = len(sinks)
 
     def _snap(self, snap: tuple[int, int, int]) -> None:
@@ -267,6 +308,7 @@ class ServeCore:
         """Requests in flight end as aborted: their streams close rather than hang."""
         now = time.perf_counter()
         sinks, self._sinks = self._sinks, {}
+        self._prepares = {}
         for sink in sinks.values():
             sink(Delivery([], FinishReason.ABORTED, now))
         self.snapshot.live = 0

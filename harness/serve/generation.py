@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from engine.core.request import FinishReason, Request
 from engine.core.sampling_params import SamplingParams
-from harness.serve.core import Delivery, ServeCore
+from harness.serve.core import ServeCore
+from harness.serve.delivery import Ahead, Delivery
 from harness.serve.metrics import ServerMetrics
 from harness.serve.text import TextCodec
 
@@ -63,11 +64,13 @@ class Generation:
         # set by a stream that writes each delivery as it comes (sse.EventStream): called in place
         # of waking deltas(), on the loop's pass over a step's tokens
         self.direct: Callable[[Delivery], None] | None = None
+        # set by such a stream too: a text piece's Ahead with its event, made when a step arrives ahead
+        self.encode: Callable[[str], Ahead] | None = None
 
     def submit(self) -> None:
         """Hand the request to the core (QueueFull when serve.max_queue is reached)."""
         request = Request(self.request_id, self.prompt_ids, self.params)
-        self.core.submit(request, self._receive)
+        self.core.submit(request, self._receive, self.prepare)
         self.times.submitted = time.perf_counter()
 
     def _receive(self, delivery: Delivery) -> None:
@@ -132,9 +135,23 @@ class Generation:
                 pieces.append(text)
         return pieces
 
+    def prepare(self, token_ids: list[int], reason: FinishReason | None) -> Ahead | None:
+        """A delivery's text (and its event, with a stream's encode) as soon as its step arrives,
+        ahead of its time (core.Prepare): then only the write is left when it is due. Declined
+        (None; done when it is taken) when the text is not the delivery's alone (stop strings,
+        which end the request when seen; the finishing delivery; once declined for these, every
+        later one is too) or an earlier delivery is still to be decoded (one that came without an
+        offer before the stream began): the decoder takes tokens in order."""
+        if self.stops or reason is not None or self._done or not token_ids or \
+                (self._pending and any(d.ahead is None for d in self._pending)):
+            return None
+        text = self._decoder.add(token_ids)
+        encode = self.encode
+        return Ahead(text) if encode is None else encode(text)
+
     def abort(self) -> None:
         """The consumer went away: the request is aborted in the core (nothing if it ended)."""
-        self.direct = None
+        self.direct = self.encode = None  # (they hold its stream, which holds it)
         if not self._done:
             self._done = True
             self.finish_reason = "abort"
@@ -162,7 +179,8 @@ class Generation:
     def _take(self, delivery: Delivery) -> str:
         self.output_ids.extend(delivery.token_ids)
         self.cached_tokens = delivery.cached_tokens
-        self._text += self._decoder.add(delivery.token_ids)
+        ahead = delivery.ahead
+        self._text += self._decoder.add(delivery.token_ids) if ahead is None else ahead.text
         end = len(self._text) - (0 if delivery.finish_reason else self._holdback)
         hit = self._stop_hit()
         if hit is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from harness.serve.core import Delivery
+from harness.serve.delivery import Ahead, Delivery
 from harness.serve.generation import Generation
 
 Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]  # an ASGI send
@@ -45,6 +45,9 @@ class Events:
             return None
         return self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                          "finish_reason": None}]})
+
+    def delta(self, piece: str) -> bytes:
+        return (self.prefix + json.dumps(piece) + self.suffix).encode()
 
     def deltas(self, pieces: list[str]) -> bytes:
         prefix, suffix, dumps = self.prefix, self.suffix, json.dumps
@@ -107,18 +110,69 @@ class DirectWriter:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._queued: list[Delivery] = []  # taken in this pass over deliveries, written after it
+        self._ahead = False  # the queued deliveries' events are written already (_write_ahead)
+        self._written_at: float | None = None  # ... and when the socket took them
         gen.direct = self.deliver
+        gen.encode = self._encode
         self.deliver_all(gen.pending())  # what came before the stream started
+
+    def _encode(self, text: str) -> Ahead:
+        """A delivery whose text is text, with its event (Generation.take's rule: none when it
+        adds no text, unless every delivery is an event)."""
+        body = self.events.delta(text) if text or self.events.token_ids else b""
+        return Ahead(text, body, self._write_first)
+
+    def _write_first(self, ahead: Ahead) -> None:
+        """Write ahead's event at the start of its pass (core._pass, over one step: a step holds
+        one delivery per request, so it is this stream's only one in the pass), before the
+        deliveries are handed out; not once the request is done (aborted, or ended by the core)."""
+        if self.gen.done or self.finished.done() or self._queued or ahead.body is None:
+            return
+        ahead.written = True
+        if ahead.body:
+            ahead.written_at = self._out(ahead.body, settle=False)
 
     def deliver(self, delivery: Delivery) -> None:
         queued = self._queued
         queued.append(delivery)
         if len(queued) == 1:  # one write per pass, whatever the steps it covers (a late server's)
-            self.gen.core.defer(self._flush)
+            self.gen.core.defer(self._flush, self._write_ahead)
+
+    def _write_ahead(self) -> None:
+        """A pass's first round (core.defer): if every queued delivery's event was built when its
+        step arrived (Generation.prepare), they go to the socket now; the rest (the text taken,
+        the send noted) waits for _flush, after every stream of the pass has written."""
+        if self.finished.done():
+            return
+        queued = self._queued
+        if len(queued) == 1 and (one := queued[0].ahead) is not None and one.written:  # the usual case
+            self._ahead = True
+            self._written_at = one.written_at if one.body else None
+            return
+        aheads = [d.ahead for d in queued]
+        if any(a is None or a.body is None for a in aheads):
+            return
+        self._ahead = True
+        times = [a.written_at for a in aheads if a.written and a.body]  # type: ignore[union-attr]
+        rest = b"".join([a.body for a in aheads if not a.written])  # type: ignore[union-attr,misc]
+        if rest:
+            times.append(self._out(rest, settle=False))
+        # settled now if every event is with the socket; else when the waiting write is (_drained)
+        self._written_at = None if not times or None in times else max(times)  # type: ignore[type-var]
 
     def _flush(self) -> None:
         batch, self._queued = self._queued, []
-        self.deliver_all(batch)
+        if not self._ahead:
+            self.deliver_all(batch)
+            return
+        written_at, self._ahead, self._written_at = self._written_at, False, None
+        try:
+            self.gen.take(batch, self.events.token_ids)  # text as deliver_all's, events written already
+        except Exception as error:  # noqa: BLE001 - as in deliver_all
+            self._fail(error)
+            return
+        if written_at is not None:
+            self._sent(written_at)
 
     def deliver_all(self, batch: list[Delivery]) -> None:
         if self.finished.done():
@@ -131,7 +185,7 @@ class DirectWriter:
             body = events.deltas(pieces) if pieces else b""
             if gen.done and not self._closing:
                 self._closing = True
-                gen.direct = None
+                gen.direct = gen.encode = None
                 body += events.closing(gen)
             if body:
                 self._out(body)
@@ -146,16 +200,21 @@ class DirectWriter:
         if not self.finished.done():
             self.finished.cancel()
 
-    def _out(self, body: bytes) -> None:
+    def _out(self, body: bytes, settle: bool = True) -> float | None:
+        """Write body, or queue it behind a waiting write; the time the socket took it (None: it
+        waits). settle=False: the caller notes the send (_sent) itself."""
         if self._backlog is not None:
             self._backlog.append(body)
-            return
+            return None
         task = write_now(self.send, {"type": "http.response.body", "body": body, "more_body": True})
         if task is None:
-            self._sent()
-        else:
-            self._backlog, self._task = [], task
-            task.add_done_callback(self._drained)
+            now = time.perf_counter()
+            if settle:
+                self._sent(now)
+            return now
+        self._backlog, self._task = [], task
+        task.add_done_callback(self._drained)
+        return None
 
     def _drained(self, task: asyncio.Task[None]) -> None:
         backlog, self._backlog, self._task = self._backlog, None, None
@@ -168,9 +227,9 @@ class DirectWriter:
         else:
             self._sent()
 
-    def _sent(self) -> None:
+    def _sent(self, now: float | None = None) -> None:
         # deliveries that gave no event of their own (the last, finishing one) count as sent too
-        self.gen.sent(time.perf_counter())
+        self.gen.sent(time.perf_counter() if now is None else now)
         if self._closing and not self.finished.done():
             self.finished.set_result(None)
 
@@ -198,6 +257,9 @@ async def _resume(coro: Coroutine[Any, Any, None], waited: Any) -> None:
             if waited is None:  # a bare yield (asyncio.sleep(0))
                 await asyncio.sleep(0)
             else:
+                # a future yielded by an await is marked as blocking; a task clears the mark when
+                # it takes one (awaiting it again while still marked and pending raises)
+                waited._asyncio_future_blocking = False
                 await waited
             try:
                 waited = coro.send(None)

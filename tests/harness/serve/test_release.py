@@ -133,6 +133,23 @@ def test_a_client_that_goes_away_aborts_its_request_and_its_waiting_write():
         writer.close()
         await asyncio.sleep(0)
         assert aborted == [gen.request_id] and task is not None and task.cancelled()
-        assert writer.finished.cancelled() and gen.direct is None
+        assert writer.finished.cancelled() and gen.direct is None and gen.encode is None
+
+    asyncio.run(scenario())
+
+
+def test_a_write_that_waits_while_the_loop_runs_finishes_when_the_socket_takes_it():
+    """The ASGI send stops at a future (flow control); the task that finishes it runs while the
+    future is still pending, as under a slow client."""
+    async def scenario():
+        from harness.serve.sse import write_now
+
+        socket = Socket(hold=1)
+        task = write_now(socket, {"type": "http.response.body", "body": b"x", "more_body": True})
+        assert task is not None
+        await asyncio.sleep(0.005)  # the task awaits the pending future
+        socket.open.set_result(None)
+        await asyncio.wait_for(task, 1)
+        assert socket.bodies == [b"x"]
 
     asyncio.run(scenario())
