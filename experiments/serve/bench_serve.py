@@ -9,8 +9,9 @@ in requests/s, or `auto`: the simulator's offline throughput of the same request
 profiled cost model). The same requests (harness.workloads.build; workload.seed differs per load,
 so one case's prompts are never cached for the next) are
   1. run by the harness's own loop (experiments/serve/harness_runs.py: one engine for every case);
-  2. replayed by experiments/serve/client.py (stdlib asyncio) against `python -m harness.serve` with
-     the engine, one server for every case, and then
+  2. replayed by experiments/serve/client.py (stdlib asyncio; or by aiperf with --loadgen aiperf:
+     experiments/serve/aiperf.py) against `python -m harness.serve` with the engine, one server for
+     every case, and then
   3. against `python -m harness.serve backend=sim ... backend.cost_model=profiled` at time_scale=1.
 Results are written after each stage, so a run cut short keeps what it finished: serve.csv (one
 row per case and source), overhead.csv (per case and server), serve.md (the tables), and each
@@ -40,8 +41,9 @@ from pathlib import Path
 import pandas as pd
 
 from engine.core.request import Request
+from experiments.serve import aiperf
 from experiments.serve.client import replay
-from experiments.serve.tables import harness_row, markdown, server_rows
+from experiments.serve.tables import case_requests, harness_row, markdown, server_rows
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
 from harness.workloads.build import build_workload
@@ -83,6 +85,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="overrides of the simulator-backed server")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
+    parser.add_argument("--loadgen", choices=["client", "aiperf"], default="client",
+                        help="who replays the requests against the servers: the in-repo client, or aiperf "
+                             "(experiments/serve/aiperf.py)")
+    parser.add_argument("--aiperf", default=None,
+                        help=f"the command that runs aiperf (default: ${aiperf.ENV_VAR}, else python -m aiperf)")
     parser.add_argument("--no-pack", dest="pack", action="store_false",
                         help="keep each stage's run folder as it is (by default packed into <folder>.tar.gz)")
     parser.add_argument("--keep-steps", action="store_true",
@@ -207,23 +214,41 @@ def drop_steps(folder: Path) -> None:
         path.unlink()
 
 
-def run_server(server: str, overrides: list[str], cases: list[Case], out: Path) -> tuple[list[dict], list[dict]]:
+def run_server(server: str, overrides: list[str], cases: list[Case], out: Path,
+               loadgen: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """Each case replayed against one server: by the in-repo client, or by the aiperf command loadgen."""
     folder = out / server
     shutil.rmtree(folder, ignore_errors=True)
-    clients = {}
-    process = ServerProcess([*overrides, "output.plots=false", "serve.max_queue=8192"], folder)
+    folder.mkdir(parents=True)
+    clients, figures = {}, {}
+    words, extra = None, []
+    if loadgen is not None:
+        rc = compose_run_config([o for o in overrides if not o.startswith("serve.")])  # a run's config has no serve
+        words, extra = aiperf.server_text(rc, folder / "word_tokenizer")  # removed once the server stops
+    process = ServerProcess([*overrides, *extra, "output.plots=false", "serve.max_queue=8192"], folder)
     process.start(timeout_s=600)  # an engine's start-up: weights, memory profile, CUDA graphs
     try:
         with urllib.request.urlopen(process.base_url + "/models") as response:
             model = json.load(response)["data"][0]["id"]
         for case in cases:
-            clients[case.tag] = replay_case(server, process.base_url, model, case, folder)
+            if loadgen is None or words is None:
+                clients[case.tag] = replay_case(server, process.base_url, model, case, folder)
+                continue
+            began = time.perf_counter()
+            clients[case.tag], figures[case.tag] = aiperf.replay(loadgen, process.base_url, model, case.requests,
+                                                                 words, folder, case.tag)
+            print(f"{server} {case.tag}: aiperf, {len(case.requests)} requests in "
+                  f"{time.perf_counter() - began:.0f} s", flush=True)
     finally:
         process.stop()
+        if words is not None:
+            shutil.rmtree(words)
     requests, steps = pd.read_csv(folder / "requests.csv"), pd.read_csv(folder / "steps.csv.gz")
     rows, overheads = [], []
-    for case in cases:
-        pair, overhead = server_rows(server, clients[case.tag], requests, steps)
+    owns = case_requests(requests, [len(c.requests) for c in cases], [clients[c.tag] for c in cases])
+    for case, own in zip(cases, owns, strict=True):
+        pair, overhead = server_rows(server, clients[case.tag], own, steps, "client" if loadgen is None else "aiperf",
+                                     figures.get(case.tag))
         rows += [{**case_key(case), **row} for row in pair]
         overheads.append({"workload": case.name, "load": case.load, **overhead})
     return rows, overheads
@@ -256,14 +281,21 @@ def main(argv: list[str] | None = None) -> int:
     hardware = gpu_hardware(args.hardware)
     engine, sim = with_hardware(args.engine, hardware), with_hardware([*args.sim, "serve.time_scale=1"], hardware)
     args.sim = with_hardware(args.sim, hardware)
+    loadgen = None
+    if args.loadgen == "aiperf" and {"engine", "sim"} & set(args.stages):
+        loadgen = aiperf.command(args.aiperf)
+        try:
+            aiperf.check(loadgen)
+        except RuntimeError as error:
+            raise SystemExit(f"error: --loadgen aiperf: {error}") from None
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cases = plan_cases(args, engine)
     rows: list[dict] = []
     overheads: list[dict] = []
     stages = {"harness": lambda: (run_harness(engine, cases, args.out), []),
-              "engine": lambda: run_server("engine_server", engine, cases, args.out),
-              "sim": lambda: run_server("sim_server", sim, cases, args.out)}
+              "engine": lambda: run_server("engine_server", engine, cases, args.out, loadgen),
+              "sim": lambda: run_server("sim_server", sim, cases, args.out, loadgen)}
     failed = []
     for stage in args.stages:
         try:  # a stage that fails leaves the others to run: one device call gets what it can

@@ -1,12 +1,12 @@
 """The serving benchmark's tables: latency rows per source, the servers' overhead, the markdown.
 
 Sources per case (workload, load): `harness_run` (python -m harness, no HTTP), `<server>_client`
-(what the in-repo client measured), `<server>_own` (the server's requests.csv for the same
-requests). TTFT and inter-token latency (ITL: per request (last - first token) / (tokens - 1), the
-harness's tpot) are percentiles over requests. step_period_p50_ms is the median wall time between
-consecutive step ends while the case ran: the engine's steps behind a server should take what they
-take in the harness's loop (step_split also gives the device's time per step and the host time it
-waited for).
+(what the in-repo client measured) or `<server>_aiperf` (what aiperf measured, --loadgen aiperf),
+`<server>_own` (the server's requests.csv for the same requests). TTFT and inter-token latency (ITL:
+per request (last - first token) / (tokens - 1), the harness's tpot) are percentiles over requests.
+step_period_p50_ms is the median wall time between consecutive step ends while the case ran: the
+engine's steps behind a server should take what they take in the harness's loop (step_split also
+gives the device's time per step and the host time it waited for).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 LATENCY = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms")
+LOADGENS = ("client", "aiperf")  # who replays the requests against a server: the in-repo client, or aiperf
 
 
 def latency_row(source: str, ttft_s, itl_s) -> dict:
@@ -48,17 +49,30 @@ def harness_row(requests: pd.DataFrame, steps: pd.DataFrame) -> dict:
     return {**latency_row("harness_run", served["ttft"], served["tpot"]), **step_split(steps)}
 
 
-def server_rows(server: str, client: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame) -> tuple[list[dict],
-                                                                                                         dict]:
-    """The client's and the server's own rows for one case, and the server's overhead on it.
-    client: ClientRecords of the case (request_id, ttft_s, itl_s, late_s); requests, steps: the
-    server's whole requests.csv and steps table (the case's rows are found by request id)."""
-    own = requests[requests["request_id"].isin(client["request_id"])]
-    client_row = {**latency_row(f"{server}_client", client["ttft_s"], client["itl_s"]),
+def server_rows(server: str, client: pd.DataFrame, own: pd.DataFrame, steps: pd.DataFrame, loadgen: str = "client",
+                client_figures: dict | None = None) -> tuple[list[dict], dict]:
+    """The load generator's and the server's own rows for one case, and the server's overhead on it.
+    client: per request ttft_s, itl_s, late_s (the in-repo client's ClientRecords, or aiperf's);
+    own: the server's requests.csv rows of the case; steps: its whole steps table. client_figures:
+    the load generator's own percentiles, which replace those computed from client (aiperf's)."""
+    client_row = {**latency_row(f"{server}_{loadgen}", client["ttft_s"], client["itl_s"]), **(client_figures or {}),
                   "late_max_ms": float(client["late_s"].max() * 1e3)}
     own_row = {**latency_row(f"{server}_own", own["ttft"], own["tpot"]),
                **step_split(steps, own["arrival"].min(), own["finish"].max())}
     return [client_row, own_row], overhead_row(server, client, own)
+
+
+def case_requests(requests: pd.DataFrame, sizes: list[int], clients: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """Each case's rows of the server's requests.csv (sizes: its request count; clients: its load
+    generator's records): by the server's request ids where the client kept them, else by arrival
+    (the cases ran one after the other, each to its end)."""
+    if all("request_id" in client for client in clients):
+        return [requests[requests["request_id"].isin(client["request_id"])] for client in clients]
+    ordered = requests.sort_values("arrival", kind="stable")
+    ends = np.cumsum(sizes)
+    if ends[-1] != len(ordered):
+        raise RuntimeError(f"the server recorded {len(ordered)} requests, the cases sent {ends[-1]}")
+    return [ordered.iloc[end - size:end] for size, end in zip(sizes, ends, strict=True)]
 
 
 def overhead_row(server: str, client: pd.DataFrame, own: pd.DataFrame) -> dict:
@@ -67,7 +81,6 @@ def overhead_row(server: str, client: pd.DataFrame, own: pd.DataFrame) -> dict:
     TTFT less the server's http_ttft (connection, the kernel, uvicorn before the app, the client)."""
     tokens = own["output_tokens"].to_numpy(float)
     lag = own["send_lag_mean"].to_numpy(float)
-    joined = client.merge(own[["request_id", "http_ttft"]], on="request_id")
     row = {"server": server, "requests": len(own)}
     for name in ("overhead_s", "http_in", "first_token_out"):
         values = own[name].dropna().to_numpy(float) * 1e3
@@ -76,7 +89,8 @@ def overhead_row(server: str, client: pd.DataFrame, own: pd.DataFrame) -> dict:
     ok = ~np.isnan(lag)
     row["per_token_ms"] = float((lag[ok] * tokens[ok]).sum() / tokens[ok].sum() * 1e3) if ok.any() else np.nan
     row["per_token_p90_ms"] = float(np.percentile(lag[ok], 90) * 1e3) if ok.any() else np.nan
-    row["client_residual_mean_ms"] = float((joined["ttft_s"] - joined["http_ttft"]).mean() * 1e3)
+    # the same requests on both sides, so the mean of the differences is the difference of the means
+    row["client_residual_mean_ms"] = float((client["ttft_s"].mean() - own["http_ttft"].mean()) * 1e3)
     return row
 
 
@@ -97,12 +111,13 @@ def sim_vs_engine(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (name, load), group in frame.groupby(["workload", "load"], sort=False):
         by = group.set_index("source")
-        if not {"engine_server_client", "sim_server_client"} <= set(by.index):
+        loadgen = next((g for g in LOADGENS if {f"engine_server_{g}", f"sim_server_{g}"} <= set(by.index)), None)
+        if loadgen is None:
             continue
         row = {"workload": name, "load": load}
         for col in LATENCY:
-            engine = by.loc["engine_server_client", col]
-            row[f"{col.removesuffix('_ms')}_diff_pct"] = (by.loc["sim_server_client", col] - engine) / engine * 100
+            engine = by.loc[f"engine_server_{loadgen}", col]
+            row[f"{col.removesuffix('_ms')}_diff_pct"] = (by.loc[f"sim_server_{loadgen}", col] - engine) / engine * 100
         row["within_10pct"] = all(abs(row[f"{c.removesuffix('_ms')}_diff_pct"]) <= 10 for c in LATENCY)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -76,3 +76,70 @@ def test_the_replayed_request_samples_as_the_run_does():
         body = CompletionRequest(**request_body("m", request))
         assert body.sampling_params(body.max_tokens, ()) == request.sampling_params
         assert body.prompt == request.token_ids[:request.num_prompt_tokens]
+
+
+def test_aiperf_replays_each_request_body_at_its_time(tmp_path):
+    """The JSONL aiperf replays (--fixed-schedule, payload sent verbatim) holds each request's own
+    body at its arrival time in ms after the first; every id of the model decodes to a word with
+    the word tokenizer the engine's server is given, through the server's own decoder."""
+    import json
+
+    from experiments.serve import aiperf
+    from experiments.serve.client import request_body
+    from harness.scripting import compose_run_config
+    from harness.serve.text import load_codec
+    from harness.workloads.build import build_workload
+
+    rc = compose_run_config(["workload=poisson", "workload.num_requests=7", "model=qwen3-0.6b"])
+    requests = build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size).requests
+    lines = [json.loads(x) for x in aiperf.write_payloads(tmp_path / "p.jsonl", "m", requests).read_text().splitlines()]
+    first = min(r.arrival_time for r in requests)
+    assert [line["payload"] for line in lines] == [request_body("m", r) for r in requests]
+    assert [line["timestamp"] for line in lines] == pytest.approx([(r.arrival_time - first) * 1e3 for r in requests])
+    words, extra = aiperf.server_text(compose_run_config(["backend=engine", "model=qwen3-0.6b"]), tmp_path / "w")
+    assert extra == [f"serve.tokenizer={words}"]
+    decoder = load_codec("engine", str(words)).decoder()
+    ids = [0, 1, 511, 512, 151645, rc.model.vocab_size - 1]
+    assert [decoder.add([i]) for i in ids] == ["w0", *[f" w{i}" for i in ids[1:]]]
+
+
+def test_a_case_without_request_ids_takes_its_rows_by_arrival():
+    from experiments.serve.tables import case_requests
+
+    requests = pd.DataFrame({"request_id": list("abcdef"), "arrival": [0.5, 0.1, 3.0, 2.0, 2.5, 9.0]})
+    clients = [pd.DataFrame({"ttft_s": [0.1, 0.2]}), pd.DataFrame({"ttft_s": [0.1] * 4})]
+    first, second = case_requests(requests, [2, 4], clients)
+    assert list(first["request_id"]) == ["b", "a"] and list(second["request_id"]) == ["d", "e", "c", "f"]
+    with pytest.raises(RuntimeError, match="recorded 6 requests, the cases sent 5"):
+        case_requests(requests, [2, 3], clients[:1] * 2)
+
+
+def test_bench_serve_refuses_an_aiperf_that_does_not_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path), "--hardware", "h100", "--loadgen", "aiperf", "--aiperf", "/nonexistent/aiperf"])
+    assert "--loadgen aiperf: aiperf does not run" in str(exit_info.value.code)
+    assert not (tmp_path / "serve.csv").exists()
+
+
+@pytest.mark.slow
+def test_bench_serve_with_aiperf_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
+    """The same stages with aiperf replaying the requests (needs LOADGEN_AIPERF, as test_loadgen)."""
+    import os
+
+    if not os.environ.get("LOADGEN_AIPERF"):
+        pytest.skip("LOADGEN_AIPERF is not set: .ci/run installs aiperf==0.13.0 in a venv of its own")
+    assert main(["--out", str(tmp_path), "--capacity", "8", "--loads", "0.5", "--workloads", "poisson",
+                 "--num-requests", "6", "--hardware", "h100", "--engine", *ENGINE, f"backend.model={tiny_checkpoint}",
+                 "--workload", *WORKLOAD, "--loadgen", "aiperf", "--stages", "engine,sim"]) == 0
+    frame = pd.read_csv(tmp_path / "serve.csv").set_index("source")
+    assert list(frame.index) == ["engine_server_aiperf", "engine_server_own", "sim_server_aiperf", "sim_server_own"]
+    assert (frame["requests"] == 6).all()
+    assert (frame[["ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms"]] > 0).all().all()
+    for server in ("engine_server", "sim_server"):  # the client's TTFT includes the server's
+        assert frame.loc[f"{server}_aiperf", "ttft_mean_ms"] >= frame.loc[f"{server}_own", "ttft_mean_ms"]
+    with tarfile.open(tmp_path / "engine_server.tar.gz") as tar:
+        names = tar.getnames()
+    assert "engine_server/aiperf_poisson_50/profile_export_aiperf.json" in names
+    assert not any("word_tokenizer" in name for name in names)  # 151,936 words: made again, never sent back
+    text = (tmp_path / "serve.md").read_text()
+    assert "engine_server_aiperf" in text and "within 10%" in text

@@ -1,7 +1,8 @@
 """An independent load generator from the package index (aiperf 0.13.0) against both servers.
 
 aiperf pins pandas<3, which the project's pandas 3 rules out, so it lives in a venv of its own:
-.ci/run installs it and exports its executable as LOADGEN_AIPERF (docs/serving.md#load-generators);
+.ci/run installs it and exports its executable as LOADGEN_AIPERF (docs/serving.md#load-generators;
+the command line is built by experiments/serve/aiperf.py, which the GPU benchmark shares);
 without it these tests skip, saying so. Each run lasts BENCH_S seconds of aiperf's own duration
 (plus its start and the grace for requests in flight), one against the simulator-backed server at
 time_scale=1 and one against the tiny CPU engine, and checks what aiperf reports against the
@@ -10,14 +11,13 @@ requests.csv the server writes when it stops.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 
 import pandas as pd
 import pytest
 
 from engine.tokenizer_builder import build_tokenizer, save_tokenizer
+from experiments.serve import aiperf as loadgen
 from harness.serve.process import ServerProcess
 from tests.harness.serve.conftest import SIM
 
@@ -30,26 +30,16 @@ ITL_TOL = (0.5, 2.0)
 
 
 @pytest.fixture(scope="module")
-def aiperf() -> str:
-    path = os.environ.get("LOADGEN_AIPERF")
-    if not path:
-        pytest.skip("LOADGEN_AIPERF is not set: .ci/run installs aiperf==0.13.0 in a venv of its own")
-    return path
+def aiperf() -> list[str]:
+    if not os.environ.get(loadgen.ENV_VAR):
+        pytest.skip(f"{loadgen.ENV_VAR} is not set: .ci/run installs aiperf==0.13.0 in a venv of its own")
+    return loadgen.command()
 
 
-def run_aiperf(aiperf: str, base_url: str, model: str, tokenizer: str, out, concurrency: int) -> dict:
-    args = [aiperf, "profile", "--model", model, "--url", base_url.removesuffix("/v1"), "--endpoint-type",
-            "completions", "--streaming", "--tokenizer", tokenizer, "--concurrency", str(concurrency),
-            "--benchmark-duration", str(BENCH_S), "--benchmark-grace-period", "60",
-            "--synthetic-input-tokens-mean", str(ISL), "--synthetic-input-tokens-stddev", "0",
-            "--output-tokens-mean", str(OSL), "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-            "--random-seed", "0", "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(out),
-            "--no-server-metrics", "--no-gpu-telemetry"]
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    # aiperf's offline mode looks a local tokenizer folder up in the hub cache; online it loads the path
-    done = subprocess.run(args, capture_output=True, text=True, timeout=BENCH_S + 240, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads((out / "profile_export_aiperf.json").read_text())
+def run_aiperf(aiperf: list[str], base_url: str, model: str, tokenizer: str, out, concurrency: int) -> dict:
+    args = [*loadgen.base_args(base_url, model, tokenizer, out),
+            *loadgen.synthetic_args(concurrency, BENCH_S, ISL, OSL)]
+    return loadgen.run(aiperf, args, out, BENCH_S + 240)
 
 
 def check_against_server(report: dict, requests: pd.DataFrame, time_scale: float) -> None:
