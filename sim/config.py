@@ -34,6 +34,10 @@ class SimConfig:
     sequence draws a fresh top-k with probability 1 / (1 + locality j), else reuses an earlier
     token's); a step's distinct experts are counted from its sequences. 0: independent tokens, as
     sim.moe prices them. Measured from a profiling grid's per-step counts (fit_routing_locality).
+    moe_routing_shared_prefix: price the sequences of a step that share a cached prefix (their first
+    KV block) as one sequence's tokens at that locality (sim.features.routing_sequences; the profiled
+    model only). False: every sequence routes on its own. Measured by the held-out protocol from
+    the grid's shared-prefix rows (harness.fidelity.routing).
     profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
     run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
     host_scale: the serving host's speed against the host that measured the profile: the profiled
@@ -54,6 +58,7 @@ class SimConfig:
     profile_tp_size: int | None = None
     moe_routing_skew: float = 0.0
     moe_routing_locality: float = 0.0
+    moe_routing_shared_prefix: bool = False
     fast_forward: bool = True
     host_scale: float = 1.0
     host_jitter: float = 0.0
@@ -76,6 +81,9 @@ class SimConfig:
             raise ValueError(f"SimConfig.moe_routing_skew must be a number in [0, {MAX_SKEW}] (0: uniform routing), "
                              f"got {skew!r}")
         check_locality(self.moe_routing_locality, "SimConfig.moe_routing_locality")
+        if not isinstance(self.moe_routing_shared_prefix, bool):
+            raise ValueError(f"SimConfig.moe_routing_shared_prefix must be true or false, "
+                             f"got {self.moe_routing_shared_prefix!r}")
         if not isinstance(self.fast_forward, bool):
             raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
         check_host_scale(self.host_scale, "SimConfig.host_scale")

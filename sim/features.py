@@ -51,6 +51,50 @@ EXPECTED_EXPERTS = "moe_expected_experts"
 # How many distinct experts a step touches per MoE layer, from its sequences' new tokens (a decode:
 # 1): sim.moe_locality.SequenceRouting.distinct (an expectation), or a count the engine observed.
 DistinctExperts = Callable[[Sequence[int]], float]
+# Beside an MoE profile's measured counts: how many routing sequences the step's sequences form when
+# those that share their first KV block (a prefix-cache hit) count as one (routing_sequences). Not
+# fitted; it lets a table row be priced with shared-prefix routing (row_routing_sequences).
+ROUTING_GROUPS = "moe_routing_groups"
+
+
+def routing_sequences(plan: StepPlan) -> list[int]:
+    """The step's new tokens per routing sequence: scheduled entries whose block tables start with
+    the same physical block share a cached prefix (prefix caching shares a prompt's blocks from its
+    first), so their new tokens count as continuations of one sequence (sim.moe_locality); an entry
+    without blocks is a sequence of its own."""
+    groups: dict[int, int] = {}
+    alone: list[int] = []
+    for entry in plan.scheduled:
+        n = len(entry.token_ids)
+        if entry.block_table:
+            groups[entry.block_table[0]] = groups.get(entry.block_table[0], 0) + n
+        else:
+            alone.append(n)
+    return list(groups.values()) + alone
+
+
+def row_routing_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int, groups: int) -> list[int]:
+    """A table row's new tokens per routing sequence (routing_sequences), from its totals and its
+    number of routing groups: exact for the profiling grid's shapes (chunks evened as row_sequences
+    has them; decodes over one or more prefixes, round robin; chunks over one prefix; a chunk of its
+    own beside decodes over one prefix), an evening-out for a served step's. Groups that leave the
+    prefill chunks apart (groups > chunks) hold the decodes, evenly; fewer hold the chunks evenly
+    and the decodes evenly beside them."""
+    sizes = row_sequences(prefill_tokens, decode_tokens, num_seqs)
+    groups = min(max(int(groups), 1), len(sizes)) if sizes else 0
+    if groups >= len(sizes):
+        return sizes
+    decodes = int(decode_tokens)
+    chunks = sizes[:len(sizes) - decodes]
+    if groups > len(chunks) and decodes:
+        held = groups - len(chunks)
+        return chunks + [decodes // held + (i < decodes % held) for i in range(held)]
+    merged = [0] * groups
+    for i, n in enumerate(chunks):
+        merged[i % groups] += n
+    for i in range(decodes):
+        merged[i % groups] += 1
+    return merged
 
 
 def row_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int) -> list[int]:
@@ -90,9 +134,10 @@ def decode_attention_pairs(context_tokens: Counts, num_decodes: Counts) -> Count
 
 
 def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
-                  distinct_experts: DistinctExperts | None = None) -> dict[str, float]:
+                  distinct_experts: DistinctExperts | None = None, shared_prefix: bool = False) -> dict[str, float]:
     """Describe a step by FEATURE_COLUMNS, and MOE_FEATURES where distinct_experts is given (an
-    MoE model: distinct_experts(new tokens of each scheduled sequence)).
+    MoE model: distinct_experts(new tokens of each scheduled sequence), or with shared_prefix of
+    each routing sequence: routing_sequences).
 
     graphs: what the engine captured (GraphSizes; a plain sequence: decode batch sizes only;
     empty when running eager). A decode-only step whose batch fits the largest decode graph runs
@@ -144,5 +189,5 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
         "graph_batch_size": batch,
     }
     if distinct_experts is not None:
-        features["moe_distinct_experts"] = distinct_experts(sizes)
+        features["moe_distinct_experts"] = distinct_experts(routing_sequences(plan) if shared_prefix else sizes)
     return features

@@ -102,11 +102,16 @@ class SequenceRouting:
         return value
 
 
-def _squared_log_error(steps: Sequence[Sequence[int]], observed: npt.NDArray[np.float64], num_experts: int,
-                       top_k: int, skew: float, locality: float) -> float:
-    routing = SequenceRouting(num_experts, top_k, skew, locality)
+def squared_log_error(routing: SequenceRouting, steps: Sequence[Sequence[int]],
+                      observed: npt.NDArray[np.float64]) -> float:
+    """sum of log(predicted / observed)^2 over steps (each its sequences' new tokens)."""
     predicted = np.array([routing.distinct(sizes) for sizes in steps])
     return float(np.sum(np.log(predicted / observed) ** 2))
+
+
+def _squared_log_error(steps: Sequence[Sequence[int]], observed: npt.NDArray[np.float64], num_experts: int,
+                       top_k: int, skew: float, locality: float) -> float:
+    return squared_log_error(SequenceRouting(num_experts, top_k, skew, locality), steps, observed)
 
 
 def fit_routing_locality(steps: Sequence[Sequence[int]], observed: Sequence[float] | npt.ArrayLike,

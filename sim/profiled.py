@@ -47,7 +47,15 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, row_sequences, step_features
+from sim.features import (
+    MOE_FEATURES,
+    ROUTING_GROUPS,
+    DistinctExperts,
+    as_graph_sizes,
+    row_routing_sequences,
+    row_sequences,
+    step_features,
+)
 from sim.host_draws import host_draw
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled_overlap import behind_itself, overlapped_duration
@@ -111,6 +119,8 @@ class ProfiledCostModel:
         # an MoE model's distinct experts per step size (sim.features.MOE_FEATURES); the cost model's
         # builder sets it from the model's routing (sim.cost_model)
         self.distinct_experts: DistinctExperts | None = None
+        # sequences over one cached prefix priced as one routing sequence (sim.features.routing_sequences)
+        self.shared_prefix_routing = False
         # the least time a decode step can take (sim.moe.WeightReadFloor for an MoE model; None: none)
         self.floor: Callable[[Mapping[str, float]], float] | None = None
 
@@ -166,12 +176,13 @@ class ProfiledCostModel:
                    for part in REQUIRED_OVERLAP_PARTS)
 
     def step_time(self, plan: StepPlan) -> float:
-        return self._price(step_features(plan, self.graphs, self.distinct_experts), plan.stats.step)
+        features = step_features(plan, self.graphs, self.distinct_experts, self.shared_prefix_routing)
+        return self._price(features, plan.stats.step)
 
     def decode_repeats(self, plan: StepPlan) -> Iterator[float]:
         """step_time() of plan's repeats (a decode step; engine.core.fast_forward), each with every
         context j tokens longer, j = 1, 2, ...: only decode_context_tokens changes."""
-        features = step_features(plan, self.graphs, self.distinct_experts)
+        features = step_features(plan, self.graphs, self.distinct_experts, self.shared_prefix_routing)
         context = features["decode_context_tokens"]
         num_seqs = features["num_seqs"]
         for j in itertools.count(1):
@@ -275,8 +286,12 @@ class ProfiledCostModel:
             raise ValueError(f"the step table lacks {list(MOE_FEATURES)} and this mixture-of-experts profile has no "
                              "routing to derive it from (sim.cost_model.make_cost_model sets distinct_experts)")
         distinct = self.distinct_experts
-        expected = [distinct(row_sequences(p, d, s)) for p, d, s in
-                    zip(df["num_prefill_tokens"], df["num_decode_tokens"], df["num_seqs"], strict=True)]
+        columns = df["num_prefill_tokens"], df["num_decode_tokens"], df["num_seqs"]
+        if self.shared_prefix_routing and ROUTING_GROUPS in df.columns:
+            expected = [distinct(row_routing_sequences(p, d, s, g)) for p, d, s, g in
+                        zip(*columns, df[ROUTING_GROUPS], strict=True)]
+        else:
+            expected = [distinct(row_sequences(p, d, s)) for p, d, s in zip(*columns, strict=True)]
         return df.assign(**{name: expected for name in MOE_FEATURES})
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:

@@ -117,7 +117,7 @@ class TPTransferCostModel:
         """(host, device, launch) seconds of the step at TP=1, run on its own (nothing overlapped)."""
         base = self.base
         if isinstance(base, ProfiledCostModel):
-            features = step_features(plan, base.graphs, base.distinct_experts)
+            features = step_features(plan, base.graphs, base.distinct_experts, base.shared_prefix_routing)
             launch, gpu = base.overlap_parts(features)
             if gpu > 0:
                 return launch + base.launch_delay_s, gpu, launch

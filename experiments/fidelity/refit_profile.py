@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moe-routing-locality", type=float, default=None,
                         help="with --experts expected: the expectation at this locality (sim.moe_locality)")
     parser.add_argument("--moe-routing-skew", type=float, default=0.0, help="the skew the call fitted (its log)")
+    parser.add_argument("--moe-routing-shared-prefix", action="store_true",
+                        help="with --moe-routing-locality: sequences over one cached prefix as one routing sequence "
+                             "(the profile's moe_routing_groups: experiments/fidelity/routing_groups.py)")
     parser.add_argument("--model", default=None, help="conf/model name (with --moe-routing-locality)")
     args = parser.parse_args(argv)
 
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise ConfigError("--moe-routing-locality needs --model (its experts and top-k)")
                 model = compose_run_config([f"model={args.model}"]).model
                 table = table.assign(**{EXPECTED_EXPERTS: expected_experts(
-                    table, model, args.moe_routing_skew, args.moe_routing_locality)})
+                    table, model, args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix)})
             table = table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -43,7 +43,7 @@ from engine.core.executor import Executor
 from engine.core.plan import StepPlan
 from harness.calibration.expert_steps import ExpertTally
 from harness.calibration.grid import DECODE_KINDS, LONG_PREFILL, ProfileGrid, build_plan
-from sim.features import step_features
+from sim.features import ROUTING_GROUPS, routing_sequences, step_features
 
 __all__ = ["LONG_PREFILL", "ExpertTally", "OverlappedTiming", "ProfileGrid", "build_plan", "profile_executor",
            "time_plan", "time_plan_overlapped"]
@@ -148,6 +148,7 @@ def profile_executor(executor: Executor, sched: SchedulerConfig, grid: ProfileGr
             rows.append(_profile_row(executor, timed, grid, info.overlaps_steps, info.graph_sizes, shape_set, kind))
             if experts is not None:
                 rows[-1]["moe_distinct_experts"] = experts.distinct()
+                rows[-1][ROUTING_GROUPS] = len(routing_sequences(timed))
             if progress is not None:
                 progress(len(rows), rows[-1])
     return pd.DataFrame(rows)

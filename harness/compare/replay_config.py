@@ -44,7 +44,8 @@ def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, met
     # an MoE model's routing skew and locality, where the engine side measured one (harness.fidelity.routing)
     sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
                     execution=engine_execution(meta), moe_routing_skew=float(meta.get("moe_routing_skew", 0.0)),
-                    moe_routing_locality=float(meta.get("moe_routing_locality", 0.0)))
+                    moe_routing_locality=float(meta.get("moe_routing_locality", 0.0)),
+                    moe_routing_shared_prefix=bool(meta.get("moe_routing_shared_prefix", False)))
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
 

@@ -23,6 +23,12 @@ skew held at its own value) to the grid rows whose counts the engine recorded an
 attend to KV of their own (locality_rows); else 0, independent tokens as before. The expectation
 beside the counts is then of each row's sequences (sim.features.row_sequences) at the skew and
 locality: what a simulated step of that shape is priced with.
+
+Sequences over one cached prefix (fidelity.moe_routing_shared_prefix): priced as one routing
+sequence (sim.features.routing_sequences) where given true; else, with a locality and the grid's
+routing groups (ROUTING_GROUPS, written beside the counts), where the grid's shared-prefix rows'
+counts are explained better so (smaller squared log error, the locality held) than with every
+sequence on its own; else false. The expectation beside the counts then groups them too.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.features import EXPECTED_EXPERTS, MOE_FEATURES, row_sequences
+from sim.features import EXPECTED_EXPERTS, MOE_FEATURES, ROUTING_GROUPS, row_routing_sequences, row_sequences
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +97,46 @@ def measured_locality(given: float | None, table: pd.DataFrame, model, skew: flo
     return locality
 
 
-def expected_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0) -> list[float]:
-    """The expected distinct experts of each row's sequences at the skew and locality."""
+def table_sequences(table: pd.DataFrame, shared_prefix: bool = False) -> list[list[int]]:
+    """Each row's new tokens per (routing) sequence: sim.features.row_sequences, or with
+    shared_prefix and the table's ROUTING_GROUPS, row_routing_sequences."""
+    columns = table["num_prefill_tokens"], table["num_decode_tokens"], table["num_seqs"]
+    if shared_prefix:
+        if ROUTING_GROUPS not in table.columns:
+            raise ValueError(f"shared-prefix routing needs the table's {ROUTING_GROUPS} column (the profiler writes "
+                             "it beside per-step expert counts)")
+        return [row_routing_sequences(p, d, s, g) for p, d, s, g in
+                zip(*columns, table[ROUTING_GROUPS], strict=True)]
+    return [row_sequences(p, d, s) for p, d, s in zip(*columns, strict=True)]
+
+
+def measured_shared_prefix(given: bool | None, table: pd.DataFrame, model, skew: float, locality: float) -> bool:
+    """Whether a run prices sequences over one cached prefix as one routing sequence (module docstring)."""
+    if not model.is_moe:
+        return False
+    if given is not None:
+        log.info("shared-prefix routing %s (fidelity.moe_routing_shared_prefix)", given)
+        return bool(given)
+    from harness.calibration.grid import SHARED_KINDS
+
+    rows = table[(table["set"] == "grid") & table["kind"].isin(SHARED_KINDS)] if "kind" in table.columns else table[:0]
+    if locality == 0.0 or ROUTING_GROUPS not in table.columns or "moe_distinct_experts" not in table.columns \
+            or not len(rows):
+        log.info("shared-prefix routing off: it needs a locality and the grid's shared-prefix rows with counts")
+        return False
+    from sim.moe_locality import SequenceRouting, squared_log_error
+
+    routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality)
+    observed = rows["moe_distinct_experts"].to_numpy(dtype=float)
+    apart, grouped = (squared_log_error(routing, table_sequences(rows, shared), observed) for shared in (False, True))
+    log.info("shared-prefix routing %s: squared log error of %d shared-prefix grid steps %.3g grouped, %.3g apart",
+             grouped < apart, len(rows), grouped, apart)
+    return bool(grouped < apart)
+
+
+def expected_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0,
+                     shared_prefix: bool = False) -> list[float]:
+    """The expected distinct experts of each row's (routing) sequences at the skew and locality."""
     from sim.moe import ExpertRouting
     from sim.moe_locality import SequenceRouting
 
@@ -100,17 +144,17 @@ def expected_experts(table: pd.DataFrame, model, skew: float, locality: float = 
         independent = ExpertRouting(model.num_experts, model.num_experts_per_tok, skew)
         return [independent.distinct(int(n)) for n in table["num_tokens"]]
     routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality)
-    return [routing.distinct(row_sequences(p, d, s)) for p, d, s in
-            zip(table["num_prefill_tokens"], table["num_decode_tokens"], table["num_seqs"], strict=True)]
+    return [routing.distinct(sizes) for sizes in table_sequences(table, shared_prefix)]
 
 
-def with_distinct_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0) -> pd.DataFrame:
+def with_distinct_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0,
+                          shared_prefix: bool = False) -> pd.DataFrame:
     """table with the MoE column where the model has experts and the table lacks it, and the
     expectation beside it (module docstring); a table with the expectation gets it again at a
     nonzero locality."""
     if not model.is_moe or (EXPECTED_EXPERTS in table.columns and locality == 0.0):
         return table
-    table = table.assign(**{EXPECTED_EXPERTS: expected_experts(table, model, skew, locality)})
+    table = table.assign(**{EXPECTED_EXPERTS: expected_experts(table, model, skew, locality, shared_prefix)})
     if all(f in table.columns for f in MOE_FEATURES):
         return table
     return table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])

@@ -80,6 +80,9 @@ class FidelityConfig:
     # how alike one sequence's tokens route (sim.moe_locality); None: fitted to the grid's per-step
     # expert counts where it has them, else 0 (harness.fidelity.routing)
     moe_routing_locality: float | None = None
+    # sequences over one cached prefix priced as one routing sequence (sim.features.routing_sequences);
+    # None: decided on the grid's shared-prefix rows where it has per-step counts, else false
+    moe_routing_shared_prefix: bool | None = None
     price_serving_host: bool = False  # rows "profiled_host": the serving host's speed (harness.fidelity.serving_host)
 
     def __post_init__(self) -> None:
@@ -112,6 +115,9 @@ class FidelityConfig:
             raise ValueError(f"fidelity.moe_routing_skew must be null (measured) or a number in [0, 8], got {skew!r}")
         if self.moe_routing_locality is not None:
             check_locality(self.moe_routing_locality, "fidelity.moe_routing_locality")
+        if self.moe_routing_shared_prefix not in (None, True, False):
+            raise ValueError(f"fidelity.moe_routing_shared_prefix must be null (measured), true or false, "
+                             f"got {self.moe_routing_shared_prefix!r}")
 
 
 class PinnedBlocks(KeepAlive):
@@ -131,7 +137,7 @@ class PinnedBlocks(KeepAlive):
         return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 
-def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> tuple[str, dict[str, float]]:
+def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> tuple[str, dict[str, float | bool]]:
     """A model file with residuals, fitted on the profiling grid alone, and the routing of an MoE
     model (harness.fidelity.routing: moe_routing_skew and moe_routing_locality; 0 for a dense one)."""
     from harness.calibration.fit import validate
@@ -143,7 +149,8 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         if "duration_s" not in table.columns:  # saved coefficients: their residuals, if any, are used as saved
             skew = routing.measured_skew(fc.moe_routing_skew, None, rc.model, out_dir)
             return fc.profile_path, {"moe_routing_skew": skew,
-                                     "moe_routing_locality": fc.moe_routing_locality or 0.0}
+                                     "moe_routing_locality": fc.moe_routing_locality or 0.0,
+                                     "moe_routing_shared_prefix": bool(fc.moe_routing_shared_prefix)}
     else:
         grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
         bar = tqdm(desc="profile", unit="shape", leave=False)
@@ -156,7 +163,8 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         counts = experts.total if experts is not None else None
     skew = routing.measured_skew(fc.moe_routing_skew, counts, rc.model, out_dir)
     locality = routing.measured_locality(fc.moe_routing_locality, table, rc.model, skew)
-    table = routing.with_distinct_experts(table, rc.model, skew, locality)
+    shared = routing.measured_shared_prefix(fc.moe_routing_shared_prefix, table, rc.model, skew, locality)
+    table = routing.with_distinct_experts(table, rc.model, skew, locality, shared)
     if fc.profile_path is None:
         table.to_csv(out_dir / "profile.csv", index=False)
     with warnings.catch_warnings():
@@ -164,21 +172,24 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         model, validation = validate(table, None, graphs)
     validation.to_csv(out_dir / "validation.csv", index=False)
     model.to_csv(out_dir / "profile_model.csv")
-    return str(out_dir / "profile_model.csv"), {"moe_routing_skew": skew, "moe_routing_locality": locality}
+    return str(out_dir / "profile_model.csv"), {"moe_routing_skew": skew, "moe_routing_locality": locality,
+                                                "moe_routing_shared_prefix": shared}
 
 
-def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float]) -> dict:
+def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float | bool]) -> dict:
     """What the simulations of a cell take from its engine runs (harness.compare.study.engine_meta),
     with the routing skew and locality they price an MoE model's steps at."""
     meta = {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": moe.get("moe_routing_skew", 0.0)}
     if moe.get("moe_routing_locality"):  # absent at 0: the meta of runs without it stays as it was
         meta["moe_routing_locality"] = moe["moe_routing_locality"]
+    if moe.get("moe_routing_shared_prefix"):
+        meta["moe_routing_shared_prefix"] = True
     return meta
 
 
 def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool,
           record_sims: bool = False,
-          moe: dict[str, float] | None = None) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
+          moe: dict[str, float | bool] | None = None) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
     """The engine's runs (repeats) and each cost model's simulated run of one cell (and the
     carried model's, where one is given). record_sims: the simulated runs' steps carry their
     schedule hashes (the profiled model's point-estimate run; its interval draws never do)."""
@@ -214,7 +225,8 @@ def warm_up(engine, rc: RunConfig) -> None:
 
 
 def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
-               profile_path: str, engine, sims: dict[str, RunOutcome], moe: dict[str, float] | None = None) -> None:
+               profile_path: str, engine, sims: dict[str, RunOutcome],
+               moe: dict[str, float | bool] | None = None) -> None:
     """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps) and its requests'
     windows, engine runs and simulated runs side by side (harness.fidelity.windows); nothing
     without a steps_dir."""
@@ -231,7 +243,7 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
 
 
 def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome], fc: FidelityConfig, rc: RunConfig,
-              engine, profile_path: str, moe: dict[str, float]) -> tuple[list[dict], dict[str, dict]]:
+              engine, profile_path: str, moe: dict[str, float | bool]) -> tuple[list[dict], dict[str, dict]]:
     """The engine runs' and simulated runs' summaries, and the profiled model's at the serving
     host's speed where fc.price_serving_host asks for it (harness.fidelity.serving_host)."""
     simulated = {name: run.summary for name, run in sims.items()}
