@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
 from engine.core.disagg_fleet import run_stop
+from engine.core.elastic_limits import at_limit, budget_bound
 from engine.core.elastic_states import (
     Finished,
     FleetSignal,
@@ -31,8 +32,6 @@ from engine.core.elastic_states import (
     Scaling,
     ScalingPolicy,
     SimulatedStates,
-    at_limit,
-    budget_bound,
     finished_latencies,
 )
 from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from engine.core.elastic_limits import ReplicaLimits, at_limit, budget_bound
 from engine.core.elastic_states import (
     ColdStart,
     Demanded,
@@ -24,14 +25,11 @@ from engine.core.elastic_states import (
     FleetSignal,
     FleetStates,
     Lifetime,
-    ReplicaLimits,
     ReplicaSignal,
     ScaleEvent,
     Scaling,
     ScalingPolicy,
     SimulatedStates,
-    at_limit,
-    budget_bound,
     finished_latencies,
     scale_by,
 )

@@ -11,9 +11,9 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Protocol
 
+from engine.core.elastic_limits import ReplicaLimits
 from engine.core.fleet import FleetResult
 from engine.core.loop import Replica
 from engine.core.request import Request
@@ -56,19 +56,6 @@ class Scaling:
     # evaluation would ask again for the replicas the pending start already answers.
     settle: bool = False
     limits: ReplicaLimits | None = None  # a replica's resources, for sizing on demand (None: not known)
-
-
-@dataclass(frozen=True)
-class ReplicaLimits:
-    """A replica's resources, for a policy to size a fleet on the demand: the requests it may hold
-    (max_num_seqs), the tokens its KV cache holds, and the tokens per second its steps compute at
-    its full token budget when the prompts are of a given mean length (from the backend's step
-    prices: harness.autoscale.capacity; None where the token budget does not bind, as on a
-    disaggregated fleet's decode replicas, which compute one token a request a step)."""
-
-    max_num_seqs: int
-    kv_tokens: int
-    tokens_per_s: Callable[[float], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -278,34 +265,6 @@ class FleetStates:
                 self.lifetimes[index].drain_s = now
             removed.append(index)
         return removed
-
-
-def at_limit(replica: Replica) -> bool:
-    """Whether requests wait on a replica that it cannot admit: its running set at max_num_seqs or
-    too few free KV blocks for the next waiting request's remaining prompt. Requests that arrived
-    during a step wait for the next one on a replica that is not full: they do not count."""
-    scheduler = replica.scheduler
-    head = next(iter(scheduler.waiting), None)
-    if head is None:
-        return False
-    if scheduler.num_running >= scheduler.config.max_num_seqs:
-        return True
-    blocks = scheduler.block_manager
-    return blocks.num_free_blocks * blocks.block_size < head.num_prompt_tokens - head.num_computed_tokens
-
-
-def budget_bound(replica: Replica) -> bool:
-    """Whether a replica's next step cannot take all it holds: what its running requests still
-    compute and the prompts waiting (in its scheduler or routed to it) exceed max_num_batched_tokens,
-    the bound of a replica whose prompt tokens are its binding resource, which may hold few requests
-    at once and so never reach at_limit."""
-    scheduler = replica.scheduler
-    budget = scheduler.config.max_num_batched_tokens
-    for request in chain(scheduler.running, scheduler.waiting, replica.inbox):
-        budget -= request.num_tokens - request.num_computed_tokens
-        if budget < 0:
-            return True
-    return False
 
 
 class SimulatedStates(FleetStates):

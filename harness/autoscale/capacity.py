@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 
 from engine.core.config import SchedulerConfig
-from engine.core.elastic_states import ReplicaLimits
+from engine.core.elastic_limits import ReplicaLimits
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
 

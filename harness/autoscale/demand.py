@@ -1,5 +1,5 @@
 """What a scale-up can serve: the load policies (utilisation, queue, slo) size a surge on the arrival
-rate against what a full replica serves, not on the backlog queued on the serving replicas.
+rate against what a replica serves (its binding resource), not on the backlog queued on the serving replicas.
 
 A queue built on the serving replicas stays there (requests do not move), so a new replica only
 ever takes a share of the arrivals; and a replica that still holds a queue when a new one begins to

@@ -22,7 +22,8 @@ from tqdm import tqdm
 from engine.core import make_scheduler
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.disagg_elastic import POOLS, ElasticDisaggResult, run_disaggregated_elastic
-from engine.core.elastic_states import ReplicaLimits, Scaling
+from engine.core.elastic_limits import ReplicaLimits
+from engine.core.elastic_states import Scaling
 from engine.core.loop import SimulatedClock
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.capacity import replica_limits
