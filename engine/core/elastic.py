@@ -93,7 +93,8 @@ class _Elastic(SimulatedStates):
         demand = self._demand(now, any(load.full or load.budget_bound for load in loads))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
                            demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
-                           demand.prompt_tokens, demand.output_tokens, self.scaling.limits)
+                           demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
+                           self.scaling.interval_s)
 
     def evaluate(self, now: float) -> None:
         change = self._change(self.signal(now))

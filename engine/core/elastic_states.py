@@ -95,6 +95,7 @@ class FleetSignal:
     prompt_tokens: float | None = None
     output_tokens: float | None = None
     limits: ReplicaLimits | None = None
+    interval_s: float = 0.0  # how often the policy is asked (s)
 
 
 @dataclass(frozen=True)

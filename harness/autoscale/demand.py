@@ -84,16 +84,19 @@ class Demand:
         """Serving replicas' time, in replicas, spent on their own queues over one start-up from when
         a replica started now begins to serve: each holds its queue now plus its share of the
         arrivals less what it serves until then, and serves it at `capacity`; over that start-up
-        (the time before another start could add capacity) the rest of its time goes to arrivals."""
+        (the time before another start could add capacity, and no shorter than the evaluation
+        interval: a start-up shorter than that still waits for the next decision) the rest of its
+        time goes to arrivals."""
         assert signal.arrival_rate is not None
         if not signal.serving:
             return 0.0
         share = signal.arrival_rate / len(signal.serving)
+        horizon = max(signal.startup_s, signal.interval_s)
         busy = 0.0
         for r in signal.serving:
             queue = r.backlog + (share - capacity) * signal.startup_s
             if queue > 0:
-                busy += min(1.0, queue / capacity / signal.startup_s) if signal.startup_s > 0 else 1.0
+                busy += min(1.0, queue / capacity / horizon) if horizon > 0 else 1.0
         return busy
 
 
