@@ -105,3 +105,17 @@ def test_a_prefill_bound_surge_is_sized_at_the_first_decision():
                          SLO(ttft_p90_s=0.5), progress=False)
     ups = [e for e in out.elastic.events if e.direction == "up"]
     assert len(ups) == 1 and 20 < ups[0].time_s <= 30 and len(ups[0].replicas) in (2, 3), ups
+
+
+def test_a_queue_counts_over_the_evaluation_interval_when_the_start_up_is_shorter():
+    """One request queued on a replica that serves 9 a second is no replica's worth of work, even
+    with an instant start-up: the next decision comes an interval later. Over a 60 s start-up a
+    queue the replica cannot drain (its share is above its capacity) keeps it busy throughout."""
+    limits = ReplicaLimits(256, 10**7, lambda prompt: 10_000.0)  # 9.1 req/s of 1,100-token requests
+    base = _signal(limits, 5.0, 1000.0, 100.0, 2.0)
+    queued = (ReplicaSignal(4, 1, 0.3, 1),)
+    assert Demand().needed(FleetSignal(**{**base.__dict__, "serving": queued, "interval_s": 15.0})) == 1
+    assert Demand().needed(FleetSignal(**{**base.__dict__, "serving": queued})) == 2  # no interval: all of it
+    surge = FleetSignal(**{**base.__dict__, "serving": queued, "arrival_rate": 30.0, "startup_s": 60.0,
+                           "interval_s": 15.0})
+    assert Demand().needed(surge) == 5  # 30 / 9.1 = 3.3, and the replica busy with its queue
