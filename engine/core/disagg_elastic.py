@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
 from engine.core.disagg_fleet import run_stop
+from engine.core.elastic_limits import at_limit, budget_bound
 from engine.core.elastic_states import (
     Finished,
     FleetSignal,
@@ -75,6 +76,8 @@ class _Pool(SimulatedStates):
             self.draining.remove(index)
 
     def signal(self, now: float, extra_waiting: int, ages: tuple[float, ...]) -> FleetSignal:
+        """What the pool's policy sees; `extra_waiting` requests blocked for want of one of its
+        replicas count as waiting, spread over the serving ones, which they show to be full."""
         ttfts, tpots = self._window(now)
         loads = []
         for k, index in enumerate(self.serving):
@@ -83,8 +86,13 @@ class _Pool(SimulatedStates):
             spread = extra_waiting // len(self.serving) + (k < extra_waiting % len(self.serving))
             waiting = self.waiting_signal(replica, now)[0] + spread
             used = 1.0 - blocks.num_free_blocks / blocks.num_blocks
-            loads.append(ReplicaSignal(scheduler.num_running, waiting, used))
-        return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, ages)
+            loads.append(ReplicaSignal(scheduler.num_running, waiting, used, None,
+                                       extra_waiting > 0 or at_limit(replica), budget_bound(replica)))
+        demand = self._demand(now, any(load.full or load.budget_bound for load in loads))
+        return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, ages,
+                           demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
+                           demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
+                           self.scaling.interval_s)
 
     def evaluate(self, now: float, signal: FleetSignal, hook: Callable[[Replica], None]) -> None:
         change = self._change(signal)
@@ -124,18 +132,30 @@ class _ElasticFleet(FleetEvents):
         return [self.decode[i] for i in self.pools[1].serving]
 
     def _prefill_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
-        # the prefill pool's window: each first token, a request finished as far as its TTFT goes
+        # the prefill pool's window: each first token, a request finished as far as its TTFT goes,
+        # in service from its first step to its first token, with one output token
         for c in finished:
             if c.first_token_time is not None:
+                began = c.first_scheduled_time
+                service = c.first_token_time - began if began is not None else math.nan
                 _in_order(self.pools[0].finished, (c.first_token_time, c.first_token_time - c.arrival_time, math.nan,
-                                                   c.arrival_time, math.nan))
+                                                   c.arrival_time, service, 1))
         super()._prefill_step(index, record, finished)
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
+        # the decode pool's window: its time in service from the transfer that reserved its blocks
         for r in finished:
             if (entry := finished_latencies(r)) is not None:
-                _in_order(self.pools[1].finished, entry)
+                start = self.transfers[r.request_id].start_s
+                _in_order(self.pools[1].finished, (*entry[:4], entry[0] - start, entry[5]))
         super()._decode_step(index, record, finished)
+
+    def _handoff(self, t: float, copy: Request) -> None:
+        """A first token: the request arrives at the decode pool's demand, unless it ends there."""
+        super()._handoff(t, copy)
+        request = self.originals[copy.request_id]
+        if not request.is_finished and copy.request_id not in self.rejected:
+            self.pools[1].arrived(t, request.num_prompt_tokens)
 
     def waiting_ages(self, now: float) -> tuple[float, ...]:
         pool = self.pools[0]
@@ -155,7 +175,7 @@ def _in_order(window: deque[Finished], entry: Finished) -> None:
 
 
 def _window_key(entry: Finished) -> tuple[float, float, float, float]:
-    finish, ttft, tpot, arrival, _ = entry
+    finish, ttft, tpot, arrival = entry[:4]
     return finish, arrival, ttft, -1.0 if math.isnan(tpot) else tpot
 
 
@@ -215,8 +235,9 @@ def run_disaggregated_elastic(make: tuple[Callable[[int], PrefillReplica], Calla
             _, _, kind, request = heapq.heappop(fleet.events)
             fleet.handle(t, kind, request)
         else:
-            _route_arrival(fleet, [fleet.prefill[i] for i in pools[0].serving], prefill_router,
-                           pending[next_arrival], t)
+            request = pending[next_arrival]
+            pools[0].arrived(t, request.num_prompt_tokens)
+            _route_arrival(fleet, [fleet.prefill[i] for i in pools[0].serving], prefill_router, request, t)
             next_arrival += 1
     assert not fleet.blocked, "requests left waiting for a decode replica"
     return _result(fleet, pools, pending)

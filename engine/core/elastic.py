@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from engine.core.elastic_limits import ReplicaLimits, at_limit, budget_bound
 from engine.core.elastic_states import (
     ColdStart,
+    Demanded,
     ElasticResult,
     FleetSignal,
     FleetStates,
@@ -28,7 +30,6 @@ from engine.core.elastic_states import (
     Scaling,
     ScalingPolicy,
     SimulatedStates,
-    at_limit,
     finished_latencies,
     scale_by,
 )
@@ -38,7 +39,8 @@ from engine.core.request import Request
 from engine.core.routers import Router
 
 # the shared types, importable from here as before
-__all__ = ["ColdStart", "ElasticResult", "FleetSignal", "FleetStates", "Lifetime", "ReplicaSignal", "ScaleEvent",
+__all__ = ["ColdStart", "Demanded", "ElasticResult", "FleetSignal", "FleetStates", "Lifetime", "ReplicaLimits",
+           "ReplicaSignal", "ScaleEvent",
            "Scaling", "ScalingPolicy", "closed", "finished_latencies", "run_elastic", "scale_by"]
 
 
@@ -86,10 +88,13 @@ class _Elastic(SimulatedStates):
                 scheduler, blocks = replica.scheduler, replica.scheduler.block_manager
                 loads.append(ReplicaSignal(scheduler.num_running, waiting,
                                            1.0 - blocks.num_free_blocks / blocks.num_blocks,
-                                           scheduler.num_waiting + len(replica.inbox), at_limit(replica)))
-        rate, service = self._demand(now, any(load.full for load in loads))
+                                           scheduler.num_waiting + len(replica.inbox), at_limit(replica),
+                                           budget_bound(replica)))
+        demand = self._demand(now, any(load.full or load.budget_bound for load in loads))
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
-                           rate, service, self.scaling.cold_start.total_s)
+                           demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
+                           demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
+                           self.scaling.interval_s)
 
     def evaluate(self, now: float) -> None:
         change = self._change(self.signal(now))
@@ -123,7 +128,7 @@ def run_elastic(make_replica: Callable[[int], Replica], initial: int, requests: 
             next_tick += scaling.interval_s
         if arrival <= t:
             request = pending[position]
-            fleet.arrived(request.arrival_time)
+            fleet.arrived(request.arrival_time, request.num_prompt_tokens)
             if not fleet.serving:
                 raise RuntimeError(f"no replica serves at t={t:.3f} s (min_replicas must be >= 1)")
             choice = _route(request, [fleet.replicas[i] for i in fleet.serving], router, assignment)

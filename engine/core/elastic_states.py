@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.core.elastic_limits import ReplicaLimits
 from engine.core.fleet import FleetResult
 from engine.core.loop import Replica
 from engine.core.request import Request
@@ -54,6 +55,7 @@ class Scaling:
     # older replicas before then stays on them (requests do not move): judged on either, every
     # evaluation would ask again for the replicas the pending start already answers.
     settle: bool = False
+    limits: ReplicaLimits | None = None  # a replica's resources, for sizing on demand (None: not known)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class ReplicaSignal:
     kv_used: float  # fraction of KV blocks in use, 0-1
     queued: int | None = None  # every request waiting, settled or not (None: as waiting)
     full: bool = False  # requests wait that it cannot admit (no sequence slot or KV for the next)
+    budget_bound: bool = False  # its next step cannot take all it holds (engine.core.elastic_states.budget_bound)
 
     @property
     def backlog(self) -> int:
@@ -75,7 +78,9 @@ class FleetSignal:
     draining, the TTFT and TPOT of requests finished within the window, how long each request
     still waiting for its first token has waited (its TTFT will be at least that), and the demand:
     the window's arrival rate (req/s) and the mean time a request finished in it spent in service
-    (first scheduled to finished, s); None where the fleet does not measure them."""
+    (first scheduled to finished, s), the mean prompt tokens of those arrivals and output tokens of
+    those finished requests; None where the fleet does not measure them. limits: a replica's
+    resources (Scaling.limits)."""
 
     now: float
     serving: tuple[ReplicaSignal, ...]
@@ -87,6 +92,24 @@ class FleetSignal:
     arrival_rate: float | None = None
     service_s: float | None = None
     startup_s: float = 0.0  # how long a replica started now takes to serve
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
+    limits: ReplicaLimits | None = None
+    interval_s: float = 0.0  # how often the policy is asked (s)
+
+
+@dataclass(frozen=True)
+class Demanded:
+    """What FleetStates._demand measures (FleetSignal's fields of the same names)."""
+
+    arrival_rate: float | None
+    service_s: float | None
+    prompt_tokens: float | None
+    output_tokens: float | None
+
+
+def _mean(values: list[float] | list[int]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling, starting: int = 0) -> int:
@@ -103,19 +126,20 @@ def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scali
     return 0
 
 
-Finished = tuple[float, float, float, float, float]  # (finish, ttft, tpot or nan, arrival, service or nan)
+# (finish, ttft, tpot or nan, arrival, service or nan, output tokens)
+Finished = tuple[float, float, float, float, float, int]
 
 
 def finished_latencies(r: Request) -> Finished | None:
     """(finish, TTFT, TPOT or NaN for a one-token output, arrival, time in service from first
-    scheduled to finished or NaN where unknown) of a finished request, as a policy's window holds
-    them; None for one that never produced a token."""
+    scheduled to finished or NaN where unknown, output tokens) of a finished request, as a policy's
+    window holds them; None for one that never produced a token."""
     if r.first_token_time is None or r.finish_time is None:
         return None
     decode = r.num_output_tokens - 1
     tpot = (r.finish_time - r.first_token_time) / decode if decode > 0 else math.nan
     service = r.finish_time - r.first_scheduled_time if r.first_scheduled_time is not None else math.nan
-    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time, service
+    return r.finish_time, r.first_token_time - r.arrival_time, tpot, r.arrival_time, service, r.num_output_tokens
 
 
 class ScalingPolicy(Protocol):
@@ -164,7 +188,7 @@ class FleetStates:
         self.last_action = -math.inf
         self.settled = -math.inf  # when the latest started replica began to serve (Scaling.settle)
         self.finished: deque[Finished] = deque()
-        self.arrivals: deque[float] = deque()  # arrival times within the window (arrived)
+        self.arrivals: deque[tuple[float, int]] = deque()  # (time, prompt tokens) within the window (arrived)
 
     def _new_lifetime(self, now: float, ready: float) -> int:
         index = len(self.lifetimes)
@@ -183,11 +207,11 @@ class FleetStates:
     def _became_ready(self, now: float) -> None:
         self.settled = max(self.settled, now)
 
-    def arrived(self, time_s: float) -> None:
-        """A request arrived at the fleet (for the arrival rate a policy reads)."""
-        self.arrivals.append(time_s)
+    def arrived(self, time_s: float, prompt_tokens: int = 0) -> None:
+        """A request arrived at the fleet (for the arrival rate and prompt length a policy reads)."""
+        self.arrivals.append((time_s, prompt_tokens))
 
-    def _demand(self, now: float, queued: bool) -> tuple[float | None, float | None]:
+    def _demand(self, now: float, queued: bool) -> Demanded:
         """The arrival rate and the mean time in service (first scheduled to finished) of the
         requests finished, over the window, or, while a serving replica has a queue, since the
         previous evaluation; None for either not measurable yet. A queue shows the replicas at
@@ -195,15 +219,18 @@ class FleetStates:
         at once, where the window's mean dilutes it with the quieter time before. Without a queue
         nothing is short, and the window's many more arrivals keep a few seconds' noise at low
         rates from reading as a change. Settling leaves both whole: an arrival rate is no backlog,
-        and a request's time in service does not count the time it waited.
+        and a request's time in service does not count the time it waited. With them, the mean
+        prompt tokens of those arrivals and output tokens of those finished requests (Demanded).
         Call after _window, which drops the finished requests older than the window."""
-        while self.arrivals and self.arrivals[0] <= now - self.scaling.window_s:
+        while self.arrivals and self.arrivals[0][0] <= now - self.scaling.window_s:
             self.arrivals.popleft()
         since = max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
-        rate = sum(1 for t in self.arrivals if since < t <= now) / (now - since) if now > since else None
-        latest = [f[4] for f in self.finished if f[0] > since and f[4] == f[4]]
-        services = latest or [f[4] for f in self.finished if f[4] == f[4]]
-        return rate, (sum(services) / len(services) if services else None)
+        prompts = [p for t, p in self.arrivals if since < t <= now]
+        rate = len(prompts) / (now - since) if now > since else None
+        latest = [f for f in self.finished if f[0] > since and f[4] == f[4]]
+        served = latest or [f for f in self.finished if f[4] == f[4]]
+        return Demanded(rate, _mean([f[4] for f in served]), _mean(prompts) if prompts else None,
+                        _mean([f[5] for f in served]))
 
     def _window(self, now: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """TTFTs and TPOTs of the requests finished within window_s before now (with settle: of
@@ -239,20 +266,6 @@ class FleetStates:
                 self.lifetimes[index].drain_s = now
             removed.append(index)
         return removed
-
-
-def at_limit(replica: Replica) -> bool:
-    """Whether requests wait on a replica that it cannot admit: its running set at max_num_seqs or
-    too few free KV blocks for the next waiting request's remaining prompt. Requests that arrived
-    during a step wait for the next one on a replica that is not full: they do not count."""
-    scheduler = replica.scheduler
-    head = next(iter(scheduler.waiting), None)
-    if head is None:
-        return False
-    if scheduler.num_running >= scheduler.config.max_num_seqs:
-        return True
-    blocks = scheduler.block_manager
-    return blocks.num_free_blocks * blocks.block_size < head.num_prompt_tokens - head.num_computed_tokens
 
 
 class SimulatedStates(FleetStates):

@@ -1,5 +1,5 @@
 """What a scale-up can serve: the load policies (utilisation, queue, slo) size a surge on the arrival
-rate against what a full replica serves, not on the backlog queued on the serving replicas.
+rate against what a replica serves (its binding resource), not on the backlog queued on the serving replicas.
 
 A queue built on the serving replicas stays there (requests do not move), so a new replica only
 ever takes a share of the arrivals; and a replica that still holds a queue when a new one begins to
@@ -26,9 +26,16 @@ def sustained(signal: FleetSignal) -> float | None:
 
 
 class Demand:
-    """One run's measure of a full replica: the most requests a replica at its admission limit
-    (ReplicaSignal.full: requests wait that it cannot admit, for want of a sequence slot or KV)
-    has held in service at once."""
+    """One run's measure of what a replica serves, in requests per second: the binding one of
+
+    - its requests in service over the mean time in service (Little's law): held, the most a replica
+      at its admission limit (ReplicaSignal.full: requests wait that it cannot admit, for want of a
+      sequence slot or KV) has held at once, or before one has been full, what its
+      limits hold: max_num_seqs, or its KV cache over a request's prompt and output tokens;
+    - its token rate at its full token budget (ReplicaLimits.tokens_per_s, priced from the step
+      model at the arrivals' mean prompt length) over a request's prompt and output tokens: a
+      replica bound by its prompt tokens reaches it with few requests in service.
+    """
 
     def __init__(self) -> None:
         self.full_running = 0
@@ -37,35 +44,64 @@ class Demand:
         held = [r.running for r in signal.serving if r.full]
         self.full_running = max([self.full_running, *held])
 
-    def capacity(self, signal: FleetSignal) -> float | None:
-        """Requests per second one full replica serves (Little's law: its requests in service over
-        the mean time in service); None until a replica has been full or the time is measured."""
-        if not self.full_running or not signal.service_s:
+    def held(self, signal: FleetSignal) -> float | None:
+        """Requests a replica holds in service at its admission limit; None where neither measured nor known."""
+        if self.full_running:
+            return float(self.full_running)
+        limits, tokens = signal.limits, _request_tokens(signal)
+        if limits is None or tokens is None:
             return None
-        return self.full_running / signal.service_s
+        return float(min(limits.max_num_seqs, limits.kv_tokens / tokens))
+
+    def capacity(self, signal: FleetSignal) -> float | None:
+        """Requests per second one replica serves (the binding resource, above); None until a
+        replica has been full or its limits and the demand's lengths are known."""
+        rates = []
+        held = self.held(signal)
+        if held is not None and signal.service_s:
+            rates.append(held / signal.service_s)
+        tokens = _request_tokens(signal)
+        priced = signal.limits.tokens_per_s if signal.limits is not None else None
+        if priced is not None and tokens is not None and signal.prompt_tokens:
+            rates.append(priced(signal.prompt_tokens) / tokens)
+        return min(rates) if rates else None
 
     def needed(self, signal: FleetSignal, per_replica: float | None = None) -> int | None:
-        """Replicas that serve the arrival rate, each holding `per_replica` requests in service
-        (default: a full replica's count), plus the serving replicas' share of the next start-up
-        they spend on their own queues (stranded); None when the rate or capacity is not measured."""
+        """Replicas that serve the arrival rate at a replica's capacity (and, given `per_replica`,
+        that hold the requests it keeps in service at that many each), plus the serving replicas'
+        share of the next start-up they spend on their own queues (stranded); None when the rate,
+        or both capacity and per_replica, are not measured."""
         capacity, load = self.capacity(signal), sustained(signal)
-        if load is None or (per_replica is None and capacity is None):
+        if signal.arrival_rate is None or (capacity is None and (per_replica is None or load is None)):
             return None
+        wanted = [signal.arrival_rate / capacity] if capacity is not None else []
+        if per_replica is not None and load is not None:
+            wanted.append(load / per_replica)
         stranded = self.stranded(signal, capacity) if capacity is not None else 0.0
-        return math.ceil(load / (per_replica or self.full_running) + stranded - 1e-9)
+        return math.ceil(max(wanted) + stranded - 1e-9)
 
     def stranded(self, signal: FleetSignal, capacity: float) -> float:
         """Serving replicas' time, in replicas, spent on their own queues over one start-up from when
         a replica started now begins to serve: each holds its queue now plus its share of the
         arrivals less what it serves until then, and serves it at `capacity`; over that start-up
-        (the time before another start could add capacity) the rest of its time goes to arrivals."""
+        (the time before another start could add capacity, and no shorter than the evaluation
+        interval: a start-up shorter than that still waits for the next decision) the rest of its
+        time goes to arrivals."""
         assert signal.arrival_rate is not None
         if not signal.serving:
             return 0.0
         share = signal.arrival_rate / len(signal.serving)
+        horizon = max(signal.startup_s, signal.interval_s)
         busy = 0.0
         for r in signal.serving:
             queue = r.backlog + (share - capacity) * signal.startup_s
             if queue > 0:
-                busy += min(1.0, queue / capacity / signal.startup_s) if signal.startup_s > 0 else 1.0
+                busy += min(1.0, queue / capacity / horizon) if horizon > 0 else 1.0
         return busy
+
+
+def _request_tokens(signal: FleetSignal) -> float | None:
+    """A request's prompt and output tokens (the arrivals' mean prompt, the finished requests' mean output)."""
+    if signal.prompt_tokens is None or signal.output_tokens is None:
+        return None
+    return signal.prompt_tokens + signal.output_tokens or None

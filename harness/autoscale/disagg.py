@@ -22,8 +22,11 @@ from tqdm import tqdm
 from engine.core import make_scheduler
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.disagg_elastic import POOLS, ElasticDisaggResult, run_disaggregated_elastic
+from engine.core.elastic_limits import ReplicaLimits
+from engine.core.elastic_states import Scaling
 from engine.core.loop import SimulatedClock
 from engine.core.routers import RouterConfig, make_router
+from harness.autoscale.capacity import replica_limits
 from harness.autoscale.config import SLO, AutoscaleConfig, slo_needed
 from harness.autoscale.policies import make_policy
 from harness.autoscale.run import cold_start_of, events_frame, lifetimes_frame
@@ -99,8 +102,7 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     with bar, cyclic_gc_paused():
         result = run_disaggregated_elastic(
             (maker(0, PrefillReplica), maker(1, DecodeReplica)), (fleet.prefill_replicas, fleet.decode_replicas),
-            workload.requests, routers[0], routers[1], pricer, (autoscales[0].scaling(colds[0]),
-                                                                 autoscales[1].scaling(colds[1])),
+            workload.requests, routers[0], routers[1], pricer, _scalings(pools, infos, autoscales, colds),
             (make_policy(autoscales[0], slo), make_policy(autoscales[1], slo)),
             (lambda i, record, finished: bar.update(len(finished))) if progress else None,
             fleet.transfer.sends_queue_behind_step())
@@ -117,6 +119,21 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     frame = _timeline(outcome, result, [i.num_blocks for i in infos], autoscales, slo)
     outcome.summary = outcome.summary.with_extras(_extras(outcome.requests, result, autoscales, slo, colds, tps, rc))
     return outcome, result, frame
+
+
+def _scalings(pools: list[RunConfig], infos, autoscales, colds) -> tuple[Scaling, Scaling]:
+    """Each pool's scaling, with its replicas' limits for the policies' sizing on the demand: the prefill
+    pool's token rate priced by its step model (harness.autoscale.capacity); the decode pool's
+    sequence slots and KV (its steps compute one token a request, so its token budget does not bind)."""
+    from sim import build_sim_executor
+
+    prefill, decode = pools
+    pricing = build_sim_executor(prefill.model, prefill.hardware, prefill.sim, prefill.cache, prefill.scheduler)
+    limits = (replica_limits(pricing.cost_model.step_time, prefill.scheduler, infos[0].num_blocks,
+                             infos[0].block_size),
+              ReplicaLimits(decode.scheduler.max_num_seqs, infos[1].num_blocks * infos[1].block_size))
+    return (dataclasses.replace(autoscales[0].scaling(colds[0]), limits=limits[0]),
+            dataclasses.replace(autoscales[1].scaling(colds[1]), limits=limits[1]))
 
 
 def _timeline(outcome, result: ElasticDisaggResult, blocks: list[int], autoscales, slo: SLO) -> pd.DataFrame:

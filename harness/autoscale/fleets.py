@@ -9,11 +9,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from engine.core import make_scheduler
-from engine.core.elastic import ElasticResult, Scaling, ScalingPolicy, run_elastic
+from engine.core.elastic import ElasticResult, ReplicaLimits, Scaling, ScalingPolicy, run_elastic
 from engine.core.executor import BackendInfo
 from engine.core.loop import FleetStepHook, Replica, SimulatedClock, WallClock
 from engine.core.request import Request
 from engine.core.routers import Router
+from harness.autoscale.capacity import replica_limits
 from harness.autoscale.config import AutoscaleConfig
 from harness.config import RunConfig
 from harness.convert import ConfigError
@@ -27,6 +28,7 @@ class ElasticFleet:
     info: BackendInfo  # the first replica's (the workload is built for it)
     serve: Serve  # runs a workload to completion on initial replicas that the policy scales
     blocks: Callable[[int], list[int]]  # each of the run's n replicas' KV blocks
+    limits: ReplicaLimits | None = None  # a replica's resources, for the policies' sizing (simulated replicas)
 
 
 def processes_needed(initial: int, autoscale: AutoscaleConfig) -> int:
@@ -69,7 +71,9 @@ def _sim(one: RunConfig, initial: int) -> Iterator[ElasticFleet]:
         with cyclic_gc_paused():
             return run_elastic(make_replica, initial, requests, router, scaling, policy, on_step)
 
-    yield ElasticFleet(info, serve, lambda n: [info.num_blocks] * n)
+    pricing = build_sim_executor(one.model, one.hardware, one.sim, one.cache, one.scheduler).cost_model
+    limits = replica_limits(pricing.step_time, one.scheduler, info.num_blocks, info.block_size)
+    yield ElasticFleet(info, serve, lambda n: [info.num_blocks] * n, limits)
 
 
 def _engine(rc: RunConfig, one: RunConfig, initial: int, autoscale: AutoscaleConfig) -> Iterator[ElasticFleet]:

@@ -39,10 +39,11 @@ class Utilisation(RegisteredPolicy):
     requests per replica (metric=running: Knative's concurrency), counted as the requests the
     arrival stream keeps in service (harness.autoscale.demand), not as those held: a backlog held
     on the serving replicas is no load a new replica can take; the time that backlog keeps them
-    busy after the start-up comes on top, as they take no arrivals meanwhile. Until the demand is
-    measured (or where the fleet does not measure it: disaggregated pools), the requests held,
-    running or waiting. NOTE: KV use alone misses a queue that waits for a sequence slot rather
-    than for blocks."""
+    busy after the start-up comes on top, as they take no arrivals meanwhile; and no fewer than
+    serve the arrival rate at a replica's capacity (a replica bound by its prompt tokens reaches it
+    with fewer requests in service than the target). Until the demand is measured, the requests
+    held, running or waiting. NOTE: KV use alone misses a queue that waits for a sequence slot
+    rather than for blocks."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -71,11 +72,10 @@ class Queue(RegisteredPolicy):
     nothing waiting it asks for one fewer (the cooldown paces the descent), and in between for the
     serving count. How many more: the queue shows that the fleet is short, not by how much, and
     the requests in it stay where they wait, so the count is the replicas that serve the arrival
-    rate at a full replica's capacity plus the time queues keep the serving ones busy
+    rate at a replica's capacity (its binding resource) plus the time queues keep the serving ones busy
     (harness.autoscale.demand), and at least one more (the
     target is missed, and a new replica speeds the drain by taking arrivals off the replicas that
-    hold the queue). Until that is measured (or where the fleet does not measure the demand:
-    disaggregated pools), ceil(waiting / target_waiting)."""
+    hold the queue). Until that is measured, ceil(waiting / target_waiting)."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -102,7 +102,7 @@ class Queue(RegisteredPolicy):
 class SLOFeedback(RegisteredPolicy):
     """The window's P90 TTFT (requests still waiting count with their age so far) or TPOT against the
     SLO: more replicas above target x SLO, one fewer below scale_down_below x SLO. How many more:
-    at least one, and as many as serve the arrival rate at a full replica's capacity plus the time
+    at least one, and as many as serve the arrival rate at a replica's capacity plus the time
     queues keep the serving ones busy (harness.autoscale.demand) when that is measured: a settled
     fleet decides once per start-up, so one
     replica a decision would serve a surge that needs several one start-up at a time."""

@@ -100,7 +100,8 @@ def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, auto
         started = time.perf_counter()
         with bar:
             result = replicas.serve(workload.requests, make_router(router, rc.cache.block_size),
-                                    autoscale.scaling(cold), make_policy(autoscale, slo),
+                                    dataclasses.replace(autoscale.scaling(cold), limits=replicas.limits),
+                                    make_policy(autoscale, slo),
                                     (lambda i, record, finished: bar.update(len(finished))) if progress else None)
         wall_s = time.perf_counter() - started
         blocks = replicas.blocks(len(result.lifetimes))
