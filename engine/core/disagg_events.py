@@ -18,15 +18,16 @@ only applies to a transfer that starts the moment the prefill ends: one that wai
 complete.
 
 handshake=True prices the engine's protocol (engine.disagg_replica), where each replica's loop
-handles messages only between its steps: the decode replica learns of the transfer at its next
-step boundary after the first token; the prefill replica, told to send, posts the send at its next
-step boundary, after the step then in flight on its GPU (copying the blocks out synchronises the
-host with it), and frees its blocks there; the decode replica sees the receive complete at its
-next step boundary and writes the blocks after its step in flight, so the reported transfer_s
-runs from the send to the start of the first decode step that computes the request (the
-engine's). A replica with nothing running handles a message at once, and so does one that stalls
-(nothing it can run until a transfer frees or fills blocks): a message that waited for its next
-step boundary is handled when it stalls, since that step never comes.
+handles messages only between its steps: the decode replica learns of the transfer at its next step
+boundary after the first token; the prefill replica, told to send, posts the send at its next step
+boundary, after the step then in flight on its GPU (the engine's copy out before BlockMover
+synchronised the host with it; queue_behind_step=True prices BlockMover), and frees its blocks
+there; the decode replica sees the receive complete at its next step boundary and writes the blocks
+after its step in flight, so the reported transfer_s runs from the send to the start of the first
+decode step that computes the request (the engine's). A replica with nothing running handles a
+message at once, and so does one that stalls (nothing it can run until a transfer frees or fills
+blocks): a message that waited for its next step boundary is handled when it stalls, since that step
+never comes.
 
 queue_behind_step=True prices the engine's block moves (engine.kv_link.BlockMover): no host waits
 on its GPU for a move, but the gather, hence the send, is queued on the prefill GPU behind the
