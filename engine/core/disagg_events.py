@@ -18,15 +18,16 @@ only applies to a transfer that starts the moment the prefill ends: one that wai
 complete.
 
 handshake=True prices the engine's protocol (engine.disagg_replica), where each replica's loop
-handles messages only between its steps: the decode replica learns of the transfer at its next
-step boundary after the first token; the prefill replica, told to send, posts the send at its next
-step boundary, after the step then in flight on its GPU (copying the blocks out synchronises the
-host with it), and frees its blocks there; the decode replica sees the receive complete at its
-next step boundary and writes the blocks after its step in flight, so the reported transfer_s
-runs from the send to the start of the first decode step that computes the request (the
-engine's). A replica with nothing running handles a message at once, and so does one that stalls
-(nothing it can run until a transfer frees or fills blocks): a message that waited for its next
-step boundary is handled when it stalls, since that step never comes.
+handles messages only between its steps: the decode replica learns of the transfer at its next step
+boundary after the first token; the prefill replica, told to send, posts the send at its next step
+boundary, after the step then in flight on its GPU (the engine's copy out before BlockMover
+synchronised the host with it; queue_behind_step=True prices BlockMover), and frees its blocks
+there; the decode replica sees the receive complete at its next step boundary and writes the blocks
+after its step in flight, so the reported transfer_s runs from the send to the start of the first
+decode step that computes the request (the engine's). A replica with nothing running handles a
+message at once, and so does one that stalls (nothing it can run until a transfer frees or fills
+blocks): a message that waited for its next step boundary is handled when it stalls, since that step
+never comes.
 
 queue_behind_step=True prices the engine's block moves (engine.kv_link.BlockMover): no host waits
 on its GPU for a move, but the gather, hence the send, is queued on the prefill GPU behind the
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.disagg import DecodeReplica, PrefillReplica
-from engine.core.kv_staging import StagingRing, staging_blocks_per_peer
+from engine.core.kv_staging import FleetStaging, StagingRing
 from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, StepRun
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
@@ -105,10 +106,7 @@ class FleetEvents:
         self.retry_pending = False
         self.rejected: dict[str, str] = {}
         self.max_blocked = 0
-        # (decode replica, prefill replica) -> its receive staging ring and the ids staged in it, oldest first
-        self.rings: dict[tuple[int, int], StagingRing] = {}
-        self.staged: dict[tuple[int, int], deque[str]] = {}
-        self.landed: set[str] = set()  # staged requests whose KV landed behind an earlier one still in transit
+        self.staging = FleetStaging()
         for index, replica in enumerate(self.replicas):
             self._hook(index, replica)
 
@@ -180,7 +178,7 @@ class FleetEvents:
         elif kind == LANDED:
             transfer = self.transfers[request.request_id]
             self.prefill[transfer.prefill].release(request.request_id, t)
-            self._unstage(transfer, request.request_id)
+            self.staging.land((transfer.decode, transfer.prefill), request.request_id)
             if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
                 landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t,
                                              not self.queue_behind_step)
@@ -246,8 +244,7 @@ class FleetEvents:
             raise RuntimeError(f"decode router chose replica {choice} of {len(open_)}")
         target = open_[choice]
         target.reserve(request)
-        self._ring(target, transfer.prefill).take(len(request.block_table))
-        self.staged[target.index, transfer.prefill].append(request.request_id)
+        self.staging.stage((target.index, transfer.prefill), request.request_id, len(request.block_table))
         prefill_s = 0.0 if blocked or request.first_scheduled_time is None else t - request.first_scheduled_time
         transfer.decode = target.index
         if self.handshake:  # the decode replica reserves and says so at its next step boundary
@@ -260,23 +257,9 @@ class FleetEvents:
 
     def _ring(self, replica: DecodeReplica, prefill: int) -> StagingRing:
         """The decode replica's receive staging for transfers from prefill replica `prefill`."""
-        key = (replica.index, prefill)
-        ring = self.rings.get(key)
-        if ring is None:
-            bm = replica.scheduler.block_manager
-            ring = self.rings[key] = StagingRing(staging_blocks_per_peer(
-                bm.blocks_for(replica.scheduler.config.max_model_len)))
-            self.staged[key] = deque()
-        return ring
-
-    def _unstage(self, transfer: Transfer, request_id: str) -> None:
-        """The request's KV landed: free the ring's oldest ranges whose transfers all landed."""
-        key = (transfer.decode, transfer.prefill)
-        staged = self.staged[key]
-        self.landed.add(request_id)
-        while staged and staged[0] in self.landed:
-            self.landed.remove(staged.popleft())
-            self.rings[key].release()
+        config = replica.scheduler.config
+        return self.staging.ring((replica.index, prefill),
+                                 replica.scheduler.block_manager.blocks_for(config.max_model_len))
 
     def _send(self, t: float, request: Request, prefill_s: float = 0.0) -> None:
         transfer = self.transfers[request.request_id]
@@ -302,8 +285,6 @@ class FleetEvents:
             self.after_step.setdefault(index, []).append((WIRE, request))
             return None
         return t
-
-
 
 
 def fleet_result(fleet: FleetEvents, pending: list[Request]) -> DisaggResult:

@@ -98,3 +98,36 @@ class StagingRing:
         if not self.live:
             self.head = 0
         return oldest
+
+
+class FleetStaging:
+    """A simulated disaggregated fleet's receive staging: for each (decode replica, prefill replica)
+    pair, a StagingRing and the ids of the requests staged in it, oldest first. A range is freed
+    only once it and every earlier transfer from that peer landed (the engine scatters receives in
+    the order it posted them), so a request landing behind one still in transit waits in `landed`."""
+
+    def __init__(self) -> None:
+        self.rings: dict[tuple[int, int], StagingRing] = {}
+        self.staged: dict[tuple[int, int], deque[str]] = {}
+        self.landed: set[str] = set()
+
+    def ring(self, key: tuple[int, int], max_blocks_per_seq: int) -> StagingRing:
+        """The ring of pair `key`, made on first use for a replica of max_blocks_per_seq blocks a sequence."""
+        ring = self.rings.get(key)
+        if ring is None:
+            ring = self.rings[key] = StagingRing(staging_blocks_per_peer(max_blocks_per_seq))
+            self.staged[key] = deque()
+        return ring
+
+    def stage(self, key: tuple[int, int], request_id: str, num_blocks: int) -> None:
+        """Take num_blocks of pair `key`'s ring (made by ring()) for the request's transfer."""
+        self.rings[key].take(num_blocks)
+        self.staged[key].append(request_id)
+
+    def land(self, key: tuple[int, int], request_id: str) -> None:
+        """The request's KV landed: free the ring's oldest ranges whose transfers all landed."""
+        staged = self.staged[key]
+        self.landed.add(request_id)
+        while staged and staged[0] in self.landed:
+            self.landed.remove(staged.popleft())
+            self.rings[key].release()

@@ -1,5 +1,5 @@
 """Fit a device call's profiling grid again, on the CPU, as the held-out protocol fits it
-(harness.fidelity.study.calibrated_model: harness.calibration.fit.validate on the grid alone): for a
+(harness.fidelity.calibrate.calibrated_model: harness.calibration.fit.validate on the grid alone): for a
 fit that changed after the call. Writes profile_model.csv (with the residuals the prediction
 interval resamples) and validation.csv into --out, for resimulate.py.
 

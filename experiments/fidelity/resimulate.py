@@ -99,7 +99,7 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", type=Path, help="a device call's heldout.csv")
     parser.add_argument("profile", type=Path, nargs="?", default=None,
@@ -132,7 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-jitter", action="store_true",
                         help="with --host-scales: each host's step-to-step jitter too (its host_jitter column)")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _host_scales(args: argparse.Namespace) -> dict[tuple[str, str], list[tuple[float, float]]] | None:
+    """--host-scales: per (workload, load), each engine repeat's (host_scale, host_jitter)."""
+    if args.host_scales is None:
+        return None
+    given = pd.read_csv(args.host_scales)
+    scales: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    if args.host_jitter and "host_jitter" not in given:
+        raise ConfigError(f"--host-jitter: {args.host_scales} has no host_jitter column")
+    jitters = given["host_jitter"] if args.host_jitter else [0.0] * len(given)
+    for w, ld, h, j in zip(given["workload"], given["load"], given["host_scale"], jitters):
+        scales.setdefault((str(w), str(ld)), []).append((float(h), float(j)))
+    return scales
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     def run() -> int:
         if (args.profile is None) != (args.cost_model == "roofline"):
@@ -141,15 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.workloads:
             table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
-        scales = None
-        if args.host_scales is not None:
-            given = pd.read_csv(args.host_scales)
-            scales: dict[tuple[str, str], list[tuple[float, float]]] = {}
-            if args.host_jitter and "host_jitter" not in given:
-                raise ConfigError(f"--host-jitter: {args.host_scales} has no host_jitter column")
-            jitters = given["host_jitter"] if args.host_jitter else [0.0] * len(given)
-            for w, ld, h, j in zip(given["workload"], given["load"], given["host_scale"], jitters):
-                scales.setdefault((str(w), str(ld)), []).append((float(h), float(j)))
+        scales = _host_scales(args)
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix)

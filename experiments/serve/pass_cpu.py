@@ -45,15 +45,8 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1e3
 
 
-async def _main() -> None:
-    from engine.core.sampling_params import SamplingParams
-    from harness.serve.core import CoreSnapshot, ServeCore
-    from harness.serve.generation import Generation
-    from harness.serve.metrics import ServerMetrics
-    from harness.serve.sse import DirectWriter, Events
-    from harness.serve.text import WordCodec
-
-    loop = asyncio.get_running_loop()
+async def _connect(loop: asyncio.AbstractEventLoop) -> tuple[list, subprocess.Popen]:
+    """STREAMS loopback TCP connections, each read by the child process (_reader)."""
     transports: list = []
     connected = asyncio.Event()
 
@@ -67,6 +60,19 @@ async def _main() -> None:
     port = server.sockets[0].getsockname()[1]
     child = subprocess.Popen([sys.executable, "-m", "experiments.serve.pass_cpu", str(port)])
     await connected.wait()
+    return transports, child
+
+
+async def _main() -> None:
+    from engine.core.sampling_params import SamplingParams
+    from harness.serve.core import CoreSnapshot, ServeCore
+    from harness.serve.generation import Generation
+    from harness.serve.metrics import ServerMetrics
+    from harness.serve.sse import DirectWriter, Events
+    from harness.serve.text import WordCodec
+
+    loop = asyncio.get_running_loop()
+    transports, child = await _connect(loop)
     core = ServeCore(None, 1.0, 4 * STREAMS)  # type: ignore[arg-type]
     core.num_blocks, core._loop = 100, loop
     core._wire = SimpleNamespace(send=lambda message: None)  # type: ignore[assignment]

@@ -93,8 +93,9 @@ class Stamped:
         await self.app(scope, receive, send)
 
 
-def create_app(server: Server) -> Stamped:
-    app = FastAPI(title="serving-harness", docs_url=None, redoc_url=None)
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors in OpenAI's body: a body that fails validation as 400 naming the field at fault, a
+    BadRequest with its own status (503: the server cannot serve now)."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -113,6 +114,12 @@ def create_app(server: Server) -> Stamped:
     async def _bad(request: Request, error: BadRequest) -> JSONResponse:
         kind = "service_unavailable" if error.status == 503 else "invalid_request_error"
         return JSONResponse(error_body(str(error), error.status, error.param, kind), status_code=error.status)
+
+
+def create_app(server: Server) -> Stamped:
+    app = FastAPI(title="serving-harness", docs_url=None, redoc_url=None)
+
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> Response:

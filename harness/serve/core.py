@@ -3,7 +3,7 @@
 HTTP handlers never touch the scheduler that runs. They hand a request over (submit) or ask for one
 to go (abort); each is a message the core process takes between steps. After each step it sends
 every live request's new tokens in one message, which this side hands to the requests' sinks in
-one pass on the asyncio loop. Admission is checked here, before a request is sent, by a scheduler
+one pass on the asyncio loop (harness.serve.passes). Admission is checked here, before a request is sent, by a scheduler
 built from the same config and cache size (check_fits reads only those).
 
 Times cross as perf_counter() values: a delivery's `due` is when its tokens were scheduled for (the
@@ -17,12 +17,10 @@ tokens (a server that runs for hours keeps a bounded window).
 from __future__ import annotations
 
 import asyncio
-import gc
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -31,16 +29,11 @@ from engine.core import BackendInfo, make_scheduler
 from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
 from harness.config import RunConfig
-from harness.serve.delivery import Ahead, Delivery, Prepare, Sink
+from harness.serve.delivery import Delivery, Prepare, Sink
+from harness.serve.passes import LAG_SAMPLES, CoreSnapshot, StepPasses
 from harness.serve.wire import WireProtocol
 
-# a step's tokens that arrive ahead of their time are timed to this much before it, then slept to:
-# uvloop's timers count whole milliseconds against a clock read once per loop iteration, and fire
-# up to 0.7 ms early or late on an idle loop (more behind other work); a timer aimed closer fired
-# early, was set again for the rest, and that one fired late
-TIMER_SLACK_S = 1.5e-3
-LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
-
+__all__ = ["CoreResult", "CoreSnapshot", "CoreStopped", "Delivery", "QueueFull", "ServeCore"]
 
 class QueueFull(Exception):
     """serve.max_queue requests are already waiting or running."""
@@ -48,17 +41,6 @@ class QueueFull(Exception):
 
 class CoreStopped(Exception):
     """The core process is gone (its error is in the message); nothing more can be served."""
-
-
-@dataclass
-class CoreSnapshot:
-    """The core's gauges after its latest step."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    live: int = 0
-    used_blocks: int = 0
 
 
 @dataclass
@@ -71,29 +53,21 @@ class CoreResult:
     handoff_s: list[float]  # per step with tokens: the core process's time to build and send them
 
 
-class ServeCore:
+class ServeCore(StepPasses):
     """start() spawns the core process and waits until it is ready; stop() ends it and returns its
     tables. Everything else is called on the asyncio loop."""
 
     def __init__(self, rc: RunConfig, time_scale: float, max_queue: int) -> None:
+        super().__init__()
         self.rc = rc
         self.time_scale = time_scale
         self.max_queue = max_queue
-        self.snapshot = CoreSnapshot()
-        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # seconds behind schedule at dispatch, per token
         self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
         self.error: str | None = None
         self.origin = 0.0  # perf_counter() time 0 of the core's clock
-        self._sinks: dict[str, Sink] = {}  # submitted and not yet finished or aborted
-        self._prepares: dict[str, Prepare] = {}  # of those, the ones that prepare ahead
         self._wire: WireProtocol | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._waiting: asyncio.Future | None = None  # the ready or result message
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._held: deque[tuple] = deque()  # step messages not yet due, in order
-        self._timer: asyncio.Handle | None = None  # the next _release, while one is set
-        self._flushes: list[Callable[[], None]] | None = None  # during a pass: what defer() was given
-        self._writes: list[Callable[[], None]] = []  # ... and its first round
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -172,9 +146,7 @@ class ServeCore:
         if kind == "tokens":  # a step's tokens, ahead of its "step" (harness.serve.handoff)
             self._pass([message])
         elif kind == "step":
-            self._held.append((*message, self._prepare(message[2])))
-            if self._timer is None and self._loop is not None:  # after the rest of this read
-                self._timer = self._loop.call_soon(self._release)
+            self._hold(message)
         elif kind == "snap":
             self._snap(message[1])
         elif kind == "ready":
@@ -184,109 +156,6 @@ class ServeCore:
             self._resolve(CoreResult(*message[1:]))
         else:  # "error"
             self._failed(message[1], message[2])
-
-    def _release(self, everything: bool = False) -> None:
-        """Hand out every held step that is due, in one pass, and time the next. The loop's timer
-        counts whole milliseconds and may fire early: the last fraction is slept."""
-        self._timer = None
-        held = self._held
-        now = time.perf_counter()
-        if held and 0 < held[0][1] - now <= 2 * TIMER_SLACK_S:
-            time.sleep(held[0][1] - now)
-            now = time.perf_counter()
-        due = []
-        while held and (everything or held[0][1] <= now):
-            due.append(held.popleft())
-        if due:
-            self._pass(due)
-        if held and self._loop is not None:
-            delay = held[0][1] - time.perf_counter() - TIMER_SLACK_S
-            self._timer = self._loop.call_later(delay, self._release) if delay > 0 else \
-                self._loop.call_soon(self._release)
-
-    def _prepare(self, deliveries: list) -> list[Ahead | None] | None:
-        """What each delivery's Prepare gives (in arrival order, so a request's text is decoded in
-        order); None if no request of the step prepares ahead."""
-        prepares = self._prepares
-        if not prepares:
-            return None
-        out: list[Ahead | None] = []
-        for rid, token_ids, reason, _ in deliveries:
-            prepare = prepares.get(rid)
-            out.append(None if prepare is None else prepare(token_ids, reason))
-        return out
-
-    def _pass(self, messages: list[tuple]) -> None:
-        """One pass over these steps' deliveries: a stream that writes as tokens come (sse) writes
-        what it got from all of them once, after the pass (defer). A pass over one step whose
-        events were made ahead writes them first, before it hands the deliveries out. The cyclic
-        garbage collector waits until the pass is over (a collection of the old generations takes
-        tens of milliseconds; between passes it delays no token that is already due)."""
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            self._pass_steps(messages)
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _pass_steps(self, messages: list[tuple]) -> None:
-        start = time.perf_counter()
-        if len(messages) == 1 and messages[0][0] == "step" and messages[0][4] is not None:
-            for ahead in messages[0][4]:
-                if ahead is not None and ahead.write is not None:
-                    ahead.write(ahead)
-        flushes: list[Callable[[], None]] = []
-        writes: list[Callable[[], None]] = []
-        self._flushes, self._writes = flushes, writes
-        try:
-            for message in messages:
-                self._dispatch(start, message[1], message[2], message[4] if message[0] == "step" else None)
-        finally:
-            self._flushes, self._writes = None, []
-        for write in writes:
-            write()
-        for flush in flushes:
-            flush()
-        if messages[-1][0] == "step":
-            self._snap(messages[-1][3])
-
-    def defer(self, flush: Callable[[], None], write: Callable[[], None] | None = None) -> None:
-        """Call flush at the end of the current pass over deliveries (now, outside of one); write,
-        if given, before it, in a first round that runs every stream's write before any flush."""
-        if self._flushes is None:
-            if write is not None:
-                write()
-            flush()
-            return
-        if write is not None:
-            self._writes.append(write)
-        self._flushes.append(flush)
-
-    def _dispatch(self, now: float, due: float, deliveries: list, prepared: list | None) -> None:
-        """Hand each delivery to its sink; now: when the pass began (the step reached the loop)."""
-        lag = now - due
-        lags, sinks = self.lags, self._sinks
-        for i, (rid, token_ids, reason, cached) in enumerate(deliveries):
-            if reason is not None:
-                sink = sinks.pop(rid, None)
-                self._prepares.pop(rid, None)
-            else:
-                sink = sinks.get(rid)
-            if sink is None:  # aborted here already
-                continue
-            lags.extend([lag] * max(len(token_ids), 1))
-            if prepared is None:
-                sink(Delivery(token_ids, reason, due, cached))
-            else:
-                sink(Delivery(token_ids, reason, due, cached, prepared[i]))
-        self.snapshot.live = len(sinks)
-
-    def _snap(self, snap: tuple[int, int, int]) -> None:
-        running, waiting, used = snap
-        s = self.snapshot
-        s.running, s.waiting, s.used_blocks = running, waiting, used
-        s.kv_usage = used / self.num_blocks if self.num_blocks else 0.0
 
     def _resolve(self, value: object) -> None:
         if self._waiting is not None and not self._waiting.done():

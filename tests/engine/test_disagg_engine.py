@@ -97,7 +97,8 @@ def test_tp2_pools_move_each_ranks_kv_shard_and_give_the_tp2_engines_tokens(tiny
     assert sum(t.decode == 0 for t in result.transfers.values()) == 5
 
 
-def _served(configs, requests):
+def serve_disagg(configs, requests):
+    """requests served by a 1P1D engine fleet of these two replica configs (prefill first)."""
     from engine.replicas import EngineReplicas
 
     with EngineReplicas(configs, SCHEDULER, CACHE, num_prefill=1) as engines:
@@ -107,10 +108,11 @@ def _served(configs, requests):
         return run_disagg_wall(engines, 1, requests, *routers, clock, SCHEDULER.max_model_len)
 
 
-def _aggregated(model_dir, requests, tp: int) -> dict[str, list[int]]:
+def aggregated_tokens(model_dir, requests, tp: int, device: str = "cpu") -> dict[str, list[int]]:
+    """Each request's greedy float32 tokens from one aggregated engine of TP size tp."""
     from engine import LLM
 
-    llm = LLM(model_dir, device="cpu", dtype="float32", max_model_len=SCHEDULER.max_model_len,
+    llm = LLM(model_dir, device=device, dtype="float32", max_model_len=SCHEDULER.max_model_len,
               tensor_parallel_size=tp)
     try:
         outputs = llm.generate([r.prompt_token_ids for r in requests], [r.sampling_params for r in requests],
@@ -134,9 +136,10 @@ def test_pools_of_two_tp_sizes_regroup_kv_heads_and_give_the_aggregated_engines_
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
     configs = [replace(config, execution=ExecutionConfig(tensor_parallel_size=tp)) for tp in (prefill_tp, decode_tp)]
-    result = _served(configs, _requests(6))
+    result = serve_disagg(configs, _requests(6))
     served = {r.request_id: r.output_token_ids for r in result.requests}
-    assert served == _aggregated(tiny_qwen3_dir, _requests(6), 1) == _aggregated(tiny_qwen3_dir, _requests(6), 2)
+    assert served == aggregated_tokens(tiny_qwen3_dir, _requests(6), 1) == \
+        aggregated_tokens(tiny_qwen3_dir, _requests(6), 2)
     moved = [t for t in result.transfers.values() if t.decode == 0]
     assert len(moved) == 5 and all(t.transfer_s > 0 for t in moved)
     # the whole request's KV (both heads) is reported, whichever ranks sent it

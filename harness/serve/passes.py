@@ -1,0 +1,163 @@
+"""How the HTTP process hands out the core's steps (harness.serve.core.ServeCore's half that runs
+on the asyncio loop for every token).
+
+A step's message is held until it is due (a simulator's step arrives ahead of its time), then
+handed out in one pass with every other step due by then: each delivery goes to its request's sink,
+and a stream that writes as tokens come writes what it got from the whole pass once, after it
+(defer). The lag of each token behind its schedule is kept (`lags`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.serve.delivery import Ahead, Delivery, Prepare, Sink
+
+# a step's tokens that arrive ahead of their time are timed to this much before it, then slept to:
+# uvloop's timers count whole milliseconds against a clock read once per loop iteration, and fire
+# up to 0.7 ms early or late on an idle loop (more behind other work); a timer aimed closer fired
+# early, was set again for the rest, and that one fired late
+TIMER_SLACK_S = 1.5e-3
+LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
+
+
+@dataclass
+class CoreSnapshot:
+    """The core's gauges after its latest step."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    live: int = 0
+    used_blocks: int = 0
+
+
+class StepPasses:
+    """The held steps and the passes over them; ServeCore adds requests' sinks (and their
+    Prepares) as they are submitted and sets the loop when it starts."""
+
+    def __init__(self) -> None:
+        self.snapshot = CoreSnapshot()
+        self.num_blocks = 0  # the KV cache's, for snapshot.kv_usage
+        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # seconds behind schedule at dispatch, per token
+        self._sinks: dict[str, Sink] = {}  # submitted and not yet finished or aborted
+        self._prepares: dict[str, Prepare] = {}  # of those, the ones that prepare ahead
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._held: deque[tuple] = deque()  # step messages not yet due, in order
+        self._timer: asyncio.Handle | None = None  # the next _release, while one is set
+        self._flushes: list[Callable[[], None]] | None = None  # during a pass: what defer() was given
+        self._writes: list[Callable[[], None]] = []  # ... and its first round
+
+    def _hold(self, message: tuple) -> None:
+        """A "step" message: held (with what its deliveries' Prepares give) until it is due."""
+        self._held.append((*message, self._prepare(message[2])))
+        if self._timer is None and self._loop is not None:  # after the rest of this read
+            self._timer = self._loop.call_soon(self._release)
+
+    def _release(self, everything: bool = False) -> None:
+        """Hand out every held step that is due, in one pass, and time the next. The loop's timer
+        counts whole milliseconds and may fire early: the last fraction is slept."""
+        self._timer = None
+        held = self._held
+        now = time.perf_counter()
+        if held and 0 < held[0][1] - now <= 2 * TIMER_SLACK_S:
+            time.sleep(held[0][1] - now)
+            now = time.perf_counter()
+        due = []
+        while held and (everything or held[0][1] <= now):
+            due.append(held.popleft())
+        if due:
+            self._pass(due)
+        if held and self._loop is not None:
+            delay = held[0][1] - time.perf_counter() - TIMER_SLACK_S
+            self._timer = self._loop.call_later(delay, self._release) if delay > 0 else \
+                self._loop.call_soon(self._release)
+
+    def _prepare(self, deliveries: list) -> list[Ahead | None] | None:
+        """What each delivery's Prepare gives (in arrival order, so a request's text is decoded in
+        order); None if no request of the step prepares ahead."""
+        prepares = self._prepares
+        if not prepares:
+            return None
+        out: list[Ahead | None] = []
+        for rid, token_ids, reason, _ in deliveries:
+            prepare = prepares.get(rid)
+            out.append(None if prepare is None else prepare(token_ids, reason))
+        return out
+
+    def _pass(self, messages: list[tuple]) -> None:
+        """One pass over these steps' deliveries: a stream that writes as tokens come (sse) writes
+        what it got from all of them once, after the pass (defer). A pass over one step whose
+        events were made ahead writes them first, before it hands the deliveries out. The cyclic
+        garbage collector waits until the pass is over (a collection of the old generations takes
+        tens of milliseconds; between passes it delays no token that is already due)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._pass_steps(messages)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _pass_steps(self, messages: list[tuple]) -> None:
+        start = time.perf_counter()
+        if len(messages) == 1 and messages[0][0] == "step" and messages[0][4] is not None:
+            for ahead in messages[0][4]:
+                if ahead is not None and ahead.write is not None:
+                    ahead.write(ahead)
+        flushes: list[Callable[[], None]] = []
+        writes: list[Callable[[], None]] = []
+        self._flushes, self._writes = flushes, writes
+        try:
+            for message in messages:
+                self._dispatch(start, message[1], message[2], message[4] if message[0] == "step" else None)
+        finally:
+            self._flushes, self._writes = None, []
+        for write in writes:
+            write()
+        for flush in flushes:
+            flush()
+        if messages[-1][0] == "step":
+            self._snap(messages[-1][3])
+
+    def defer(self, flush: Callable[[], None], write: Callable[[], None] | None = None) -> None:
+        """Call flush at the end of the current pass over deliveries (now, outside of one); write,
+        if given, before it, in a first round that runs every stream's write before any flush."""
+        if self._flushes is None:
+            if write is not None:
+                write()
+            flush()
+            return
+        if write is not None:
+            self._writes.append(write)
+        self._flushes.append(flush)
+
+    def _dispatch(self, now: float, due: float, deliveries: list, prepared: list | None) -> None:
+        """Hand each delivery to its sink; now: when the pass began (the step reached the loop)."""
+        lag = now - due
+        lags, sinks = self.lags, self._sinks
+        for i, (rid, token_ids, reason, cached) in enumerate(deliveries):
+            if reason is not None:
+                sink = sinks.pop(rid, None)
+                self._prepares.pop(rid, None)
+            else:
+                sink = sinks.get(rid)
+            if sink is None:  # aborted here already
+                continue
+            lags.extend([lag] * max(len(token_ids), 1))
+            if prepared is None:
+                sink(Delivery(token_ids, reason, due, cached))
+            else:
+                sink(Delivery(token_ids, reason, due, cached, prepared[i]))
+        self.snapshot.live = len(sinks)
+
+    def _snap(self, snap: tuple[int, int, int]) -> None:
+        running, waiting, used = snap
+        s = self.snapshot
+        s.running, s.waiting, s.used_blocks = running, waiting, used
+        s.kv_usage = used / self.num_blocks if self.num_blocks else 0.0
