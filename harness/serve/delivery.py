@@ -30,7 +30,9 @@ class Ahead:
     """A delivery's text, and its stream's event, made when its step arrived ahead of its time
     (Prepare), so that when it is due only the write is left."""
 
-    text: str
+    # None: declined only because an earlier delivery is still to be decoded (the decoder takes
+    # tokens in order); decoded when taken, and nothing else is made ahead until then
+    text: str | None
     body: bytes | None = None  # the event bytes (None: no stream to write them yet)
     # the stream's writer, called with this at the start of a pass that hands out one step: it
     # writes body (or queues it behind a waiting write) and sets written, or leaves it for later
@@ -40,4 +42,5 @@ class Ahead:
 
 
 Sink = Callable[[Delivery], None]  # called on the asyncio loop
-Prepare = Callable[[list[int], FinishReason | None], Ahead | None]  # (token ids, reason); None: declined
+# (token ids, reason); None or an Ahead with no text: declined (Generation.prepare says when)
+Prepare = Callable[[list[int], FinishReason | None], Ahead | None]

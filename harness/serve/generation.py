@@ -59,6 +59,7 @@ class Generation:
         self._holdback = max((len(s) for s in self.stops), default=1) - 1
         self._last_token: float | None = None
         self._done = False
+        self._later = 0  # deliveries declined by prepare() for order, not yet taken
         self.times = HttpTimes(self.http_arrival)
         self.taken: list[tuple[float, int]] = []
         # set by a stream that writes each delivery as it comes (sse.EventStream): called in place
@@ -140,11 +141,15 @@ class Generation:
         ahead of its time (core.Prepare): then only the write is left when it is due. Declined
         (None; done when it is taken) when the text is not the delivery's alone (stop strings,
         which end the request when seen; the finishing delivery; once declined for these, every
-        later one is too) or an earlier delivery is still to be decoded (one that came without an
-        offer before the stream began): the decoder takes tokens in order."""
-        if self.stops or reason is not None or self._done or not token_ids or \
-                (self._pending and any(d.ahead is None for d in self._pending)):
+        later one is too). Declined too (an Ahead with no text: decoded when taken) while an
+        earlier delivery is still to be decoded: one that came without an offer before the stream
+        began, or one declined so, whether its step is still held or it waits to be taken. The
+        decoder takes tokens in order."""
+        if self.stops or reason is not None or self._done or not token_ids:
             return None
+        if self._later or any(d.ahead is None for d in self._pending):
+            self._later += 1
+            return Ahead(None)
         text = self._decoder.add(token_ids)
         encode = self.encode
         return Ahead(text) if encode is None else encode(text)
@@ -180,7 +185,12 @@ class Generation:
         self.output_ids.extend(delivery.token_ids)
         self.cached_tokens = delivery.cached_tokens
         ahead = delivery.ahead
-        self._text += self._decoder.add(delivery.token_ids) if ahead is None else ahead.text
+        if ahead is not None and ahead.text is not None:
+            self._text += ahead.text
+        else:
+            self._text += self._decoder.add(delivery.token_ids)
+            if ahead is not None:  # declined for order (prepare)
+                self._later -= 1
         end = len(self._text) - (0 if delivery.finish_reason else self._holdback)
         hit = self._stop_hit()
         if hit is not None:

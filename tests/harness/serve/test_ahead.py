@@ -9,7 +9,7 @@ import gc
 import time
 from types import SimpleNamespace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.core.request import FinishReason
@@ -107,6 +107,9 @@ class Counting:
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(0, 99), max_size=3), st.sampled_from(["held", "now", "take"])),
                 min_size=1, max_size=14), st.integers(0, 14), st.booleans())
+# a delivery declined while an earlier one waited, still held when the stream took what waited:
+# the next step's must be declined too, or it is decoded before it
+@example(events=[([], "held")] * 5 + [([], "now"), ([0], "held"), ([0], "held")], stream_starts=7, stops=False)
 def test_text_made_ahead_is_the_text_decoded_in_order(events, stream_starts, stops):
     """Deliveries arrive in a step sent ahead (held: offered to prepare, received when due) or at
     once (now: the engine's early tokens, after every held one is out); before the stream starts
@@ -143,6 +146,33 @@ def test_text_made_ahead_is_the_text_decoded_in_order(events, stream_starts, sto
         return gen._text
 
     assert run(True) == run(False)
+
+
+def test_a_step_held_behind_a_declined_one_is_not_made_ahead():
+    """Through ServeCore: a token came without an offer (the engine's early tokens) before the
+    stream began, so the next step's delivery is declined; the stream starts while that step is
+    still held, and the step after it is offered: it must wait for the held one to be decoded."""
+
+    async def scenario():
+        core = serve_core()
+        metrics = ServerMetrics(SimpleNamespace(snapshot=CoreSnapshot()), "m")
+        gen = Generation(core, SimpleNamespace(decoder=Counting), metrics, [1], SamplingParams(max_tokens=9), [])
+        gen.submit()
+        rid = gen.request_id
+        core._on_message(("tokens", time.perf_counter(), [(rid, [5], None, 0)]))  # waits in the request
+        now = time.perf_counter()
+        core._on_message(("step", now + 0.01, [(rid, [6], None, 0)], (1, 0, 1)))  # declined, held
+        socket = Socket()
+        writer = DirectWriter(socket, gen, Events(HEAD, False, False, False))  # takes the [5]
+        core._on_message(("step", now + 0.02, [(rid, [7], None, 0)], (1, 0, 2)))
+        core._on_message(("step", now + 0.03, [(rid, [8], FinishReason.LENGTH, 0)], (0, 0, 3)))
+        await asyncio.wait_for(writer.finished, 1)
+        assert gen._text == " 5@1 6@2 7@3 8@4"
+        body = b"".join(socket.bodies)
+        assert [body.index(t) for t in (b" 6@2", b" 7@3", b" 8@4")] == sorted(body.index(t) for t in
+                                                                               (b" 6@2", b" 7@3", b" 8@4"))
+
+    asyncio.run(scenario())
 
 
 def test_a_step_made_ahead_writes_nothing_after_its_request_ended():
