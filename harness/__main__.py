@@ -9,14 +9,14 @@ Examples:
 Every way it can end badly ends with one line on stderr: a config mistake (exit 2, checked before
 Hydra composes anything where Hydra would print its search path), a failed engine process (1),
 Ctrl-C (130) or SIGTERM (143), after which the run folder is complete and marked INTERRUPTED, or
-gone (harness.run_folder).
+gone (harness.run_folder); harness.interrupts says what counts as an interrupt.
 """
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -25,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from engine.worker_loop import WorkerError
 from harness.arguments import check_arguments
 from harness.convert import ConfigError
+from harness.interrupts import Interrupts, exit_for, installed, interrupt_in, signal_of
 from harness.paths import CONF_DIR
-from harness.run_folder import Interrupted, UniqueDirs, finish_interrupted, remove_if_unused
+from harness.run_folder import UniqueDirs, finish_interrupted, remove_if_unused
 from harness.workloads import TraceError
 
 
@@ -37,25 +38,30 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         run_study(cfg, out_dir)
-    except (ConfigError, TraceError) as error:
-        # A user mistake: one line naming the field, not a traceback.
-        remove_if_unused(out_dir)
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except WorkerError as error:
-        # An engine process failed (its traceback is error.details): one line, as above.
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
+        if (interrupts := installed()) is not None:
+            interrupts.raise_swallowed()
     except KeyboardInterrupt as interrupt:
-        signum, name = _signal_of(interrupt)
-        print(f"interrupted ({name}): {finish_interrupted(out_dir, name, _planned_runs(cfg))}", file=sys.stderr)
-        raise SystemExit(128 + signum) from None
+        _stop_run(interrupt, cfg, out_dir)
+    except Exception as error:
+        if (wrapped := interrupt_in(error)) is not None:  # an interrupt CPython or a library wrapped
+            _stop_run(wrapped, cfg, out_dir)
+        if isinstance(error, (ConfigError, TraceError)):
+            # A user mistake: one line naming the field, not a traceback.
+            remove_if_unused(out_dir)
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if isinstance(error, WorkerError):
+            # An engine process failed (its traceback is error.details): one line, as above.
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(1) from None
+        raise
 
 
-def _signal_of(interrupt: KeyboardInterrupt) -> tuple[int, str]:
-    if isinstance(interrupt, Interrupted):
-        return interrupt.signum, interrupt.name
-    return int(signal.SIGINT), "SIGINT"
+def _stop_run(interrupt: KeyboardInterrupt, cfg: DictConfig, out_dir: Path) -> NoReturn:
+    """The run folder complete or gone, one line, exit 128 + signum."""
+    name = signal_of(interrupt)[1]
+    print(f"interrupted ({name}): {finish_interrupted(out_dir, name, _planned_runs(cfg))}", file=sys.stderr)
+    raise exit_for(interrupt) from None
 
 
 def _planned_runs(cfg: DictConfig) -> int | None:
@@ -64,27 +70,24 @@ def _planned_runs(cfg: DictConfig) -> int | None:
     return len(study.get("values") or []) if study.get("kind") == "sweep" else None
 
 
-def _raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(signum, signal.Signals(signum).name)
-
-
 def cli(argv: list[str]) -> None:
     """Check the command line, then hand it to Hydra; SIGTERM ends the run as Ctrl-C does."""
     if (problem := check_arguments(argv)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
+    Interrupts().install()
     # conf/config.yaml's hydra.run.dir claims its folder through this resolver (never another run's)
     folders = UniqueDirs()
     OmegaConf.register_new_resolver("unique_dir", folders, replace=True)
     try:
         main()
-    except KeyboardInterrupt as interrupt:  # before or between runs: no run folder is open
-        signum, name = _signal_of(interrupt)
+    except (KeyboardInterrupt, Exception) as error:  # before or between runs: no run folder is open
+        if (interrupt := interrupt_in(error)) is None:
+            raise
         for folder in folders.claimed:  # claimed, but the run never started in it
             remove_if_unused(folder)
-        print(f"interrupted ({name}) before a run folder was written", file=sys.stderr)
-        raise SystemExit(128 + signum) from None
+        print(f"interrupted ({signal_of(interrupt)[1]}) before a run folder was written", file=sys.stderr)
+        raise exit_for(interrupt) from None
 
 
 if __name__ == "__main__":

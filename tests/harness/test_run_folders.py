@@ -29,10 +29,16 @@ SWEEP = ["study.name=sw", "study.kind=sweep", "study.param=workload.seed", "stud
          "workload.num_requests=1500", "output.steps=none"]
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C reaches the run as it does one started at a prompt, even when these tests run with SIGINT
+    ignored (a background job of a shell without job control), which the run would inherit and keep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(cwd: Path, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MPLBACKEND": "Agg"}
     return subprocess.Popen([sys.executable, "-m", "harness", *QUICK, *overrides], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_as_from_a_terminal)
 
 
 def _wait_for(pattern: str, root: Path, timeout_s: float = 120.0) -> None:
