@@ -144,6 +144,7 @@ class ServeCore(StepPasses):
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
         if kind == "tokens":  # a step's tokens, ahead of its "step" (harness.serve.handoff)
+            # at once, past held steps: with early tokens a step carries only finishes (test_handoff pins it)
             self._pass([message])
         elif kind == "step":
             self._hold(message)

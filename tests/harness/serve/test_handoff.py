@@ -1,19 +1,25 @@
 """Overlapped steps in the server (harness.serve.handoff): a step's tokens reach the HTTP side
-while the loop is still submitting the next step, and every token is handed out exactly once."""
+while the loop is still submitting the next step, every token is handed out exactly once, and in
+order even though the HTTP side hands early tokens out at once, past any "step" message it holds."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.core import make_scheduler
 from engine.core.loop import WallClock
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from harness.serve.core_loop import CoreLoop
+from harness.serve.wire import WireProtocol, frame
 from tests.core.fakes import OverlappingFakeExecutor, _Done
 from tests.harness.serve.test_core_loop import served_config
+from tests.harness.serve.test_release import serve_core
 
 SLOW_SUBMIT_S = 0.15
 
@@ -80,6 +86,27 @@ def delivered(channel: RecordingChannel) -> dict[str, list[int]]:
     return out
 
 
+def replayed(channel: RecordingChannel, rids: list[str]) -> dict[str, list]:
+    """What each request's sink gets from a real ServeCore fed every message the core loop sent in
+    one socket read: the worst case, where every "step" is held until the next loop turn while
+    every "tokens" message behind it is handed out at once. Per request: its token ids, then its
+    finish reason."""
+
+    async def scenario():
+        core = serve_core()
+        got: dict[str, list] = {rid: [] for rid in rids}
+        for rid in rids:
+            core._sinks[rid] = lambda d, out=got[rid]: out.extend([*d.token_ids, *([d.finish_reason] * bool(
+                d.finish_reason))])
+        wire = WireProtocol(core._on_message, lambda exc: None)
+        wire.data_received(b"".join(frame(m) for _, m in channel.sent if m[0] in ("tokens", "step")))
+        while core._held or core._timer is not None:
+            await asyncio.sleep(0)
+        return got
+
+    return asyncio.run(scenario())
+
+
 def request(rid: str, prompt: int, max_tokens: int, ignore_eos: bool = True) -> Request:
     return Request(rid, [5 + (i + len(rid)) % 900 for i in range(prompt)],
                    SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos))
@@ -133,3 +160,48 @@ def test_the_engines_overlapped_steps_hand_out_their_tokens_early(tiny_checkpoin
     assert outputs == delivered(channel) and [len(outputs[r.request_id]) for r in requests] == [4, 5, 6]
     early = sum(len(ids) for _, m in channel.sent if m[0] == "tokens" for _, ids, *_ in m[2])
     assert early == sum(map(len, outputs.values()))  # every token went out through the sender
+    reasons = {r.request_id: r.finish_reason for r in result.requests}
+    assert replayed(channel, list(outputs)) == {rid: [*ids, reasons[rid]] for rid, ids in outputs.items()}
+
+
+class SampledExecutor(OverlappingFakeExecutor):
+    """The overlapping fake whose pending steps give their sampled ids ahead (EarlyTokens)."""
+
+    def _queue(self, plan):
+        return _Sampled(super()._queue(plan)._result)
+
+
+def test_a_requests_tokens_never_pass_each_other():
+    """ServeCore hands a "tokens" message out at once, past a "step" message it still holds: safe
+    because with the sender a step message carries no token ids, only finish reasons, and a request
+    finished there is in no later "tokens" message (handoff's rule is update's). A small cache
+    preempts requests with a token pending; EOS stops leave a step already planned."""
+    rc = served_config(["backend=sim", "model=qwen3-8b", "hardware=h100"])  # once: composing takes a while
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(st.tuples(st.integers(1, 120), st.integers(1, 24), st.booleans()), min_size=1, max_size=6),
+           st.sampled_from([0, 3, 7]), st.integers(10, 40), st.lists(st.integers(0, 3), min_size=6, max_size=6))
+    def check(shapes, eos_every, num_blocks, gaps):
+        requests = [request(f"r{i}", prompt, max_tokens, ignore_eos) for i, (prompt, max_tokens, ignore_eos)
+                    in enumerate(shapes)]
+        executor = SampledExecutor(num_blocks, 16, eos_token_id=7 if eos_every else None, eos_every=eos_every)
+        scheduler = make_scheduler(rc.scheduler, executor.info(), rc.cache)
+        clock = WallClock()
+        script: list[list] = []
+        for r, gap in zip(requests, gaps):  # each arrives a few loop turns after the one before
+            script += [[]] * gap + [[("add", r, clock.origin)]]
+        channel = RecordingChannel(script)
+        result = CoreLoop(scheduler, executor, clock, channel, early_tokens=True).run()  # type: ignore[arg-type]
+        outputs = {r.request_id: r.output_token_ids for r in result.requests}
+        assert sorted(outputs) == sorted(r.request_id for r in requests)
+        finished: set[str] = set()
+        for _, message in channel.sent:
+            if message[0] == "step":
+                assert all(not ids for _, ids, _, _ in message[2]), "a held step carries tokens"
+                finished |= {rid for rid, _, reason, _ in message[2] if reason is not None}
+            elif message[0] == "tokens":
+                assert not finished & {rid for rid, *_ in message[2]}, "tokens after their request's finish"
+        reasons = {r.request_id: r.finish_reason for r in result.requests}
+        assert replayed(channel, list(outputs)) == {rid: [*ids, reasons[rid]] for rid, ids in outputs.items()}
+
+    check()
