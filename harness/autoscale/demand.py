@@ -105,14 +105,13 @@ class MissSizing:
     (Demand.needed) when that is more than the fleet holds; otherwise the fleet is big enough and
     the miss is the backlog queued on the serving replicas, which drains on them without help (a
     new replica takes only a share of the arrivals, never the queue). One more replica only once the
-    miss has lasted past the backlog's drain time (drain_s) plus the policy's window (a P90 over
-    finished requests keeps the waits of the drain for window_s after it): a miss that outlasts
-    that is one the measured capacity does not explain. The drain time is estimated when a miss
-    begins and again whenever the fleet's serving or starting count changes; a met SLO ends it."""
+    miss has lasted past the backlog's drain time (drain_s, estimated when the miss begins and again
+    whenever the fleet's serving or starting count changes): a miss that outlasts the drain is one
+    the measured capacity does not explain, and a miss without a backlog adds one at once. A met
+    SLO ends the miss."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self) -> None:
         self.demand = Demand()
-        self.window_s = window_s
         self.deadline: float | None = None
         self.fleet: tuple[int, int] | None = None  # (serving, starting) the deadline was set for
 
@@ -130,7 +129,7 @@ class MissSizing:
         fleet = (len(signal.serving), signal.starting)
         if self.deadline is None or fleet != self.fleet:
             drain = drain_s(signal, capacity)  # inf: the queue never drains, a reason to add now
-            self.deadline = signal.now + drain + self.window_s if math.isfinite(drain) else signal.now
+            self.deadline = signal.now + drain if math.isfinite(drain) else signal.now
             self.fleet = fleet
         return current + 1 if signal.now >= self.deadline else current
 

@@ -106,24 +106,22 @@ class SLOFeedback(RegisteredPolicy):
     plus the time queues keep the serving ones busy, when that is more than the fleet holds (a
     settled fleet decides once per start-up, so one replica a decision would serve a surge that
     needs several one start-up at a time); otherwise none while the backlog drains on the replicas
-    it has, and one more once the miss outlasts that drain (and the window); one more a decision
-    until the demand is measured."""
+    it has, and one more once the miss outlasts that drain; one more a decision until the demand
+    is measured."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
         bound = slo.ttft_p90_s if config.slo_metric == "ttft" else slo.tpot_p90_s
         assert bound is not None, "build_autoscale checks the SLO a policy needs"
-        return cls(config.slo_metric, bound, slo.percentile, config.slo_target, config.slo_scale_down_below,
-                   config.window_s)
+        return cls(config.slo_metric, bound, slo.percentile, config.slo_target, config.slo_scale_down_below)
 
-    def __init__(self, metric: str, bound_s: float, percentile: float, target: float, down_below: float,
-                 window_s: float) -> None:
+    def __init__(self, metric: str, bound_s: float, percentile: float, target: float, down_below: float) -> None:
         self.metric = metric
         self.bound_s = bound_s
         self.percentile = percentile
         self.target = target
         self.down_below = down_below
-        self.sizing = MissSizing(window_s)
+        self.sizing = MissSizing()
 
     def desired(self, signal: FleetSignal) -> int:
         self.sizing.demand.observe(signal)

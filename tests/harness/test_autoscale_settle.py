@@ -1,8 +1,7 @@
 """Settling (autoscale.settle, engine.core.elastic_states.Scaling.settle): one surge starts the
-replicas it needs, not one more per evaluation while they start. Without it, a policy's evidence
-(the P90, the queue) cannot show capacity that does not serve yet; the slo policy, which once asked
-again at every evaluation until its first new replica served, now holds while the backlog drains
-on the fleet it has (harness.autoscale.demand.MissSizing), settled or not."""
+replicas it needs, not one more per evaluation while they start. Without it, the slo policy asks
+again at every evaluation until its first new replica serves (its evidence cannot show capacity
+that does not serve yet) and the fleet runs to max_replicas."""
 
 from __future__ import annotations
 
@@ -41,10 +40,8 @@ def _started_while_starting(elastic) -> list[float]:
 def test_one_surge_does_not_start_a_replica_per_evaluation():
     settled, unsettled = _run("slo", 80.0, 120.0, True), _run("slo", 80.0, 120.0, False)
     started = [sum(len(e.replicas) for e in r.events if e.direction == "up") for r in (settled, unsettled)]
+    assert started[1] >= 6 and _started_while_starting(unsettled)  # the overshoot, one per evaluation
     assert 1 <= started[0] <= 3 and not _started_while_starting(settled)
-    # unsettled, the queue behind the P90 drains on the replicas serving and starting: no more starts
-    # (the rule that keeps a drain from adding replicas; before it, 9 started, one per evaluation)
-    assert 1 <= started[1] <= 3 and not _started_while_starting(unsettled)
 
 
 @pytest.mark.slow
