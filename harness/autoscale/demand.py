@@ -100,6 +100,52 @@ class Demand:
         return busy
 
 
+class MissSizing:
+    """How many replicas the slo policy asks for while the SLO is missed: what the demand needs
+    (Demand.needed) when that is more than the fleet holds; otherwise the fleet is big enough and
+    the miss is the backlog queued on the serving replicas, which drains on them without help (a
+    new replica takes only a share of the arrivals, never the queue). One more replica only once the
+    miss has lasted past the backlog's drain time (drain_s, estimated when the miss begins and again
+    whenever the fleet's serving or starting count changes): a miss that outlasts the drain is one
+    the measured capacity does not explain, and a miss without a backlog adds one at once. A met
+    SLO ends the miss."""
+
+    def __init__(self) -> None:
+        self.demand = Demand()
+        self.deadline: float | None = None
+        self.fleet: tuple[int, int] | None = None  # (serving, starting) the deadline was set for
+
+    def met(self) -> None:
+        self.deadline = self.fleet = None
+
+    def missed(self, signal: FleetSignal) -> int:
+        current = len(signal.serving) + signal.starting
+        needed = self.demand.needed(signal)
+        capacity = self.demand.capacity(signal)
+        if needed is None or capacity is None:
+            return current + 1
+        if needed > current:
+            return needed
+        fleet = (len(signal.serving), signal.starting)
+        if self.deadline is None or fleet != self.fleet:
+            drain = drain_s(signal, capacity)  # inf: the queue never drains, a reason to add now
+            self.deadline = signal.now + drain if math.isfinite(drain) else signal.now
+            self.fleet = fleet
+        return current + 1 if signal.now >= self.deadline else current
+
+
+def drain_s(signal: FleetSignal, capacity: float) -> float:
+    """Seconds until the longest queue on a serving replica is served: each serves `capacity` req/s
+    and takes its share of the arrivals, shared over the fleet as it will be (the replicas starting
+    included); inf where a share is not below the capacity (the queue grows)."""
+    backlog = max((r.backlog for r in signal.serving), default=0)
+    if backlog == 0:
+        return 0.0
+    current = len(signal.serving) + signal.starting
+    spare = capacity - (signal.arrival_rate or 0.0) / current
+    return backlog / spare if spare > 0 else math.inf
+
+
 def _request_tokens(signal: FleetSignal) -> float | None:
     """A request's prompt and output tokens (the arrivals' mean prompt, the finished requests' mean output)."""
     if signal.prompt_tokens is None or signal.output_tokens is None:

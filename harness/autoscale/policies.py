@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.core.elastic import FleetSignal, ScalingPolicy
 from engine.core.registry import Registry
-from harness.autoscale.demand import Demand
+from harness.autoscale.demand import Demand, MissSizing
 
 if TYPE_CHECKING:  # the config module imports this one (to check autoscale.policy)
     from harness.autoscale.config import SLO, AutoscaleConfig
@@ -101,11 +101,13 @@ class Queue(RegisteredPolicy):
 @AUTOSCALE_POLICIES.register("slo")
 class SLOFeedback(RegisteredPolicy):
     """The window's P90 TTFT (requests still waiting count with their age so far) or TPOT against the
-    SLO: more replicas above target x SLO, one fewer below scale_down_below x SLO. How many more:
-    at least one, and as many as serve the arrival rate at a replica's capacity plus the time
-    queues keep the serving ones busy (harness.autoscale.demand) when that is measured: a settled
-    fleet decides once per start-up, so one
-    replica a decision would serve a surge that needs several one start-up at a time."""
+    SLO: more replicas above target x SLO, one fewer below scale_down_below x SLO. How many more
+    (harness.autoscale.demand.MissSizing): as many as serve the arrival rate at a replica's capacity
+    plus the time queues keep the serving ones busy, when that is more than the fleet holds (a
+    settled fleet decides once per start-up, so one replica a decision would serve a surge that
+    needs several one start-up at a time); otherwise none while the backlog drains on the replicas
+    it has, and one more once the miss outlasts that drain; one more a decision until the demand
+    is measured."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -119,18 +121,18 @@ class SLOFeedback(RegisteredPolicy):
         self.percentile = percentile
         self.target = target
         self.down_below = down_below
-        self.demand = Demand()
+        self.sizing = MissSizing()
 
     def desired(self, signal: FleetSignal) -> int:
-        self.demand.observe(signal)
+        self.sizing.demand.observe(signal)
         values = signal.ttfts + signal.waiting_ages if self.metric == "ttft" else signal.tpots
         current = _current(signal)
         if not values:
             return current - 1 if not any(r.running or r.waiting for r in signal.serving) else current
         observed = float(np.percentile(values, self.percentile))
         if observed > self.target * self.bound_s:
-            needed = self.demand.needed(signal)
-            return current + 1 if needed is None else max(needed, current + 1)
+            return self.sizing.missed(signal)
+        self.sizing.met()
         if observed < self.down_below * self.bound_s:
             return current - 1
         return current
