@@ -7,7 +7,7 @@ predicts rows it was not fitted to. For a grid recorded with per-step counts
         --model qwen3-30b-a3b --moe-routing-skew 0.379 --out experiments/fidelity/h100_30b_r2/locality
 
 Writes locality.json (the locality the protocol would fit, and the one fitted to single-sequence
-rows alone) and residuals.csv (every row: measured count, the independent expectation, the
+rows alone) and residuals.csv.gz (every row: measured count, the independent expectation, the
 locality model's, and a power law n_eff = n^gamma's, as relative errors), and prints the absolute
 relative errors (median / P90 / max) per group of rows:
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             single_fit_err=[held.distinct(s) for s in steps] / measured - 1)
         table["local_err"] = table["local"] / measured - 1
         args.out.mkdir(parents=True, exist_ok=True)
-        table.drop(columns="steps").to_csv(args.out / "residuals.csv", index=False)
+        table.drop(columns="steps").to_csv(args.out / "residuals.csv.gz", index=False)
         result = {"moe_routing_locality": locality, "fitted_rows": len(rows),
                   "locality_single_sequence_rows": locality_single, "single_sequence_rows": len(single),
                   "power_law_gamma": gamma, "moe_routing_skew": skew}
