@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-handshake", action="store_true", help="price the link alone (the call's own pricing)")
     parser.add_argument("--queue-behind-step", type=int, choices=(0, 1), default=None,
                         help="fleet.transfer.queue_behind_step (default: its default)")
-    parser.add_argument("--label", default="profiled")
+    parser.add_argument("--label", default=None, help="resim_<label>.csv (default: handshake, or profiled "
+                        "with --no-handshake)")
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--run", default=str(HERE), help="the call's folder (runs.csv, settings.json)")
     args = parser.parse_args(argv)
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(out)
         print(row.workload, row.load, " ".join(f"{m} {out[m + '_err_pct']:+.1f}" for m in METRICS), flush=True)
     print(f"{within} of {compared} comparisons within target ({', '.join(TARGETS)})")
-    pd.DataFrame(rows).to_csv(run / f"resim_{args.label}.csv", index=False)
+    label = args.label or ("profiled" if args.no_handshake else "handshake")
+    pd.DataFrame(rows).to_csv(run / f"resim_{label}.csv", index=False)
 
 
 if __name__ == "__main__":
