@@ -11,21 +11,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 
 
 def test_nccl_moves_kv_and_tokens_match_the_single_engine(tiny_qwen3_dir):
-    from engine import LLM
     from engine.config import EngineConfig
-    from tests.engine.test_disagg_engine import SCHEDULER, _requests, serve_1p1d
+    from tests.engine.test_disagg_engine import _requests, aggregated_tokens, serve_1p1d
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cuda", dtype="float32")
     result = serve_1p1d(config, _requests())
-    llm = LLM(tiny_qwen3_dir, device="cuda", dtype="float32", max_model_len=SCHEDULER.max_model_len)
-    try:
-        reference = _requests()
-        outputs = llm.generate([r.prompt_token_ids for r in reference], [r.sampling_params for r in reference],
-                               use_tqdm=False)
-    finally:
-        llm.executor.shutdown()
-    assert {r.request_id: r.output_token_ids for r in result.requests} == {
-        f"r{i}": out.token_ids for i, out in enumerate(outputs)}
+    assert {r.request_id: r.output_token_ids for r in result.requests} == \
+        aggregated_tokens(tiny_qwen3_dir, _requests(), 1, "cuda")
     assert all(t.transfer_s > 0 for t in result.transfers.values() if t.decode >= 0)
 
 
@@ -76,22 +68,13 @@ def test_tp2_pools_move_each_ranks_shard_over_nccl_and_tokens_match_a_tp2_engine
     decode replica (engine.kv_link.WorkerShards); greedy float32 tokens equal a TP 2 engine's."""
     from dataclasses import replace
 
-    from engine import LLM
     from engine.config import EngineConfig
     from engine.core.config import ExecutionConfig
-    from tests.engine.test_disagg_engine import SCHEDULER, _requests, serve_1p1d
+    from tests.engine.test_disagg_engine import _requests, aggregated_tokens, serve_1p1d
 
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cuda", dtype="float32")
     config = replace(config, execution=ExecutionConfig(tensor_parallel_size=2))
     result = serve_1p1d(config, _requests())
-    llm = LLM(tiny_qwen3_dir, device="cuda", dtype="float32", max_model_len=SCHEDULER.max_model_len,
-              tensor_parallel_size=2)
-    try:
-        reference = _requests()
-        outputs = llm.generate([r.prompt_token_ids for r in reference], [r.sampling_params for r in reference],
-                               use_tqdm=False)
-    finally:
-        llm.shutdown()
-    assert {r.request_id: r.output_token_ids for r in result.requests} == {
-        f"r{i}": out.token_ids for i, out in enumerate(outputs)}
+    assert {r.request_id: r.output_token_ids for r in result.requests} == \
+        aggregated_tokens(tiny_qwen3_dir, _requests(), 2, "cuda")
     assert all(t.transfer_s > 0 for t in result.transfers.values() if t.decode >= 0)
