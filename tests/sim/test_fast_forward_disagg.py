@@ -62,13 +62,19 @@ def test_fast_forward_matches_step_by_step_in_a_disaggregated_fleet(policy, over
 
         prefill, decode = pool(PrefillReplica, p, 64), pool(DecodeReplica, d, decode_blocks)
         assert all(r.runner is not None and r.runner.fast_forwards() == fast for r in decode)
-        routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
-        with _deadline(60):
-            result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
-                                       LinearPricer(1e-3, 1e-5), handshake=handshake, queue_behind_step=queue)
-        moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
-        return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
+        return _served(prefill, decode, seed, n, LinearPricer(1e-3, 1e-5), handshake, queue)
     assert serve(True) == serve(False)
+
+
+def _served(prefill, decode, seed: int, n: int, pricer, handshake: bool, queue: bool):
+    """The fleet served to its end (a hang fails after 60 s): every replica's tables, each
+    request's move (decode replica, start, time) and the most requests blocked at once."""
+    routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
+    with _deadline(60):
+        result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers, pricer,
+                                   handshake=handshake, queue_behind_step=queue)
+    moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
+    return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
 
 
 def _ring_bound(fast: bool, policy: str, overlap: bool, seed: int, n: int, p: int, handshake: bool, queue: bool):
@@ -81,12 +87,7 @@ def _ring_bound(fast: bool, policy: str, overlap: bool, seed: int, n: int, p: in
         return [kind(i, make_scheduler(config, e.info()), e, SimulatedClock()) for i, e in enumerate(executors)]
 
     prefill, decode = pool(PrefillReplica, p), pool(DecodeReplica, 1)
-    routers = [ROUTER_REGISTRY.get("round_robin")() for _ in range(2)]
-    with _deadline(60):
-        result = run_disaggregated(prefill, decode, _requests(seed, n, 60, False), *routers,
-                                   LinearPricer(2e-3, 2e-3), handshake=handshake, queue_behind_step=queue)
-    moves = {rid: (t.decode, t.start_s, t.transfer_s) for rid, t in result.transfers.items()}
-    return [_tables(r.result) for r in [*prefill, *decode]], moves, result.max_blocked
+    return _served(prefill, decode, seed, n, LinearPricer(2e-3, 2e-3), handshake, queue)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
