@@ -15,6 +15,12 @@ classes updates the committed tables in place:
 
     python experiments/fidelity/merge.py experiments/fidelity/heldout.csv <the call's heldout.csv>
 
+Where a call priced a cell at the host that served it (rows profiled_host of fidelity.price_serving_host,
+or resimulate.py --host-scales rows profiled_run_host), that prediction is the cell's "profiled" row
+and the prediction at the profile's host stays beside it as profiled_grid_host; columns host_scale and
+host_measured say which (harness.fidelity.report.at_measured_host). The coverage, the conformal
+margins and the targets read the "profiled" rows.
+
 A call that serves committed cells again, to measure them on another machine, is pooled instead:
 every call's repeats count, and engine_spread says how far the calls' means lie apart
 (harness.fidelity.report.pool):
@@ -30,7 +36,16 @@ from pathlib import Path
 import pandas as pd
 
 from harness.fidelity.conformal import margins
-from harness.fidelity.report import LOAD_METRICS, coverage_table, merge, plot_coverage, plot_heldout, pool, target_table
+from harness.fidelity.report import (
+    LOAD_METRICS,
+    at_measured_host,
+    coverage_table,
+    merge,
+    plot_coverage,
+    plot_heldout,
+    pool,
+    target_table,
+)
 from harness.fidelity.schedules import merge_schedules
 from harness.scripting import one_line_errors
 
@@ -59,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
-        table = merge([pd.read_csv(path) for path in args.tables])
+        table = at_measured_host(merge([pd.read_csv(path) for path in args.tables]))
         if args.pool:
-            table = pool([table, *(pd.read_csv(path) for path in args.pool)])
+            table = at_measured_host(pool([table, *(at_measured_host(pd.read_csv(path)) for path in args.pool)]))
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "heldout.csv", index=False)
         for (model, hardware), part in table.groupby(["model", "hardware"]):

@@ -39,7 +39,7 @@ from harness.compare.study import sim_run_config
 from harness.convert import ConfigError
 from harness.fidelity import classes
 from harness.fidelity.interval import simulate_with_interval
-from harness.fidelity.report import holds, rel_error
+from harness.fidelity.report import HOST_COLUMNS, holds, rel_error
 from harness.run import run_once
 from harness.scripting import compose_run_config, one_line_errors
 from sim.interval import IntervalConfig
@@ -75,8 +75,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                 "moe_routing_skew": moe_routing_skew, "moe_routing_locality": moe_routing_locality,
                 "moe_routing_shared_prefix": moe_routing_shared_prefix}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
-        summaries = []
-        for scale, jitter in (host_scales or {}).get((str(workload), str(load)), [(host_scale, 0.0)]):
+        summaries, hosts = [], (host_scales or {}).get((str(workload), str(load)), [(host_scale, 0.0)])
+        for scale, jitter in hosts:
             scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
                                                                          host_scale=scale, host_jitter=jitter))
             with warnings.catch_warnings():
@@ -89,13 +89,17 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         def mean(key: str) -> float:
             return float(np.mean([float(s.get(key, np.nan)) for s in summaries]))
 
+        # the host the cell was priced at, where not the profile's (harness.fidelity.report.at_measured_host)
+        host = {"host_scale": float(np.mean([scale for scale, _ in hosts]))} if host_scales or host_scale != 1 else {}
+
         for _, row in part.iterrows():
             metric, engine = row["metric"], row["engine"]
             sim = mean(metric)
             lo, hi = mean(f"{metric}_lo"), mean(f"{metric}_hi")
             inside = holds(lo, hi, engine)
-            rows.append({**row.to_dict(), "sim": sim, "err": rel_error(sim, engine), "cost_model": label,
-                         "sim_lo": lo, "sim_hi": hi, "in_interval": inside})
+            given = {k: v for k, v in row.to_dict().items() if k not in HOST_COLUMNS}  # the table's host, not ours
+            rows.append({**given, "sim": sim, "err": rel_error(sim, engine), "cost_model": label,
+                         "sim_lo": lo, "sim_hi": hi, "in_interval": inside, **host})
     return pd.DataFrame(rows)
 
 

@@ -14,8 +14,15 @@ LOAD_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50
 OFFLINE_METRICS = ("request_s", "output_tok_s", "ttft_p50_s", "tpot_p50_s")
 COUNTED_METRICS = ("preemptions",)  # a run's count, beside every cell's latencies
 PLOTTED = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+# The profiled model priced at the speed of the host that served the cell, read off its engine runs'
+# decode graph launches (harness.fidelity.serving_host; resimulate.py --host-scales names such rows
+# profiled_run_host). Where a cell has one, it is the cell's "profiled" prediction and the prediction
+# at the profile's host is kept beside it as GRID_HOST (at_measured_host).
+MEASURED_HOST = ("profiled_host", "profiled_run_host")
+GRID_HOST = "profiled_grid_host"
+HOST_COLUMNS = ("host_scale", "host_measured")
 # each cost model's line; "carried" is a profiled model fitted on another GPU (harness.fidelity.study)
-LINE_STYLES = {"profiled": "-", "roofline": ":", "carried": "--"}
+LINE_STYLES = {"profiled": "-", "roofline": ":", "carried": "--", GRID_HOST: "-."}
 READABLE = {"ttft_p50_s": "TTFT P50", "ttft_p90_s": "TTFT P90", "tpot_p50_s": "TPOT P50", "tpot_p90_s": "TPOT P90",
             "e2e_p50_s": "E2E P50", "e2e_p90_s": "E2E P90", "request_s": "throughput (req/s)",
             "output_tok_s": "output throughput (tok/s)", "preemptions": "preemptions"}
@@ -46,7 +53,8 @@ def cell_rows(rc, workload: str, load: str, rate: float, engine_runs: list[dict]
                          "metric": metric, "engine": engine, "sim": float(summary[metric]),
                          "err": rel_error(float(summary[metric]), engine), "cost_model": cost_model,
                          "engine_spread": engine_spread(values), "sim_lo": lo, "sim_hi": hi, "in_interval": inside,
-                         "rate_req_s": rate, "engine_repeats": len(values)})
+                         "rate_req_s": rate, "engine_repeats": len(values),
+                         **{k: float(summary[k]) for k in ("host_scale", "host_jitter") if k in summary}})
     return rows
 
 
@@ -78,7 +86,7 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> bool:
         part = online[online["workload"] == workload]
         for i, metric in enumerate(PLOTTED):
             rows = part[part["metric"] == metric]
-            for cost_model in (*COST_MODELS.names(), "carried"):
+            for cost_model in (*COST_MODELS.names(), "carried", GRID_HOST):
                 line = rows[rows["cost_model"] == cost_model].sort_values("load_x")
                 if len(line):
                     ax.plot(line["load_x"], 100 * line["err"], LINE_STYLES.get(cost_model, "-."), marker="o",
@@ -107,6 +115,32 @@ def merge(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return merged.drop_duplicates(CELL_KEYS, keep="last")
 
 
+def at_measured_host(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with each cell's profiled prediction at the serving host where its call measured it
+    (MEASURED_HOST rows become "profiled"; the cell's prediction at the profile's host is kept as
+    GRID_HOST), and two columns: host_scale, the host speed a row was priced at (1: the profile's
+    host, as every row of a cell without a measured host and every roofline row, which has no host
+    parts), and host_measured. A GRID_HOST row whose cell's profiled row is not at a measured host
+    (a later call replaced it) is dropped. Idempotent."""
+    keys = [k for k in CELL_KEYS if k != "cost_model"]
+    table = table.reset_index(drop=True)
+    measured = table["cost_model"].isin(MEASURED_HOST).to_numpy()
+    if measured.any() and ("host_scale" not in table or table.loc[measured, "host_scale"].isna().any()):
+        raise ValueError("a measured-host row (cost_model profiled_host or profiled_run_host) has no host_scale")
+    cells = pd.MultiIndex.from_frame(table[keys].astype(str))
+    moved = measured | (table["host_measured"].fillna(False).astype(bool).to_numpy()
+                        if "host_measured" in table else False)
+    at_host = cells.isin(cells[moved])
+    out = table.copy()
+    out.loc[(out["cost_model"] == "profiled").to_numpy() & at_host & ~moved, "cost_model"] = GRID_HOST
+    out.loc[measured, "cost_model"] = "profiled"
+    scale = out["host_scale"] if "host_scale" in out else pd.Series(np.nan, index=out.index)
+    out["host_scale"] = scale.where(moved, 1.0).astype(float)
+    out["host_measured"] = moved
+    kept = out[(out["cost_model"] != GRID_HOST).to_numpy() | at_host]
+    return kept.drop_duplicates(CELL_KEYS, keep="last").reset_index(drop=True)  # a later call's GRID_HOST row
+
+
 def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
     """Held-out tables whose calls served the same cells (other machines, other leases) as one
     table of every call's repeats: engine is the mean over all repeats, engine_repeats their
@@ -131,6 +165,11 @@ def pool(tables: list[pd.DataFrame]) -> pd.DataFrame:
                        err=rel_error(sim, engine), sim_lo=lo, sim_hi=hi, rate_req_s=float(np.average(
                            cell["rate_req_s"].to_numpy(dtype=float), weights=weights)))
             row["in_interval"] = holds(lo, hi, engine)
+            if "host_scale" in cell:  # the hosts priced, with the same weights; measured only if every call's was
+                hosts = cell["host_scale"].fillna(1.0).to_numpy(dtype=float)
+                row["host_scale"] = float(np.average(hosts, weights=weights))
+                measured = cell["host_measured"] if "host_measured" in cell else pd.Series(False, index=cell.index)
+                row["host_measured"] = bool(measured.fillna(False).astype(bool).all())
         rows.append(row)
     return pd.DataFrame(rows, columns=table.columns)
 

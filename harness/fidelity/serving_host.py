@@ -1,5 +1,6 @@
-"""The held-out protocol's "profiled_host" rows (fidelity.price_serving_host): the profiled model
-with its host parts priced for the machine that served the cell (sim.host_speed).
+"""The held-out protocol's "profiled_host" rows (fidelity.price_serving_host, on by default): the
+profiled model with its host parts priced for the machine that served the cell (sim.host_speed). The
+table makes them the cell's "profiled" rows (harness.fidelity.report.at_measured_host).
 
 The grid profile's launches were measured on the host that ran the grid; the cell's engine runs
 record every step's launches on the serving host, whose speed the protocol reads off their decode
@@ -21,12 +22,13 @@ import numpy as np
 from harness.compare.study import sim_run_config
 from harness.config import RunConfig
 from harness.fidelity.interval import simulate_with_interval
+from harness.fidelity.report import MEASURED_HOST
 from harness.run import RunOutcome
 from sim.host_speed import measured_host_jitter, measured_host_scale
 from sim.interval import IntervalConfig
 from sim.profiled import ProfiledCostModel
 
-LABEL = "profiled_host"
+LABEL = MEASURED_HOST[0]
 
 
 def host_scales(engine_runs: list[RunOutcome], profile_path: str) -> list[tuple[float, float]] | None:

@@ -44,7 +44,14 @@ from harness.convert import ConfigError, to_dataclass
 from harness.fidelity import classes
 from harness.fidelity.calibrate import calibrated_model
 from harness.fidelity.interval import simulate_with_interval
-from harness.fidelity.report import COUNTED_METRICS, LOAD_METRICS, OFFLINE_METRICS, cell_rows, plot_heldout
+from harness.fidelity.report import (
+    COUNTED_METRICS,
+    LOAD_METRICS,
+    OFFLINE_METRICS,
+    at_measured_host,
+    cell_rows,
+    plot_heldout,
+)
 from harness.fidelity.schedules import schedule_rows, schedules_frame
 from harness.run import RunOutcome, make_executor, run_once
 from harness.shared_executor import KeepAlive
@@ -84,7 +91,9 @@ class FidelityConfig:
     # sequences over one cached prefix priced as one routing sequence (sim.features.routing_sequences);
     # None: decided on the grid's shared-prefix rows where it has per-step counts, else false
     moe_routing_shared_prefix: bool | None = None
-    price_serving_host: bool = False  # rows "profiled_host": the serving host's speed (harness.fidelity.serving_host)
+    # the profiled rows priced at the speed of the host that served each cell, where its runs' decode graph
+    # launches measure it (harness.fidelity.serving_host; the profile's host beside them as profiled_grid_host)
+    price_serving_host: bool = True
 
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
@@ -276,7 +285,7 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
 def _save(rows: list[dict], schedules: list[dict], results: Path) -> pd.DataFrame:
     """heldout.csv and schedules.csv of the cells served so far: a call cut short (a device's time
     limit, Ctrl-C) keeps every finished cell."""
-    table = pd.DataFrame(rows)
+    table = at_measured_host(pd.DataFrame(rows))
     table.to_csv(results / "heldout.csv", index=False)
     schedules_frame(schedules).to_csv(results / "schedules.csv", index=False)
     return table

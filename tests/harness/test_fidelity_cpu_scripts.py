@@ -112,3 +112,19 @@ def test_refit_profile_at_a_locality_needs_the_model_and_fit_locality_a_grid_wit
     pd.DataFrame({"set": ["grid"], "duration_s": [0.01]}).to_csv(bare, index=False)
     assert fit([str(bare), "--model", "qwen3-30b-a3b", "--moe-routing-skew", "0", "--out", str(tmp_path)]) != 0
     assert "moe_expected_experts" in capsys.readouterr().err
+
+
+def test_resimulated_rows_carry_the_host_they_were_priced_at_and_never_the_tables(tmp_path):
+    """--host-scales: each cell's host_scale is the mean of its repeats' hosts (the table's own host
+    columns are not copied into the new rows); without it, no host_scale column."""
+    from experiments.fidelity.resimulate import resimulate as rerun
+
+    cell = {"model": "qwen3-0.6b", "hardware": "H100-SXM5-80GB", "workload": "decode_heavy", "load": "offline",
+            "metric": "ttft_p50_s", "engine": 0.05, "cost_model": "profiled", "rate_req_s": float("nan"),
+            "host_scale": 9.0, "host_measured": True}
+    table = pd.DataFrame([cell])
+    args = (table, "experiments/fidelity/h100_leakfree/profile_model.csv", "x", ["model=qwen3-0.6b", "hardware=h100",
+                                                                                 "backend=sim"], 2422, 3, None)
+    hosted = rerun(*args, host_scales={("decode_heavy", "offline"): [(1.5, 0.0), (2.0, 0.0)]})
+    assert hosted["host_scale"].tolist() == [1.75] and "host_measured" not in hosted
+    assert "host_scale" not in rerun(*args)
