@@ -2,7 +2,8 @@
 values: which uniform or per-kind price change would bring a class's cells in, when no step
 replays came back. Each variant: all=F (every step x F), prefill=F (prefill steps), decode=F,
 added=S (S seconds more a step), or <part>:<regime>=F (that host fit of the profile, e.g.
-launch:prefill=1.3, the eager prefill's launches). A variant fitted on a held-out call's own
+launch:prefill=1.3, the eager prefill's launches), or knot:<regime>@<size>=F (one knot of a fit, e.g.
+knot:decode_graph@4=0.875, the decode graph of batch 4). A variant fitted on a held-out call's own
 engine values is a diagnosis, never a model. No GPU needed.
 
     python -m experiments.fidelity.price_sensitivity experiments/fidelity/code_completion_h200/qwen3-8b/heldout.csv \
@@ -31,6 +32,7 @@ from sim.profiled import HOST_PARTS
 
 OFFLINE = ("request_s", "ttft_p50_s", "tpot_p50_s")
 STEP_KINDS = {"all": (1, 1), "prefill": (1, 0), "decode": (0, 1)}
+KNOT = "knot:"  # one knot of a fit: knot:<regime>@<size>
 
 
 def parse_variant(text: str) -> tuple[tuple[float, float, float], tuple[str, float] | None]:
@@ -49,18 +51,32 @@ def parse_variant(text: str) -> tuple[tuple[float, float, float], tuple[str, flo
         return (1.0, 1.0, number), None
     if name.partition(":")[0] in HOST_PARTS:
         return (1.0, 1.0, 0.0), (name, number)
+    if name.startswith(KNOT):
+        _, at, size = name.partition("@")
+        try:
+            float(size)
+        except ValueError:
+            at = ""
+        if not at:
+            raise ConfigError(f"--variants: expected {KNOT}<regime>@<size>=NUMBER, got {text!r}")
+        return (1.0, 1.0, 0.0), (name, number)
     raise ConfigError(f"--variants: unknown {name!r}; known: {', '.join(STEP_KINDS)}, added, "
-                      f"{', '.join(p + ':<regime>' for p in HOST_PARTS)}")
+                      f"{', '.join(p + ':<regime>' for p in HOST_PARTS)}, {KNOT}<regime>@<size>")
 
 
 def scaled_profile(profile: Path, regime: str, factor: float, folder: Path) -> Path:
-    """A copy of the profile with one host fit's knots and coefficients scaled by factor."""
+    """A copy of the profile with one fit's knots and coefficients scaled by factor (knot:<regime>@<size>:
+    that knot alone)."""
     table = pd.read_csv(profile)
-    rows = (table["regime"] == regime) & table["kind"].isin(["knot", "linear"])
+    if regime.startswith(KNOT):
+        name, _, size = regime.removeprefix(KNOT).partition("@")
+        rows = (table["regime"] == name) & (table["kind"] == "knot") & (table["x"] == float(size))
+    else:
+        rows = (table["regime"] == regime) & table["kind"].isin(["knot", "linear"])
     if not rows.any():
         raise ConfigError(f"--variants: the profile has no fit {regime!r}")
     table.loc[rows, "value"] *= factor
-    path = folder / f"{regime.replace(':', '_')}_x{factor}.csv"
+    path = folder / f"{regime.replace(':', '_').replace('@', '_')}_x{factor}.csv"
     table.to_csv(path, index=False)
     return path
 
