@@ -23,7 +23,9 @@ from harness.compare.study import sim_run_config
 from harness.config import RunConfig
 from harness.fidelity.interval import simulate_with_interval
 from harness.fidelity.report import MEASURED_HOST
+from harness.fidelity.steps import expected_experts, with_moe_experts
 from harness.run import RunOutcome
+from sim.features import DistinctExperts
 from sim.host_speed import measured_host_jitter, measured_host_scale
 from sim.interval import IntervalConfig
 from sim.profiled import ProfiledCostModel
@@ -31,12 +33,15 @@ from sim.profiled import ProfiledCostModel
 LABEL = MEASURED_HOST[0]
 
 
-def host_scales(engine_runs: list[RunOutcome], profile_path: str) -> list[tuple[float, float]] | None:
+def host_scales(engine_runs: list[RunOutcome], profile_path: str,
+                experts: DistinctExperts | None = None) -> list[tuple[float, float]] | None:
     """Each engine run's host, (speed against the profile's, step-to-step jitter); None where one
-    cannot be measured."""
+    cannot be measured. experts: an MoE model's expected count for steps without their own, as the
+    replays price them (harness.fidelity.steps.with_moe_experts)."""
     model = ProfiledCostModel.load(profile_path)
     try:
-        return [(measured_host_scale(run.steps, model), measured_host_jitter(run.steps, model)) for run in engine_runs]
+        tables = [with_moe_experts(run.steps, experts) for run in engine_runs]
+        return [(measured_host_scale(steps, model), measured_host_jitter(steps, model)) for steps in tables]
     except ValueError:
         return None
 
@@ -53,7 +58,7 @@ def averaged(summaries: list[dict]) -> dict:
 def serving_host_rows(rc: RunConfig, profile_path: str, meta: dict, engine_runs: list[RunOutcome],
                       interval: IntervalConfig) -> dict[str, dict]:
     """{LABEL: the averaged summary, with host_scale} of one cell; {} where no host was measured."""
-    scales = host_scales(engine_runs, profile_path)
+    scales = host_scales(engine_runs, profile_path, expected_experts(rc, meta))
     if scales is None:
         return {}
     sim_rc = sim_run_config(rc, "profiled", profile_path, meta)

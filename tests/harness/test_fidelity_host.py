@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from harness.fidelity.serving_host import LABEL, averaged, host_scales, serving_host_rows
+from harness.fidelity.steps import expected_experts, with_moe_experts
 from harness.fidelity.study import FidelityConfig
 from harness.run import run_once
 from harness.scripting import compose_run_config
@@ -65,3 +66,28 @@ def test_averaged_keeps_numbers_only():
 def test_the_setting_is_a_bool():
     with pytest.raises(ValueError, match="fidelity.price_serving_host"):
         FidelityConfig(price_serving_host="yes")
+
+
+MOE_PROFILE = "experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile_model.csv"
+
+
+def test_an_moe_run_without_per_step_expert_counts_is_read_at_the_expected_count():
+    """A served MoE run's steps carry no expert count (the engine reads it back only for the grid),
+    while the MoE fit prices a step's launch by it: the host is read with the expected count, as
+    the replays price those steps."""
+    overrides = ["backend=sim", "backend.cost_model=profiled", "model=qwen3-30b-a3b", "hardware=h100",
+                 f"backend.profile_path={MOE_PROFILE}", "workload.num_requests=12"]
+    rc = compose_run_config(overrides)
+    model = ProfiledCostModel.load(MOE_PROFILE)
+    experts = expected_experts(rc, {**META, "moe_routing_skew": 0.379})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = run_once(rc, False, record=True)
+        priced = with_moe_experts(run.steps, experts)
+        launches = [model.overlap_parts(row)[0] for row in priced.to_dict("records")]
+    assert "moe_distinct_experts" not in run.steps.columns
+    runs = [dataclasses.replace(run, steps=run.steps.assign(launch_s=[1.25 * x for x in launches]))]
+    with pytest.raises(KeyError):
+        host_scales(runs, MOE_PROFILE)  # what the protocol crashed with before it passed the count
+    (scale, _), = host_scales(runs, MOE_PROFILE, experts)
+    assert scale == pytest.approx(1.25, rel=0.02)
