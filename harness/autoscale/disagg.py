@@ -59,18 +59,23 @@ def pool_autoscale(fleet: DisaggConfig, base: AutoscaleConfig, slo: SLO) -> tupl
     return configs[0], configs[1]
 
 
-def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig,
-                          autoscales: tuple[AutoscaleConfig, AutoscaleConfig], slo: SLO, progress: bool = True):
-    """Serve rc.workload on the disaggregated fleet, each pool scaled by its own settings."""
-    from sim import build_sim_executor
-    from sim.kv_transfer import KVTransferPricer
-
+def _refuse_unsupported(rc: RunConfig, fleet: DisaggConfig) -> None:
+    """Autoscaled pools exist in the simulator only, and without the transfer handshake."""
     if rc.backend != "sim":
         raise ConfigError(f"fleet.prefill.autoscale / fleet.decode.autoscale: pools scale on their own in the "
                           f"simulator only (backend=sim), got backend={rc.backend}")
     if fleet.transfer.handshake:
         raise ConfigError("fleet.transfer.handshake=true is not modelled with autoscaled pools "
                           "(fleet.prefill.autoscale / fleet.decode.autoscale): set it false")
+
+
+def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig,
+                          autoscales: tuple[AutoscaleConfig, AutoscaleConfig], slo: SLO, progress: bool = True):
+    """Serve rc.workload on the disaggregated fleet, each pool scaled by its own settings."""
+    from sim import build_sim_executor
+    from sim.kv_transfer import KVTransferPricer
+
+    _refuse_unsupported(rc, fleet)
     pools = pool_run_configs(rc, dataclasses.replace(fleet, prefill_replicas=autoscales[0].max_replicas,
                                                      decode_replicas=autoscales[1].max_replicas))
     tps = [backend_tp_size(p) for p in pools]
