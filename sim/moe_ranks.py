@@ -118,10 +118,18 @@ class RankExpertPhase:
     """sim.moe.ExpertPhase under expert parallelism: the busiest of the tp_size ranks, each holding
     num_experts / tp_size whole experts. Its weights: the busiest rank's distinct experts at full
     width; its FLOPs: that rank's pairs over those experts, padded to the grouped GEMM's tile; its
-    activations: that rank's pairs in and out. max(compute, memory), as ExpertPhase."""
+    activations: that rank's pairs in and out. max(compute, memory), as ExpertPhase (roofline_time).
+
+    What the roofline does not see of the engine's expert parallelism (hardware
+    expert_parallel_layer_s and expert_parallel_efficiency, measured on 2 x H200:
+    docs/moe-pricing.md): a step pays layer_s per MoE layer, and its grouped GEMMs reach only
+    `efficiency` of the roofline's rate, so time = roofline_time / efficiency + layers x layer_s."""
 
     def __init__(self, model: ModelSpec, tp_size: int, skew: float, matmul_rate: float,
-                 bandwidth: float) -> None:
+                 bandwidth: float, layer_s: float = 0.0, efficiency: float = 1.0) -> None:
+        if not layer_s >= 0.0 or not 0.0 < efficiency <= 1.0:
+            raise ValueError(f"expert parallelism: layer_s={layer_s!r} must be >= 0 and efficiency={efficiency!r} "
+                             "in (0, 1]")
         self.balance = RankBalance(model.num_experts, model.num_experts_per_tok, skew, tp_size)
         layers, params = model.num_moe_layers, model.expert_params(1)
         inter = model.moe_intermediate_size
@@ -129,8 +137,11 @@ class RankExpertPhase:
         self._seconds_per_expert = layers * params * model.dtype_bytes / bandwidth
         per_copy = (model.hidden_size + 2 * inter) + (inter + model.hidden_size)
         self._seconds_per_pair = layers * per_copy * model.dtype_bytes / bandwidth
+        self._fixed_s = layers * layer_s
+        self._efficiency = efficiency
 
-    def time(self, num_tokens: int) -> float:
+    def roofline_time(self, num_tokens: int) -> float:
+        """The busiest rank's max(compute, memory) alone."""
         if num_tokens <= 0:
             return 0.0
         distinct, pairs = self.balance.busiest(num_tokens)
@@ -138,3 +149,8 @@ class RankExpertPhase:
         compute = self._flops_per_row * padded
         memory = self._seconds_per_expert * distinct + self._seconds_per_pair * pairs
         return compute if compute > memory else memory
+
+    def time(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.roofline_time(num_tokens) / self._efficiency + self._fixed_s

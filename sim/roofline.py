@@ -13,8 +13,10 @@ Phases, per rank of a tensor-parallel group:
   of the distinct experts the step's tokens touch (an expectation under routing_skew), 2 x the
   top-k experts' params FLOPs per token padded to the grouped GEMM's tile; the linear phase then
   holds attention, the routers (replicated on every rank) and the dense layers' MLPs. With
-  expert_parallel (whole experts per rank) the busiest rank's experts and pairs instead
-  (sim.moe_ranks.RankExpertPhase); its partial outputs are summed by the same all-reduce;
+  expert_parallel (whole experts per rank) the busiest rank's experts and pairs instead, plus
+  the engine's measured cost of its dispatch and whole-expert GEMMs (sim.moe_ranks.RankExpertPhase,
+  hardware.expert_parallel_layer_s and expert_parallel_efficiency); its partial outputs are summed
+  by the same all-reduce;
 - attention: 4 * heads * head_dim FLOPs per (query, key) pair (QK^T and PV), causal within a
   prefill chunk and over the whole cached context; KV of the cached context read, new KV written;
   a KV block that another sequence of the step reads too (a shared prefix, StepStats.
@@ -98,8 +100,10 @@ class RooflineCostModel:
         dt = model.dtype_bytes
         # a rank holds E / tp whole experts or every expert's 1 / tp: the same weights either way
         experts = model.num_moe_layers * model.expert_params(tp)
-        phase = RankExpertPhase if expert_parallel else ExpertPhase
-        self._experts = phase(model, tp, routing_skew, self._matmul_rate, self._bandwidth)
+        hw, rates = self.hardware, (self._matmul_rate, self._bandwidth)
+        self._experts = (RankExpertPhase(model, tp, routing_skew, *rates, hw.expert_parallel_layer_s,
+                                         hw.expert_parallel_efficiency)
+                         if expert_parallel else ExpertPhase(model, tp, routing_skew, *rates))
         self._linear_flops_per_token = 2.0 * (model.active_linear_params(tp) - model.num_experts_per_tok * experts)
         self._linear_weight_bytes = float((model.body_params_per_rank(tp) - model.num_experts * experts) * dt)
         hidden = model.hidden_size

@@ -207,6 +207,12 @@ class HardwareSpec:
     # bytes/s a new replica reads its weights at (local NVMe or network storage): an autoscaled
     # fleet's cold start (harness.autoscale). None: no figure, such a fleet cannot scale up.
     weight_load_bytes_per_s: float | None = None
+    # Expert parallelism (execution.expert_parallel) on this engine, beyond the busiest rank's
+    # roofline (sim.moe_ranks.RankExpertPhase): seconds per MoE layer and step (its routing runs as
+    # separate launches where sliced experts run one fused router), and the fraction of the roofline's
+    # rate its whole-expert grouped GEMMs reach. 0 and 1: priced by the roofline alone.
+    expert_parallel_layer_s: float = 0.0
+    expert_parallel_efficiency: float = 1.0
 
     @property
     def prices_one_shot(self) -> bool:

@@ -9,12 +9,19 @@ The decode rate of a batch is B over the median duration of its full-batch decod
 engine's step records: device time of the step, the scheduler overlapped), so prefill and the
 batch's ragged tail stay out of it. Rows go to decode.csv as each (mode, B) ends, so a run cut
 short keeps what it measured; summary.md puts the two modes side by side.
+
+Each mode runs in a process of its own: torch's symmetric memory is set up once per process, so a
+second tensor-parallel engine in the same process falls back to NCCL for every all-reduce, and
+the modes would differ in more than the experts' placement (experiments/moe/h200x2_ep_run1/).
+decode.csv's all_reduce column says what each engine ran (BackendInfo.all_reduce).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--device", default="auto")
+    p.add_argument("--append", action="store_true", help=argparse.SUPPRESS)  # one mode's process: keep decode.csv
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     bad = [m for m in modes if m not in MODES]
@@ -85,6 +93,8 @@ def run_mode(args: argparse.Namespace, mode: str, csv: Path) -> None:
         decode_rate(llm, 2, 16, 4, seed=99)  # warm-up
         for batch in tqdm(args.batch_sizes, desc=f"{mode} tp={args.tp}", unit="batch"):
             row = {"mode": mode, "tp": args.tp, "preset": args.preset, "startup_s": startup,
+                   "prompt_len": args.prompt_len, "output_len": args.output_len,
+                   "all_reduce": llm.executor.info().all_reduce or "none",
                    **decode_rate(llm, batch, args.prompt_len, args.output_len, seed=batch)}
             pd.DataFrame([row]).to_csv(csv, mode="a", header=not csv.exists(), index=False)
             print(f"{mode} B={batch}: {row['decode_tok_s']:.0f} tok/s ({row['median_step_ms']:.2f} ms/step)",
@@ -106,16 +116,34 @@ def summarise(csv: Path, out: Path) -> None:
     print("\n".join(lines))
 
 
+def mode_command(args: argparse.Namespace, mode: str) -> list[str]:
+    """This script for one mode, in a fresh process, appending to the same decode.csv."""
+    return [sys.executable, str(Path(__file__).resolve()), "--preset", args.preset, "--out", args.out,
+            "--tp", str(args.tp), "--modes", mode, "--batches", args.batches, "--prompt-len", str(args.prompt_len),
+            "--output-len", str(args.output_len), "--device", args.device, "--append"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "decode.csv"
-    csv.unlink(missing_ok=True)
-    for mode in args.mode_list:
-        run_mode(args, mode, csv)
+    if not args.append:
+        csv.unlink(missing_ok=True)
+    if len(args.mode_list) == 1:
+        run_mode(args, args.mode_list[0], csv)
         summarise(csv, out)
-    return 0
+        return 0
+    # the child imports this checkout's engine, wherever it is started from
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    failed = 0
+    for mode in args.mode_list:
+        code = subprocess.run(mode_command(args, mode), check=False, env=env).returncode
+        if code:
+            print(f"mode {mode}: exit {code}", file=sys.stderr, flush=True)
+            failed = failed or code
+    return failed
 
 
 if __name__ == "__main__":
