@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -105,13 +106,22 @@ def test_the_midrun_driver_runs_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "out"
     for name in ("midrun_compare.csv", "midrun_summary.csv", "midrun.md", "midrun_timeline.png",
                  "engine/timeline.csv", "sim/timeline.csv", "engine/lifetimes.csv",
-                 "midrun_probe/cold_start_tiny-qwen3.csv"):
+                 "midrun_probe/cold_start_tiny-qwen3.csv", "engine/requests.csv.gz", "sim/steps.csv.gz"):
         assert (out / name).is_file(), name
     engine = pd.read_csv(out / "engine" / "lifetimes.csv")
     sim = pd.read_csv(out / "sim" / "lifetimes.csv")
     assert engine["requested_s"].iloc[1] == pytest.approx(2.0, abs=0.3) and sim["requested_s"].iloc[1] == 2.0
     summary = pd.read_csv(out / "midrun_summary.csv").iloc[0]
     assert summary["windows_scored"] >= 1 and summary["startup_s_engine"] > 0
+    for side in ("engine", "sim"):  # every request of each side, and every step with its batch
+        requests = pd.read_csv(out / side / "requests.csv.gz")
+        assert len(requests) == summary_requests(out / side) and set(requests["replica"]) == {0, 1}
+        steps = pd.read_csv(out / side / "steps.csv.gz")
+        assert list(steps.columns) == list(midrun_dp.STEPS_KEPT) and (steps["duration"] > 0).all()
+
+
+def summary_requests(folder):
+    return int(pd.read_csv(folder / "summary.csv")["num_requests"].iloc[0])
 
 
 def test_the_set_up_and_a_start_under_load_are_priced(tmp_path):
@@ -151,6 +161,67 @@ def test_the_rerun_reads_the_committed_run_and_prices_each_start():
     priced = midrun_rerun.pricings(run, "h200", "qwen3-0.6b", [], 1_192_135_096, False)
     assert priced["as_run"].total_s == pytest.approx(16.10, abs=0.01)
     assert priced["as_run+setup"].total_s - priced["as_run"].total_s == pytest.approx(0.716, abs=0.01)
+
+
+RUN2 = Path(__file__).parents[1] / "experiments" / "autoscale" / "h200_run2"
+
+
+def test_the_rerun_reads_run_2s_layout_and_prices_the_measured_start():
+    """Run 2 keeps the engine's tables under engine/; "measured" is the engine's own start-up."""
+    from experiments.autoscale import midrun_rerun
+
+    timeline, lifetimes = midrun_rerun.engine_side(RUN2)
+    assert len(timeline) == 13 and timeline["ttft_p90_s"].iloc[5] == pytest.approx(0.00807, abs=1e-5)
+    priced = midrun_rerun.pricings(RUN2, "h200", "qwen3-0.6b", [], 1_192_135_096, False, ("as_run", "measured"))
+    assert list(priced) == ["as_run", "measured"]
+    assert priced["as_run"].total_s == pytest.approx(16.861, abs=1e-3)
+    assert priced["measured"].total_s == pytest.approx(46.4198 - 30.0001, abs=1e-3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pricings", "as_run", "guessed"], "--pricings: unknown 'guessed'"),
+    (["--step-scales", "0"], "--step-scales must be numbers > 0"),
+])
+def test_bad_rerun_settings_stop_in_one_line(argv, message, tmp_path):
+    from experiments.autoscale import midrun_rerun
+
+    with pytest.raises(SystemExit, match=message):
+        midrun_rerun.main(["--run", str(RUN2), "--out", str(tmp_path), *argv])
+    with pytest.raises(SystemExit, match="lacks midrun_compare.csv"):
+        midrun_rerun.main(["--run", str(tmp_path), "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.5])
+def test_every_price_scaled_prices_every_step_that_many_times(factor, tmp_path):
+    """The rerun's step-price variants: with all requests there at once the schedule does not
+    depend on the prices, so each step of the scaled copy's run costs factor times its own."""
+    from experiments.fidelity.price_sensitivity import every_price_scaled
+    from harness.run import run_once
+    from harness.scripting import compose_run_config
+
+    base = ["model=qwen3-0.6b", "hardware=h200", "backend=sim", "backend.cost_model=profiled", "workload=bench",
+            "workload.num_requests=40", "scheduler.max_num_seqs=16"]
+    shipped = run_once(compose_run_config(base), progress=False).steps
+    scaled_profile = every_price_scaled(Path("profiles/h200/qwen3-0.6b.csv"), factor, tmp_path)
+    scaled = run_once(compose_run_config([*base, f"backend.profile_path={scaled_profile}"]), progress=False).steps
+    assert set(shipped["kind"]) == {"prefill", "decode"}
+    assert shipped[["kind", "requests"]].equals(scaled[["kind", "requests"]])
+    np.testing.assert_allclose(scaled["duration"], factor * shipped["duration"], rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_the_rerun_reproduces_run_2_and_scores_the_measured_start(tmp_path):
+    """Run 2's simulated side served again on CPU is the run's, window for window; with the
+    engine's own start-up the new replica is ready when the engine's was."""
+    from experiments.autoscale import midrun_rerun
+
+    table = midrun_rerun.rerun(RUN2, tmp_path, "h200", [], ("as_run", "measured")).set_index("pricing")
+    windows = pd.read_csv(tmp_path / "midrun_rerun_windows.csv")
+    committed = pd.read_csv(RUN2 / "midrun_compare.csv")
+    again = windows[windows["pricing"] == "as_run"].reset_index(drop=True)
+    np.testing.assert_allclose(again["ttft_p90_s_sim"], committed["ttft_p90_s_sim"], rtol=1e-9)
+    assert table.loc["as_run", "windows_within_15pct"] == 10
+    assert abs(table.loc["measured", "ready_error_s"]) < 1e-3
 
 
 @pytest.mark.slow

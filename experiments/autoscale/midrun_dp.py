@@ -15,7 +15,8 @@ Stages, each written as it ends (a timeout keeps what ran), under --out:
   midrun_probe/    the cold start at the fleet's settings (page cache); its calibration, with the start
                    beside a serving replica under "under_load", prices the simulated start
   midrun_probe_loaded/  that start beside a replica serving HIGH on GPU 0 (loaded_probe.py; --no-loaded: none)
-  engine/, sim/    summary.csv, timeline.csv, lifetimes.csv, scaling.csv, autoscale.png of each side
+  engine/, sim/    summary.csv, timeline.csv, lifetimes.csv, scaling.csv, autoscale.png of each side, and
+                   requests.csv.gz and steps.csv.gz (per request; per step: when, how long, its batch)
   midrun_compare.csv, midrun_summary.csv, midrun.md, midrun_timeline.png
   cold_start/ again for each --probe-after model (qwen3-8b: its checkpoint is written first, 1-2 min)
 
@@ -34,6 +35,8 @@ from experiments.autoscale import cold_start, loaded_probe, midrun_compare
 
 CPU = {"model": "tiny-qwen3", "rates": "3,8", "t0": 2.0, "duration": 30.0, "window": 3.0, "interval": 1.0,
        "max_num_seqs": 4}
+STEPS_KEPT = ("replica", "start", "duration", "kind", "requests", "prefill_tokens", "decode_tokens", "waiting",
+              "running")
 CPU_SETTINGS = ["scheduler.max_model_len=512", "cache.block_size=16", "workload.prompt_len.low=8",
                 "workload.prompt_len.high=120", "workload.output_len.low=4", "workload.output_len.high=24"]
 
@@ -80,6 +83,9 @@ def serve(side: tuple, folder: Path, cold=None):
 
     pd.DataFrame([outcome.summary.to_row()]).to_csv(folder / "summary.csv", index=False)
     outcome.timeline.to_csv(folder / "timeline.csv", index=False)
+    # per request and per step, to compare the two sides request by request (not committed: 2 MB)
+    outcome.fleet.requests.to_csv(folder / "requests.csv.gz", index=False)
+    outcome.fleet.steps[list(STEPS_KEPT)].to_csv(folder / "steps.csv.gz", index=False)
     lifetimes_frame(outcome.elastic).to_csv(folder / "lifetimes.csv", index=False)
     events_frame(outcome.elastic.events).to_csv(folder / "scaling.csv", index=False)
     plot_autoscale(outcome.timeline, outcome.summary, slo, folder / "autoscale.png")

@@ -81,6 +81,17 @@ def scaled_profile(profile: Path, regime: str, factor: float, folder: Path) -> P
     return path
 
 
+def every_price_scaled(profile: Path, factor: float, folder: Path) -> Path:
+    """A copy of the profile with every fit's knots and coefficients and its time constants scaled by
+    factor: every step it prices costs factor times as much (a price is sums and maxima of those
+    parts, with no offset of its own), as the all=F variant prices them."""
+    table = pd.read_csv(profile)
+    table.loc[table["kind"].isin(["knot", "linear", "constant"]), "value"] *= factor
+    path = folder / f"every_price_x{factor:g}.csv"
+    table.to_csv(path, index=False)
+    return path
+
+
 def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_blocks: int, num_requests: int,
                 variants: list[str]) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
