@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.output.figures import save_figure
+
 TTFT_TARGET = 0.15  # the timeline of TTFT P90 per window within 15% of the measured
 READY_TARGET = 0.10  # the new replica's first traffic within 10% of its measured start-up time
 MIN_REQUESTS = 20  # windows with fewer arrivals are shown, not scored
@@ -91,4 +93,4 @@ def plot(windows: pd.DataFrame, ready: dict, title: str, path: Path) -> None:
     ttft.plot([], [], color="tab:orange", lw=0.8, ls="--", label=f"replica 2 ready, sim ({ready['ready_s_sim']:.1f} s)")
     ttft.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)

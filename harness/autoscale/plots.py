@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from harness.autoscale.config import SLO
 from harness.autoscale.timeline import STATES
+from harness.output.figures import save_figure
 
 
 def _time_axis(frame: pd.DataFrame) -> tuple[pd.Series, str]:
@@ -62,7 +63,7 @@ def plot_autoscale(frame: pd.DataFrame, summary, slo: SLO, path: Path) -> None:
     fig.suptitle(f"Autoscaling ({row['autoscale_policy']}): {row['model']} on {row['hardware']}, {row['workload']}; "
                  f"{row['gpu_hours']:.2f} GPU-hours, ${row['cost']:.2f}, SLO attainment "
                  f"{row['slo_attainment']:.3f}", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def plot_cost_attainment(table: pd.DataFrame, slo: SLO, rc, path: Path) -> None:
@@ -85,4 +86,4 @@ def plot_cost_attainment(table: pd.DataFrame, slo: SLO, rc, path: Path) -> None:
                         if v is not None)
     ax.set_title(f"Cost against SLO attainment: {rc.model.name} on {rc.hardware.name}, {rc.workload.label} "
                  f"({targets})", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)

@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.labels import metric_label
+from harness.output.figures import save_figure
 
 PANELS = (
     ("throughput (tok/s)", ("input_tok_s", "output_tok_s")),
@@ -46,7 +47,7 @@ def plot_metrics(table: pd.DataFrame, runs: list[str], path: Path, title: str) -
     axes[0].legend(fontsize=8)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return fig
 
 
@@ -79,6 +80,6 @@ def plot_steps(replayed: pd.DataFrame, names: list[str], path: Path, title: str)
     hist.set_ylabel("steps (count)")
     hist.legend(fontsize=8)
     hist.grid(alpha=0.3)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return fig
 

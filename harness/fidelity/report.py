@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.tables import rel_error
+from harness.output.figures import save_figure
 from sim.cost_model import COST_MODELS
 
 LOAD_METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
@@ -102,7 +103,7 @@ def plot_heldout(table: pd.DataFrame, path: Path) -> bool:
     for ax in axes[::columns]:
         ax.set_ylabel("error (sim - engine) / engine (%)")
     axes[len(workloads) - 1].legend(fontsize=6)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return True
 
 
@@ -229,7 +230,7 @@ def plot_coverage(coverage: pd.DataFrame, path: Path, level: float = 0.9) -> Non
     ax.set_ylabel("cells inside the interval (%)")
     ax.set_title("Held-out cells inside their 90% interval, per model, GPU and load", fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def target_table(table: pd.DataFrame, loads=("0.5", "0.8"), bound: float = 0.10) -> pd.DataFrame:

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from harness.output.figures import save_figure
+
 BINS = 100
 
 
@@ -39,4 +41,4 @@ def plot_pools(outcome, path: Path) -> None:
     fig.suptitle(f"Disaggregated pools: {s.get('model', '?')} on {s.get('hardware', '?')} "
                  f"({s.get('prefill_replicas')}P {s.get('decode_replicas')}D, TP {s.get('tp_sizes', '?')}), "
                  f"{s.get('workload', '?')}", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)

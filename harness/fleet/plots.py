@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from harness.output.figures import save_figure
 from harness.output.plots import MAX_POINTS
 
 
@@ -37,7 +38,7 @@ def plot_fleet_load(outcome, path: Path) -> None:
     held.grid(alpha=0.3)
     kv.grid(alpha=0.3)
     fig.suptitle(_title(outcome.summary, "Load per replica"), fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def plot_fleet_latency(outcome, path: Path) -> None:
@@ -59,4 +60,4 @@ def plot_fleet_latency(outcome, path: Path) -> None:
     if axes[0].lines:  # nothing served: empty axes and no legend
         axes[0].legend(fontsize=8)
     fig.suptitle(_title(outcome.summary, "Latency CDFs"), fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)

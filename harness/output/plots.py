@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.labels import metric_label, run_title, table_title
+from harness.output.figures import save_figure
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def plot_timeline(steps: pd.DataFrame, num_blocks: int, path: Path, summary: dic
     queue.set_ylim(bottom=0)
     queue.set_xlabel("time (s)")
     queue.legend(loc="upper right")
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return fig
 
 
@@ -64,7 +65,7 @@ def plot_latency_cdfs(requests: pd.DataFrame | dict[str, pd.DataFrame], path: Pa
     axes[0].set_ylabel("fraction of requests (0-1)")
     if len(runs) > 1:
         axes[0].legend(fontsize=8)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return fig
 
 
@@ -113,5 +114,5 @@ def plot_sweep(table: pd.DataFrame, x: str, metrics: tuple[str, ...], path: Path
             ax.legend(fontsize=8)
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return fig

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.output.figures import save_figure
+
 
 def pareto_frontier(costs: np.ndarray, latencies: np.ndarray) -> np.ndarray:
     """Indices of the points no other point beats on both cost and latency, by rising cost."""
@@ -40,7 +42,7 @@ def plot_plan(table: pd.DataFrame, slo, title: str, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Deployment search: {title}", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def plot_modes(table: pd.DataFrame, slo, title: str, path: Path) -> None:
@@ -58,4 +60,4 @@ def plot_modes(table: pd.DataFrame, slo, title: str, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.suptitle(f"Aggregated vs disaggregated: {title}", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)

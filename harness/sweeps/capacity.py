@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from harness.config import CapacityConfig, OutputConfig, RunConfig, build_run_config
 from harness.convert import ConfigError
 from harness.labels import metric_label, run_identity, table_title
+from harness.output.figures import save_figure
 from harness.output.metrics import percentile
 from harness.run import run_once
 from harness.run_folder import write_csv
@@ -168,5 +169,5 @@ def plot_capacity(table: pd.DataFrame, probes: pd.DataFrame, cap: CapacityConfig
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     return fig
