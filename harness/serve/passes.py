@@ -23,6 +23,11 @@ from harness.serve.delivery import Ahead, Delivery, Prepare, Sink
 # up to 0.7 ms early or late on an idle loop (more behind other work); a timer aimed closer fired
 # early, was set again for the rest, and that one fired late
 TIMER_SLACK_S = 1.5e-3
+# ... in slices of at most this, the loop's other work running between them: a new request's bytes
+# and its handler wait for a sleep to end, and a request takes a few loop iterations to reach the
+# app, so one sleep of the whole fraction (up to 3 ms before every step) would hold each arrival
+# several ms longer than the engine's server does (docs/serving.md#arrivals-wait-for-no-step)
+SLEEP_SLICE_S = 2e-4
 LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
 
 
@@ -61,13 +66,16 @@ class StepPasses:
 
     def _release(self, everything: bool = False) -> None:
         """Hand out every held step that is due, in one pass, and time the next. The loop's timer
-        counts whole milliseconds and may fire early: the last fraction is slept."""
+        counts whole milliseconds and may fire early: the last fraction is slept, a slice at a time."""
         self._timer = None
         held = self._held
         now = time.perf_counter()
-        if held and 0 < held[0][1] - now <= 2 * TIMER_SLACK_S:
-            time.sleep(held[0][1] - now)
+        if held and not everything and 0 < held[0][1] - now <= 2 * TIMER_SLACK_S:
+            time.sleep(min(held[0][1] - now, SLEEP_SLICE_S))
             now = time.perf_counter()
+            if held[0][1] > now and self._loop is not None:  # the loop's other work, then the next slice
+                self._timer = self._loop.call_soon(self._release)
+                return
         due = []
         while held and (everything or held[0][1] <= now):
             due.append(held.popleft())

@@ -1,0 +1,90 @@
+"""experiments/serve/ttft_split.py on a benchmark output the simulator made itself: both "servers"
+are the simulator's own run with known HTTP terms added, so the split must find those terms, the
+simulation at each server's arrivals must give its own TTFT back, and the prediction-only figures
+must equal the engine server's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.serve import ttft_split
+from harness.run import run_once
+from harness.scripting import compose_run_config
+from tests.harness.serve.test_step_prices import mooncake_trace
+
+HTTP_IN, OUT, RESIDUAL = 5e-4, 3e-4, 1e-3  # seconds: what each "server" and its client add
+
+
+def served(frame: pd.DataFrame) -> pd.DataFrame:
+    """A server's requests.csv: the run's rows with the HTTP columns, on the run's clock."""
+    http_arrival = frame["arrival"] - HTTP_IN
+    return frame.assign(http_arrival=http_arrival, http_in=HTTP_IN, first_token_out=OUT,
+                        http_ttft=HTTP_IN + frame["ttft"] + OUT)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve")
+    mooncake_trace(folder / "trace.jsonl")
+    overrides = ["model=qwen3-0.6b", "hardware=h100", "workload=mooncake", "workload.rate_scale=2",
+                 f"workload.trace_path={folder / 'trace.jsonl'}"]
+    (folder / "harness").mkdir()
+    (folder / "harness" / "plan.json").write_text(json.dumps(
+        [{"overrides": ["backend=engine", *overrides], "out": "/device/harness/mooncake_50"}]))
+    run = run_once(compose_run_config([*ttft_split.SIM, *overrides]), progress=False).requests
+    rows = served(run)
+    client = RESIDUAL + rows["http_ttft"]
+    for server in ttft_split.SERVERS:
+        (folder / server).mkdir()
+        rows.to_csv(folder / server / "requests.csv", index=False)
+    # the in-repo client's records name the server's ids; aiperf's give the token counts and the start
+    pd.DataFrame({"request_id": rows["request_id"], "ttft_s": client, "itl_s": rows["tpot"]}).to_csv(
+        folder / "engine_server" / "client_mooncake_50.csv", index=False)
+    (folder / "sim_server" / "aiperf_mooncake_50").mkdir()
+    with open(folder / "sim_server" / "aiperf_mooncake_50" / "profile_export.jsonl", "w") as f:
+        for row in rows.sample(frac=1, random_state=0).itertuples():  # in no particular order
+            metrics = {"time_to_first_token": {"value": (RESIDUAL + row.http_ttft) * 1e3},
+                       "inter_token_latency": {"value": row.tpot * 1e3},
+                       "usage_prompt_tokens": {"value": row.prompt_tokens},
+                       "output_sequence_length": {"value": row.output_tokens}}
+            f.write(json.dumps({"metadata": {"request_start_ns": int(row.http_arrival * 1e9)},
+                                "metrics": metrics}) + "\n")
+    return folder
+
+
+def test_the_split_finds_the_terms_and_the_simulation_its_own_run(out, tmp_path):
+    folders = ttft_split.unpack(out, tmp_path)
+    requests = pd.read_csv(folders["engine_server"] / "requests.csv")
+    rows = {server: ttft_split.joined(ttft_split.client_records(folders[server], "mooncake_50"), requests)
+            for server in ttft_split.SERVERS}
+    overrides = ttft_split.case_overrides(folders["harness"], "mooncake_50")
+    split, core, client = ttft_split.case_tables(overrides, rows)
+    assert np.allclose(split[["http_in", "first_token_out", "residual"]].to_numpy(float),
+                       [HTTP_IN * 1e3, OUT * 1e3, RESIDUAL * 1e3])
+    assert split.iloc[0, 1:].tolist() == pytest.approx(split.iloc[1, 1:].tolist())  # the two joins agree
+    figures = core.set_index("source")[["ttft_p50", "ttft_p90", "ttft_mean", "tpot_p50", "tpot_p90"]]
+    assert figures.iloc[1].tolist() == pytest.approx(figures.iloc[0].tolist(), abs=1e-6)  # its own run again
+    assert figures.iloc[3].tolist() == pytest.approx(figures.iloc[2].tolist(), abs=1e-6)
+    assert 0 <= core.at[1, "phase_p25"] <= core.at[1, "phase_p75"] < 1
+    pct = client[[c for c in client.columns if c.endswith("_pct")]].to_numpy(float)
+    assert np.allclose(pct, 0, atol=1e-6)
+
+
+def test_main_prints_a_case_and_names_an_unknown_one(out, capsys):
+    assert ttft_split.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "## mooncake_50" in text and "prediction only" in text and "simulator at sim_server's arrivals" in text
+    with pytest.raises(SystemExit):
+        ttft_split.main([str(out), "--cases", "azure_80"])
+    assert "--cases: ['azure_80'] not among the cases ['mooncake_50']" in capsys.readouterr().err
+
+
+def test_an_arrivals_phase_is_where_in_the_running_step_it_came():
+    steps = pd.DataFrame({"start": [5.0, 0.0, 1.0, 2.0], "duration": [1.0, 1.0, 1.0, 0.5]})
+    phases = ttft_split.step_phase(np.array([-1.0, 0.25, 1.5, 2.25, 3.0, 5.75, 6.5]), steps)
+    # before any step, in the idle gap after the third and after the last, no step ran
+    assert np.allclose(phases, [np.nan, 0.25, 0.5, 0.5, np.nan, 0.75, np.nan], equal_nan=True)
