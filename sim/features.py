@@ -8,7 +8,7 @@ same function, so a measured step and a predicted step are described identically
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from engine.core.graph_sizes import GraphSizes, padded_size
@@ -51,6 +51,12 @@ EXPECTED_EXPERTS = "moe_expected_experts"
 # How many distinct experts a step touches per MoE layer, from its sequences' new tokens (a decode:
 # 1): sim.moe_locality.SequenceRouting.distinct (an expectation), or a count the engine observed.
 DistinctExperts = Callable[[Sequence[int]], float]
+# A CUDA graph's padding rows (engine.cuda_graph, engine.prefill_graphs: token 0 at position 0, no
+# context, so every one has the same hidden states) go through the MoE layers too, and their router
+# gives them all one top-k: the grouped GEMM reads those experts' weights like any token's. To the
+# weights a padded step reads they are one more sequence of one token; the engine's expert counter
+# leaves them out (engine.expert_counts), so a measured count is of the real tokens alone.
+PADDING_SEQUENCE = 1
 # Beside an MoE profile's measured counts: how many routing sequences the step's sequences form when
 # those that share their first KV block (a prefix-cache hit) count as one (routing_sequences). Not
 # fitted; it lets a table row be priced with shared-prefix routing (row_routing_sequences).
@@ -97,6 +103,27 @@ def row_routing_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int
     return merged
 
 
+def graph_padded(cuda_graph: float, graph_batch_size: float, num_tokens: float) -> bool:
+    """Whether a step runs padding rows: a CUDA graph larger than its tokens (a decode graph's size
+    counts sequences of one token each, a prefill graph's tokens)."""
+    return bool(cuda_graph) and graph_batch_size > num_tokens
+
+
+def read_sequences(sizes: Sequence[int], padded: bool) -> list[int]:
+    """The routing sequences whose experts a step's MoE layers read: its own, plus the padding rows
+    as one more of PADDING_SEQUENCE token where the step is padded (graph_padded)."""
+    return [*sizes, PADDING_SEQUENCE] if padded else list(sizes)
+
+
+def row_read_sequences(row: Mapping[str, float], shared_prefix: bool = False) -> list[int]:
+    """read_sequences of a step table row (its totals: row_sequences, or with shared_prefix and the
+    row's ROUTING_GROUPS, row_routing_sequences); a row without graph columns runs unpadded."""
+    totals = int(row["num_prefill_tokens"]), int(row["num_decode_tokens"]), int(row["num_seqs"])
+    sizes = row_routing_sequences(*totals, int(row[ROUTING_GROUPS])) if shared_prefix else row_sequences(*totals)
+    padded = graph_padded(row.get("cuda_graph", 0), row.get("graph_batch_size", 0), totals[0] + totals[1])
+    return read_sequences(sizes, padded)
+
+
 def row_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int) -> list[int]:
     """A step table row's new tokens per sequence, where the table keeps only totals: its
     num_seqs - decode_tokens prefill chunks share prefill_tokens equally (as the profiling grid's
@@ -137,7 +164,8 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
                   distinct_experts: DistinctExperts | None = None, shared_prefix: bool = False) -> dict[str, float]:
     """Describe a step by FEATURE_COLUMNS, and MOE_FEATURES where distinct_experts is given (an
     MoE model: distinct_experts(new tokens of each scheduled sequence), or with shared_prefix of
-    each routing sequence: routing_sequences).
+    each routing sequence: routing_sequences; with a graph's padding rows where it has them:
+    read_sequences).
 
     graphs: what the engine captured (GraphSizes; a plain sequence: decode batch sizes only;
     empty when running eager). A decode-only step whose batch fits the largest decode graph runs
@@ -189,5 +217,7 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
         "graph_batch_size": batch,
     }
     if distinct_experts is not None:
-        features["moe_distinct_experts"] = distinct_experts(routing_sequences(plan) if shared_prefix else sizes)
+        own = routing_sequences(plan) if shared_prefix else sizes
+        padded = graph_padded(graph, batch, prefill_tokens + decode)
+        features["moe_distinct_experts"] = distinct_experts(read_sequences(own, padded))
     return features

@@ -52,8 +52,7 @@ from sim.features import (
     ROUTING_GROUPS,
     DistinctExperts,
     as_graph_sizes,
-    row_routing_sequences,
-    row_sequences,
+    row_read_sequences,
     step_features,
 )
 from sim.host_draws import host_draw
@@ -278,20 +277,16 @@ class ProfiledCostModel:
     def _with_expected_experts(self, df: pd.DataFrame) -> pd.DataFrame:
         """df with the MoE column where the fits price it and the table lacks it (a served run's
         steps: the engine reads its expert counter back only for the profiling grid), filled with
-        the expected count of each step's sequences (sim.features.row_sequences), as step_time()
-        prices a simulated step."""
+        the expected count of each step's sequences and graph padding (sim.features.row_read_sequences),
+        as step_time() prices a simulated step."""
         if all(name in df.columns for name in MOE_FEATURES) or not self.uses_moe_features:
             return df
         if self.distinct_experts is None:
             raise ValueError(f"the step table lacks {list(MOE_FEATURES)} and this mixture-of-experts profile has no "
                              "routing to derive it from (sim.cost_model.make_cost_model sets distinct_experts)")
         distinct = self.distinct_experts
-        columns = df["num_prefill_tokens"], df["num_decode_tokens"], df["num_seqs"]
-        if self.shared_prefix_routing and ROUTING_GROUPS in df.columns:
-            expected = [distinct(row_routing_sequences(p, d, s, g)) for p, d, s, g in
-                        zip(*columns, df[ROUTING_GROUPS], strict=True)]
-        else:
-            expected = [distinct(row_sequences(p, d, s)) for p, d, s in zip(*columns, strict=True)]
+        shared = self.shared_prefix_routing and ROUTING_GROUPS in df.columns
+        expected = [distinct(row_read_sequences(row, shared)) for row in df.to_dict("records")]
         return df.assign(**{name: expected for name in MOE_FEATURES})
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:

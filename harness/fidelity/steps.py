@@ -12,8 +12,9 @@ summary small enough to keep.
 A mixture-of-experts model's profiled fit prices a step by its distinct experts
 (sim.features.MOE_FEATURES). A served run's steps carry the count the engine saw where they have the
 column (source "measured"); the engine reads its counter back per step only for the profiling grid,
-so served steps get the expectation of their sequences at the cell's routing skew and locality, as the
-simulator prices its own steps (source "expected"). The replay keeps the column and its source
+so served steps get the expectation of their sequences (and a CUDA graph's padding rows:
+sim.features.read_sequences) at the cell's routing skew and locality, as the simulator prices its own
+steps (source "expected"). The replay keeps the column and its source
 (moe_experts_source).
 """
 
@@ -28,7 +29,7 @@ from harness.compare.study import sim_run_config, step_pricer
 from harness.compare.tables import replay
 from harness.config import RunConfig
 from harness.fidelity.windows import window_table
-from sim.features import FEATURE_COLUMNS, MOE_FEATURES, DistinctExperts, row_sequences
+from sim.features import FEATURE_COLUMNS, MOE_FEATURES, DistinctExperts, row_read_sequences
 
 # what a replay's MoE column holds: "measured" (the engine's per-step count) or "expected" (module docstring)
 MOE_SOURCE = "moe_experts_source"
@@ -61,8 +62,7 @@ def with_moe_experts(steps: pd.DataFrame, experts: DistinctExperts | None) -> pd
         return steps
     if all(name in steps.columns and steps[name].notna().all() for name in MOE_FEATURES):
         return steps.assign(**{MOE_SOURCE: "measured"})
-    counts = [experts(row_sequences(p, d, s)) for p, d, s in
-              zip(steps["num_prefill_tokens"], steps["num_decode_tokens"], steps["num_seqs"], strict=True)]
+    counts = [experts(row_read_sequences(row)) for row in steps.to_dict("records")]
     return steps.assign(**{name: counts for name in MOE_FEATURES}, **{MOE_SOURCE: "expected"})
 
 

@@ -143,3 +143,24 @@ def test_resimulated_rows_carry_the_host_they_were_priced_at_and_never_the_table
     hosted = rerun(*args, host_scales={("decode_heavy", "offline"): [(1.5, 0.0), (2.0, 0.0)]})
     assert hosted["host_scale"].tolist() == [1.75] and "host_measured" not in hosted
     assert "host_scale" not in rerun(*args)
+
+
+def test_padded_steps_split_decode_graphs_by_padding_and_refuse_bad_input(tmp_path, capsys):
+    from experiments.fidelity.padded_steps import decode_graphs
+    from experiments.fidelity.padded_steps import main as padded_steps
+
+    replay = pd.DataFrame({"step": range(4), "kind": ["decode", "decode", "decode", "prefill"],
+                           "num_seqs": [3, 4, 3, 1], "cuda_graph": [1, 1, 0, 1], "graph_batch_size": [4, 4, 3, 512],
+                           "measured_s": [8e-3, 8e-3, 7e-3, 0.02], "predicted_profiled_s": [7e-3, 8e-3, 7e-3, 0.02],
+                           "predicted_repriced_s": [8e-3, 8e-3, 7e-3, 0.02]})
+    table = decode_graphs(replay, "profiled")
+    assert list(table.index) == [(4, False), (4, True)]  # the eager decode and the prefill are left out
+    assert table.loc[(4, True), "err_replay"] == pytest.approx(-0.125)
+    assert table.loc[(4, True), "err_repriced"] == pytest.approx(0.0)
+    profile = str(tmp_path / "model.csv")
+    assert padded_steps([profile, str(tmp_path / "none.csv.gz"), "--model", "qwen3-30b-a3b",
+                         "--moe-routing-skew", "0.4"]) == 2
+    assert "no such replay file" in capsys.readouterr().err
+    assert padded_steps([profile, str(tmp_path / "none.csv.gz"), "--model", "qwen3-0.6b",
+                         "--moe-routing-skew", "0.4"]) == 2
+    assert "dense" in capsys.readouterr().err
