@@ -56,8 +56,3 @@ def fair_share(num_seqs: int, total_keys: int, num_kv_heads: int, num_sms: int, 
     fair = cdiv(total_keys * num_kv_heads, slots)
     return max(block_n, cdiv(fair, block_n) * block_n)
 
-
-def program_chunk(seq_len: int, num_splits: int, fair: int | None, block_n: int = BLOCK_N) -> int:
-    """Keys per program of a sequence of seq_len keys (fair None: the even rule alone)."""
-    even = max(block_n, cdiv(cdiv(seq_len, num_splits), block_n) * block_n)
-    return even if fair is None else max(even, fair)
