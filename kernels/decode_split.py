@@ -12,40 +12,30 @@ programs, each walking at most `chunk` keys. Two rules set the chunk:
 - balanced: the step also passes the batch's fair share of keys per program (balanced_chunk),
   and chunk = max(fair share, L / S). Long sequences are cut into pieces of about the fair
   share, short ones stay whole, and the step's time follows its total context, which is what the
-  simulator's cost model prices.
+  simulator's cost model prices, as far as the programs are many enough to keep the memory busy;
+  where they are not, sim.decode_programs prices the longest ones (docs/decode-programs.md).
+The integer rules live in engine.core.decode_split, which the simulator shares.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# One 64-token tile per split is still a win at batch 1 on H100 (experiments/kernels/NOTES.md).
-MIN_TOKENS_PER_SPLIT = 64
-MAX_SPLITS = 64
-# With balanced chunks a launch keeps room for sequences this long to be cut into pieces of this
-# many keys; the unused programs return at once, but not for free: about 0.5 us per thousand
-# (H100, a batch of 512 with 40 splits, max_model_len 40,960: +80 us per layer). So the room stops
-# at MAX_BALANCE_PROGRAMS programs in all, which a batch of 512 with 8 KV heads reaches at 4 splits.
-BALANCE_CHUNK = 1024
-MAX_BALANCE_PROGRAMS = 16384
+from engine.core.decode_split import (
+    BALANCE_CHUNK,
+    MAX_BALANCE_PROGRAMS,
+    MAX_SPLITS,
+    MIN_TOKENS_PER_SPLIT,
+    choose_num_splits,
+    fair_share,
+)
+
+__all__ = ["BALANCE_CHUNK", "MAX_BALANCE_PROGRAMS", "MAX_SPLITS", "MIN_TOKENS_PER_SPLIT", "balanced_chunk",
+           "choose_num_splits", "split_chunks"]
 
 
-def _cdiv(a, b):  # ints or numpy arrays
+def _cdiv(a, b):  # numpy arrays
     return -(-a // b)
-
-
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                      balanced: bool = False) -> int:
-    """Enough splits for about four programs per SM, none shorter than MIN_TOKENS_PER_SPLIT;
-    balanced: also enough for max_seq_len to be cut into BALANCE_CHUNK pieces, as far as
-    MAX_BALANCE_PROGRAMS allows."""
-    programs = max(1, num_seqs * num_kv_heads)
-    wanted = 1 if programs >= 2 * num_sms else _cdiv(4 * num_sms, programs)
-    if balanced:
-        room = max(1, MAX_BALANCE_PROGRAMS // programs)
-        wanted = max(wanted, min(_cdiv(max_seq_len, BALANCE_CHUNK), room))
-    useful = max(1, _cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT))
-    return max(1, min(wanted, useful, MAX_SPLITS))
 
 
 def balanced_chunk(seq_lens: np.ndarray, num_kv_heads: int, num_sms: int, block_n: int = 64) -> int:
@@ -54,12 +44,7 @@ def balanced_chunk(seq_lens: np.ndarray, num_kv_heads: int, num_sms: int, block_
     four programs per SM (the even rule's target). Rows of length 0 are padding."""
     lens = np.asarray(seq_lens, dtype=np.int64)
     real = lens[lens > 0]
-    if real.size == 0:
-        return block_n
-    programs = int(real.size) * num_kv_heads
-    slots = programs if programs >= 2 * num_sms else 4 * num_sms
-    fair = _cdiv(int(real.sum()) * num_kv_heads, slots)
-    return max(block_n, _cdiv(fair, block_n) * block_n)
+    return fair_share(int(real.size), int(real.sum()), num_kv_heads, num_sms, block_n)
 
 
 def split_chunks(seq_lens: np.ndarray, num_splits: int, chunk: int | None, block_n: int = 64) -> np.ndarray:

@@ -47,6 +47,10 @@ class SimConfig:
     exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
     fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
     outputs identical to stepping them one by one (False).
+    decode_programs: the profiled model prices a decode step's attention as the engine's split-KV
+    kernel runs it, waiting on its longest programs where they are too few to keep the memory busy
+    (sim.decode_programs; needs the hardware's num_sms and decode_program_bandwidth, else nothing
+    changes). False: by the step's total context alone.
     """
 
     cost_model: str = "roofline"
@@ -60,6 +64,7 @@ class SimConfig:
     moe_routing_locality: float = 0.0
     moe_routing_shared_prefix: bool = False
     fast_forward: bool = True
+    decode_programs: bool = True
     host_scale: float = 1.0
     host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
@@ -84,8 +89,9 @@ class SimConfig:
         if not isinstance(self.moe_routing_shared_prefix, bool):
             raise ValueError(f"SimConfig.moe_routing_shared_prefix must be true or false, "
                              f"got {self.moe_routing_shared_prefix!r}")
-        if not isinstance(self.fast_forward, bool):
-            raise ValueError(f"SimConfig.fast_forward must be true or false, got {self.fast_forward!r}")
+        for name in ("fast_forward", "decode_programs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from engine.core.registry import Registry
+from sim.decode_programs import DecodePrograms
 from sim.features import MOE_FEATURES
 from sim.host_speed import with_host_jitter, with_host_scale
 from sim.moe import WeightReadFloor
@@ -71,10 +72,23 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     elif profiled.uses_moe_features:
         raise ValueError(f"backend.profile_path {sim.profile_path} was measured on a mixture-of-experts model "
                          f"(it has {list(MOE_FEATURES)}); {model.name} is dense")
+    profiled.decode_programs = decode_programs(model, hardware, sim)
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size,
                                    sim.execution.all_reduce, sim.moe_routing_skew, sim.execution.expert_parallel)
     return profiled
+
+
+def decode_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> DecodePrograms | None:
+    """The engine's decode kernel on this GPU (sim.decode_programs), or None where sim.decode_programs
+    is off or the hardware lacks its figures. A TP=1 profile carried to a larger tp_size is priced at
+    TP=1, then transferred."""
+    if not sim.decode_programs or hardware.num_sms is None or hardware.decode_program_bandwidth is None:
+        return None
+    tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
+    key_bytes = model.kv_bytes_per_token_per_rank(tp) // (model.num_layers * model.kv_heads_per_rank(tp))
+    return DecodePrograms(model.kv_heads_per_rank(tp), model.num_layers, key_bytes, hardware.num_sms,
+                          hardware.decode_program_bandwidth)
 
 
 @COST_MODELS.register("roofline")

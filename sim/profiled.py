@@ -47,6 +47,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
+from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
 from sim.features import (
     MOE_FEATURES,
     ROUTING_GROUPS,
@@ -122,6 +123,9 @@ class ProfiledCostModel:
         self.shared_prefix_routing = False
         # the least time a decode step can take (sim.moe.WeightReadFloor for an MoE model; None: none)
         self.floor: Callable[[Mapping[str, float]], float] | None = None
+        # the engine's decode kernel, whose longest programs a decode step waits on (None: the
+        # step's KV read priced by its total context alone)
+        self.decode_programs: DecodePrograms | None = None
 
     @property
     def uses_moe_features(self) -> bool:
@@ -176,7 +180,7 @@ class ProfiledCostModel:
 
     def step_time(self, plan: StepPlan) -> float:
         features = step_features(plan, self.graphs, self.distinct_experts, self.shared_prefix_routing)
-        return self._price(features, plan.stats.step)
+        return self._price(self._with_programs(features, plan, 0), plan.stats.step)
 
     def decode_repeats(self, plan: StepPlan) -> Iterator[float]:
         """step_time() of plan's repeats (a decode step; engine.core.fast_forward), each with every
@@ -185,7 +189,19 @@ class ProfiledCostModel:
         context = features["decode_context_tokens"]
         num_seqs = features["num_seqs"]
         for j in itertools.count(1):
-            yield self._price({**features, "decode_context_tokens": context + j * num_seqs}, plan.stats.step + j)
+            step = {**features, "decode_context_tokens": context + j * num_seqs}
+            yield self._price(self._with_programs(step, plan, j), plan.stats.step + j)
+
+    def _with_programs(self, features: dict[str, float], plan: StepPlan, ahead: int) -> dict[str, float]:
+        """features, with what the decode kernel's longest programs add to a decode-only step
+        (sim.decode_programs), its contexts `ahead` tokens longer than plan's."""
+        if self.decode_programs is None or features["num_prefill_tokens"] or not features["num_decode_tokens"]:
+            return features
+        used = self.fits[next(r for r in FALLBACK[regime_of(features)] if r in self.fits)]
+        per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
+        lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
+        features[PROGRAM_EXCESS] = self.decode_programs.excess_s(lens, per_token)
+        return features
 
     def _price(self, features: dict[str, float], step: int) -> float:
         if self.host_jitter:
@@ -253,7 +269,7 @@ class ProfiledCostModel:
         floor = MIN_DURATION_S
         if self.floor is not None and regime in DECODE_REGIMES:
             floor = max(self.floor(features), floor)
-        return max(fit.predict(features), floor)
+        return max(fit.predict(features) + features.get(PROGRAM_EXCESS, 0.0), floor)
 
     def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
         """Predicted duration_s for each row of a step-timing table; with include_host, plus the

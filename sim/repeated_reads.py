@@ -71,4 +71,5 @@ def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]
     copy.host_jitter, copy.host_seed = model.host_jitter, model.host_seed
     copy.residuals = model.residuals
     copy.distinct_experts = model.distinct_experts
+    copy.decode_programs = model.decode_programs
     return copy

@@ -72,6 +72,19 @@ def test_kept_steps_are_read_back_and_an_injected_slowdown_and_gap_are_reported(
                      & (batches["pool"] == "decode")]
     assert slowed["group"].str.startswith("decode (").all()
     assert slowed["measured_over_sim"].to_numpy() == pytest.approx(SLOW)
+    # by exact batch, and per decoding pool: the slow steps, the lost time, the same batches
+    sizes = pd.read_csv(tmp_path / "report" / "step_sizes.csv")
+    sized = sizes[(sizes["fleet"] == "1P1D") & (sizes["load"].astype(str) == "0.8") & (sizes["pool"] == "decode")]
+    assert len(sized) > 1 and sized["measured_over_sim"].to_numpy() == pytest.approx(SLOW)
+    summary = pd.read_csv(tmp_path / "report" / "step_summary.csv").assign(load=lambda t: t["load"].astype(str))
+    assert set(summary["pool"]) == {"decode", "aggregated"}  # prefill replicas decode nothing
+    row = summary.set_index(["fleet", "load", "pool"])
+    slow = row.loc[("1P1D", "0.8", "decode")]
+    assert slow["decode_over_priced"] == pytest.approx(SLOW, rel=0.01)
+    assert slow["decode_s_measured"] == pytest.approx(SLOW * slow["decode_s_sim"])
+    assert slow["batch_measured"] == pytest.approx(slow["batch_sim"])
+    late, fine = row.loc[("2x", "0.5", "aggregated")], row.loc[("1P1D", "0.5", "decode")]
+    assert late["gap_share_measured"] > late["gap_share_sim"] and fine["gap_share_measured"] == fine["gap_share_sim"]
 
 
 def test_bad_step_input_is_refused_in_one_line(tmp_path, capsys):

@@ -19,7 +19,17 @@ Per cell, pool, replica and step kind (and "all" kinds):
   batch_measured, batch_sim        mean requests per step
 
 and per cell and pool, steps by kind and batch size (experiments/fidelity/step_groups.step_group):
-mean step time on each side at the same batch. step_report.csv and step_batches.csv with --out.
+mean step time on each side at the same batch (step_batches.csv); decode steps by their exact batch,
+up to --sizes-up-to (step_sizes.csv: a cost that jumps between two batch sizes shows there); and per cell and pool that
+decodes, where a TPOT error comes from (step_summary.csv, the replicas together):
+  decode_over_priced        the measured decode steps' time over the same steps priced (step_priced_s)
+  gap_share_measured, gap_share_sim   time lost between steps with work left, over the steps' time
+  decode_s_measured, decode_s_sim     decode steps' time per replica
+  batch_measured, batch_sim           requests per decode step, weighted by the step's time: a
+                                      request's TPOT is this over the replica's tokens per second
+                                      (Little's law), so at one arrival rate a larger batch is a
+                                      longer TPOT
+Written with --out.
 """
 
 from __future__ import annotations
@@ -113,27 +123,62 @@ def batch_report(steps: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def size_report(steps: pd.DataFrame, up_to: int) -> pd.DataFrame:
+    """Per cell, pool and exact batch up to up_to: decode steps and their mean time on each side."""
+    decode = steps[(steps["kind"] == "decode") & (steps["requests"] <= up_to)].assign(gap=np.nan, gap_busy=np.nan)
+    table = side_means(decode, [*CELL, "pool", "requests"])
+    table = table[["steps_measured", "steps_sim", "step_measured_s", "step_sim_s"]]
+    table["measured_over_sim"] = table["step_measured_s"] / table["step_sim_s"]
+    return table.reset_index()
+
+
+def summary_report(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and decoding pool, the replicas together: slow steps, lost time, batch (module doc)."""
+    steps = with_gaps(steps)
+    steps = steps.assign(step_priced=priced(steps))
+    rows = []
+    for keys, group in steps[steps["pool"] != "prefill"].groupby([*CELL, "pool"], sort=True):
+        row = dict(zip((*CELL, "pool"), keys))
+        for side, mine in (("measured", group[group["side"] == MEASURED]), ("sim", group[group["side"] != MEASURED])):
+            decode = mine[mine["kind"] == "decode"]
+            replicas = max(1, mine["replica"].nunique())
+            row[f"decode_s_{side}"] = decode["duration"].sum() / replicas
+            row[f"batch_{side}"] = (decode["requests"] * decode["duration"]).sum() / decode["duration"].sum()
+            row[f"gap_share_{side}"] = mine["gap_busy"].sum() / mine["duration"].sum()
+            if side == "measured":
+                row["decode_over_priced"] = decode["duration"].sum() / decode["step_priced"].sum()
+        rows.append(row)
+    order = [*CELL, "pool", "decode_over_priced", "gap_share_measured", "gap_share_sim", "decode_s_measured",
+             "decode_s_sim", "batch_measured", "batch_sim"]
+    return pd.DataFrame(rows, columns=order)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="measure results folders or steps_*.csv.gz files")
-    parser.add_argument("--out", type=Path, default=None, help="write step_report.csv and step_batches.csv here")
+    parser.add_argument("--out", type=Path, default=None, help="write the tables here (module doc)")
+    parser.add_argument("--sizes-up-to", type=int, default=64, help="step_sizes.csv: decode batches up to this")
     args = parser.parse_args(argv)
     try:
         steps = pd.concat([read_kept(f) for f in kept_files(args.paths)], ignore_index=True)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    replicas, batches = replica_report(steps), batch_report(steps)
+    replicas, batches, summary = replica_report(steps), batch_report(steps), summary_report(steps)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        replicas.to_csv(args.out / "step_report.csv", index=False)
-        batches.to_csv(args.out / "step_batches.csv", index=False)
+        tables = {"step_report": replicas, "step_batches": batches, "step_summary": summary,
+                  "step_sizes": size_report(steps, args.sizes_up_to)}
+        for name, table in tables.items():
+            table.to_csv(args.out / f"{name}.csv", index=False, float_format="%.6g")  # microseconds of a step
     print("Per replica and step kind: measured against simulated (step_priced_s: the measured steps at "
           "the simulation's prices; seconds)\n")
     print(markdown(replicas, 4))
     print("\nBy step group (decode by batch size), per pool: mean step time\n")
     print(markdown(batches, 4))
+    print("\nPer decoding pool: decode steps against their price, time lost between steps, batch\n")
+    print(markdown(summary, 4))
     return 0
 
 

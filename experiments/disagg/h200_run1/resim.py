@@ -3,11 +3,15 @@ same requests (workloads.class_workload, at_rate with each cell's rate and count
 the measured KV blocks per replica, the H200 profile; `--set` Hydra overrides for the simulated
 side (the call's own, from its settings.json, come first).
 
-    python -m experiments.disagg.h200_run1.resim [--run DIR] [--no-handshake] [--queue-behind-step {0,1}] [--label L]
+    python -m experiments.disagg.h200_run1.resim [--run DIR] [--no-handshake] [--queue-behind-step {0,1}]
+        [--aggregated] [--set OVERRIDE ...] [--label L] [--out CSV]
 
 DIR: a call's folder with runs.csv and settings.json (default: this one; e.g.
 experiments/disagg/h200x4_pd_mixes/measure_1P3D). Prints each cell's errors against the measured
-row in runs.csv (the targets of tables.TARGETS) and writes resim_<label>.csv into DIR.
+row in runs.csv (the targets of tables.TARGETS) and writes resim_<label>.csv into DIR (or --out).
+--aggregated: the aggregated fleet's cells too (fleet column), as cells.simulate prices them.
+--keep-steps DIR2: per cell, the call's measured steps (DIR's steps_*.csv.gz from `measure
+--keep-steps`) beside the re-simulated ones, in DIR2, for experiments/disagg/step_report.py.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import pandas as pd
 
 from experiments.disagg.cells import simulate
 from experiments.disagg.common import Pools, Setup
+from experiments.disagg.kept_steps import STEP_COLUMNS, kept_name, read_kept, side_steps
 from experiments.disagg.tables import TARGETS
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
+from harness.output.metrics import SUMMARY_STEP_COLUMNS
 
 HERE = Path(__file__).resolve().parent
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s", "transfer_p50_s",
@@ -40,36 +46,55 @@ def main(argv: list[str] | None = None) -> None:
                         "with --no-handshake)")
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--run", default=str(HERE), help="the call's folder (runs.csv, settings.json)")
+    parser.add_argument("--aggregated", action="store_true", help="the aggregated fleet's cells too")
+    parser.add_argument("--out", default=None, help="the CSV to write (default: DIR/resim_<label>.csv)")
+    parser.add_argument("--keep-steps", default=None, help="a folder for each cell's steps, measured and re-simulated")
     args = parser.parse_args(argv)
     run = Path(args.run)
     runs = pd.read_csv(run / "runs.csv", dtype={"load": str})
-    measured = runs[(runs.side == "measured") & runs.fleet.str.fullmatch(r"\d+P\d+D")]
-    (fleet,) = set(measured.fleet)
+    disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
+    measured = runs[(runs.side == "measured") & (disaggregated | args.aggregated)]
+    (fleet,) = set(runs.fleet[disaggregated])
     own = json.loads((run / "settings.json").read_text())["args"].get("overrides", [])
     queue = {} if args.queue_behind_step is None else {"queue_behind_step": bool(args.queue_behind_step)}
     setup = Setup("qwen3-0.6b", "h200", Pools.parse(fleet), profile="profiles/h200/qwen3-0.6b.csv",
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, **queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
+    keep = Path(args.keep_steps) if args.keep_steps else None
     rows, within, compared = [], 0, 0
     for _, row in measured.iterrows():
-        base = class_workload(row.workload, args.trace, False)
+        mode = "disaggregated" if row.fleet == fleet else "aggregated"
         rate = None if math.isnan(row.rate_req_s) else float(row.rate_req_s)
-        blocks = int(row.num_blocks) // int(row.replicas)
-        sim = simulate(setup, sim_rc, "disaggregated", at_rate(base, rate, int(row.num_requests)), blocks)
+        workload = at_rate(class_workload(row.workload, args.trace, False), rate, int(row.num_requests))
+        columns = tuple(dict.fromkeys((*SUMMARY_STEP_COLUMNS, *STEP_COLUMNS))) if keep else SUMMARY_STEP_COLUMNS
+        sim = simulate(setup, sim_rc, mode, workload, int(row.num_blocks) // int(row.replicas), step_columns=columns)
         simulated = sim.summary.to_row()
-        out = {"workload": row.workload, "load": row.load}
+        out = {"fleet": row.fleet, "workload": row.workload, "load": row.load}
         for metric in METRICS:
-            out[metric] = simulated[metric]
-            out[f"{metric}_err_pct"] = round(100 * (simulated[metric] / row[metric] - 1), 1)
+            out[metric] = simulated.get(metric, math.nan)
+            out[f"{metric}_err_pct"] = round(100 * (out[metric] / row[metric] - 1), 1)
         for metric, target in TARGETS.items():
             if metric in row and not math.isnan(row[metric]):
                 compared += 1
                 within += abs(simulated[metric] / row[metric] - 1) <= target
         rows.append(out)
-        print(row.workload, row.load, " ".join(f"{m} {out[m + '_err_pct']:+.1f}" for m in METRICS), flush=True)
+        print(row.fleet, row.workload, row.load, " ".join(f"{m} {out[m + '_err_pct']:+.1f}" for m in METRICS),
+              flush=True)
+        if keep is not None:
+            keep_cell(run, keep, dict(out), sim, sim_rc.cache.block_size)
     print(f"{within} of {compared} comparisons within target ({', '.join(TARGETS)})")
     label = args.label or ("profiled" if args.no_handshake else "handshake")
-    pd.DataFrame(rows).to_csv(run / f"resim_{label}.csv", index=False)
+    pd.DataFrame(rows).to_csv(args.out or run / f"resim_{label}.csv", index=False)
+
+
+def keep_cell(run: Path, keep: Path, cell: dict, sim, block_size: int) -> None:
+    """The cell's measured steps from the call (run/steps_*.csv.gz) beside the re-simulated ones."""
+    name = kept_name(cell)
+    measured = read_kept(run / name)
+    measured = measured[measured["side"] == "measured"].drop(columns=["fleet", "workload", "load"])
+    keep.mkdir(parents=True, exist_ok=True)
+    table = pd.concat([measured, side_steps("profiled", sim, block_size)], ignore_index=True)
+    table.to_csv(keep / name, index=False, float_format="%.6f", compression={"method": "gzip", "compresslevel": 9})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""A decode step's attention as the engine's split-KV kernel runs it: its programs, and the time
+the longest of them add beyond the KV read that a cost model prices by the step's total context.
+
+The engine cuts each (sequence, KV head) into programs of at most the batch's fair share of keys
+(engine.core.decode_split): with fewer than two programs per SM that is the keys over four
+programs per SM, from two on the batch's mean context. One program streams its keys at no more
+than a rate of its own (a chain of dependent block-table and KV loads: hardware field
+decode_program_bandwidth, measured by experiments/kernels/decode_balance.py). A cost model that
+prices the read by total context assumes enough programs to keep the memory busy until the end;
+with long contexts just past two programs per SM they are not, and the longest pieces finish
+alone. On an H200 with 8 KV heads and 4.3k-token contexts, a step of 33 sequences took 6.27 ms
+against 4.99 ms for one of 32 (experiments/disagg/h200x4_pd_mixes/run2).
+
+The price (per layer; every layer runs the same programs): all programs start together, share the
+bandwidth the cost model prices a context token at, and each runs at most at the program rate, so
+once fewer remain than that bandwidth needs, the step waits on the longest (a fluid model, no fitted
+constant). What the longest pieces add over total keys / bandwidth is `excess_s`. A launch's split
+count is taken from the step's longest context; graphs are captured with max_model_len, which
+raises it, but a program longer than BALANCE_CHUNK keys is the fair share either way.
+
+Only steps of at least two programs per SM (engine.core.decode_split.mean_share) are priced so.
+Below, the kernel cuts the keys into four programs per SM, and what few short programs cost is
+in the profile already: its grid measured those batches down to 128-token contexts, and a fit's
+per-batch price holds them (adding the fluid's wait there would count it twice: +68 us on a step
+of one 128-token sequence). From two programs per SM on, a program walks the mean context, and
+the grid's rows (even contexts up to 3,072 tokens, at least 384 programs) have no such wait, so
+the fit cannot hold what served long contexts add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core.decode_split import BLOCK_N, choose_num_splits, fair_share, mean_share
+
+# the key of a step's features that carries excess_s to the profiled model's price (not a profile column)
+PROGRAM_EXCESS = "decode_program_excess_s"
+
+
+@dataclass(frozen=True)
+class DecodePrograms:
+    """num_kv_heads: per rank; key_bytes: one key's K and V of one head (2 x head_dim x dtype bytes);
+    program_bandwidth: bytes/s one program streams at most."""
+
+    num_kv_heads: int
+    num_layers: int
+    key_bytes: int
+    num_sms: int
+    program_bandwidth: float
+
+    def __post_init__(self) -> None:
+        for name in ("num_kv_heads", "num_layers", "key_bytes", "num_sms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DecodePrograms.{name} must be an int >= 1, got {value!r}")
+        if not self.program_bandwidth > 0:
+            raise ValueError(f"DecodePrograms.program_bandwidth must be > 0 bytes/s, got {self.program_bandwidth!r}")
+
+    def programs(self, seq_lens: Sequence[int]) -> np.ndarray:
+        """The keys each program of one KV head walks, ascending (every KV head runs the same;
+        a length of 0 is padding)."""
+        lens = _real(seq_lens)
+        if lens.size == 0:
+            return lens
+        heads, sms = self.num_kv_heads, self.num_sms
+        splits = choose_num_splits(int(lens.size), heads, int(lens.max()), sms, balanced=True)
+        pieces = -(-lens // splits)  # the even rule: L / S in whole tiles, or the fair share if longer
+        chunk = np.maximum(np.maximum(BLOCK_N, -(-pieces // BLOCK_N) * BLOCK_N),
+                           fair_share(int(lens.size), int(lens.sum()), heads, sms))
+        keys = np.concatenate((np.repeat(chunk, lens // chunk), lens % chunk))
+        return np.sort(keys[keys > 0])
+
+    def excess_s(self, seq_lens: Sequence[int], seconds_per_token: float) -> float:
+        """Seconds the step's attention takes beyond its total context x seconds_per_token (the cost
+        model's price of one context token over all layers and this rank's KV heads); >= 0. Zero
+        below two programs per SM (module doc)."""
+        heads = self.num_kv_heads
+        if seconds_per_token <= 0 or not mean_share(int(_real(seq_lens).size), heads, self.num_sms):
+            return 0.0
+        keys = self.programs(seq_lens)
+        bandwidth = heads * self.num_layers / seconds_per_token  # head-keys/s in one layer's pass
+        rate = self.program_bandwidth / self.key_bytes  # head-keys/s of one program
+        running = heads * np.arange(keys.size, 0, -1)  # programs still walking while passing keys[i]
+        walked = np.diff(keys, prepend=0)  # keys each of them walks in that phase
+        fluid = float(np.dot(walked, 1.0 / np.minimum(rate, bandwidth / running)))
+        return max(0.0, self.num_layers * (fluid - heads * float(keys.sum()) / bandwidth))
+
+
+def _real(seq_lens: Sequence[int]) -> np.ndarray:
+    lens = np.fromiter(seq_lens, np.int64)
+    return lens[lens > 0]

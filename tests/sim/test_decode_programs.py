@@ -1,0 +1,119 @@
+"""The decode kernel's programs in the simulator's price (sim.decode_programs): a step waits on its
+longest programs only where they are too few to keep the memory busy, which is where the engine's
+rule switches to one program per (sequence, KV head) of the batch's mean context: on 132 SMs with
+8 KV heads, from batch 33 on. The profiled model adds that time to decode steps, in step_time and
+in the fast-forward's repeats alike; the hardware's figures or backend.decode_programs=false leave
+it out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.core.decode_split import fair_share
+from harness.scripting import compose_run_config
+from kernels.decode_split import balanced_chunk, choose_num_splits, split_chunks
+from sim.cost_model import decode_programs, make_cost_model
+from sim.decode_programs import DecodePrograms
+from tests.sim.helpers import decode_batch
+
+# Qwen3-0.6B on an H200: 8 KV heads, 28 layers, 512 B of K and V per key and head; the H200
+# profile's price of a context token (profiles/h200/qwen3-0.6b.csv, decode_graph)
+pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")
+
+KERNEL = DecodePrograms(num_kv_heads=8, num_layers=28, key_bytes=512, num_sms=132, program_bandwidth=12.9e9)
+PER_TOKEN = 2.616e-8
+LONG = (2048, 6144)  # the long class's prompts
+
+
+def ragged(batch: int, seed: int = 0) -> list[int]:
+    return [int(c) for c in np.random.default_rng(seed).integers(*LONG, batch)]
+
+
+def test_the_longest_programs_hold_a_step_just_past_two_programs_per_sm():
+    # 32 sequences: split to four programs per SM, the memory stays busy; 33: one program of the
+    # mean context per (sequence, head), fewer than the bandwidth needs once the short ones are done
+    below, above = ([KERNEL.excess_s(ragged(b, seed), PER_TOKEN) for seed in range(5)] for b in (32, 33))
+    assert max(below) < 1e-4
+    assert 0.8e-3 < min(above) and max(above) < 1.6e-3  # measured on the H200: +1.2 ms at 33 (run2 README)
+    # further from the switch there are more programs in flight, and the wait shrinks
+    assert KERNEL.excess_s(ragged(48), PER_TOKEN) < KERNEL.excess_s(ragged(36), PER_TOKEN)
+    assert KERNEL.excess_s(ragged(224), PER_TOKEN) == 0.0
+
+
+def test_an_even_batch_of_many_programs_and_a_small_batch_wait_on_nothing():
+    assert KERNEL.excess_s([1000] * 256, PER_TOKEN) == 0.0
+    assert KERNEL.excess_s([], PER_TOKEN) == 0.0 and KERNEL.excess_s([0, 0], PER_TOKEN) == 0.0
+    # a few short programs below two per SM: the profile's grid measured them, its price holds them
+    assert KERNEL.excess_s([128], PER_TOKEN) == 0.0 and KERNEL.excess_s([128] * 8, PER_TOKEN) == 0.0
+    # 33 sequences, one of them padding: 32 real, below two programs per SM
+    assert KERNEL.excess_s([*ragged(32), 0], PER_TOKEN) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(lens=st.lists(st.integers(0, 8192), min_size=1, max_size=300), heads=st.sampled_from([1, 2, 4, 8]),
+       sms=st.sampled_from([108, 132]), rate=st.floats(1e9, 1e11))
+def test_the_programs_are_the_kernels_and_the_wait_is_bounded(lens, heads, sms, rate):
+    kernel = dataclasses.replace(KERNEL, num_kv_heads=heads, num_sms=sms, program_bandwidth=rate)
+    keys = kernel.programs(lens)
+    real = np.array([n for n in lens if n > 0])
+    assert keys.sum() == real.sum() and (np.diff(keys) >= 0).all()
+    if real.size:
+        # the kernel's own rule (kernels.decode_split), at the split count of an eager launch
+        splits = choose_num_splits(real.size, heads, int(real.max()), sms, balanced=True)
+        chunks = split_chunks(real, splits, balanced_chunk(real, heads, sms))
+        assert len(keys) == int((-(-real // chunks)).sum()) and keys.max() == np.minimum(real, chunks).max()
+        assert fair_share(real.size, int(real.sum()), heads, sms) == balanced_chunk(real, heads, sms)
+    excess = kernel.excess_s(lens, PER_TOKEN)
+    # never negative; never more than the longest program walking alone at its rate
+    assert excess >= 0.0
+    longest = keys.max() if keys.size else 0
+    assert excess <= kernel.num_layers * longest * kernel.key_bytes / rate * (1 + 1e-9)
+    # a slower program waits at least as long
+    slower = dataclasses.replace(kernel, program_bandwidth=rate / 2)
+    assert slower.excess_s(lens, PER_TOKEN) >= excess - 1e-15
+
+
+def test_bad_figures_are_refused():
+    for field, value in (("num_sms", 0), ("num_kv_heads", 1.5), ("program_bandwidth", 0.0)):
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(KERNEL, **{field: value})
+
+
+def _profiled(*overrides: str):
+    rc = compose_run_config(["model=qwen3-0.6b", "hardware=h200", "backend=sim", "backend.cost_model=profiled",
+                             *overrides])
+    return rc, make_cost_model(rc.model, rc.hardware, rc.sim, (1, 2, 4, 8, 16, 32, 48, 64))
+
+
+def test_the_profiled_model_adds_the_wait_to_decode_steps_and_to_their_repeats():
+    rc, on = _profiled()
+    _, off = _profiled("backend.decode_programs=false")
+    assert on.decode_programs == KERNEL and off.decode_programs is None
+    step = decode_batch(ragged(33))
+    # decode_batch's contexts are the tokens before the step: the kernel reads one more each
+    lens = [e.num_computed_tokens + 1 for e in step.scheduled]
+    per_token = dict(zip(off.fits["decode_graph"].linear_features, off.fits["decode_graph"].linear_coefs))
+    expected = KERNEL.excess_s(lens, per_token["decode_context_tokens"])
+    assert expected > 5e-4
+    assert on.step_time(step) - off.step_time(step) == pytest.approx(expected, rel=1e-9)
+    # the fast-forward's repeats are the step with every context j tokens longer
+    for j, (priced_on, priced_off) in enumerate(zip(on.decode_repeats(step), off.decode_repeats(step)), start=1):
+        grown = KERNEL.excess_s([n + j for n in lens], per_token["decode_context_tokens"])
+        assert priced_on - priced_off == pytest.approx(grown, rel=1e-9)
+        if j == 3:
+            break
+    # a step of 32 and a CPU without the figures: nothing added
+    short = decode_batch(ragged(32))
+    assert on.step_time(short) == pytest.approx(off.step_time(short), abs=1e-7)
+    cpu = compose_run_config(["hardware=cpu"]).hardware
+    assert decode_programs(rc.model, cpu, rc.sim) is None
+
+
+def test_the_setting_is_a_bool():
+    with pytest.raises(ValueError, match="decode_programs"):
+        dataclasses.replace(compose_run_config([]).sim, decode_programs="yes")
