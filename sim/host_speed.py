@@ -3,7 +3,7 @@
 NOTE: a profile's launch, lead and host fits (sim.profiled) are host time: Python building and
 launching a step, measured on the machine that ran the profiling grid. sim.transfer keeps them
 when the GPU changes (the same host is assumed). They do not all carry to another host: on an
-H100 machine serving the code_completion class (experiments/fidelity/cause/README.md), every kind
+H100 machine serving the code_completion class (experiments/fidelity/README.md, "the cause"), every kind
 of step's submit() took 1.3-2.1x the grid machine's (decode graphs, prefill graphs and eager
 prefills alike, the factor varying run to run), and Qwen3-0.6B's eager prefills of 4-16k tokens,
 whose launches (~15 ms) exceed their device work, ran 6-26% longer than priced.
@@ -12,8 +12,8 @@ with_host_scale(model, s) prices the parts that follow the host's speed s times 
 the launch fits (SPEED_PARTS), the host fit and the loop's launch delay. The lead (the host time
 until the device can start a step) keeps the profile's: on those H100 runs and on an H200 host
 whose launches took 1.6-2.1x the grid's, prefill graphs that started on an idle device waited
-0.6-0.8x the grid's lead whatever the run's speed, and scaling the lead priced prefill graphs after
-a decode step 5-15% long, where keeping it leaves them within -3..+4%
+0.3-0.7x the grid's lead, and scaling the lead priced prefill graphs after a decode step up to 15%
+long, where keeping it leaves them within -3..+6%
 (experiments/fidelity/cause/host_parts.py: every step kind priced under each rule). An eager step
 then costs max(gpu + max(0, lead - free), launch - free) with the slower host's launch; a decode
 graph step, whose grid duration holds the grid host's launches, cannot end before the new host's
@@ -29,7 +29,7 @@ taken from.
 The host's speed also moves from step to step: on that H100 the log of the ratio had a standard
 deviation of 0.22-0.28, the same for decode graphs, prefill graphs and eager prefills. Priced at
 one speed, a cell's steps are right on average but its queues too short near saturation (the
-0.6B's TPOT P90 at 80-95% load -18%). with_host_jitter(model, sigma, seed) draws each step's host
+0.6B's TPOT P90 at 80-95% load -24..-27%). with_host_jitter(model, sigma, seed) draws each step's host
 speed, exp(N(0, sigma)) times the scaled one (the parts with_host_scale scales, but the launch
 delay), from (seed, step) alone (sim.host_draws), so a run is reproducible and fast-forward prices
 the same steps as step by step; measured_host_jitter reads sigma off the same decode graph launches.
