@@ -41,10 +41,10 @@ class SimConfig:
     profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
     run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
     host_scale: the serving host's speed against the host that measured the profile: the profiled
-    model's host parts (launches, leads, host time) take host_scale times the profile's
+    model's launches and host time take host_scale times the profile's, its leads keep theirs
     (sim.host_speed; 1: the profile's host). The roofline ignores it.
-    host_jitter: how much that host's speed moves from step to step: each step's host parts take
-    exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
+    host_jitter: how much that host's speed moves from step to step: each step's launches and host
+    time take exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
     fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
     outputs identical to stepping them one by one (False).
     decode_programs: the profiled model prices a decode step's attention as the engine's split-KV

@@ -72,6 +72,7 @@ from sim.profiled_regimes import (
     OVERLAP_REGIMES,
     REGIMES,
     REQUIRED_OVERLAP_PARTS,
+    SPEED_PARTS,
     as_regime,
     coefficient_rows,
     fit_regimes,
@@ -83,8 +84,8 @@ from sim.step_table import complete_columns, table_regimes
 # the regimes' names and rules are sim.profiled_regimes'; re-exported for the modules that price
 # with this model
 __all__ = ["DECODE_REGIMES", "DEVICE_PRICED_REGIMES", "EAGER_REGIMES", "HOST_PARTS", "HOST_REGIME", "HOST_STALL_S",
-           "OVERLAP_REGIMES", "REGIMES", "REQUIRED_OVERLAP_PARTS", "ExtrapolationWarning", "ProfiledCostModel",
-           "complete_columns", "table_regimes"]
+           "OVERLAP_REGIMES", "REGIMES", "REQUIRED_OVERLAP_PARTS", "SPEED_PARTS", "ExtrapolationWarning",
+           "ProfiledCostModel", "complete_columns", "table_regimes"]
 
 
 class ExtrapolationWarning(UserWarning):
@@ -242,7 +243,7 @@ class ProfiledCostModel:
         if fit is None:
             return 0.0
         value = max(fit.predict(features), 0.0)
-        return value * self._host_draw if self._host_draw != 1.0 and part in HOST_PARTS else value
+        return value * self._host_draw if self._host_draw != 1.0 and part in SPEED_PARTS else value
 
     def host_time(self, features: Mapping[str, float]) -> float:
         """Wall time the loop spends around the step (0 when the profile has no host_s)."""

@@ -42,6 +42,10 @@ REQUIRED_OVERLAP_PARTS = ("launch", "gpu")
 # Parts that are host time (the same on another GPU; no device-side prior applies to them). Lead
 # can be zero, so it is fitted to absolute, not relative, error.
 HOST_PARTS = ("launch", "lead")
+# The host parts that follow the serving host's speed (sim.host_speed): the launches. The lead (host
+# time until the device can start a step) kept the grid's price on serving hosts whose launches took
+# 1.3-2.1x the grid's (experiments/fidelity/cause/host_parts.py), so a host's speed leaves it alone.
+SPEED_PARTS = ("launch",)
 OVERLAP_REGIMES = tuple(f"{part}:{regime}" for part in OVERLAP_PARTS for regime in REGIMES)
 EAGER_REGIMES = ("prefill", "decode_eager")
 DECODE_REGIMES = ("decode_graph", "decode_eager")

@@ -1,5 +1,5 @@
-"""The serving host's speed (sim.host_speed): host parts carried to a slower or faster host CPU,
-measured from a run's decode graph launches; device-bound steps keep their price."""
+"""The serving host's speed (sim.host_speed): the launches carried to a slower or faster host CPU,
+measured from a run's decode graph launches; the lead and device-bound steps keep their price."""
 
 from __future__ import annotations
 
@@ -14,11 +14,24 @@ from hypothesis import strategies as st
 from sim.config import SimConfig
 from sim.features import step_features
 from sim.host_draws import host_draw
-from sim.host_speed import measured_host_jitter, measured_host_scale, with_host_jitter, with_host_scale
+from sim.host_speed import (
+    measured_host_jitter,
+    measured_host_scale,
+    with_host_jitter,
+    with_host_scale,
+    with_part_scales,
+)
 from sim.profiled import ProfiledCostModel
 from tests.sim.helpers import decode_batch, plan, prefill
 from tests.sim.test_profiled import GRAPH, grid_plans, true_time
-from tests.sim.test_profiled_overlap import LAUNCH_DECODE, LAUNCH_PREFILL, at_step, overlapping_profile
+from tests.sim.test_profiled_overlap import (
+    LAUNCH_DECODE,
+    LAUNCH_PREFILL,
+    LEAD_PREFILL,
+    at_step,
+    lead_model,  # noqa: F401 (a fixture)
+    overlapping_profile,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +67,37 @@ def test_a_device_bound_prefill_keeps_its_price(model):
     assert gpu > 1.5 * LAUNCH_PREFILL
     base = model.step_time(at_step(big, 0))
     assert with_host_scale(model, 1.5).step_time(at_step(big, 0)) == pytest.approx(base, rel=1e-9)
+
+
+def test_a_slower_host_leaves_the_lead_at_the_profiles_price(lead_model):  # noqa: F811 (the fixture)
+    # a device-bound prefill after an idle gap waits gpu + lead: the launches follow the host, the
+    # lead does not (sim.host_speed: measured on two serving hosts)
+    big = plan(prefill(16384))
+    gpu = true_time(step_features(big, GRAPH))
+    assert gpu > 1.5 * LAUNCH_PREFILL  # device-bound on either host
+    for scale in (0.5, 1.5):
+        assert with_host_scale(lead_model, scale).step_time(at_step(big, 0)) == pytest.approx(gpu + LEAD_PREFILL,
+                                                                                              rel=0.02)
+        jittered = with_host_jitter(with_host_scale(lead_model, scale), 0.5, seed=3)
+        assert [jittered.step_time(at_step(big, 0)) for _ in range(5)] == \
+            pytest.approx([gpu + LEAD_PREFILL] * 5, rel=0.02)
+
+
+def test_part_scales_price_each_part_by_its_own_factor(lead_model):  # noqa: F811 (the fixture)
+    big, small = plan(prefill(16384)), plan(prefill(300))
+    gpu = true_time(step_features(big, GRAPH))
+    leads = with_part_scales(lead_model, {"lead": 2.0})
+    assert leads.step_time(at_step(big, 0)) == pytest.approx(gpu + 2 * LEAD_PREFILL, rel=0.02)
+    eager = with_part_scales(lead_model, {"launch:prefill": 3.0, "launch": 1.5})  # a regime's own before the part's
+    assert eager.step_time(at_step(small, 0)) == pytest.approx(3 * LAUNCH_PREFILL, rel=0.03)
+    assert eager.host_scale == 1.5  # its decode graph launches' factor
+    same = with_host_scale(lead_model, 1.7)
+    by_parts = with_part_scales(lead_model, {"launch": 1.7, "host": 1.7, "launch_delay": 1.7})
+    assert same.fits == by_parts.fits and same.host_scale == by_parts.host_scale == 1.7
+    with pytest.raises(ValueError, match="unknown host parts.*gpu"):
+        with_part_scales(lead_model, {"gpu": 2.0})
+    with pytest.raises(ValueError, match="scales\\['lead'\\] must be a number > 0"):
+        with_part_scales(lead_model, {"lead": 0.0})
 
 
 def test_a_decode_graph_cannot_outrun_a_slower_hosts_launches(model):
@@ -98,9 +142,12 @@ def test_a_simulated_run_on_a_slower_host_takes_longer_where_launches_bound_it()
     from harness.run import run_once
     from harness.scripting import compose_run_config
 
+    # prompts of 4.5-7k tokens: eager prefills, whose ~15 ms of launches exceed their device work
     rc = compose_run_config(["backend=sim", "backend.cost_model=profiled", "model=qwen3-0.6b", "hardware=h100",
                              "backend.profile_path=experiments/fidelity/h100_leakfree/profile_model.csv",
-                             "workload.num_requests=40"])
+                             "scheduler.max_model_len=8192", "workload.num_requests=40", "workload.arrival=poisson",
+                             "workload.rate=5", "workload.prompt_len.low=4500", "workload.prompt_len.high=7000",
+                             "workload.output_len.low=10", "workload.output_len.high=30"])
     base = run_once(rc, False).summary
     slower = run_once(dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, host_scale=2.0)), False).summary
     assert float(slower["ttft_p50_s"]) > float(base["ttft_p50_s"])
