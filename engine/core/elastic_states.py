@@ -66,6 +66,9 @@ class ReplicaSignal:
     queued: int | None = None  # every request waiting, settled or not (None: as waiting)
     full: bool = False  # requests wait that it cannot admit (no sequence slot or KV for the next)
     budget_bound: bool = False  # its next step cannot take all it holds (engine.core.elastic_states.budget_bound)
+    # requests routed to it per second over FleetSignal.arrival_rate's span (from when it began to
+    # serve, if later); None where the fleet does not measure it
+    arrival_rate: float | None = None
 
     @property
     def backlog(self) -> int:
@@ -211,6 +214,10 @@ class FleetStates:
         """A request arrived at the fleet (for the arrival rate and prompt length a policy reads)."""
         self.arrivals.append((time_s, prompt_tokens))
 
+    def _since(self, now: float, queued: bool) -> float:
+        """Where the span of the demand's arrival rate begins (_demand says why)."""
+        return max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
+
     def _demand(self, now: float, queued: bool) -> Demanded:
         """The arrival rate and the mean time in service (first scheduled to finished) of the
         requests finished, over the window, or, while a serving replica has a queue, since the
@@ -224,7 +231,7 @@ class FleetStates:
         Call after _window, which drops the finished requests older than the window."""
         while self.arrivals and self.arrivals[0][0] <= now - self.scaling.window_s:
             self.arrivals.popleft()
-        since = max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
+        since = self._since(now, queued)
         prompts = [p for t, p in self.arrivals if since < t <= now]
         rate = len(prompts) / (now - since) if now > since else None
         latest = [f for f in self.finished if f[0] > since and f[4] == f[4]]

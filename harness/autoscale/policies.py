@@ -105,8 +105,9 @@ class SLOFeedback(RegisteredPolicy):
     (harness.autoscale.demand.MissSizing): as many as serve the arrival rate at a replica's capacity
     plus the time queues keep the serving ones busy, when that is more than the fleet holds (a
     settled fleet decides once per start-up, so one replica a decision would serve a surge that
-    needs several one start-up at a time); otherwise none while the backlog drains on the replicas
-    it has, and one more once the miss outlasts that drain; one more a decision until the demand
+    needs several one start-up at a time); otherwise one more when the longest queue will outlast
+    a start-up and its replica is sent arrivals (a replica started now takes some of them off it
+    before the queue is gone), none when it drains first; one more a decision until the demand
     is measured."""
 
     @classmethod
