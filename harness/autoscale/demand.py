@@ -119,24 +119,24 @@ class MissSizing:
         self.demand = Demand()
         self.fleet: tuple[int, int] | None = None  # (serving, starting) the queue is watched on
         self.since: tuple[float, int] = (0.0, 0)  # (time, longest queue) when that began
+        self.estimate: float | None = None  # the latest decision's drain time (s); None: it had none
 
     def met(self) -> None:
-        self.fleet = None
+        """The SLO is met (or the miss is no queue's): a later queue starts a watch of its own."""
+        self.fleet = self.estimate = None
 
     def missed(self, signal: FleetSignal) -> int:
         current = len(signal.serving) + signal.starting
         needed = self.demand.needed(signal)
         capacity = self.demand.capacity(signal)
-        if needed is None or capacity is None:
-            return current + 1
-        if needed > current:
-            return needed
         holder = _holder(signal)
-        if holder is None:
-            return current + 1
+        if needed is None or capacity is None or needed > current or holder is None:
+            self.met()
+            return current + 1 if needed is None or needed <= current else needed
+        self.estimate = self.drain_s(signal, capacity)
         if holder.arrival_rate == 0:
             return current
-        return current + 1 if self.drain_s(signal, capacity) > signal.startup_s else current
+        return current + 1 if self.estimate > signal.startup_s else current
 
     def drain_s(self, signal: FleetSignal, capacity: float) -> float:
         """Seconds until the longest queue is served: the longer of the modelled drain and the

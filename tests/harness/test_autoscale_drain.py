@@ -149,15 +149,14 @@ class _Recorder:
 
 
 @pytest.mark.parametrize("router", ["round_robin", "least_requests"])
-def test_each_replica_reports_the_arrivals_routed_to_it(monkeypatch, router):
+def test_each_replica_reports_the_arrivals_routed_to_it(router):
     # the fleet's arrival rate and each replica's are counted over the same span: they add up, and
     # round robin sends each of two replicas half
     recorder = _Recorder()
-    monkeypatch.setattr("harness.autoscale.run.make_policy", lambda config, slo: recorder)
     cfg = compose_config(SMALL_FLEET + [f"router={router}"])
     config = AutoscaleConfig(policy="slo", interval_s=5.0, calibration=False)
     run_autoscaled(build_run_config(cfg), FleetConfig(replicas=2), build_fleet(cfg)[1], config,
-                   SLO(ttft_p90_s=1.0), progress=False)
+                   SLO(ttft_p90_s=1.0), progress=False, policy=recorder)
     assert len(recorder.signals) > 5
     for signal in recorder.signals:
         rates = [r.arrival_rate for r in signal.serving]
