@@ -35,8 +35,9 @@ class Watched:
         self.rows: list[dict] = []
 
     def desired(self, signal: FleetSignal) -> int:
-        want = self.policy.desired(signal)
         sizing = self.policy.sizing
+        sizing.estimate = None  # set again only where this decision estimates a drain
+        want = self.policy.desired(signal)
         values = signal.ttfts + signal.waiting_ages if self.policy.metric == "ttft" else signal.tpots
         capacity = sizing.demand.capacity(signal)
         holder = max(signal.serving, key=lambda r: r.backlog, default=None)
