@@ -116,7 +116,7 @@ class _Elastic(SimulatedStates):
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
                            demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
                            demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
-                           self.scaling.interval_s)
+                           self.scaling.interval_s, self.evidence_s(now))
 
     def evaluate(self, now: float) -> None:
         change = self._change(self.signal(now))

@@ -99,6 +99,9 @@ class FleetSignal:
     output_tokens: float | None = None
     limits: ReplicaLimits | None = None
     interval_s: float = 0.0  # how often the policy is asked (s)
+    # how long the requests it reads have been arriving (s): since the run began, or with settle
+    # since the latest start began to serve
+    evidence_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,10 @@ class FleetStates:
 
     def _became_ready(self, now: float) -> None:
         self.settled = max(self.settled, now)
+
+    def evidence_s(self, now: float) -> float:
+        """FleetSignal.evidence_s: how long the requests a policy reads have been arriving."""
+        return now - max(0.0, self.settled if self.scaling.settle else 0.0)
 
     def arrived(self, time_s: float, prompt_tokens: int = 0) -> None:
         """A request arrived at the fleet (for the arrival rate and prompt length a policy reads)."""

@@ -1,9 +1,11 @@
 """The slo policy while its SLO is missed (harness.autoscale.demand.MissSizing): a queue that drains
 before a replica started now could serve is no reason to start one; a queue that outlasts the
 start-up (modelled, or as measured when it drains slower), a demand the fleet cannot serve, or a
-miss without a queue, is."""
+miss without a queue, is; and a P90 under target on less than a window's evidence drains nothing."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -191,3 +193,39 @@ def test_a_shorter_start_up_loses_no_attainment():
 def test_attainment_never_rises_with_the_start_up(seed, profile):
     attained = _attainment_by_start_up(seed, (0.0, 5.0, 15.0, 30.0, 60.0), profile)
     assert attained == sorted(attained, reverse=True), attained
+
+
+def test_one_fewer_only_on_a_window_of_evidence():
+    # a P90 of 0.1 s is below the scale-down threshold (0.4 x 2 s); on the first 15 s of a run, or
+    # the few requests since a start began to serve, it is no reason to drain a replica that takes
+    # a start-up to get back: the Azure Qwen3-32B fleet drained one of its 2 at t = 15 s and
+    # served 10 minutes alone when starts took 10
+    policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
+    quiet = _signal(15.0, [0, 0], 2.0, ttft_s=0.1)
+    assert policy.desired(dataclasses.replace(quiet, evidence_s=15.0)) == 2
+    assert policy.desired(dataclasses.replace(quiet, evidence_s=CONFIG.window_s)) == 1
+    # a miss on the same little evidence still scales up
+    assert policy.desired(dataclasses.replace(_signal(15.0, [0, 0], 2.0), evidence_s=15.0)) == 3
+
+
+class _Scripted(_Recorder):
+    """Asks for one more replica from t = 10 s, recording what it sees."""
+
+    def desired(self, signal: FleetSignal) -> int:
+        super().desired(signal)
+        return 2 if signal.now >= 10.0 else 1
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_the_evidence_restarts_when_a_start_serves(settle):
+    policy = _Scripted()
+    cfg = compose_config(SMALL_FLEET)
+    config = AutoscaleConfig(policy="slo", interval_s=5.0, provision_s=20.0, graph_capture_s=0.0,
+                             calibration=False, settle=settle)
+    elastic = run_autoscaled(build_run_config(cfg), FleetConfig(replicas=1), build_fleet(cfg)[1], config,
+                             SLO(ttft_p90_s=1.0), progress=False, policy=policy).elastic
+    ready = elastic.lifetimes[1].ready_s
+    assert 30.0 < ready < 40.0  # 20 s of provisioning and the 0.6B's weights
+    for signal in policy.signals:
+        began = ready if settle and signal.now >= ready else 0.0
+        assert signal.evidence_s == pytest.approx(signal.now - began), signal.now
