@@ -236,3 +236,21 @@ def test_the_rerun_reproduces_the_committed_run(tmp_path):
     committed = pd.read_csv(run / "midrun_summary.csv").iloc[0]
     assert table.loc["as_run", "ready_error_of_startup"] == pytest.approx(committed["ready_error_of_startup"], abs=1e-3)
     assert table.loc["as_run", "windows_within_15pct"] == committed["windows_within_15pct"]
+
+
+def test_slo_decisions_records_each_evaluation(tmp_path, monkeypatch, capsys):
+    from experiments.autoscale import slo_decisions
+
+    out = tmp_path / "decisions.csv"
+    monkeypatch.setattr("sys.argv", [
+        "slo_decisions", "--startup-s", "20", "--out", str(out), "workload=poisson", "workload.prompt_len.high=300",
+        "workload.output_len.high=100", "scheduler.max_num_seqs=8", "workload.rate_profile=[[0,5],[20,80]]",
+        "workload.duration_s=60", "autoscale.policy=slo", "autoscale.interval_s=5", "slo.ttft_p90_s=0.5",
+        "autoscale.max_replicas=6", "output.progress=false"])
+    assert slo_decisions.main() == 0
+    rows = pd.read_csv(out)
+    assert list(rows["time_s"]) == [5.0 * (i + 1) for i in range(len(rows))] and len(rows) >= 10
+    assert (rows["startup_s"] == 20.0).all() and (rows["desired"] > rows["serving"] + rows["starting"]).any()
+    assert "SLO attainment" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["slo_decisions", "--out", str(out), "autoscale.policy=queue"])
+    assert slo_decisions.one_line_errors(slo_decisions.main) == 2

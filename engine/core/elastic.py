@@ -14,7 +14,9 @@ A replica still starting when the policy scales down is cancelled (it stops at o
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from engine.core.elastic_limits import ReplicaLimits, at_limit, budget_bound
@@ -50,6 +52,7 @@ class _Elastic(SimulatedStates):
         super().__init__(scaling, policy)
         self.make_replica = make_replica
         self.on_step = on_step
+        self.routes: deque[tuple[float, int]] = deque()  # (time, replica) of the requests routed, within the window
         for _ in range(initial):
             self.serving.append(self._add(0.0, 0.0))
 
@@ -77,6 +80,23 @@ class _Elastic(SimulatedStates):
                 life.stop_s = max(life.drain_s or 0.0, replica.clock.now())
                 self.draining.remove(index)
 
+    def routed(self, time_s: float, index: int) -> None:
+        """A request was routed to replica `index` (for the arrival rate each replica takes)."""
+        while self.routes and self.routes[0][0] <= time_s - self.scaling.window_s:
+            self.routes.popleft()
+        self.routes.append((time_s, index))
+
+    def _routed_rates(self, now: float, queued: bool) -> dict[int, float]:
+        """Requests routed to each serving replica per second over the demand's span, from when the
+        replica began to serve if later (a replica ready within the span has taken traffic for less)."""
+        since = self._since(now, queued)  # within the window, as routed() keeps it
+        rates = {}
+        for index in self.serving:
+            begin = max(since, self.lifetimes[index].ready_s)
+            count = sum(1 for t, i in self.routes if i == index and begin < t <= now)
+            rates[index] = count / (now - begin) if now > begin else 0.0
+        return rates
+
     def signal(self, now: float) -> FleetSignal:
         ttfts, tpots = self._window(now)
         loads, ages = [], []
@@ -90,11 +110,13 @@ class _Elastic(SimulatedStates):
                                            1.0 - blocks.num_free_blocks / blocks.num_blocks,
                                            scheduler.num_waiting + len(replica.inbox), at_limit(replica),
                                            budget_bound(replica)))
-        demand = self._demand(now, any(load.full or load.budget_bound for load in loads))
+        queued = any(load.full or load.budget_bound for load in loads)
+        demand, rates = self._demand(now, queued), self._routed_rates(now, queued)
+        loads = [dataclasses.replace(load, arrival_rate=rates[i]) for i, load in zip(self.serving, loads)]
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
                            demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
                            demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
-                           self.scaling.interval_s)
+                           self.scaling.interval_s, self.evidence_s(now))
 
     def evaluate(self, now: float) -> None:
         change = self._change(self.signal(now))
@@ -133,6 +155,7 @@ def run_elastic(make_replica: Callable[[int], Replica], initial: int, requests: 
                 raise RuntimeError(f"no replica serves at t={t:.3f} s (min_replicas must be >= 1)")
             choice = _route(request, [fleet.replicas[i] for i in fleet.serving], router, assignment)
             assignment[request.request_id] = fleet.serving[choice]
+            fleet.routed(request.arrival_time, fleet.serving[choice])
             fleet.replicas[fleet.serving[choice]].inbox.append(request)
             position += 1
     fleet.advance(math.inf)

@@ -66,6 +66,9 @@ class ReplicaSignal:
     queued: int | None = None  # every request waiting, settled or not (None: as waiting)
     full: bool = False  # requests wait that it cannot admit (no sequence slot or KV for the next)
     budget_bound: bool = False  # its next step cannot take all it holds (engine.core.elastic_states.budget_bound)
+    # requests routed to it per second over FleetSignal.arrival_rate's span (from when it began to
+    # serve, if later); None where the fleet does not measure it
+    arrival_rate: float | None = None
 
     @property
     def backlog(self) -> int:
@@ -96,6 +99,9 @@ class FleetSignal:
     output_tokens: float | None = None
     limits: ReplicaLimits | None = None
     interval_s: float = 0.0  # how often the policy is asked (s)
+    # how long the requests it reads have been arriving (s): since the run began, or with settle
+    # since the latest start began to serve
+    evidence_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -207,9 +213,17 @@ class FleetStates:
     def _became_ready(self, now: float) -> None:
         self.settled = max(self.settled, now)
 
+    def evidence_s(self, now: float) -> float:
+        """FleetSignal.evidence_s: how long the requests a policy reads have been arriving."""
+        return now - max(0.0, self.settled if self.scaling.settle else 0.0)
+
     def arrived(self, time_s: float, prompt_tokens: int = 0) -> None:
         """A request arrived at the fleet (for the arrival rate and prompt length a policy reads)."""
         self.arrivals.append((time_s, prompt_tokens))
+
+    def _since(self, now: float, queued: bool) -> float:
+        """Where the span of the demand's arrival rate begins (_demand says why)."""
+        return max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
 
     def _demand(self, now: float, queued: bool) -> Demanded:
         """The arrival rate and the mean time in service (first scheduled to finished) of the
@@ -224,7 +238,7 @@ class FleetStates:
         Call after _window, which drops the finished requests older than the window."""
         while self.arrivals and self.arrivals[0][0] <= now - self.scaling.window_s:
             self.arrivals.popleft()
-        since = max(now - (self.scaling.interval_s if queued else self.scaling.window_s), 0.0)
+        since = self._since(now, queued)
         prompts = [p for t, p in self.arrivals if since < t <= now]
         rate = len(prompts) / (now - since) if now > since else None
         latest = [f for f in self.finished if f[0] > since and f[4] == f[4]]

@@ -55,7 +55,8 @@ class AutoscaleConfig:
     (harness.autoscale.demand), at least one more; one fewer when nothing waits.
     slo: the window's P90 of slo_metric (waiting requests' ages count as TTFTs) against the SLO:
     above slo_target x SLO the replicas the arrival rate needs if more than it has, else one more
-    once the miss outlasts the backlog's drain (harness.autoscale.demand.MissSizing);
+    when the longest queue outlasts a start-up on a replica sent arrivals, or with no queue
+    (harness.autoscale.demand.MissSizing);
     one fewer below slo_scale_down_below x SLO.
     schedule: schedule=[[t0, n0], [t1, n1], ...] replicas from t_i seconds (at the first evaluation
     at or after it); the only policy an engine fleet (backend=engine) takes.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from engine.core.elastic import FleetSignal
+from engine.core.elastic import FleetSignal, ReplicaSignal
 
 
 def sustained(signal: FleetSignal) -> float | None:
@@ -102,48 +102,81 @@ class Demand:
 
 class MissSizing:
     """How many replicas the slo policy asks for while the SLO is missed: what the demand needs
-    (Demand.needed) when that is more than the fleet holds; otherwise the fleet is big enough and
-    the miss is the backlog queued on the serving replicas, which drains on them without help (a
-    new replica takes only a share of the arrivals, never the queue). One more replica only once the
-    miss has lasted past the backlog's drain time (drain_s, estimated when the miss begins and again
-    whenever the fleet's serving or starting count changes): a miss that outlasts the drain is one
-    the measured capacity does not explain, and a miss without a backlog adds one at once. A met
-    SLO ends the miss."""
+    (Demand.needed) when that is more than the fleet holds; otherwise the fleet serves the arrivals
+    and the miss is the queue on the serving replicas. A new replica takes only arrivals, never a
+    queue: it shortens the miss by taking arrivals off the replica that holds the longest queue
+    (each one routed there waits behind the queue, and it drains only as fast as the replica
+    serves more than it is sent), and only once it serves. So one more when that replica takes
+    arrivals and its queue outlasts a start-up (drain time > FleetSignal.startup_s); none when the
+    queue will be gone before a replica started now could serve, or when the replica holding it
+    is sent nothing (a least-loaded router). The drain time is the longer of the modelled one
+    (drain_s) and the one the queue has shown since the miss began or the fleet last changed (its
+    length over how fast it shrank: a rising arrival rate, or a replica slower than the fleet's
+    measured capacity, slows it; a queue that grew does not drain). A miss without a queue behind
+    it is no drain's: one more at once. A met SLO ends the miss."""
 
     def __init__(self) -> None:
         self.demand = Demand()
-        self.deadline: float | None = None
-        self.fleet: tuple[int, int] | None = None  # (serving, starting) the deadline was set for
+        self.fleet: tuple[int, int] | None = None  # (serving, starting) the queue is watched on
+        self.since: tuple[float, int] = (0.0, 0)  # (time, longest queue) when that began
+        self.estimate: float | None = None  # the latest decision's drain time (s); None: it had none
 
     def met(self) -> None:
-        self.deadline = self.fleet = None
+        """The SLO is met (or the miss is no queue's): a later queue starts a watch of its own."""
+        self.fleet = self.estimate = None
 
     def missed(self, signal: FleetSignal) -> int:
         current = len(signal.serving) + signal.starting
         needed = self.demand.needed(signal)
         capacity = self.demand.capacity(signal)
-        if needed is None or capacity is None:
-            return current + 1
-        if needed > current:
-            return needed
-        fleet = (len(signal.serving), signal.starting)
-        if self.deadline is None or fleet != self.fleet:
-            drain = drain_s(signal, capacity)  # inf: the queue never drains, a reason to add now
-            self.deadline = signal.now + drain if math.isfinite(drain) else signal.now
-            self.fleet = fleet
-        return current + 1 if signal.now >= self.deadline else current
+        holder = _holder(signal)
+        if needed is None or capacity is None or needed > current or holder is None:
+            self.met()
+            return current + 1 if needed is None or needed <= current else needed
+        self.estimate = self.drain_s(signal, capacity)
+        if holder.arrival_rate == 0:
+            return current
+        return current + 1 if self.estimate > signal.startup_s else current
+
+    def drain_s(self, signal: FleetSignal, capacity: float) -> float:
+        """Seconds until the longest queue is served: the longer of the modelled drain and the
+        measured one (inf where the queue has not shrunk since the watch began)."""
+        fleet, longest = (len(signal.serving), signal.starting), _longest(signal)
+        if fleet != self.fleet:
+            self.fleet, self.since = fleet, (signal.now, longest)
+        modelled = drain_s(signal, capacity)
+        began, first = self.since
+        if signal.now <= began:
+            return modelled
+        shrinking = (first - longest) / (signal.now - began)
+        return max(modelled, longest / shrinking if shrinking > 0 else math.inf)
 
 
 def drain_s(signal: FleetSignal, capacity: float) -> float:
-    """Seconds until the longest queue on a serving replica is served: each serves `capacity` req/s
-    and takes its share of the arrivals, shared over the fleet as it will be (the replicas starting
-    included); inf where a share is not below the capacity (the queue grows)."""
-    backlog = max((r.backlog for r in signal.serving), default=0)
-    if backlog == 0:
+    """Seconds until the longest queue on a serving replica is served: its replica serves `capacity`
+    req/s and takes the arrivals routed to it (ReplicaSignal.arrival_rate; where not measured, an
+    even share of the fleet's), spread over the fleet as it will be (the replicas starting take
+    their share once they serve); inf where that is not below the capacity (the queue grows)."""
+    holder = _holder(signal)
+    if holder is None:
         return 0.0
     current = len(signal.serving) + signal.starting
-    spare = capacity - (signal.arrival_rate or 0.0) / current
-    return backlog / spare if spare > 0 else math.inf
+    if holder.arrival_rate is None:
+        share = (signal.arrival_rate or 0.0) / current
+    else:
+        share = holder.arrival_rate * len(signal.serving) / current
+    spare = capacity - share
+    return holder.backlog / spare if spare > 0 else math.inf
+
+
+def _holder(signal: FleetSignal) -> ReplicaSignal | None:
+    """The serving replica with the longest queue; None where none holds one."""
+    holder = max(signal.serving, key=lambda r: r.backlog, default=None)
+    return holder if holder is not None and holder.backlog > 0 else None
+
+
+def _longest(signal: FleetSignal) -> int:
+    return max((r.backlog for r in signal.serving), default=0)
 
 
 def _request_tokens(signal: FleetSignal) -> float | None:

@@ -105,22 +105,28 @@ class SLOFeedback(RegisteredPolicy):
     (harness.autoscale.demand.MissSizing): as many as serve the arrival rate at a replica's capacity
     plus the time queues keep the serving ones busy, when that is more than the fleet holds (a
     settled fleet decides once per start-up, so one replica a decision would serve a surge that
-    needs several one start-up at a time); otherwise none while the backlog drains on the replicas
-    it has, and one more once the miss outlasts that drain; one more a decision until the demand
-    is measured."""
+    needs several one start-up at a time); otherwise one more when the longest queue will outlast
+    a start-up and its replica is sent arrivals (a replica started now takes some of them off it
+    before the queue is gone), none when it drains first; one more a decision until the demand
+    is measured. One fewer only on a window's evidence (FleetSignal.evidence_s >= window_s): a P90
+    of the first seconds of a run, or of the few requests since a start began to serve (settling),
+    is no reason to drain a replica that takes a start-up to get back."""
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
         bound = slo.ttft_p90_s if config.slo_metric == "ttft" else slo.tpot_p90_s
         assert bound is not None, "build_autoscale checks the SLO a policy needs"
-        return cls(config.slo_metric, bound, slo.percentile, config.slo_target, config.slo_scale_down_below)
+        return cls(config.slo_metric, bound, slo.percentile, config.slo_target, config.slo_scale_down_below,
+                   config.window_s)
 
-    def __init__(self, metric: str, bound_s: float, percentile: float, target: float, down_below: float) -> None:
+    def __init__(self, metric: str, bound_s: float, percentile: float, target: float, down_below: float,
+                 window_s: float) -> None:
         self.metric = metric
         self.bound_s = bound_s
         self.percentile = percentile
         self.target = target
         self.down_below = down_below
+        self.window_s = window_s
         self.sizing = MissSizing()
 
     def desired(self, signal: FleetSignal) -> int:
@@ -133,7 +139,7 @@ class SLOFeedback(RegisteredPolicy):
         if observed > self.target * self.bound_s:
             return self.sizing.missed(signal)
         self.sizing.met()
-        if observed < self.down_below * self.bound_s:
+        if observed < self.down_below * self.bound_s and signal.evidence_s >= self.window_s:
             return current - 1
         return current
 

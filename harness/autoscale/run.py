@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from engine.core.elastic import ColdStart, ElasticResult, ScaleEvent
+from engine.core.elastic import ColdStart, ElasticResult, ScaleEvent, ScalingPolicy
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.calibration import find_calibration
 from harness.autoscale.config import SLO, AutoscaleConfig, check_fleet
@@ -80,9 +80,11 @@ def cold_start_of(rc: RunConfig, autoscale: AutoscaleConfig, tp_size: int) -> Co
 
 def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, autoscale: AutoscaleConfig, slo: SLO,
                    progress: bool = True, cold_start: ColdStart | None = None, label: str = "",
-                   step_columns: tuple[str, ...] = STEP_COLUMNS) -> AutoscaleOutcome:
+                   step_columns: tuple[str, ...] = STEP_COLUMNS,
+                   policy: ScalingPolicy | None = None) -> AutoscaleOutcome:
     """Serve rc.workload on a fleet of fleet.replicas ready replicas that autoscale.policy scales
-    (null: a static fleet); cold_start overrides the configured start-up (the cold-start study).
+    (null: a static fleet); cold_start overrides the configured start-up (the cold-start study),
+    policy the one autoscale.policy makes (experiments.autoscale.slo_decisions: one that records).
     Engine replicas (backend=engine) start as processes and take traffic once loaded: their
     start-up is measured, not priced."""
     check_fleet(autoscale, fleet.replicas, fleet.tp_sizes, rc.backend)
@@ -101,7 +103,7 @@ def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, auto
         with bar:
             result = replicas.serve(workload.requests, make_router(router, rc.cache.block_size),
                                     dataclasses.replace(autoscale.scaling(cold), limits=replicas.limits),
-                                    make_policy(autoscale, slo),
+                                    make_policy(autoscale, slo) if policy is None else policy,
                                     (lambda i, record, finished: bar.update(len(finished))) if progress else None)
         wall_s = time.perf_counter() - started
         blocks = replicas.blocks(len(result.lifetimes))
