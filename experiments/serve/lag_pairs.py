@@ -6,19 +6,26 @@ see the same load on a shared machine.
     python -m experiments.serve.lag_pairs --base /tmp/base --pairs 5
 
 Each run: the simulator-backed server (Qwen3-8B, simulated H100, time_scale=1) in its own process,
-200 streams x 200 tokens from harness.serve.stream_counter; printed per run: the send lag P50 / P99 /
-max and the dispatch lag P99 (GET /internal/state), the HTTP process's CPU per token, the load
-average; at the end the median and range of each column per version.
+200 streams x 200 tokens from harness.serve.stream_counter, the clients at the nice value the
+checkout's test gives them (CLIENT_NICE; none before it had one); printed per run: the send lag
+P50 / P99 / max and min (how early: serve.max_early_ms; 0 where the checkout has no min) and the
+dispatch lag P99 (GET /internal/state), the HTTP process's CPU per token, the load average and the
+CPU the rest of the machine used meanwhile, in cores (/proc/stat's busy time less this script's
+children's: other sessions' work on a shared box); at the end the median and range of each column
+per version.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ONE_RUN = """
@@ -27,6 +34,11 @@ import httpx
 from harness.serve.process import ServerProcess
 from harness.serve.stream_counter import count_streams
 from tests.harness.serve.test_sim_timing import STREAMS, TOKENS
+try:
+    from harness.serve.stream_counter import run_streams
+    from tests.harness.serve.test_sim_timing import CLIENT_NICE
+except ImportError:  # a checkout before the clients' nice value
+    run_streams, CLIENT_NICE = None, 0
 from tests.harness.serve.conftest import SIM
 with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.plots=false"],
                    tempfile.mkdtemp()) as server:
@@ -34,24 +46,45 @@ with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.p
     before = httpx.get(url).json()
     bodies = [{"model": "qwen3-8b", "prompt": f"stream {i} " * 20, "max_tokens": TOKENS, "stream": True,
                "ignore_eos": True} for i in range(STREAMS)]
-    counts = asyncio.run(count_streams(server.base_url, bodies))
+    if run_streams is None:
+        counts = asyncio.run(count_streams(server.base_url, bodies))
+    else:
+        counts = run_streams(server.base_url, bodies, nice=CLIENT_NICE)
     state = httpx.get(url).json()
 assert counts == [TOKENS + 1] * STREAMS, "a stream lost events"
 print(json.dumps({"p50_ms": state["send_lag_p50_s"] * 1e3, "p99_ms": state["send_lag_p99_s"] * 1e3,
-                  "max_ms": state["send_lag_max_s"] * 1e3, "dispatch_p99_ms": state["lag_p99_s"] * 1e3,
+                  "max_ms": state["send_lag_max_s"] * 1e3, "min_ms": state.get("send_lag_min_s", 0.0) * 1e3,
+                  "dispatch_p99_ms": state["lag_p99_s"] * 1e3,
                   "cpu_us_per_token": (state["http_cpu_s"] - before["http_cpu_s"]) / (STREAMS * TOKENS) * 1e6}))
 """
 
-COLUMNS = ["p50_ms", "p99_ms", "max_ms", "dispatch_p99_ms", "cpu_us_per_token"]
+COLUMNS = ["p50_ms", "p99_ms", "max_ms", "min_ms", "dispatch_p99_ms", "cpu_us_per_token", "other_cores"]
+
+
+def busy_s() -> float:
+    """The machine's busy CPU seconds so far (user, nice, system, irq, softirq); nan off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(v) for v in stat.readline().split()[1:8]]
+    except OSError:
+        return math.nan
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def children_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run's processes, once waited for
+    return usage.ru_utime + usage.ru_stime
 
 
 def one_run(code_dir: Path) -> dict:
     load = os.getloadavg()[0]
+    busy, ours, began = busy_s(), children_s(), time.perf_counter()
     done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=code_dir, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(code_dir)}, timeout=600)
+    other = ((busy_s() - busy) - (children_s() - ours)) / (time.perf_counter() - began)
     if done.returncode:
         raise RuntimeError(f"the run in {code_dir} failed:\n{done.stderr[-2000:]}")
-    return {"load": load, **json.loads(done.stdout.strip().splitlines()[-1])}
+    return {"load": load, "other_cores": other, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             row = one_run(code_dir)
             runs[name].append(row)
             print(f"pair {i + 1} {name}: load {row['load']:.1f}, " +
-                  ", ".join(f"{c} {row[c]:.1f}" for c in COLUMNS), flush=True)
+                  ", ".join(f"{c} {row[c]:.2f}" for c in COLUMNS), flush=True)
     print("| version | " + " | ".join(f"{c} median (range)" for c in COLUMNS) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
     for name, rows in runs.items():
