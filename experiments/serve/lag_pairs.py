@@ -6,8 +6,9 @@ see the same load on a shared machine.
     python -m experiments.serve.lag_pairs --base /tmp/base --pairs 5
 
 Each run: the simulator-backed server (Qwen3-8B, simulated H100, time_scale=1) in its own process,
-200 streams x 200 tokens from harness.serve.stream_counter, the clients at the nice value the
-checkout's test gives them (CLIENT_NICE; none before it had one); printed per run: the send lag
+200 streams x 200 tokens from harness.serve.stream_counter, the clients in a thread at the nice value
+the checkout's test gives them (CLIENT_NICE; 0 before it had one) or --client-nice (the same in
+both: `--client-nice 10` leaves the server's change alone to compare); printed per run: the send lag
 P50 / P99 / max and min (how early: serve.max_early_ms; 0 where the checkout has no min) and the
 dispatch lag P99 (GET /internal/state), the HTTP process's CPU per token, the load average and the
 CPU the rest of the machine used meanwhile, in cores (/proc/stat's busy time less this script's
@@ -29,32 +30,39 @@ import time
 from pathlib import Path
 
 ONE_RUN = """
-import asyncio, json, sys, tempfile
+import asyncio, json, os, sys, tempfile, threading
+from concurrent.futures import ThreadPoolExecutor
 import httpx
 from harness.serve.process import ServerProcess
 from harness.serve.stream_counter import count_streams
 from tests.harness.serve.test_sim_timing import STREAMS, TOKENS
-try:
-    from harness.serve.stream_counter import run_streams
-    from tests.harness.serve.test_sim_timing import CLIENT_NICE
-except ImportError:  # a checkout before the clients' nice value
-    run_streams, CLIENT_NICE = None, 0
 from tests.harness.serve.conftest import SIM
+nice = sys.argv[1]
+if not nice:
+    try:
+        from tests.harness.serve.test_sim_timing import CLIENT_NICE as nice
+    except ImportError:  # a checkout before the clients' nice value
+        nice = 0
+nice = int(nice)
+
+def clients(base_url, bodies):  # in a thread of their own at that nice value, as run_streams
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    return asyncio.run(count_streams(base_url, bodies))
+
 with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.plots=false"],
                    tempfile.mkdtemp()) as server:
     url = server.base_url.removesuffix("/v1") + "/internal/state"
     before = httpx.get(url).json()
     bodies = [{"model": "qwen3-8b", "prompt": f"stream {i} " * 20, "max_tokens": TOKENS, "stream": True,
                "ignore_eos": True} for i in range(STREAMS)]
-    if run_streams is None:
-        counts = asyncio.run(count_streams(server.base_url, bodies))
-    else:
-        counts = run_streams(server.base_url, bodies, nice=CLIENT_NICE)
+    with ThreadPoolExecutor(1) as pool:
+        counts = pool.submit(clients, server.base_url, bodies).result()
     state = httpx.get(url).json()
 assert counts == [TOKENS + 1] * STREAMS, "a stream lost events"
 print(json.dumps({"p50_ms": state["send_lag_p50_s"] * 1e3, "p99_ms": state["send_lag_p99_s"] * 1e3,
                   "max_ms": state["send_lag_max_s"] * 1e3, "min_ms": state.get("send_lag_min_s", 0.0) * 1e3,
-                  "dispatch_p99_ms": state["lag_p99_s"] * 1e3,
+                  "dispatch_p99_ms": state["lag_p99_s"] * 1e3, "client_nice": nice,
                   "cpu_us_per_token": (state["http_cpu_s"] - before["http_cpu_s"]) / (STREAMS * TOKENS) * 1e6}))
 """
 
@@ -76,10 +84,11 @@ def children_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(code_dir: Path) -> dict:
+def one_run(code_dir: Path, client_nice: int | None) -> dict:
     load = os.getloadavg()[0]
     busy, ours, began = busy_s(), children_s(), time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=code_dir, capture_output=True, text=True,
+    nice = "" if client_nice is None else str(client_nice)
+    done = subprocess.run([sys.executable, "-c", ONE_RUN, nice], cwd=code_dir, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(code_dir)}, timeout=600)
     other = ((busy_s() - busy) - (children_s() - ours)) / (time.perf_counter() - began)
     if done.returncode:
@@ -91,16 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="a checkout of the code before the change")
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--client-nice", type=int, default=None,
+                        help="the clients' nice value in both versions (default: each checkout's test's, 0 "
+                             "before it had one)")
     args = parser.parse_args(argv)
     if not (args.base / "harness" / "serve").is_dir() or args.pairs < 1:
         parser.error(f"--base must be a checkout of this repository (got {args.base}); --pairs >= 1")
+    if args.client_nice is not None and not 0 <= args.client_nice <= 19:
+        parser.error(f"--client-nice must be in [0, 19], got {args.client_nice}")
     here = Path(__file__).resolve().parents[2]
     runs: dict[str, list[dict]] = {"base": [], "new": []}
     for i in range(args.pairs):
         for name, code_dir in (("base", args.base), ("new", here)):
-            row = one_run(code_dir)
+            row = one_run(code_dir, args.client_nice)
             runs[name].append(row)
-            print(f"pair {i + 1} {name}: load {row['load']:.1f}, " +
+            print(f"pair {i + 1} {name}: load {row['load']:.1f}, clients at nice +{row['client_nice']}, " +
                   ", ".join(f"{c} {row[c]:.2f}" for c in COLUMNS), flush=True)
     print("| version | " + " | ".join(f"{c} median (range)" for c in COLUMNS) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
