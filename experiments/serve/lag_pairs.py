@@ -4,6 +4,7 @@ back to back: a checkout of the code before a change (--base, e.g. `git worktree
 see the same load on a shared machine.
 
     python -m experiments.serve.lag_pairs --base /tmp/base --pairs 5
+    python -m experiments.serve.lag_pairs --base /tmp/base --pairs 8 --pytest   # the test itself
 
 Each run: the simulator-backed server (Qwen3-8B, simulated H100, time_scale=1) in its own process,
 200 streams x 200 tokens from harness.serve.stream_counter, the clients in a thread at the nice value
@@ -13,7 +14,8 @@ P50 / P99 / max and min (how early: serve.max_early_ms; 0 where the checkout has
 dispatch lag P99 (GET /internal/state), the HTTP process's CPU per token, the load average and the
 CPU the rest of the machine used meanwhile, in cores (/proc/stat's busy time less this script's
 children's: other sessions' work on a shared box); at the end the median and range of each column
-per version.
+per version. --pytest runs the test itself in each checkout instead (its own clients and settings)
+and reads the line it prints (no dispatch lag there).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -84,16 +87,32 @@ def children_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(code_dir: Path, client_nice: int | None) -> dict:
+TEST = ["-m", "pytest", "-m", "slow", "-s", "-q", "-p", "no:cacheprovider",
+        "tests/harness/serve/test_sim_timing.py::test_200_streams_keep_to_the_schedule"]
+# the test's printed line: "send lag over N tokens: P50 x ms, P99 y ms (...), max z ms; [early: min w ms, ...]
+# HTTP process CPU c us per token"
+TEST_LINE = re.compile(r"P50 (?P<p50_ms>-?[\d.]+) ms, P99 (?P<p99_ms>-?[\d.]+) ms .*?max (?P<max_ms>-?[\d.]+) ms"
+                       r"(?:; early: min (?P<min_ms>-?[\d.]+) ms)?.*?CPU (?P<cpu_us_per_token>[\d.]+) us per token")
+
+
+def one_run(code_dir: Path, client_nice: int | None, pytest: bool) -> dict:
+    """One run in code_dir: ONE_RUN, or (pytest) the test itself, its printed line read."""
     load = os.getloadavg()[0]
     busy, ours, began = busy_s(), children_s(), time.perf_counter()
     nice = "" if client_nice is None else str(client_nice)
-    done = subprocess.run([sys.executable, "-c", ONE_RUN, nice], cwd=code_dir, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(code_dir)}, timeout=600)
+    done = subprocess.run([sys.executable, *(TEST if pytest else ["-c", ONE_RUN, nice])], cwd=code_dir,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(code_dir)}, timeout=600)
     other = ((busy_s() - busy) - (children_s() - ours)) / (time.perf_counter() - began)
     if done.returncode:
-        raise RuntimeError(f"the run in {code_dir} failed:\n{done.stderr[-2000:]}")
-    return {"load": load, "other_cores": other, **json.loads(done.stdout.strip().splitlines()[-1])}
+        raise RuntimeError(f"the run in {code_dir} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    row: dict = {"load": load, "other_cores": other}
+    if not pytest:
+        return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
+    match = TEST_LINE.search(done.stdout)
+    if match is None:
+        raise RuntimeError(f"no lag line in the test's output in {code_dir}:\n{done.stdout[-2000:]}")
+    values = {k: float(v) for k, v in match.groupdict(default="0").items()}
+    return {**row, **values, "dispatch_p99_ms": math.nan}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-nice", type=int, default=None,
                         help="the clients' nice value in both versions (default: each checkout's test's, 0 "
                              "before it had one)")
+    parser.add_argument("--pytest", action="store_true",
+                        help="run the test itself in each checkout (its own clients) and read its printed line")
     args = parser.parse_args(argv)
+    if args.pytest and args.client_nice is not None:
+        parser.error("--client-nice applies to this script's own run, not to --pytest's")
     if not (args.base / "harness" / "serve").is_dir() or args.pairs < 1:
         parser.error(f"--base must be a checkout of this repository (got {args.base}); --pairs >= 1")
     if args.client_nice is not None and not 0 <= args.client_nice <= 19:
@@ -112,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {"base": [], "new": []}
     for i in range(args.pairs):
         for name, code_dir in (("base", args.base), ("new", here)):
-            row = one_run(code_dir, args.client_nice)
+            row = one_run(code_dir, args.client_nice, args.pytest)
             runs[name].append(row)
-            print(f"pair {i + 1} {name}: load {row['load']:.1f}, clients at nice +{row['client_nice']}, " +
+            clients = "the test's clients" if args.pytest else f"clients at nice +{row['client_nice']}"
+            print(f"pair {i + 1} {name}: load {row['load']:.1f}, {clients}, " +
                   ", ".join(f"{c} {row[c]:.2f}" for c in COLUMNS), flush=True)
     print("| version | " + " | ".join(f"{c} median (range)" for c in COLUMNS) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
