@@ -221,5 +221,7 @@ def _percentiles(name: str, samples: Iterable[float]) -> dict:
     def pick(q: float) -> float | None:
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else None
 
-    return {f"{name}_tokens": len(ordered), f"{name}_p50_s": pick(0.5), f"{name}_p99_s": pick(0.99),
+    # min and P1: how early tokens went out (serve.max_early_ms); P99 and max: how late
+    return {f"{name}_tokens": len(ordered), f"{name}_min_s": ordered[0] if ordered else None,
+            f"{name}_p1_s": pick(0.01), f"{name}_p50_s": pick(0.5), f"{name}_p99_s": pick(0.99),
             f"{name}_max_s": ordered[-1] if ordered else None}

@@ -57,11 +57,12 @@ class ServeCore(StepPasses):
     """start() spawns the core process and waits until it is ready; stop() ends it and returns its
     tables. Everything else is called on the asyncio loop."""
 
-    def __init__(self, rc: RunConfig, time_scale: float, max_queue: int) -> None:
+    def __init__(self, rc: RunConfig, time_scale: float, max_queue: int, max_early_s: float = 0.0) -> None:
         super().__init__()
         self.rc = rc
         self.time_scale = time_scale
         self.max_queue = max_queue
+        self.max_early_s = max_early_s
         self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
         self.error: str | None = None
         self.origin = 0.0  # perf_counter() time 0 of the core's clock

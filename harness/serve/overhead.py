@@ -11,8 +11,10 @@ event is handed to the socket (first_sent). So per request
 and the HTTP side's share is http_in + first_token_out (overhead_s). Per token, the send lag is
 the time from the token's step end (the engine) or its scheduled time (the simulator) to its
 event being handed to the socket: hand-off between the processes, detokenisation, SSE encoding,
-the write. Times are on the run's clock (simulated seconds for the simulator: wall seconds times
-serve.time_scale), as the other columns of requests.csv.
+the write; the simulator's is negative for a token written before its time (serve.max_early_ms,
+which also makes first_token_out negative by as much). Times are on the run's clock (simulated
+seconds for the simulator: wall seconds times serve.time_scale), as the other columns of
+requests.csv.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def overhead_summary(requests: pd.DataFrame, lags: Iterable[float], send_lags: I
         row[f"{name}_mean_ms"] = float(values.mean()) if len(values) else np.nan
     for name, samples in (("dispatch_lag", lags), ("send_lag", send_lags)):
         values = np.asarray(samples, dtype=float) * scale * 1e3
-        for q in (50, 90, 99):
+        for q in (1, 50, 90, 99):  # P1: how early (serve.max_early_ms), the others how late
             row[f"{name}_p{q}_ms"] = float(np.percentile(values, q)) if len(values) else np.nan
         row[f"{name}_mean_ms"] = float(values.mean()) if len(values) else np.nan
     handoff = np.asarray(handoff_s, dtype=float) * 1e6

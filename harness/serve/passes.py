@@ -2,9 +2,13 @@
 on the asyncio loop for every token).
 
 A step's message is held until it is due (a simulator's step arrives ahead of its time), then
-handed out in one pass with every other step due by then: each delivery goes to its request's sink,
-and a stream that writes as tokens come writes what it got from the whole pass once, after it
-(defer). The lag of each token behind its schedule is kept (`lags`).
+handed out in one pass with every other step due by then. The pass over a step writes its streams'
+events one after another, which takes a measurable while (about 10 us of wall time each over
+loopback): it starts that while before the step's time (at most max_early_s, serve.max_early_ms),
+so that the last stream's write lands at the time rather than after it, and the earliest that much
+before it. In the pass, each delivery goes to its request's sink, and a stream that writes as
+tokens come writes what it got from the whole pass once, after it (defer). The lag of each token
+behind its schedule is kept (`lags`; negative for a token handed out before its time).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ TIMER_SLACK_S = 1.5e-3
 # app, so one sleep of the whole fraction (up to 3 ms before every step) would hold each arrival
 # several ms longer than the engine's server does (docs/serving.md#arrivals-wait-for-no-step)
 SLEEP_SLICE_S = 2e-4
+WRITE_PASSES = 16  # the passes the expected write time per delivery is averaged over (about)
 LAG_SAMPLES = 1 << 20  # tokens whose lags are kept (two Python floats each: about 64 MiB at most)
 
 
@@ -57,6 +62,8 @@ class StepPasses:
         self._timer: asyncio.Handle | None = None  # the next _release, while one is set
         self._flushes: list[Callable[[], None]] | None = None  # during a pass: what defer() was given
         self._writes: list[Callable[[], None]] = []  # ... and its first round
+        self.max_early_s = 0.0  # the most a step's pass may start before its time (serve.max_early_ms)
+        self._write_s = 0.0  # the first round's wall time per delivery, a moving average
 
     def _hold(self, message: tuple) -> None:
         """A "step" message: held (with what its deliveries' Prepares give) until it is due."""
@@ -65,26 +72,33 @@ class StepPasses:
             self._timer = self._loop.call_soon(self._release)
 
     def _release(self, everything: bool = False) -> None:
-        """Hand out every held step that is due, in one pass, and time the next. The loop's timer
-        counts whole milliseconds and may fire early: the last fraction is slept, a slice at a time."""
+        """Hand out every held step that is due (_release_at), in one pass, and time the next. The
+        loop's timer counts whole milliseconds and may fire early: the last fraction is slept, a
+        slice at a time."""
         self._timer = None
         held = self._held
         now = time.perf_counter()
-        if held and not everything and 0 < held[0][1] - now <= 2 * TIMER_SLACK_S:
-            time.sleep(min(held[0][1] - now, SLEEP_SLICE_S))
+        if held and not everything and 0 < (wait := self._release_at(held[0]) - now) <= 2 * TIMER_SLACK_S:
+            time.sleep(min(wait, SLEEP_SLICE_S))
             now = time.perf_counter()
-            if held[0][1] > now and self._loop is not None:  # the loop's other work, then the next slice
+            if self._release_at(held[0]) > now and self._loop is not None:  # other work, then the next slice
                 self._timer = self._loop.call_soon(self._release)
                 return
         due = []
-        while held and (everything or held[0][1] <= now):
+        while held and (everything or self._release_at(held[0]) <= now):
             due.append(held.popleft())
         if due:
             self._pass(due)
         if held and self._loop is not None:
-            delay = held[0][1] - time.perf_counter() - TIMER_SLACK_S
+            delay = self._release_at(held[0]) - time.perf_counter() - TIMER_SLACK_S
             self._timer = self._loop.call_later(delay, self._release) if delay > 0 else \
                 self._loop.call_soon(self._release)
+
+    def _release_at(self, message: tuple) -> float:
+        """When a held step's pass starts: its time less the wall time its writes are expected to
+        take (each delivery's, as measured over past passes), at most max_early_s, so that the
+        step's last write lands at its time rather than that much after it."""
+        return message[1] - min(self.max_early_s, self._write_s * len(message[2]))
 
     def _prepare(self, deliveries: list) -> list[Ahead | None] | None:
         """What each delivery's Prepare gives (in arrival order, so a request's text is decoded in
@@ -118,6 +132,9 @@ class StepPasses:
             for ahead in messages[0][4]:
                 if ahead is not None and ahead.write is not None:
                     ahead.write(ahead)
+            # the wall time per delivery of this first round, averaged over about WRITE_PASSES passes
+            per_delivery = (time.perf_counter() - start) / max(len(messages[0][4]), 1)
+            self._write_s += (per_delivery - self._write_s) / WRITE_PASSES
         flushes: list[Callable[[], None]] = []
         writes: list[Callable[[], None]] = []
         self._flushes, self._writes = flushes, writes

@@ -73,8 +73,9 @@ class ServeOutcome(RunOutcome):
 
 async def build_server(rc: RunConfig, config: ServeConfig) -> Server:
     """The server's parts, its core process started and ready (the backend built)."""
-    scale = config.time_scale if rc.backend == "sim" else 1.0
-    core = ServeCore(rc, scale, config.max_queue)
+    sim = rc.backend == "sim"  # the engine's steps are never ahead of their time
+    core = ServeCore(rc, config.time_scale if sim else 1.0, config.max_queue,
+                     config.max_early_ms * 1e-3 if sim else 0.0)
     await core.start()
     try:
         tokenizer = config.tokenizer

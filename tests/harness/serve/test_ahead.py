@@ -18,6 +18,7 @@ from harness.serve.core import CoreSnapshot
 from harness.serve.delivery import Delivery
 from harness.serve.generation import Generation
 from harness.serve.metrics import ServerMetrics
+from harness.serve.passes import WRITE_PASSES
 from harness.serve.sse import DirectWriter, Events
 from tests.harness.serve.test_release import Socket, generation, serve_core
 
@@ -189,5 +190,28 @@ def test_a_step_made_ahead_writes_nothing_after_its_request_ended():
         await asyncio.wait_for(writer.finished, 1)
         text = b"".join(socket.bodies)
         assert text.endswith(b"data: [DONE]\n\n") and b" w7" not in text
+
+    asyncio.run(scenario())
+
+
+def test_a_pass_over_a_step_made_ahead_measures_its_writes_per_delivery():
+    async def slow(message) -> None:  # a write that holds the loop 0.5 ms
+        until = time.perf_counter() + 5e-4
+        while time.perf_counter() < until:
+            pass
+
+    async def scenario():
+        core = serve_core()
+        gens = [generation(core, max_tokens=3) for _ in range(4)]
+        for gen in gens:
+            gen.submit()
+            DirectWriter(slow, gen, Events(HEAD, False, True, False))
+        assert core._write_s == 0.0
+        deliveries = [(g.request_id, [7 + i], None, 0) for i, g in enumerate(gens)]
+        core._on_message(("step", time.perf_counter() + 0.003, deliveries, (4, 0, 0)))
+        await asyncio.sleep(0.006)
+        assert [g.output_ids for g in gens] == [[7], [8], [9], [10]]
+        # one pass moves the average 1/WRITE_PASSES of the way to its 0.5 ms per delivery
+        assert 5e-4 / WRITE_PASSES <= core._write_s < 5e-3 / WRITE_PASSES
 
     asyncio.run(scenario())

@@ -9,8 +9,11 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from engine.core.request import FinishReason
 from engine.core.sampling_params import SamplingParams
+from harness.serve.config import ServeConfig
 from harness.serve.core import CoreSnapshot, Delivery, ServeCore
 from harness.serve.generation import Generation
 from harness.serve.metrics import ServerMetrics
@@ -153,3 +156,46 @@ def test_a_write_that_waits_while_the_loop_runs_finishes_when_the_socket_takes_i
         assert socket.bodies == [b"x"]
 
     asyncio.run(scenario())
+
+
+def _held_by_hand(core: ServeCore, due: float, count: int = 3) -> None:
+    """A step of count deliveries to "a", held, its timer cancelled: released only by hand."""
+    core._on_message(("step", due, [("a", [k], None, 0) for k in range(count)], (1, 0, 0)))
+    assert core._timer is not None
+    core._timer.cancel()
+    core._timer = None
+
+
+def test_a_step_starts_its_writes_time_before_it_and_never_more_than_max_early():
+    async def scenario():
+        core = serve_core()
+        lags: list[float] = []
+        core._sinks["a"] = lambda d: lags.append(time.perf_counter() - d.due)
+        core._write_s = 1e-4  # as if measured: 0.1 ms per delivery
+        core.max_early_s = 2e-3
+        message = ("step", 1.0, [("a", [k], None, 0) for k in range(3)], (1, 0, 0))
+        assert core._release_at(message) == 1.0 - 3e-4  # the writes' expected time
+        core._write_s = 1e-3
+        assert core._release_at(message) == 1.0 - 2e-3  # capped at max_early_s
+        _held_by_hand(core, time.perf_counter() + 1.5e-3)
+        core._release()  # due in 1.5 ms, released 2 ms before it: at once
+        assert len(lags) == 3 and -2e-3 <= lags[0] < 0
+        core.max_early_s = 0.0  # none before their time: slept to, a slice at a time, between the loop's work
+        _held_by_hand(core, time.perf_counter() + 1.5e-3)
+        core._release()
+        for _ in range(200):
+            if len(lags) == 6:
+                break
+            await asyncio.sleep(1e-4)
+        assert len(lags) == 6 and lags[3] >= 0
+        _held_by_hand(core, time.perf_counter() + 0.01)
+        core._release()  # not due within the timer's slack: held, on a timer again
+        assert len(lags) == 6 and len(core._held) == 1 and core._timer is not None
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("value", [-0.5, 10.5])
+def test_serve_max_early_ms_outside_its_range_is_refused_naming_it(value):
+    with pytest.raises(ValueError, match=r"serve.max_early_ms must be in \[0, 10\]"):
+        ServeConfig(max_early_ms=value)
