@@ -4,7 +4,8 @@ simulator server's difference from the engine server's is the simulator's predic
     python -m experiments.serve.ttft_split OUT [--trace-dir DIR] [--cases azure_50,mooncake_50]
 
 OUT: bench_serve's --out folder (harness.tar.gz, engine_server.tar.gz, sim_server.tar.gz, or the
-folders they pack). Per case, three tables:
+folders they pack). A server whose folder has no requests.csv (a run cut short while it served)
+is left out of every table, and the rows about it with it. Per case, three tables:
 
 1. per server, the client's TTFT (the load generator's records: aiperf's or the in-repo client's)
    split into means: `http_in` (the app called to the core having the request) + the core's TTFT +
@@ -159,21 +160,22 @@ def core_row(label: str, frame: pd.DataFrame) -> dict:
 
 
 def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, ...]:
-    """The three tables of the module docstring for one case; rows: each server's joined rows."""
-    split = pd.DataFrame([split_row(server, rows[server]) for server in SERVERS])
+    """The three tables of the module docstring for one case; rows: each server's joined rows
+    (the engine server's, and the simulator server's where it has them)."""
+    split = pd.DataFrame([split_row(server, rows[server]) for server in SERVERS if server in rows])
     engine = rows["engine_server"]
     at_engine = simulated_at(overrides, engine)
-    at_own = simulated_at(overrides, rows["sim_server"])
-    core = pd.DataFrame([core_row("engine_server own", engine),
-                         core_row("simulator at engine_server's arrivals", at_engine),
-                         core_row("sim_server own", rows["sim_server"]),
-                         core_row("simulator at sim_server's arrivals", at_own)])
-    sim = rows["sim_server"]
+    cores = [core_row("engine_server own", engine), core_row("simulator at engine_server's arrivals", at_engine)]
     # per request, the engine server's client figure with its core's part replaced by the prediction
-    sources = (("engine_server client", engine.ttft_s, engine.itl_s),
+    sources = [("engine_server client", engine.ttft_s, engine.itl_s),
                ("prediction only", engine.ttft_s - engine.ttft + at_engine["ttft"].to_numpy(),
-                engine.itl_s - engine.tpot + at_engine["tpot"].to_numpy()),
-               ("sim_server client", sim.ttft_s, sim.itl_s))
+                engine.itl_s - engine.tpot + at_engine["tpot"].to_numpy())]
+    if "sim_server" in rows:
+        sim = rows["sim_server"]
+        cores += [core_row("sim_server own", sim), core_row("simulator at sim_server's arrivals",
+                                                            simulated_at(overrides, sim))]
+        sources.append(("sim_server client", sim.ttft_s, sim.itl_s))
+    core = pd.DataFrame(cores)
     client = pd.DataFrame([{"source": name, "ttft_p50": ms(ttft, 50), "ttft_p90": ms(ttft, 90),
                             "itl_p50": ms(itl, 50), "itl_p90": ms(itl, 90)} for name, ttft, itl in sources])
     for q in ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90"):
@@ -204,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             overrides[tag] = given
         rows: dict[str, dict[str, pd.DataFrame]] = defaultdict(dict)
         for server in SERVERS:
+            if server != "engine_server" and not (folders[server] / "requests.csv").is_file():
+                print(f"{server}: no requests.csv (its stage did not finish), left out")
+                continue
             requests = pd.read_csv(folders[server] / "requests.csv")
             records = [client_records(folders[server], tag) for tag in tags]
             owns = case_requests(requests, [len(r) for r in records], records)

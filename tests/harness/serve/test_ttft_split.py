@@ -6,6 +6,7 @@ must equal the engine server's."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -88,3 +89,14 @@ def test_an_arrivals_phase_is_where_in_the_running_step_it_came():
     phases = ttft_split.step_phase(np.array([-1.0, 0.25, 1.5, 2.25, 3.0, 5.75, 6.5]), steps)
     # before any step, in the idle gap after the third and after the last, no step ran
     assert np.allclose(phases, [np.nan, 0.25, 0.5, 0.5, np.nan, 0.75, np.nan], equal_nan=True)
+
+
+def test_a_simulator_server_cut_short_is_left_out(out, tmp_path, capsys):
+    partial = tmp_path / "partial"
+    for name in ("harness", "engine_server", "sim_server"):
+        shutil.copytree(out / name, partial / name)
+    (partial / "sim_server" / "requests.csv").unlink()  # its server never stopped: no tables written
+    assert ttft_split.main([str(partial)]) == 0
+    text = capsys.readouterr().out
+    assert "sim_server: no requests.csv" in text and "prediction only" in text
+    assert "sim_server client" not in text and "simulator at sim_server's arrivals" not in text
