@@ -25,15 +25,22 @@ def mooncake_trace(path, num=48, seed=0) -> None:
                                   "output_length": int(rng.integers(20, 120)), "hash_ids": shared}) + "\n")
 
 
-@pytest.fixture(scope="module")
-def pack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("pack")
+def mooncake_bench_folder(folder, engine_extra: tuple[str, ...] = ()) -> list[str]:
+    """folder laid out as a bench's results (a trace and harness/plan.json naming one engine case,
+    mooncake_50); returns the case's workload overrides."""
     mooncake_trace(folder / "trace.jsonl")
     overrides = ["model=qwen3-0.6b", "hardware=h100", "workload=mooncake", "workload.rate_scale=2",
                  f"workload.trace_path={folder / 'trace.jsonl'}"]
     (folder / "harness").mkdir()
     (folder / "harness" / "plan.json").write_text(json.dumps(
-        [{"overrides": ["backend=engine", *overrides, "output.plots=false"], "out": "/device/harness/mooncake_50"}]))
+        [{"overrides": ["backend=engine", *overrides, *engine_extra], "out": "/device/harness/mooncake_50"}]))
+    return overrides
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pack")
+    overrides = mooncake_bench_folder(folder, ("output.plots=false",))
     outcome = run_once(compose_run_config([*step_prices.SIM, *overrides]), progress=False, record=True)
     write_outcome(outcome, folder / "harness" / "mooncake_50", plots=False)
     return folder / "harness"

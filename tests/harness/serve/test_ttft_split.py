@@ -15,7 +15,7 @@ import pytest
 from experiments.serve import ttft_split
 from harness.run import run_once
 from harness.scripting import compose_run_config
-from tests.harness.serve.test_step_prices import mooncake_trace
+from tests.harness.serve.test_step_prices import mooncake_bench_folder
 
 HTTP_IN, OUT, RESIDUAL = 5e-4, 3e-4, 1e-3  # seconds: what each "server" and its client add
 
@@ -30,12 +30,7 @@ def served(frame: pd.DataFrame) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve")
-    mooncake_trace(folder / "trace.jsonl")
-    overrides = ["model=qwen3-0.6b", "hardware=h100", "workload=mooncake", "workload.rate_scale=2",
-                 f"workload.trace_path={folder / 'trace.jsonl'}"]
-    (folder / "harness").mkdir()
-    (folder / "harness" / "plan.json").write_text(json.dumps(
-        [{"overrides": ["backend=engine", *overrides], "out": "/device/harness/mooncake_50"}]))
+    overrides = mooncake_bench_folder(folder)
     run = run_once(compose_run_config([*ttft_split.SIM, *overrides]), progress=False).requests
     rows = served(run)
     client = RESIDUAL + rows["http_ttft"]
