@@ -52,12 +52,12 @@ class Watched:
         return want
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--startup-s", type=float, default=None, help="a new replica's start-up, s (default: priced)")
     parser.add_argument("--out", type=Path, required=True, help="the CSV to write")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m harness")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.startup_s is not None and not args.startup_s >= 0:
         parser.error(f"--startup-s must be >= 0 (seconds), got {args.startup_s}")
     from harness.autoscale.config import build_autoscale
