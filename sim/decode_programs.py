@@ -73,12 +73,17 @@ class DecodePrograms:
         keys = np.concatenate((np.repeat(chunk, lens // chunk), lens % chunk))
         return np.sort(keys[keys > 0])
 
+    def applies(self, num_seqs: int) -> bool:
+        """Whether a decode step of num_seqs real sequences is priced here (module doc: at least two
+        programs per SM); below, excess_s is 0 whatever the contexts."""
+        return mean_share(num_seqs, self.num_kv_heads, self.num_sms)
+
     def excess_s(self, seq_lens: Sequence[int], seconds_per_token: float) -> float:
         """Seconds the step's attention takes beyond its total context x seconds_per_token (the cost
         model's price of one context token over all layers and this rank's KV heads); >= 0. Zero
         below two programs per SM (module doc)."""
         heads = self.num_kv_heads
-        if seconds_per_token <= 0 or not mean_share(int(_real(seq_lens).size), heads, self.num_sms):
+        if seconds_per_token <= 0 or not self.applies(int(_real(seq_lens).size)):
             return 0.0
         keys = self.programs(seq_lens)
         bandwidth = heads * self.num_layers / seconds_per_token  # head-keys/s in one layer's pass

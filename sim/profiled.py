@@ -196,12 +196,14 @@ class ProfiledCostModel:
     def _with_programs(self, features: dict[str, float], plan: StepPlan, ahead: int) -> dict[str, float]:
         """features, with what the decode kernel's longest programs add to a decode-only step
         (sim.decode_programs), its contexts `ahead` tokens longer than plan's."""
-        if self.decode_programs is None or features["num_prefill_tokens"] or not features["num_decode_tokens"]:
+        programs = self.decode_programs
+        if programs is None or features["num_prefill_tokens"] or not features["num_decode_tokens"] \
+                or not programs.applies(len(plan.scheduled)):  # most steps: no per-sequence work
             return features
         used = self.fits[next(r for r in FALLBACK[regime_of(features)] if r in self.fits)]
         per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
         lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
-        features[PROGRAM_EXCESS] = self.decode_programs.excess_s(lens, per_token)
+        features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token)
         return features
 
     def _price(self, features: dict[str, float], step: int) -> float:
