@@ -25,10 +25,22 @@ per-batch price holds them (adding the fluid's wait there would count it twice: 
 of one 128-token sequence). From two programs per SM on, a program walks the mean context, and
 the grid's rows (even contexts up to 3,072 tokens, at least 384 programs) have no such wait, so
 the fit cannot hold what served long contexts add.
+
+An SM holds only so many of the kernel's programs at once (its occupancy: hardware field
+decode_programs_per_sm, 5 on the GH100 for the engine's kernel). A launch of more programs than the
+GPU holds runs them as slots free up, in launch order: split-major, then KV head, then sequence
+(the kernel's grid is (sequence, KV head, split), sequence fastest). The last to start walk with few
+others in flight, at no more than the program rate: a wave's tail. On Qwen3-0.6B's H200 decode steps
+of ragged conversation contexts this is a step from 82 sequences (656 programs, one wave of 660)
+to 84 (+0.8 ms on 5.0 ms), fading by 125 and again past 165 (experiments/disagg/h200x4_pd_mixes/run2).
+The fluid then schedules the programs in launch order onto the slots (in walked keys every running
+program moves alike, so that order is a list schedule) and prices each stretch at the rate of the
+programs running in it.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,17 +55,21 @@ PROGRAM_EXCESS = "decode_program_excess_s"
 @dataclass(frozen=True)
 class DecodePrograms:
     """num_kv_heads: per rank; key_bytes: one key's K and V of one head (2 x head_dim x dtype bytes);
-    program_bandwidth: bytes/s one program streams at most."""
+    program_bandwidth: bytes/s one program streams at most; resident_per_sm: programs one SM holds
+    at once (None: every program of a launch runs from its start)."""
 
     num_kv_heads: int
     num_layers: int
     key_bytes: int
     num_sms: int
     program_bandwidth: float
+    resident_per_sm: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_kv_heads", "num_layers", "key_bytes", "num_sms"):
+        for name in ("num_kv_heads", "num_layers", "key_bytes", "num_sms", "resident_per_sm"):
             value = getattr(self, name)
+            if name == "resident_per_sm" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DecodePrograms.{name} must be an int >= 1, got {value!r}")
         if not self.program_bandwidth > 0:
@@ -62,7 +78,21 @@ class DecodePrograms:
     def programs(self, seq_lens: Sequence[int]) -> np.ndarray:
         """The keys each program of one KV head walks, ascending (every KV head runs the same;
         a length of 0 is padding)."""
-        lens = _real(seq_lens)
+        pieces = self._pieces(_real(seq_lens))
+        keys = pieces[pieces > 0]
+        return np.sort(keys)
+
+    def launch_order(self, seq_lens: Sequence[int]) -> np.ndarray:
+        """The keys of every program of the launch (all KV heads), in the order the GPU starts
+        them: split-major, then KV head, then sequence; programs with nothing to walk left out."""
+        pieces = self._pieces(_real(seq_lens))
+        if pieces.size == 0:
+            return pieces
+        rows = [np.tile(row[row > 0], self.num_kv_heads) for row in pieces]
+        return np.concatenate(rows)
+
+    def _pieces(self, lens: np.ndarray) -> np.ndarray:
+        """[split, sequence]: the keys of each sequence's program at each split (0: unused)."""
         if lens.size == 0:
             return lens
         heads, sms = self.num_kv_heads, self.num_sms
@@ -70,8 +100,10 @@ class DecodePrograms:
         pieces = -(-lens // splits)  # the even rule: L / S in whole tiles, or the fair share if longer
         chunk = np.maximum(np.maximum(BLOCK_N, -(-pieces // BLOCK_N) * BLOCK_N),
                            fair_share(int(lens.size), int(lens.sum()), heads, sms))
-        keys = np.concatenate((np.repeat(chunk, lens // chunk), lens % chunk))
-        return np.sort(keys[keys > 0])
+        used = -(-lens // chunk)
+        split = np.arange(int(used.max()))[:, None]
+        pieces_at: np.ndarray = np.clip(lens - split * chunk, 0, chunk) * (split < used)
+        return pieces_at
 
     def applies(self, num_seqs: int) -> bool:
         """Whether a decode step of num_seqs real sequences is priced here (module doc: at least two
@@ -85,13 +117,48 @@ class DecodePrograms:
         heads = self.num_kv_heads
         if seconds_per_token <= 0 or not self.applies(int(_real(seq_lens).size)):
             return 0.0
-        keys = self.programs(seq_lens)
         bandwidth = heads * self.num_layers / seconds_per_token  # head-keys/s in one layer's pass
         rate = self.program_bandwidth / self.key_bytes  # head-keys/s of one program
-        running = heads * np.arange(keys.size, 0, -1)  # programs still walking while passing keys[i]
-        walked = np.diff(keys, prepend=0)  # keys each of them walks in that phase
-        fluid = float(np.dot(walked, 1.0 / np.minimum(rate, bandwidth / running)))
+        keys = self.programs(seq_lens)
+        slots = None if self.resident_per_sm is None else self.resident_per_sm * self.num_sms
+        if slots is None or heads * keys.size <= slots:
+            # all start together: they finish shortest first
+            running = heads * np.arange(keys.size, 0, -1)  # programs still walking while passing keys[i]
+            walked = np.diff(keys, prepend=0)  # keys each of them walks in that phase
+            fluid = float(np.dot(walked, 1.0 / np.minimum(rate, bandwidth / running)))
+        else:
+            fluid = walk_seconds(self.launch_order(seq_lens), slots, bandwidth, rate)
         return max(0.0, self.num_layers * (fluid - heads * float(keys.sum()) / bandwidth))
+
+
+def walk_seconds(keys: np.ndarray, slots: int | None, bandwidth: float, rate: float) -> float:
+    """Seconds a launch's programs take (keys: each one's keys, in launch order) when `slots` of
+    them run at once (None: all), started in order as slots free, all running ones sharing
+    `bandwidth` keys/s and none faster than `rate` keys/s."""
+    keys = np.asarray(keys, dtype=float)
+    keys = keys[keys > 0]
+    if keys.size == 0:
+        return 0.0
+    if slots is None or keys.size <= slots:
+        # all start together: they finish shortest first
+        ordered = np.sort(keys)
+        running = np.arange(ordered.size, 0, -1)  # programs still walking while passing ordered[i]
+        walked = np.diff(ordered, prepend=0.0)
+        return float(np.dot(walked, 1.0 / np.minimum(rate, bandwidth / running)))
+    # every running program walks at the same speed, so in walked keys the slots are a list
+    # schedule: each program starts where the earliest-free slot ends
+    ends = list(keys[:slots])
+    heapq.heapify(ends)
+    starts = np.zeros(keys.size)
+    for i in range(slots, keys.size):
+        starts[i] = ends[0]
+        heapq.heapreplace(ends, starts[i] + keys[i])
+    finishes = starts + keys
+    marks = np.unique(np.concatenate((starts, finishes)))
+    started = np.searchsorted(np.sort(starts), marks[:-1], side="right")
+    finished = np.searchsorted(np.sort(finishes), marks[:-1], side="right")
+    running = started - finished  # programs walking between consecutive marks
+    return float(np.dot(np.diff(marks), 1.0 / np.minimum(rate, bandwidth / running)))
 
 
 def _real(seq_lens: Sequence[int]) -> np.ndarray:

@@ -215,9 +215,12 @@ class HardwareSpec:
     expert_parallel_efficiency: float = 1.0
     # The engine's split-KV decode kernel (sim.decode_programs): the GPU's streaming multiprocessors,
     # and the bytes/s one of the kernel's programs walks its keys at, at most. None: no figure, a
-    # decode step's KV read is priced by its total context alone.
+    # decode step's KV read is priced by its total context alone. decode_programs_per_sm: how many
+    # of the kernel's programs one SM holds at once (its occupancy); None: a launch's programs all
+    # run from its start.
     num_sms: int | None = None
     decode_program_bandwidth: float | None = None
+    decode_programs_per_sm: int | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -229,13 +232,14 @@ class HardwareSpec:
             value = getattr(self, f.name)
             optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
                         "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s",
-                        "weight_load_bytes_per_s", "num_sms", "decode_program_bandwidth")
+                        "weight_load_bytes_per_s", "num_sms", "decode_program_bandwidth",
+                        "decode_programs_per_sm")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:
                     raise TypeError(f"HardwareSpec.name must be a non-empty str, got {value!r}")
-            elif f.name in ("mem_bytes", "gpus_per_node", "num_sms"):
+            elif f.name in ("mem_bytes", "gpus_per_node", "num_sms", "decode_programs_per_sm"):
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)  # "80.0e+9" in YAML
                     object.__setattr__(self, f.name, value)

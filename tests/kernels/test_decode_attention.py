@@ -120,3 +120,35 @@ def test_kept_arrival_counters_survive_graph_replays_and_new_lengths():
         assert not arrivals.get(1, q.device).any(), f"counters left non-zero (seed {seed}, replay {replay})"
         ref = decode_attention_ref(q, b.k_cache, b.v_cache, b.block_tables, lens, 128**-0.5)
         _check(out, ref, new_lens, f"{seed}, replay {replay}")
+
+
+def test_an_sm_holds_as_many_decode_programs_as_the_simulator_prices():
+    """sim.decode_programs prices the waves of a launch from hardware.decode_programs_per_sm: the
+    compiled kernel's registers, shared memory and warps give how many programs one SM holds."""
+    import kernels.decode_attention as decode
+    from harness.scripting import compose_run_config
+
+    props = torch.cuda.get_device_properties(0)
+    if (props.major, props.minor) != (9, 0):
+        pytest.skip("conf/hardware's figure is the GH100's (H100, H200)")
+    # Qwen3-0.6B's decode launch as the engine makes it: bf16, 16 query heads on 8 KV heads, 128 dims,
+    # 256-token pages, a fair share passed
+    b = make_paged_batch([1000] * 48, [1] * 48, num_heads=16, num_kv_heads=8, head_dim=128, block_size=256,
+                         dtype=torch.bfloat16, seed=fresh_seed())
+    decode._decode_split_kernel.device_caches.clear()  # only this launch's variant compiled below
+    decode.paged_decode_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, 128**-0.5,
+                                  max_seq_len_hint=8192,
+                                  split_chunk=torch.tensor([1024], dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    (kernel,) = [k for cache in decode._decode_split_kernel.device_caches.values() for k in cache[0].values()]
+    kernel._init_handles()
+    warps, regs, smem = kernel.metadata.num_warps, kernel.n_regs, kernel.metadata.shared
+    per_warp = -(-regs * 32 // 256) * 256  # registers are handed to warps in units of 256
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // per_warp // warps
+    by_smem = getattr(props, "shared_memory_per_multiprocessor", 233472) // (smem + 1024)  # 1 KB kept per block
+    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+    resident = min(by_regs, by_smem, by_threads, 32)
+    figure = compose_run_config(["hardware=h200"]).hardware.decode_programs_per_sm
+    assert resident == figure, (f"{props.name}: {regs} registers, {smem} B shared, {warps} warps -> {resident} "
+                                f"programs per SM (regs {by_regs}, shared {by_smem}, threads {by_threads}); "
+                                f"conf/hardware/h200.yaml says {figure}")

@@ -18,7 +18,7 @@ from engine.core.decode_split import fair_share
 from harness.scripting import compose_run_config
 from kernels.decode_split import balanced_chunk, choose_num_splits, split_chunks
 from sim.cost_model import decode_programs, make_cost_model
-from sim.decode_programs import DecodePrograms
+from sim.decode_programs import DecodePrograms, walk_seconds
 from tests.sim.helpers import decode_batch
 
 # Qwen3-0.6B on an H200: 8 KV heads, 28 layers, 512 B of K and V per key and head; the H200
@@ -79,9 +79,46 @@ def test_the_programs_are_the_kernels_and_the_wait_is_bounded(lens, heads, sms, 
 
 
 def test_bad_figures_are_refused():
-    for field, value in (("num_sms", 0), ("num_kv_heads", 1.5), ("program_bandwidth", 0.0)):
+    for field, value in (("num_sms", 0), ("num_kv_heads", 1.5), ("program_bandwidth", 0.0), ("resident_per_sm", 0)):
         with pytest.raises(ValueError, match=field):
             dataclasses.replace(KERNEL, **{field: value})
+
+
+def test_programs_past_the_gpus_slots_run_as_a_last_wave():
+    # 5 programs per SM x 132 SMs = 660 slots: 82 even sequences x 8 heads fit; 84 leave 12 programs
+    # waiting until the first 660, walking alike, end together; those 12 then walk at the program rate
+    waves = dataclasses.replace(KERNEL, resident_per_sm=5)
+    assert waves.excess_s([1000] * 82, PER_TOKEN) == KERNEL.excess_s([1000] * 82, PER_TOKEN) == 0.0
+    bandwidth = 8 * 28 / PER_TOKEN  # head-keys/s
+    rate = KERNEL.program_bandwidth / KERNEL.key_bytes
+    expected = 28 * (1000 / rate - 12 * 1000 / bandwidth)
+    assert waves.excess_s([1000] * 84, PER_TOKEN) == pytest.approx(expected, rel=1e-9)
+    assert KERNEL.excess_s([1000] * 84, PER_TOKEN) == 0.0
+    # more waiting programs share the bandwidth again: a fuller last wave waits less
+    assert waves.excess_s([1000] * 120, PER_TOKEN) < waves.excess_s([1000] * 90, PER_TOKEN)
+    # the launch order is the kernel's grid: split-major, then KV head, then sequence
+    real = np.array([3000, 500, 2000])
+    order = waves.launch_order([3000, 500, 0, 2000])
+    chunks = split_chunks(real, choose_num_splits(3, 8, 3000, 132, balanced=True), balanced_chunk(real, 8, 132))
+    assert order.sum() == 8 * real.sum() and (order[:24] == np.tile(np.minimum(real, chunks), 8)).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(0, 5000), min_size=1, max_size=400), slots=st.integers(1, 500),
+       bandwidth=st.floats(1e6, 1e9), rate=st.floats(1e4, 1e8))
+def test_a_launch_on_few_slots_is_bounded_by_its_schedule(keys, slots, bandwidth, rate):
+    walked = np.array(keys, dtype=float)
+    seconds = walk_seconds(walked, slots, bandwidth, rate)
+    total, real = walked.sum(), walked[walked > 0]
+    # never faster than the bandwidth or than its longest program alone
+    assert seconds >= total / bandwidth * (1 - 1e-9) and seconds >= walked.max() / rate * (1 - 1e-9)
+    # a list schedule ends within total / slots + the longest program (in keys walked), each key
+    # walked at no less than min(rate, bandwidth / slots)
+    assert seconds <= (total / slots + walked.max()) / min(rate, bandwidth / slots) * (1 + 1e-9)
+    if real.size <= slots:  # room for all: they start together
+        assert seconds == pytest.approx(walk_seconds(walked, None, bandwidth, rate), rel=1e-9)
+    if slots == 1:  # one at a time
+        assert seconds == pytest.approx(total / min(rate, bandwidth), rel=1e-9)
 
 
 def _profiled(*overrides: str):
