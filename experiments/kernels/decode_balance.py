@@ -23,24 +23,14 @@ import torch
 import triton
 
 import kernels.decode_attention as decode
+from experiments.kernels.balance_shapes import contexts
 from experiments.kernels.timing import bench_graph
 from harness.scripting import probe_args, probe_parser
 from kernels.decode_split import balanced_chunk
 
-MAX_MODEL_LEN, BLOCK_SIZE, HEAD_DIM, MEAN_CONTEXT = 4096, 256, 128, 1000
+MAX_MODEL_LEN, BLOCK_SIZE, HEAD_DIM = 4096, 256, 128
 BATCHES = (8, 16, 32, 48, 64, 96, 128, 256, 512)
 CAPS = (256, 512, 1024)
-
-
-def contexts(kind: str, batch: int, rng: np.random.Generator) -> list[int]:
-    """Context lengths with mean MEAN_CONTEXT: even, uniform ragged, or a few long ones."""
-    if kind == "even":
-        return [MEAN_CONTEXT] * batch
-    if kind == "ragged":
-        return [int(c) for c in rng.integers(100, 2 * MEAN_CONTEXT - 100 + 1, size=batch)]
-    long = max(1, batch // 10)  # "tail": a tenth of the batch at 3,700, the rest shorter
-    short = (MEAN_CONTEXT * batch - 3700 * long) // (batch - long) if batch > long else MEAN_CONTEXT
-    return [3700] * long + [max(16, short)] * (batch - long)
 
 
 def split_variants(batch: int, num_kv_heads: int, sms: int, max_model_len: int) -> dict[str, tuple[int, bool]]:

@@ -130,17 +130,19 @@ def _profiled(*overrides: str):
 def test_the_profiled_model_adds_the_wait_to_decode_steps_and_to_their_repeats():
     rc, on = _profiled()
     _, off = _profiled("backend.decode_programs=false")
-    assert on.decode_programs == KERNEL and off.decode_programs is None
+    kernel = dataclasses.replace(KERNEL, program_bandwidth=rc.hardware.decode_program_bandwidth,
+                                 resident_per_sm=rc.hardware.decode_programs_per_sm)
+    assert on.decode_programs == kernel and off.decode_programs is None
     step = decode_batch(ragged(33))
     # decode_batch's contexts are the tokens before the step: the kernel reads one more each
     lens = [e.num_computed_tokens + 1 for e in step.scheduled]
     per_token = dict(zip(off.fits["decode_graph"].linear_features, off.fits["decode_graph"].linear_coefs))
-    expected = KERNEL.excess_s(lens, per_token["decode_context_tokens"])
+    expected = kernel.excess_s(lens, per_token["decode_context_tokens"])
     assert expected > 5e-4
     assert on.step_time(step) - off.step_time(step) == pytest.approx(expected, rel=1e-9)
     # the fast-forward's repeats are the step with every context j tokens longer
     for j, (priced_on, priced_off) in enumerate(zip(on.decode_repeats(step), off.decode_repeats(step)), start=1):
-        grown = KERNEL.excess_s([n + j for n in lens], per_token["decode_context_tokens"])
+        grown = kernel.excess_s([n + j for n in lens], per_token["decode_context_tokens"])
         assert priced_on - priced_off == pytest.approx(grown, rel=1e-9)
         if j == 3:
             break
