@@ -17,7 +17,10 @@ is left out of every table, and the rows about it with it. Per case, three table
    as bench_serve prices the simulator's server: experiments/serve/host.py; `host_scale`), and
    where that is not the profile's, at the profile's host beside it; at the simulator server's
    own, at the host it was priced at, what its core should have produced (its `own` figures
-   differ from these only if the server's core is off its schedule);
+   differ from these only if the server's core is off its schedule); and the harness's own run
+   of the case (no server) beside the simulator at its arrivals and its measured host: the engine
+   server's TPOT against the harness's is what the server costs the engine's steps, the
+   simulator's against the harness's what the step model misprices with no server at all;
    `phase_p25` / `phase_p75`: where in the simulated step running at its arrival each request
    arrived (0 as it began, 1 as the next began: spread over [0, 1] unless the server bunches them);
 3. `prediction only`: the engine server's client TTFT and inter-token latency with its core's
@@ -180,6 +183,11 @@ def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame],
     sources = [("engine_server client", engine.ttft_s, engine.itl_s),
                ("prediction only", engine.ttft_s - engine.ttft + at_engine["ttft"].to_numpy(),
                 engine.itl_s - engine.tpot + at_engine["tpot"].to_numpy())]
+    if "harness" in rows:  # the case's own run in the harness's loop: no server
+        harness, harness_host = rows["harness"], hosts.get("harness", 1.0)
+        cores += [core_row("harness_run own", harness, harness_host),
+                  core_row("simulator at harness_run's arrivals", simulated_at(overrides, harness, harness_host),
+                           harness_host)]
     if "sim_server" in rows:
         sim = rows["sim_server"]
         sim_host = hosts.get("sim_server", 1.0)
@@ -209,6 +217,19 @@ def server_hosts(folders: dict[str, Path], overrides: list[str]) -> dict[str, fl
             if line.strip().startswith("- backend.host_scale="):
                 hosts["sim_server"] = float(line.split("=", 1)[1])
     return hosts
+
+
+def harness_run(folder: Path, overrides: list[str]) -> tuple[pd.DataFrame | None, float]:
+    """The harness's own run of a case (its requests.csv; None where the pack has none) and the
+    speed of its host (its steps' decode graph launches; 1 where not measured)."""
+    if not (folder / "requests.csv").is_file():
+        return None, 1.0
+    requests = pd.read_csv(folder / "requests.csv")
+    model = host.profile_model([*SIM, *overrides])
+    scale = np.nan
+    if (folder / "steps.csv.gz").is_file() and model is not None:
+        scale = host.measured(pd.read_csv(folder / "steps.csv.gz"), model)[0]
+    return requests[requests["finish_reason"] != "aborted"], 1.0 if np.isnan(scale) else scale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
               (", ".join(f"{k} {v:.3f}" for k, v in hosts.items()) or "the profile's"))
         for tag in args.cases or tags:
             print(f"\n## {tag}\n")
-            for table in case_tables(overrides[tag], rows[tag], hosts):
+            own, harness_host = harness_run(folders["harness"] / tag, overrides[tag])
+            if own is not None:
+                rows[tag]["harness"] = own
+            for table in case_tables(overrides[tag], rows[tag], {**hosts, "harness": harness_host}):
                 print(markdown(table.round(2)), "\n")
     return 0
 

@@ -129,3 +129,29 @@ def test_each_server_is_simulated_at_its_host(out, tmp_path, capsys):
     assert client.at[1, "ttft_p50"] > client.at[0, "ttft_p50"]
     assert ttft_split.main([str(served)]) == 0
     assert "engine_server 1.800, sim_server 1.800" in capsys.readouterr().out
+
+
+def test_the_harness_run_is_simulated_at_its_own_arrivals_and_host(out, tmp_path):
+    """The harness's run of a case (no server) sits beside the simulator at its arrivals and host:
+    here the simulator's own run, so at the profile's host it gives its figures back."""
+    from experiments.serve import host
+    from tests.harness.serve.test_bench_host_merge import SIM, decode_graph_steps
+
+    served = tmp_path / "served"
+    for name in ("harness", "engine_server"):
+        shutil.copytree(out / name, served / name)
+    (served / "harness" / "mooncake_50").mkdir()
+    requests = pd.read_csv(served / "engine_server" / "requests.csv")
+    requests.to_csv(served / "harness" / "mooncake_50" / "requests.csv", index=False)
+    overrides = ttft_split.case_overrides(served / "harness", "mooncake_50")
+    own, speed = ttft_split.harness_run(served / "harness" / "mooncake_50", overrides)
+    assert own is not None and len(own) == len(requests) and speed == 1.0  # no step table: the profile's host
+    rows = {"engine_server": ttft_split.joined(ttft_split.client_records(served / "engine_server", "mooncake_50"),
+                                               requests), "harness": own}
+    _, core, _ = ttft_split.case_tables(overrides, rows, {"harness": speed})
+    figures = core.set_index("source")[["ttft_p50", "ttft_mean", "tpot_p50", "tpot_p90"]]
+    assert figures.loc["simulator at harness_run's arrivals"].tolist() == pytest.approx(
+        figures.loc["harness_run own"].tolist(), abs=1e-6)
+    decode_graph_steps(host.profile_model(SIM), 1.3).to_csv(served / "harness" / "mooncake_50" / "steps.csv.gz",
+                                                            index=False)
+    assert ttft_split.harness_run(served / "harness" / "mooncake_50", overrides)[1] == pytest.approx(1.3)
