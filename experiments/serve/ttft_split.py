@@ -13,8 +13,14 @@ is left out of every table, and the rows about it with it. Per case, three table
    the server's http_ttft: the client, the connection, the kernel, uvicorn before the app);
 2. the same requests simulated offline (no HTTP, no wall clock) at the arrival times each server's
    core recorded: at the engine server's, the simulator's prediction of the engine server's core
-   TTFT and TPOT (the prediction error); at the simulator server's own, what its core should have
-   produced (its `own` figures differ from these only if the server's core is off its schedule);
+   TTFT and TPOT (the prediction error), priced at the engine server's host (its measured speed,
+   as bench_serve prices the simulator's server: experiments/serve/host.py; `host_scale`), and
+   where that is not the profile's, at the profile's host beside it; at the simulator server's
+   own, at the host it was priced at, what its core should have produced (its `own` figures
+   differ from these only if the server's core is off its schedule); and the harness's own run
+   of the case (no server) beside the simulator at its arrivals and its measured host: the engine
+   server's TPOT against the harness's is what the server costs the engine's steps, the
+   simulator's against the harness's what the step model misprices with no server at all;
    `phase_p25` / `phase_p75`: where in the simulated step running at its arrival each request
    arrived (0 as it began, 1 as the next began: spread over [0, 1] unless the server bunches them);
 3. `prediction only`: the engine server's client TTFT and inter-token latency with its core's
@@ -38,7 +44,7 @@ import pandas as pd
 
 from engine.core import make_scheduler
 from engine.core.loop import SimulatedClock, run
-from experiments.serve import aiperf
+from experiments.serve import aiperf, host
 from experiments.serve.step_prices import SIM, case_overrides
 from experiments.serve.tables import case_requests
 from harness.compare.tables import markdown
@@ -106,10 +112,10 @@ def joined(records: pd.DataFrame, own: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(ttft_s=records["ttft_s"].to_numpy(), itl_s=records["itl_s"].to_numpy())
 
 
-def simulated_at(overrides: list[str], own: pd.DataFrame) -> pd.DataFrame:
-    """The case's requests simulated with the arrival times of a server's core (own's `arrival`):
-    its requests.csv, in own's row order."""
-    rc = compose_run_config([*SIM, *overrides])
+def simulated_at(overrides: list[str], own: pd.DataFrame, host_scale: float = 1.0) -> pd.DataFrame:
+    """The case's requests simulated with the arrival times of a server's core (own's `arrival`),
+    priced at host_scale: its requests.csv, in own's row order."""
+    rc = compose_run_config([*SIM, *overrides, f"backend.host_scale={host_scale:.6g}"])
     executor = make_executor(rc)
     scheduler = make_scheduler(rc.scheduler, executor.info(), rc.cache)
     block_size = scheduler.block_manager.block_size if scheduler.block_manager.enable_prefix_caching else None
@@ -152,28 +158,41 @@ def split_row(server: str, rows: pd.DataFrame) -> dict:
             "first_token_out": ms(rows.first_token_out), "residual": ms(rows.ttft_s - rows.http_ttft)}
 
 
-def core_row(label: str, frame: pd.DataFrame) -> dict:
+def core_row(label: str, frame: pd.DataFrame, host_scale: float = np.nan) -> dict:
     phase = frame["phase"].dropna().to_numpy(float) if "phase" in frame else np.array([np.nan])
-    return {"source": label, "ttft_p50": ms(frame.ttft, 50), "ttft_p90": ms(frame.ttft, 90),
+    return {"source": label, "host_scale": host_scale, "ttft_p50": ms(frame.ttft, 50), "ttft_p90": ms(frame.ttft, 90),
             "ttft_mean": ms(frame.ttft), "tpot_p50": ms(frame.tpot, 50), "tpot_p90": ms(frame.tpot, 90),
             "phase_p25": float(np.percentile(phase, 25)), "phase_p75": float(np.percentile(phase, 75))}
 
 
-def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, ...]:
+def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame],
+                hosts: dict[str, float] | None = None) -> tuple[pd.DataFrame, ...]:
     """The three tables of the module docstring for one case; rows: each server's joined rows
-    (the engine server's, and the simulator server's where it has them)."""
+    (the engine server's, and the simulator server's where it has them); hosts: the host speed
+    each server is simulated at (server_hosts; 1, the profile's, where not given)."""
+    hosts = hosts or {}
     split = pd.DataFrame([split_row(server, rows[server]) for server in SERVERS if server in rows])
-    engine = rows["engine_server"]
-    at_engine = simulated_at(overrides, engine)
-    cores = [core_row("engine_server own", engine), core_row("simulator at engine_server's arrivals", at_engine)]
+    engine, engine_host = rows["engine_server"], hosts.get("engine_server", 1.0)
+    at_engine = simulated_at(overrides, engine, engine_host)
+    cores = [core_row("engine_server own", engine, hosts.get("engine_server", np.nan))]
+    if engine_host != 1.0:
+        cores.append(core_row("simulator at engine_server's arrivals, the profile's host",
+                              simulated_at(overrides, engine), 1.0))
+    cores.append(core_row("simulator at engine_server's arrivals", at_engine, engine_host))
     # per request, the engine server's client figure with its core's part replaced by the prediction
     sources = [("engine_server client", engine.ttft_s, engine.itl_s),
                ("prediction only", engine.ttft_s - engine.ttft + at_engine["ttft"].to_numpy(),
                 engine.itl_s - engine.tpot + at_engine["tpot"].to_numpy())]
+    if "harness" in rows:  # the case's own run in the harness's loop: no server
+        harness, harness_host = rows["harness"], hosts.get("harness", 1.0)
+        cores += [core_row("harness_run own", harness, harness_host),
+                  core_row("simulator at harness_run's arrivals", simulated_at(overrides, harness, harness_host),
+                           harness_host)]
     if "sim_server" in rows:
         sim = rows["sim_server"]
+        sim_host = hosts.get("sim_server", 1.0)
         cores += [core_row("sim_server own", sim), core_row("simulator at sim_server's arrivals",
-                                                            simulated_at(overrides, sim))]
+                                                            simulated_at(overrides, sim, sim_host), sim_host)]
         sources.append(("sim_server client", sim.ttft_s, sim.itl_s))
     core = pd.DataFrame(cores)
     client = pd.DataFrame([{"source": name, "ttft_p50": ms(ttft, 50), "ttft_p90": ms(ttft, 90),
@@ -181,6 +200,36 @@ def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame]) -> tuple[pd
     for q in ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90"):
         client[f"{q}_pct"] = (client[q] / client.at[0, q] - 1) * 100
     return split, core, client
+
+
+def server_hosts(folders: dict[str, Path], overrides: list[str]) -> dict[str, float]:
+    """The host each server is simulated at: the engine server's measured speed (its steps.csv.gz
+    against the profile the case's simulation prices with), the simulator server's as it was run
+    (its backend.host_scale override); a server without one is left out (the profile's host)."""
+    hosts = {}
+    steps = host.server_steps(folders["engine_server"].parent, "engine_server")
+    model = host.profile_model([*SIM, *overrides])
+    if steps is not None and model is not None and not np.isnan(scale := host.measured(steps, model)[0]):
+        hosts["engine_server"] = scale
+    given = folders.get("sim_server", Path("/nonexistent")) / ".hydra" / "overrides.yaml"
+    if given.is_file():
+        for line in given.read_text().splitlines():
+            if line.strip().startswith("- backend.host_scale="):
+                hosts["sim_server"] = float(line.split("=", 1)[1])
+    return hosts
+
+
+def harness_run(folder: Path, overrides: list[str]) -> tuple[pd.DataFrame | None, float]:
+    """The harness's own run of a case (its requests.csv; None where the pack has none) and the
+    speed of its host (its steps' decode graph launches; 1 where not measured)."""
+    if not (folder / "requests.csv").is_file():
+        return None, 1.0
+    requests = pd.read_csv(folder / "requests.csv")
+    model = host.profile_model([*SIM, *overrides])
+    scale = np.nan
+    if (folder / "steps.csv.gz").is_file() and model is not None:
+        scale = host.measured(pd.read_csv(folder / "steps.csv.gz"), model)[0]
+    return requests[requests["finish_reason"] != "aborted"], 1.0 if np.isnan(scale) else scale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,9 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             owns = case_requests(requests, [len(r) for r in records], records)
             for tag, own, record in zip(tags, owns, records, strict=True):
                 rows[tag][server] = joined(record, own)
+        hosts = server_hosts(folders, overrides[tags[0]])
+        print("hosts simulated at (speed against the profile's): " +
+              (", ".join(f"{k} {v:.3f}" for k, v in hosts.items()) or "the profile's"))
         for tag in args.cases or tags:
             print(f"\n## {tag}\n")
-            for table in case_tables(overrides[tag], rows[tag]):
+            own, harness_host = harness_run(folders["harness"] / tag, overrides[tag])
+            if own is not None:
+                rows[tag]["harness"] = own
+            for table in case_tables(overrides[tag], rows[tag], {**hosts, "harness": harness_host}):
                 print(markdown(table.round(2)), "\n")
     return 0
 
