@@ -164,3 +164,31 @@ def test_padded_steps_split_decode_graphs_by_padding_and_refuse_bad_input(tmp_pa
     assert padded_steps([profile, str(tmp_path / "none.csv.gz"), "--model", "qwen3-0.6b",
                          "--moe-routing-skew", "0.4"]) == 2
     assert "dense" in capsys.readouterr().err
+
+
+def test_prefill_rows_price_a_grids_prefill_graphs_by_its_device_time_fit(tmp_path):
+    """A grid whose prefill graphs took 1 ms plus 1 us a padded token, fresh or after a cached
+    context: its own fit prices every row as measured; a grid that does not separate the cached
+    context's cost prices fresh rows above what they took (what cause/prefill_rows shows)."""
+    import numpy as np
+
+    from experiments.fidelity.cause.prefill_rows import main, prefill_rows
+    from sim.profiled import ProfiledCostModel
+
+    sizes = np.repeat([16, 64, 256, 512, 1024], 4)
+    context = np.tile([0, 0, 512, 512], 5)
+    grid = pd.DataFrame({"num_prefill_tokens": sizes, "num_decode_tokens": 0, "num_seqs": 1, "num_sampled": 1,
+                         "prefill_context_tokens": context, "decode_context_tokens": 0, "cuda_graph": 1,
+                         "graph_batch_size": sizes, "launch_s": 5e-4})
+    grid["prefill_attention_pairs"] = sizes * context + sizes * (sizes + 1) // 2
+    grid["gpu_s"] = grid["duration_s"] = 1e-3 + 1e-6 * sizes + 1e-12 * grid["prefill_attention_pairs"]
+    rows = prefill_rows(grid, ProfiledCostModel.fit(grid))
+    assert len(rows) == len(grid) and np.abs(rows["error"]).max() < 1e-9
+    # the cached context costs 0.4 ms more than its attention pairs say: the fit cannot tell
+    slow = grid.assign(gpu_s=grid["gpu_s"] + 4e-4 * (grid["prefill_context_tokens"] > 0))
+    rows = prefill_rows(slow, ProfiledCostModel.fit(slow.assign(duration_s=slow["gpu_s"])))
+    small, fresh = rows["graph_batch_size"] <= 256, rows["context_per_seq"] == 0
+    assert (rows.loc[small & fresh, "error"] > 0.03).all() and (rows.loc[small & ~fresh, "error"] < -0.03).all()
+    grid.drop(columns=["launch_s", "gpu_s"]).to_csv(tmp_path / "plain.csv", index=False)
+    with pytest.raises(SystemExit, match="no device-time fit"):
+        main([str(tmp_path / "plain.csv"), str(tmp_path / "plain.csv"), "--out", str(tmp_path / "out.csv")])
