@@ -64,8 +64,10 @@ def at_p90(outcome: RunOutcome) -> str:
     burst = int((requests["arrival"] - request["arrival"]).abs().le(1e-3).sum())
     ends = steps["start"] + steps["duration"]
     first = steps.iloc[int((ends - request["first_token"]).abs().argmin())]
+    waited = steps[(ends > request["arrival"]) & (steps["start"] < first["start"])]
     return (f"P90 {1e3 * p90:.2f} ms: {burst} requests within 1 ms of its arrival; it waited "
-            f"{1e3 * (first['start'] - request['arrival']):.2f} ms for a {first['kind']} step of "
+            f"{1e3 * (first['start'] - request['arrival']):.2f} ms (behind {len(waited)} steps of at most "
+            f"{int(waited['num_seqs'].max()) if len(waited) else 0} sequences) for a {first['kind']} step of "
             f"{int(first['num_seqs'])} sequences, {int(first['num_prefill_tokens'])} new tokens, "
             f"{1e3 * first['duration']:.2f} ms")
 
