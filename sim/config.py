@@ -10,6 +10,7 @@ from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
 from sim.moe_groups import check_shared
 from sim.moe_locality import check_locality
+from sim.repeated_reads import check_rule
 from sim.specs import HardwareSpec
 
 
@@ -57,6 +58,10 @@ class SimConfig:
     kernel runs it, waiting on its longest programs where they are too few to keep the memory busy
     (sim.decode_programs; needs the hardware's num_sms and decode_program_bandwidth, else nothing
     changes). False: by the step's total context alone.
+    repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
+    again in one decode step, where its profile did not measure them: "additive" (each at L2's
+    price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
+    the memory and L2 pipes, so a few repeats cost nothing: sim.overlapped_reads).
     """
 
     cost_model: str = "roofline"
@@ -73,6 +78,7 @@ class SimConfig:
     moe_routing_shared_cap: int | None = None
     fast_forward: bool = True
     decode_programs: bool = True
+    repeated_reads: str = "additive"
     host_scale: float = 1.0
     host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
@@ -107,6 +113,7 @@ class SimConfig:
         for name in ("fast_forward", "decode_programs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        check_rule(self.repeated_reads, "SimConfig.repeated_reads")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):

@@ -192,3 +192,11 @@ def test_prefill_rows_price_a_grids_prefill_graphs_by_its_device_time_fit(tmp_pa
     grid.drop(columns=["launch_s", "gpu_s"]).to_csv(tmp_path / "plain.csv", index=False)
     with pytest.raises(SystemExit, match="no device-time fit"):
         main([str(tmp_path / "plain.csv"), str(tmp_path / "plain.csv"), "--out", str(tmp_path / "out.csv")])
+
+
+def test_resimulate_refuses_an_unknown_repeated_reads_rule(tmp_path, capsys):
+    common = ["--label", "x", "--model", "qwen3-0.6b", "--hardware", "h100", "--num-blocks", "10",
+              "--num-requests", "3", "--out", str(tmp_path / "o.csv")]
+    with pytest.raises(SystemExit):
+        resimulate([str(tmp_path / "t.csv"), "p.csv", "--repeated-reads", "linear", *common])
+    assert "--repeated-reads: invalid choice: 'linear'" in capsys.readouterr().err
