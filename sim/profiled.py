@@ -203,7 +203,10 @@ class ProfiledCostModel:
         used = self.fits[next(r for r in FALLBACK[regime_of(features)] if r in self.fits)]
         per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
         lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
-        features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token)
+        # a graph launches with the split count it was captured with (sim.decode_programs)
+        context = self.graphs.decode_context
+        graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
+        features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token, graph)
         return features
 
     def _price(self, features: dict[str, float], step: int) -> float:

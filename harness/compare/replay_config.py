@@ -11,8 +11,10 @@ from harness.config import RunConfig
 
 
 def engine_graph_sizes(meta: dict) -> GraphSizes:
-    """The CUDA graphs a saved engine run replayed (runs saved before prefill graphs had none)."""
-    return GraphSizes(tuple(meta["graph_batch_sizes"]), tuple(meta.get("prefill_graph_sizes", ())))
+    """The CUDA graphs a saved engine run replayed (runs saved before prefill graphs had none, and
+    before their capture context was saved, an unknown one)."""
+    return GraphSizes(tuple(meta["graph_batch_sizes"]), tuple(meta.get("prefill_graph_sizes", ())),
+                      int(meta.get("decode_graph_context", 0)))
 
 
 def describe(graphs: GraphSizes) -> str:
