@@ -8,6 +8,7 @@ from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
 from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
+from sim.moe_groups import check_shared
 from sim.moe_locality import check_locality
 from sim.specs import HardwareSpec
 
@@ -34,10 +35,15 @@ class SimConfig:
     sequence draws a fresh top-k with probability 1 / (1 + locality j), else reuses an earlier
     token's); a step's distinct experts are counted from its sequences. 0: independent tokens, as
     sim.moe prices them. Measured from a profiling grid's per-step counts (fit_routing_locality).
-    moe_routing_shared_prefix: price the sequences of a step that share a cached prefix (their first
-    KV block) as one sequence's tokens at that locality (sim.features.routing_sequences; the profiled
-    model only). False: every sequence routes on its own. Measured by the held-out protocol from
-    the grid's shared-prefix rows (harness.fidelity.routing).
+    moe_routing_shared_prefix: price the sequences of a step that start with the same tokens (the
+    same first KV block: sim.features.routing_sequences) as one routing group (the profiled model
+    only). False: every sequence routes on its own. Measured by the held-out protocol from the
+    grid's shared-prefix rows (harness.fidelity.routing).
+    moe_routing_shared_fresh, moe_routing_shared_cap: how alike a routing group's members route
+    (sim.moe_locality, sim.moe_shared_prefix): the probability that a later member's fresh draw is
+    fresh for the group, and how many routings of its own the group's later members choose among
+    (None: no bound). moe_routing_shared_fresh None: the group routes as one sequence of all its
+    members' tokens at the locality. Fitted by the held-out protocol to the same rows.
     profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
     run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
     host_scale: the serving host's speed against the host that measured the profile: the profiled
@@ -63,6 +69,8 @@ class SimConfig:
     moe_routing_skew: float = 0.0
     moe_routing_locality: float = 0.0
     moe_routing_shared_prefix: bool = False
+    moe_routing_shared_fresh: float | None = None
+    moe_routing_shared_cap: int | None = None
     fast_forward: bool = True
     decode_programs: bool = True
     host_scale: float = 1.0
@@ -89,6 +97,13 @@ class SimConfig:
         if not isinstance(self.moe_routing_shared_prefix, bool):
             raise ValueError(f"SimConfig.moe_routing_shared_prefix must be true or false, "
                              f"got {self.moe_routing_shared_prefix!r}")
+        try:
+            check_shared(self.moe_routing_shared_fresh, self.moe_routing_shared_cap)
+        except ValueError as error:
+            raise ValueError(f"SimConfig.{error}") from None
+        if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
+            raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
+                             "moe_routing_shared_prefix=true")
         for name in ("fast_forward", "decode_programs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
