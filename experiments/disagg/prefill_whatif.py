@@ -29,8 +29,6 @@ import engine.core.disagg_fleet as disagg_fleet
 from engine.core.request import Request
 from experiments.disagg.h200_run1 import resim
 
-PROFILE = "profiles/h200/qwen3-0.6b.csv"  # what resim prices the call with
-
 
 def with_leads(profile: str, other: str, out: Path) -> Path:
     """profile's coefficients with other's lead fits in place of its own (if any), written to out."""
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     original_copy, original_setup = disagg_fleet.prefill_copy, resim.Setup
     with tempfile.TemporaryDirectory() as scratch:
         if args.lead_from is not None:
-            profile = str(with_leads(PROFILE, args.lead_from, Path(scratch) / "profile.csv"))
+            profile = str(with_leads(resim.PROFILE, args.lead_from, Path(scratch) / "profile.csv"))
             resim.Setup = lambda *a, **k: original_setup(*a, **{**k, "profile": profile})  # type: ignore[misc]
         disagg_fleet.prefill_copy = handed_over(original_copy, args.handover_s)
         try:
