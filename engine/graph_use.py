@@ -14,7 +14,8 @@ def captured_graph_sizes(runner) -> GraphSizes:
     def captured(graphs) -> tuple[int, ...]:
         return tuple(graphs.sizes) if graphs is not None and graphs.captured else ()
 
-    return GraphSizes(captured(runner.graphs), captured(runner.prefill_graphs))
+    decode = captured(runner.graphs)
+    return GraphSizes(decode, captured(runner.prefill_graphs), runner.graphs.max_seq_len if decode else 0)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,8 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         num_blocks = plan_num_blocks(model, hardware, cache.block_size, execution.gpu_memory_utilization,
                                      sim.activation_reserve_bytes, execution.tensor_parallel_size,
                                      scheduler.max_num_batched_tokens, scheduler.max_num_seqs, staging_blocks)
-    graphs = planned_graph_sizes(execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
+    graphs = planned_graph_sizes(execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+                                 max_model_len=scheduler.max_model_len)
     if cost_model is None:
         cost_model = make_cost_model(model, hardware, sim, graphs)
     info = BackendInfo(

@@ -8,7 +8,9 @@ from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
 from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
+from sim.moe_groups import check_shared
 from sim.moe_locality import check_locality
+from sim.repeated_reads import check_rule
 from sim.specs import HardwareSpec
 
 
@@ -34,10 +36,15 @@ class SimConfig:
     sequence draws a fresh top-k with probability 1 / (1 + locality j), else reuses an earlier
     token's); a step's distinct experts are counted from its sequences. 0: independent tokens, as
     sim.moe prices them. Measured from a profiling grid's per-step counts (fit_routing_locality).
-    moe_routing_shared_prefix: price the sequences of a step that share a cached prefix (their first
-    KV block) as one sequence's tokens at that locality (sim.features.routing_sequences; the profiled
-    model only). False: every sequence routes on its own. Measured by the held-out protocol from
-    the grid's shared-prefix rows (harness.fidelity.routing).
+    moe_routing_shared_prefix: price the sequences of a step that start with the same tokens (the
+    same first KV block: sim.features.routing_sequences) as one routing group (the profiled model
+    only). False: every sequence routes on its own. Measured by the held-out protocol from the
+    grid's shared-prefix rows (harness.fidelity.routing).
+    moe_routing_shared_fresh, moe_routing_shared_cap: how alike a routing group's members route
+    (sim.moe_locality, sim.moe_shared_prefix): the probability that a later member's fresh draw is
+    fresh for the group, and how many routings of its own the group's later members choose among
+    (None: no bound). moe_routing_shared_fresh None: the group routes as one sequence of all its
+    members' tokens at the locality. Fitted by the held-out protocol to the same rows.
     profile_hardware: the GPU profile_path was measured on, when it is not the run's (None: the
     run's): the fit is carried to the run's GPU by the datasheet ratios of sim.transfer.
     host_scale: the serving host's speed against the host that measured the profile: the profiled
@@ -51,6 +58,10 @@ class SimConfig:
     kernel runs it, waiting on its longest programs where they are too few to keep the memory busy
     (sim.decode_programs; needs the hardware's num_sms and decode_program_bandwidth, else nothing
     changes). False: by the step's total context alone.
+    repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
+    again in one decode step, where its profile did not measure them: "additive" (each at L2's
+    price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
+    the memory and L2 pipes, so a few repeats cost nothing: sim.overlapped_reads).
     """
 
     cost_model: str = "roofline"
@@ -63,8 +74,11 @@ class SimConfig:
     moe_routing_skew: float = 0.0
     moe_routing_locality: float = 0.0
     moe_routing_shared_prefix: bool = False
+    moe_routing_shared_fresh: float | None = None
+    moe_routing_shared_cap: int | None = None
     fast_forward: bool = True
     decode_programs: bool = True
+    repeated_reads: str = "additive"
     host_scale: float = 1.0
     host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
@@ -89,9 +103,17 @@ class SimConfig:
         if not isinstance(self.moe_routing_shared_prefix, bool):
             raise ValueError(f"SimConfig.moe_routing_shared_prefix must be true or false, "
                              f"got {self.moe_routing_shared_prefix!r}")
+        try:
+            check_shared(self.moe_routing_shared_fresh, self.moe_routing_shared_cap)
+        except ValueError as error:
+            raise ValueError(f"SimConfig.{error}") from None
+        if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
+            raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
+                             "moe_routing_shared_prefix=true")
         for name in ("fast_forward", "decode_programs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        check_rule(self.repeated_reads, "SimConfig.repeated_reads")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):

@@ -58,14 +58,15 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     profiled = ProfiledCostModel.load(sim.profile_path, graphs)
     if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
         profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
-    profiled = with_prior(profiled, hardware)
+    profiled = with_prior(profiled, hardware, sim.repeated_reads)
     if sim.host_scale != 1.0:  # another host CPU than the profile's (sim.host_speed)
         profiled = with_host_scale(profiled, sim.host_scale)
     if sim.host_jitter:
         profiled = with_host_jitter(profiled, sim.host_jitter, sim.execution.seed)
     if model.is_moe:
         profiled.distinct_experts = SequenceRouting(model.num_experts, model.num_experts_per_tok,
-                                                    sim.moe_routing_skew, sim.moe_routing_locality).distinct
+                                                    sim.moe_routing_skew, sim.moe_routing_locality,
+                                                    sim.moe_routing_shared_fresh, sim.moe_routing_shared_cap).distinct
         profiled.shared_prefix_routing = sim.moe_routing_shared_prefix
         # a TP=1 profile carried to a larger tp_size is priced at TP=1, then transferred
         profiled.floor = WeightReadFloor(model, hardware, 1 if sim.transfers_tp else sim.execution.tensor_parallel_size)

@@ -14,9 +14,16 @@ against 4.99 ms for one of 32 (experiments/disagg/h200x4_pd_mixes/run2).
 The price (per layer; every layer runs the same programs): all programs start together, share the
 bandwidth the cost model prices a context token at, and each runs at most at the program rate, so
 once fewer remain than that bandwidth needs, the step waits on the longest (a fluid model, no fitted
-constant). What the longest pieces add over total keys / bandwidth is `excess_s`. A launch's split
-count is taken from the step's longest context; graphs are captured with max_model_len, which
-raises it, but a program longer than BALANCE_CHUNK keys is the fair share either way.
+constant). What the longest pieces add over total keys / bandwidth is `excess_s`.
+
+A launch's split count S bounds a program from below by L / S keys (chunk = max(L / S, fair share)),
+and it is the launch's, not the step's: an eager launch takes it from its own sequences and their
+longest context, but a CUDA graph keeps the one it was captured with, for its padded batch size
+and the longest context it was captured for (GraphSizes.decode_context, the engine's
+max_model_len: 16 splits at 16,384). So in a graph a ragged batch of short contexts (the longest
+under two fair shares or under BALANCE_CHUNK) is cut into pieces of the fair share, where an eager
+launch of it walks its longest sequences whole or in halves: priced as eager, a bursty H100 cell's
+steps of 33-39 sequences of about 750 keys waited 65 us on average, in their graphs 42-61 us.
 
 Only steps of at least two programs per SM (engine.core.decode_split.mean_share) are priced so.
 Below, the kernel cuts the keys into four programs per SM, and what few short programs cost is
@@ -75,28 +82,38 @@ class DecodePrograms:
         if not self.program_bandwidth > 0:
             raise ValueError(f"DecodePrograms.program_bandwidth must be > 0 bytes/s, got {self.program_bandwidth!r}")
 
-    def programs(self, seq_lens: Sequence[int]) -> np.ndarray:
+    def split_count(self, lens: np.ndarray, graph: tuple[int, int] | None = None) -> int:
+        """The launch's split count (engine.core.decode_split.choose_num_splits): a CUDA graph's,
+        graph = (its batch size, the longest context it was captured for), or else an eager
+        launch's, from the real sequences lens and the longest of them (module doc)."""
+        if graph is not None:
+            return choose_num_splits(graph[0], self.num_kv_heads, graph[1], self.num_sms, balanced=True)
+        return choose_num_splits(int(lens.size), self.num_kv_heads, int(lens.max()), self.num_sms, balanced=True)
+
+    def programs(self, seq_lens: Sequence[int], graph: tuple[int, int] | None = None) -> np.ndarray:
         """The keys each program of one KV head walks, ascending (every KV head runs the same;
-        a length of 0 is padding)."""
-        pieces = self._pieces(_real(seq_lens))
+        a length of 0 is padding), in a launch of split_count(graph)."""
+        pieces = self._pieces(_real(seq_lens), graph)
         keys = pieces[pieces > 0]
         return np.sort(keys)
 
-    def launch_order(self, seq_lens: Sequence[int]) -> np.ndarray:
+    def launch_order(self, seq_lens: Sequence[int], graph: tuple[int, int] | None = None) -> np.ndarray:
         """The keys of every program of the launch (all KV heads), in the order the GPU starts
-        them: split-major, then KV head, then sequence; programs with nothing to walk left out."""
-        pieces = self._pieces(_real(seq_lens))
+        them: split-major, then KV head, then sequence; programs with nothing to walk left out.
+        graph: as split_count takes it."""
+        pieces = self._pieces(_real(seq_lens), graph)
         if pieces.size == 0:
             return pieces
         rows = [np.tile(row[row > 0], self.num_kv_heads) for row in pieces]
         return np.concatenate(rows)
 
-    def _pieces(self, lens: np.ndarray) -> np.ndarray:
-        """[split, sequence]: the keys of each sequence's program at each split (0: unused)."""
+    def _pieces(self, lens: np.ndarray, graph: tuple[int, int] | None) -> np.ndarray:
+        """[split, sequence]: the keys of each sequence's program at each split (0: unused), in a
+        launch of split_count(lens, graph)."""
         if lens.size == 0:
             return lens
         heads, sms = self.num_kv_heads, self.num_sms
-        splits = choose_num_splits(int(lens.size), heads, int(lens.max()), sms, balanced=True)
+        splits = self.split_count(lens, graph)
         pieces = -(-lens // splits)  # the even rule: L / S in whole tiles, or the fair share if longer
         chunk = np.maximum(np.maximum(BLOCK_N, -(-pieces // BLOCK_N) * BLOCK_N),
                            fair_share(int(lens.size), int(lens.sum()), heads, sms))
@@ -110,16 +127,18 @@ class DecodePrograms:
         programs per SM); below, excess_s is 0 whatever the contexts."""
         return mean_share(num_seqs, self.num_kv_heads, self.num_sms)
 
-    def excess_s(self, seq_lens: Sequence[int], seconds_per_token: float) -> float:
+    def excess_s(self, seq_lens: Sequence[int], seconds_per_token: float,
+                 graph: tuple[int, int] | None = None) -> float:
         """Seconds the step's attention takes beyond its total context x seconds_per_token (the cost
         model's price of one context token over all layers and this rank's KV heads); >= 0. Zero
-        below two programs per SM (module doc)."""
+        below two programs per SM (module doc). graph: the CUDA graph that runs the step, as
+        split_count takes it (None: an eager launch)."""
         heads = self.num_kv_heads
         if seconds_per_token <= 0 or not self.applies(int(_real(seq_lens).size)):
             return 0.0
         bandwidth = heads * self.num_layers / seconds_per_token  # head-keys/s in one layer's pass
         rate = self.program_bandwidth / self.key_bytes  # head-keys/s of one program
-        keys = self.programs(seq_lens)
+        keys = self.programs(seq_lens, graph)
         slots = None if self.resident_per_sm is None else self.resident_per_sm * self.num_sms
         if slots is None or heads * keys.size <= slots:
             # all start together: they finish shortest first
@@ -127,7 +146,7 @@ class DecodePrograms:
             walked = np.diff(keys, prepend=0)  # keys each of them walks in that phase
             fluid = float(np.dot(walked, 1.0 / np.minimum(rate, bandwidth / running)))
         else:
-            fluid = walk_seconds(self.launch_order(seq_lens), slots, bandwidth, rate)
+            fluid = walk_seconds(self.launch_order(seq_lens, graph), slots, bandwidth, rate)
         return max(0.0, self.num_layers * (fluid - heads * float(keys.sum()) / bandwidth))
 
 

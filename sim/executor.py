@@ -191,7 +191,8 @@ def _repeat_plans(cost_model: CostModel, plan: StepPlan) -> Iterator[float]:
     stats = plan.stats
     for j in itertools.count(1):
         entries = [ScheduledRequest(e.request_id, e.token_ids, e.num_computed_tokens + j, e.block_table, e.sample,
-                                    e.sampling_params, e.num_output_tokens + j, e.is_decode) for e in plan.scheduled]
+                                    e.sampling_params, e.num_output_tokens + j, e.is_decode, e.prefix_key)
+                   for e in plan.scheduled]
         yield cost_model.step_time(StepPlan(entries, replace(stats, step=stats.step + j), [], [],
                                             plan.use_cuda_graphs))
 

@@ -48,59 +48,67 @@ MOE_FEATURES = ("moe_distinct_experts",)
 # Beside a profile's measured counts (harness.calibration.expert_steps): the expectation of each
 # row's token count, what a simulated step of its shape is priced with. Not fitted.
 EXPECTED_EXPERTS = "moe_expected_experts"
-# How many distinct experts a step touches per MoE layer, from its sequences' new tokens (a decode:
-# 1): sim.moe_locality.SequenceRouting.distinct (an expectation), or a count the engine observed.
-DistinctExperts = Callable[[Sequence[int]], float]
+# A step's routing sequences: each a sequence's new tokens (an int; a decode: 1), or a routing
+# group's, the new tokens of each of its members (a tuple: sequences over one prefix,
+# routing_sequences; sim.moe_locality prices a group by its members).
+Routed = int | tuple[int, ...]
+# How many distinct experts a step touches per MoE layer, from its routing sequences:
+# sim.moe_locality.SequenceRouting.distinct (an expectation), or a count the engine observed.
+DistinctExperts = Callable[[Sequence[Routed]], float]
 # A CUDA graph's padding rows (engine.cuda_graph, engine.prefill_graphs: token 0 at position 0, no
 # context, so every one has the same hidden states) go through the MoE layers too, and their router
 # gives them all one top-k: the grouped GEMM reads those experts' weights like any token's. To the
 # weights a padded step reads they are one more sequence of one token; the engine's expert counter
 # leaves them out (engine.expert_counts), so a measured count is of the real tokens alone.
 PADDING_SEQUENCE = 1
-# Beside an MoE profile's measured counts: how many routing sequences the step's sequences form when
-# those that share their first KV block (a prefix-cache hit) count as one (routing_sequences). Not
-# fitted; it lets a table row be priced with shared-prefix routing (row_routing_sequences).
+# Beside an MoE profile's measured counts: how many routing groups the step's sequences form, those
+# over one prefix counting as one (routing_sequences). Not fitted; it lets a table row be priced
+# with shared-prefix routing (row_routing_sequences).
 ROUTING_GROUPS = "moe_routing_groups"
 
 
-def routing_sequences(plan: StepPlan) -> list[int]:
-    """The step's new tokens per routing sequence: scheduled entries whose block tables start with
-    the same physical block share a cached prefix (prefix caching shares a prompt's blocks from its
-    first), so their new tokens count as continuations of one sequence (sim.moe_locality); an entry
-    without blocks is a sequence of its own."""
-    groups: dict[int, int] = {}
-    alone: list[int] = []
+def routing_sequences(plan: StepPlan) -> list[tuple[int, ...]]:
+    """The step's routing groups, each the new tokens of its members: scheduled entries that start
+    with the same tokens (equal prefix_key: the prefix cache's hash of their first block) or, where
+    an entry has no key (the profiling grid's plans), with the same physical block (a prefix-cache
+    hit shares a prompt's blocks from its first) form one group; an entry with neither is a group of
+    its own."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    alone: list[tuple[int, ...]] = []
     for entry in plan.scheduled:
         n = len(entry.token_ids)
-        if entry.block_table:
-            groups[entry.block_table[0]] = groups.get(entry.block_table[0], 0) + n
+        if entry.prefix_key is not None:
+            groups.setdefault(("tokens", entry.prefix_key), []).append(n)
+        elif entry.block_table:
+            groups.setdefault(("block", entry.block_table[0]), []).append(n)
         else:
-            alone.append(n)
-    return list(groups.values()) + alone
+            alone.append((n,))
+    return [tuple(members) for members in groups.values()] + alone
 
 
-def row_routing_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int, groups: int) -> list[int]:
-    """A table row's new tokens per routing sequence (routing_sequences), from its totals and its
-    number of routing groups: exact for the profiling grid's shapes (chunks evened as row_sequences
-    has them; decodes over one or more prefixes, round robin; chunks over one prefix; a chunk of its
-    own beside decodes over one prefix), an evening-out for a served step's. Groups that leave the
-    prefill chunks apart (groups > chunks) hold the decodes, evenly; fewer hold the chunks evenly
-    and the decodes evenly beside them."""
+def row_routing_sequences(prefill_tokens: int, decode_tokens: int, num_seqs: int,
+                          groups: int) -> list[tuple[int, ...]]:
+    """A table row's routing groups (routing_sequences), from its totals and its number of routing
+    groups: exact for the profiling grid's shapes (chunks evened as row_sequences has them; decodes
+    over one or more prefixes, round robin; chunks over one prefix; a chunk of its own beside
+    decodes over one prefix), an evening-out for a served step's. Groups that leave the prefill
+    chunks apart (groups > chunks) hold the decodes, round robin; fewer hold the chunks round robin
+    and the decodes round robin beside them."""
     sizes = row_sequences(prefill_tokens, decode_tokens, num_seqs)
     groups = min(max(int(groups), 1), len(sizes)) if sizes else 0
     if groups >= len(sizes):
-        return sizes
+        return [(n,) for n in sizes]
     decodes = int(decode_tokens)
     chunks = sizes[:len(sizes) - decodes]
     if groups > len(chunks) and decodes:
         held = groups - len(chunks)
-        return chunks + [decodes // held + (i < decodes % held) for i in range(held)]
-    merged = [0] * groups
+        return [(n,) for n in chunks] + [(1,) * (decodes // held + (i < decodes % held)) for i in range(held)]
+    merged: list[list[int]] = [[] for _ in range(groups)]
     for i, n in enumerate(chunks):
-        merged[i % groups] += n
+        merged[i % groups].append(n)
     for i in range(decodes):
-        merged[i % groups] += 1
-    return merged
+        merged[i % groups].append(1)
+    return [tuple(members) for members in merged]
 
 
 def graph_padded(cuda_graph: float, graph_batch_size: float, num_tokens: float) -> bool:
@@ -109,17 +117,18 @@ def graph_padded(cuda_graph: float, graph_batch_size: float, num_tokens: float) 
     return bool(cuda_graph) and graph_batch_size > num_tokens
 
 
-def read_sequences(sizes: Sequence[int], padded: bool) -> list[int]:
+def read_sequences(sizes: Sequence[Routed], padded: bool) -> list[Routed]:
     """The routing sequences whose experts a step's MoE layers read: its own, plus the padding rows
     as one more of PADDING_SEQUENCE token where the step is padded (graph_padded)."""
     return [*sizes, PADDING_SEQUENCE] if padded else list(sizes)
 
 
-def row_read_sequences(row: Mapping[str, float], shared_prefix: bool = False) -> list[int]:
+def row_read_sequences(row: Mapping[str, float], shared_prefix: bool = False) -> list[Routed]:
     """read_sequences of a step table row (its totals: row_sequences, or with shared_prefix and the
     row's ROUTING_GROUPS, row_routing_sequences); a row without graph columns runs unpadded."""
     totals = int(row["num_prefill_tokens"]), int(row["num_decode_tokens"]), int(row["num_seqs"])
-    sizes = row_routing_sequences(*totals, int(row[ROUTING_GROUPS])) if shared_prefix else row_sequences(*totals)
+    sizes: list[Routed] = [*row_routing_sequences(*totals, int(row[ROUTING_GROUPS]))] if shared_prefix \
+        else [*row_sequences(*totals)]
     padded = graph_padded(row.get("cuda_graph", 0), row.get("graph_batch_size", 0), totals[0] + totals[1])
     return read_sequences(sizes, padded)
 
@@ -217,7 +226,7 @@ def step_features(plan: StepPlan, graphs: GraphSizes | Sequence[int] = (),
         "graph_batch_size": batch,
     }
     if distinct_experts is not None:
-        own = routing_sequences(plan) if shared_prefix else sizes
+        own: list[Routed] = [*routing_sequences(plan)] if shared_prefix else [*sizes]
         padded = graph_padded(graph, batch, prefill_tokens + decode)
         features["moe_distinct_experts"] = distinct_experts(read_sequences(own, padded))
     return features

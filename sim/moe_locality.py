@@ -27,6 +27,11 @@ experts per MoE layer. locality 0 (the default) is independent routing: U_e(n) =
 D_step = D(n_1 + n_2 + ...), the same number sim.moe gives. D_step is increasing in every n_i and
 at most min(E, k N). A decode batch of B sequences is priced D(B) at any locality.
 
+Sequences that start with the same tokens route alike across sequences too: distinct() takes a
+routing group (sim.features.routing_sequences) as the tuple of its members' new tokens and prices
+it by sim.moe_groups (shared_fresh, shared_cap); shared_fresh None is the rule without measured
+figures, the group routing as one sequence of all its members' tokens.
+
 fit_routing_locality estimates the locality from the distinct experts an engine's profiled steps
 really touched (harness.calibration.expert_steps), the skew held at its own fit
 (sim.moe.fit_routing_skew): the two are separate, since reusing earlier tokens' top-k leaves every
@@ -36,12 +41,14 @@ expert's share of the routed tokens as it was.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from sim.moe import ExpertRouting, inclusion_probabilities
+from sim.moe_groups import GroupRouting, check_shared
 
 # Largest locality the fit reports: beyond it a sequence of any length makes about one fresh draw.
 MAX_LOCALITY = 1000.0
@@ -65,14 +72,30 @@ class SequenceRouting:
     """The expected distinct experts of a step from its sequences' new tokens (module docstring),
     for one model's routing; memoised per step composition (the simulator asks once per step)."""
 
-    def __init__(self, num_experts: int, top_k: int, skew: float = 0.0, locality: float = 0.0) -> None:
+    def __init__(self, num_experts: int, top_k: int, skew: float = 0.0, locality: float = 0.0,
+                 shared_fresh: float | None = None, shared_cap: int | None = None) -> None:
         check_locality(locality)
+        check_shared(shared_fresh, shared_cap)
         self.independent = ExpertRouting(num_experts, top_k, skew)
         self.locality = float(locality)
+        self.shared_fresh = None if shared_fresh is None else float(shared_fresh)
+        self.shared_cap = shared_cap
         # experts that share an inclusion probability share a column (uniform routing: one)
         self._pi, self._weight = np.unique(inclusion_probabilities(num_experts, top_k, skew), return_counts=True)
         self._log_untouched = np.zeros((1, len(self._pi)))  # row n: log U_e(n), grown on demand
-        self._memo: dict[tuple[int, ...], float] = {}
+        self._groups = GroupRouting(self._pi, self.locality)
+        self._memo: dict[tuple[tuple[int, ...], ...], float] = {}
+
+    def with_shared(self, fresh: float | None, cap: int | None) -> SequenceRouting:
+        """This routing with other shared-prefix figures (module docstring), sharing its per-sequence
+        table (a fit tries many)."""
+        other = SequenceRouting.__new__(SequenceRouting)
+        other.__dict__.update(self.__dict__)
+        check_shared(fresh, cap)
+        other.shared_fresh = None if fresh is None else float(fresh)
+        other.shared_cap = cap
+        other._memo = {}
+        return other
 
     def _table(self, longest: int) -> npt.NDArray[np.float64]:
         have = len(self._log_untouched) - 1
@@ -85,26 +108,34 @@ class SequenceRouting:
             self._log_untouched = np.vstack([self._log_untouched, grown])
         return self._log_untouched
 
-    def distinct(self, sizes: Sequence[int]) -> float:
-        """Expected distinct experts per MoE layer of a step whose sequences bring sizes new tokens."""
-        if self.locality == 0.0:
-            return self.independent.distinct(int(sum(sizes)))
-        key = tuple(sorted(int(n) for n in sizes if n > 0))
+    def distinct(self, sizes: Sequence[int | tuple[int, ...]]) -> float:
+        """Expected distinct experts per MoE layer of a step whose routing sequences bring sizes new
+        tokens: an int per sequence, a tuple of its members' per routing group (module docstring)."""
+        groups = [(int(g),) if isinstance(g, (int, np.integer)) else tuple(int(n) for n in g) for g in sizes]
+        if self.locality == 0.0 and (self.shared_fresh is None or all(len(g) == 1 for g in groups)):
+            return self.independent.distinct(sum(sum(g) for g in groups))
+        if self.shared_fresh is None:  # a group routes as one sequence of its members' tokens
+            groups = [(sum(g),) for g in groups]
+        key = tuple(sorted(tuple(sorted((n for n in g if n > 0), reverse=True)) for g in groups if sum(g) > 0))
         value = self._memo.get(key)
         if value is None:
             if not key:
                 return 0.0
-            table = self._table(key[-1])
-            log_untouched = table[np.asarray(key)].sum(axis=0)
+            table = self._table(max(g[0] for g in key))
+            log_untouched = table[np.asarray([g[0] for g in key])].sum(axis=0)
+            for group, count in Counter(g for g in key if len(g) > 1).items():  # equal groups priced once
+                assert self.shared_fresh is not None  # groups without one were merged above
+                log_untouched = log_untouched + count * self._groups.later_log_untouched(
+                    group[1:], self.shared_fresh, self.shared_cap)
             value = float(np.dot(self._weight, -np.expm1(log_untouched)))
             if len(self._memo) < 1 << 16:
                 self._memo[key] = value
         return value
 
 
-def squared_log_error(routing: SequenceRouting, steps: Sequence[Sequence[int]],
+def squared_log_error(routing: SequenceRouting, steps: Sequence[Sequence[int | tuple[int, ...]]],
                       observed: npt.NDArray[np.float64]) -> float:
-    """sum of log(predicted / observed)^2 over steps (each its sequences' new tokens)."""
+    """sum of log(predicted / observed)^2 over steps (each its routing sequences: SequenceRouting.distinct)."""
     predicted = np.array([routing.distinct(sizes) for sizes in steps])
     return float(np.sum(np.log(predicted / observed) ** 2))
 
@@ -137,12 +168,16 @@ def fit_routing_locality(steps: Sequence[Sequence[int]], observed: Sequence[floa
     best = int(np.argmin(losses))
     if _squared_log_error(steps, counts, num_experts, top_k, skew, 0.0) <= losses[best]:
         return 0.0
-    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    return float(math.exp(golden_minimum(loss, grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)])))
+
+
+def golden_minimum(loss: Callable[[float], float], low: float, high: float, steps: int = _GOLDEN_STEPS) -> float:
+    """The minimum of a unimodal loss on [low, high] by golden-section search (its bracket's middle)."""
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    for _ in range(_GOLDEN_STEPS):
+    for _ in range(steps):
         a, b = high - ratio * (high - low), low + ratio * (high - low)
         if loss(a) <= loss(b):
             high = b
         else:
             low = a
-    return float(math.exp(0.5 * (low + high)))
+    return 0.5 * (low + high)

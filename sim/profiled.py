@@ -57,6 +57,7 @@ from sim.features import (
     step_features,
 )
 from sim.host_draws import host_draw
+from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled_overlap import behind_itself, overlapped_duration
 from sim.profiled_regimes import (
@@ -127,6 +128,9 @@ class ProfiledCostModel:
         # the engine's decode kernel, whose longest programs a decode step waits on (None: the
         # step's KV read priced by its total context alone)
         self.decode_programs: DecodePrograms | None = None
+        # repeated KV reads priced as overlapping the first reads (sim.overlapped_reads; None: each
+        # fit's linear price of them, sim.repeated_reads)
+        self.overlapped_reads: OverlappedReads | None = None
 
     @property
     def uses_moe_features(self) -> bool:
@@ -203,7 +207,10 @@ class ProfiledCostModel:
         used = self.fits[next(r for r in FALLBACK[regime_of(features)] if r in self.fits)]
         per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
         lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
-        features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token)
+        # a graph launches with the split count it was captured with (sim.decode_programs)
+        context = self.graphs.decode_context
+        graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
+        features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token, graph)
         return features
 
     def _price(self, features: dict[str, float], step: int) -> float:
@@ -241,10 +248,11 @@ class ProfiledCostModel:
 
     def _part(self, part: str, features: Mapping[str, float]) -> float:
         regime = regime_of(features)
-        fit = self.fits.get(f"{part}:{regime}")
+        name = f"{part}:{regime}"
+        fit = self.fits.get(name)
         if fit is None:
             return 0.0
-        value = max(fit.predict(features), 0.0)
+        value = max(fit.predict(features) - self._read_saving(name, fit, features), 0.0)
         return value * self._host_draw if self._host_draw != 1.0 and part in SPEED_PARTS else value
 
     def host_time(self, features: Mapping[str, float]) -> float:
@@ -272,7 +280,12 @@ class ProfiledCostModel:
         floor = MIN_DURATION_S
         if self.floor is not None and regime in DECODE_REGIMES:
             floor = max(self.floor(features), floor)
-        return max(fit.predict(features) + features.get(PROGRAM_EXCESS, 0.0), floor)
+        return max(fit.predict(features) - self._read_saving(used, fit, features) + features.get(PROGRAM_EXCESS, 0.0),
+                   floor)
+
+    def _read_saving(self, name: str, fit: PiecewiseLinearFit, features: Mapping[str, float]) -> float:
+        """What the step's repeated reads save under the overlap rule (0 without it)."""
+        return 0.0 if self.overlapped_reads is None else self.overlapped_reads.saving_s(name, fit, features)
 
     def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
         """Predicted duration_s for each row of a step-timing table; with include_host, plus the

@@ -15,18 +15,33 @@ device time (the regimes and their gpu: parts; launches are host work) that pric
 decode_context_tokens. Hardware without an L2 figure gets no prior: repeats stay priced as first
 reads. prefill_repeated_tokens gets no prior: a prefill chunk's attention is priced by its pairs
 (compute), which repeats do not change, only the fit can say more.
+
+The prior adds b x R to the fit's price of the whole context: every repeat costs rho x a, as if the
+L2 reads followed the memory reads. rule="overlap" (SimConfig.repeated_reads) prices the same fits
+by the slower of the two pipes instead (sim.overlapped_reads: a few repeats ride free behind the
+memory reads); "additive" (the default) is the linear prior above.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.overlapped_reads import FIRST_READS as FIRST_READS  # the feature names, re-exported for the pricers
+from sim.overlapped_reads import REPEATED_READS as REPEATED_READS
+from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
 from sim.profiled import HOST_PARTS, ProfiledCostModel
 from sim.specs import HardwareSpec
 
-FIRST_READS = "decode_context_tokens"
-REPEATED_READS = "decode_repeated_tokens"
+RULES = ("additive", "overlap")  # SimConfig.repeated_reads: how the prior prices repeats (module docstring)
+
+
+def check_rule(value: object, name: str = "repeated_reads") -> str:
+    """value if it is one of RULES, else a one-line ValueError naming the field and the rules."""
+    if value not in RULES:
+        raise ValueError(f"{name} must be one of {', '.join(RULES)} (how repeated KV reads are priced: "
+                         f"sim/repeated_reads.py), got {value!r}")
+    return str(value)
 
 
 def l2_price_ratio(hardware: HardwareSpec) -> float | None:
@@ -43,9 +58,11 @@ def prior_coefficient(fit: PiecewiseLinearFit, ratio: float) -> float | None:
     return -(1.0 - ratio) * fit.linear_coefs[fit.linear_features.index(FIRST_READS)]
 
 
-def with_prior(model: ProfiledCostModel, hardware: HardwareSpec) -> ProfiledCostModel:
-    """model, with the prior coefficient of REPEATED_READS on each fit of device time that has
-    none (module docstring); the model itself where nothing changes."""
+def with_prior(model: ProfiledCostModel, hardware: HardwareSpec, rule: str = "additive") -> ProfiledCostModel:
+    """model, with repeated reads priced on each fit of device time that has no price of them
+    (module docstring): "additive", the prior coefficient of REPEATED_READS; "overlap", the fits
+    named in an OverlappedReads. The model itself where nothing changes."""
+    check_rule(rule)
     ratio = l2_price_ratio(hardware)
     if ratio is None:
         return model
@@ -60,6 +77,11 @@ def with_prior(model: ProfiledCostModel, hardware: HardwareSpec) -> ProfiledCost
                                  linear_coefs=fit.linear_coefs + (coef,))
     if fits == model.fits:
         return model
+    if rule == "overlap":
+        moved = copy_with_fits(model, dict(model.fits))
+        priced = frozenset(name for name in fits if fits[name] != model.fits[name])
+        moved.overlapped_reads = OverlappedReads(min(ratio, 1.0), priced)
+        return moved
     return copy_with_fits(model, fits)
 
 
@@ -72,4 +94,5 @@ def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]
     copy.residuals = model.residuals
     copy.distinct_experts = model.distinct_experts
     copy.decode_programs = model.decode_programs
+    copy.overlapped_reads = model.overlapped_reads
     return copy

@@ -211,11 +211,13 @@ def test_every_price_scaled_prices_every_step_that_many_times(factor, tmp_path):
 
 @pytest.mark.slow
 def test_the_rerun_reproduces_run_2_and_scores_the_measured_start(tmp_path):
-    """Run 2's simulated side served again on CPU is the run's, window for window; with the
-    engine's own start-up the new replica is ready when the engine's was."""
+    """Run 2's simulated side served again on CPU, priced as it ran (before the decode kernel's
+    programs were priced), is the run's, window for window; with the engine's own start-up the new
+    replica is ready when the engine's was."""
     from experiments.autoscale import midrun_rerun
 
-    table = midrun_rerun.rerun(RUN2, tmp_path, "h200", [], ("as_run", "measured")).set_index("pricing")
+    table = midrun_rerun.rerun(RUN2, tmp_path, "h200", [], ("as_run", "measured"),
+                               settings=("backend.decode_programs=false",)).set_index("pricing")
     windows = pd.read_csv(tmp_path / "midrun_rerun_windows.csv")
     committed = pd.read_csv(RUN2 / "midrun_compare.csv")
     again = windows[windows["pricing"] == "as_run"].reset_index(drop=True)

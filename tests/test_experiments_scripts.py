@@ -273,3 +273,14 @@ def test_bench_sim_speed_runs_both_paths_alternating_and_checks_their_tables(mon
     assert order == ["backend.fast_forward=true", "backend.fast_forward=false"] * 3  # (untimed warm-ups first)
     assert [r["fast_forward"] for r in rows] == ["on", "off"] and rows[0]["speedup"] > 0
     assert rows[0]["requests"] == rows[1]["requests"] == 12 and rows[0]["steps"] == rows[1]["steps"]
+
+
+def test_program_cliff_bins_the_engine_residual_and_the_model_wait_by_sequence_count():
+    cliff = script("fidelity/cause/program_cliff.py")
+    engine = pd.DataFrame({"num_seqs": [30, 31, 33, 33, 33, 40], "context": [2000.0] * 6,
+                           "seconds": [1e-4, 3e-4, 2e-4, 4e-4, 9e-4, 1e-4]})
+    simulated = pd.DataFrame({"num_seqs": [33, 40], "context": [1900.0, 2100.0], "seconds": [2.5e-4, 1e-4]})
+    table = cliff.by_bin(engine, simulated)
+    assert list(table.index) == ["(28, 32]", "(32, 33]", "(36, 40]"]  # in sequence order, empty bins left out
+    assert table.loc["(32, 33]", "engine_residual_ms"] == 0.4 and table.loc["(32, 33]", "engine_residual_steps"] == 3
+    assert table.loc["(32, 33]", "model_wait_ms"] == 0.25 and pd.isna(table.loc["(28, 32]", "model_wait_ms"])

@@ -114,6 +114,15 @@ class BlockManager:
             hits.append(block)
         return hits
 
+    def prefix_key(self, request: Request) -> int | None:
+        """The chained hash of the request's first block of prompt tokens (its block_hashes[0], computed
+        here if not yet), a function of those tokens alone; None where the prompt fills no block."""
+        if request.num_prompt_tokens < self.block_size:
+            return None
+        if request.block_hashes:
+            return request.block_hashes[0]
+        return self._hash_block(_NO_PARENT, request.token_ids[: self.block_size])
+
     def num_blocks_to_allocate(self, request: Request, num_tokens: int, hits: Sequence[int] = ()) -> int:
         """Free blocks consumed if the request's table grows to cover num_tokens (hits first)."""
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)

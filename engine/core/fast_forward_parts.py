@@ -108,7 +108,8 @@ def shifted(plan: StepPlan, by: int) -> StepPlan:
     if not by:
         return plan
     entries = [ScheduledRequest(e.request_id, e.token_ids, e.num_computed_tokens + by, e.block_table, e.sample,
-                                e.sampling_params, e.num_output_tokens + by, e.is_decode) for e in plan.scheduled]
+                                e.sampling_params, e.num_output_tokens + by, e.is_decode, e.prefix_key)
+               for e in plan.scheduled]
     return StepPlan(entries, replace(plan.stats, step=plan.stats.step + by), [], [], plan.use_cuda_graphs)
 
 

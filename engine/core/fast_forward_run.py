@@ -153,7 +153,8 @@ class FastRun(Booking):
         for request, in_flight in self.joining:
             offset = request.num_computed_tokens - first + 1
             entry = ScheduledRequest(request.request_id, [PLACEHOLDER], offset - 1, request.block_table, True,
-                                     request.sampling_params, offset - request.num_prompt_tokens, True)
+                                     request.sampling_params, offset - request.num_prompt_tokens, True,
+                                     request.prefix_key)
             member = self.join(request, entry, first, request.num_computed_tokens + 1, in_flight)
             (self.landing if in_flight else joined).append(member)
         sample(self.runner, joined)  # (the landing ones once their prefill lands: it writes their first token)
@@ -235,7 +236,8 @@ class FastRun(Booking):
                 request.num_pending_tokens = 1
                 end = member.offset + steps
                 entries.append(ScheduledRequest(request.request_id, [PLACEHOLDER], end - 1, request.block_table, True,
-                                                request.sampling_params, end - request.num_prompt_tokens, True))
+                                                request.sampling_params, end - request.num_prompt_tokens, True,
+                                                request.prefix_key))
             assert self.pending is not None
             plan = StepPlan(entries, flight.stats, [], [], self.use_cuda_graphs)
             replica.in_flight = (plan, self.runner.resubmitted(self.pending, StepResult(tokens, flight.duration)),

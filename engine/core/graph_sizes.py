@@ -27,14 +27,24 @@ PREFILL_GRAPH_STEP = 256
 class GraphSizes:
     """The steps a backend replays as CUDA graphs: decode-only steps of up to decode[-1] sequences
     (padded to the next of these batch sizes) and other steps of up to prefill[-1] tokens (padded
-    to the next of these token counts). Empty: eager."""
+    to the next of these token counts). Empty: eager.
+
+    decode_context: the longest context the decode graphs were captured for (engine.cuda_graph
+    passes it to the decode kernel, whose split count a graph keeps: engine.core.decode_split);
+    0 where it is not known (a run saved before it was recorded) or there are no decode graphs."""
 
     decode: tuple[int, ...] = ()
     prefill: tuple[int, ...] = ()
+    decode_context: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode", tuple(sorted(self.decode)))
         object.__setattr__(self, "prefill", tuple(sorted(self.prefill)))
+        context = self.decode_context
+        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+            raise ValueError(f"GraphSizes.decode_context must be an int >= 0 (0: unknown), got {context!r}")
+        if not self.decode:
+            object.__setattr__(self, "decode_context", 0)
 
     def __bool__(self) -> bool:
         return bool(self.decode or self.prefill)
@@ -66,15 +76,16 @@ def prefill_graph_sizes(max_tokens: int) -> tuple[int, ...]:
 
 
 def planned_graph_sizes(execution: ExecutionConfig, max_num_seqs: int, max_num_batched_tokens: int,
-                        prefill_graphs: bool = True) -> GraphSizes:
+                        prefill_graphs: bool = True, max_model_len: int = 0) -> GraphSizes:
     """What a backend running with these settings captures: decode batches up to max_num_seqs and
     prefill steps up to execution.prefill_graph_tokens (capped by the token budget); none when
-    eager. prefill_graphs False: the attention backend cannot replay prefill steps."""
+    eager. prefill_graphs False: the attention backend cannot replay prefill steps. max_model_len:
+    the scheduler's, which the engine captures its decode graphs for (0: not known)."""
     if execution.enforce_eager:
         return GraphSizes()
     decode = decode_graph_sizes(max_num_seqs, execution.max_graph_batch_size)
     prefill_tokens = min(execution.prefill_graph_tokens, max_num_batched_tokens) if prefill_graphs else 0
-    return GraphSizes(decode, prefill_graph_sizes(prefill_tokens))
+    return GraphSizes(decode, prefill_graph_sizes(prefill_tokens), max_model_len)
 
 
 def padded_size(sizes: Sequence[int], n: int) -> int | None:

@@ -33,6 +33,11 @@ class ScheduledRequest:
     request's live table: read it during execute(), do not keep it.
     sample is False for a prefill chunk that does not reach the end of the known tokens:
     the backend may skip its logits and its token is ignored.
+    prefix_key: the chained hash of the request's first full block of tokens (Request.block_hashes,
+    hashed for the prefix cache), None where none is hashed (a prompt shorter than a block, prefix
+    caching off): entries with equal keys start with the same tokens, whichever blocks hold them
+    (two prompts prefilled in one step share no block). The simulator groups a mixture-of-experts
+    step's sequences by it (sim.features.routing_sequences).
     """
 
     request_id: str
@@ -43,6 +48,7 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     num_output_tokens: int  # tokens generated so far; with the seed, it keys seeded sampling
     is_decode: bool
+    prefix_key: int | None = None
 
     @property
     def num_new_tokens(self) -> int:

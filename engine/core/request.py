@@ -37,7 +37,7 @@ class Request:
         "status", "finish_reason", "num_computed_tokens", "block_table", "block_hashes",
         "num_registered_blocks", "num_cached_tokens", "num_preemptions", "num_recomputed_tokens",
         "max_computed_tokens", "arrival_time", "first_scheduled_time", "first_token_time",
-        "finish_time", "num_pending_tokens",
+        "finish_time", "num_pending_tokens", "prefix_key",
     )
 
     def __init__(
@@ -64,6 +64,9 @@ class Request:
         # survives preemption and is computed once per block.
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
+        # the hash of the prompt's first full block, set at admission (BlockManager.prefix_key):
+        # ScheduledRequest.prefix_key; None while unset or where the prompt fills no block
+        self.prefix_key: int | None = None
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache, over all admissions
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0

@@ -236,7 +236,7 @@ class Scheduler:
             scheduled.append(ScheduledRequest(
                 request.request_id, tokens[computed:target], computed, request.block_table,
                 target == num_tokens, request.sampling_params, num_tokens - prompt_len,
-                num_new == 1 and num_tokens > prompt_len,
+                num_new == 1 and num_tokens > prompt_len, request.prefix_key,
             ))  # inlined entry(): this loop runs once per running request per step
             budget -= num_new
         return scheduled, budget
@@ -255,6 +255,7 @@ class Scheduler:
             request.sampling_params,
             num_tokens - request.num_prompt_tokens,
             is_decode,
+            request.prefix_key,
         )
 
     def admit(self, request: Request, hits: list[int], num_tokens: int) -> None:
@@ -262,6 +263,8 @@ class Scheduler:
         bm = self.block_manager
         bm.record_lookup(request, len(hits))
         bm.allocate(request, num_tokens, hits)
+        if request.prefix_key is None:
+            request.prefix_key = bm.prefix_key(request)
         cached = len(hits) * bm.block_size
         request.num_computed_tokens = cached
         request.num_cached_tokens += cached

@@ -16,13 +16,19 @@ scores it as midrun_dp does:
 
 --step-scales F ... serves each pricing again with every step priced F times as much (a copy of
 the profile: experiments.fidelity.price_sensitivity.every_price_scaled), to show how far each
-window's TTFT P90 moves with the step price: a diagnosis, never a model. Writes midrun_rerun.csv
-(per pricing and step scale: midrun_compare's summary) and midrun_rerun_windows.csv (per window:
-the engine's TTFT P90 and each variant's, with its error).
+window's TTFT P90 moves with the step price; --kind-scales KIND=F ... with one kind of step
+(prefill or decode) priced F times (price_sensitivity.kind_scaled): which kind's price moves
+them. Both are diagnoses, never a model. --profile prices the steps with another profile than
+the GPU's shipped one (another grid of the same GPU); --set is a harness override of the
+simulated side (backend.decode_programs=false: how runs 1 and 2 were priced). Writes
+midrun_rerun.csv (per pricing and variant: midrun_compare's summary) and midrun_rerun_windows.csv
+(per window: the engine's TTFT P90 and each variant's, with its error).
 
   python -m experiments.autoscale.midrun_rerun --run experiments/autoscale/h200_run1 --out /tmp/rerun
   python -m experiments.autoscale.midrun_rerun --run experiments/autoscale/h200_run2 --pricings as_run measured \\
       --step-scales 0.98 0.99 1.01 1.02 --out /tmp/rerun2
+  python -m experiments.autoscale.midrun_rerun --run experiments/autoscale/h200_run3 --pricings as_run \\
+      --kind-scales decode=0.97 prefill=0.85 --out /tmp/rerun3
 """
 
 from __future__ import annotations
@@ -87,45 +93,74 @@ def _score(side: tuple, cold, engine_timeline: pd.DataFrame, engine_lifetimes: p
     return midrun_compare.summarize(windows, ready), windows
 
 
-def _side(hardware: str, scale: float, folder: Path) -> tuple:
-    """The simulated fleet, its steps priced by the run's GPU profile scale times."""
-    from experiments.fidelity.price_sensitivity import every_price_scaled
+def _side(hardware: str, scaled: str, scale: float, folder: Path, profile: Path | None = None,
+          settings: tuple[str, ...] = ()) -> tuple:
+    """The simulated fleet (with the harness overrides settings), the steps of the scaled kind
+    ("all", or a kind of price_sensitivity.KIND_REGIMES) priced scale times what the profile
+    (default: the run's GPU's shipped one) prices them."""
+    from experiments.fidelity.price_sensitivity import every_price_scaled, kind_scaled
     from harness.profiles import shipped_profile
 
-    args = SimpleNamespace(**DEFAULTS)
+    args = SimpleNamespace(**{**DEFAULTS, "set": list(settings)})
     overrides = midrun_dp.fleet_overrides(args, hardware) + ["backend=sim", "backend.cost_model=profiled"]
-    if scale != 1.0:
+    if scale != 1.0 or profile is not None:
         rc = midrun_dp.compose(overrides)[0]
-        profile = every_price_scaled(shipped_profile(rc.hardware.name, rc.model.name), scale, folder)
-        overrides.append(f"backend.profile_path={profile}")
+        path = profile if profile is not None else shipped_profile(rc.hardware.name, rc.model.name)
+        if scale != 1.0:
+            path = every_price_scaled(path, scale, folder) if scaled == "all" else \
+                kind_scaled(path, scaled, scale, folder)
+        overrides.append(f"backend.profile_path={path}")
     return midrun_dp.compose(overrides)
 
 
 def rerun(run: Path, out: Path, hardware: str, files: list[Path], names: tuple[str, ...] = PRICINGS,
-          step_scales: tuple[float, ...] = (1.0,)) -> pd.DataFrame:
+          step_scales: tuple[float, ...] = (1.0,), kind_scales: tuple[tuple[str, float], ...] = (),
+          profile: Path | None = None, settings: tuple[str, ...] = ()) -> pd.DataFrame:
+    """kind_scales: (kind, factor) variants served after the step_scales ones (kind "all");
+    settings: harness overrides of the simulated side (e.g. the model a run was priced with)."""
     engine_timeline, engine_lifetimes = engine_side(run)
     rows, per_window = [], []
+    variants = [("all", scale) for scale in step_scales] + list(kind_scales)
     with tempfile.TemporaryDirectory() as folder:
-        for scale in step_scales:
-            side = _side(hardware, scale, Path(folder))
+        for scaled, scale in variants:
+            side = _side(hardware, scaled, scale, Path(folder), profile, settings)
             rc = side[0]
             for name, cold in pricings(run, hardware, rc.model.name, files, rc.model.weight_bytes_per_rank(1),
                                        rc.sim.execution.enforce_eager, names).items():
                 summary, windows = _score(side, cold, engine_timeline, engine_lifetimes)
-                rows.append({"pricing": name, "step_scale": scale, "startup_s_priced": cold.total_s, **summary})
-                per_window.append(windows.assign(pricing=name, step_scale=scale))
-                print(f"[rerun] {name}, steps x{scale:g}: start-up {cold.total_s:.2f} s, ready "
+                rows.append({"pricing": name, "scaled": scaled, "step_scale": scale,
+                             "startup_s_priced": cold.total_s, **summary})
+                per_window.append(windows.assign(pricing=name, scaled=scaled, step_scale=scale))
+                print(f"[rerun] {name}, {scaled} steps x{scale:g}: start-up {cold.total_s:.2f} s, ready "
                       f"{summary['ready_s_sim']:.2f} s (measured {summary['ready_s_engine']:.2f} s, "
                       f"{100 * summary['ready_error_of_startup']:+.1f}% of its start-up); TTFT P90 within 15% in "
                       f"{summary['windows_within_15pct']} of {summary['windows_scored']} windows", flush=True)
     table = pd.DataFrame(rows)
     windows = pd.concat(per_window, ignore_index=True)[
-        ["pricing", "step_scale", "start_s", "end_s", "arrivals_engine", "ttft_p90_s_engine", "ttft_p90_s_sim",
-         "rel_error", "scored", "within_target"]]
+        ["pricing", "scaled", "step_scale", "start_s", "end_s", "arrivals_engine", "ttft_p90_s_engine",
+         "ttft_p90_s_sim", "rel_error", "scored", "within_target"]]
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "midrun_rerun.csv", index=False)
     windows.to_csv(out / "midrun_rerun_windows.csv", index=False)
     return table
+
+
+def kind_scales(texts: list[str]) -> tuple[tuple[str, float], ...]:
+    """--kind-scales KIND=F ... as (kind, factor) pairs; one line naming the option otherwise."""
+    from experiments.fidelity.price_sensitivity import KIND_REGIMES
+
+    out = []
+    for text in texts:
+        kind, _, value = text.partition("=")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = float("nan")
+        if kind not in KIND_REGIMES or not factor > 0:
+            raise SystemExit(f"error: --kind-scales expects KIND=F with KIND one of {', '.join(KIND_REGIMES)} and "
+                             f"F > 0, got {text!r}")
+        out.append((kind, factor))
+    return tuple(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pricings", nargs="+", default=list(PRICINGS), help=f"of {', '.join(PRICINGS)} (default: all)")
     p.add_argument("--step-scales", nargs="+", type=float, default=[1.0], help="every step priced F times (1: as "
                    "profiled); each pricing is served at each")
+    p.add_argument("--kind-scales", nargs="+", default=[], metavar="KIND=F", help="one kind of step (prefill or "
+                   "decode) priced F times; each served as its own variant, at each pricing")
+    p.add_argument("--profile", type=Path, default=None, help="price the steps with this profile instead of the "
+                   "GPU's shipped one")
+    p.add_argument("--set", action="append", default=[], help="a harness override of the simulated side, e.g. "
+                   "backend.decode_programs=false (how a run before that rule was priced)")
     args = p.parse_args(argv)
     for path in (*engine_files(args.run), args.run / "midrun_summary.csv"):
         if not path.is_file():
@@ -146,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --pricings: unknown {unknown[0]!r}; known: {', '.join(PRICINGS)}")
     if bad := [f for f in args.step_scales if not f > 0]:
         raise SystemExit(f"error: --step-scales must be numbers > 0, got {bad[0]:g}")
-    rerun(args.run, args.out, args.hardware, args.calibration, tuple(args.pricings), tuple(args.step_scales))
+    if args.profile is not None and not args.profile.is_file():
+        raise SystemExit(f"error: --profile {args.profile} is not a file")
+    rerun(args.run, args.out, args.hardware, args.calibration, tuple(args.pricings), tuple(args.step_scales),
+          kind_scales(args.kind_scales), args.profile, tuple(args.set))
     return 0
 
 

@@ -57,7 +57,8 @@ class Changed:
 def simulate(rc, change=(1.0, 1.0, 0.0)):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+        graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens,
+                                     max_model_len=rc.scheduler.max_model_len)
         cost = Changed(make_cost_model(rc.model, rc.hardware, rc.sim, graphs), *change)
         executor = build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler, cost)
         return run_once(rc, False, executor=executor)

@@ -92,6 +92,27 @@ def every_price_scaled(profile: Path, factor: float, folder: Path) -> Path:
     return path
 
 
+# the profile regimes whose fits price each kind of step (their overlap parts too: "<part>:<regime>")
+KIND_REGIMES = {"prefill": ("prefill", "prefill_graph"), "decode": ("decode_graph", "decode_eager")}
+
+
+def kind_scaled(profile: Path, kind: str, factor: float, folder: Path) -> Path:
+    """A copy of the profile with the knots and coefficients of every fit that prices one kind of
+    step (KIND_REGIMES: the regime's own fit and its launch, gpu and lead parts) scaled by factor.
+    A step of the other kind costs what it did; a decode graph step, or a prefill graph step
+    priced by its device time, costs factor times as much (an eager step about that much: the host
+    time its predecessor leaves free is not scaled)."""
+    if kind not in KIND_REGIMES:
+        raise ConfigError(f"kind must be one of {', '.join(KIND_REGIMES)}, got {kind!r}")
+    table = pd.read_csv(profile)
+    regimes = table["regime"].str.rpartition(":")[2]
+    rows = regimes.isin(KIND_REGIMES[kind]) & table["kind"].isin(["knot", "linear"])
+    table.loc[rows, "value"] *= factor
+    path = folder / f"{kind}_price_x{factor:g}.csv"
+    table.to_csv(path, index=False)
+    return path
+
+
 def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_blocks: int, num_requests: int,
                 variants: list[str]) -> pd.DataFrame:
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])

@@ -25,7 +25,7 @@ import pandas as pd
 
 from harness.calibration.fit import validate
 from harness.convert import ConfigError
-from harness.fidelity.routing import expected_experts
+from harness.fidelity.routing import SharedRouting, expected_experts
 from harness.scripting import compose_run_config, one_line_errors
 from sim.features import EXPECTED_EXPERTS
 
@@ -40,8 +40,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --experts expected: the expectation at this locality (sim.moe_locality)")
     parser.add_argument("--moe-routing-skew", type=float, default=0.0, help="the skew the call fitted (its log)")
     parser.add_argument("--moe-routing-shared-prefix", action="store_true",
-                        help="with --moe-routing-locality: sequences over one cached prefix as one routing sequence "
+                        help="with --moe-routing-locality: sequences over one prefix as routing groups "
                              "(the profile's moe_routing_groups: experiments/fidelity/routing_groups.py)")
+    parser.add_argument("--moe-routing-shared-fresh", type=float, default=None,
+                        help="with --moe-routing-shared-prefix: how alike a group's members route "
+                             "(sim.moe_shared_prefix; none: the group as one sequence)")
+    parser.add_argument("--moe-routing-shared-cap", type=int, default=None,
+                        help="with --moe-routing-shared-fresh: the routings a group's later members choose among")
     parser.add_argument("--model", default=None, help="conf/model name (with --moe-routing-locality)")
     args = parser.parse_args(argv)
 
@@ -57,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.model is None:
                     raise ConfigError("--moe-routing-locality needs --model (its experts and top-k)")
                 model = compose_run_config([f"model={args.model}"]).model
+                shared = SharedRouting(args.moe_routing_shared_prefix, args.moe_routing_shared_fresh,
+                                       args.moe_routing_shared_cap)
                 table = table.assign(**{EXPECTED_EXPERTS: expected_experts(
-                    table, model, args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix)})
+                    table, model, args.moe_routing_skew, args.moe_routing_locality, shared)})
             table = table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -43,6 +43,7 @@ from harness.fidelity.report import HOST_COLUMNS, holds, rel_error
 from harness.run import run_once
 from harness.scripting import compose_run_config, one_line_errors
 from sim.interval import IntervalConfig
+from sim.repeated_reads import RULES
 
 MAX_MODEL_LEN = 16384  # run_gpu.sh's
 
@@ -57,10 +58,11 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                cost_model: str = "profiled", host_scale: float = 1.0,
                host_scales: dict[tuple[str, str], list[tuple[float, float]]] | None = None,
                moe_routing_skew: float = 0.0, moe_routing_locality: float = 0.0,
-               moe_routing_shared_prefix: bool = False) -> pd.DataFrame:
+               moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
+               moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive") -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
-    repeats; cells without an entry take host_scale and no jitter."""
+    repeats; cells without an entry take host_scale and no jitter. repeated_reads: SimConfig's."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -73,12 +75,14 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         blocks = rc.cache.num_blocks if workload == "preempting_bench" else num_blocks
         meta = {"num_blocks": blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True,
                 "moe_routing_skew": moe_routing_skew, "moe_routing_locality": moe_routing_locality,
-                "moe_routing_shared_prefix": moe_routing_shared_prefix}
+                "moe_routing_shared_prefix": moe_routing_shared_prefix,
+                "moe_routing_shared_fresh": moe_routing_shared_fresh, "moe_routing_shared_cap": moe_routing_shared_cap}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
         summaries, hosts = [], (host_scales or {}).get((str(workload), str(load)), [(host_scale, 0.0)])
         for scale, jitter in hosts:
             scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
-                                                                         host_scale=scale, host_jitter=jitter))
+                                                                         host_scale=scale, host_jitter=jitter,
+                                                                         repeated_reads=repeated_reads))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if interval:
@@ -123,8 +127,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="how alike one sequence's tokens route (sim.moe_locality; 0: independently), as "
                              "the call fitted it (its log) or experiments/fidelity/fit_locality.py does")
     parser.add_argument("--moe-routing-shared-prefix", action="store_true",
-                        help="price sequences over one cached prefix as one routing sequence (sim.features."
+                        help="price sequences that start with the same tokens as routing groups (sim.features."
                              "routing_sequences), as the call decided it (its log)")
+    parser.add_argument("--moe-routing-shared-fresh", type=float, default=None,
+                        help="with --moe-routing-shared-prefix: how alike a group's members route "
+                             "(sim.moe_shared_prefix), as the call fitted it (its log); none: a group as one sequence")
+    parser.add_argument("--moe-routing-shared-cap", type=int, default=None,
+                        help="with --moe-routing-shared-fresh: the routings a group's later members choose among")
     parser.add_argument("--check-label", default=None, help="a cost model the call simulated with this profile")
     parser.add_argument("--interval", action="store_true", help="add the prediction interval")
     parser.add_argument("--workloads", default=None, help="comma-separated classes to keep (default: all)")
@@ -135,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
                              "repeat (experiments/fidelity/cause/host_scales.py); cells it lacks take --host-scale")
     parser.add_argument("--host-jitter", action="store_true",
                         help="with --host-scales: each host's step-to-step jitter too (its host_jitter column)")
+    parser.add_argument("--repeated-reads", choices=RULES, default="additive",
+                        help="how a shared prefix's KV read again is priced (backend.repeated_reads; default additive)")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -166,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         scales = _host_scales(args)
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
-                         args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix)
+                         args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
+                         args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

@@ -2,8 +2,10 @@
 (tp) and whole experts per rank (ep): the decode.csv of experiments/moe/ep_decode.py priced by
 the roofline (sim.roofline, the planner's default cost model) on a conf/hardware entry.
 
-    python experiments/moe/ep_compare.py experiments/moe/h200x2_ep_run1/decode.csv --hardware h200 \\
-        --prompt-len 128 --output-len 64 --all-reduce tp=symmetric,ep=nccl --fit
+    python experiments/moe/ep_compare.py experiments/moe/h200x2_ep_run2/decode.csv --hardware h200 --fit
+
+(a decode.csv without the prompt_len, output_len and all_reduce columns, as run 1's, takes them as
+flags: --prompt-len 128 --output-len 64 --all-reduce tp=symmetric,ep=nccl)
 
 Each (mode, batch) row is priced as ep_decode.py ran it: B sequences of prompt_len tokens, the
 median of the roofline's prices of the full-batch decode steps (each sequence's context

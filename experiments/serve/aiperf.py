@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -88,6 +89,20 @@ def run(cmd: Sequence[str], args: list[str], out: Path, timeout_s: float) -> dic
 def _env() -> dict[str, str]:
     # aiperf's offline mode looks a local tokenizer folder up in the hub cache; online it loads the path
     return {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+
+
+def setup_s(out: Path) -> tuple[float, float]:
+    """How long aiperf took to set up before its first request, and of that its tokenizer's load (its
+    log's "All services configured in X seconds", "Tokenizer(s) configured in X seconds"); NaN where
+    the log does not say. On one H100 host the tokenizer took 12-17 s of every case's 13-19 s
+    (experiments/serve/h100_run5_aiperf/), against 1-2 s on a CPU box: printed per case, so a run shows it."""
+    log = out / "logs" / "aiperf.log"
+    text = log.read_text() if log.is_file() else ""
+    def seconds(what: str) -> float:
+        found = re.search(rf"{what} configured in ([0-9.]+) seconds", text)
+        return float(found.group(1)) if found else float("nan")
+
+    return seconds("All services"), seconds(r"Tokenizer\(s\)")
 
 
 def write_payloads(path: Path, model: str, requests: Sequence[Request]) -> Path:

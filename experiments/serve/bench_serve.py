@@ -20,8 +20,18 @@ sim_server.tar.gz: the server's requests.csv, serve_overhead.csv and each case's
 at most six files, none deeper than --out, as a device hands back (--no-pack keeps the folders).
 The engine's stages keep their per-step tables (steps.csv.gz, with each step's features and
 measured times), so the simulator's price of every step the engine ran can be checked on a CPU
-afterwards (experiments/serve/mooncake_pricing); the simulator server's table, which a CPU makes
+afterwards (experiments/serve/step_prices.py); the simulator server's table, which a CPU makes
 again from the same requests, is dropped unless --keep-steps.
+
+The simulator's server is priced at the engine server's host (--sim-host engine, the default: the
+speed its core process launched steps at, measured as the held-out protocol measures a cell's
+host: experiments/serve/host.py); serve.csv's host_scale column gives each case's measured speed
+(harness_run, engine_server_own) and the one the simulator's server was priced at (sim_server_own).
+--merge DIR keeps an earlier output's rows and packs of the stages not run now
+(experiments/serve/outputs.py), so a call cut short in the simulator server's stage is finished by
+`--stages sim --merge EARLIER`. It prices a shared prefix's blocks read again in a decode step as
+overlapping the first reads (backend.repeated_reads=overlap, sim/overlapped_reads.py: Mooncake's
+served decode steps, which share 512 tokens a prompt, priced within 1.5%, against +3-5% additive).
 """
 
 from __future__ import annotations
@@ -32,19 +42,23 @@ import json
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.serve import aiperf
+from experiments.serve import aiperf, host, outputs
 from experiments.serve.cases import WORKLOADS, Case, plan_cases
 from experiments.serve.client import replay
+from experiments.serve.outputs import MEASURED_STAGES, STAGE_FOLDERS, STAGES, drop_steps, pack
 from experiments.serve.tables import case_requests, harness_row, markdown, server_rows
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
+from sim.profiled import ProfiledCostModel
+
+HostOf = Callable[[pd.DataFrame], float]  # a case's host speed from its steps
 
 GPUS = {"H100": "h100", "H200": "h200", "A100": "a100"}  # a name in nvidia-smi's -> conf/hardware
 
@@ -64,8 +78,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--engine", nargs="*", default=["backend=engine", "model=qwen3-0.6b",
                                                         "backend.load_format=dummy"],
                         help="overrides of the engine's run and server")
-    parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled"],
-                        help="overrides of the simulator-backed server")
+    parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled",
+                                                     "backend.repeated_reads=overlap"],
+                        help="overrides of the simulator-backed server (default: repeated KV reads overlapped)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
     parser.add_argument("--loadgen", choices=["client", "aiperf"], default="client",
@@ -77,12 +92,29 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="keep each stage's run folder as it is (by default packed into <folder>.tar.gz)")
     parser.add_argument("--keep-steps", action="store_true",
                         help="keep the simulator server's per-step table too (the engine's stages always keep theirs)")
+    parser.add_argument("--sim-host", default="engine",
+                        help="the host the simulator's server is priced at: engine (the engine server's measured "
+                             "speed), profile (the profile's host) or a speed > 0 (backend.host_scale)")
+    parser.add_argument("--merge", type=Path, default=None,
+                        help="an earlier output of the same cases: its rows and packs of the stages not run now are "
+                             "kept (and its engine server's host read, for --sim-host engine)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
-    bad_stages = sorted(set(args.stages) - {"harness", "engine", "sim"})
+    bad_stages = sorted(set(args.stages) - set(STAGES))
     if unknown or bad_stages:
-        parser.error(f"--workloads from {sorted(WORKLOADS)}, --stages from harness,engine,sim; "
+        parser.error(f"--workloads from {sorted(WORKLOADS)}, --stages from {','.join(STAGES)}; "
                      f"got {unknown + bad_stages}")
+    try:
+        args.sim_host = host.parse_choice(args.sim_host)
+    except ValueError as error:
+        parser.error(str(error))
+    if any(o.startswith("backend.host_scale=") for o in args.sim):
+        parser.error("--sim: give the simulator's host by --sim-host, not backend.host_scale")
+    if args.merge is not None and (why := outputs.check_earlier(args.merge)):
+        parser.error(why)
+    if "sim" in args.stages and args.sim_host == "engine" and "engine" not in args.stages and args.merge is None:
+        parser.error("--sim-host engine without the engine stage needs --merge (an output with "
+                     "engine_server.tar.gz); or give --sim-host profile or a number")
     if not all(0 < x <= 1.5 for x in args.loads):
         parser.error(f"--loads must be fractions of capacity in (0, 1.5], got {args.loads}")
     if len(args.num_requests) not in (1, len(args.workloads)) or min(args.num_requests) < 2:
@@ -124,7 +156,7 @@ def with_hardware(overrides: list[str], hardware: str) -> list[str]:
     return overrides if any(o.startswith("hardware=") for o in overrides) else [*overrides, f"hardware={hardware}"]
 
 
-def run_harness(engine: list[str], cases: list[Case], out: Path) -> list[dict]:
+def run_harness(engine: list[str], cases: list[Case], out: Path, host_of: HostOf | None) -> list[dict]:
     plan = [{"overrides": [*engine, *case.overrides, "output.plots=false"], "out": str(out / "harness" / case.tag)}
             for case in cases]
     (out / "harness").mkdir(parents=True, exist_ok=True)
@@ -134,34 +166,16 @@ def run_harness(engine: list[str], cases: list[Case], out: Path) -> list[dict]:
     rows = []
     for case in cases:
         folder = out / "harness" / case.tag
-        rows.append({**case_key(case), **harness_row(pd.read_csv(folder / "requests.csv"),
-                                                     pd.read_csv(folder / "steps.csv.gz"))})
+        steps = pd.read_csv(folder / "steps.csv.gz")
+        rows.append({**case_key(case), **harness_row(pd.read_csv(folder / "requests.csv"), steps),
+                     **({"host_scale": host_of(steps)} if host_of else {})})
     return rows
 
 
-STAGE_FOLDERS = {"harness": "harness", "engine": "engine_server", "sim": "sim_server"}
-# Stages whose step tables leave the device: what the engine measured, step by step, is what the
-# simulator's prices are checked against; the simulator's own table is made again on a CPU.
-MEASURED_STAGES = ("harness", "engine")
-
-
-def pack(out: Path, folder: str) -> None:
-    """out/folder as out/folder.tar.gz, the folder removed."""
-    if (out / folder).is_dir():
-        with tarfile.open(out / f"{folder}.tar.gz", "w:gz") as tar:
-            tar.add(out / folder, arcname=folder)
-        shutil.rmtree(out / folder)
-
-
-def drop_steps(folder: Path) -> None:
-    """The per-step tables under folder, once summarised (a stage outside MEASURED_STAGES)."""
-    for path in folder.rglob("steps.csv.gz"):
-        path.unlink()
-
-
 def run_server(server: str, overrides: list[str], cases: list[Case], out: Path,
-               loadgen: list[str] | None = None) -> tuple[list[dict], list[dict]]:
-    """Each case replayed against one server: by the in-repo client, or by the aiperf command loadgen."""
+               loadgen: list[str] | None = None, host_of: HostOf | None = None) -> tuple[list[dict], list[dict]]:
+    """Each case replayed against one server: by the in-repo client, or by the aiperf command loadgen;
+    host_of gives each case's `own` row its host_scale from the case's steps."""
     folder = out / server
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -182,8 +196,9 @@ def run_server(server: str, overrides: list[str], cases: list[Case], out: Path,
             began = time.perf_counter()
             clients[case.tag], figures[case.tag] = aiperf.replay(loadgen, process.base_url, model, case.requests,
                                                                  words, folder, case.tag)
-            print(f"{server} {case.tag}: aiperf, {len(case.requests)} requests in "
-                  f"{time.perf_counter() - began:.0f} s", flush=True)
+            services, tokenizer = aiperf.setup_s(folder / f"aiperf_{case.tag}")
+            print(f"{server} {case.tag}: aiperf, {len(case.requests)} requests in {time.perf_counter() - began:.0f} s "
+                  f"(its set-up {services:.1f} s, of which its tokenizer {tokenizer:.1f} s)", flush=True)
     finally:
         process.stop()
         if words is not None:
@@ -194,6 +209,8 @@ def run_server(server: str, overrides: list[str], cases: list[Case], out: Path,
     for case, own in zip(cases, owns, strict=True):
         pair, overhead = server_rows(server, clients[case.tag], own, steps, "client" if loadgen is None else "aiperf",
                                      figures.get(case.tag))
+        if host_of is not None:
+            pair[1]["host_scale"] = host_of(host.in_window(steps, own["arrival"].min(), own["finish"].max()))
         rows += [{**case_key(case), **row} for row in pair]
         overheads.append({"workload": case.name, "load": case.load, **overhead})
     return rows, overheads
@@ -214,11 +231,15 @@ def case_key(case: Case) -> dict:
     return {"workload": case.name, "load": case.load, "rate_rps": case.rate}
 
 
-def write(out: Path, rows: list[dict], overheads: list[dict]) -> None:
-    frame, overhead = pd.DataFrame(rows), pd.DataFrame(overheads)
-    frame.to_csv(out / "serve.csv", index=False)
-    overhead.to_csv(out / "overhead.csv", index=False)
-    (out / "serve.md").write_text(markdown(frame, overhead))
+def sim_stage(args: argparse.Namespace, sim: list[str], cases: list[Case], loadgen: list[str] | None,
+              model: ProfiledCostModel | None) -> tuple[list[dict], list[dict]]:
+    """The simulator's server at the host --sim-host names (the engine server's, measured from the
+    step table this run's engine stage or --merge's output left in --out)."""
+    steps = host.server_steps(args.out, STAGE_FOLDERS["engine"]) if args.sim_host == "engine" else None
+    scale = host.sim_host(args.sim_host, steps, model)
+    print(f"sim_server: priced at host speed {scale:.4g} (--sim-host {args.sim_host})", flush=True)
+    return run_server(STAGE_FOLDERS["sim"], [*sim, f"backend.host_scale={scale:.6g}"], cases, args.out, loadgen,
+                      lambda _: scale)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,33 +254,36 @@ def main(argv: list[str] | None = None) -> int:
             aiperf.check(loadgen)
         except RuntimeError as error:
             raise SystemExit(f"error: --loadgen aiperf: {error}") from None
+    model = host.profile_model(args.sim)
+    if model is None and args.sim_host == "engine" and "sim" in args.stages:
+        raise SystemExit("error: --sim-host engine needs the simulator's server on the profiled cost model "
+                         "(backend.cost_model=profiled); give --sim-host profile or a number")
+    host_of = None if model is None else (lambda steps: host.measured(steps, model)[0])
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cases = plan_cases(args, engine)
-    rows: list[dict] = []
-    overheads: list[dict] = []
-    stages = {"harness": lambda: (run_harness(engine, cases, args.out), []),
-              "engine": lambda: run_server("engine_server", engine, cases, args.out, loadgen),
-              "sim": lambda: run_server("sim_server", sim, cases, args.out, loadgen)}
+    results = outputs.merged(args, cases)
+    stages = {"harness": lambda: (run_harness(engine, cases, args.out, host_of), []),
+              "engine": lambda: run_server(STAGE_FOLDERS["engine"], engine, cases, args.out, loadgen, host_of),
+              "sim": lambda: sim_stage(args, sim, cases, loadgen, model)}
     failed = []
     for stage in args.stages:
         try:  # a stage that fails leaves the others to run: one device call gets what it can
-            more, more_overheads = stages[stage]()
+            results[stage] = stages[stage]()
         except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
             failed.append(stage)
             if args.pack:  # what the stage left (its server's log) is the clue
                 pack(args.out, STAGE_FOLDERS[stage])
             print(f"stage {stage} FAILED at {time.perf_counter() - started:.0f} s: {error}", flush=True)
             continue
-        rows += more
-        overheads += more_overheads
-        write(args.out, rows, overheads)
+        outputs.write(args.out, results)
         if not args.keep_steps and stage not in MEASURED_STAGES:
             drop_steps(args.out / STAGE_FOLDERS[stage])
         if args.pack:
             pack(args.out, STAGE_FOLDERS[stage])
         print(f"stage {stage} done at {time.perf_counter() - started:.0f} s", flush=True)
-    print(markdown(pd.DataFrame(rows), pd.DataFrame(overheads)))
+    frame, overhead = outputs.write(args.out, results)
+    print(markdown(frame, overhead))
     return 1 if failed else 0
 
 

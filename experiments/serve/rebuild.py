@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.serve import aiperf
-from experiments.serve.bench_serve import STAGE_FOLDERS
+from experiments.serve.outputs import STAGE_FOLDERS
 from experiments.serve.tables import markdown
 
 SERVERS = (STAGE_FOLDERS["engine"], STAGE_FOLDERS["sim"])

@@ -1,6 +1,6 @@
 """Where the simulator's prices of a served benchmark case differ from what the engine measured.
 
-    python -m experiments.serve.step_prices PACK --case mooncake_80 [--profile CSV] [--trace-dir DIR]
+    python -m experiments.serve.step_prices PACK --case mooncake_80 [--profile CSV] [--trace-dir DIR] [--set K=V ...]
 
 PACK: bench_serve's harness.tar.gz (or the folder it packs): plan.json names each case's run, and
 <case>/requests.csv (and steps.csv.gz, kept since bench_serve keeps the engine's step tables) is the
@@ -180,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", required=True, help="a case of the pack, as azure_50 or mooncake_80")
     parser.add_argument("--profile", default=None, help="a profiled model's CSV (default: the hardware's shipped one)")
     parser.add_argument("--trace-dir", default=None, help="folder of the trace files (default: the case's)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="simulator settings to price with (backend.*, as backend.repeated_reads=overlap)")
     args = parser.parse_args(argv)
+    bad = [o for o in args.set if not o.startswith("backend.") or "=" not in o]
+    if bad:
+        parser.error(f"--set: {bad}: give backend.<field>=<value> settings of the simulator")
     if not args.pack.exists():
         parser.error(f"no such pack: {args.pack}")
     warnings.simplefilter("ignore")  # extrapolation warnings: the steps are what they are
@@ -195,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [o for o in overrides if not (args.trace_dir and o.startswith("workload.trace_dir="))]
         overrides += [f"workload.trace_dir={Path(args.trace_dir).resolve()}"] if args.trace_dir else []
         overrides += [f"backend.profile_path={Path(args.profile).resolve()}"] if args.profile else []
+        overrides += args.set
         engine = pd.read_csv(pack / args.case / "requests.csv")
         sim, model, requests, block_size, graphs = simulate(overrides, folder)
         pair = engine.merge(sim, on="request_id", suffixes=("_engine", "_sim"))

@@ -6,7 +6,9 @@ Sources per case (workload, load): `harness_run` (python -m harness, no HTTP), `
 per request (last - first token) / (tokens - 1), the harness's tpot) are percentiles over requests.
 step_period_p50_ms is the median wall time between consecutive step ends while the case ran: the
 engine's steps behind a server should take what they take in the harness's loop (step_split also
-gives the device's time per step and the host time it waited for).
+gives the device's time per step and the host time it waited for). host_scale: the speed of the
+host that launched the engine's steps against the profile's (experiments/serve/host.py), and the
+one the simulator's server was priced at.
 """
 
 from __future__ import annotations
@@ -108,7 +110,9 @@ def _table(frame: pd.DataFrame, cols: list[str]) -> list[str]:
 
 def sim_vs_engine(frame: pd.DataFrame) -> pd.DataFrame:
     """The simulator server's client-side figures against the engine server's, in percent."""
-    rows = []
+    rows: list[dict] = []
+    if frame.empty:  # every stage failed
+        return pd.DataFrame(rows)
     for (name, load), group in frame.groupby(["workload", "load"], sort=False):
         by = group.set_index("source")
         loadgen = next((g for g in LOADGENS if {f"engine_server_{g}", f"sim_server_{g}"} <= set(by.index)), None)
@@ -125,7 +129,7 @@ def sim_vs_engine(frame: pd.DataFrame) -> pd.DataFrame:
 
 def markdown(frame: pd.DataFrame, overhead: pd.DataFrame) -> str:
     lines = _table(frame, ["workload", "load", "rate_rps", "source", "requests", *LATENCY, "step_period_p50_ms",
-                           "step_device_p50_ms", "step_host_p50_ms", "late_max_ms"])
+                           "step_device_p50_ms", "step_host_p50_ms", "host_scale", "late_max_ms"])
     if len(overhead):
         lines += ["", "Server overhead (ms): per request, the HTTP side's part of TTFT (`overhead`, of which "
                   "`http_in` before the core has the request); per token, the send lag (token ready to its "

@@ -1,33 +1,37 @@
 """Where each server's client-side TTFT comes from in a served benchmark, and how much of the
 simulator server's difference from the engine server's is the simulator's prediction.
 
-    python -m experiments.serve.ttft_split OUT [--trace-dir DIR] [--cases azure_50,mooncake_50]
+    python -m experiments.serve.ttft_split OUT [--trace-dir DIR] [--cases azure_50] [--set KEY=VALUE ...]
 
 OUT: bench_serve's --out folder (harness.tar.gz, engine_server.tar.gz, sim_server.tar.gz, or the
 folders they pack). A server whose folder has no requests.csv (a run cut short while it served)
-is left out of every table, and the rows about it with it. Per case, three tables:
+is left out of every table, and the rows about it with it. Every simulation takes the settings the
+simulator's server ran with (its backend.* overrides); --set adds predictions made again with
+other settings (a model change, re-simulated: rows marked with them). Per case, four tables:
 
 1. per server, the client's TTFT (the load generator's records: aiperf's or the in-repo client's)
    split into means: `http_in` (the app called to the core having the request) + the core's TTFT +
    `first_token_out` (token ready to socket) + the residual outside the server (client TTFT less
    the server's http_ttft: the client, the connection, the kernel, uvicorn before the app);
-2. the same requests simulated offline (no HTTP, no wall clock) at the arrival times each server's
-   core recorded: at the engine server's, the simulator's prediction of the engine server's core
-   TTFT and TPOT (the prediction error); at the simulator server's own, what its core should have
-   produced (its `own` figures differ from these only if the server's core is off its schedule);
-   `phase_p25` / `phase_p75`: where in the simulated step running at its arrival each request
-   arrived (0 as it began, 1 as the next began: spread over [0, 1] unless the server bunches them);
+2. the same requests simulated offline (no HTTP, no wall clock) at the arrival times each core
+   recorded: at the engine server's, the prediction of its core's TTFT and TPOT, priced at its
+   measured host (experiments/serve/host.py; `host_scale`), the profile's host beside it; at the
+   harness's own run of the case (no server), at its arrivals and measured host; at the simulator
+   server's, at the host it ran at, what its core should have produced (its `own` figures differ
+   only if it ran off its schedule); `phase_p25` / `phase_p75`: where in the simulated step
+   running at its arrival each request arrived (0 as it began, 1 as the next began);
 3. `prediction only`: the engine server's client TTFT and inter-token latency with its core's
-   (TTFT, TPOT) replaced by the simulator's prediction, request by request: the client-side
-   figures the simulator's server would show if it served exactly as the engine's; `_pct` columns
-   against the engine server's client figures.
+   (TTFT, TPOT) replaced by the simulator's prediction, request by request; `_pct` columns against
+   the engine server's client figures;
+4. the simulator server's miss in five parts that add up to it (experiments/serve/miss_parts.py):
+   outside the cores, its core off schedule, arrivals, the step model, the server's cost on the
+   engine's steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import tarfile
 import tempfile
 import warnings
 from collections import defaultdict
@@ -39,6 +43,8 @@ import pandas as pd
 from engine.core import make_scheduler
 from engine.core.loop import SimulatedClock, run
 from experiments.serve import aiperf
+from experiments.serve.miss_parts import miss_parts
+from experiments.serve.split_inputs import SERVERS, harness_run, served_overrides, server_hosts, unpack
 from experiments.serve.step_prices import SIM, case_overrides
 from experiments.serve.tables import case_requests
 from harness.compare.tables import markdown
@@ -46,23 +52,6 @@ from harness.output.metrics import requests_frame, steps_frame
 from harness.run import make_executor
 from harness.scripting import compose_run_config
 from harness.workloads.build import build_workload
-
-SERVERS = ("engine_server", "sim_server")
-
-
-def unpack(out: Path, tmp: Path) -> dict[str, Path]:
-    """Each stage's folder (harness, engine_server, sim_server), unpacked into tmp where packed."""
-    folders = {}
-    for name in ("harness", *SERVERS):
-        if (out / name).is_dir():
-            folders[name] = out / name
-        elif (out / f"{name}.tar.gz").is_file():
-            with tarfile.open(out / f"{name}.tar.gz") as tar:
-                tar.extractall(tmp, filter="data")
-            folders[name] = tmp / name
-        else:
-            raise SystemExit(f"error: {out} has neither {name}/ nor {name}.tar.gz (bench_serve's --out)")
-    return folders
 
 
 def client_records(folder: Path, tag: str) -> pd.DataFrame:
@@ -106,10 +95,10 @@ def joined(records: pd.DataFrame, own: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(ttft_s=records["ttft_s"].to_numpy(), itl_s=records["itl_s"].to_numpy())
 
 
-def simulated_at(overrides: list[str], own: pd.DataFrame) -> pd.DataFrame:
-    """The case's requests simulated with the arrival times of a server's core (own's `arrival`):
-    its requests.csv, in own's row order."""
-    rc = compose_run_config([*SIM, *overrides])
+def simulated_at(overrides: list[str], own: pd.DataFrame, host_scale: float = 1.0) -> pd.DataFrame:
+    """The case's requests simulated with the arrival times of a server's core (own's `arrival`),
+    priced at host_scale: its requests.csv, in own's row order."""
+    rc = compose_run_config([*SIM, *overrides, f"backend.host_scale={host_scale:.6g}"])
     executor = make_executor(rc)
     scheduler = make_scheduler(rc.scheduler, executor.info(), rc.cache)
     block_size = scheduler.block_manager.block_size if scheduler.block_manager.enable_prefix_caching else None
@@ -152,35 +141,64 @@ def split_row(server: str, rows: pd.DataFrame) -> dict:
             "first_token_out": ms(rows.first_token_out), "residual": ms(rows.ttft_s - rows.http_ttft)}
 
 
-def core_row(label: str, frame: pd.DataFrame) -> dict:
+def core_row(label: str, frame: pd.DataFrame, host_scale: float = np.nan) -> dict:
     phase = frame["phase"].dropna().to_numpy(float) if "phase" in frame else np.array([np.nan])
-    return {"source": label, "ttft_p50": ms(frame.ttft, 50), "ttft_p90": ms(frame.ttft, 90),
+    return {"source": label, "host_scale": host_scale, "ttft_p50": ms(frame.ttft, 50), "ttft_p90": ms(frame.ttft, 90),
             "ttft_mean": ms(frame.ttft), "tpot_p50": ms(frame.tpot, 50), "tpot_p90": ms(frame.tpot, 90),
             "phase_p25": float(np.percentile(phase, 25)), "phase_p75": float(np.percentile(phase, 75))}
 
 
-def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, ...]:
-    """The three tables of the module docstring for one case; rows: each server's joined rows
-    (the engine server's, and the simulator server's where it has them)."""
+def case_tables(overrides: list[str], rows: dict[str, pd.DataFrame], hosts: dict[str, float] | None = None,
+                what_if: list[str] | None = None) -> tuple[pd.DataFrame, ...]:
+    """The four tables of the module docstring for one case; rows: each server's joined rows (the
+    engine server's, the simulator server's and the harness run's where there are); hosts: the host
+    speed each is simulated at (server_hosts; 1, the profile's, where not given); what_if: settings
+    the predictions are made again with (--set), beside those the simulator server ran with."""
+    hosts, what_if = hosts or {}, what_if or []
     split = pd.DataFrame([split_row(server, rows[server]) for server in SERVERS if server in rows])
-    engine = rows["engine_server"]
-    at_engine = simulated_at(overrides, engine)
-    cores = [core_row("engine_server own", engine), core_row("simulator at engine_server's arrivals", at_engine)]
-    # per request, the engine server's client figure with its core's part replaced by the prediction
-    sources = [("engine_server client", engine.ttft_s, engine.itl_s),
-               ("prediction only", engine.ttft_s - engine.ttft + at_engine["ttft"].to_numpy(),
-                engine.itl_s - engine.tpot + at_engine["tpot"].to_numpy())]
+    engine, engine_host = rows["engine_server"], hosts.get("engine_server", 1.0)
+    at_engine = simulated_at(overrides, engine, engine_host)
+    cores = [core_row("engine_server own", engine, hosts.get("engine_server", np.nan))]
+    if engine_host != 1.0:
+        cores.append(core_row("simulator at engine_server's arrivals, the profile's host",
+                              simulated_at(overrides, engine), 1.0))
+    cores.append(core_row("simulator at engine_server's arrivals", at_engine, engine_host))
+
+    def predicted(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """per request, the engine server's client figures with its core's part replaced by frame's"""
+        return (engine.ttft_s - engine.ttft + frame["ttft"].to_numpy(),
+                engine.itl_s - engine.tpot + frame["tpot"].to_numpy())
+
+    sources = [("engine_server client", engine.ttft_s, engine.itl_s), ("prediction only", *predicted(at_engine))]
+    label = f" ({' '.join(what_if)})"
+    if what_if:
+        at_engine_if = simulated_at([*overrides, *what_if], engine, engine_host)
+        cores.append(core_row("simulator at engine_server's arrivals" + label, at_engine_if, engine_host))
+        sources.append(("prediction only" + label, *predicted(at_engine_if)))
+    at_harness = None
+    if "harness" in rows:  # the case's own run in the harness's loop: no server
+        harness, harness_host = rows["harness"], hosts.get("harness", 1.0)
+        at_harness = simulated_at(overrides, harness, harness_host)
+        cores += [core_row("harness_run own", harness, harness_host),
+                  core_row("simulator at harness_run's arrivals", at_harness, harness_host)]
+        if what_if:
+            cores.append(core_row("simulator at harness_run's arrivals" + label,
+                                  simulated_at([*overrides, *what_if], harness, harness_host), harness_host))
+    parts = pd.DataFrame()
     if "sim_server" in rows:
         sim = rows["sim_server"]
-        cores += [core_row("sim_server own", sim), core_row("simulator at sim_server's arrivals",
-                                                            simulated_at(overrides, sim))]
+        sim_host = hosts.get("sim_server", 1.0)
+        at_sim = simulated_at(overrides, sim, sim_host)
+        cores += [core_row("sim_server own", sim), core_row("simulator at sim_server's arrivals", at_sim, sim_host)]
         sources.append(("sim_server client", sim.ttft_s, sim.itl_s))
+        if at_harness is not None:
+            parts = miss_parts(engine, sim, rows["harness"], at_harness, at_sim)
     core = pd.DataFrame(cores)
     client = pd.DataFrame([{"source": name, "ttft_p50": ms(ttft, 50), "ttft_p90": ms(ttft, 90),
                             "itl_p50": ms(itl, 50), "itl_p90": ms(itl, 90)} for name, ttft, itl in sources])
     for q in ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90"):
         client[f"{q}_pct"] = (client[q] / client.at[0, q] - 1) * 100
-    return split, core, client
+    return split, core, client, parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="bench_serve's --out folder")
     parser.add_argument("--trace-dir", default=None, help="folder of the trace files (default: the cases')")
     parser.add_argument("--cases", type=lambda s: s.split(","), default=None, help="cases (default: every case)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="backend.* settings to predict again with, beside the served ones")
     args = parser.parse_args(argv)
+    bad = [o for o in args.set if not o.startswith("backend.") or "=" not in o]
+    if bad:
+        parser.error(f"--set: {bad}: give backend.<field>=<value> settings of the simulator")
     warnings.simplefilter("ignore")  # the cost model's extrapolation warnings: the steps are what they are
     with tempfile.TemporaryDirectory() as tmp:
         folders = unpack(args.out, Path(tmp))
@@ -203,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.trace_dir:
                 given = [o for o in given if not o.startswith("workload.trace_dir=")]
                 given.append(f"workload.trace_dir={Path(args.trace_dir).resolve()}")
-            overrides[tag] = given
+            overrides[tag] = served_overrides(folders, given)
         rows: dict[str, dict[str, pd.DataFrame]] = defaultdict(dict)
         for server in SERVERS:
             if server != "engine_server" and not (folders[server] / "requests.csv").is_file():
@@ -214,10 +237,17 @@ def main(argv: list[str] | None = None) -> int:
             owns = case_requests(requests, [len(r) for r in records], records)
             for tag, own, record in zip(tags, owns, records, strict=True):
                 rows[tag][server] = joined(record, own)
+        hosts = server_hosts(folders, overrides[tags[0]])
+        print("hosts simulated at (speed against the profile's): " +
+              (", ".join(f"{k} {v:.3f}" for k, v in hosts.items()) or "the profile's"))
         for tag in args.cases or tags:
             print(f"\n## {tag}\n")
-            for table in case_tables(overrides[tag], rows[tag]):
-                print(markdown(table.round(2)), "\n")
+            own, harness_host = harness_run(folders["harness"] / tag, overrides[tag])
+            if own is not None:
+                rows[tag]["harness"] = own
+            for table in case_tables(overrides[tag], rows[tag], {**hosts, "harness": harness_host}, args.set):
+                if not table.empty:
+                    print(markdown(table.round(2)), "\n")
     return 0
 
 

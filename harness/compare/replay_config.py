@@ -11,8 +11,10 @@ from harness.config import RunConfig
 
 
 def engine_graph_sizes(meta: dict) -> GraphSizes:
-    """The CUDA graphs a saved engine run replayed (runs saved before prefill graphs had none)."""
-    return GraphSizes(tuple(meta["graph_batch_sizes"]), tuple(meta.get("prefill_graph_sizes", ())))
+    """The CUDA graphs a saved engine run replayed (runs saved before prefill graphs had none, and
+    before their capture context was saved, an unknown one)."""
+    return GraphSizes(tuple(meta["graph_batch_sizes"]), tuple(meta.get("prefill_graph_sizes", ())),
+                      int(meta.get("decode_graph_context", 0)))
 
 
 def describe(graphs: GraphSizes) -> str:
@@ -41,11 +43,14 @@ def engine_execution(meta: dict) -> ExecutionConfig:
 def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, meta: dict) -> RunConfig:
     from sim.config import SimConfig
 
-    # an MoE model's routing skew and locality, where the engine side measured one (harness.fidelity.routing)
+    # an MoE model's routing (skew, locality, shared prefixes), where the engine side measured it
+    # (harness.fidelity.routing)
     sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
                     execution=engine_execution(meta), moe_routing_skew=float(meta.get("moe_routing_skew", 0.0)),
                     moe_routing_locality=float(meta.get("moe_routing_locality", 0.0)),
-                    moe_routing_shared_prefix=bool(meta.get("moe_routing_shared_prefix", False)))
+                    moe_routing_shared_prefix=bool(meta.get("moe_routing_shared_prefix", False)),
+                    moe_routing_shared_fresh=meta.get("moe_routing_shared_fresh"),
+                    moe_routing_shared_cap=meta.get("moe_routing_shared_cap"))
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
 

@@ -43,7 +43,8 @@ class EngineSide(Side):
 
 def engine_meta(info: BackendInfo, rc: RunConfig, outcome: RunOutcome) -> dict:
     return {"num_blocks": outcome.num_blocks, "graph_batch_sizes": list(outcome.graph_sizes.decode),
-            "prefill_graph_sizes": list(outcome.graph_sizes.prefill), "device": info.device,
+            "prefill_graph_sizes": list(outcome.graph_sizes.prefill),
+            "decode_graph_context": outcome.graph_sizes.decode_context, "device": info.device,
             "async_scheduling": info.overlaps_steps, "all_reduce": info.all_reduce,
             "engine_config": dataclasses.asdict(rc.engine)}
 

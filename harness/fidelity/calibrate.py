@@ -18,9 +18,11 @@ if TYPE_CHECKING:
     from harness.fidelity.study import FidelityConfig
 
 
-def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path) -> tuple[str, dict[str, float | bool]]:
+def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig,
+                     out_dir: Path) -> tuple[str, dict[str, float | bool | None]]:
     """A model file with residuals, fitted on the profiling grid alone, and the routing of an MoE
-    model (harness.fidelity.routing: moe_routing_skew and moe_routing_locality; 0 for a dense one)."""
+    model (harness.fidelity.routing: moe_routing_skew, moe_routing_locality and the shared-prefix
+    routing's fields; 0 and off for a dense one)."""
     from harness.calibration.fit import validate
     from harness.calibration.profiling import ExpertTally, ProfileGrid, profile_executor
     graphs = executor.info().graph_sizes
@@ -29,9 +31,10 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         table = pd.read_csv(fc.profile_path)
         if "duration_s" not in table.columns:  # saved coefficients: their residuals, if any, are used as saved
             skew = routing.measured_skew(fc.moe_routing_skew, None, rc.model, out_dir)
-            return fc.profile_path, {"moe_routing_skew": skew,
-                                     "moe_routing_locality": fc.moe_routing_locality or 0.0,
-                                     "moe_routing_shared_prefix": bool(fc.moe_routing_shared_prefix)}
+            shared = routing.SharedRouting(bool(fc.moe_routing_shared_prefix), fc.moe_routing_shared_fresh,
+                                           fc.moe_routing_shared_cap)
+            return fc.profile_path, {"moe_routing_skew": skew, "moe_routing_locality": fc.moe_routing_locality or 0.0,
+                                     **shared.meta()}
     else:
         grid = ProfileGrid.quick() if fc.grid == "quick" else ProfileGrid()
         bar = tqdm(desc="profile", unit="shape", leave=False)
@@ -44,7 +47,8 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
         counts = experts.total if experts is not None else None
     skew = routing.measured_skew(fc.moe_routing_skew, counts, rc.model, out_dir)
     locality = routing.measured_locality(fc.moe_routing_locality, table, rc.model, skew)
-    shared = routing.measured_shared_prefix(fc.moe_routing_shared_prefix, table, rc.model, skew, locality)
+    shared = routing.measured_shared_prefix(fc.moe_routing_shared_prefix, table, rc.model, skew, locality,
+                                            fc.moe_routing_shared_fresh, fc.moe_routing_shared_cap)
     table = routing.with_distinct_experts(table, rc.model, skew, locality, shared)
     if fc.profile_path is None:
         table.to_csv(out_dir / "profile.csv", index=False)
@@ -54,4 +58,4 @@ def calibrated_model(executor, rc: RunConfig, fc: FidelityConfig, out_dir: Path)
     validation.to_csv(out_dir / "validation.csv", index=False)
     model.to_csv(out_dir / "profile_model.csv")
     return str(out_dir / "profile_model.csv"), {"moe_routing_skew": skew, "moe_routing_locality": locality,
-                                                "moe_routing_shared_prefix": shared}
+                                                **shared.meta()}

@@ -18,7 +18,8 @@ from sim.profiled import ProfiledCostModel
 
 
 def default_cost_model(rc: RunConfig) -> Callable[[], CostModel]:
-    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens,
+                                 max_model_len=rc.scheduler.max_model_len)
     return lambda: make_cost_model(rc.model, rc.hardware, rc.sim, graphs)
 
 

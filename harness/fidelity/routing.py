@@ -24,16 +24,21 @@ attend to KV of their own (locality_rows); else 0, independent tokens as before.
 beside the counts is then of each row's sequences (sim.features.row_sequences) at the skew and
 locality: what a simulated step of that shape is priced with.
 
-Sequences over one cached prefix (fidelity.moe_routing_shared_prefix): priced as one routing
-sequence (sim.features.routing_sequences) where given true; else, with a locality and the grid's
-routing groups (ROUTING_GROUPS, written beside the counts), where the grid's shared-prefix rows'
-counts are explained better so (smaller squared log error, the locality held) than with every
-sequence on its own; else false. The expectation beside the counts then groups them too.
+Sequences that start with the same tokens (fidelity.moe_routing_shared_prefix) form routing groups
+(sim.features.routing_sequences) where given true; else, with the grid's routing groups
+(ROUTING_GROUPS, written beside the counts), where the grid's shared-prefix rows' counts are
+explained better grouped (smaller squared log error) than with every sequence on its own; else
+false. How alike a group's members route (fidelity.moe_routing_shared_fresh and _cap,
+sim.moe_shared_prefix) is fitted to the same rows, the skew and locality held, unless given; the
+rows are the grid's shared-prefix steps without a cached prefill context (as for the locality:
+chunks after a context the grid filled with whatever the pool held route as no served chunk does).
+The expectation beside the counts then groups them too.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -97,7 +102,7 @@ def measured_locality(given: float | None, table: pd.DataFrame, model, skew: flo
     return locality
 
 
-def table_sequences(table: pd.DataFrame, shared_prefix: bool = False) -> list[list[int]]:
+def table_sequences(table: pd.DataFrame, shared_prefix: bool = False) -> list[list[int] | list[tuple[int, ...]]]:
     """Each row's new tokens per (routing) sequence: sim.features.row_sequences, or with
     shared_prefix and the table's ROUTING_GROUPS, row_routing_sequences."""
     columns = table["num_prefill_tokens"], table["num_decode_tokens"], table["num_seqs"]
@@ -110,51 +115,87 @@ def table_sequences(table: pd.DataFrame, shared_prefix: bool = False) -> list[li
     return [row_sequences(p, d, s) for p, d, s in zip(*columns, strict=True)]
 
 
-def measured_shared_prefix(given: bool | None, table: pd.DataFrame, model, skew: float, locality: float) -> bool:
-    """Whether a run prices sequences over one cached prefix as one routing sequence (module docstring)."""
-    if not model.is_moe:
-        return False
-    if given is not None:
-        log.info("shared-prefix routing %s (fidelity.moe_routing_shared_prefix)", given)
-        return bool(given)
+@dataclass(frozen=True)
+class SharedRouting:
+    """A run's shared-prefix routing (module docstring; sim.config.SimConfig's fields of that name)."""
+
+    on: bool = False
+    fresh: float | None = None
+    cap: int | None = None
+
+    def meta(self) -> dict[str, float | bool | None]:
+        """The run metadata a simulated cell reads it from (harness.compare.study.sim_run_config)."""
+        return {"moe_routing_shared_prefix": self.on, "moe_routing_shared_fresh": self.fresh if self.on else None,
+                "moe_routing_shared_cap": self.cap if self.on else None}
+
+
+def shared_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The grid rows shared-prefix routing is decided and fitted on (module docstring)."""
     from harness.calibration.grid import SHARED_KINDS
 
-    rows = table[(table["set"] == "grid") & table["kind"].isin(SHARED_KINDS)] if "kind" in table.columns else table[:0]
-    if locality == 0.0 or ROUTING_GROUPS not in table.columns or "moe_distinct_experts" not in table.columns \
-            or not len(rows):
-        log.info("shared-prefix routing off: it needs a locality and the grid's shared-prefix rows with counts")
-        return False
+    if "kind" not in table.columns:
+        return table[:0]
+    keep = (table["set"] == "grid") & table["kind"].isin(SHARED_KINDS) & (table["prefill_context_tokens"] == 0)
+    return table[keep]
+
+
+def measured_shared_prefix(given: bool | None, table: pd.DataFrame, model, skew: float, locality: float,
+                           fresh: float | None = None, cap: int | None = None) -> SharedRouting:
+    """A run's shared-prefix routing (module docstring); fresh and cap: as given (None: fitted)."""
+    if not model.is_moe or given is False:
+        return SharedRouting()
+    rows = shared_rows(table)
+    measured = ROUTING_GROUPS in table.columns and "moe_distinct_experts" in table.columns and len(rows) > 0
+    if measured and fresh is None:
+        from sim.moe_shared_prefix import fit_shared_routing
+
+        try:
+            fresh, cap = fit_shared_routing(table_sequences(rows, True), rows["moe_distinct_experts"],
+                                            model.num_experts, model.num_experts_per_tok, skew, locality)
+        except ValueError:  # no row groups two sequences: nothing to fit
+            measured = False
+        else:
+            log.info("shared-prefix routing: a later member's draw fresh for its group %.3g, the group's routings "
+                     "%s, fitted to %d grid steps", fresh, "unbounded" if cap is None else cap, len(rows))
+    if given:
+        log.info("shared-prefix routing on (fidelity.moe_routing_shared_prefix)")
+        return SharedRouting(True, fresh, cap)
+    if not measured:
+        log.info("shared-prefix routing off: it needs the grid's shared-prefix rows with counts and routing groups")
+        return SharedRouting()
     from sim.moe_locality import SequenceRouting, squared_log_error
 
-    routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality)
+    routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality, fresh, cap)
     observed = rows["moe_distinct_experts"].to_numpy(dtype=float)
     apart, grouped = (squared_log_error(routing, table_sequences(rows, shared), observed) for shared in (False, True))
     log.info("shared-prefix routing %s: squared log error of %d shared-prefix grid steps %.3g grouped, %.3g apart",
-             grouped < apart, len(rows), grouped, apart)
-    return bool(grouped < apart)
+             "on" if grouped < apart else "off", len(rows), grouped, apart)
+    return SharedRouting(bool(grouped < apart), fresh, cap)
 
 
 def expected_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0,
-                     shared_prefix: bool = False) -> list[float]:
+                     shared: SharedRouting = SharedRouting()) -> list[float]:
     """The expected distinct experts of each row's (routing) sequences at the skew and locality."""
     from sim.moe import ExpertRouting
     from sim.moe_locality import SequenceRouting
 
-    if locality == 0.0:  # the step's token count alone (a table may have no other column)
+    # the token count alone (a table may have no other column)
+    if locality == 0.0 and (not shared.on or shared.fresh is None):
         independent = ExpertRouting(model.num_experts, model.num_experts_per_tok, skew)
         return [independent.distinct(int(n)) for n in table["num_tokens"]]
-    routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality)
-    return [routing.distinct(sizes) for sizes in table_sequences(table, shared_prefix)]
+    routing = SequenceRouting(model.num_experts, model.num_experts_per_tok, skew, locality,
+                              shared.fresh if shared.on else None, shared.cap if shared.on else None)
+    return [routing.distinct(sizes) for sizes in table_sequences(table, shared.on)]
 
 
 def with_distinct_experts(table: pd.DataFrame, model, skew: float, locality: float = 0.0,
-                          shared_prefix: bool = False) -> pd.DataFrame:
+                          shared: SharedRouting = SharedRouting()) -> pd.DataFrame:
     """table with the MoE column where the model has experts and the table lacks it, and the
     expectation beside it (module docstring); a table with the expectation gets it again at a
     nonzero locality."""
-    if not model.is_moe or (EXPECTED_EXPERTS in table.columns and locality == 0.0):
+    if not model.is_moe or (EXPECTED_EXPERTS in table.columns and locality == 0.0 and not shared.on):
         return table
-    table = table.assign(**{EXPECTED_EXPERTS: expected_experts(table, model, skew, locality, shared_prefix)})
+    table = table.assign(**{EXPECTED_EXPERTS: expected_experts(table, model, skew, locality, shared)})
     if all(f in table.columns for f in MOE_FEATURES):
         return table
     return table.assign(moe_distinct_experts=table[EXPECTED_EXPERTS])

@@ -57,6 +57,7 @@ from harness.run import RunOutcome, make_executor, run_once
 from harness.shared_executor import KeepAlive
 from sim.cost_model import COST_MODELS
 from sim.interval import IntervalConfig
+from sim.moe_groups import check_shared
 from sim.moe_locality import check_locality
 
 if TYPE_CHECKING:
@@ -88,9 +89,12 @@ class FidelityConfig:
     # how alike one sequence's tokens route (sim.moe_locality); None: fitted to the grid's per-step
     # expert counts where it has them, else 0 (harness.fidelity.routing)
     moe_routing_locality: float | None = None
-    # sequences over one cached prefix priced as one routing sequence (sim.features.routing_sequences);
+    # sequences that start with the same tokens priced as routing groups (sim.features.routing_sequences);
     # None: decided on the grid's shared-prefix rows where it has per-step counts, else false
     moe_routing_shared_prefix: bool | None = None
+    # how alike a group's members route (sim.moe_shared_prefix); None: fitted to those rows where it has them
+    moe_routing_shared_fresh: float | None = None
+    moe_routing_shared_cap: int | None = None
     # the profiled rows priced at the speed of the host that served each cell, where its runs' decode graph
     # launches measure it (harness.fidelity.serving_host; the profile's host beside them as profiled_grid_host)
     price_serving_host: bool = True
@@ -128,6 +132,10 @@ class FidelityConfig:
         if self.moe_routing_shared_prefix not in (None, True, False):
             raise ValueError(f"fidelity.moe_routing_shared_prefix must be null (measured), true or false, "
                              f"got {self.moe_routing_shared_prefix!r}")
+        try:
+            check_shared(self.moe_routing_shared_fresh, self.moe_routing_shared_cap)
+        except ValueError as error:
+            raise ValueError(f"fidelity.{error}") from None
 
 
 class PinnedBlocks(KeepAlive):
@@ -147,20 +155,20 @@ class PinnedBlocks(KeepAlive):
         return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 
-def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float | bool]) -> dict:
+def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float | bool | None]) -> dict:
     """What the simulations of a cell take from its engine runs (harness.compare.study.engine_meta),
-    with the routing skew and locality they price an MoE model's steps at."""
+    with the routing (skew, locality, shared prefixes) they price an MoE model's steps at."""
     meta = {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": moe.get("moe_routing_skew", 0.0)}
     if moe.get("moe_routing_locality"):  # absent at 0: the meta of runs without it stays as it was
         meta["moe_routing_locality"] = moe["moe_routing_locality"]
     if moe.get("moe_routing_shared_prefix"):
-        meta["moe_routing_shared_prefix"] = True
+        meta.update({k: v for k, v in moe.items() if k.startswith("moe_routing_shared")})  # SharedRouting.meta
     return meta
 
 
 def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress: bool,
           record_sims: bool = False,
-          moe: dict[str, float | bool] | None = None) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
+          moe: dict[str, float | bool | None] | None = None) -> tuple[list[RunOutcome], dict[str, RunOutcome]]:
     """The engine's runs (repeats) and each cost model's simulated run of one cell (and the
     carried model's, where one is given). record_sims: the simulated runs' steps carry their
     schedule hashes (the profiled model's point-estimate run; its interval draws never do)."""
@@ -197,7 +205,7 @@ def warm_up(engine, rc: RunConfig) -> None:
 
 def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_runs: list[RunOutcome],
                profile_path: str, engine, sims: dict[str, RunOutcome],
-               moe: dict[str, float | bool] | None = None) -> None:
+               moe: dict[str, float | bool | None] | None = None) -> None:
     """The cell's per-step replays under fc.steps_dir (harness.fidelity.steps) and its requests'
     windows, engine runs and simulated runs side by side (harness.fidelity.windows); nothing
     without a steps_dir."""
@@ -214,7 +222,7 @@ def keep_steps(fc: FidelityConfig, rc: RunConfig, name: str, load: str, engine_r
 
 
 def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome], fc: FidelityConfig, rc: RunConfig,
-              engine, profile_path: str, moe: dict[str, float | bool]) -> tuple[list[dict], dict[str, dict]]:
+              engine, profile_path: str, moe: dict[str, float | bool | None]) -> tuple[list[dict], dict[str, dict]]:
     """The engine runs' and simulated runs' summaries, and the profiled model's at the serving
     host's speed where fc.price_serving_host asks for it (harness.fidelity.serving_host)."""
     simulated = {name: run.summary for name, run in sims.items()}

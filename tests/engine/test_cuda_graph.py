@@ -169,6 +169,10 @@ def test_graph_replay_matches_eager_on_cuda(tmp_path_factory):
     runner = _runner(model_dir, "cuda", "triton", "auto", max_num_seqs=64, max_len=768, block_size=256)
     runner.capture_decode_graphs()
     assert runner.graphs.captured and set(runner.graphs.graphs) == set(decode_graph_sizes(64, 512))
+    # the simulator prices a graph's decode kernel at the split count of this capture context
+    from engine.graph_use import captured_graph_sizes
+
+    assert captured_graph_sizes(runner).decode_context == runner.scheduler_config.max_model_len == 768
     rng = np.random.default_rng(0)
     for n in sorted({1, 2, 5, 16, 17, 64, *rng.integers(1, 65, 6).tolist()}):
         eager, replayed, (eager_rows, eager_changed), (graph_rows, graph_changed), slots = _graph_vs_eager(runner, n, n)

@@ -164,3 +164,110 @@ def test_padded_steps_split_decode_graphs_by_padding_and_refuse_bad_input(tmp_pa
     assert padded_steps([profile, str(tmp_path / "none.csv.gz"), "--model", "qwen3-0.6b",
                          "--moe-routing-skew", "0.4"]) == 2
     assert "dense" in capsys.readouterr().err
+
+
+def test_prefill_rows_price_a_grids_prefill_graphs_by_its_device_time_fit(tmp_path):
+    """A grid whose prefill graphs took 1 ms plus 1 us a padded token, fresh or after a cached
+    context: its own fit prices every row as measured; a grid that does not separate the cached
+    context's cost prices fresh rows above what they took (what cause/prefill_rows shows)."""
+    import numpy as np
+
+    from experiments.fidelity.cause.prefill_rows import main, prefill_rows
+    from sim.profiled import ProfiledCostModel
+
+    sizes = np.repeat([16, 64, 256, 512, 1024], 4)
+    context = np.tile([0, 0, 512, 512], 5)
+    grid = pd.DataFrame({"num_prefill_tokens": sizes, "num_decode_tokens": 0, "num_seqs": 1, "num_sampled": 1,
+                         "prefill_context_tokens": context, "decode_context_tokens": 0, "cuda_graph": 1,
+                         "graph_batch_size": sizes, "launch_s": 5e-4})
+    grid["prefill_attention_pairs"] = sizes * context + sizes * (sizes + 1) // 2
+    grid["gpu_s"] = grid["duration_s"] = 1e-3 + 1e-6 * sizes + 1e-12 * grid["prefill_attention_pairs"]
+    rows = prefill_rows(grid, ProfiledCostModel.fit(grid))
+    assert len(rows) == len(grid) and np.abs(rows["error"]).max() < 1e-9
+    # the cached context costs 0.4 ms more than its attention pairs say: the fit cannot tell
+    slow = grid.assign(gpu_s=grid["gpu_s"] + 4e-4 * (grid["prefill_context_tokens"] > 0))
+    rows = prefill_rows(slow, ProfiledCostModel.fit(slow.assign(duration_s=slow["gpu_s"])))
+    small, fresh = rows["graph_batch_size"] <= 256, rows["context_per_seq"] == 0
+    assert (rows.loc[small & fresh, "error"] > 0.03).all() and (rows.loc[small & ~fresh, "error"] < -0.03).all()
+    grid.drop(columns=["launch_s", "gpu_s"]).to_csv(tmp_path / "plain.csv", index=False)
+    with pytest.raises(SystemExit, match="no device-time fit"):
+        main([str(tmp_path / "plain.csv"), str(tmp_path / "plain.csv"), "--out", str(tmp_path / "out.csv")])
+
+
+def test_resimulate_refuses_an_unknown_repeated_reads_rule(tmp_path, capsys):
+    common = ["--label", "x", "--model", "qwen3-0.6b", "--hardware", "h100", "--num-blocks", "10",
+              "--num-requests", "3", "--out", str(tmp_path / "o.csv")]
+    with pytest.raises(SystemExit):
+        resimulate([str(tmp_path / "t.csv"), "p.csv", "--repeated-reads", "linear", *common])
+    assert "--repeated-reads: invalid choice: 'linear'" in capsys.readouterr().err
+
+
+def test_prefill_rows_price_a_grids_eager_rows_by_their_token_count():
+    """--regime prefill: the eager rows (past the prefill graphs), sized by their tokens, priced by
+    gpu:prefill; a grid timed as its fit says is priced as measured; an unknown regime is refused."""
+    import numpy as np
+
+    from experiments.fidelity.cause.prefill_rows import prefill_rows
+    from sim.profiled import ProfiledCostModel
+
+    sizes = np.repeat([4096, 8192, 12288, 16384], 4)
+    seqs = np.tile([1, 4, 16, 32], 4)
+    grid = pd.DataFrame({"num_prefill_tokens": sizes, "num_decode_tokens": 0, "num_seqs": seqs, "num_sampled": seqs,
+                         "prefill_context_tokens": 0, "decode_context_tokens": 0, "cuda_graph": 0,
+                         "graph_batch_size": seqs, "launch_s": 1e-2})
+    grid["prefill_attention_pairs"] = seqs * (sizes // seqs) * (sizes // seqs + 1) // 2
+    grid["gpu_s"] = grid["duration_s"] = 2e-3 + 2e-6 * sizes + 1e-13 * grid["prefill_attention_pairs"]
+    rows = prefill_rows(grid, ProfiledCostModel.fit(grid), "prefill")
+    assert "graph_batch_size" not in rows.columns and list(rows["num_prefill_tokens"]) == sorted(sizes)
+    assert np.abs(rows["error"]).max() < 1e-6
+    with pytest.raises(ValueError, match="regime"):
+        prefill_rows(grid, ProfiledCostModel.fit(grid), "decode_graph")
+
+
+def _replay(path, steps: list[tuple[int, int, float]]) -> None:
+    """A step replay of (step, new prefill tokens, measured seconds) rows, decode steps between."""
+    rows = [{"step": i, "num_seqs": 4, "num_prefill_tokens": 0, "cuda_graph": 1, "measured_s": 1e-3,
+             "launch_s": 5e-4, "predicted_profiled_s": 1e-3} for i in range(30)]
+    for step, tokens, seconds in steps:
+        rows[step].update(num_prefill_tokens=tokens, cuda_graph=0, measured_s=seconds, predicted_profiled_s=0.03)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def test_burst_phase_reads_whether_each_engine_run_prefilled_the_burst_in_one_step(tmp_path):
+    """The engine's burst steps from its replays: a burst in one step of its tokens in every run
+    gives their mean time; a run that cut it in two lists both parts and gives none; a prefill
+    far from the largest is not the burst's."""
+    from experiments.fidelity.cause.burst_phase import engine_burst
+
+    _replay(tmp_path / "a.csv.gz", [(2, 300, 0.01), (10, 1000, 0.02), (11, 50, 0.002)])
+    _replay(tmp_path / "b.csv.gz", [(10, 1000, 0.03)])
+    _replay(tmp_path / "c.csv.gz", [(10, 600, 0.015), (12, 450, 0.012)])
+    lines, seconds = engine_burst([tmp_path / "a.csv.gz", tmp_path / "b.csv.gz"], 1000)
+    assert seconds == pytest.approx(0.025)
+    assert "step 10: 4 sequences, 1000 new tokens, eager, 20.00 ms" in lines[0] and "step 11:" in lines[0]
+    assert "step 2:" not in lines[0]
+    lines, seconds = engine_burst([tmp_path / "a.csv.gz", tmp_path / "c.csv.gz"], 1000)
+    assert seconds is None and "600 new tokens" in lines[1] and "450 new tokens" in lines[1]
+
+
+def test_a_repriced_burst_step_takes_the_engines_time_and_leaves_every_other_step():
+    """Repriced prices a step of exactly the burst's new tokens at the given seconds; the inner
+    model still prices every step (its state follows the run) and keeps every other price."""
+    from types import SimpleNamespace
+
+    from experiments.fidelity.cause.burst_phase import Repriced
+
+    class Inner:
+        calls = 0
+
+        def step_time(self, plan) -> float:
+            self.calls += 1
+            return 1e-3 * plan.stats.num_prefill_tokens
+
+        def drained(self) -> None:
+            pass
+
+    inner = Inner()
+    cost = Repriced(inner, 1000, 0.5)
+    plans = [SimpleNamespace(stats=SimpleNamespace(num_prefill_tokens=n)) for n in (1000, 999, 0)]
+    assert [cost.step_time(p) for p in plans] == [0.5, 0.999, 0.0] and inner.calls == 3

@@ -68,8 +68,8 @@ def test_bad_expert_parallel_settings_fail_in_one_line() -> None:
 
 def test_planner_picks_sliced_experts_where_the_engine_measured_them_faster() -> None:
     # 40 req/s on one TP=2 H200 replica: decode batches of a hundred and more, where the roofline
-    # alone priced whole experts per rank 0.5-1% faster; the engine measured them 17-21% slower
-    # there (experiments/moe/h200x2_ep_run1/, hardware.expert_parallel_* in conf/hardware/h200.yaml)
+    # alone priced whole experts per rank 0.5-1% faster; the engine measured them 6-10% slower per
+    # step there (experiments/moe/h200x2_ep_run2/, hardware.expert_parallel_* in conf/hardware/h200.yaml)
     rc = _rc("qwen3-30b-a3b", "workload.num_requests=200", "workload.rate=40")
     base = PlanBase(rc, load_catalogue(("h200",)), SLOConfig(), RouterConfig())
     sliced, whole = (evaluate(Deployment("h200", 2, 256, 8192, "nano", "round_robin", 1, expert_parallel=ep), base)

@@ -78,6 +78,62 @@ def test_the_programs_are_the_kernels_and_the_wait_is_bounded(lens, heads, sms, 
     assert slower.excess_s(lens, PER_TOKEN) >= excess - 1e-15
 
 
+@settings(max_examples=200, deadline=None)
+@given(lens=st.lists(st.integers(0, 8192), min_size=1, max_size=300), pad=st.integers(0, 64),
+       context=st.integers(1, 40960), heads=st.sampled_from([1, 2, 4, 8]))
+def test_in_a_graph_the_programs_are_those_of_its_captured_split_count(lens, pad, context, heads):
+    kernel = dataclasses.replace(KERNEL, num_kv_heads=heads)
+    real = np.array([n for n in lens if n > 0])
+    graph = (len(lens) + pad, context)  # its batch size, padding rows included, and capture context
+    keys = kernel.programs(lens, graph)
+    assert keys.sum() == real.sum()
+    if real.size:
+        # the kernel's rule at the split count the engine's capture fixed (engine.cuda_graph:
+        # the graph's rows and max_model_len as the hint), whatever the step's own contexts
+        splits = choose_num_splits(graph[0], heads, context, kernel.num_sms, balanced=True)
+        chunks = split_chunks(real, splits, balanced_chunk(real, heads, kernel.num_sms))
+        assert len(keys) == int((-(-real // chunks)).sum()) and keys.max() == np.minimum(real, chunks).max()
+
+
+def test_a_graph_cuts_short_ragged_contexts_at_the_fair_share_where_an_eager_launch_does_not():
+    # 36 sequences of 100-1,024 keys (the bursty class's, mean about 560): an eager launch takes one
+    # split from its longest context, so its longest sequence walks whole; a graph captured for
+    # 16,384 keeps 16 splits, and no program walks more than the fair share (the mean, in tiles)
+    lens = [int(n) for n in np.random.default_rng(3).integers(100, 1025, 36)]
+    fair = fair_share(len(lens), sum(lens), 8, 132)
+    eager, graph = KERNEL.programs(lens), KERNEL.programs(lens, (48, 16384))
+    assert KERNEL.split_count(np.array(lens)) == 1 and KERNEL.split_count(np.array(lens), (48, 16384)) == 16
+    assert graph.max() == fair < eager.max() == max(lens)
+    assert KERNEL.excess_s(lens, PER_TOKEN, (48, 16384)) < KERNEL.excess_s(lens, PER_TOKEN)
+    # long contexts: both cut at the fair share, the same programs
+    long = ragged(36)
+    assert (KERNEL.programs(long) == KERNEL.programs(long, (48, 16384))).all()
+
+
+def test_the_profiled_model_prices_a_graph_step_at_its_captured_split_count():
+    from engine.core.graph_sizes import GraphSizes
+
+    rc, _ = _profiled()
+    _, off = _profiled("backend.decode_programs=false")
+    sizes = (1, 2, 4, 8, 16, 32, 48, 64)
+    captured = make_cost_model(rc.model, rc.hardware, rc.sim, GraphSizes(sizes, (), 16384))
+    unknown = make_cost_model(rc.model, rc.hardware, rc.sim, sizes)  # no capture context: as eager
+    contexts = [int(n) for n in np.random.default_rng(3).integers(100, 1024, 36)]
+    step = decode_batch(contexts)
+    lens = [c + 1 for c in contexts]
+    per_token = dict(zip(off.fits["decode_graph"].linear_features, off.fits["decode_graph"].linear_coefs))
+    price = per_token["decode_context_tokens"]
+    assert captured.step_time(step) - off.step_time(step) == pytest.approx(
+        KERNEL.excess_s(lens, price, (48, 16384)), rel=1e-9, abs=1e-12)
+    assert unknown.step_time(step) - off.step_time(step) == pytest.approx(KERNEL.excess_s(lens, price), rel=1e-9)
+    assert captured.step_time(step) < unknown.step_time(step)
+    for j, (repeat, plain) in enumerate(zip(captured.decode_repeats(step), off.decode_repeats(step)), start=1):
+        assert repeat - plain == pytest.approx(KERNEL.excess_s([n + j for n in lens], price, (48, 16384)),
+                                               rel=1e-9, abs=1e-12)
+        if j == 2:
+            break
+
+
 def test_bad_figures_are_refused():
     for field, value in (("num_sms", 0), ("num_kv_heads", 1.5), ("program_bandwidth", 0.0), ("resident_per_sm", 0)):
         with pytest.raises(ValueError, match=field):

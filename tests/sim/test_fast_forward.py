@@ -23,6 +23,7 @@ from engine.core.loop import Replica, SimulatedClock, run
 from engine.core.routers import ROUTER_REGISTRY
 from sim import sampled as sim_sampled
 from sim.executor import SimExecutor
+from sim.features import routing_sequences
 from sim.roofline import RooflineCostModel
 from tests.sim import helpers
 
@@ -91,7 +92,16 @@ class _Repeats(_Stateful):
             yield duration * (1.0 + 0.01 * (self.since_drained % 7))
 
 
-COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats}
+class _Grouped(_Stateful):
+    """Priced by the step's routing groups (sim.features.routing_sequences, by each entry's
+    prefix_key), so a booked repeat whose entries lost their keys prices differently."""
+
+    def step_time(self, plan):
+        keyless = sum(e.prefix_key is None for e in plan.scheduled)
+        return super().step_time(plan) * (1.0 + 0.01 * len(routing_sequences(plan)) + 0.001 * keyless)
+
+
+COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats, "grouped": _Grouped}
 
 
 def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline", block_size=4,
@@ -127,7 +137,7 @@ def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, cach
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(("stateful", "repeats")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
+@given(st.sampled_from(("stateful", "repeats", "grouped")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
        st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 8))
 def test_fast_forward_with_steps_priced_one_at_a_time_matches_step_by_step(cost, policy, overlap, caching, num_blocks,
                                                                           seed, n, max_num_seqs):

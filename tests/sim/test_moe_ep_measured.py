@@ -1,8 +1,10 @@
 """Expert parallelism priced against the engine (sim.moe_ranks.RankExpertPhase with the hardware's
 expert_parallel_layer_s and expert_parallel_efficiency): the phase's arithmetic, the fit that gives
 the two figures (experiments/moe/ep_compare.py) recovering known figures, the H200's figures being
-that fit of the committed 2 x H200 run, and the roofline with them pricing that run's ep - tp gaps,
-where the roofline alone priced whole experts no slower than sliced ones at large batches."""
+that fit of the committed 2 x H200 run (run 2: each placement in its own process, one all-reduce),
+and the roofline with them pricing that run's ep - tp gaps, where the roofline alone priced whole
+experts no slower than sliced ones at large batches; and run 1 (the ep engine on NCCL, the tp
+engine on the one-shot all-reduce) priced by them out of sample."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from sim.moe_ranks import RankExpertPhase
 from tests.sim.helpers import hardware
 from tests.sim.test_moe_pricing import A3B
 
-RUN = Path(__file__).resolve().parents[2] / "experiments" / "moe" / "h200x2_ep_run1"
-# as the run's engines ran (ep_decode.py's defaults; the tp engine set up the one-shot all-reduce,
-# the ep engine, second in the process, could not: its log)
-RUN_ARGS = [str(RUN / "decode.csv"), "--prompt-len", "128", "--output-len", "64", "--all-reduce",
-            "tp=symmetric,ep=nccl"]
+RUNS = Path(__file__).resolve().parents[2] / "experiments" / "moe"
+# decode.csv names the lengths and each engine's all-reduce (both the one-shot launch)
+RUN_ARGS = [str(RUNS / "h200x2_ep_run2" / "decode.csv")]
+# run 1's decode.csv does not: as its engines ran (ep_decode.py's defaults; the tp engine set up the
+# one-shot all-reduce, the ep engine, second in the process, could not: its log)
+RUN1_ARGS = [str(RUNS / "h200x2_ep_run1" / "decode.csv"), "--prompt-len", "128", "--output-len", "64",
+             "--all-reduce", "tp=symmetric,ep=nccl"]
 
 
 def test_phase_adds_the_layers_cost_and_divides_by_the_efficiency() -> None:
@@ -61,17 +65,28 @@ def test_the_h200_prices_the_measured_ep_gap_and_the_roofline_alone_did_not() ->
     table = ep_compare.table(ep_compare.measured(args), A3B, hardware("h200"), 0.0)
     assert list(table["batch"]) == [1, 8, 32, 128, 256]
     error = (table["ep-tp sim"] - table["ep-tp measured"]).abs()
-    assert (error < 0.25).all(), table  # ms, of gaps of 1.3-2.3 ms and steps of 4-14 ms
-    # the roofline alone left a third of the gap or more unpriced at every batch ...
-    assert (table["ep-tp roofline"] < 0.7 * table["ep-tp measured"]).all()
-    # ... and at one all-reduce for both placements, as the planner compares them, priced whole
-    # experts no slower at large batches; with the measured figures they are slower at every batch
+    assert (error < 0.25).all(), table  # ms, of gaps of 0.5-1.1 ms and steps of 4-14 ms
+    # the roofline alone left half of the gap or more unpriced at every batch ...
+    assert (table["ep-tp roofline"] < 0.5 * table["ep-tp measured"]).all()
+    # ... and at the one all-reduce both engines ran, as the planner compares the placements,
+    # priced whole experts no slower at large batches; the engine measured them 6-13% slower per
+    # step at every batch, and with the measured figures they are slower at every batch
     assert (table.loc[table["batch"] >= 128, "ep/tp roofline, same AR"] < 1.0).all()
-    assert (table["ep/tp sim, same AR"] > 1.1).all()
+    assert (table["ep/tp measured"] > 1.05).all() and (table["ep/tp sim, same AR"] > 1.05).all()
+
+
+def test_the_h200_figures_price_run_1_out_of_sample() -> None:
+    # run 1's gaps (1.3-2.3 ms) held the all-reduce the roofline prices (NCCL against the one-shot
+    # launch); the figures fitted without it price them within half a millisecond
+    table = ep_compare.table(ep_compare.measured(ep_compare.parse(RUN1_ARGS)), A3B, hardware("h200"), 0.0)
+    error = table["ep-tp sim"] - table["ep-tp measured"]
+    assert (error.abs() < 0.5).all(), table
+    # and closer than the roofline alone at every batch (it left 0.4-1.4 ms out)
+    assert (error.abs() < (table["ep-tp roofline"] - table["ep-tp measured"]).abs()).all(), table
 
 
 def test_a_table_without_the_runs_settings_is_refused_in_one_line() -> None:
     with pytest.raises(SystemExit, match="no prompt_len column: give --prompt-len"):
-        ep_compare.measured(ep_compare.parse([str(RUN / "decode.csv")]))
+        ep_compare.measured(ep_compare.parse(RUN1_ARGS[:1]))
     with pytest.raises(SystemExit, match="--all-reduce must name each mode"):
-        ep_compare.measured(ep_compare.parse([*RUN_ARGS[:5], "--all-reduce", "tp=symmetric,ep=ring"]))
+        ep_compare.measured(ep_compare.parse([*RUN1_ARGS[:5], "--all-reduce", "tp=symmetric,ep=ring"]))

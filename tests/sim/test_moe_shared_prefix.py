@@ -1,5 +1,6 @@
-"""Shared-prefix routing: sequences over one cached prefix priced as one routing sequence
-(sim.features.routing_sequences, row_routing_sequences; docs/moe-pricing.md)."""
+"""Shared-prefix routing: sequences that start with the same tokens form routing groups
+(sim.features.routing_sequences, row_routing_sequences; docs/moe-pricing.md), priced as one
+sequence without measured figures (how alike their members route: test_moe_shared_routing.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_neutral_is_todays_count():
 def test_fully_shared_batch_is_one_sequence(locality):
     routing = SequenceRouting(128, 8, 0.379, locality)
     plan = plan_of([(1, 48 + i, True, (0, 48)) for i in range(32)])
-    assert routing_sequences(plan) == [32]
+    assert routing_sequences(plan) == [(1,) * 32]
     shared = step_features(plan, (), routing.distinct, True)["moe_distinct_experts"]
     assert shared == pytest.approx(routing.distinct([32]))
     apart = step_features(plan, (), routing.distinct)["moe_distinct_experts"]
@@ -75,10 +76,54 @@ def test_grid_rows_group_as_their_plans():
         shared += len(groups) < len(plan.scheduled)
         row = row_routing_sequences(f["num_prefill_tokens"], f["num_decode_tokens"], f["num_seqs"], len(groups))
         if shape_set == "grid":  # random shapes' ragged chunks are evened out (row_sequences)
-            assert sorted(row) == sorted(groups)
+            assert sorted(sorted(g) for g in row) == sorted(sorted(g) for g in groups)
     assert shared >= 5
 
 
 def test_config_refuses_a_non_bool():
     with pytest.raises(ValueError, match="moe_routing_shared_prefix"):
         SimConfig(moe_routing_shared_prefix="yes")  # type: ignore[arg-type]
+
+
+def _serve_one_step(prompts, caching=True, block_size=16):
+    """The first plan of a scheduler given these prompts at once (engine.core, the served path)."""
+    from engine.core import Request, SamplingParams, make_scheduler
+    from engine.core.executor import BackendInfo
+
+    info = BackendInfo(num_blocks=64, block_size=block_size, vocab_size=1000, eos_token_ids=(1,))
+    config = SchedulerConfig(policy="mixed", max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256)
+    scheduler = make_scheduler(config, info)
+    scheduler.block_manager.enable_prefix_caching = caching
+    for i, prompt in enumerate(prompts):
+        scheduler.add(Request(f"r{i}", prompt, SamplingParams(max_tokens=4)))
+    return scheduler.schedule()
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_prompts_that_start_alike_group_whichever_blocks_hold_them(caching):
+    """Two prompts with the same first block, prefilled in one step, hold that prefix in blocks of
+    their own (no cache hit yet) and still form one routing group; a prompt shorter than a block,
+    or one that starts otherwise, stays apart."""
+    prefix = list(range(100, 132))  # two blocks of 16
+    plan = _serve_one_step([prefix + [7, 8, 9], prefix + [4, 5], list(range(300, 340)), [2, 3, 4]], caching)
+    first_blocks = [e.block_table[0] for e in plan.scheduled]
+    assert len(set(first_blocks)) == 4  # no two share a block
+    assert sorted(routing_sequences(plan)) == sorted([(35, 34), (40,), (3,)])
+
+
+def test_fast_forward_keeps_each_entrys_prefix_key():
+    """A booked decode run's entries (engine.core.fast_forward_parts.shifted) keep their keys."""
+    from engine.core.fast_forward_parts import shifted
+
+    plan = _serve_one_step([list(range(100, 120)) + [i] for i in range(3)])
+    keys = [e.prefix_key for e in plan.scheduled]
+    assert keys[0] is not None and len(set(keys)) == 1
+    assert [e.prefix_key for e in shifted(plan, 5).scheduled] == keys
+
+
+def test_config_refuses_figures_without_groups():
+    with pytest.raises(ValueError, match="SimConfig.moe_routing_shared_fresh.*moe_routing_shared_prefix=true"):
+        SimConfig(moe_routing_shared_fresh=0.1)
+    with pytest.raises(ValueError, match="SimConfig.moe_routing_shared_cap"):
+        SimConfig(moe_routing_shared_prefix=True, moe_routing_shared_fresh=0.1, moe_routing_shared_cap=0)
+    assert SimConfig(moe_routing_shared_prefix=True, moe_routing_shared_fresh=0.1, moe_routing_shared_cap=3)

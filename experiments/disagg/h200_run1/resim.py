@@ -4,11 +4,13 @@ the measured KV blocks per replica, the H200 profile; `--set` Hydra overrides fo
 side (the call's own, from its settings.json, come first).
 
     python -m experiments.disagg.h200_run1.resim [--run DIR] [--no-handshake] [--queue-behind-step {0,1}]
-        [--aggregated] [--set OVERRIDE ...] [--label L] [--out CSV]
+        [--aggregated] [--set OVERRIDE ...] [--profile CSV] [--label L] [--out CSV]
 
 DIR: a call's folder with runs.csv and settings.json (default: this one; e.g.
 experiments/disagg/h200x4_pd_mixes/measure_1P3D). Prints each cell's errors against the measured
 row in runs.csv (the targets of tables.TARGETS) and writes resim_<label>.csv into DIR (or --out).
+--profile: the profiled model both fleets are priced with (default: the shipped H200 profile; another
+fit of the same GPU, e.g. a fresh grid's, to weigh one fit against another).
 --aggregated: the aggregated fleet's cells too (fleet column), as cells.simulate prices them.
 --keep-steps DIR2: per cell, the call's measured steps (DIR's steps_*.csv.gz from `measure
 --keep-steps`) beside the re-simulated ones, in DIR2, for experiments/disagg/step_report.py.
@@ -34,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s", "transfer_p50_s",
            "transfer_wait_p90_s")
 TRACE = Path("/work/main/.traces/azure_conv_2023.csv")  # the call's (settings.json "trace")
+PROFILE = "profiles/h200/qwen3-0.6b.csv"  # the calls' own (settings.json)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", default=str(HERE), help="the call's folder (runs.csv, settings.json)")
     parser.add_argument("--aggregated", action="store_true", help="the aggregated fleet's cells too")
     parser.add_argument("--out", default=None, help="the CSV to write (default: DIR/resim_<label>.csv)")
+    parser.add_argument("--profile", default=PROFILE, help="the profiled model that prices both fleets")
     parser.add_argument("--keep-steps", default=None, help="a folder for each cell's steps, measured and re-simulated")
     args = parser.parse_args(argv)
     run = Path(args.run)
@@ -57,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     (fleet,) = set(runs.fleet[disaggregated])
     own = json.loads((run / "settings.json").read_text())["args"].get("overrides", [])
     queue = {} if args.queue_behind_step is None else {"queue_behind_step": bool(args.queue_behind_step)}
-    setup = Setup("qwen3-0.6b", "h200", Pools.parse(fleet), profile="profiles/h200/qwen3-0.6b.csv",
+    setup = Setup("qwen3-0.6b", "h200", Pools.parse(fleet), profile=args.profile,
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, **queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
     keep = Path(args.keep_steps) if args.keep_steps else None

@@ -51,7 +51,8 @@ def simulate_cell(rc, wrap: Callable = lambda cost: cost):
     """The cell's simulated run summary, with the cost model wrap(rc's cost model)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+        graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens,
+                                     max_model_len=rc.scheduler.max_model_len)
         cost = wrap(make_cost_model(rc.model, rc.hardware, rc.sim, graphs))
         executor = build_sim_executor(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler, cost)
         return run_once(rc, False, executor=executor).summary

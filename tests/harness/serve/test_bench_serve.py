@@ -19,7 +19,7 @@ WORKLOAD = ["workload.prompt_len.low=16", "workload.prompt_len.high=64", "worklo
 def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
     assert main(["--out", str(tmp_path), "--capacity", "8", "--loads", "0.25,0.5", "--workloads", "poisson",
                  "--num-requests", "6", "--hardware", "h100", "--engine", *ENGINE, f"backend.model={tiny_checkpoint}",
-                 "--workload", *WORKLOAD]) == 0
+                 "--workload", *WORKLOAD, "--sim-host", "profile"]) == 0  # the CPU engine launches no CUDA graphs
     frame = pd.read_csv(tmp_path / "serve.csv")
     assert list(frame["source"]) == (["harness_run"] * 2 + ["engine_server_client", "engine_server_own"] * 2
                                      + ["sim_server_client", "sim_server_own"] * 2)
@@ -130,7 +130,7 @@ def test_bench_serve_with_aiperf_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_pat
         pytest.skip("LOADGEN_AIPERF is not set: .ci/run installs aiperf==0.13.0 in a venv of its own")
     assert main(["--out", str(tmp_path), "--capacity", "8", "--loads", "0.5", "--workloads", "poisson",
                  "--num-requests", "6", "--hardware", "h100", "--engine", *ENGINE, f"backend.model={tiny_checkpoint}",
-                 "--workload", *WORKLOAD, "--loadgen", "aiperf", "--stages", "engine,sim"]) == 0
+                 "--workload", *WORKLOAD, "--loadgen", "aiperf", "--stages", "engine,sim", "--sim-host", "1.2"]) == 0
     frame = pd.read_csv(tmp_path / "serve.csv").set_index("source")
     assert list(frame.index) == ["engine_server_aiperf", "engine_server_own", "sim_server_aiperf", "sim_server_own"]
     assert (frame["requests"] == 6).all()
@@ -143,3 +143,29 @@ def test_bench_serve_with_aiperf_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_pat
     assert not any("word_tokenizer" in name for name in names)  # 151,936 words: made again, never sent back
     text = (tmp_path / "serve.md").read_text()
     assert "engine_server_aiperf" in text and "within 10%" in text
+
+
+@pytest.mark.slow
+def test_the_simulator_stage_alone_finishes_an_earlier_output(tiny_checkpoint, tmp_path):
+    """A device call cut short before the simulator's server (its harness and engine stages done)
+    is finished by that stage alone, merged with the earlier output; again in place, its rows replaced."""
+    common = ["--capacity", "8", "--loads", "0.5", "--workloads", "poisson", "--num-requests", "6", "--hardware",
+              "h100", "--engine", *ENGINE, f"backend.model={tiny_checkpoint}", "--workload", *WORKLOAD]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["--out", str(first), *common, "--stages", "harness,engine"]) == 0
+    assert main(["--out", str(second), *common, "--stages", "sim", "--merge", str(first), "--sim-host", "1.5"]) == 0
+    frame, earlier = pd.read_csv(second / "serve.csv"), pd.read_csv(first / "serve.csv")
+    assert list(frame["source"]) == ["harness_run", "engine_server_client", "engine_server_own", "sim_server_client",
+                                     "sim_server_own"]
+    pd.testing.assert_frame_equal(frame.iloc[:3][earlier.columns], earlier)  # kept as they were
+    assert frame.set_index("source").at["sim_server_own", "host_scale"] == 1.5
+    assert list(pd.read_csv(second / "overhead.csv")["server"]) == ["engine_server", "sim_server"]
+    assert sorted(p.name for p in second.iterdir()) == ["engine_server.tar.gz", "harness.tar.gz", "overhead.csv",
+                                                        "serve.csv", "serve.md", "sim_server.tar.gz"]
+    with tarfile.open(second / "sim_server.tar.gz") as tar:  # the simulator's server ran at that host
+        assert "- backend.host_scale=1.5" in tar.extractfile("sim_server/.hydra/overrides.yaml").read().decode()
+    assert "within 10%" in (second / "serve.md").read_text()
+    in_place = ["--stages", "sim", "--merge", str(second), "--sim-host", "profile"]
+    assert main(["--out", str(second), *common, *in_place]) == 0
+    again = pd.read_csv(second / "serve.csv").set_index("source")
+    assert len(again) == 5 and again.at["sim_server_own", "host_scale"] == 1.0

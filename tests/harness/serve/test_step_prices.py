@@ -67,3 +67,16 @@ def test_recorded_steps_are_priced_by_regime(pack, tmp_path):
 def test_an_unknown_case_is_one_line(pack):
     with pytest.raises(SystemExit, match="no case 'azure_80'"):
         step_prices.main([str(pack), "--case", "azure_80"])
+
+
+def test_a_setting_prices_the_steps_again_and_a_bad_one_is_one_line(pack, capsys):
+    assert step_prices.main([str(pack), "--case", "mooncake_50", "--set", "backend.repeated_reads=overlap"]) == 0
+    overlap = capsys.readouterr().out
+    assert step_prices.main([str(pack), "--case", "mooncake_50"]) == 0
+    additive = capsys.readouterr().out
+    decode = {name: float(next(line for line in out.splitlines() if line.startswith("decode_graph")).split()[3])
+              for name, out in (("overlap", overlap), ("additive", additive))}
+    assert decode["overlap"] < decode["additive"]  # the shared prompts' blocks read again ride free
+    with pytest.raises(SystemExit):
+        step_prices.main([str(pack), "--case", "mooncake_50", "--set", "workload.seed=2"])
+    assert "--set: ['workload.seed=2']" in capsys.readouterr().err

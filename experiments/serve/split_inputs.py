@@ -1,0 +1,73 @@
+"""What experiments/serve/ttft_split.py reads of a bench_serve output: each stage's folder, the host
+each server is simulated at, the settings the simulator's server ran with, the harness's own run."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.serve import host
+from experiments.serve.step_prices import SIM
+
+SERVERS = ("engine_server", "sim_server")
+
+
+def unpack(out: Path, tmp: Path, stages: tuple[str, ...] = ("harness", *SERVERS)) -> dict[str, Path]:
+    """Each stage's folder (harness, engine_server, sim_server), unpacked into tmp where packed."""
+    folders = {}
+    for name in stages:
+        if (out / name).is_dir():
+            folders[name] = out / name
+        elif (out / f"{name}.tar.gz").is_file():
+            with tarfile.open(out / f"{name}.tar.gz") as tar:
+                tar.extractall(tmp, filter="data")
+            folders[name] = tmp / name
+        else:
+            raise SystemExit(f"error: {out} has neither {name}/ nor {name}.tar.gz (bench_serve's --out)")
+    return folders
+
+
+def server_hosts(folders: dict[str, Path], overrides: list[str]) -> dict[str, float]:
+    """The host each server is simulated at: the engine server's measured speed (its steps.csv.gz
+    against the profile the case's simulation prices with), the simulator server's as it was run
+    (its backend.host_scale override); a server without one is left out (the profile's host)."""
+    hosts = {}
+    steps = host.server_steps(folders["engine_server"].parent, "engine_server")
+    model = host.profile_model([*SIM, *overrides])
+    if steps is not None and model is not None and not np.isnan(scale := host.measured(steps, model)[0]):
+        hosts["engine_server"] = scale
+    for key, value in sim_server_settings(folders):
+        if key == "backend.host_scale":
+            hosts["sim_server"] = float(value)
+    return hosts
+
+
+def sim_server_settings(folders: dict[str, Path]) -> list[tuple[str, str]]:
+    """The simulator server's backend.* overrides as (key, value) (its .hydra/overrides.yaml)."""
+    given = folders.get("sim_server", Path("/nonexistent")) / ".hydra" / "overrides.yaml"
+    if not given.is_file():
+        return []
+    lines = [line.strip()[2:] for line in given.read_text().splitlines() if line.strip().startswith("- backend.")]
+    return [(key, value) for key, _, value in (line.partition("=") for line in lines)]
+
+
+def served_overrides(folders: dict[str, Path], overrides: list[str]) -> list[str]:
+    """overrides, with the simulator server's settings (but its host: server_hosts) it does not set."""
+    taken = {o.split("=", 1)[0] for o in [*SIM, *overrides]} | {"backend.host_scale"}
+    return overrides + [f"{key}={value}" for key, value in sim_server_settings(folders) if key not in taken]
+
+
+def harness_run(folder: Path, overrides: list[str]) -> tuple[pd.DataFrame | None, float]:
+    """The harness's own run of a case (its requests.csv; None where the pack has none) and the
+    speed of its host (its steps' decode graph launches; 1 where not measured)."""
+    if not (folder / "requests.csv").is_file():
+        return None, 1.0
+    requests = pd.read_csv(folder / "requests.csv")
+    model = host.profile_model([*SIM, *overrides])
+    scale = np.nan
+    if (folder / "steps.csv.gz").is_file() and model is not None:
+        scale = host.measured(pd.read_csv(folder / "steps.csv.gz"), model)[0]
+    return requests[requests["finish_reason"] != "aborted"], 1.0 if np.isnan(scale) else scale
