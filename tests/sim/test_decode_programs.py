@@ -159,6 +159,28 @@ def test_programs_past_the_gpus_slots_run_as_a_last_wave():
     assert order.sum() == 8 * real.sum() and (order[:24] == np.tile(np.minimum(real, chunks), 8)).all()
 
 
+@settings(max_examples=100, deadline=None)
+@given(lens=st.lists(st.integers(0, 4096), min_size=1, max_size=200), pad=st.integers(0, 32),
+       context=st.sampled_from([1024, 4096, 16384]))
+def test_a_graphs_split_count_drives_its_launch_order_and_its_waves(lens, pad, context):
+    # the launch order is the graph's programs, every KV head's, first pieces first: the same
+    # multiset as programs(graph) and not the eager launch's where their split counts differ
+    waves = dataclasses.replace(KERNEL, resident_per_sm=5)
+    graph = (len(lens) + pad, context)
+    order = waves.launch_order(lens, graph)
+    assert np.array_equal(np.sort(order), np.sort(np.tile(waves.programs(lens, graph), 8)))
+    real = np.array([n for n in lens if n > 0])
+    if real.size:
+        chunks = split_chunks(real, waves.split_count(real, graph), balanced_chunk(real, 8, 132))
+        assert np.array_equal(order[:8 * real.size], np.tile(np.minimum(real, chunks), 8))
+        # priced on the graph's programs: the same as walking its launch order on the slots
+        if waves.applies(int(real.size)) and 8 * int((-(-real // chunks)).sum()) > 660:
+            bandwidth, rate = 8 * 28 / PER_TOKEN, KERNEL.program_bandwidth / KERNEL.key_bytes
+            fluid = walk_seconds(order, 660, bandwidth, rate)
+            expected = max(0.0, 28 * (fluid - 8 * float(real.sum()) / bandwidth))
+            assert waves.excess_s(lens, PER_TOKEN, graph) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
 @settings(max_examples=200, deadline=None)
 @given(keys=st.lists(st.integers(0, 5000), min_size=1, max_size=400), slots=st.integers(1, 500),
        bandwidth=st.floats(1e6, 1e9), rate=st.floats(1e4, 1e8))
