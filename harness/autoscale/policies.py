@@ -36,8 +36,8 @@ def _current(signal: FleetSignal) -> int:
 def _bounded(signal: FleetSignal, want: int, demand: Demand) -> int:
     """A load policy's wish, as the demand bounds it (harness.autoscale.demand.Demand):
 
-    - a scale-down leaves no fewer than serve the highest arrival rate read over the last start-up
-      at a replica's capacity (Demand.floor): a replica drained now takes a start-up to come back;
+    - a scale-down leaves no fewer than serve the highest arrival rate read over the time a replica
+      drained now takes to come back, at a full replica's measured capacity (Demand.floor);
     - with settling, while a replica starts, a scale-up only to what the arrival rate needs at a
       replica's capacity (Demand.by_rate): the latencies and queues a policy reads cannot show the
       capacity the pending start brings, but the rate can show a surge that needs more than it.
@@ -171,17 +171,18 @@ class SLOFeedback(RegisteredPolicy):
         return current
 
     def _miss_is_past(self, signal: FleetSignal) -> bool:
-        """A TTFT miss, within a window of a start beginning to serve, that no request shows now: no
-        serving replica holds a queue, none of the requests waiting for their first token has waited
-        past the target, and the fleet serves the arrival rate at a replica's capacity. The window's
-        misses then waited behind the backlog the start answered, since served (the older replicas
-        keep what they queued, and the P90 remembers it for a window). Later, such a miss is the
-        fleet's recent shortage, and adds one as any miss without a queue does."""
-        needed = self.sizing.demand.by_rate(signal)
+        """A TTFT miss that no request shows now: no serving replica holds a queue, none of the
+        requests waiting for their first token has waited past the target, and the fleet serves
+        the highest arrival rate read over the time a replica takes to come back, at a full
+        replica's measured capacity (Demand.floor, as a scale-down keeps). The window's misses then
+        waited behind a queue since served (after a start, the backlog it answered, queued on the
+        older replicas), and the P90 remembers them for a window. Otherwise (a fleet at the edge
+        of the recent rate, or a modelled capacity only) such a miss is the fleet's recent
+        shortage, and adds one as any miss without a queue does."""
+        demand = self.sizing.demand
         limit = self.target * self.bound_s
-        return (self.metric == "ttft" and signal.evidence_s < self.window_s and needed is not None
-                and needed <= _current(signal) and not any(r.backlog for r in signal.serving)
-                and all(age <= limit for age in signal.waiting_ages))
+        return (self.metric == "ttft" and demand.measured() and 0 < demand.floor(signal) <= _current(signal)
+                and not any(r.backlog for r in signal.serving) and all(age <= limit for age in signal.waiting_ages))
 
 
 @AUTOSCALE_POLICIES.register("schedule")

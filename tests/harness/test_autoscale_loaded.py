@@ -88,6 +88,9 @@ def test_a_scale_down_keeps_what_the_rate_needs():
     assert policy.desired(_signal(855.0, 5.35, 3, 0.2)) == 3
     assert policy.desired(_signal(870.0, 4.0, 3, 0.2)) == 3  # 5.35 was read within a return's time
     assert policy.desired(_signal(870.0 + 60 + 15 + 89, 4.0, 3, 0.2)) == 2  # ... and has left it
+    # no replica measured full: the modelled capacity is no floor (it overstated a loaded replica 2x)
+    unmeasured = make_policy(AutoscaleConfig(policy="slo"), SLO(ttft_p90_s=2.0))
+    assert unmeasured.desired(_signal(855.0, 5.35, 3, 0.2, served=None)) == 2
 
 
 @settings(max_examples=60, deadline=None)
