@@ -92,7 +92,8 @@ class _Pool(SimulatedStates):
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, ages,
                            demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
                            demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
-                           self.scaling.interval_s, self.evidence_s(now))
+                           self.scaling.interval_s, self.evidence_s(now), self.scaling.settle,
+                           self.scaling.scale_up_cooldown_s)
 
     def evaluate(self, now: float, signal: FleetSignal, hook: Callable[[Replica], None]) -> None:
         change = self._change(signal)

@@ -31,6 +31,7 @@ from engine.core.elastic_states import (
     ScaleEvent,
     Scaling,
     ScalingPolicy,
+    Served,
     SimulatedStates,
     finished_latencies,
     scale_by,
@@ -42,7 +43,7 @@ from engine.core.routers import Router
 
 # the shared types, importable from here as before
 __all__ = ["ColdStart", "Demanded", "ElasticResult", "FleetSignal", "FleetStates", "Lifetime", "ReplicaLimits",
-           "ReplicaSignal", "ScaleEvent",
+           "ReplicaSignal", "ScaleEvent", "Served",
            "Scaling", "ScalingPolicy", "closed", "finished_latencies", "run_elastic", "scale_by"]
 
 
@@ -53,6 +54,9 @@ class _Elastic(SimulatedStates):
         self.make_replica = make_replica
         self.on_step = on_step
         self.routes: deque[tuple[float, int]] = deque()  # (time, replica) of the requests routed, within the window
+        # (time, replica, prompt tokens, output tokens) of the requests finished within one interval
+        self.finishes: deque[tuple[float, int, int, int]] = deque()
+        self.full: set[int] = set()  # the serving replicas full (at their admission limit) at the latest evaluation
         for _ in range(initial):
             self.serving.append(self._add(0.0, 0.0))
 
@@ -65,6 +69,9 @@ class _Elastic(SimulatedStates):
 
     def _step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self._record_finished(finished)
+        if self.policy is not None:
+            self.finishes.extend((r.finish_time, index, r.num_prompt_tokens, r.num_output_tokens)
+                                 for r in finished if r.finish_time is not None)
         if self.on_step is not None:
             self.on_step(index, record, finished)
 
@@ -86,16 +93,39 @@ class _Elastic(SimulatedStates):
             self.routes.popleft()
         self.routes.append((time_s, index))
 
-    def _routed_rates(self, now: float, queued: bool) -> dict[int, float]:
-        """Requests routed to each serving replica per second over the demand's span, from when the
-        replica began to serve if later (a replica ready within the span has taken traffic for less)."""
-        since = self._since(now, queued)  # within the window, as routed() keeps it
-        rates = {}
-        for index in self.serving:
-            begin = max(since, self.lifetimes[index].ready_s)
-            count = sum(1 for t, i in self.routes if i == index and begin < t <= now)
-            rates[index] = count / (now - begin) if now > begin else 0.0
-        return rates
+    def _routed_rates(self, now: float, rate: float | None) -> dict[int, float | None]:
+        """Each serving replica's share of the fleet's arrival rate (`rate`): its fraction of the
+        requests routed since the serving set last changed (a replica began to serve or drained),
+        within the window. A fraction is steadier than a count: a count of the 15 s between two
+        evaluations at 2 req/s is +-18% (Poisson), as large as the margin between what a replica is
+        sent and what it serves; a router's split is not (round robin's exactly 1/n)."""
+        changed = max([life.ready_s for life in self.lifetimes if life.index in self.serving]
+                      + [life.drain_s for life in self.lifetimes if life.drain_s is not None and not life.cancelled],
+                      default=0.0)
+        since = max(now - self.scaling.window_s, changed)  # within the window, as routed() keeps it
+        counts = dict.fromkeys(self.serving, 0)
+        for t, index in self.routes:
+            if since < t <= now and index in counts:
+                counts[index] += 1
+        total = sum(counts.values())
+        if rate is None or total == 0:
+            return dict.fromkeys(self.serving, None)
+        return {index: rate * count / total for index, count in counts.items()}
+
+    def _served_full(self, now: float, full: set[int]) -> dict[int, Served]:
+        """What each replica full at the previous evaluation and now finished since then
+        (ReplicaSignal.served_full); the finishes before that interval are dropped."""
+        since = now - self.scaling.interval_s
+        while self.finishes and self.finishes[0][0] <= since:
+            self.finishes.popleft()
+        both = full & self.full
+        done: dict[int, list[tuple[int, int]]] = {index: [] for index in both}
+        for t, index, prompt, output in self.finishes:
+            if index in both and t <= now:
+                done[index].append((prompt, output))
+        return {index: Served(len(lengths) / self.scaling.interval_s,
+                              sum(p for p, _ in lengths) / len(lengths), sum(o for _, o in lengths) / len(lengths))
+                for index, lengths in done.items() if lengths}
 
     def signal(self, now: float) -> FleetSignal:
         ttfts, tpots = self._window(now)
@@ -111,12 +141,17 @@ class _Elastic(SimulatedStates):
                                            scheduler.num_waiting + len(replica.inbox), at_limit(replica),
                                            budget_bound(replica)))
         queued = any(load.full or load.budget_bound for load in loads)
-        demand, rates = self._demand(now, queued), self._routed_rates(now, queued)
-        loads = [dataclasses.replace(load, arrival_rate=rates[i]) for i, load in zip(self.serving, loads)]
+        demand = self._demand(now, queued)
+        rates = self._routed_rates(now, demand.arrival_rate)
+        full = {i for i, load in zip(self.serving, loads) if load.full}
+        served, self.full = self._served_full(now, full), full
+        loads = [dataclasses.replace(load, arrival_rate=rates[i], served_full=served.get(i))
+                 for i, load in zip(self.serving, loads)]
         return FleetSignal(now, tuple(loads), len(self.starting), len(self.draining), ttfts, tpots, tuple(ages),
                            demand.arrival_rate, demand.service_s, self.scaling.cold_start.total_s,
                            demand.prompt_tokens, demand.output_tokens, self.scaling.limits,
-                           self.scaling.interval_s, self.evidence_s(now))
+                           self.scaling.interval_s, self.evidence_s(now), self.scaling.settle,
+                           self.scaling.scale_up_cooldown_s)
 
     def evaluate(self, now: float) -> None:
         change = self._change(self.signal(now))

@@ -49,13 +49,23 @@ class Scaling:
     max_scale_down: int
     window_s: float
     cold_start: ColdStart
-    # settle: no scale-up while a replica is still starting, and once it serves, the policy reads
-    # only requests that arrived since (their latencies, waiting ages and queue). The capacity a
-    # start brings cannot show in what a policy reads before it serves, and a backlog queued on the
-    # older replicas before then stays on them (requests do not move): judged on either, every
-    # evaluation would ask again for the replicas the pending start already answers.
+    # settle: once a started replica serves, the policy reads only requests that arrived since
+    # (their latencies, waiting ages and queue), and while one starts it asks for more only where the
+    # arrival rate needs more than serve and start (FleetSignal.settle; harness.autoscale.policies).
+    # The capacity a start brings cannot show in what a policy reads before it serves, and a backlog
+    # queued on the older replicas before then stays on them (requests do not move): judged on
+    # either, every evaluation would ask again for the replicas the pending start already answers.
     settle: bool = False
     limits: ReplicaLimits | None = None  # a replica's resources, for sizing on demand (None: not known)
+
+
+@dataclass(frozen=True)
+class Served:
+    """Requests a replica finished per second over an interval, and their mean prompt and output tokens."""
+
+    rate: float
+    prompt_tokens: float
+    output_tokens: float
 
 
 @dataclass(frozen=True)
@@ -66,9 +76,13 @@ class ReplicaSignal:
     queued: int | None = None  # every request waiting, settled or not (None: as waiting)
     full: bool = False  # requests wait that it cannot admit (no sequence slot or KV for the next)
     budget_bound: bool = False  # its next step cannot take all it holds (engine.core.elastic_states.budget_bound)
-    # requests routed to it per second over FleetSignal.arrival_rate's span (from when it began to
-    # serve, if later); None where the fleet does not measure it
+    # its share of FleetSignal.arrival_rate (req/s), as the router split the requests since the serving
+    # replicas last changed (within the window); None where the fleet does not measure it
     arrival_rate: float | None = None
+    # requests it finished per second since the previous evaluation, where it was full at that
+    # evaluation and at this one: what a replica holding a queue serves; None otherwise, or where
+    # the fleet does not measure it
+    served_full: Served | None = None
 
     @property
     def backlog(self) -> int:
@@ -102,6 +116,8 @@ class FleetSignal:
     # how long the requests it reads have been arriving (s): since the run began, or with settle
     # since the latest start began to serve
     evidence_s: float = math.inf
+    settle: bool = False  # Scaling.settle: the policy holds further starts while one is pending (policies.py)
+    scale_up_cooldown_s: float = 0.0  # Scaling's: how long after any action a start waits (s)
 
 
 @dataclass(frozen=True)
@@ -118,14 +134,13 @@ def _mean(values: list[float] | list[int]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling, starting: int = 0) -> int:
+def scale_by(want: int, current: int, since_last_action_s: float, scaling: Scaling) -> int:
     """How many replicas to start (> 0) or to take away (< 0) now: the policy's wish clamped to
     [min_replicas, max_replicas], an action waiting its cooldown after the previous one of either
-    direction, at most max_scale_down taken away at once; with settle, no start while `starting`
-    replicas (counted in current) are still starting."""
+    direction, at most max_scale_down taken away at once. (With settle, what a policy asks for while
+    a replica starts is the policy's to decide: FleetSignal.settle.)"""
     want = min(max(want, scaling.min_replicas), scaling.max_replicas)
-    held = scaling.settle and starting > 0
-    if want > current and not held and since_last_action_s >= scaling.scale_up_cooldown_s:
+    if want > current and since_last_action_s >= scaling.scale_up_cooldown_s:
         return want - current
     if want < current and since_last_action_s >= scaling.scale_down_cooldown_s:
         return -min(current - want, scaling.max_scale_down)
@@ -257,7 +272,7 @@ class FleetStates:
     def _change(self, signal: FleetSignal) -> int:
         assert self.policy is not None
         return scale_by(self.policy.desired(signal), len(self.serving) + len(self.starting),
-                        signal.now - self.last_action, self.scaling, len(self.starting))
+                        signal.now - self.last_action, self.scaling)
 
     def _acted(self, event: ScaleEvent) -> None:
         self.events.append(event)

@@ -60,9 +60,10 @@ class AutoscaleConfig:
     one fewer below slo_scale_down_below x SLO.
     schedule: schedule=[[t0, n0], [t1, n1], ...] replicas from t_i seconds (at the first evaluation
     at or after it); the only policy an engine fleet (backend=engine) takes.
-    settle: no scale-up while a replica is still starting, and once it serves the policy reads only
-    requests that arrived since (engine.core.elastic_states.Scaling.settle); the schedule policy,
-    which reads the time alone, never settles. false: every evaluation reads everything.
+    settle: while a replica starts, a scale-up only where the arrival rate needs more replicas than
+    serve and start, and once it serves the policy reads only requests that arrived since
+    (engine.core.elastic_states.Scaling.settle); the schedule policy, which reads the time alone,
+    never settles. false: every evaluation reads everything.
     calibration: price a new replica's start-up with the measured cold start of the hardware and
     model (profiles/<hardware>/<model>.cold_start.json) where there is one; false, or without one:
     graph_capture_s and hardware.weight_load_bytes_per_s.

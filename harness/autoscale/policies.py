@@ -33,6 +33,23 @@ def _current(signal: FleetSignal) -> int:
     return len(signal.serving) + signal.starting
 
 
+def _bounded(signal: FleetSignal, want: int, demand: Demand) -> int:
+    """A load policy's wish, as the demand bounds it (harness.autoscale.demand.Demand):
+
+    - a scale-down leaves no fewer than serve the highest arrival rate read over the time a replica
+      drained now takes to come back, at a full replica's measured capacity (Demand.floor);
+    - with settling, while a replica starts, a scale-up only to what the arrival rate needs at a
+      replica's capacity (Demand.by_rate): the latencies and queues a policy reads cannot show the
+      capacity the pending start brings, but the rate can show a surge that needs more than it.
+    """
+    current = _current(signal)
+    if want < current:
+        return min(current, max(want, demand.floor(signal)))
+    if want > current and signal.settle and signal.starting:
+        return min(want, max(current, demand.by_rate(signal) or 0))
+    return want
+
+
 @AUTOSCALE_POLICIES.register("utilisation")
 class Utilisation(RegisteredPolicy):
     """Kubernetes HPA's rule: ceil(serving x mean load / target). Load is KV use (metric=kv) or
@@ -62,8 +79,8 @@ class Utilisation(RegisteredPolicy):
         self.demand.observe(signal)
         needed = self.demand.needed(signal, self.target)
         if needed is None:
-            return math.ceil(sum(r.running + r.waiting for r in signal.serving) / self.target - 1e-9)
-        return needed
+            needed = math.ceil(sum(r.running + r.waiting for r in signal.serving) / self.target - 1e-9)
+        return _bounded(signal, needed, self.demand)
 
 
 @AUTOSCALE_POLICIES.register("queue")
@@ -87,6 +104,9 @@ class Queue(RegisteredPolicy):
 
     def desired(self, signal: FleetSignal) -> int:
         self.demand.observe(signal)
+        return _bounded(signal, self._wish(signal), self.demand)
+
+    def _wish(self, signal: FleetSignal) -> int:
         waiting = sum(r.waiting for r in signal.serving)
         if waiting == 0:
             return _current(signal) - 1
@@ -127,21 +147,42 @@ class SLOFeedback(RegisteredPolicy):
         self.target = target
         self.down_below = down_below
         self.window_s = window_s
-        self.sizing = MissSizing()
+        self.sizing = MissSizing(window_s)
 
     def desired(self, signal: FleetSignal) -> int:
-        self.sizing.demand.observe(signal)
+        demand = self.sizing.demand
+        demand.observe(signal)
+        return _bounded(signal, self._wish(signal), demand)
+
+    def _wish(self, signal: FleetSignal) -> int:
         values = signal.ttfts + signal.waiting_ages if self.metric == "ttft" else signal.tpots
         current = _current(signal)
         if not values:
             return current - 1 if not any(r.running or r.waiting for r in signal.serving) else current
         observed = float(np.percentile(values, self.percentile))
         if observed > self.target * self.bound_s:
+            if self._miss_is_past(signal):
+                self.sizing.met()
+                return current
             return self.sizing.missed(signal)
         self.sizing.met()
         if observed < self.down_below * self.bound_s and signal.evidence_s >= self.window_s:
             return current - 1
         return current
+
+    def _miss_is_past(self, signal: FleetSignal) -> bool:
+        """A TTFT miss that no request shows now: no serving replica holds a queue, none of the
+        requests waiting for their first token has waited past the target, and the fleet serves
+        the highest arrival rate read over the time a replica takes to come back, at a full
+        replica's measured capacity (Demand.floor, as a scale-down keeps). The window's misses then
+        waited behind a queue since served (after a start, the backlog it answered, queued on the
+        older replicas), and the P90 remembers them for a window. Otherwise (a fleet at the edge
+        of the recent rate, or a modelled capacity only) such a miss is the fleet's recent
+        shortage, and adds one as any miss without a queue does."""
+        demand = self.sizing.demand
+        limit = self.target * self.bound_s
+        return (self.metric == "ttft" and demand.measured() and 0 < demand.floor(signal) <= _current(signal)
+                and not any(r.backlog for r in signal.serving) and all(age <= limit for age in signal.waiting_ages))
 
 
 @AUTOSCALE_POLICIES.register("schedule")

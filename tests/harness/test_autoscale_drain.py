@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.elastic import ColdStart, FleetSignal, ReplicaSignal
+from engine.core.elastic import ColdStart, FleetSignal, ReplicaSignal, Served
 from harness.autoscale.config import SLO, AutoscaleConfig
 from harness.autoscale.demand import drain_s
 from harness.autoscale.policies import make_policy
@@ -31,11 +31,12 @@ SMALL_FLEET = [o for o in SURGE_RR if o != "router=round_robin"] + [
 
 
 def _signal(now: float, backlogs: list[int], rate: float, ttft_s: float = 5.0, startup_s: float = 600.0,
-            routed: list[float] | None = None) -> FleetSignal:
-    """Replicas at their limit holding `backlogs` queued, each sent routed[i] req/s (None: not measured)."""
+            routed: list[float] | None = None, ages: tuple[float, ...] = ()) -> FleetSignal:
+    """Replicas at their limit holding `backlogs` queued, each sent routed[i] req/s (None: not
+    measured); `ages`: how long the requests still waiting for a first token have waited."""
     sent = routed if routed is not None else [None] * len(backlogs)
     serving = tuple(ReplicaSignal(8, b, 1.0, b, True, arrival_rate=r) for b, r in zip(backlogs, sent))
-    return FleetSignal(now, serving, 0, 0, (ttft_s,) * 20, (), (), rate, SERVICE_S, startup_s, interval_s=15.0)
+    return FleetSignal(now, serving, 0, 0, (ttft_s,) * 20, (), ages, rate, SERVICE_S, startup_s, interval_s=15.0)
 
 
 def test_a_surge_backlog_that_drains_before_a_start_up_ends_starts_nothing():
@@ -65,20 +66,30 @@ def test_a_queue_that_outlasts_the_start_up_starts_a_replica_at_once(startup_s):
 
 
 def test_a_queue_that_drains_slower_than_modelled_starts_a_replica():
-    # modelled, the 300 drain in 257 s; measured, the queue shrank by 3 in 15 s (0.2 req/s: the
-    # replica holding it serves less than the fleet's capacity, or the arrivals rose): 1485 s left,
-    # longer than the 600 s start-up
+    # modelled, the 300 drain in 257 s; measured over a window, the queue shrank by 12 in 60 s (0.2
+    # req/s: the replica holding it serves less than the fleet's capacity, or the arrivals rose):
+    # 1440 s left, longer than the 600 s start-up
     policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
-    assert policy.desired(_signal(100.0, [300, 0, 0, 0], 6.0)) == 4
-    assert policy.desired(_signal(115.0, [297, 0, 0, 0], 6.0)) == 5
+    for now, queue in ((100.0, 300), (115.0, 297), (130.0, 294), (145.0, 291)):
+        assert policy.desired(_signal(now, [queue, 0, 0, 0], 6.0)) == 4, now  # watched for less than a window
+    assert policy.desired(_signal(160.0, [288, 0, 0, 0], 6.0)) == 5
     # a queue that grew does not drain
     policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
     assert policy.desired(_signal(100.0, [300, 0, 0, 0], 6.0)) == 4
-    assert policy.desired(_signal(115.0, [310, 0, 0, 0], 6.0)) == 5
+    assert policy.desired(_signal(160.0, [310, 0, 0, 0], 6.0)) == 5
     # ... and a measured drain shorter than the start-up still holds
     policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
     assert policy.desired(_signal(100.0, [300, 0, 0, 0], 6.0, startup_s=2000.0)) == 4
-    assert policy.desired(_signal(115.0, [297, 0, 0, 0], 6.0, startup_s=2000.0)) == 4
+    assert policy.desired(_signal(160.0, [288, 0, 0, 0], 6.0, startup_s=2000.0)) == 4
+
+
+def test_a_queue_read_between_two_evaluations_is_no_trend():
+    # a queue of 11 that reads 12 fifteen seconds later (a request more arrived than finished) drains
+    # in 22 s at the model: Azure's Qwen3-32B fleet started a fourth replica on that reading (inf)
+    policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
+    rate = 3 * 1.83
+    assert policy.desired(_signal(100.0, [11, 0, 0], rate, startup_s=89.0, routed=[1.83] * 3)) == 3
+    assert policy.desired(_signal(115.0, [12, 0, 0], rate, startup_s=89.0, routed=[1.83] * 3)) == 3
 
 
 def test_a_queue_on_a_replica_sent_nothing_holds():
@@ -121,6 +132,32 @@ def test_a_met_slo_ends_the_miss():
     # and a miss without a backlog is no drain's: one more at once
     policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
     assert policy.desired(_signal(100.0, [0, 0, 0, 0], 6.0)) == 5
+
+
+def _measured(signal: FleetSignal, served: float = CAPACITY) -> FleetSignal:
+    """The same fleet, each replica having served `served` req/s while full (a measured capacity)."""
+    loads = tuple(dataclasses.replace(r, served_full=Served(served, 1000.0, 200.0)) for r in signal.serving)
+    return dataclasses.replace(signal, serving=loads, prompt_tokens=1000.0, output_tokens=200.0)
+
+
+def test_a_miss_no_request_shows_is_over():
+    # 15 s after a third replica began to serve, the window's P90 is of requests that queued behind
+    # the older replicas' backlog; with that backlog served, nothing waiting past the target, and
+    # three replicas serving the recent rate (6 req/s at a measured 2.67 each), the fleet holds: the
+    # Azure Qwen3-32B fleet started a fourth here, which served 4 minutes of rates that three hold
+    served = _measured(_signal(180.0, [0, 0, 0], 6.0, startup_s=89.0))
+    assert make_policy(CONFIG, SLO(ttft_p90_s=2.0)).desired(served) == 3
+    # ... not while a request still waits past the target (a long prompt's own prefill), nor on a
+    # modelled capacity, nor where the recent rate needs more than the fleet: then the miss is the
+    # fleet's recent shortage (the Azure trace at 4x on Qwen3-8B: one replica at 93% of what it
+    # serves, then a surge)
+    waiting = dataclasses.replace(served, waiting_ages=(0.5, 3.0))
+    assert make_policy(CONFIG, SLO(ttft_p90_s=2.0)).desired(waiting) == 4
+    modelled = _signal(180.0, [0, 0, 0], 6.0, startup_s=89.0)
+    assert make_policy(CONFIG, SLO(ttft_p90_s=2.0)).desired(modelled) == 4
+    policy = make_policy(CONFIG, SLO(ttft_p90_s=2.0))
+    assert policy.desired(_measured(_signal(100.0, [0, 0, 0], 8.5, ttft_s=0.5, startup_s=89.0))) == 3  # met
+    assert policy.desired(served) == 4  # 8.5 req/s 80 s ago needs 4 at 2.67
 
 
 def test_a_sustained_overload_still_scales():
@@ -205,7 +242,7 @@ def test_one_fewer_only_on_a_window_of_evidence():
     assert policy.desired(dataclasses.replace(quiet, evidence_s=15.0)) == 2
     assert policy.desired(dataclasses.replace(quiet, evidence_s=CONFIG.window_s)) == 1
     # a miss on the same little evidence still scales up
-    assert policy.desired(dataclasses.replace(_signal(15.0, [0, 0], 2.0), evidence_s=15.0)) == 3
+    assert policy.desired(dataclasses.replace(_signal(15.0, [0, 0], 2.0, ages=(3.0,)), evidence_s=15.0)) == 3
 
 
 class _Scripted(_Recorder):

@@ -40,7 +40,7 @@ def _started_while_starting(elastic) -> list[float]:
 def test_one_surge_does_not_start_a_replica_per_evaluation():
     settled, unsettled = _run("slo", 80.0, 120.0, True), _run("slo", 80.0, 120.0, False)
     started = [sum(len(e.replicas) for e in r.events if e.direction == "up") for r in (settled, unsettled)]
-    assert started[1] >= 6 and _started_while_starting(unsettled)  # the overshoot, one per evaluation
+    assert started[1] >= 4 and _started_while_starting(unsettled)  # the overshoot, one per evaluation
     assert 1 <= started[0] <= 3 and not _started_while_starting(settled)
 
 
@@ -48,6 +48,8 @@ def test_one_surge_does_not_start_a_replica_per_evaluation():
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(["utilisation", "queue", "slo"]), rate=st.sampled_from([40.0, 80.0, 160.0]),
        seed=st.integers(0, 3))
-def test_no_replica_starts_while_another_is_starting(policy, rate, seed):
+def test_a_steady_surge_starts_no_replica_while_another_is_starting(policy, rate, seed):
+    # the surge's rate is read at the first decision and does not grow after: nothing for the rate to
+    # add while those replicas start (a surge that grows meanwhile does: test_autoscale_loaded.py)
     elastic = _run(policy, rate, 90.0, True, seed)
     assert not _started_while_starting(elastic)
