@@ -51,6 +51,11 @@ class SimConfig:
     kernel runs it, waiting on its longest programs where they are too few to keep the memory busy
     (sim.decode_programs; needs the hardware's num_sms and decode_program_bandwidth, else nothing
     changes). False: by the step's total context alone.
+    fleet_intake: a fleet of simulated replicas (fleet.replicas, fleet=disaggregated's prefill pool,
+    an autoscaled fleet) prices the engine fleet's request intake: the router's hand-over of each
+    request to its replica's process, measured on the GPU host (profiles/<hardware>/fleet_intake.json,
+    harness.fleet.intake; engine.core.intake). A single run has none. False: a replica sees a request
+    at its arrival.
     """
 
     cost_model: str = "roofline"
@@ -65,6 +70,7 @@ class SimConfig:
     moe_routing_shared_prefix: bool = False
     fast_forward: bool = True
     decode_programs: bool = True
+    fleet_intake: bool = False
     host_scale: float = 1.0
     host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
@@ -89,7 +95,7 @@ class SimConfig:
         if not isinstance(self.moe_routing_shared_prefix, bool):
             raise ValueError(f"SimConfig.moe_routing_shared_prefix must be true or false, "
                              f"got {self.moe_routing_shared_prefix!r}")
-        for name in ("fast_forward", "decode_programs"):
+        for name in ("fast_forward", "decode_programs", "fleet_intake"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
