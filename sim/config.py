@@ -62,6 +62,11 @@ class SimConfig:
     again in one decode step, where its profile did not measure them: "additive" (each at L2's
     price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
     the memory and L2 pipes, so a few repeats cost nothing: sim.overlapped_reads).
+    fleet_intake: a fleet of simulated replicas (fleet.replicas, fleet=disaggregated's prefill pool,
+    an autoscaled fleet) prices the engine fleet's request intake: the router's hand-over of each
+    request to its replica's process, measured on the GPU host (profiles/<hardware>/fleet_intake.json,
+    harness.fleet.intake; engine.core.intake). A single run has none. False: a replica sees a request
+    at its arrival.
     """
 
     cost_model: str = "roofline"
@@ -79,6 +84,7 @@ class SimConfig:
     fast_forward: bool = True
     decode_programs: bool = True
     repeated_reads: str = "additive"
+    fleet_intake: bool = False
     host_scale: float = 1.0
     host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
@@ -110,7 +116,7 @@ class SimConfig:
         if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
-        for name in ("fast_forward", "decode_programs"):
+        for name in ("fast_forward", "decode_programs", "fleet_intake"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         check_rule(self.repeated_reads, "SimConfig.repeated_reads")

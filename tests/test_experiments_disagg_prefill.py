@@ -72,10 +72,13 @@ def test_probe_runs_every_condition_on_cpu(tmp_path, peer):
     assert prefill_probe.main(["--cpu", "--tokens", "16,24", "--repeats", "2", "--gap-ms", "1", *extra,
                                "--out", str(out)]) == 0
     steps = pd.read_csv(out / "probe_steps.csv")
-    expected = prefill_probe.CONDITIONS if peer else prefill_probe.CONDITIONS[:3]
+    expected = [c for c in prefill_probe.CONDITIONS if peer or c not in prefill_probe.PEER_CONDITIONS]
     assert list(dict.fromkeys(steps["condition"])) == list(expected)
     assert len(steps) == 2 * 2 * len(expected) and (steps["duration_s"] > 0).all()
     handover = steps[steps["condition"] == "handover"]
     assert handover["hop_s"].gt(0).all() if peer else handover.empty
+    parts = steps[steps["condition"] == "idle_parts"]
+    assert parts["build_s"].gt(0).all() and parts["anchor_s"].isna().all()  # no device clock on CPU
+    assert steps.loc[steps["condition"] != "idle_parts", "build_s"].isna().all()
     summary = pd.read_csv(out / "probe_summary.csv")
     assert len(summary) == 2 * len(expected) and summary["slow_share"].between(0, 1).all()

@@ -63,7 +63,7 @@ class FastRun(Booking):
         """The replica's tick: admit what has arrived, then advance()."""
         replica = self.replica
         inbox = replica.inbox
-        if inbox and inbox[0].arrival_time <= self.t:
+        if inbox and replica.sees(self.t):
             replica.admit(self.t)
         if replica.horizon() <= self.t:
             # the fleet allows no booked step now (a disaggregated fleet whose requests wait for a

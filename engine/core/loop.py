@@ -17,6 +17,7 @@ from engine.core.clock import Clock, SimulatedClock, WallClock
 from engine.core.executor import Executor, PendingStep
 from engine.core.fast_forward import DecodeRunner, fast_forward
 from engine.core.fast_forward_run import FastRun
+from engine.core.intake import Intake
 from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.records import ArrivalFeed, RequestRecords, StepTotals
 from engine.core.request import Request
@@ -79,6 +80,9 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         # clock, by an executor that prices them so.
         self.runner = executor if isinstance(executor, DecodeRunner) and isinstance(clock, SimulatedClock) else None
         self.fast: FastRun | None = None  # a booked run waiting at the horizon for the next tick
+        # a multi-process fleet's request intake (engine.core.intake); None: the loop sees a request
+        # at its arrival, as a single run's does
+        self.intake: Intake | None = None
 
     # ---- what routers read ----------------------------------------------------------------
 
@@ -97,24 +101,53 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
 
     # ---- the loop body --------------------------------------------------------------------
 
+    def next_seen(self) -> float:
+        """When this replica's loop sees the head of its (non-empty) inbox: at its arrival, or a fleet's
+        intake after it, in one message with every request routed here at the same arrival (the
+        engine's router sends a replica all its arrivals due at once together)."""
+        inbox = self.inbox
+        head = inbox[0]
+        intake = self.intake
+        if intake is None:
+            return head.arrival_time
+        t = head.arrival_time
+        tokens = 0
+        for request in inbox:
+            if request.arrival_time != t:
+                break
+            tokens += request.num_prompt_tokens
+        return t + intake.delay_s(tokens)
+
+    def sees(self, now: float) -> bool:
+        """Whether this replica's loop, iterating at `now`, sees the head of its inbox: one that
+        is stepping (engine.core.intake) reads its pipe its intake's poll_lag_s after `now`."""
+        seen = self.next_seen()
+        intake = self.intake
+        if intake is not None and (self.in_flight is not None or self.scheduler.has_unfinished()):
+            seen -= intake.poll_lag_s
+        return seen <= now
+
     def next_event_time(self) -> float:
         """When this replica's next iteration starts; inf when it has nothing to do."""
         now = self.clock.now()
         if self.scheduler.has_unfinished() or self.in_flight is not None:
             return now
         if self.inbox:
-            return max(now, self.inbox[0].arrival_time)
+            return max(now, self.next_seen())
         return math.inf
 
     def admit(self, now: float) -> None:
-        while self.inbox and self.inbox[0].arrival_time <= now:
-            request = self.inbox.popleft()
-            try:
-                self.scheduler.add(request)
-            except ValueError as error:
-                self.result.rejected[request.request_id] = str(error)
-                if self.submitted is not None:
-                    del self.submitted[request.request_id]
+        inbox = self.inbox
+        while inbox and self.sees(now):
+            arrival = inbox[0].arrival_time
+            while inbox and inbox[0].arrival_time == arrival:  # one message (next_seen)
+                request = inbox.popleft()
+                try:
+                    self.scheduler.add(request)
+                except ValueError as error:
+                    self.result.rejected[request.request_id] = str(error)
+                    if self.submitted is not None:
+                        del self.submitted[request.request_id]
 
     def tick(self) -> None:
         """One iteration: admit what has arrived, then plan and execute (or submit) a step (or, in
@@ -127,14 +160,14 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
                 return
         now = self.clock.now()
         inbox = self.inbox
-        if inbox and inbox[0].arrival_time <= now:
+        if inbox and self.sees(now):
             self.admit(now)
         scheduler = self.scheduler
         if not scheduler.has_unfinished():
             if self.in_flight is not None:  # it only computes tokens of requests that already stopped
                 self.finish_in_flight()
             elif self.inbox:
-                self.clock.wait_until(self.inbox[0].arrival_time)
+                self.clock.wait_until(self.next_seen())
             return
         plan = scheduler.schedule(now)
         if not plan.scheduled:  # plan.is_empty, without a property call on every step
@@ -154,9 +187,14 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
             self.fast = fast_forward(self, plan, self.runner)
 
     def horizon(self) -> float:
-        """A step may start only before this: the next arrival, or the fleet's next routing."""
+        """A step may start only before this: the next request the loop sees (a stepping loop's:
+        Replica.sees), or the fleet's next routing."""
         inbox = self.inbox
-        return min(self.stop_at, inbox[0].arrival_time) if inbox else self.stop_at
+        if not inbox:
+            return self.stop_at
+        intake = self.intake
+        lag = intake.poll_lag_s if intake is not None else 0.0
+        return min(self.stop_at, self.next_seen() - lag)
 
     def finish_in_flight(self) -> None:
         assert self.in_flight is not None, "only a step in flight can finish"

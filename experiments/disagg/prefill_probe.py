@@ -11,6 +11,10 @@ graph, above it they run eager), is stepped --repeats times in each condition:
   back_to_back   submitted before the previous step's result is read (how the profile's grid runs)
   idle_sleep     after an idle gap of --gap-ms, the host blocked on a pipe (as a replica's loop waits)
   idle_spin      the same gap with the host spinning (its CPU kept awake)
+  idle_parts     the idle_sleep gap, then the host work submit() does on an idle device before the
+                 step's first device work, each part timed alone just before the step: anchor_s,
+                 the device clock's anchor (engine.overlap.DeviceClock.set_anchor: an event recorded
+                 and waited on; CUDA only), and build_s, building the batch (ModelRunner.build_batch)
   handover       the gap ends with a request-sized message from another process (the router's
                  hand-over); hop_s runs from its send to the step's submit()
   send_inflight  after the gap, a --send-tokens request's KV is gathered and sent to the peer
@@ -20,8 +24,8 @@ graph, above it they run eager), is stepped --repeats times in each condition:
 
 Per step (probe_steps.csv): duration_s (the device's span, as the engine measures served steps;
 wall time on CPU), launch_s (the host time of submit()), gc_s (collections during the step),
-hop_s. probe_summary.csv, per condition and shape: median and mean duration, the share of steps
-over 1.4x the back-to-back median, median launch and hop.
+hop_s, anchor_s and build_s. probe_summary.csv, per condition and shape: median and mean duration,
+the share of steps over 1.4x the back-to-back median, median launch, hop, anchor and build.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import pandas as pd
 
 from experiments.fidelity.loop_probe import GcTimer
 
-CONDITIONS = ("back_to_back", "idle_sleep", "idle_spin", "handover", "send_inflight", "send_before")
+CONDITIONS = ("back_to_back", "idle_sleep", "idle_spin", "idle_parts", "handover", "send_inflight", "send_before")
+PEER_CONDITIONS = ("handover", "send_inflight", "send_before")  # need the second process
 SLOW = 1.4
 
 
@@ -129,6 +134,20 @@ class Probe:
         return {"duration_s": duration, "launch_s": launch, "submit_at": t,
                 "gc_s": sum(r["pause_s"] for r in self.gc.rows[collected:])}
 
+    def host_parts(self, plan) -> dict:
+        """The host work of submit() on an idle device before the step's first device work, timed
+        part by part (the idle_parts condition)."""
+        from engine.overlap import DeviceClock
+
+        anchor = np.nan
+        if self.executor.device.type == "cuda":
+            started = time.perf_counter()
+            DeviceClock().set_anchor()
+            anchor = time.perf_counter() - started
+        started = time.perf_counter()
+        self.executor.runner.build_batch(plan)
+        return {"anchor_s": anchor, "build_s": time.perf_counter() - started}
+
     def condition(self, name: str, plan, repeats: int) -> list[dict]:
         gap = self.args.gap_ms / 1e3
         rows = []
@@ -142,9 +161,12 @@ class Probe:
                 pending = following
             return rows
         for _ in range(repeats):
-            hop, move = np.nan, None
+            hop, move, parts = np.nan, None, {}
             if name == "idle_sleep":
                 self.pipe[0].poll(gap)
+            elif name == "idle_parts":
+                self.pipe[0].poll(gap)
+                parts = self.host_parts(plan)
             elif name == "idle_spin":
                 end = time.perf_counter() + gap
                 while time.perf_counter() < end:
@@ -163,7 +185,7 @@ class Probe:
             row = self.step(plan)
             if move is not None:  # done before the next gap, and before its copy is freed
                 self.finish(move)
-            rows.append({**row, "hop_s": hop})
+            rows.append({**row, "hop_s": hop, **parts})
         return rows
 
     def run(self) -> pd.DataFrame:
@@ -171,7 +193,7 @@ class Probe:
 
         args = self.args
         sends = 2 * args.repeats * len(args.tokens) if args.peer else 0
-        conditions = [c for c in CONDITIONS if args.peer or c not in ("handover", "send_inflight", "send_before")]
+        conditions = [c for c in CONDITIONS if args.peer or c not in PEER_CONDITIONS]
         if args.peer:
             self.start_children(sends)
         out = []
@@ -196,11 +218,14 @@ class Probe:
 def summarize(steps: pd.DataFrame) -> pd.DataFrame:
     base = steps[steps["condition"] == "back_to_back"].groupby("tokens")["duration_s"].median()
     steps = steps.assign(slow=steps["duration_s"] > SLOW * steps["tokens"].map(base))
+    for column in ("hop_s", "anchor_s", "build_s"):  # only some conditions time them
+        if column not in steps:
+            steps[column] = np.nan
     table = steps.groupby(["tokens", "regime", "condition"], sort=False).agg(
         steps=("duration_s", "size"), median_ms=("duration_s", "median"), mean_ms=("duration_s", "mean"),
         slow_share=("slow", "mean"), launch_ms=("launch_s", "median"), hop_ms=("hop_s", "median"),
-        gc_ms=("gc_s", "sum"))
-    for column in ("median_ms", "mean_ms", "launch_ms", "hop_ms", "gc_ms"):
+        anchor_ms=("anchor_s", "median"), build_ms=("build_s", "median"), gc_ms=("gc_s", "sum"))
+    for column in ("median_ms", "mean_ms", "launch_ms", "hop_ms", "anchor_ms", "build_ms", "gc_ms"):
         table[column] *= 1e3
     return table.reset_index()
 

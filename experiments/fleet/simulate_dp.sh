@@ -4,7 +4,8 @@
 # carried to the H200 by sim.transfer), then compare_fleet.py tabulates both.
 #   bash experiments/fleet/simulate_dp.sh OUT [SIMS]
 # SIMS (default OUT) receives the sim_<case>/ folders and the comparison tables, so the same
-# engine runs can be compared with several profiles.
+# engine runs can be compared with several profiles; EXTRA: more overrides for every simulated run
+# (e.g. EXTRA=backend.fleet_intake=true); SCRATCH: where the runs are written first (default /tmp/dp_sim).
 set -euo pipefail
 OUT=${1:?the folder validate_dp.sh wrote}
 SIMS=${2:-$OUT}
@@ -19,9 +20,9 @@ RATE=$(python -c "import re; print(re.search(r'rate ([0-9.]+)', open('$OUT/rate.
 for router in round_robin least_requests; do
   for name in poisson trace; do
     python -m harness $COMMON fleet.replicas=2 router=$router $(workload_of "$name" "$RATE") \
-        backend.cost_model=profiled backend.profile_path="$PROFILE" hydra.run.dir="/tmp/dp_sim/sim_${name}_${router}"
+        backend.cost_model=profiled backend.profile_path="$PROFILE" ${EXTRA:-} hydra.run.dir="${SCRATCH:-/tmp/dp_sim}/sim_${name}_${router}"
     mkdir -p "$SIMS/sim_${name}_${router}"
-    cp "/tmp/dp_sim/sim_${name}_${router}/summary.csv" "$SIMS/sim_${name}_${router}/"
+    cp "${SCRATCH:-/tmp/dp_sim}/sim_${name}_${router}/summary.csv" "$SIMS/sim_${name}_${router}/"
   done
 done
 python experiments/fleet/compare_fleet.py "$OUT" --sims "$SIMS"

@@ -36,6 +36,7 @@ from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import backend_tp_size
 from harness.fleet.disagg import _check_decode_cache, tabulate
 from harness.fleet.disagg_config import DisaggConfig, pool_run_configs, pool_staging_blocks
+from harness.fleet.intake import fleet_intake
 from harness.labels import run_identity
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
 from harness.run import cyclic_gc_paused, require_served, write_tables
@@ -88,13 +89,18 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
 
+    intake = fleet_intake(pools[0])  # requests reach the prefill replicas' processes
+
     def maker(p: int, kind: type):
         def make(index: int):
             executor = probes[p] if index == 0 else build_sim_executor(
                 pools[p].model, pools[p].hardware, pools[p].sim, pools[p].cache, pools[p].scheduler,
                 staging_blocks=staging[p])
-            return kind(index, make_scheduler(pools[p].scheduler, infos[p], pools[p].cache), executor,
-                        SimulatedClock())
+            replica = kind(index, make_scheduler(pools[p].scheduler, infos[p], pools[p].cache), executor,
+                           SimulatedClock())
+            if p == 0:
+                replica.intake = intake
+            return replica
         return make
 
     routers = [make_router(RouterConfig(name or router.name, router.prefix_blocks, router.max_imbalance),

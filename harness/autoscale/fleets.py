@@ -18,6 +18,7 @@ from harness.autoscale.capacity import replica_limits
 from harness.autoscale.config import AutoscaleConfig
 from harness.config import RunConfig
 from harness.convert import ConfigError
+from harness.fleet.intake import fleet_intake
 from harness.run import cyclic_gc_paused
 
 Serve = Callable[[Sequence[Request], Router, Scaling, "ScalingPolicy | None", "FleetStepHook | None"], ElasticResult]
@@ -61,11 +62,14 @@ def _sim(one: RunConfig, initial: int) -> Iterator[ElasticFleet]:
 
     probe = build_sim_executor(one.model, one.hardware, one.sim, one.cache, one.scheduler)
     info = probe.info()
+    intake = fleet_intake(one)  # the engine's elastic fleet: replica processes, even one
 
     def make_replica(index: int) -> Replica:
         executor = probe if index == 0 else build_sim_executor(one.model, one.hardware, one.sim, one.cache,
                                                                one.scheduler)
-        return Replica(index, make_scheduler(one.scheduler, info, one.cache), executor, SimulatedClock())
+        replica = Replica(index, make_scheduler(one.scheduler, info, one.cache), executor, SimulatedClock())
+        replica.intake = intake
+        return replica
 
     def serve(requests, router, scaling, policy, on_step) -> ElasticResult:
         with cyclic_gc_paused():

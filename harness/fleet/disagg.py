@@ -32,6 +32,7 @@ from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import backend_tp_size
 from harness.fleet.disagg_config import DisaggConfig, pool_run_configs, pool_staging_blocks
+from harness.fleet.intake import fleet_intake, with_intake
 from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
@@ -73,6 +74,7 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
                for i, e in enumerate(executors[0])]
     decode = [DecodeReplica(i, make_scheduler(pools[1].scheduler, infos[1], pools[1].cache), e, SimulatedClock())
               for i, e in enumerate(executors[1])]
+    with_intake(prefill, fleet_intake(pools[0]))  # requests reach the prefill replicas' processes
     routers = [make_router(RouterConfig(name or router.name, router.prefix_blocks, router.max_imbalance),
                            rc.cache.block_size) for name in (fleet.prefill_router, fleet.decode_router)]
     tps = [backend_tp_size(p) for p in pools]

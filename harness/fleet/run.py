@@ -31,6 +31,7 @@ from engine.core.routers import RouterConfig, make_router
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
+from harness.fleet.intake import fleet_intake
 from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
@@ -73,10 +74,13 @@ def _sim_fleet(rcs: list[RunConfig], keep_steps: bool, samples: SampledTokens | 
 
     executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler, samples=samples) for r in rcs]
     infos = [e.info() for e in executors]
+    intakes = [fleet_intake(r) for r in rcs]  # the engine fleet's replicas are processes: its hand-over
 
     def serve(requests, route, on_step) -> FleetResult:
         replicas = [Replica(i, make_scheduler(rc.scheduler, info, rc.cache), e, SimulatedClock())
                     for i, (e, info, rc) in enumerate(zip(executors, infos, rcs))]
+        for replica, intake in zip(replicas, intakes):
+            replica.intake = intake
         if not keep_steps:
             for replica in replicas:
                 replica.result.step_totals = StepTotals()
