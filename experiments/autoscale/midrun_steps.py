@@ -52,7 +52,8 @@ def cost_model(hardware: str, profile: Path | None = None, **settings):
     chosen = [] if profile is None else [f"backend.profile_path={profile}"]
     rc = midrun_dp.compose(midrun_dp.fleet_overrides(args, hardware) + ["backend=sim", "backend.cost_model=profiled",
                                                                         *chosen])[0]
-    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens,
+                                 max_model_len=rc.scheduler.max_model_len)
     return make_cost_model(rc.model, rc.hardware, rc.sim, graphs), graphs, rc.workload.temperature > 0
 
 
@@ -114,7 +115,10 @@ def price(model, graphs, seeded: bool, steps: pd.DataFrame, chunks, lens) -> tup
     for i, kind in enumerate(steps["kind"].to_numpy()):
         features = _features(kind, chunks[i], lens[i], graphs, seeded)
         if kind == "decode" and programs is not None and programs.applies(len(lens[i])):
-            features[PROGRAM_EXCESS] = excess[i] = programs.excess_s(lens[i], per_token)
+            # a graph launches with the split count it was captured with, as the simulator prices it
+            graph = ((int(features["graph_batch_size"]), graphs.decode_context)
+                     if features["cuda_graph"] and graphs.decode_context else None)
+            features[PROGRAM_EXCESS] = excess[i] = programs.excess_s(lens[i], per_token, graph)
         if i and starts[i] - (starts[i - 1] + durations[i - 1]) > durations[i - 1]:
             previous = None
         alone = model.predict_features(features)

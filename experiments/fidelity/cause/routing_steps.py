@@ -66,7 +66,8 @@ def cell_cost(args):
             "moe_routing_locality": args.moe_routing_locality}
     rc = sim_run_config(rc, "profiled", str(args.profile), meta)
     rc = dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, execution=base.sim.execution, fast_forward=False))
-    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens)
+    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens,
+                                 max_model_len=rc.scheduler.max_model_len)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return rc, make_cost_model(rc.model, rc.hardware, rc.sim, graphs)
