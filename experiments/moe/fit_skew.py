@@ -1,6 +1,6 @@
 """The routing skew an engine run measured: fit sim.moe's Zipf exponent to its expert counts.
 
-    python experiments/moe/fit_skew.py experiments/moe/h200_run3/expert_counts_counts.csv --top-k 8
+    python experiments/moe/fit_skew.py experiments/moe/h200_run3/expert_counts_counts.csv.gz --top-k 8
 
 Input: an expert_counts CSV (layer, expert, tokens; engine.expert_counts), written by a harness
 engine run with backend.record_expert_counts=true or by bench_engine.py's `counts` variant.
