@@ -23,17 +23,8 @@ from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
 from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
 from engine.core.disagg_fleet import run_stop
 from engine.core.elastic_limits import at_limit, budget_bound
-from engine.core.elastic_states import (
-    Finished,
-    FleetSignal,
-    Lifetime,
-    ReplicaSignal,
-    ScaleEvent,
-    Scaling,
-    ScalingPolicy,
-    SimulatedStates,
-    finished_latencies,
-)
+from engine.core.elastic_states import Finished, Lifetime, ScaleEvent, Scaling, SimulatedStates, finished_latencies
+from engine.core.fleet_signal import FleetSignal, ReplicaSignal, ScalingPolicy
 from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router

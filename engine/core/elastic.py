@@ -24,19 +24,16 @@ from engine.core.elastic_states import (
     ColdStart,
     Demanded,
     ElasticResult,
-    FleetSignal,
     FleetStates,
     Lifetime,
-    ReplicaSignal,
     ScaleEvent,
     Scaling,
-    ScalingPolicy,
-    Served,
     SimulatedStates,
     finished_latencies,
     scale_by,
 )
 from engine.core.fleet import FleetResult, _in_submission_order, _route, _run_until
+from engine.core.fleet_signal import FleetSignal, ReplicaSignal, ScalingPolicy, Served
 from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import Request
 from engine.core.routers import Router

@@ -22,16 +22,9 @@ from collections.abc import Iterable
 from typing import Protocol, cast
 
 from engine.core.elastic import closed
-from engine.core.elastic_states import (
-    ElasticResult,
-    FleetSignal,
-    FleetStates,
-    ReplicaSignal,
-    ScaleEvent,
-    Scaling,
-    ScalingPolicy,
-)
+from engine.core.elastic_states import ElasticResult, FleetStates, ScaleEvent, Scaling
 from engine.core.fleet import ReplicaLinks, _collect, _in_submission_order, _route, timeout_until
+from engine.core.fleet_signal import FleetSignal, ReplicaSignal, ScalingPolicy
 from engine.core.loop import FleetStepHook, RunResult, StepLog, WallClock
 from engine.core.remote_replica import ReplicaView, Report
 from engine.core.request import Request

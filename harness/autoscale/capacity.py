@@ -1,4 +1,4 @@
-"""A replica's resources for sizing a fleet on the demand (engine.core.elastic_states.ReplicaLimits):
+"""A replica's resources for sizing a fleet on the demand (engine.core.elastic_limits.ReplicaLimits):
 its sequence slots, its KV cache in tokens, and the tokens per second its steps compute at its full
 token budget, priced by the simulator's own step model.
 

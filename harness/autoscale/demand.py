@@ -4,7 +4,7 @@ rate against what a replica serves (its binding resource), not on the backlog qu
 A queue built on the serving replicas stays there (requests do not move), so a new replica only
 ever takes a share of the arrivals; and a replica that still holds a queue when a new one begins to
 serve works through its own queue first (a least-loaded router sends arrivals elsewhere), taking
-none of the arrivals meanwhile. Both follow from the fleet's signal (engine.core.elastic_states.
+none of the arrivals meanwhile. Both follow from the fleet's signal (engine.core.fleet_signal.
 FleetSignal: the arrival rate since the previous evaluation, the mean time in service, each
 replica's queue, the start-up time) by Little's law, with no threshold of their own.
 """

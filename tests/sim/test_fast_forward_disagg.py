@@ -15,7 +15,8 @@ from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.disagg_elastic import run_disaggregated_elastic
 from engine.core.disagg_fleet import run_disaggregated
-from engine.core.elastic_states import ColdStart, FleetSignal, Scaling
+from engine.core.elastic_states import ColdStart, Scaling
+from engine.core.fleet_signal import FleetSignal
 from engine.core.loop import SimulatedClock
 from engine.core.routers import ROUTER_REGISTRY
 from tests.core.test_disagg import LinearPricer
