@@ -48,17 +48,11 @@ import pandas as pd
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
-from sim.features import (
-    MOE_FEATURES,
-    ROUTING_GROUPS,
-    DistinctExperts,
-    as_graph_sizes,
-    row_read_sequences,
-    step_features,
-)
+from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
 from sim.host_draws import host_draw
 from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
+from sim.profiled_features import with_expected_experts, with_program_excess
 from sim.profiled_overlap import behind_itself, overlapped_duration
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
@@ -198,20 +192,7 @@ class ProfiledCostModel:
             yield self._price(self._with_programs(step, plan, j), plan.stats.step + j)
 
     def _with_programs(self, features: dict[str, float], plan: StepPlan, ahead: int) -> dict[str, float]:
-        """features, with what the decode kernel's longest programs add to a decode-only step
-        (sim.decode_programs), its contexts `ahead` tokens longer than plan's."""
-        programs = self.decode_programs
-        if programs is None or features["num_prefill_tokens"] or not features["num_decode_tokens"] \
-                or not programs.applies(len(plan.scheduled)):  # most steps: no per-sequence work
-            return features
-        used = self.fits[next(r for r in FALLBACK[regime_of(features)] if r in self.fits)]
-        per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
-        lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
-        # a graph launches with the split count it was captured with (sim.decode_programs)
-        context = self.graphs.decode_context
-        graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
-        features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token, graph)
-        return features
+        return with_program_excess(features, plan, ahead, self.decode_programs, self.fits, self.graphs)
 
     def _price(self, features: dict[str, float], step: int) -> float:
         if self.host_jitter:
@@ -293,7 +274,9 @@ class ProfiledCostModel:
         column and an overlapping profile, eager and prefill graph steps are priced after their
         measured predecessor; a row without one as the grid measured it, behind a repeat of itself."""
         df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
-        rows = self._with_expected_experts(df).to_dict("records")
+        # a served run's table may lack the MoE column: filled as step_time() prices a simulated step
+        rows = with_expected_experts(df, self.uses_moe_features, self.distinct_experts,
+                                     self.shared_prefix_routing).to_dict("records")
         predicted = np.array([self.predict_features(row) for row in rows])
         if self.prices_overlap:
             launches = [self._part("launch", row) for row in rows]
@@ -305,21 +288,6 @@ class ProfiledCostModel:
         if include_host:
             predicted += np.array([self.host_time(row) for row in rows])
         return predicted
-
-    def _with_expected_experts(self, df: pd.DataFrame) -> pd.DataFrame:
-        """df with the MoE column where the fits price it and the table lacks it (a served run's
-        steps: the engine reads its expert counter back only for the profiling grid), filled with
-        the expected count of each step's sequences and graph padding (sim.features.row_read_sequences),
-        as step_time() prices a simulated step."""
-        if all(name in df.columns for name in MOE_FEATURES) or not self.uses_moe_features:
-            return df
-        if self.distinct_experts is None:
-            raise ValueError(f"the step table lacks {list(MOE_FEATURES)} and this mixture-of-experts profile has no "
-                             "routing to derive it from (sim.cost_model.make_cost_model sets distinct_experts)")
-        distinct = self.distinct_experts
-        shared = self.shared_prefix_routing and ROUTING_GROUPS in df.columns
-        expected = [distinct(row_read_sequences(row, shared)) for row in df.to_dict("records")]
-        return df.assign(**{name: expected for name in MOE_FEATURES})
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:
         if (regime, name) not in self._warned:

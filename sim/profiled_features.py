@@ -1,0 +1,51 @@
+"""Features the profiled cost model (sim.profiled) adds to a step before its fits price it: what the
+decode kernel's longest programs add to a decode-only step (sim.decode_programs), and, for a step
+table that lacks them, a mixture-of-experts model's expected distinct experts (sim.features.MOE_FEATURES).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from engine.core.graph_sizes import GraphSizes
+from engine.core.plan import StepPlan
+from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
+from sim.features import MOE_FEATURES, ROUTING_GROUPS, DistinctExperts, row_read_sequences
+from sim.piecewise import PiecewiseLinearFit
+from sim.profiled_regimes import FALLBACK, regime_of
+
+
+def with_program_excess(features: dict[str, float], plan: StepPlan, ahead: int, programs: DecodePrograms | None,
+                        fits: Mapping[str, PiecewiseLinearFit], graphs: GraphSizes) -> dict[str, float]:
+    """features, with what the decode kernel's longest programs add to a decode-only step
+    (sim.decode_programs), its contexts `ahead` tokens longer than plan's; features as they are
+    without programs or where they do not apply."""
+    if programs is None or features["num_prefill_tokens"] or not features["num_decode_tokens"] \
+            or not programs.applies(len(plan.scheduled)):  # most steps: no per-sequence work
+        return features
+    used = fits[next(r for r in FALLBACK[regime_of(features)] if r in fits)]
+    per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
+    lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
+    # a graph launches with the split count it was captured with (sim.decode_programs)
+    context = graphs.decode_context
+    graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
+    features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token, graph)
+    return features
+
+
+def with_expected_experts(df: pd.DataFrame, uses_moe_features: bool, distinct: DistinctExperts | None,
+                          shared_prefix_routing: bool) -> pd.DataFrame:
+    """df with the MoE column where the fits price it (uses_moe_features) and the table lacks it (a
+    served run's steps: the engine reads its expert counter back only for the profiling grid),
+    filled with the expected count of each step's sequences and graph padding
+    (sim.features.row_read_sequences), as the model prices a simulated step."""
+    if all(name in df.columns for name in MOE_FEATURES) or not uses_moe_features:
+        return df
+    if distinct is None:
+        raise ValueError(f"the step table lacks {list(MOE_FEATURES)} and this mixture-of-experts profile has no "
+                         "routing to derive it from (sim.cost_model.make_cost_model sets distinct_experts)")
+    shared = shared_prefix_routing and ROUTING_GROUPS in df.columns
+    expected = [distinct(row_read_sequences(row, shared)) for row in df.to_dict("records")]
+    return df.assign(**{name: expected for name in MOE_FEATURES})
