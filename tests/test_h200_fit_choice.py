@@ -87,3 +87,17 @@ def test_resim_prices_both_fleets_with_the_profile_given(argv, profile, monkeypa
     with pytest.raises(Priced) as priced:
         resim.main(["--run", str(REPO / "experiments" / "disagg" / "h200_run1"), "--aggregated", *argv])
     assert priced.value.args == (profile,)
+
+
+def test_resim_prices_an_unshipped_model_with_its_h100_profile_carried_as_the_call_did(monkeypatch):
+    def first_cell(setup, *args, **kwargs):
+        raise Priced(setup.model, setup.profile)
+
+    monkeypatch.setattr(resim, "simulate", first_cell)
+    with pytest.raises(Priced) as priced:
+        resim.main(["--run", str(REPO / "experiments" / "disagg" / "h200_8b_run1")])
+    model, profile = priced.value.args
+    assert model == "qwen3-8b" and Path(profile).name == "qwen3-8b_h200_from_h100.csv"
+    committed = REPO / "experiments" / "disagg" / "h200_goodput_8b" / "qwen3-8b_h200_from_h100.csv"
+    ours, call = pd.read_csv(profile), pd.read_csv(committed)  # the call's own carried fit, to the last bits
+    pd.testing.assert_frame_equal(ours, call, rtol=1e-12)

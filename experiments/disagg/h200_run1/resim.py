@@ -9,8 +9,8 @@ side (the call's own, from its settings.json, come first).
 DIR: a call's folder with runs.csv and settings.json (default: this one; e.g.
 experiments/disagg/h200x4_pd_mixes/measure_1P3D). Prints each cell's errors against the measured
 row in runs.csv (the targets of tables.TARGETS) and writes resim_<label>.csv into DIR (or --out).
---profile: the profiled model both fleets are priced with (default: the shipped H200 profile; another
-fit of the same GPU, e.g. a fresh grid's, to weigh one fit against another).
+--profile: the profiled model both fleets are priced with (default: the call's own, call_profile; another
+fit of the same GPU, e.g. a fresh grid's, to weigh one fit against another). The model is the call's.
 --aggregated: the aggregated fleet's cells too (fleet column), as cells.simulate prices them.
 --keep-steps DIR2: per cell, the call's measured steps (DIR's steps_*.csv.gz from `measure
 --keep-steps`) beside the re-simulated ones, in DIR2, for experiments/disagg/step_report.py.
@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.disagg.cells import simulate
-from experiments.disagg.common import Pools, Setup
+from experiments.disagg.common import Pools, Setup, profile_for
 from experiments.disagg.kept_steps import STEP_COLUMNS, kept_name, read_kept, side_steps
 from experiments.disagg.tables import TARGETS
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
@@ -36,7 +36,21 @@ HERE = Path(__file__).resolve().parent
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s", "transfer_p50_s",
            "transfer_wait_p90_s")
 TRACE = Path("/work/main/.traces/azure_conv_2023.csv")  # the call's (settings.json "trace")
-PROFILE = "profiles/h200/qwen3-0.6b.csv"  # the calls' own (settings.json)
+PROFILE = "profiles/h200/qwen3-0.6b.csv"  # the Qwen3-0.6B calls' own (settings.json)
+
+
+def call_profile(run: Path, model: str) -> str:
+    """The profile the call priced its simulated side with: the shipped profiles/h200/<model>.csv, else
+    the H100 one carried to the H200 (common.profile_for, as the call did; written under a scratch folder
+    of the system's temporary directory, the same file every time)."""
+    import tempfile
+
+    shipped = Path("profiles") / "h200" / f"{model}.csv"
+    if shipped.is_file():
+        return str(shipped)
+    scratch = Path(tempfile.gettempdir()) / "disagg_resim_profiles"
+    scratch.mkdir(exist_ok=True)
+    return profile_for("h200", model, scratch)[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", default=str(HERE), help="the call's folder (runs.csv, settings.json)")
     parser.add_argument("--aggregated", action="store_true", help="the aggregated fleet's cells too")
     parser.add_argument("--out", default=None, help="the CSV to write (default: DIR/resim_<label>.csv)")
-    parser.add_argument("--profile", default=PROFILE, help="the profiled model that prices both fleets")
+    parser.add_argument("--profile", default=None,
+                        help="the profiled model that prices both fleets (default: the call's)")
     parser.add_argument("--keep-steps", default=None, help="a folder for each cell's steps, measured and re-simulated")
     args = parser.parse_args(argv)
     run = Path(args.run)
@@ -59,9 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
     measured = runs[(runs.side == "measured") & (disaggregated | args.aggregated)]
     (fleet,) = set(runs.fleet[disaggregated])
-    own = json.loads((run / "settings.json").read_text())["args"].get("overrides", [])
+    settings = json.loads((run / "settings.json").read_text())["args"]
+    own, model = settings.get("overrides", []), settings.get("model", "qwen3-0.6b")
     queue = {} if args.queue_behind_step is None else {"queue_behind_step": bool(args.queue_behind_step)}
-    setup = Setup("qwen3-0.6b", "h200", Pools.parse(fleet), profile=args.profile,
+    setup = Setup(model, "h200", Pools.parse(fleet), profile=args.profile or call_profile(run, model),
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, **queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
     keep = Path(args.keep_steps) if args.keep_steps else None
