@@ -88,6 +88,14 @@ def test_any_p_and_d_against_p_plus_d_aggregated_replicas():
     assert [setup.fleet_label(m) for m in ("disaggregated", "aggregated")] == ["3P1D", "4x"]
 
 
+@pytest.mark.parametrize("flag", [False, True])
+def test_queue_behind_step_reaches_the_simulated_link_only_when_asked(flag, tmp_path):
+    args = run_disagg.parse(["measure", "--cpu", "--out", str(tmp_path), *(["--queue-behind-step"] * flag)])
+    setup = run_disagg.make_setup(args, run_disagg.check(args))
+    link = setup.fleet("disaggregated").transfer
+    assert (setup.queue_behind_step, link.queue_behind_step, link.handshake) == (flag, flag, True)
+
+
 def test_a_call_out_of_time_skips_cells_and_says_so(tmp_path):
     _cells(tmp_path, limit_s=0.0)
     assert not (tmp_path / "compare.csv").exists()

@@ -11,7 +11,9 @@ replicas, each against its simulation with the GPU's profiled cost model, on two
 classes at each load x the fleet's measured capacity (experiments/disagg/cells.py); results as
 each cell finishes: compare.md, compare.csv, runs.csv, transfers.csv, transfer_fit.csv; with
 --keep-steps also every replica's steps, measured and simulated, per cell (steps_*.csv.gz, read by
-experiments/disagg/step_report.py).
+experiments/disagg/step_report.py). --queue-behind-step: the simulated sends wait on the prefill GPU
+for its step in flight, as the engine's BlockMover does (fleet.transfer.queue_behind_step; off, the
+committed calls' pricing; Qwen3-8B's long prefills need it: experiments/disagg/h200_8b_run1).
 goodput: the planner's pick on two scenarios, confirmed by the engine's goodput of both modes
 (experiments/disagg/goodput.py): direction.md, goodput.csv, goodput_runs.csv, plan_<scenario>/.
 plan: the planner alone, on the simulator (no GPU).
@@ -78,6 +80,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
     parser.add_argument("--keep-steps", action="store_true",
                         help="measure: every run's per-replica steps and its simulation's (steps_*.csv.gz)")
+    parser.add_argument("--queue-behind-step", action="store_true",
+                        help="the simulated side queues each send behind the prefill GPU's step in flight, as the "
+                        "engine's BlockMover does (fleet.transfer.queue_behind_step; docs/disaggregation.md)")
     parser.add_argument("--bundle", type=Path, default=None,
                         help="a .tar.gz of --out, packed again as each part finishes (a device call returns one file)")
     args = parser.parse_args(argv)
@@ -123,7 +128,8 @@ def check(args: argparse.Namespace) -> Pools:
 def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     measured = "sim" if args.dry_run else "engine"
     if args.cpu:
-        return Setup("tiny-qwen3", "cpu", pools, cpu=True, measured=measured, overrides=tuple(args.overrides))
+        return Setup("tiny-qwen3", "cpu", pools, cpu=True, measured=measured, overrides=tuple(args.overrides),
+                     queue_behind_step=args.queue_behind_step)
     if args.hardware is not None:
         hardware = args.hardware
     elif args.command == "plan" or args.dry_run:
@@ -131,7 +137,8 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     else:
         hardware = hardware_of(detect_gpus(), pools)
     profile, _ = profile_for(hardware, args.model, args.out)
-    return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides))
+    return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides),
+                 queue_behind_step=args.queue_behind_step)
 
 
 def main(argv: list[str] | None = None) -> int:
