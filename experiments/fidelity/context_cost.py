@@ -9,7 +9,7 @@ fitted by least squares on the longest context of each B against the expectation
 Where the profile carries the engine's measured counts (moe_distinct_experts with
 moe_expected_experts beside it: harness.calibration.expert_steps) they are printed next to it.
 
-    python experiments/fidelity/context_cost.py experiments/fidelity/h100_30b/profile.csv --skew 0.379 \\
+    python experiments/fidelity/context_cost.py experiments/fidelity/h100_30b/profile.csv.gz --skew 0.379 \\
         --out experiments/fidelity/h100_30b/context_cost.csv
 """
 

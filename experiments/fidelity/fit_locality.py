@@ -3,7 +3,7 @@ the held-out protocol fits it (harness.fidelity.routing.measured_locality), and 
 predicts rows it was not fitted to. For a grid recorded with per-step counts
 (harness.calibration.expert_steps: profile.csv has moe_distinct_experts and moe_expected_experts).
 
-    python experiments/fidelity/fit_locality.py experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv \
+    python experiments/fidelity/fit_locality.py experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv.gz \
         --model qwen3-30b-a3b --moe-routing-skew 0.379 --out experiments/fidelity/h100_30b_r2/locality
 
 Writes locality.json (the locality the protocol would fit, and the one fitted to single-sequence

@@ -3,7 +3,7 @@
 fit that changed after the call. Writes profile_model.csv (with the residuals the prediction
 interval resamples) and validation.csv into --out, for resimulate.py.
 
-    python experiments/fidelity/refit_profile.py experiments/fidelity/h100_30b/profile.csv \
+    python experiments/fidelity/refit_profile.py experiments/fidelity/h100_30b/profile.csv.gz \
         --out experiments/fidelity/h100_30b/refit
 
 --experts expected fits an MoE grid that recorded each step's distinct experts

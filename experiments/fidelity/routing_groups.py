@@ -2,7 +2,7 @@
 wrote them, by building the grid's plans again on the CPU (harness.calibration.grid: the same
 seed, scheduler and pool give the same shapes) and matching each row to its plan by its features.
 
-    python experiments/fidelity/routing_groups.py experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv \
+    python experiments/fidelity/routing_groups.py experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv.gz \
         --max-model-len 16384 --max-num-batched-tokens 16384 --max-num-seqs 512 --num-blocks 401 \
         --block-size 256 --vocab-size 151936 --out experiments/fidelity/h100_30b_r2/shared/profile.csv
 
