@@ -6,8 +6,9 @@ the tuned tiles of the step's token count and the alignment's scan switch); each
 0.3-0.5 s of host time. Graph capture and the memory profile's steps meet only the variants of
 their own sizes, so an eager step of another size could compile in the middle of a run (on an
 H100 the held-out protocol's prefill_heavy cells each had one such step:
-experiments/fidelity/h100_30b_r5/README.md, docs/moe-warmup.md). engine.kv_sizing runs a prefill
-of each count returned here once, eagerly, before the cache is sized or the graphs captured.
+experiments/fidelity/h100_30b_r5/README.md, docs/moe-warmup.md). engine.kv_sizing runs an eager
+prefill of each count returned here once at start-up: in the memory profile (after its peak is
+read) or, for an engine given its block count, in its warm-up.
 """
 
 from __future__ import annotations
