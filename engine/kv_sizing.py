@@ -19,6 +19,7 @@ On CPU there is nothing to profile: a fixed budget (cpu_kv_blocks).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ import torch
 from engine.core.config import SchedulerConfig
 from engine.core.plan import ScheduledRequest, StepPlan, StepStats
 from engine.core.sampling_params import SamplingParams
+from engine.moe_warmup import moe_warmup_counts
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +116,50 @@ def warmup_plans(config: SchedulerConfig, block_size: int) -> tuple[StepPlan, St
     short_lengths = [short] * max(1, min(max_seqs, budget // short))
 
     def plan(lens: list[int], kind: str, seeded: bool = False) -> StepPlan:
-        entries = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True,
-                                    SamplingParams(temperature=0.7, seed=i) if seeded else params, 0, kind == "decode")
-                   for i, n in enumerate(lens)]
-        tokens = sum(lens)
-        return StepPlan(entries, StepStats(0, kind, len(entries), 0 if kind == "decode" else tokens,
-                                           tokens if kind == "decode" else 0, 0, 0, 0, 0, 0))
+        return warmup_plan(lens, kind, table, params, seeded)
 
     decode = [1] * max_seqs
     return (plan(lengths, "prefill"), plan(short_lengths, "prefill"), plan(decode, "decode"),
             plan(decode, "decode", True))
+
+
+def warmup_plan(lens: list[int], kind: str, table: list[int], params: SamplingParams,
+                seeded: bool = False) -> StepPlan:
+    """A step of sequences of `lens` tokens (decode: one each) over one shared block table."""
+    entries = [ScheduledRequest(f"warmup-{i}", [0] * n, 0, table, True,
+                                SamplingParams(temperature=0.7, seed=i) if seeded else params, 0, kind == "decode")
+               for i, n in enumerate(lens)]
+    tokens = sum(lens)
+    return StepPlan(entries, StepStats(0, kind, len(entries), 0 if kind == "decode" else tokens,
+                                       tokens if kind == "decode" else 0, 0, 0, 0, 0, 0))
+
+
+def moe_warmup_plans(config: SchedulerConfig, block_size: int, counts: tuple[int, ...]) -> list[StepPlan]:
+    """A greedy eager prefill of each token count in counts (engine.moe_warmup), in sequences of up
+    to max_model_len tokens sharing blocks 0..n-1, as warmup_plans' are."""
+    table = list(range(-(-config.max_model_len // block_size)))
+    plans = []
+    for count in counts:
+        lens = [config.max_model_len] * (count // config.max_model_len)
+        lens += [count % config.max_model_len] if count % config.max_model_len else []
+        plan = warmup_plan(lens, "prefill", table, SamplingParams(temperature=0.0))
+        plan.use_cuda_graphs = False  # eagerly, as a step no captured graph holds runs
+        plans.append(plan)
+    return plans
+
+
+def run_moe_warmup(runner) -> None:
+    """Run moe_warmup_plans over the runner's allocated cache (no-op for a dense model): every
+    fused-MoE launch variant is compiled before a step can meet it. Logs how long it took."""
+    counts = moe_warmup_counts(runner.model, runner.device, runner.scheduler_config.max_num_batched_tokens)
+    if not counts:
+        return
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for plan in moe_warmup_plans(runner.scheduler_config, runner.block_size, counts):
+            runner.execute(plan)
+    torch.cuda.synchronize(runner.device)
+    log.info("fused-MoE warm-up: prefills of %s tokens in %.2f s", list(counts), time.perf_counter() - start)
 
 
 def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
@@ -158,6 +194,7 @@ def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
         torch.cuda.synchronize(dev)
     # reserved memory only grows until empty_cache(): now it is the warm-up's whole footprint
     peak = torch.cuda.memory_reserved(dev) - base - temp
+    run_moe_warmup(runner)  # after the peak is read: steps no larger than the budget's, not counted
     runner.free_kv_cache()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(dev)
@@ -181,6 +218,7 @@ def warm_up(runner) -> bool:
     with torch.inference_mode():
         for plan in warmup_plans(runner.scheduler_config, runner.block_size):
             runner.execute(plan)
+    run_moe_warmup(runner)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     return True

@@ -9,11 +9,39 @@ from __future__ import annotations
 
 import torch
 
+CHUNK = 64  # pairs per program at most; a [CHUNK, E_PAD] int32 one-hot stays in registers at E <= 256
+TILES = 16  # tile-map entries per program: covers all tiles while block_m >= CHUNK / TILES
+SMALL_PROGRAMS = 128  # up to this many chunks the scatter sums the table itself (decode sizes)
+
 
 def align_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Static length of the sorted pair list: every expert's run padded to a multiple of block_m,
     at worst block_m - 1 padding rows per expert, rounded up to whole tiles."""
     return -(-(num_pairs + num_experts * (block_m - 1)) // block_m) * block_m
+
+
+def num_programs(num_pairs: int, num_experts: int, block_m: int, chunk: int) -> int:
+    """Programs of kernels.moe_align_triton's count and scatter kernels: enough for every pair
+    chunk, the fill of the sorted list and the tile map."""
+    if block_m * TILES < chunk:
+        raise ValueError(f"moe_align_triton: block_m={block_m} must be at least {-(-chunk // TILES)}")
+    return -(-align_capacity(num_pairs, num_experts, block_m) // chunk)
+
+
+def scans(programs: int) -> bool:
+    """Whether the Triton alignment of `programs` chunks runs its scan kernel (a compile-time
+    switch of its scatter kernel)."""
+    return programs > SMALL_PROGRAMS
+
+
+def scanned(num_pairs: int, num_experts: int, block_m: int, chunk: int) -> bool:
+    """scans() for a call of num_pairs (token, slot) pairs."""
+    return scans(num_programs(num_pairs, num_experts, block_m, chunk))
+
+
+def tokens_per_program(top_k: int) -> int:
+    """Tokens per program of kernels.moe_route's router kernel: its pairs are one chunk."""
+    return max(1, CHUNK // top_k)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int

@@ -26,18 +26,21 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import align_capacity
+from kernels.moe_align import CHUNK, SMALL_PROGRAMS, TILES, align_capacity, num_programs, scans
 
-CHUNK = 64  # pairs per program at most; a [CHUNK, E_PAD] int32 one-hot stays in registers at E <= 256
-TILES = 16  # tile-map entries per program: covers all tiles while block_m >= CHUNK / TILES
+__all__ = ["CHUNK", "SMALL_PROGRAMS", "TILES", "align_buffers", "moe_align_triton", "num_programs", "scatter"]
 ROWS = 16  # count-table rows summed per loop step (few chunks)
-SMALL_PROGRAMS = 128  # up to this many chunks the scatter sums the table itself (decode sizes)
+# NOTE: integer arguments that follow the token count are not specialised (do_not_specialize):
+# Triton compiles a variant per combination of "divisible by 16" and "equal to 1" over them, so an
+# eager step whose counts met a new combination compiled for 0.3-0.5 s in the middle of a run
+# (experiments/fidelity/h100_30b_r5, docs/moe-warmup.md). Only the constexprs (BLOCK_M, SCANNED)
+# remain per call, and the engine's start-up runs each of them (engine.moe_warmup).
 SCAN_ROWS = 1024  # count-table rows one scan step reads per expert
 
 Aligned = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "capacity"])
 def _count_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, num_pairs, capacity, chunk,
                   E_PAD: tl.constexpr, CHUNK_PAD: tl.constexpr):
     pid = tl.program_id(0)
@@ -51,7 +54,7 @@ def _count_kernel(ids_ptr, counts_ptr, sorted_ids_ptr, num_pairs, capacity, chun
     tl.store(counts_ptr + pid * E_PAD + experts, tl.sum(hits, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _scan_kernel(counts_ptr, before_ptr, totals_ptr, num_rows, E_PAD: tl.constexpr, SCAN_ROWS: tl.constexpr):
     """Program e: column e of the count table -> its exclusive prefix over rows, and its sum."""
     expert = tl.program_id(0)
@@ -65,7 +68,7 @@ def _scan_kernel(counts_ptr, before_ptr, totals_ptr, num_rows, E_PAD: tl.constex
     tl.store(totals_ptr + expert, carry)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_rows", "num_tiles"])
 def _scatter_kernel(ids_ptr, counts_ptr, before_ptr, totals_ptr, sorted_ids_ptr, tile_expert_ptr, num_padded_ptr,
                     num_pairs, num_rows, num_tiles, num_experts, chunk,
                     BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK_PAD: tl.constexpr,
@@ -107,14 +110,6 @@ def expert_pad(num_experts: int) -> int:
     return max(16, triton.next_power_of_2(num_experts))
 
 
-def num_programs(num_pairs: int, num_experts: int, block_m: int, chunk: int) -> int:
-    """Programs of the count and scatter kernels: enough for every pair chunk, the fill of the
-    sorted list and the tile map."""
-    if block_m * TILES < chunk:
-        raise ValueError(f"moe_align_triton: block_m={block_m} must be at least {-(-chunk // TILES)}")
-    return triton.cdiv(align_capacity(num_pairs, num_experts, block_m), chunk)
-
-
 def align_buffers(num_pairs: int, num_experts: int, block_m: int, chunk: int, device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The count table [programs, E_PAD] and the sorted list a count kernel writes into."""
@@ -133,7 +128,7 @@ def scatter(flat_ids: torch.Tensor, counts: torch.Tensor, sorted_ids: torch.Tens
     device = flat_ids.device
     tile_expert = torch.empty((capacity // block_m,), dtype=torch.int32, device=device)
     num_padded = torch.empty((1,), dtype=torch.int32, device=device)
-    scanned = programs > SMALL_PROGRAMS
+    scanned = scans(programs)
     before, totals = counts, num_padded  # unread without the scan
     if scanned:
         before = torch.empty_like(counts)

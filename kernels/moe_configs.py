@@ -20,6 +20,10 @@ The only state is an lru_cache of parsed files and of lookups: a pure memo of co
 do not change while a process runs, so every call with the same shape gets the same config (which
 also keeps a CUDA graph's captured kernels matching what eager calls would run). No triton import,
 so the lookup is testable on CPU.
+
+Each distinct launch variant (launch_variant: the tiles and the alignment's scan switch) is a
+Triton compile of its own, 0.3-0.5 s the first time a step meets it; warmup_token_counts names one
+token count per variant, which the engine runs at start-up (engine.moe_warmup).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from kernels.moe_align import CHUNK, scanned, tokens_per_program
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +148,32 @@ def tiles_for(num_tokens: int, top_k: int, num_experts: int, inter: int, dtype: 
     if entries is None:
         return default_tiles(num_tokens * top_k, num_experts)
     return nearest(entries, num_tokens)
+
+
+def launch_variant(num_tokens: int, top_k: int, num_experts: int, inter: int, dtype: str, device_name: str,
+                   align_experts: int | None = None, directory: str = str(CONFIG_DIR)) -> tuple[MoeTiles, bool, bool]:
+    """What a fused-MoE call of num_tokens tokens compiles for: its tiles, and whether the alignment
+    scans on the routed path (kernels.moe_route) and on the path from given ids (expert
+    parallelism: align_experts, this rank's experts plus one for the others'; default num_experts).
+    Every other kernel argument that follows the token count is left unspecialised."""
+    tiles = tiles_for(num_tokens, top_k, num_experts, inter, dtype, device_name, directory)
+    pairs = num_tokens * top_k
+    routed = scanned(pairs, num_experts, tiles.block_m, tokens_per_program(top_k) * top_k)
+    by_ids = scanned(pairs, align_experts or num_experts, tiles.block_m, CHUNK)
+    return tiles, routed, by_ids
+
+
+def warmup_token_counts(max_tokens: int, top_k: int, num_experts: int, inter: int, dtype: str, device_name: str,
+                        align_experts: int | None = None, directory: str = str(CONFIG_DIR)) -> tuple[int, ...]:
+    """The smallest token count of each launch variant a call of 1..max_tokens tokens can take,
+    ascending: running each once compiles every variant a step can meet."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    first: dict[tuple[MoeTiles, bool, bool], int] = {}
+    for t in range(1, max_tokens + 1):
+        first.setdefault(launch_variant(t, top_k, num_experts, inter, dtype, device_name, align_experts,
+                                        directory), t)
+    return tuple(sorted(first.values()))
 
 
 def write_table(path: Path, num_experts: int, inter: int, dtype: str, device_name: str,

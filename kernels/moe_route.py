@@ -25,10 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align_triton import CHUNK, Aligned, align_buffers, scatter
+from kernels.moe_align import tokens_per_program
+from kernels.moe_align_triton import Aligned, align_buffers, scatter
+
+__all__ = ["route_align", "tokens_per_program"]
 
 
-@triton.jit
+# the token count and the list's length follow the step: not specialised (kernels.moe_align_triton)
+@triton.jit(do_not_specialize=["num_tokens", "capacity"])
 def _route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, sorted_ids_ptr, valid_ptr, record_ptr,
                   num_tokens, num_experts, capacity, stride_l,
                   TOP_K: tl.constexpr, K_PAD: tl.constexpr, TOK: tl.constexpr, TOK_PAD: tl.constexpr,
@@ -75,10 +79,6 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, sorted_ids_ptr, 
     tl.store(counts_ptr + pid * E_PAD + cols, counts)
     if RECORD:
         tl.atomic_add(record_ptr + cols, recorded, mask=(cols < num_experts) & (recorded > 0))
-
-
-def tokens_per_program(top_k: int) -> int:
-    return max(1, CHUNK // top_k)
 
 
 def route_align(router_logits: torch.Tensor, top_k: int, renormalize: bool, block_m: int,
