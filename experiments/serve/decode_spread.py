@@ -9,11 +9,11 @@ contexts of its running set reconstructed from requests.csv (each request decodi
 start, its prompt plus the tokens it had decoded by then at its own mean pace), priced by the case's
 profiled model from the step's recorded features, plus what the decode kernel's longest programs
 add for those contexts (sim.decode_programs, with the --set settings: e.g.
-`hardware.decode_programs_per_sm=5 backend.decode_programs_baseline=grid_spread`). Printed per
-source: (priced / measured - 1), median and summed, by batch size and by the quartiles of the
-running set's context CV (standard deviation over mean), the latter for steps of at least
---min-seqs sequences. The profile's grid spreads a decode row's
-contexts evenly over [mean / 2, 3 mean / 2], a CV of 0.29.
+`hardware.decode_programs_per_sm=5 backend.decode_programs_baseline=grid_spread`). Printed: each
+source's core TPOT P50 by when its requests arrived (thirds of the case); per source, (priced /
+measured - 1), median and summed, by batch size and by the quartiles of the running set's context
+CV (standard deviation over mean), the latter for steps of at least --min-seqs sequences. The
+profile's grid spreads a decode row's contexts evenly over [mean / 2, 3 mean / 2], a CV of 0.29.
 """
 
 from __future__ import annotations
@@ -81,6 +81,15 @@ def error_table(table: pd.DataFrame, by: pd.Series) -> pd.DataFrame:
                          "sum_err_pct": groups.apply(lambda g: 100 * (g.priced.sum() / g.measured.sum() - 1))})
 
 
+def tpot_by_arrival(requests: pd.DataFrame, parts: int = 3) -> dict[str, float]:
+    """TPOT P50 (ms) of the requests arriving in each of `parts` equal stretches of the case, and all."""
+    since = requests["arrival"] - requests["arrival"].min()
+    stretch = pd.cut(since, np.linspace(0, since.max() + 1e-9, parts + 1), include_lowest=True)
+    figures = {f"tpot_p50_ms {k + 1}/{parts}": float(g.median() * 1e3)
+               for k, (_, g) in enumerate(requests.groupby(stretch, observed=False)["tpot"])}
+    return {**figures, "tpot_p50_ms": float(requests["tpot"].median() * 1e3)}
+
+
 def sources(out: Path, tmp: Path, case: str) -> tuple[list[str], dict[str, tuple[pd.DataFrame, pd.DataFrame]]]:
     """The case's overrides and each source's (requests, steps): the harness's run, and the engine
     server's case (its requests by the client's records, its steps in their window) where OUT has it."""
@@ -117,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides, runs = sources(args.out, Path(tmp), args.case)
     overrides = [o for o in overrides if not (args.trace_dir and o.startswith("workload.trace_dir="))]
     overrides += [f"workload.trace_dir={Path(args.trace_dir).resolve()}"] if args.trace_dir else []
+    print(markdown(pd.DataFrame({name: tpot_by_arrival(requests) for name, (requests, _) in runs.items()}).T
+                   .rename_axis("source").reset_index().round(2)))
     for name, (requests, steps) in runs.items():
         table = priced(requests, steps, [*overrides, *args.set])
         print(f"\n## {args.case}, {name}: {len(table)} decode graph steps, context CV median {table.cv.median():.2f}\n")
