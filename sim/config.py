@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
+from sim.decode_programs import DECODE_PROGRAMS_BASELINES
 from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
 from sim.moe_groups import check_shared
@@ -58,6 +59,9 @@ class SimConfig:
     kernel runs it, waiting on its longest programs where they are too few to keep the memory busy
     (sim.decode_programs; needs the hardware's num_sms and decode_program_bandwidth, else nothing
     changes). False: by the step's total context alone.
+    decode_programs_baseline: what that wait is counted from: "none" (nothing: all of it is added)
+    or "grid_spread" (only what a step's contexts add over the profiling grid's even spread of as
+    many sequences around the same mean, whose wait the profile's fit holds: sim.decode_programs).
     repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
     again in one decode step, where its profile did not measure them: "additive" (each at L2's
     price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
@@ -83,6 +87,7 @@ class SimConfig:
     moe_routing_shared_cap: int | None = None
     fast_forward: bool = True
     decode_programs: bool = True
+    decode_programs_baseline: str = "none"
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     host_scale: float = 1.0
@@ -119,6 +124,9 @@ class SimConfig:
         for name in ("fast_forward", "decode_programs", "fleet_intake"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.decode_programs_baseline not in DECODE_PROGRAMS_BASELINES:
+            raise ValueError(f"SimConfig.decode_programs_baseline must be one of {list(DECODE_PROGRAMS_BASELINES)}, "
+                             f"got {self.decode_programs_baseline!r}")
         check_rule(self.repeated_reads, "SimConfig.repeated_reads")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")

@@ -89,7 +89,8 @@ def decode_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) ->
     tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
     key_bytes = model.kv_bytes_per_token_per_rank(tp) // (model.num_layers * model.kv_heads_per_rank(tp))
     return DecodePrograms(model.kv_heads_per_rank(tp), model.num_layers, key_bytes, hardware.num_sms,
-                          hardware.decode_program_bandwidth, hardware.decode_programs_per_sm)
+                          hardware.decode_program_bandwidth, hardware.decode_programs_per_sm,
+                          beyond_grid=sim.decode_programs_baseline == "grid_spread")
 
 
 @COST_MODELS.register("roofline")

@@ -43,6 +43,16 @@ to 84 (+0.8 ms on 5.0 ms), fading by 125 and again past 165 (experiments/disagg/
 The fluid then schedules the programs in launch order onto the slots (in walked keys every running
 program moves alike, so that order is a list schedule) and prices each stretch at the rate of the
 programs running in it.
+
+Beyond the grid's spread (SimConfig.decode_programs_baseline="grid_spread"): the profile's context
+price is fitted on grid decode rows whose contexts spread evenly over [mean / 2, 3 mean / 2]
+(harness.calibration.grid, its decode shapes), and those rows' own waves and tails are in the fit
+already. So a step is charged only what its contexts add over a batch of the same size and mean
+context spread that way (its quantiles: grid_spread_lens); a batch more even than that is charged
+less. On one H100's served Azure steps (Qwen3-0.6B, 48-160 sequences) the engine's decode graph
+steps ran over their price by more the more ragged the running set was (context CV quartiles: -0.3,
++2.1, +2.7, +4.3%); with the waves priced beyond the grid's spread the medians are +1.7 / -0.9 /
+-0.8 / -0.6% (experiments/serve/h100_run6_aiperf/ITL80.md).
 """
 
 from __future__ import annotations
@@ -57,13 +67,23 @@ from engine.core.decode_split import BLOCK_N, choose_num_splits, fair_share, mea
 
 # the key of a step's features that carries excess_s to the profiled model's price (not a profile column)
 PROGRAM_EXCESS = "decode_program_excess_s"
+DECODE_PROGRAMS_BASELINES = ("none", "grid_spread")  # SimConfig.decode_programs_baseline (module doc)
+GRID_SPREAD = 0.5  # the grid's decode contexts: mean x [1 - GRID_SPREAD, 1 + GRID_SPREAD] (harness.calibration.grid)
+
+
+def grid_spread_lens(num_seqs: int, mean: float) -> np.ndarray:
+    """The contexts of a grid decode row of num_seqs sequences around mean: the quantiles of the
+    grid's even spread (module doc), at least 1 token each."""
+    quantiles = (np.arange(num_seqs) + 0.5) / num_seqs
+    return np.maximum(1, np.rint(mean * (1 - GRID_SPREAD + 2 * GRID_SPREAD * quantiles))).astype(np.int64)
 
 
 @dataclass(frozen=True)
 class DecodePrograms:
     """num_kv_heads: per rank; key_bytes: one key's K and V of one head (2 x head_dim x dtype bytes);
     program_bandwidth: bytes/s one program streams at most; resident_per_sm: programs one SM holds
-    at once (None: every program of a launch runs from its start)."""
+    at once (None: every program of a launch runs from its start); beyond_grid: step_excess_s
+    charges only what a step adds over the grid's spread of its size and mean (module doc)."""
 
     num_kv_heads: int
     num_layers: int
@@ -71,6 +91,7 @@ class DecodePrograms:
     num_sms: int
     program_bandwidth: float
     resident_per_sm: int | None = None
+    beyond_grid: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_kv_heads", "num_layers", "key_bytes", "num_sms", "resident_per_sm"):
@@ -126,6 +147,17 @@ class DecodePrograms:
         """Whether a decode step of num_seqs real sequences is priced here (module doc: at least two
         programs per SM); below, excess_s is 0 whatever the contexts."""
         return mean_share(num_seqs, self.num_kv_heads, self.num_sms)
+
+    def step_excess_s(self, seq_lens: Sequence[int], seconds_per_token: float,
+                      graph: tuple[int, int] | None = None) -> float:
+        """What the profiled model adds to a decode step's price: excess_s, less (beyond_grid) the
+        excess_s of the grid's spread of as many sequences around the same mean context; may be < 0."""
+        excess = self.excess_s(seq_lens, seconds_per_token, graph)
+        lens = _real(seq_lens)
+        if not self.beyond_grid or lens.size == 0:
+            return excess
+        even = grid_spread_lens(int(lens.size), float(lens.mean())).tolist()
+        return excess - self.excess_s(even, seconds_per_token, graph)
 
     def excess_s(self, seq_lens: Sequence[int], seconds_per_token: float,
                  graph: tuple[int, int] | None = None) -> float:

@@ -31,7 +31,7 @@ def with_program_excess(features: dict[str, float], plan: StepPlan, ahead: int, 
     # a graph launches with the split count it was captured with (sim.decode_programs)
     context = graphs.decode_context
     graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
-    features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token, graph)
+    features[PROGRAM_EXCESS] = programs.step_excess_s(lens, per_token, graph)
     return features
 
 

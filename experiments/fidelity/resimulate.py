@@ -42,6 +42,7 @@ from harness.fidelity.interval import simulate_with_interval
 from harness.fidelity.report import HOST_COLUMNS, holds, rel_error
 from harness.run import run_once
 from harness.scripting import compose_run_config, one_line_errors
+from sim.decode_programs import DECODE_PROGRAMS_BASELINES
 from sim.interval import IntervalConfig
 from sim.repeated_reads import RULES
 
@@ -59,10 +60,12 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                host_scales: dict[tuple[str, str], list[tuple[float, float]]] | None = None,
                moe_routing_skew: float = 0.0, moe_routing_locality: float = 0.0,
                moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
-               moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive") -> pd.DataFrame:
+               moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
+               decode_programs_baseline: str = "none") -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
-    repeats; cells without an entry take host_scale and no jitter. repeated_reads: SimConfig's."""
+    repeats; cells without an entry take host_scale and no jitter. repeated_reads,
+    decode_programs_baseline: SimConfig's."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -82,7 +85,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         for scale, jitter in hosts:
             scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
                                                                          host_scale=scale, host_jitter=jitter,
-                                                                         repeated_reads=repeated_reads))
+                                                                         repeated_reads=repeated_reads,
+                                                                         decode_programs_baseline=decode_programs_baseline))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if interval:
@@ -146,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --host-scales: each host's step-to-step jitter too (its host_jitter column)")
     parser.add_argument("--repeated-reads", choices=RULES, default="additive",
                         help="how a shared prefix's KV read again is priced (backend.repeated_reads; default additive)")
+    parser.add_argument("--decode-programs-baseline", choices=DECODE_PROGRAMS_BASELINES, default="none",
+                        help="what a decode step's wait on its longest programs is counted from "
+                             "(backend.decode_programs_baseline; default none)")
+    parser.add_argument("--decode-programs-per-sm", type=int, default=None,
+                        help="the kernel's programs an SM holds (hardware.decode_programs_per_sm: its waves; "
+                             "default: the hardware entry's)")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -174,11 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.workloads:
             table = table[table["workload"].isin(args.workloads.split(","))]
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
+        if args.decode_programs_per_sm is not None:
+            overrides.append(f"hardware.decode_programs_per_sm={args.decode_programs_per_sm}")
         scales = _host_scales(args)
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
-                         args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads)
+                         args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
+                         args.decode_programs_baseline)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

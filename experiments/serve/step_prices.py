@@ -181,11 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="a profiled model's CSV (default: the hardware's shipped one)")
     parser.add_argument("--trace-dir", default=None, help="folder of the trace files (default: the case's)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="simulator settings to price with (backend.*, as backend.repeated_reads=overlap)")
+                        help="simulator settings to price with (backend.* or hardware.*, "
+                             "as backend.repeated_reads=overlap)")
     args = parser.parse_args(argv)
-    bad = [o for o in args.set if not o.startswith("backend.") or "=" not in o]
+    bad = [o for o in args.set if not o.startswith(("backend.", "hardware.")) or "=" not in o]
     if bad:
-        parser.error(f"--set: {bad}: give backend.<field>=<value> settings of the simulator")
+        parser.error(f"--set: {bad}: give backend.<field>=<value> or hardware.<field>=<value> settings "
+                     "of the simulator")
     if not args.pack.exists():
         parser.error(f"no such pack: {args.pack}")
     warnings.simplefilter("ignore")  # extrapolation warnings: the steps are what they are

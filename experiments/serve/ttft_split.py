@@ -207,11 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", default=None, help="folder of the trace files (default: the cases')")
     parser.add_argument("--cases", type=lambda s: s.split(","), default=None, help="cases (default: every case)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="backend.* settings to predict again with, beside the served ones")
+                        help="backend.* or hardware.* settings to predict again with, beside the served ones")
     args = parser.parse_args(argv)
-    bad = [o for o in args.set if not o.startswith("backend.") or "=" not in o]
+    bad = [o for o in args.set if not o.startswith(("backend.", "hardware.")) or "=" not in o]
     if bad:
-        parser.error(f"--set: {bad}: give backend.<field>=<value> settings of the simulator")
+        parser.error(f"--set: {bad}: give backend.<field>=<value> or hardware.<field>=<value> settings "
+                     "of the simulator")
     warnings.simplefilter("ignore")  # the cost model's extrapolation warnings: the steps are what they are
     with tempfile.TemporaryDirectory() as tmp:
         folders = unpack(args.out, Path(tmp))

@@ -77,6 +77,10 @@ def test_a_setting_prices_the_steps_again_and_a_bad_one_is_one_line(pack, capsys
     decode = {name: float(next(line for line in out.splitlines() if line.startswith("decode_graph")).split()[3])
               for name, out in (("overlap", overlap), ("additive", additive))}
     assert decode["overlap"] < decode["additive"]  # the shared prompts' blocks read again ride free
+    # hardware.* settings too (the decode kernel's waves, counted beyond the grid's spread)
+    assert step_prices.main([str(pack), "--case", "mooncake_50", "--set", "hardware.decode_programs_per_sm=5",
+                             "backend.decode_programs_baseline=grid_spread"]) == 0
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         step_prices.main([str(pack), "--case", "mooncake_50", "--set", "workload.seed=2"])
     assert "--set: ['workload.seed=2']" in capsys.readouterr().err
