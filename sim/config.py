@@ -58,6 +58,11 @@ class SimConfig:
     kernel runs it, waiting on its longest programs where they are too few to keep the memory busy
     (sim.decode_programs; needs the hardware's num_sms and decode_program_bandwidth, else nothing
     changes). False: by the step's total context alone.
+    prefill_programs: a profile given as a step-timing table (a profiling grid, fitted when loaded) is
+    fitted with the prefill kernel's program term, which tells a fresh prompt from a chunk after a
+    cached context (sim.prefill_programs; needs the hardware's num_sms and prefill_programs_per_sm).
+    Saved coefficients fitted with the term price it whatever this says; False: a grid is fitted
+    without it, as before.
     repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
     again in one decode step, where its profile did not measure them: "additive" (each at L2's
     price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
@@ -83,6 +88,7 @@ class SimConfig:
     moe_routing_shared_cap: int | None = None
     fast_forward: bool = True
     decode_programs: bool = True
+    prefill_programs: bool = False
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     host_scale: float = 1.0
@@ -116,7 +122,7 @@ class SimConfig:
         if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
-        for name in ("fast_forward", "decode_programs", "fleet_intake"):
+        for name in ("fast_forward", "decode_programs", "prefill_programs", "fleet_intake"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         check_rule(self.repeated_reads, "SimConfig.repeated_reads")

@@ -1,5 +1,6 @@
 """Features the profiled cost model (sim.profiled) adds to a step before its fits price it: what the
-decode kernel's longest programs add to a decode-only step (sim.decode_programs), and, for a step
+decode kernel's longest programs add to a decode-only step (sim.decode_programs), the prefill
+kernel's program term of a prefill step (sim.prefill_programs), and, for a step
 table that lacks them, a mixture-of-experts model's expected distinct experts (sim.features.MOE_FEATURES).
 """
 
@@ -14,6 +15,7 @@ from engine.core.plan import StepPlan
 from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
 from sim.features import MOE_FEATURES, ROUTING_GROUPS, DistinctExperts, row_read_sequences
 from sim.piecewise import PiecewiseLinearFit
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
 from sim.profiled_regimes import FALLBACK, regime_of
 
 
@@ -32,6 +34,14 @@ def with_program_excess(features: dict[str, float], plan: StepPlan, ahead: int, 
     context = graphs.decode_context
     graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
     features[PROGRAM_EXCESS] = programs.excess_s(lens, per_token, graph)
+    return features
+
+
+def with_prefill_programs(features: dict[str, float], plan: StepPlan, programs: PrefillPrograms) -> dict[str, float]:
+    """features, with the prefill kernel's program term of the step (sim.prefill_programs; 0 for a
+    decode-only step)."""
+    features[PREFILL_PROGRAM_KEYS] = programs.plan_keys(plan, bool(features["cuda_graph"])) \
+        if features["num_prefill_tokens"] else 0.0
     return features
 
 

@@ -10,7 +10,12 @@ import pandas as pd
 
 from sim.features import MOE_FEATURES
 from sim.piecewise import PiecewiseLinearFit
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
 from sim.step_table import complete_columns, table_regimes
+
+# the prefill regimes, whose fits take the prefill kernel's programs where a profile is fitted
+# with them (sim.prefill_programs)
+PREFILL_REGIMES = ("prefill", "prefill_graph")
 
 # regime -> (size feature, linear features)
 # num_seeded: rows sampled with a per-request seed cost a generator each on the host (a profile
@@ -81,18 +86,29 @@ def with_moe(rows: pd.DataFrame, linear: tuple[str, ...]) -> tuple[str, ...]:
     return linear + tuple(f for f in MOE_FEATURES if f in rows.columns and rows[f].notna().all())
 
 
-def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int) -> dict[str, PiecewiseLinearFit]:
+def with_programs(rows: pd.DataFrame, name: str, linear: tuple[str, ...],
+                  programs: PrefillPrograms | None) -> tuple[str, ...]:
+    """A regime's linear features, plus the prefill kernel's program term for a prefill regime
+    fitted with programs (sim.prefill_programs)."""
+    return linear + (PREFILL_PROGRAM_KEYS,) if programs is not None and name in PREFILL_REGIMES else linear
+
+
+def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
+                programs: PrefillPrograms | None = None) -> dict[str, PiecewiseLinearFit]:
     """Every regime's fits on a step-timing table (columns: sim.features.FEATURE_COLUMNS and
     duration_s): each regime's duration, its overlap parts where the table has their columns, and
-    the host time where it has host_s."""
+    the host time where it has host_s. With programs, the prefill regimes also fit the prefill
+    kernel's program term (sim.prefill_programs), a column computed here from each row."""
     df = complete_columns(df)
+    if programs is not None:
+        df = df.assign(**{PREFILL_PROGRAM_KEYS: programs.column(df.to_dict("records"))})
     timed = df[df["duration_s"].notna()]
     regimes = table_regimes(timed)
     fits = {}
     for name, (size, linear) in REGIMES.items():
         rows = timed[regimes == name]
         if len(rows):
-            linear = with_moe(rows, linear)
+            linear = with_programs(rows, name, with_moe(rows, linear), programs)
             fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
                                                 rows["duration_s"].to_numpy(), size, max_knots,
                                                 min_support, unless_collinear=MOE_FEATURES)
@@ -102,7 +118,7 @@ def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int) -> dict[str,
         for name, (size, linear) in REGIMES.items():
             rows = df[(table_regimes(df) == name) & df[column].notna()]
             if len(rows):
-                linear = with_moe(rows, linear)
+                linear = with_programs(rows, name, with_moe(rows, linear), programs)
                 fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
                     rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
                     size, max_knots, min_support, relative=part != "lead", unless_collinear=MOE_FEATURES)
