@@ -53,7 +53,13 @@ from sim.host_draws import host_draw
 from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
 from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
-from sim.profiled_features import with_expected_experts, with_prefill_programs, with_program_excess
+from sim.profiled_features import (
+    programs_if_used,
+    with_expected_experts,
+    with_prefill_column,
+    with_prefill_programs,
+    with_program_excess,
+)
 from sim.profiled_overlap import behind_itself, overlapped_duration
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
@@ -176,11 +182,7 @@ class ProfiledCostModel:
                              "(needs regime, kind, name, x, value)")
         fits, residuals, constants = fits_from_table(df)
         model = cls(fits, graphs)
-        if model.uses_prefill_programs:
-            if prefill_programs is None:
-                raise ValueError(f"{path}: fitted with the prefill kernel's programs ({PREFILL_PROGRAM_KEYS}); pricing "
-                                 "it needs the model's and GPU's shapes (hardware.prefill_programs_per_sm)")
-            model.prefill_programs = prefill_programs
+        model.prefill_programs = programs_if_used(model.uses_prefill_programs, prefill_programs, str(path))
         model.residuals = residuals
         if "launch_delay_s" in constants:
             model.launch_delay_s = constants["launch_delay_s"]
@@ -300,10 +302,7 @@ class ProfiledCostModel:
         rows = with_expected_experts(df, self.uses_moe_features, self.distinct_experts,
                                      self.shared_prefix_routing).to_dict("records")
         if self.uses_prefill_programs:
-            if self.prefill_programs is None:
-                raise ValueError(f"this profile prices {PREFILL_PROGRAM_KEYS} and has no prefill_programs to derive it")
-            rows = [{**row, PREFILL_PROGRAM_KEYS: keys} for row, keys in
-                    zip(rows, self.prefill_programs.column(rows))]
+            rows = with_prefill_column(rows, programs_if_used(True, self.prefill_programs, "this profile"))
         predicted = np.array([self.predict_features(row) for row in rows])
         if self.prices_overlap:
             launches = [self._part("launch", row) for row in rows]

@@ -7,6 +7,7 @@ table that lacks them, a mixture-of-experts model's expected distinct experts (s
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -43,6 +44,22 @@ def with_prefill_programs(features: dict[str, float], plan: StepPlan, programs: 
     features[PREFILL_PROGRAM_KEYS] = programs.plan_keys(plan, bool(features["cuda_graph"])) \
         if features["num_prefill_tokens"] else 0.0
     return features
+
+
+def programs_if_used(used: bool, programs: PrefillPrograms | None, where: str) -> PrefillPrograms | None:
+    """programs where a profile's fits price the prefill program term (used; ValueError without
+    them), else None."""
+    if used and programs is None:
+        raise ValueError(f"{where}: fitted with the prefill kernel's programs ({PREFILL_PROGRAM_KEYS}); pricing it "
+                         "needs the model's and GPU's shapes (hardware.prefill_programs_per_sm)")
+    return programs if used else None
+
+
+def with_prefill_column(rows: list[dict[str, Any]], programs: PrefillPrograms | None) -> list[dict[str, Any]]:
+    """A step table's rows with the prefill program term of each (sim.prefill_programs: from the
+    row's totals, PrefillPrograms.row_keys)."""
+    assert programs is not None  # programs_if_used refuses a profile that prices the term without them
+    return [{**row, PREFILL_PROGRAM_KEYS: keys} for row, keys in zip(rows, programs.column(rows))]
 
 
 def with_expected_experts(df: pd.DataFrame, uses_moe_features: bool, distinct: DistinctExperts | None,

@@ -25,8 +25,9 @@ import numpy as np
 import pandas as pd
 
 from harness.config import ConfigError, load_hardware, model_spec
-from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
+from sim.prefill_programs import PrefillPrograms
 from sim.profiled import ProfiledCostModel
+from sim.profiled_features import with_prefill_column
 from sim.step_table import complete_columns, table_regimes
 
 COLUMNS = ["graph_batch_size", "num_prefill_tokens", "num_seqs", "context_per_seq", "gpu_ms", "priced_ms", "error"]
@@ -48,9 +49,7 @@ def prefill_rows(grid: pd.DataFrame, model: ProfiledCostModel, regime: str = "pr
                  & table["gpu_s"].notna()].copy()
     records = rows.to_dict("records")
     if model.uses_prefill_programs:  # the prefill kernel's program term (sim.prefill_programs)
-        assert model.prefill_programs is not None  # load() refuses such a profile without them
-        keys = model.prefill_programs.column(records)
-        records = [{**row, PREFILL_PROGRAM_KEYS: k} for row, k in zip(records, keys)]
+        records = with_prefill_column(records, model.prefill_programs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         priced = [model.overlap_parts(row)[1] for row in records]
