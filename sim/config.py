@@ -62,6 +62,11 @@ class SimConfig:
     decode_programs_baseline: what that wait is counted from: "none" (nothing: all of it is added)
     or "grid_spread" (only what a step's contexts add over the profiling grid's even spread of as
     many sequences around the same mean, whose wait the profile's fit holds: sim.decode_programs).
+    prefill_programs: a profile given as a step-timing table (a profiling grid, fitted when loaded) is
+    fitted with the prefill kernel's program term, which tells a fresh prompt from a chunk after a
+    cached context (sim.prefill_programs; needs the hardware's num_sms and prefill_programs_per_sm).
+    Saved coefficients fitted with the term price it whatever this says; False: a grid is fitted
+    without it, as before.
     repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
     again in one decode step, where its profile did not measure them: "additive" (each at L2's
     price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
@@ -88,6 +93,7 @@ class SimConfig:
     fast_forward: bool = True
     decode_programs: bool = True
     decode_programs_baseline: str = "none"
+    prefill_programs: bool = False
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     host_scale: float = 1.0
@@ -121,7 +127,7 @@ class SimConfig:
         if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
-        for name in ("fast_forward", "decode_programs", "fleet_intake"):
+        for name in ("fast_forward", "decode_programs", "prefill_programs", "fleet_intake"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.decode_programs_baseline not in DECODE_PROGRAMS_BASELINES:

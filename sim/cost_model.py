@@ -20,6 +20,7 @@ from sim.features import MOE_FEATURES
 from sim.host_speed import with_host_jitter, with_host_scale
 from sim.moe import WeightReadFloor
 from sim.moe_locality import SequenceRouting
+from sim.prefill_programs import PrefillPrograms
 from sim.profiled import ProfiledCostModel
 from sim.repeated_reads import with_prior
 from sim.roofline import RooflineCostModel
@@ -55,7 +56,8 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     # that a TP=1 profile (sim.profile_tp_size=1) is carried to a larger tp_size by the TP transfer.
     # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
     assert sim.profile_path is not None  # SimConfig requires it for this cost model
-    profiled = ProfiledCostModel.load(sim.profile_path, graphs)
+    programs = prefill_programs(model, hardware, sim)
+    profiled = ProfiledCostModel.load(sim.profile_path, graphs, programs, fit_programs=sim.prefill_programs)
     if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
         profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
     profiled = with_prior(profiled, hardware, sim.repeated_reads)
@@ -74,10 +76,24 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
         raise ValueError(f"backend.profile_path {sim.profile_path} was measured on a mixture-of-experts model "
                          f"(it has {list(MOE_FEATURES)}); {model.name} is dense")
     profiled.decode_programs = decode_programs(model, hardware, sim)
+    # the term's programs are the serving GPU's, also for a profile carried from another
+    profiled.prefill_programs = programs if profiled.uses_prefill_programs else None
     if sim.transfers_tp:
         return TPTransferCostModel(profiled, model, hardware, sim.execution.tensor_parallel_size,
                                    sim.execution.all_reduce, sim.moe_routing_skew, sim.execution.expert_parallel)
     return profiled
+
+
+def prefill_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> PrefillPrograms | None:
+    """The engine's prefill kernel on this GPU (sim.prefill_programs), or None where the hardware
+    lacks its figures (then backend.prefill_programs and a profile fitted with the term are refused).
+    A TP=1 profile carried to a larger tp_size is priced at TP=1, then transferred."""
+    tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
+    programs = PrefillPrograms.of(model, hardware, tp)
+    if programs is None and sim.prefill_programs:
+        raise ValueError(f"backend.prefill_programs=true needs hardware.num_sms and hardware.prefill_programs_per_sm; "
+                         f"{hardware.name} lacks them")
+    return programs
 
 
 def decode_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> DecodePrograms | None:

@@ -52,7 +52,14 @@ from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_fea
 from sim.host_draws import host_draw
 from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
-from sim.profiled_features import with_expected_experts, with_program_excess
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
+from sim.profiled_features import (
+    programs_if_used,
+    with_expected_experts,
+    with_prefill_column,
+    with_prefill_programs,
+    with_program_excess,
+)
 from sim.profiled_overlap import behind_itself, overlapped_duration
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
@@ -125,6 +132,14 @@ class ProfiledCostModel:
         # repeated KV reads priced as overlapping the first reads (sim.overlapped_reads; None: each
         # fit's linear price of them, sim.repeated_reads)
         self.overlapped_reads: OverlappedReads | None = None
+        # the engine's prefill kernel, whose longest programs a prefill step waits on, where the
+        # profile was fitted with them (sim.prefill_programs; uses_prefill_programs)
+        self.prefill_programs: PrefillPrograms | None = None
+
+    @property
+    def uses_prefill_programs(self) -> bool:
+        """Whether a fit prices the prefill kernel's program term (fitted with PrefillPrograms)."""
+        return any(PREFILL_PROGRAM_KEYS in fit.linear_features for fit in self.fits.values())
 
     @property
     def uses_moe_features(self) -> bool:
@@ -135,9 +150,12 @@ class ProfiledCostModel:
 
     @classmethod
     def fit(cls, df: pd.DataFrame, graphs: GraphSizes | Sequence[int] = (), max_knots: int = 40,
-            min_support: int = 3) -> ProfiledCostModel:
-        """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s)."""
-        return cls(fit_regimes(df, max_knots, min_support), graphs)
+            min_support: int = 3, prefill_programs: PrefillPrograms | None = None) -> ProfiledCostModel:
+        """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s); with
+        prefill_programs, the prefill fits take the kernel's program term (sim.prefill_programs)."""
+        model = cls(fit_regimes(df, max_knots, min_support, prefill_programs), graphs)
+        model.prefill_programs = prefill_programs
+        return model
 
     def to_csv(self, path: str | Path) -> None:
         """Save the fitted coefficients (long format: regime, kind, name, x, value)."""
@@ -148,19 +166,23 @@ class ProfiledCostModel:
         pd.DataFrame(rows, columns=COEFFICIENT_COLUMNS).to_csv(path, index=False)
 
     @classmethod
-    def load(cls, path: str | Path, graphs: GraphSizes | Sequence[int] = ()) -> ProfiledCostModel:
-        """Read either saved coefficients (to_csv) or a measured step-timing table (fitted now)."""
+    def load(cls, path: str | Path, graphs: GraphSizes | Sequence[int] = (),
+             prefill_programs: PrefillPrograms | None = None, fit_programs: bool = True) -> ProfiledCostModel:
+        """Read either saved coefficients (to_csv) or a measured step-timing table (fitted now, with
+        prefill_programs' term where given and fit_programs). Saved coefficients fitted with the
+        term price it with prefill_programs (required then: ValueError without)."""
         try:
             df = pd.read_csv(path)
         except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
             raise ValueError(f"{path}: not a readable CSV file ({str(error).strip()})") from None
         if "duration_s" in df.columns:
-            return cls.fit(df, graphs)
+            return cls.fit(df, graphs, prefill_programs=prefill_programs if fit_programs else None)
         if not set(COEFFICIENT_COLUMNS) <= set(df.columns):
             raise ValueError(f"{path}: neither a step-timing table (needs duration_s) nor saved coefficients "
                              "(needs regime, kind, name, x, value)")
         fits, residuals, constants = fits_from_table(df)
         model = cls(fits, graphs)
+        model.prefill_programs = programs_if_used(model.uses_prefill_programs, prefill_programs, str(path))
         model.residuals = residuals
         if "launch_delay_s" in constants:
             model.launch_delay_s = constants["launch_delay_s"]
@@ -192,6 +214,8 @@ class ProfiledCostModel:
             yield self._price(self._with_programs(step, plan, j), plan.stats.step + j)
 
     def _with_programs(self, features: dict[str, float], plan: StepPlan, ahead: int) -> dict[str, float]:
+        if self.prefill_programs is not None and self.uses_prefill_programs:
+            features = with_prefill_programs(features, plan, self.prefill_programs)
         return with_program_excess(features, plan, ahead, self.decode_programs, self.fits, self.graphs)
 
     def _price(self, features: dict[str, float], step: int) -> float:
@@ -277,6 +301,8 @@ class ProfiledCostModel:
         # a served run's table may lack the MoE column: filled as step_time() prices a simulated step
         rows = with_expected_experts(df, self.uses_moe_features, self.distinct_experts,
                                      self.shared_prefix_routing).to_dict("records")
+        if self.uses_prefill_programs:
+            rows = with_prefill_column(rows, programs_if_used(True, self.prefill_programs, "this profile"))
         predicted = np.array([self.predict_features(row) for row in rows])
         if self.prices_overlap:
             launches = [self._part("launch", row) for row in rows]

@@ -1,11 +1,13 @@
 """Features the profiled cost model (sim.profiled) adds to a step before its fits price it: what the
-decode kernel's longest programs add to a decode-only step (sim.decode_programs), and, for a step
+decode kernel's longest programs add to a decode-only step (sim.decode_programs), the prefill
+kernel's program term of a prefill step (sim.prefill_programs), and, for a step
 table that lacks them, a mixture-of-experts model's expected distinct experts (sim.features.MOE_FEATURES).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -14,6 +16,7 @@ from engine.core.plan import StepPlan
 from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
 from sim.features import MOE_FEATURES, ROUTING_GROUPS, DistinctExperts, row_read_sequences
 from sim.piecewise import PiecewiseLinearFit
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
 from sim.profiled_regimes import FALLBACK, regime_of
 
 
@@ -33,6 +36,30 @@ def with_program_excess(features: dict[str, float], plan: StepPlan, ahead: int, 
     graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
     features[PROGRAM_EXCESS] = programs.step_excess_s(lens, per_token, graph)
     return features
+
+
+def with_prefill_programs(features: dict[str, float], plan: StepPlan, programs: PrefillPrograms) -> dict[str, float]:
+    """features, with the prefill kernel's program term of the step (sim.prefill_programs; 0 for a
+    decode-only step)."""
+    features[PREFILL_PROGRAM_KEYS] = programs.plan_keys(plan, bool(features["cuda_graph"])) \
+        if features["num_prefill_tokens"] else 0.0
+    return features
+
+
+def programs_if_used(used: bool, programs: PrefillPrograms | None, where: str) -> PrefillPrograms | None:
+    """programs where a profile's fits price the prefill program term (used; ValueError without
+    them), else None."""
+    if used and programs is None:
+        raise ValueError(f"{where}: fitted with the prefill kernel's programs ({PREFILL_PROGRAM_KEYS}); pricing it "
+                         "needs the model's and GPU's shapes (hardware.prefill_programs_per_sm)")
+    return programs if used else None
+
+
+def with_prefill_column(rows: list[dict[str, Any]], programs: PrefillPrograms | None) -> list[dict[str, Any]]:
+    """A step table's rows with the prefill program term of each (sim.prefill_programs: from the
+    row's totals, PrefillPrograms.row_keys)."""
+    assert programs is not None  # programs_if_used refuses a profile that prices the term without them
+    return [{**row, PREFILL_PROGRAM_KEYS: keys} for row, keys in zip(rows, programs.column(rows))]
 
 
 def with_expected_experts(df: pd.DataFrame, uses_moe_features: bool, distinct: DistinctExperts | None,

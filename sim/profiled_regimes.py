@@ -10,7 +10,12 @@ import pandas as pd
 
 from sim.features import MOE_FEATURES
 from sim.piecewise import PiecewiseLinearFit
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
 from sim.step_table import complete_columns, table_regimes
+
+# the prefill regimes, whose fits take the prefill kernel's programs where a profile is fitted
+# with them (sim.prefill_programs)
+PREFILL_REGIMES = ("prefill", "prefill_graph")
 
 # regime -> (size feature, linear features)
 # num_seeded: rows sampled with a per-request seed cost a generator each on the host (a profile
@@ -81,31 +86,50 @@ def with_moe(rows: pd.DataFrame, linear: tuple[str, ...]) -> tuple[str, ...]:
     return linear + tuple(f for f in MOE_FEATURES if f in rows.columns and rows[f].notna().all())
 
 
-def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int) -> dict[str, PiecewiseLinearFit]:
+def _fit(rows: pd.DataFrame, size: str, linear: tuple[str, ...], target: str, max_knots: int, min_support: int,
+         programs: bool, relative: bool = True) -> PiecewiseLinearFit:
+    """One regime's (or part's) fit; with programs, also on the prefill kernel's program term
+    (sim.prefill_programs), kept where the rows give it a rate (a coefficient > 0: seconds per key of
+    one program), else fitted without (the rows show no wait on long programs)."""
+    def fit(features: tuple[str, ...]) -> PiecewiseLinearFit:
+        return PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in features},
+                                      rows[target].to_numpy(), size, max_knots, min_support, relative=relative,
+                                      unless_collinear=MOE_FEATURES)
+    if not programs:
+        return fit(linear)
+    fitted = fit((*linear, PREFILL_PROGRAM_KEYS))
+    rate = dict(zip(fitted.linear_features, fitted.linear_coefs)).get(PREFILL_PROGRAM_KEYS, 0.0)
+    return fitted if rate > 0 else fit(linear)
+
+
+def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
+                programs: PrefillPrograms | None = None) -> dict[str, PiecewiseLinearFit]:
     """Every regime's fits on a step-timing table (columns: sim.features.FEATURE_COLUMNS and
     duration_s): each regime's duration, its overlap parts where the table has their columns, and
-    the host time where it has host_s."""
+    the host time where it has host_s. With programs, the prefill regimes' durations and device
+    times also fit the prefill kernel's program term (sim.prefill_programs; _fit), a column
+    computed here from each row."""
     df = complete_columns(df)
+    if programs is not None:
+        df = df.assign(**{PREFILL_PROGRAM_KEYS: programs.column(df.to_dict("records"))})
     timed = df[df["duration_s"].notna()]
     regimes = table_regimes(timed)
     fits = {}
     for name, (size, linear) in REGIMES.items():
         rows = timed[regimes == name]
         if len(rows):
-            linear = with_moe(rows, linear)
-            fits[name] = PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear},
-                                                rows["duration_s"].to_numpy(), size, max_knots,
-                                                min_support, unless_collinear=MOE_FEATURES)
+            fits[name] = _fit(rows, size, with_moe(rows, linear), "duration_s", max_knots, min_support,
+                              programs is not None and name in PREFILL_REGIMES)
     for part, column in OVERLAP_PARTS.items():
         if column not in df.columns:
             continue
         for name, (size, linear) in REGIMES.items():
             rows = df[(table_regimes(df) == name) & df[column].notna()]
             if len(rows):
-                linear = with_moe(rows, linear)
-                fits[f"{part}:{name}"] = PiecewiseLinearFit.fit(
-                    rows[size].to_numpy(), {f: rows[f].to_numpy() for f in linear}, rows[column].to_numpy(),
-                    size, max_knots, min_support, relative=part != "lead", unless_collinear=MOE_FEATURES)
+                # the term is device time: the host parts (launches, leads) are fitted without it
+                device = programs is not None and name in PREFILL_REGIMES and part not in HOST_PARTS
+                fits[f"{part}:{name}"] = _fit(rows, size, with_moe(rows, linear), column, max_knots, min_support,
+                                              device, relative=part != "lead")
     if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
         rows = df[df["host_s"] <= HOST_STALL_S]
         size, linear = HOST_FIT

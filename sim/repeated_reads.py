@@ -94,5 +94,6 @@ def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]
     copy.residuals = model.residuals
     copy.distinct_experts = model.distinct_experts
     copy.decode_programs = model.decode_programs
+    copy.prefill_programs = model.prefill_programs
     copy.overlapped_reads = model.overlapped_reads
     return copy

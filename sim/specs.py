@@ -221,6 +221,10 @@ class HardwareSpec:
     num_sms: int | None = None
     decode_program_bandwidth: float | None = None
     decode_programs_per_sm: int | None = None
+    # The engine's prefill attention kernel (sim.prefill_programs): how many of its programs (one
+    # query tile of one sequence and KV head each) one SM holds at once. None: no figure, a prefill
+    # step's attention is priced by its work alone.
+    prefill_programs_per_sm: int | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -233,13 +237,14 @@ class HardwareSpec:
             optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
                         "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s",
                         "weight_load_bytes_per_s", "num_sms", "decode_program_bandwidth",
-                        "decode_programs_per_sm")
+                        "decode_programs_per_sm", "prefill_programs_per_sm")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":
                 if not isinstance(value, str) or not value:
                     raise TypeError(f"HardwareSpec.name must be a non-empty str, got {value!r}")
-            elif f.name in ("mem_bytes", "gpus_per_node", "num_sms", "decode_programs_per_sm"):
+            elif f.name in ("mem_bytes", "gpus_per_node", "num_sms", "decode_programs_per_sm",
+                            "prefill_programs_per_sm"):
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)  # "80.0e+9" in YAML
                     object.__setattr__(self, f.name, value)

@@ -56,6 +56,7 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
     moved = ProfiledCostModel(fits, model.graphs)
     moved.launch_delay_s = model.launch_delay_s
     moved.distinct_experts = model.distinct_experts
+    moved.prefill_programs = model.prefill_programs  # the target's, where the builder knows it
     return moved
 
 

@@ -7,6 +7,8 @@
 # plots, coverage, targets and interval_margins.csv into experiments/fidelity. The engine side and
 # the roofline rows stay the calls' own (no step price in them). Scratch tables under $1.
 #   bash experiments/fidelity/rebuild_table.sh /tmp/rebuild
+#   F=experiments/fidelity; Q=$F/code_completion_h200_r2/qwen3-0.6b/profile_model_programs.csv
+#   P06=$F/h100_leakfree/profile_model_programs.csv PH200=$Q QFIT=$Q bash $F/rebuild_table.sh /tmp/rebuild
 # The Qwen3-8B cells the table holds from its first calls exist only in the table (their calls'
 # tables were not kept); they are simulated from it, and the prefill-heavy cells pooled since from
 # the table before that pool (git show 44e4032^).
@@ -15,8 +17,11 @@ tmp=${1:?usage: rebuild_table.sh SCRATCH_DIR}
 mkdir -p "$tmp"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 F=experiments/fidelity; R="python -m experiments.fidelity.resimulate"; M="python -m experiments.fidelity.merge"
-P06=$F/h100_leakfree/profile_model.csv; P8=$F/h100_8b/qwen3-8b_grid_fit.csv
-PH200=profiles/h200/qwen3-0.6b.csv; C06=$F/h200/qwen3-0.6b_from_h100.csv
+# the fits (each may be given in the environment instead: the same table with other fits, e.g. the
+# grids' fits with the prefill kernel's programs, docs/prefill-programs.md; QFIT: the code_completion
+# H200 call's own fit)
+P06=${P06:-$F/h100_leakfree/profile_model.csv}; P8=${P8:-$F/h100_8b/qwen3-8b_grid_fit.csv}
+PH200=${PH200:-profiles/h200/qwen3-0.6b.csv}; C06=${C06:-$F/h200/qwen3-0.6b_from_h100.csv}
 S06="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 80"
 S8="--model qwen3-8b --hardware h100 --num-blocks 1450"
 SH200="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 80"
@@ -68,11 +73,11 @@ S="$S8 --num-requests 200"
 $R $H/qwen3-8b/heldout.csv $P8 --label profiled --interval $S --out $H/resimulated/qwen3-8b_profiled.csv
 $R $H/qwen3-8b/heldout.csv $P8 --label profiled_run_host --interval --host-scales $H/qwen3-8b/host_scales_runs.csv \
     $S --out $H/resimulated/qwen3-8b_profiled_run_host.csv
-D=$F/code_completion_h200_r2; Q=$D/qwen3-0.6b; S="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1500"
-$R $Q/heldout.csv $Q/profile_model.csv --label profiled --interval $S --out $D/resimulated/qwen3-0.6b_profiled.csv
-$R $Q/heldout.csv $Q/profile_model.csv --label profiled_run_host --interval --host-scales $Q/host_scales_runs.csv \
+D=$F/code_completion_h200_r2; Q=$D/qwen3-0.6b; QFIT=${QFIT:-$Q/profile_model.csv}; S="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1500"
+$R $Q/heldout.csv $QFIT --label profiled --interval $S --out $D/resimulated/qwen3-0.6b_profiled.csv
+$R $Q/heldout.csv $QFIT --label profiled_run_host --interval --host-scales $Q/host_scales_runs.csv \
     $S --out $D/resimulated/qwen3-0.6b_profiled_run_host.csv
-$R $Q/heldout.csv $Q/profile_model.csv --label profiled_run_host_jitter --interval --host-scales $Q/host_scales_runs.csv \
+$R $Q/heldout.csv $QFIT --label profiled_run_host_jitter --interval --host-scales $Q/host_scales_runs.csv \
     --host-jitter $S --out $D/resimulated/qwen3-0.6b_profiled_run_host_jitter.csv
 $R $Q/heldout.csv $C06 --label carried --interval $S --out $D/resimulated/qwen3-0.6b_carried.csv
 $R $Q/heldout.csv $C06 --label carried_run_host --interval --host-scales $Q/host_scales_carried_runs.csv $S \

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sim.features import EXPECTED_EXPERTS
+from sim.prefill_programs import PrefillPrograms
 from sim.profiled import (
     EAGER_REGIMES,
     REGIMES,
@@ -65,16 +66,17 @@ STALL_FACTOR = 2.0  # a real step slower than this multiple of the grid's predic
 
 
 def fit_calibration(profile: pd.DataFrame, real_steps: pd.DataFrame | None = None,
-                    graphs=()) -> ProfiledCostModel:
+                    graphs=(), programs: PrefillPrograms | None = None) -> ProfiledCostModel:
     """Executor time from the profile's grid rows and the real steps; host time from the real steps.
 
     NOTE: a real step can stall (a garbage-collector pause inside execute()): one such row weighs
     like hundreds under a relative-error fit. Real rows slower than STALL_FACTOR x what the grid
-    alone predicts keep their host time but not their executor time."""
+    alone predicts keep their host time but not their executor time. programs: the prefill fits
+    take the prefill kernel's program term (sim.prefill_programs)."""
     grid = profile[profile["set"] == "grid"] if "set" in profile.columns else profile
     grid = grid.drop(columns=["host_s"], errors="ignore")
     if real_steps is None or not len(real_steps):
-        return ProfiledCostModel.fit(grid, graphs)
+        return ProfiledCostModel.fit(grid, graphs, prefill_programs=programs)
     real = real_step_table(real_steps).drop(columns=["previous_duration_s"])
     if "launch_s" in grid.columns:
         # NOTE: an overlapping engine's profile: the grid measured each shape as the engine serves
@@ -84,13 +86,13 @@ def fit_calibration(profile: pd.DataFrame, real_steps: pd.DataFrame | None = Non
         # new batch compositions, the collector); the loop's delay before a launch from the real
         # eager steps' durations after their measured predecessors.
         model = ProfiledCostModel.fit(pd.concat([grid, real.assign(duration_s=np.nan)], ignore_index=True),
-                                      graphs)
+                                      graphs, prefill_programs=programs)
         model.launch_delay_s = fit_launch_delay(model, real_step_table(real_steps))
         return model
-    first = ProfiledCostModel.fit(grid, graphs)
+    first = ProfiledCostModel.fit(grid, graphs, prefill_programs=programs)
     stalled = real["duration_s"].to_numpy() > STALL_FACTOR * _quiet(first.predict, real)
     real = real.assign(duration_s=real["duration_s"].where(~stalled))
-    return ProfiledCostModel.fit(pd.concat([grid, real], ignore_index=True), graphs)
+    return ProfiledCostModel.fit(pd.concat([grid, real], ignore_index=True), graphs, prefill_programs=programs)
 
 
 LAUNCH_DELAYS_S = tuple(np.round(np.r_[np.arange(0, 0.005, 0.00025), np.arange(0.005, 0.03, 0.001), 1.0], 5))
@@ -133,11 +135,12 @@ def error_rows(label: str, table: pd.DataFrame, predicted: np.ndarray, measured:
 
 
 def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
-             seed: int = 0) -> tuple[ProfiledCostModel, pd.DataFrame]:
+             seed: int = 0, programs: PrefillPrograms | None = None) -> tuple[ProfiledCostModel, pd.DataFrame]:
     """The calibrated model and its held-out errors (see the module docstring). The model keeps
     the held-out relative errors as its residuals (sim.interval): the real steps' where there are
-    any (they are served steps), else the grid split's and the random shapes'."""
-    model = fit_calibration(profile, real_steps, graphs)
+    any (they are served steps), else the grid split's and the random shapes'. programs: as
+    fit_calibration takes them."""
+    model = fit_calibration(profile, real_steps, graphs, programs)
     grid = profile[profile["set"] == "grid"].reset_index(drop=True)
     real = real_step_table(real_steps).reset_index(drop=True) if real_steps is not None else grid.iloc[:0]
     rng = np.random.default_rng(seed)
@@ -149,7 +152,7 @@ def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
         residuals[label] = (predicted - measured) / measured
 
     held = rng.random(len(grid)) < 0.2
-    held_out("grid_split", fit_calibration(grid[~held], real, graphs), grid[held])
+    held_out("grid_split", fit_calibration(grid[~held], real, graphs, programs), grid[held])
     random = profile[profile["set"] == "random"]
     if len(random):
         held_out("random_shapes", model, random)
@@ -157,7 +160,7 @@ def validate(profile: pd.DataFrame, real_steps: pd.DataFrame | None, graphs=(),
             held_out("random_shapes_expected", model, random.assign(moe_distinct_experts=random[EXPECTED_EXPERTS]))
     if len(real) >= 2:
         held = rng.random(len(real)) < 0.5
-        held_out("real_steps", fit_calibration(grid, real[~held], graphs), real[held])
+        held_out("real_steps", fit_calibration(grid, real[~held], graphs, programs), real[held])
     pool = residuals.get("real_steps", np.r_[residuals["grid_split"], residuals.get("random_shapes", [])])
     model.residuals = kept_residuals(pool)
     return model, pd.DataFrame(rows)

@@ -10,6 +10,8 @@ count. No GPU needed.
     python -m experiments.fidelity.cause.prefill_rows $G/profile.csv profiles/h200/qwen3-0.6b.csv --out /tmp/rows.csv
     python -m experiments.fidelity.cause.prefill_rows experiments/fidelity/h100_leakfree/profile.csv \
         experiments/fidelity/h100_leakfree/profile_model.csv --regime prefill --out /tmp/eager_rows.csv
+    python -m experiments.fidelity.cause.prefill_rows $G/profile.csv $G/profile_model_programs.csv \
+        --model qwen3-0.6b --hardware h200 --out /tmp/rows_programs.csv    # fitted with sim.prefill_programs
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.config import ConfigError, load_hardware, model_spec
+from sim.prefill_programs import PrefillPrograms
 from sim.profiled import ProfiledCostModel
+from sim.profiled_features import with_prefill_column
 from sim.step_table import complete_columns, table_regimes
 
 COLUMNS = ["graph_batch_size", "num_prefill_tokens", "num_seqs", "context_per_seq", "gpu_ms", "priced_ms", "error"]
@@ -42,9 +47,12 @@ def prefill_rows(grid: pd.DataFrame, model: ProfiledCostModel, regime: str = "pr
     table = complete_columns(grid)
     rows = table[(table_regimes(table) == regime) & (table["num_decode_tokens"] == 0)
                  & table["gpu_s"].notna()].copy()
+    records = rows.to_dict("records")
+    if model.uses_prefill_programs:  # the prefill kernel's program term (sim.prefill_programs)
+        records = with_prefill_column(records, model.prefill_programs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        priced = [model.overlap_parts(row)[1] for row in rows.to_dict("records")]
+        priced = [model.overlap_parts(row)[1] for row in records]
     rows["context_per_seq"] = rows["prefill_context_tokens"] / rows["num_seqs"]
     rows["gpu_ms"] = 1e3 * rows["gpu_s"]
     rows["priced_ms"] = 1e3 * np.asarray(priced)
@@ -59,11 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("profile", type=Path, help="the profile (fitted coefficients) to price its rows with")
     p.add_argument("--regime", choices=sorted(SIZE), default="prefill_graph",
                    help="prefill_graph: the rows replayed as CUDA graphs; prefill: the eager rows")
+    p.add_argument("--model", help="conf/model preset of the grid: needed by a profile fitted with the prefill "
+                                   "kernel's programs (sim.prefill_programs), with --hardware")
+    p.add_argument("--hardware", help="conf/hardware name of the grid's GPU (with --model)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     try:
-        rows = prefill_rows(pd.read_csv(args.grid), ProfiledCostModel.load(args.profile), args.regime)
-    except (OSError, ValueError) as error:
+        programs = None
+        if args.model or args.hardware:
+            if not (args.model and args.hardware):
+                raise ValueError("--model and --hardware go together")
+            hardware = load_hardware(args.hardware, "--hardware")
+            programs = PrefillPrograms.of(model_spec({"preset": args.model}), hardware)
+        model = ProfiledCostModel.load(args.profile, prefill_programs=programs)
+        rows = prefill_rows(pd.read_csv(args.grid), model, args.regime)
+    except (OSError, ValueError, ConfigError) as error:
         raise SystemExit(f"error: {str(error).splitlines()[0]}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(args.out, index=False)

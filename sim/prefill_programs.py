@@ -1,0 +1,136 @@
+"""A prefill step's attention as the engine's prefill kernel runs it: its programs, and how far the
+longest of them keep the step waiting beyond the kernel's work spread over the GPU.
+
+The kernel (kernels.prefill_attention) runs one program per (sequence, KV head, query tile of
+block_q tokens: engine.core.prefill_tiles), and each program walks, one after the other, every key
+its tile sees: the sequence's cached keys, then its causal part. A cost model that prices the
+attention by its work (query-key pairs) assumes the programs keep the GPU busy to the end. A small
+chunk after a long cached context does not: 16 tokens after 2,048 cached keys on Qwen3-0.6B (8 KV
+heads, block_q 32) are 8 programs of 2,064 keys on 132 SMs, each walking its keys serially; on
+the H200 grid that step took 2.57 ms against 1.27 ms fresh, where its 33k extra pairs are worth
+~20 us at the fit's price of a pair (experiments/autoscale/h200_run3/README.md). A profile fitted
+without a term for this prices fresh prompts above what they took and chunks after a cached
+context below (its knots sit between the two).
+
+The term (one per step, summed over layers, in keys): the launch's programs are list-scheduled in
+launch order onto num_sms x programs_per_sm slots (an SM holds that many at once), each walking
+its keys at one rate, and the step is charged what that makespan exceeds the same keys spread
+evenly over the slots: num_layers x max(0, makespan - total keys / slots). It is 0 where the
+programs fill the GPU evenly (a long fresh prompt: its work prices it as before), and about the
+longest program's keys where a few long programs run alone. The profiled model fits its
+coefficient (seconds per key: one program's inverse walking rate) on the grid's rows beside the
+other linear features (sim.profiled_regimes); experiments/kernels/prefill_balance.py measures the
+rate on a GPU.
+
+Launch order: a CUDA graph's kernel reads a tile map sorted longest tile first (kernels.prefill_tiles
+.query_tiles), its grid (map entries, KV heads) head after head; an eager launch's grid is
+(sequences, KV heads, query tiles), so the first tile of every sequence and head starts first.
+A mixed step's decodes ride in the same kernel as one-token queries over their contexts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core.plan import StepPlan
+from engine.core.prefill_tiles import tile_shape
+from sim.decode_programs import walk_seconds
+from sim.features import row_sequences
+from sim.specs import HardwareSpec, ModelSpec
+
+# the step feature (and profile column) that carries the term to the profiled model's fits
+PREFILL_PROGRAM_KEYS = "prefill_program_keys"
+
+
+@dataclass(frozen=True)
+class PrefillPrograms:
+    """num_kv_heads: per rank; group: query heads per KV head (sets the tile); programs_per_sm:
+    programs one SM holds at once (hardware field prefill_programs_per_sm)."""
+
+    num_kv_heads: int
+    group: int
+    num_layers: int
+    num_sms: int
+    programs_per_sm: int
+    element_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("num_kv_heads", "group", "num_layers", "num_sms", "programs_per_sm", "element_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PrefillPrograms.{name} must be an int >= 1, got {value!r}")
+
+    @classmethod
+    def of(cls, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1) -> PrefillPrograms | None:
+        """The engine's prefill kernel for this model on this GPU at tp_size, or None where the
+        hardware lacks its figures (num_sms, prefill_programs_per_sm)."""
+        if hardware.num_sms is None or hardware.prefill_programs_per_sm is None:
+            return None
+        heads = model.kv_heads_per_rank(tp_size)
+        element = model.kv_bytes_per_token_per_rank(tp_size) // (2 * model.num_layers * heads * model.head_dim)
+        return cls(heads, model.num_heads // model.num_kv_heads, model.num_layers, hardware.num_sms,
+                   hardware.prefill_programs_per_sm, max(int(element), 1))
+
+    @property
+    def slots(self) -> int:
+        return self.num_sms * self.programs_per_sm
+
+    def launch_keys(self, query_lens: Sequence[int], context_lens: Sequence[int], graph: bool) -> np.ndarray:
+        """Keys each program of the launch walks, in the order the GPU starts them (module doc)."""
+        q = np.asarray(query_lens, np.int64)
+        c = np.asarray(context_lens, np.int64)
+        keep = q > 0
+        q, c = q[keep], c[keep]
+        if q.size == 0:
+            return np.zeros(0)
+        block_q = tile_shape(self.group, int(q.max()), self.element_bytes).block_q
+        tiles = -(-q // block_q)
+        seq = np.repeat(np.arange(q.size), tiles)
+        index = np.arange(int(tiles.sum())) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+        keys = c[seq] + np.minimum((index + 1) * block_q, q[seq])  # the last query of the tile sees these
+        if graph:
+            per_head = np.sort(keys)[::-1]
+            return np.tile(per_head, self.num_kv_heads).astype(float)
+        # the grid is (sequences, KV heads, query tiles), sequence fastest: tile index slowest
+        waves = [np.tile(keys[index == i][np.argsort(seq[index == i], kind="stable")], self.num_kv_heads)
+                 for i in range(int(tiles.max()))]
+        return np.concatenate(waves).astype(float)
+
+    def excess_keys(self, query_lens: Sequence[int], context_lens: Sequence[int], graph: bool) -> float:
+        """num_layers x (the launch's makespan in keys walked - its keys spread evenly over the
+        slots), >= 0 (module doc)."""
+        keys = self.launch_keys(query_lens, context_lens, graph)
+        if keys.size == 0:
+            return 0.0
+        slots = self.slots
+        makespan = walk_seconds(keys, slots if keys.size > slots else None, np.inf, 1.0)
+        return self.num_layers * max(0.0, makespan - float(keys.sum()) / slots)
+
+    def plan_keys(self, plan: StepPlan, graph: bool) -> float:
+        """excess_keys of a planned step's prefill kernel launch (0 for a decode-only step, which
+        the decode kernel runs)."""
+        if all(entry.is_decode for entry in plan.scheduled):
+            return 0.0
+        query = [len(entry.token_ids) for entry in plan.scheduled]
+        context = [entry.num_computed_tokens for entry in plan.scheduled]
+        return self.excess_keys(query, context, graph)
+
+    def row_keys(self, row: Mapping[str, float]) -> float:
+        """excess_keys of a step table's row, from its totals: the prefill chunks and their cached
+        contexts evened out (exact for the profiling grid's shapes, sim.features.row_sequences),
+        each decode a one-token query over the decodes' mean context."""
+        prefill, decodes = int(row["num_prefill_tokens"]), int(row["num_decode_tokens"])
+        if prefill <= 0:
+            return 0.0
+        sizes = row_sequences(prefill, decodes, int(row["num_seqs"]))
+        chunks = len(sizes) - decodes
+        cached = int(row["prefill_context_tokens"]) // max(chunks, 1)
+        own = int(row["decode_context_tokens"]) // decodes - 1 if decodes else 0
+        context = [cached] * chunks + [max(own, 0)] * decodes
+        return self.excess_keys(sizes, context, bool(row.get("cuda_graph", 0)))
+
+    def column(self, rows: Sequence[Mapping[str, float]]) -> list[float]:
+        return [self.row_keys(row) for row in rows]

@@ -1,0 +1,158 @@
+"""The prefill kernel's programs in the profiled model (sim.prefill_programs): a chunk after a cached
+context waits on its few long programs, which a fit on attention pairs alone cannot price; a fit
+with the term recovers the programs' rate from a grid and tells fresh prompts from cached ones, and
+a profile without it is priced exactly as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.core.graph_sizes import GraphSizes
+from harness.scripting import compose_run_config
+from sim.cost_model import make_cost_model
+from sim.features import attention_pairs, step_features
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
+from sim.profiled import ProfiledCostModel
+from tests.sim.helpers import decode, hardware, model, plan, prefill
+
+pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")
+
+# Qwen3-0.6B on an H100/H200: 8 KV heads, group 2, 28 layers, 132 SMs, two programs per SM
+KERNEL = PrefillPrograms(num_kv_heads=8, group=2, num_layers=28, num_sms=132, programs_per_sm=2)
+GRAPHS = GraphSizes(decode=(1, 2, 4, 8), prefill=(16, 64, 128, 256, 512, 1024, 2048))
+
+
+def test_a_small_chunk_after_a_cached_context_waits_on_its_longest_program():
+    # 16 tokens after 2,048 cached keys: 8 programs of 2,064 keys on 264 slots, one per KV head
+    excess = KERNEL.excess_keys([16], [2048], graph=True)
+    assert excess == pytest.approx(28 * 2064 * (1 - 8 / 264))
+    # the same chunk fresh walks 16 keys
+    assert KERNEL.excess_keys([16], [0], graph=True) == pytest.approx(28 * 16 * (1 - 8 / 264))
+
+
+def test_programs_that_fill_the_gpu_evenly_add_nothing():
+    # 33 one-tile sequences x 8 KV heads = 264 programs of equal keys: the slots, evenly
+    assert KERNEL.excess_keys([32] * 33, [0] * 33, graph=True) == 0.0
+    assert KERNEL.excess_keys([32] * 66, [512] * 66, graph=False) == 0.0
+    assert KERNEL.excess_keys([], [], graph=True) == 0.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.integers(1, 3000), seqs=st.integers(1, 40), cached=st.integers(0, 8192),
+       extra=st.integers(1, 4096), graph=st.booleans())
+def test_the_wait_grows_with_the_cached_context_while_the_programs_fit_the_slots(tokens, seqs, cached, extra, graph):
+    query = [tokens] * seqs
+    if KERNEL.launch_keys(query, [0] * seqs, graph).size > KERNEL.slots:
+        return  # more programs than slots: list scheduling, no such order in general
+    before = KERNEL.excess_keys(query, [cached] * seqs, graph)
+    after = KERNEL.excess_keys(query, [cached + extra] * seqs, graph)
+    assert after >= before >= 0.0
+    # no more than the longest program's keys in every layer
+    assert after <= 28 * (cached + extra + tokens)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 8192)), min_size=1, max_size=80),
+       graph=st.booleans())
+def test_the_wait_is_bounded_by_the_makespan_and_the_launch_has_the_kernels_programs(lens, graph):
+    query, cached = [q for q, _ in lens], [c for _, c in lens]
+    keys = KERNEL.launch_keys(query, cached, graph)
+    block_q = 64 if max(query) >= 4096 else 32
+    assert keys.size == 8 * sum(-(-q // block_q) for q in query)
+    # each KV head walks the chunk's attention pairs over block_q tokens, at least
+    assert keys.sum() >= 8 * sum(attention_pairs(q, c) for q, c in lens) / block_q - 1e-6
+    excess = KERNEL.excess_keys(query, cached, graph)
+    assert 0.0 <= excess <= 28 * keys.sum()
+
+
+def test_a_plan_and_its_table_row_have_the_same_term():
+    # uniform chunks (the grid's shapes) and a mixed step's decodes over equal contexts
+    for entries in ([prefill(64, 512, rid=f"p{i}") for i in range(4)],
+                    [prefill(128, 0, rid="p"), *(decode(1023, rid=f"d{i}") for i in range(8))]):
+        step = plan(*entries)
+        row = step_features(step, GRAPHS)
+        assert KERNEL.plan_keys(step, bool(row["cuda_graph"])) == pytest.approx(KERNEL.row_keys(row))
+    assert KERNEL.plan_keys(plan(decode(100), decode(200)), True) == 0.0
+
+
+def synthetic_grid(rate_s_per_key: float) -> pd.DataFrame:
+    """The grid's prefill shapes (chunks of 16-2048 tokens over 1-32 sequences after 0-2,048
+    cached tokens each), timed by a law with a planted program rate."""
+    rows = []
+    for tokens, seqs, cached in itertools.product((16, 64, 128, 256, 512, 1024, 2048), (1, 4, 16, 32),
+                                                  (0, 512, 2048)):
+        if seqs > tokens:
+            continue
+        step = plan(*(prefill(tokens // seqs, cached, rid=f"p{i}") for i in range(seqs)))
+        row = step_features(step, GRAPHS)
+        keys = KERNEL.plan_keys(step, True)
+        row["duration_s"] = 1.2e-3 + 1.5e-6 * row["graph_batch_size"] + 6e-10 * row["prefill_attention_pairs"] \
+            + rate_s_per_key * keys
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_a_fit_on_a_grid_recovers_the_planted_rate_and_prices_both_kinds_of_rows():
+    planted = 2.4e-8  # ~42 M keys/s per program, the H200 grid's
+    grid = synthetic_grid(planted)
+    fitted = ProfiledCostModel.fit(grid, GRAPHS, prefill_programs=KERNEL)
+    coefs = dict(zip(fitted.fits["prefill_graph"].linear_features, fitted.fits["prefill_graph"].linear_coefs))
+    assert coefs[PREFILL_PROGRAM_KEYS] == pytest.approx(planted, rel=0.02)
+    error = fitted.predict(grid) / grid["duration_s"].to_numpy() - 1
+    assert np.abs(error).max() < 0.01
+    # without the term the knots sit between fresh and cached rows
+    plain = ProfiledCostModel.fit(grid, GRAPHS)
+    error = plain.predict(grid) / grid["duration_s"].to_numpy() - 1
+    assert np.abs(error).max() > 0.1
+    # and step_time prices a simulated step of a grid shape as its row
+    step = plan(prefill(16, 2048))
+    assert fitted.step_time(step) == pytest.approx(1.2e-3 + 1.5e-6 * 16 + 6e-10 * attention_pairs(16, 2048)
+                                                   + planted * KERNEL.plan_keys(step, True), rel=0.02)
+
+
+def test_a_saved_fit_keeps_the_term_and_needs_the_kernel_to_price_it(tmp_path):
+    fitted = ProfiledCostModel.fit(synthetic_grid(2e-8), GRAPHS, prefill_programs=KERNEL)
+    path = tmp_path / "fit.csv"
+    fitted.to_csv(path)
+    with pytest.raises(ValueError, match="prefill_programs_per_sm"):
+        ProfiledCostModel.load(path, GRAPHS)
+    again = ProfiledCostModel.load(path, GRAPHS, KERNEL)
+    step = plan(prefill(64, 2048))
+    assert again.step_time(step) == pytest.approx(fitted.step_time(step))
+    # a grid loaded without fit_programs is fitted as before, and the kernel is then not used
+    grid = tmp_path / "grid.csv"
+    synthetic_grid(2e-8).to_csv(grid, index=False)
+    plain = ProfiledCostModel.load(grid, GRAPHS, KERNEL, fit_programs=False)
+    assert not plain.uses_prefill_programs
+    assert plain.step_time(step) == ProfiledCostModel.fit(synthetic_grid(2e-8), GRAPHS).step_time(step)
+
+
+def test_the_cost_model_takes_the_kernel_from_the_model_and_gpu(tmp_path):
+    path = tmp_path / "grid.csv"
+    synthetic_grid(2e-8).to_csv(path, index=False)
+    rc = compose_run_config(["backend=sim", "backend.cost_model=profiled", f"backend.profile_path={path}",
+                             "hardware=h100", "model=qwen3-0.6b", "backend.prefill_programs=true"])
+    cost = make_cost_model(rc.model, rc.hardware, rc.sim, GRAPHS)
+    assert isinstance(cost, ProfiledCostModel) and cost.uses_prefill_programs
+    assert cost.prefill_programs == PrefillPrograms.of(model("qwen3-0.6b"), hardware("h100"))
+    # Qwen3-8B: 32 query heads over 8 KV heads, 36 layers
+    eight = PrefillPrograms.of(model("qwen3-8b"), hardware("h200"))
+    assert eight is not None and (eight.group, eight.num_layers, eight.num_kv_heads) == (4, 36, 8)
+    assert PrefillPrograms.of(model("qwen3-0.6b"), hardware("cpu")) is None
+    cpu = dataclasses.replace(rc.sim, prefill_programs=True)
+    with pytest.raises(ValueError, match="prefill_programs_per_sm"):
+        make_cost_model(rc.model, hardware("cpu"), cpu, GRAPHS)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        PrefillPrograms(8, 2, 28, 132, 0)
+    with pytest.raises(ValueError, match="prefill_programs"):
+        compose_run_config(["backend=sim", "backend.prefill_programs=maybe"])

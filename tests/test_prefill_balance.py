@@ -1,0 +1,39 @@
+"""experiments/kernels/prefill_balance.py: the prefill kernel's per-program rate probe. On a CPU its
+--dry-run prices every shape with a planted rate (through sim.prefill_programs, the simulator's
+rule) and its fit recovers it; on a GPU it times the kernel within its budget."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from experiments.kernels import prefill_balance
+
+
+def test_the_dry_run_recovers_the_planted_rate(tmp_path, capsys):
+    assert prefill_balance.main(["--out", str(tmp_path), "--dry-run"]) == 0
+    fitted = pd.read_csv(tmp_path / "fit.csv").set_index("launch")
+    assert set(fitted.index) == {"graph", "eager"}
+    assert fitted["rate_keys_per_s"].to_numpy() == pytest.approx(prefill_balance.PLANTED_RATE, rel=1e-6)
+    kernel = pd.read_csv(tmp_path / "kernel.csv")
+    assert len(kernel) == 2 * len(prefill_balance.shapes())
+    # a small chunk after a long cached context waits on its programs; a fresh one hardly
+    one = kernel[(kernel.seqs == 1) & (kernel.chunk == 16) & (kernel.launch == "graph")].set_index("cached")
+    assert one.loc[8192, "excess_keys"] > 100 * one.loc[0, "excess_keys"]
+
+
+def test_bad_settings_are_refused_in_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="multiple of --kv-heads"):
+        prefill_balance.main(["--out", str(tmp_path), "--dry-run", "--heads", "12", "--kv-heads", "8"])
+    with pytest.raises(SystemExit, match="budget-s"):
+        prefill_balance.main(["--out", str(tmp_path), "--dry-run", "--budget-s", "0"])
+
+
+@pytest.mark.gpu
+def test_the_probe_times_the_kernel_on_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert prefill_balance.main(["--out", str(tmp_path), "--budget-s", "3"]) == 0
+    kernel = pd.read_csv(tmp_path / "kernel.csv")
+    assert (kernel["us"] > 0).all()
