@@ -23,10 +23,10 @@ from sim.prefill_programs import PrefillPrograms
 
 # (grid, model preset, conf/hardware name): the committed grids with measured device times
 GRIDS = (
-    ("experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile.csv", "qwen3-0.6b", "h200"),
-    ("experiments/fidelity/h100_leakfree/profile.csv", "qwen3-0.6b", "h100"),
+    ("experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile.csv.gz", "qwen3-0.6b", "h200"),
+    ("experiments/fidelity/h100_leakfree/profile.csv.gz", "qwen3-0.6b", "h100"),
     ("experiments/calibration/h100_run6/qwen3_8b/profile.csv", "qwen3-8b", "h100"),
-    ("experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv", "qwen3-30b-a3b", "h100"),
+    ("experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv.gz", "qwen3-30b-a3b", "h100"),
 )
 
 

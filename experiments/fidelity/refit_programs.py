@@ -5,7 +5,7 @@ and GPU (the cost model's builder supplies the kernel's shapes). Writes the coef
 validation table beside each other. No GPU needed.
 
     G=experiments/fidelity/code_completion_h200_r2/qwen3-0.6b
-    python -m experiments.fidelity.refit_programs $G/profile.csv --model qwen3-0.6b --hardware h200 \\
+    python -m experiments.fidelity.refit_programs $G/profile.csv.gz --model qwen3-0.6b --hardware h200 \\
         --out $G/profile_model_programs.csv
 """
 

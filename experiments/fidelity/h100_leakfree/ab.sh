@@ -1,4 +1,4 @@
-P=$PWD/experiments/fidelity/h100_leakfree/profile.csv
+P=$PWD/experiments/fidelity/h100_leakfree/profile.csv.gz
 for tag in a1 b a2; do
   if [ $tag = b ]; then PR=null; else PR=$P; fi
   OUT=$OUT/$tag MODEL=qwen3-0.6b WORKLOADS=prefill_heavy LOADS=0.8 NUM_REQUESTS=80 WHEELS=.hyd PROFILE=$PR bash experiments/fidelity/run_gpu.sh > $OUT/$tag.log 2>&1
