@@ -4,7 +4,7 @@ seed, scheduler and pool give the same shapes) and matching each row to its plan
 
     python experiments/fidelity/routing_groups.py experiments/fidelity/h100_30b_r2/qwen3-30b-a3b/profile.csv.gz \
         --max-model-len 16384 --max-num-batched-tokens 16384 --max-num-seqs 512 --num-blocks 401 \
-        --block-size 256 --vocab-size 151936 --out experiments/fidelity/h100_30b_r2/shared/profile.csv
+        --block-size 256 --vocab-size 151936 --out experiments/fidelity/h100_30b_r2/shared/profile.csv.gz
 
 Refuses in one line where a row matches no plan or plans of another grouping (another grid).
 """

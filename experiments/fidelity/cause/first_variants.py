@@ -76,7 +76,7 @@ def simulated_cells(name: str, profile: str) -> list[tuple[str, list[int]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--classes", default="prefill_heavy,shared_prefix,conversation")
-    parser.add_argument("--profile", default="experiments/fidelity/h100_30b_r2/shared/profile.csv")
+    parser.add_argument("--profile", default="experiments/fidelity/h100_30b_r2/shared/profile.csv.gz")
     parser.add_argument("--counts", default="", help="engine token counts to check at repeat 0 of each load cell")
     parser.add_argument("--counts-class", default="prefill_heavy", help="the class whose load cells --counts checks")
     args = parser.parse_args()
