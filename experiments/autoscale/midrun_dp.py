@@ -151,6 +151,8 @@ def parser() -> argparse.ArgumentParser:
                    "replica (the simulated start is then priced by the probe alone)")
     p.add_argument("--probe-after", default="", help="models probed after the fleet, e.g. qwen3-8b")
     p.add_argument("--set", action="append", default=[], help="another harness override for both sides")
+    p.add_argument("--sim-set", action="append", default=[],
+                   help="a harness override for the simulated side alone (e.g. backend.profile_path=...)")
     return p
 
 
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     device = ["backend.device=cpu"] if args.cpu else []
     engine_side = compose(shared + ["backend=engine", f"backend.model={ckpt}", *device])
     sim = ["backend=sim"] + ([] if args.cpu else ["backend.cost_model=profiled"])
-    sim_side = compose(shared + sim)
+    sim_side = compose(shared + sim + args.sim_set)
     args.out.mkdir(parents=True, exist_ok=True)
     base = [*CPU_SETTINGS, *device] if args.cpu else []
     cold_start.ensure_checkpoint(args.model, ckpt)
