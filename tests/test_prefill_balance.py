@@ -37,3 +37,13 @@ def test_the_probe_times_the_kernel_on_a_gpu(tmp_path):
     assert prefill_balance.main(["--out", str(tmp_path), "--budget-s", "3"]) == 0
     kernel = pd.read_csv(tmp_path / "kernel.csv")
     assert (kernel["us"] > 0).all()
+
+
+def test_residuals_vanish_at_the_planted_rate_only(tmp_path):
+    from experiments.kernels.prefill_balance_residuals import residuals
+    prefill_balance.main(["--out", str(tmp_path), "--dry-run"])
+    kernel = pd.read_csv(tmp_path / "kernel.csv")
+    _, right = residuals(kernel, 1 / prefill_balance.PLANTED_RATE)
+    _, wrong = residuals(kernel, 2 / prefill_balance.PLANTED_RATE)
+    assert right["max_abs"].max() < 1e-6
+    assert wrong.set_index("model").loc["grid", "max_abs"].min() > 0.05
