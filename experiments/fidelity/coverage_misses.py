@@ -2,7 +2,7 @@
 raw errors and the conformal scores (harness.fidelity.conformal) spread, and which classes the
 cells outside their conformalised interval belong to. No GPU needed.
 
-    python experiments/fidelity/coverage_misses.py experiments/fidelity/heldout.csv
+    python experiments/fidelity/coverage_misses.py experiments/fidelity/heldout.csv.gz
 
 Writes nothing; prints two tables: per group the |ln(sim / engine)| median and 90th percentile
 beside the interval's log half-width and the scores' 90th percentile (a score grows with load only

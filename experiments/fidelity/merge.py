@@ -1,4 +1,4 @@
-"""Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv,
+"""Merge the held-out tables of the GPU calls (run_gpu.sh) into experiments/fidelity/heldout.csv.gz,
 with heldout_<model>.png per model, coverage.csv and coverage.png (per model, GPU and load: the cells
 inside the propagated and the conformalised interval), targets.csv (cells within 10%) and
 interval_margins.csv (the conformal margin per model, GPU and load from every class,
@@ -13,7 +13,7 @@ A later table's rows replace an earlier one's for the same model, hardware, clas
 and cost model (schedules: class, cost model and engine repeat), so a call that re-measures some
 classes updates the committed tables in place:
 
-    python experiments/fidelity/merge.py experiments/fidelity/heldout.csv <the call's heldout.csv>
+    python experiments/fidelity/merge.py experiments/fidelity/heldout.csv.gz <the call's heldout.csv>
 
 Where a call priced a cell at the host that served it (rows profiled_host of fidelity.price_serving_host,
 or resimulate.py --host-scales rows profiled_run_host), that prediction is the cell's "profiled" row
@@ -25,7 +25,7 @@ A call that serves committed cells again, to measure them on another machine, is
 every call's repeats count, and engine_spread says how far the calls' means lie apart
 (harness.fidelity.report.pool):
 
-    python experiments/fidelity/merge.py experiments/fidelity/heldout.csv --pool <the call's heldout.csv>
+    python experiments/fidelity/merge.py experiments/fidelity/heldout.csv.gz --pool <the call's heldout.csv>
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # simulated again with the committed fit of its model and GPU (resimulate.py, with the interval),
 # pooled as the table pools them (merge.py --pool, in the order the calls were pooled: a pool's
 # engine_spread depends on it), the carried H200 rows over the table's cells, the code_completion
-# calls at the grid's host and at each run's measured host; then merge.py writes heldout.csv, its
+# calls at the grid's host and at each run's measured host; then merge.py writes heldout.csv (gzipped after), its
 # plots, coverage, targets and interval_margins.csv into experiments/fidelity. The engine side and
 # the roofline rows stay the calls' own (no step price in them). Scratch tables under $1.
 #   bash experiments/fidelity/rebuild_table.sh /tmp/rebuild
@@ -41,9 +41,9 @@ $M "$tmp/pool06_2/heldout.csv" --pool "$tmp/06_fourth.csv" --out "$tmp/pool06" >
 
 # Qwen3-8B on the H100: 60 requests a cell, 40 for decode-heavy and the preempting bench; the
 # prefill-heavy cells at 80% and offline pooled over three calls
-$R $F/heldout.csv $P8 --label profiled --interval $S8 --num-requests 60 \
+$R $F/heldout.csv.gz $P8 --label profiled --interval $S8 --num-requests 60 \
     --workloads prefill_heavy,bursty,conversation,shared_prefix --out "$tmp/8b_60.csv"
-$R $F/heldout.csv $P8 --label profiled --interval $S8 --num-requests 40 \
+$R $F/heldout.csv.gz $P8 --label profiled --interval $S8 --num-requests 40 \
     --workloads decode_heavy,preempting_bench --out "$tmp/8b_40.csv"
 git show 44e4032^:experiments/fidelity/heldout.csv > "$tmp/heldout_before_8b_pool.csv"
 $R "$tmp/heldout_before_8b_pool.csv" $P8 --label profiled --interval $S8 --num-requests 60 \
@@ -58,7 +58,7 @@ $M "$tmp/8b_prefill_first.csv" --pool "$tmp"/8b_prefill_again_{1,2}.csv --out "$
 $R $F/h200/device_calls.csv $PH200 --label profiled --interval $SH200 --out "$tmp/h200_first.csv"
 $R $F/h200_conversation_again/heldout.csv $PH200 --label profiled --interval $SH200 --out "$tmp/h200_again.csv"
 $M "$tmp/h200_first.csv" --pool "$tmp/h200_again.csv" --out "$tmp/poolh200" >/dev/null
-$R $F/heldout.csv $C06 --label carried $SH200 --workloads bursty,decode_heavy,conversation \
+$R $F/heldout.csv.gz $C06 --label carried $SH200 --workloads bursty,decode_heavy,conversation \
     --out $F/h200/carried.csv
 
 # code_completion: the H100 call (each run's host: code_completion_h100/*/host_scales_runs.csv) and
@@ -86,9 +86,11 @@ $R $Q/heldout.csv $C06 --label carried_run_host --interval --host-scales $Q/host
 # every group into the table, later tables replacing earlier rows: the pooled cells after the
 # table-wide 8B rows; the code_completion cells at the grid's host before those at the measured host
 # (merge.py keeps the former beside the latter as profiled_grid_host)
-$M $F/heldout.csv "$tmp/pool06/heldout.csv" "$tmp/8b_60.csv" "$tmp/8b_40.csv" "$tmp/pool8b/heldout.csv" \
+$M $F/heldout.csv.gz "$tmp/pool06/heldout.csv" "$tmp/8b_60.csv" "$tmp/8b_40.csv" "$tmp/pool8b/heldout.csv" \
     "$tmp/poolh200/heldout.csv" $F/h200/carried.csv \
     $H/resimulated/qwen3-0.6b_profiled.csv $H/resimulated/qwen3-8b_profiled.csv \
     $D/resimulated/qwen3-0.6b_profiled.csv $D/resimulated/qwen3-0.6b_carried.csv \
     $H/resimulated/qwen3-0.6b_profiled_run_host.csv $H/resimulated/qwen3-8b_profiled_run_host.csv \
     $D/resimulated/qwen3-0.6b_profiled_run_host.csv
+# the table is committed gzipped (the repository's size bound): the new one replaces it
+gzip -9 -n -f $F/heldout.csv

@@ -9,7 +9,7 @@ out=${1:?usage: resimulate_all.sh OUT_DIR [GROUP...]}; shift
 groups=${*:-h100_06 h100_8b h200_06 cc_06_profiled cc_06_carried cc_8b_carried}
 mkdir -p "$out"
 R="env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} python experiments/fidelity/resimulate.py"
-T=experiments/fidelity/heldout.csv; D=experiments/fidelity/code_completion_h200
+T=experiments/fidelity/heldout.csv.gz; D=experiments/fidelity/code_completion_h200
 for g in $groups; do
   case $g in
     h100_06) $R $T experiments/fidelity/h100_leakfree/profile_model.csv --label profiled --model qwen3-0.6b \
