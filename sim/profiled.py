@@ -39,7 +39,6 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,14 +52,8 @@ from sim.host_draws import host_draw
 from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
 from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
-from sim.profiled_features import (
-    programs_if_used,
-    with_expected_experts,
-    with_prefill_column,
-    with_prefill_programs,
-    with_program_excess,
-)
-from sim.profiled_overlap import behind_itself, overlapped_duration
+from sim.profiled_features import programs_if_used, with_prefill_programs, with_program_excess
+from sim.profiled_overlap import overlapped_duration
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
     DECODE_REGIMES,
@@ -81,6 +74,7 @@ from sim.profiled_regimes import (
     fits_from_table,
     regime_of,
 )
+from sim.profiled_table import predict_table
 from sim.step_table import complete_columns, table_regimes
 
 # the regimes' names and rules are sim.profiled_regimes'; re-exported for the modules that price
@@ -293,27 +287,8 @@ class ProfiledCostModel:
         return 0.0 if self.overlapped_reads is None else self.overlapped_reads.saving_s(name, fit, features)
 
     def predict(self, df: pd.DataFrame, include_host: bool = False) -> np.ndarray:
-        """Predicted duration_s for each row of a step-timing table; with include_host, plus the
-        host time (the whole loop step, what step_time() returns). With a previous_duration_s
-        column and an overlapping profile, eager and prefill graph steps are priced after their
-        measured predecessor; a row without one as the grid measured it, behind a repeat of itself."""
-        df = complete_columns(df.assign(duration_s=1.0)) if "duration_s" not in df else complete_columns(df)
-        # a served run's table may lack the MoE column: filled as step_time() prices a simulated step
-        rows = with_expected_experts(df, self.uses_moe_features, self.distinct_experts,
-                                     self.shared_prefix_routing).to_dict("records")
-        if self.uses_prefill_programs:
-            rows = with_prefill_column(rows, programs_if_used(True, self.prefill_programs, "this profile"))
-        predicted = np.array([self.predict_features(row) for row in rows])
-        if self.prices_overlap:
-            launches = [self._part("launch", row) for row in rows]
-            for i, row in enumerate(rows):
-                before = row.get("previous_duration_s", float("nan")) if i else float("nan")
-                previous = (before, launches[i - 1]) if before == before else \
-                    behind_itself(partial(self._part, features=row))
-                predicted[i] = self.overlapped(row, predicted[i], previous)
-        if include_host:
-            predicted += np.array([self.host_time(row) for row in rows])
-        return predicted
+        """Predicted duration_s for each row of a step-timing table (sim.profiled_table.predict_table)."""
+        return predict_table(self, df, include_host)
 
     def _warn_once(self, regime: str, name: str, message: str) -> None:
         if (regime, name) not in self._warned:
