@@ -43,6 +43,9 @@ from sim.specs import HardwareSpec, ModelSpec
 
 # the step feature (and profile column) that carries the term to the profiled model's fits
 PREFILL_PROGRAM_KEYS = "prefill_program_keys"
+# the step totals PrefillPrograms.row_keys derives it from (cuda_graph optional: eager without)
+ROW_KEY_FEATURES = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
+                    "decode_context_tokens")
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from sim.host_draws import host_draw
 from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
 from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
-from sim.profiled_features import programs_if_used, with_prefill_programs, with_program_excess
+from sim.profiled_features import programs_if_used, with_prefill_programs, with_program_excess, with_row_programs
 from sim.profiled_overlap import overlapped_duration
 from sim.profiled_regimes import (
     COEFFICIENT_COLUMNS,
@@ -251,6 +251,7 @@ class ProfiledCostModel:
         fit = self.fits.get(name)
         if fit is None:
             return 0.0
+        features = with_row_programs(features, self.fits, self.prefill_programs)
         value = max(fit.predict(features) - self._read_saving(name, fit, features), 0.0)
         return value * self._host_draw if self._host_draw != 1.0 and part in SPEED_PARTS else value
 
@@ -266,7 +267,10 @@ class ProfiledCostModel:
         return value * self._host_draw if self._host_draw != 1.0 else value
 
     def predict_features(self, features: Mapping[str, float]) -> float:
-        """The executor's part of the step (comparable with a table's duration_s)."""
+        """The executor's part of the step (comparable with a table's duration_s); a step's features
+        without the prefill program term the profile prices take it from their totals
+        (sim.profiled_features.with_row_programs)."""
+        features = with_row_programs(features, self.fits, self.prefill_programs)
         regime = regime_of(features)
         used = next(r for r in FALLBACK[regime] if r in self.fits)
         if used != regime:

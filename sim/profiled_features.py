@@ -1,7 +1,8 @@
 """Features the profiled cost model (sim.profiled) adds to a step before its fits price it: what the
 decode kernel's longest programs add to a decode-only step (sim.decode_programs), the prefill
-kernel's program term of a prefill step (sim.prefill_programs), and, for a step
-table that lacks them, a mixture-of-experts model's expected distinct experts (sim.features.MOE_FEATURES).
+kernel's program term of a prefill step (sim.prefill_programs; of a planned step, a table's rows,
+or a tool's own step features that lack it), and, for a step table that lacks them, a
+mixture-of-experts model's expected distinct experts (sim.features.MOE_FEATURES).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from engine.core.plan import StepPlan
 from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
 from sim.features import MOE_FEATURES, ROUTING_GROUPS, DistinctExperts, row_read_sequences
 from sim.piecewise import PiecewiseLinearFit
-from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
+from sim.prefill_programs import PREFILL_PROGRAM_KEYS, ROW_KEY_FEATURES, PrefillPrograms
 from sim.profiled_regimes import FALLBACK, regime_of
 
 
@@ -60,6 +61,23 @@ def with_prefill_column(rows: list[dict[str, Any]], programs: PrefillPrograms | 
     row's totals, PrefillPrograms.row_keys)."""
     assert programs is not None  # programs_if_used refuses a profile that prices the term without them
     return [{**row, PREFILL_PROGRAM_KEYS: keys} for row, keys in zip(rows, programs.column(rows))]
+
+
+def with_row_programs(features: Mapping[str, float], fits: Mapping[str, PiecewiseLinearFit],
+                      programs: PrefillPrograms | None) -> Mapping[str, float]:
+    """features, with the prefill program term from the step's totals (PrefillPrograms.row_keys, as
+    a table's rows are priced) where a fit prices it and features lack it: a step a tool built
+    itself (experiments' step pricing) priced like a simulated one. ValueError where it cannot be."""
+    if PREFILL_PROGRAM_KEYS in features or not any(PREFILL_PROGRAM_KEYS in fit.linear_features
+                                                   for fit in fits.values()):
+        return features
+    kernel = programs_if_used(True, programs, "this profile")
+    assert kernel is not None  # programs_if_used refuses a missing kernel
+    missing = [name for name in ROW_KEY_FEATURES if name not in features]
+    if missing:
+        raise ValueError(f"this profile prices the prefill kernel's programs ({PREFILL_PROGRAM_KEYS}), which needs "
+                         f"the step's {missing} (or its own {PREFILL_PROGRAM_KEYS}); the step features lack them")
+    return {**features, PREFILL_PROGRAM_KEYS: kernel.row_keys(features)}
 
 
 def with_expected_experts(df: pd.DataFrame, uses_moe_features: bool, distinct: DistinctExperts | None,

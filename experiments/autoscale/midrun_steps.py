@@ -104,12 +104,15 @@ def _features(kind: str, chunks: list[tuple[int, int]], lens: list[int], graphs,
 def price(model, graphs, seeded: bool, steps: pd.DataFrame, chunks, lens) -> tuple[np.ndarray, ...]:
     """Each step's price as sim.profiled.ProfiledCostModel._price gives it, behind the step before
     it on its replica (none after an idle gap longer than the step before: nothing was in flight);
-    each decode step's summed context and what the decode kernel's longest programs add to it."""
+    each decode step's summed context and what the decode kernel's longest programs add to it. A
+    profile fitted with the prefill kernel's programs prices them from each step's own chunks."""
     from sim.decode_programs import PROGRAM_EXCESS
+    from sim.prefill_programs import PREFILL_PROGRAM_KEYS
 
     prices, contexts, excess = np.zeros(len(steps)), np.zeros(len(steps)), np.zeros(len(steps))
     starts, durations = steps["start"].to_numpy(), steps["duration"].to_numpy()
     programs, previous = model.decode_programs, None
+    kernel = model.prefill_programs if model.uses_prefill_programs else None
     per_token = dict(zip(model.fits["decode_graph"].linear_features,
                          model.fits["decode_graph"].linear_coefs)).get("decode_context_tokens", 0.0)
     for i, kind in enumerate(steps["kind"].to_numpy()):
@@ -119,6 +122,9 @@ def price(model, graphs, seeded: bool, steps: pd.DataFrame, chunks, lens) -> tup
             graph = ((int(features["graph_batch_size"]), graphs.decode_context)
                      if features["cuda_graph"] and graphs.decode_context else None)
             features[PROGRAM_EXCESS] = excess[i] = programs.excess_s(lens[i], per_token, graph)
+        if kind == "prefill" and kernel is not None:  # as the simulator's plan: its chunks, not their mean
+            features[PREFILL_PROGRAM_KEYS] = kernel.excess_keys([n for n, _ in chunks[i]], [c for _, c in chunks[i]],
+                                                                bool(features["cuda_graph"]))
         if i and starts[i] - (starts[i - 1] + durations[i - 1]) > durations[i - 1]:
             previous = None
         alone = model.predict_features(features)

@@ -156,3 +156,41 @@ def test_bad_settings_are_refused():
         PrefillPrograms(8, 2, 28, 132, 0)
     with pytest.raises(ValueError, match="prefill_programs"):
         compose_run_config(["backend=sim", "backend.prefill_programs=maybe"])
+
+
+def test_a_tools_own_steps_are_priced_with_the_term_as_the_simulator_prices_them():
+    """experiments.autoscale.midrun_steps builds each step's features itself (its chunks and decode
+    lengths rebuilt from a run's tables): with a profile fitted with the term, each step costs what
+    step_time() gives the same step, uneven chunks included."""
+    from experiments.autoscale import midrun_steps
+
+    decodes = []  # midrun_steps reads the decode graphs' price of a context token
+    for size, context in itertools.product((1, 2, 4, 8), (100, 1000, 4000)):
+        row = step_features(plan(*(decode(context, rid=f"d{i}") for i in range(size))), GRAPHS)
+        decodes.append({**row, "duration_s": 1e-3 + 2e-6 * row["graph_batch_size"] + 1e-9 * context * size})
+    grid = pd.concat([synthetic_grid(2.4e-8), pd.DataFrame(decodes)], ignore_index=True)
+    fitted = ProfiledCostModel.fit(grid, GRAPHS, prefill_programs=KERNEL)
+    chunks = [[(16, 2048)], [(64, 512), (32, 0), (128, 1536)], [], [(3000, 0)]]
+    lens = [[], [], [101, 2001, 41], []]  # a decode's length includes its new token
+    steps = pd.DataFrame({"kind": ["prefill", "prefill", "decode", "prefill"], "start": [0.0, 1.0, 2.0, 3.0],
+                          "duration": [0.1] * 4})
+    prices, _, _ = midrun_steps.price(fitted, GRAPHS, False, steps, chunks, lens)
+    simulated = [plan(*(prefill(n, c, rid=f"p{j}") for j, (n, c) in enumerate(step)),
+                      *(decode(n - 1, rid=f"d{j}") for j, n in enumerate(ls))) for step, ls in zip(chunks, lens)]
+    assert prices == pytest.approx([fitted.step_time(step) for step in simulated], rel=1e-12)
+    # the uneven step waits on its 2,048-key programs, which evened-out chunks would not show
+    assert KERNEL.plan_keys(simulated[1], True) > 1.5 * KERNEL.row_keys(step_features(simulated[1], GRAPHS))
+
+
+def test_step_features_without_the_term_take_it_from_their_totals_or_say_what_is_missing():
+    fitted = ProfiledCostModel.fit(synthetic_grid(2.4e-8), GRAPHS, prefill_programs=KERNEL)
+    step = plan(*(prefill(64, 512, rid=f"p{i}") for i in range(4)))
+    row = step_features(step, GRAPHS)  # what experiments' step pricers build: no program term
+    assert PREFILL_PROGRAM_KEYS not in row
+    assert fitted.predict_features(row) == pytest.approx(fitted.step_time(step), rel=1e-12)
+    assert fitted.predict_features(row) == pytest.approx(fitted.predict(pd.DataFrame([row]))[0], rel=1e-12)
+    with pytest.raises(ValueError, match=r"\['prefill_context_tokens'\]"):
+        fitted.predict_features({k: v for k, v in row.items() if k != "prefill_context_tokens"})
+    fitted.prefill_programs = None
+    with pytest.raises(ValueError, match="prefill_programs_per_sm"):
+        fitted.predict_features(row)
