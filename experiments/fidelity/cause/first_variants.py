@@ -73,13 +73,13 @@ def simulated_cells(name: str, profile: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--classes", default="prefill_heavy,shared_prefix,conversation")
     parser.add_argument("--profile", default="experiments/fidelity/h100_30b_r2/shared/profile.csv.gz")
     parser.add_argument("--counts", default="", help="engine token counts to check at repeat 0 of each load cell")
     parser.add_argument("--counts-class", default="prefill_heavy", help="the class whose load cells --counts checks")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     seen: set[tuple] = set()
     sched = SchedulerConfig(max_model_len=16384)
     startup = [p.stats.num_prefill_tokens + p.stats.num_decode_tokens for p in warmup_plans(sched, 256)]
