@@ -8,20 +8,14 @@ import pandas as pd
 import pytest
 
 from experiments.serve import decode_spread, step_prices
-from harness.run import run_once, write_outcome
-from harness.scripting import compose_run_config
-from tests.harness.serve.test_step_prices import mooncake_bench_folder
+from tests.harness.serve.test_step_prices import simulated_mooncake_pack
 
 pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")
 
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("spread")
-    overrides = mooncake_bench_folder(folder, ("output.plots=false",))
-    outcome = run_once(compose_run_config([*step_prices.SIM, *overrides]), progress=False, record=True)
-    write_outcome(outcome, folder / "harness" / "mooncake_50", plots=False)
-    return folder / "harness"
+    return simulated_mooncake_pack(tmp_path_factory.mktemp("spread"))
 
 
 def test_the_running_set_is_the_requests_decoding_at_their_own_pace():

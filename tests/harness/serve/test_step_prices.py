@@ -37,13 +37,17 @@ def mooncake_bench_folder(folder, engine_extra: tuple[str, ...] = ()) -> list[st
     return overrides
 
 
-@pytest.fixture(scope="module")
-def pack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("pack")
+def simulated_mooncake_pack(folder):
+    """A harness pack (folder/harness) whose case mooncake_50 the simulator ran at step_prices' pricing."""
     overrides = mooncake_bench_folder(folder, ("output.plots=false",))
     outcome = run_once(compose_run_config([*step_prices.SIM, *overrides]), progress=False, record=True)
     write_outcome(outcome, folder / "harness" / "mooncake_50", plots=False)
     return folder / "harness"
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    return simulated_mooncake_pack(tmp_path_factory.mktemp("pack"))
 
 
 def test_the_reconstructions_find_no_error_on_the_simulators_own_run(pack, capsys):
