@@ -9,18 +9,22 @@ tiny model's engine processes and a gloo KV link."""
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from experiments.disagg import common, run_disagg
-from experiments.disagg.cells import Cells, MeasureConfig
+from experiments.disagg.cells import Cells, MeasureConfig, fitted_link
 from experiments.disagg.common import CPU_LINK, Deadline, Pools, Setup
 from experiments.disagg.goodput import Ladder, measured_goodput
+from experiments.disagg.h200_run1 import resim
 from experiments.disagg.tables import fit_link
 from experiments.disagg.workloads import SCENARIOS
 from harness.convert import ConfigError
+from sim.kv_transfer import TransferConfig
 
 SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--max-drain", "12",
          "--drain-s", "0.1", "--warmup-requests", "4", "--cell-s", "1"]
@@ -35,14 +39,16 @@ def _azure_trace() -> str:
 
 
 def _cells(tmp_path, **kw):
-    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim", handshake=kw.get("handshake", True))
+    setup = Setup("tiny-qwen3", "cpu", Pools(1, 1), cpu=True, measured="sim", handshake=kw.get("handshake", True),
+                  queue_behind_step=kw.get("queue", True))
     mc = MeasureConfig(("long", "conversation"), (0.5, 0.8), 1.0, 6, 10, 10, 0.1, 12, 4, _azure_trace(), 0.0)
     return Cells(setup, mc, tmp_path, Deadline(kw.get("limit_s", 600.0))).run()
 
 
 def test_measure_with_the_simulator_measured_agrees_with_itself_exactly(tmp_path):
-    # without the handshake the simulator's transfers are the link's price alone, which the fit recovers
-    _cells(tmp_path, handshake=False)
+    # without the handshake and the queue the simulator's transfers are the link's price alone, which the
+    # fit recovers
+    _cells(tmp_path, handshake=False, queue=False)
     table = pd.read_csv(tmp_path / "compare.csv")
     cells = table.drop_duplicates(["fleet", "workload", "load"])
     assert set(zip(cells["fleet"], cells["workload"], cells["load"].astype(str))) == {
@@ -88,12 +94,33 @@ def test_any_p_and_d_against_p_plus_d_aggregated_replicas():
     assert [setup.fleet_label(m) for m in ("disaggregated", "aggregated")] == ["3P1D", "4x"]
 
 
-@pytest.mark.parametrize("flag", [False, True])
-def test_queue_behind_step_reaches_the_simulated_link_only_when_asked(flag, tmp_path):
-    args = run_disagg.parse(["measure", "--cpu", "--out", str(tmp_path), *(["--queue-behind-step"] * flag)])
+@pytest.mark.parametrize(("argv", "flag"), [([], True), (["--queue-behind-step"], True),
+                                             (["--no-queue-behind-step"], False)])
+def test_the_simulated_link_prices_the_engines_send_path_unless_turned_off(argv, flag, tmp_path):
+    """A measure call compares with this engine, whose BlockMover queues each send behind the prefill
+    GPU's step in flight: its simulated side prices that by default; the planner's fleet does not."""
+    args = run_disagg.parse(["measure", "--cpu", "--out", str(tmp_path), *argv])
     setup = run_disagg.make_setup(args, run_disagg.check(args))
     link = setup.fleet("disaggregated").transfer
     assert (setup.queue_behind_step, link.queue_behind_step, link.handshake) == (flag, flag, True)
+    assert Setup("qwen3-8b", "h200", Pools(1, 1)).link().queue_behind_step
+    assert not TransferConfig().queue_behind_step  # fleet.transfer's own default: the wire on arrival
+
+
+def test_the_fitted_link_prices_neither_the_handshake_nor_the_queue():
+    # the fit holds the measured waits already
+    link = fitted_link(Setup("qwen3-8b", "h200", Pools(1, 1)), 5e10, 0.01)
+    assert (link.bandwidth, link.latency_s, link.handshake, link.queue_behind_step) == (5e10, 0.01, False, False)
+
+
+def test_resim_takes_each_calls_own_queue_setting(tmp_path):
+    """Re-simulating a committed call reproduces its own pricing: every call so far ran without the queue."""
+    calls = [p.parent for p in Path("experiments/disagg").glob("**/runs.csv")]
+    assert len(calls) >= 7 and not any(resim.recorded_queue(c) for c in calls)
+    for flag in (True, False):
+        setup = f"Setup(handshake=True, queue_behind_step={flag})"
+        (tmp_path / "settings.json").write_text(json.dumps({"setup": setup}))
+        assert resim.recorded_queue(tmp_path) is flag
 
 
 def test_a_call_out_of_time_skips_cells_and_says_so(tmp_path):

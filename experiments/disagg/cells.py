@@ -167,14 +167,18 @@ class Cells:
         log(self.deadline, f"KV link: measured median transfer {1e3 * fit['measured_p50_s']:.3f} ms against "
                            f"{1e3 * fit['priced_p50_s']:.3f} ms priced; fitted {fit['bandwidth'] / 1e9:.1f} GB/s + "
                            f"{1e6 * fit['latency_s']:.0f} us")
-        # the fit takes the measured transfers, step waits and all, for the link: priced without the
-        # handshake, which would count those waits twice
-        link = dataclasses.replace(self.setup.link(fit["bandwidth"], fit["latency_s"]), handshake=False)
+        link = fitted_link(self.setup, fit["bandwidth"], fit["latency_s"])
         for cell, workload, blocks, row in self.served:
             sim_row = simulate(self.setup, self.sim_rc, "disaggregated", workload, blocks, link).summary.to_row()
             side = f"{self.sim_side} + fitted link"
             self.book.run(side, cell, sim_row)
             self.book.compare(cell, row, sim_row, side)
+
+
+def fitted_link(setup: Setup, bandwidth: float, latency_s: float) -> TransferConfig:
+    """The link fitted to the measured transfers, step waits and all: priced without the handshake and
+    the queue behind the prefill step, which would count those waits twice."""
+    return dataclasses.replace(setup.link(bandwidth, latency_s), handshake=False, queue_behind_step=False)
 
 
 def write_settings(out: Path, **settings) -> None:

@@ -71,7 +71,9 @@ class Setup:
     profile: str | None = None  # prices the simulated side; None: the roofline model (CPU runs)
     overrides: tuple[str, ...] = ()  # --set: Hydra overrides for both sides
     handshake: bool = True  # the simulated disaggregated fleet prices the engine's protocol
-    queue_behind_step: bool = TransferConfig().queue_behind_step  # fleet.transfer.queue_behind_step
+    # and its send path (engine.kv_link.BlockMover: a send waits for the prefill GPU's step in flight),
+    # unlike fleet.transfer.queue_behind_step's planning default (experiments/disagg/send_path_choice.md)
+    queue_behind_step: bool = True
 
     def run_config(self, side: str, scheduler: tuple[str, ...] = ()) -> RunConfig:
         """The measured ("measured") or simulated ("sim") side's RunConfig; the workload is set per run."""

@@ -11,9 +11,10 @@ replicas, each against its simulation with the GPU's profiled cost model, on two
 classes at each load x the fleet's measured capacity (experiments/disagg/cells.py); results as
 each cell finishes: compare.md, compare.csv, runs.csv, transfers.csv, transfer_fit.csv; with
 --keep-steps also every replica's steps, measured and simulated, per cell (steps_*.csv.gz, read by
-experiments/disagg/step_report.py). --queue-behind-step: the simulated sends wait on the prefill GPU
-for its step in flight, as the engine's BlockMover does (fleet.transfer.queue_behind_step; off, the
-committed calls' pricing; Qwen3-8B's long prefills need it: experiments/disagg/h200_8b_run1).
+experiments/disagg/step_report.py). The simulated sends wait on the prefill GPU for its step in
+flight, as the engine's BlockMover does (fleet.transfer.queue_behind_step, on here by default:
+experiments/disagg/send_path_choice.md); --no-queue-behind-step: sent when posted, the pricing of the
+calls committed before that default.
 goodput: the planner's pick on two scenarios, confirmed by the engine's goodput of both modes
 (experiments/disagg/goodput.py): direction.md, goodput.csv, goodput_runs.csv, plan_<scenario>/.
 plan: the planner alone, on the simulator (no GPU).
@@ -80,9 +81,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
     parser.add_argument("--keep-steps", action="store_true",
                         help="measure: every run's per-replica steps and its simulation's (steps_*.csv.gz)")
-    parser.add_argument("--queue-behind-step", action="store_true",
+    parser.add_argument("--queue-behind-step", action=argparse.BooleanOptionalAction, default=True,
                         help="the simulated side queues each send behind the prefill GPU's step in flight, as the "
-                        "engine's BlockMover does (fleet.transfer.queue_behind_step; docs/disaggregation.md)")
+                        "engine's BlockMover does (fleet.transfer.queue_behind_step; docs/disaggregation.md); "
+                        "--no-queue-behind-step: the send leaves when posted, as the calls before this default")
     parser.add_argument("--bundle", type=Path, default=None,
                         help="a .tar.gz of --out, packed again as each part finishes (a device call returns one file)")
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +35,7 @@ from harness.output.metrics import SUMMARY_STEP_COLUMNS
 
 HERE = Path(__file__).resolve().parent
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s", "transfer_p50_s",
-           "transfer_wait_p90_s")
+           "transfer_wait_p90_s", "output_tok_s")
 TRACE = Path("/work/main/.traces/azure_conv_2023.csv")  # the call's (settings.json "trace")
 PROFILE = "profiles/h200/qwen3-0.6b.csv"  # the Qwen3-0.6B calls' own (settings.json)
 
@@ -53,12 +54,19 @@ def call_profile(run: Path, model: str) -> str:
     return profile_for("h200", model, scratch)[0]
 
 
+def recorded_queue(run: Path) -> bool:
+    """fleet.transfer.queue_behind_step as the call priced it (its settings.json's setup); calls made before
+    the option existed priced without it."""
+    match = re.search(r"queue_behind_step=(True|False)", json.loads((run / "settings.json").read_text())["setup"])
+    return match is not None and match.group(1) == "True"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="Hydra overrides, both sides")
     parser.add_argument("--no-handshake", action="store_true", help="price the link alone (the call's own pricing)")
     parser.add_argument("--queue-behind-step", type=int, choices=(0, 1), default=None,
-                        help="fleet.transfer.queue_behind_step (default: its default)")
+                        help="fleet.transfer.queue_behind_step (default: the call's own, recorded_queue)")
     parser.add_argument("--label", default=None, help="resim_<label>.csv (default: handshake, or profiled "
                         "with --no-handshake)")
     parser.add_argument("--trace", default=str(TRACE))
@@ -76,9 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     (fleet,) = set(runs.fleet[disaggregated])
     settings = json.loads((run / "settings.json").read_text())["args"]
     own, model = settings.get("overrides", []), settings.get("model", "qwen3-0.6b")
-    queue = {} if args.queue_behind_step is None else {"queue_behind_step": bool(args.queue_behind_step)}
+    queue = recorded_queue(run) if args.queue_behind_step is None else bool(args.queue_behind_step)
     setup = Setup(model, "h200", Pools.parse(fleet), profile=args.profile or call_profile(run, model),
-                  overrides=(*own, *args.overrides), handshake=not args.no_handshake, **queue)
+                  overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
     keep = Path(args.keep_steps) if args.keep_steps else None
     rows, within, compared = [], 0, 0
