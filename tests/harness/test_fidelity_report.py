@@ -34,7 +34,7 @@ def test_merge_replaces_a_class_of_the_committed_table_with_a_later_calls_rows(t
     """merge.py with the committed heldout.csv first and a new call's table after it: the new
     call's cells replace the committed ones of the same model, class, load, metric and cost
     model; every other cell stays (the read-back CSVs keep load as text, so "0.5" meets "0.5")."""
-    committed = pd.read_csv(Path(__file__).resolve().parents[2] / "experiments" / "fidelity" / "heldout.csv")
+    committed = pd.read_csv(Path(__file__).resolve().parents[2] / "experiments" / "fidelity" / "heldout.csv.gz")
     new = committed[(committed["model"] == "qwen3-0.6b") & (committed["workload"] == "shared_prefix")].copy()
     new["sim"] = new["engine"]
     new["err"] = 0.0
@@ -143,7 +143,7 @@ def test_merge_script_merges_the_schedules_beside_the_tables(tmp_path, capsys):
     before); an offline-only model gets no plot."""
     from experiments.fidelity.merge import main
 
-    committed = pd.read_csv(Path(__file__).resolve().parents[2] / "experiments" / "fidelity" / "heldout.csv")
+    committed = pd.read_csv(Path(__file__).resolve().parents[2] / "experiments" / "fidelity" / "heldout.csv.gz")
     bursty = committed[(committed["model"] == "qwen3-0.6b") & (committed["workload"] == "bursty")]
     cell = bursty[bursty["hardware"] == bursty["hardware"].iloc[0]]
     offline_only = cell[cell["load"].astype(str) == "offline"].assign(model="offline-only")

@@ -53,7 +53,8 @@ def test_the_wait_grows_with_the_cached_context_while_the_programs_fit_the_slots
         return  # more programs than slots: list scheduling, no such order in general
     before = KERNEL.excess_keys(query, [cached] * seqs, graph)
     after = KERNEL.excess_keys(query, [cached + extra] * seqs, graph)
-    assert after >= before >= 0.0
+    assert before >= 0.0
+    assert after >= before * (1 - 1e-12)  # equal up to the sums' rounding where the extra keys spread evenly
     # no more than the longest program's keys in every layer
     assert after <= 28 * (cached + extra + tokens)
 
