@@ -67,6 +67,8 @@ class SimConfig:
     cached context (sim.prefill_programs; needs the hardware's num_sms and prefill_programs_per_sm).
     Saved coefficients fitted with the term price it whatever this says; False: a grid is fitted
     without it, as before.
+    prefill_cached_kv: with prefill_programs, such a grid's prefill fits also take the K/V bytes of
+    each step's cached context (sim.prefill_programs, PREFILL_CACHED_KV_BYTES). False: not fitted.
     repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
     again in one decode step, where its profile did not measure them: "additive" (each at L2's
     price, after the memory reads: sim.repeated_reads) or "overlap" (the read takes the slower of
@@ -94,6 +96,7 @@ class SimConfig:
     decode_programs: bool = True
     decode_programs_baseline: str = "none"
     prefill_programs: bool = False
+    prefill_cached_kv: bool = False
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     host_scale: float = 1.0
@@ -127,9 +130,12 @@ class SimConfig:
         if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
-        for name in ("fast_forward", "decode_programs", "prefill_programs", "fleet_intake"):
+        for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.prefill_cached_kv and not self.prefill_programs:
+            raise ValueError("SimConfig.prefill_cached_kv is fitted beside the prefill program term: it needs "
+                             "prefill_programs=true")
         if self.decode_programs_baseline not in DECODE_PROGRAMS_BASELINES:
             raise ValueError(f"SimConfig.decode_programs_baseline must be one of {list(DECODE_PROGRAMS_BASELINES)}, "
                              f"got {self.decode_programs_baseline!r}")

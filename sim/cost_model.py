@@ -89,7 +89,7 @@ def prefill_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -
     lacks its figures (then backend.prefill_programs and a profile fitted with the term are refused).
     A TP=1 profile carried to a larger tp_size is priced at TP=1, then transferred."""
     tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
-    programs = PrefillPrograms.of(model, hardware, tp)
+    programs = PrefillPrograms.of(model, hardware, tp, cached_kv=sim.prefill_cached_kv)
     if programs is None and sim.prefill_programs:
         raise ValueError(f"backend.prefill_programs=true needs hardware.num_sms and hardware.prefill_programs_per_sm; "
                          f"{hardware.name} lacks them")

@@ -26,6 +26,13 @@ Launch order: a CUDA graph's kernel reads a tile map sorted longest tile first (
 .query_tiles), its grid (map entries, KV heads) head after head; an eager launch's grid is
 (sequences, KV heads, query tiles), so the first tile of every sequence and head starts first.
 A mixed step's decodes ride in the same kernel as one-token queries over their contexts.
+
+The cached context's K/V bytes (PREFILL_CACHED_KV_BYTES, opt-in: cached_kv): the K and V the
+attention reads for the tokens cached before each chunk, summed over sequences and layers, on one
+rank. Many short chunks after a long cached context fill the slots evenly (no excess keys) yet
+read gigabytes: on an H200, 32-64 sequences of 16 tokens after 2-8k cached tokens ran at 3.7-4.2
+TB/s of K and V (experiments/kernels/prefill_balance_h200/README.md), HBM-bound. A fit with the
+column prices that read at a fitted rate (seconds per byte).
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ from sim.specs import HardwareSpec, ModelSpec
 
 # the step feature (and profile column) that carries the term to the profiled model's fits
 PREFILL_PROGRAM_KEYS = "prefill_program_keys"
+# the cached context's K/V bytes a prefill step's attention reads (module doc; opt-in)
+PREFILL_CACHED_KV_BYTES = "prefill_cached_kv_bytes"
+PREFILL_TERMS = (PREFILL_PROGRAM_KEYS, PREFILL_CACHED_KV_BYTES)
 # the step totals PrefillPrograms.row_keys derives it from (cuda_graph optional: eager without)
 ROW_KEY_FEATURES = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "prefill_context_tokens",
                     "decode_context_tokens")
@@ -51,7 +61,9 @@ ROW_KEY_FEATURES = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "pref
 @dataclass(frozen=True)
 class PrefillPrograms:
     """num_kv_heads: per rank; group: query heads per KV head (sets the tile); programs_per_sm:
-    programs one SM holds at once (hardware field prefill_programs_per_sm)."""
+    programs one SM holds at once (hardware field prefill_programs_per_sm); kv_bytes_per_token: K and
+    V of one cached token over all layers, on one rank (0: unknown); cached_kv: a fit takes the
+    cached context's K/V bytes too (module doc; needs kv_bytes_per_token)."""
 
     num_kv_heads: int
     group: int
@@ -59,23 +71,33 @@ class PrefillPrograms:
     num_sms: int
     programs_per_sm: int
     element_bytes: int = 2
+    kv_bytes_per_token: int = 0
+    cached_kv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_kv_heads", "group", "num_layers", "num_sms", "programs_per_sm", "element_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PrefillPrograms.{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.kv_bytes_per_token, bool) or not isinstance(self.kv_bytes_per_token, int) \
+                or self.kv_bytes_per_token < 0:
+            raise ValueError(f"PrefillPrograms.kv_bytes_per_token must be an int >= 0, got {self.kv_bytes_per_token!r}")
+        if self.cached_kv and not self.kv_bytes_per_token:
+            raise ValueError("PrefillPrograms.cached_kv needs kv_bytes_per_token > 0")
 
     @classmethod
-    def of(cls, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1) -> PrefillPrograms | None:
+    def of(cls, model: ModelSpec, hardware: HardwareSpec, tp_size: int = 1,
+           cached_kv: bool = False) -> PrefillPrograms | None:
         """The engine's prefill kernel for this model on this GPU at tp_size, or None where the
-        hardware lacks its figures (num_sms, prefill_programs_per_sm)."""
+        hardware lacks its figures (num_sms, prefill_programs_per_sm); cached_kv: fit the cached
+        context's K/V bytes too."""
         if hardware.num_sms is None or hardware.prefill_programs_per_sm is None:
             return None
         heads = model.kv_heads_per_rank(tp_size)
         element = model.kv_bytes_per_token_per_rank(tp_size) // (2 * model.num_layers * heads * model.head_dim)
         return cls(heads, model.num_heads // model.num_kv_heads, model.num_layers, hardware.num_sms,
-                   hardware.prefill_programs_per_sm, max(int(element), 1))
+                   hardware.prefill_programs_per_sm, max(int(element), 1),
+                   model.kv_bytes_per_token_per_rank(tp_size), cached_kv)
 
     @property
     def slots(self) -> int:
@@ -137,3 +159,19 @@ class PrefillPrograms:
 
     def column(self, rows: Sequence[Mapping[str, float]]) -> list[float]:
         return [self.row_keys(row) for row in rows]
+
+    def cached_kv_bytes(self, features: Mapping[str, float]) -> float:
+        """The K/V bytes of a prefill step's cached context, all layers on one rank (module doc);
+        0 for a decode-only step, whose contexts the decode kernel reads."""
+        if features["num_prefill_tokens"] <= 0:
+            return 0.0
+        if not self.kv_bytes_per_token:
+            raise ValueError(f"{PREFILL_CACHED_KV_BYTES} needs the model's K/V bytes a token (kv_bytes_per_token)")
+        return float(features["prefill_context_tokens"]) * self.kv_bytes_per_token
+
+    def terms(self, features: Mapping[str, float], keys: float) -> dict[str, float]:
+        """The step's prefill columns (PREFILL_TERMS; the K/V bytes where kv_bytes_per_token is
+        known), given its program term keys."""
+        if not self.kv_bytes_per_token:
+            return {PREFILL_PROGRAM_KEYS: keys}
+        return {PREFILL_PROGRAM_KEYS: keys, PREFILL_CACHED_KV_BYTES: self.cached_kv_bytes(features)}

@@ -51,7 +51,7 @@ from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_fea
 from sim.host_draws import host_draw
 from sim.overlapped_reads import OverlappedReads
 from sim.piecewise import PiecewiseLinearFit
-from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
+from sim.prefill_programs import PREFILL_CACHED_KV_BYTES, PREFILL_TERMS, PrefillPrograms
 from sim.profiled_features import programs_if_used, with_prefill_programs, with_program_excess, with_row_programs
 from sim.profiled_overlap import overlapped_duration
 from sim.profiled_regimes import (
@@ -132,8 +132,14 @@ class ProfiledCostModel:
 
     @property
     def uses_prefill_programs(self) -> bool:
-        """Whether a fit prices the prefill kernel's program term (fitted with PrefillPrograms)."""
-        return any(PREFILL_PROGRAM_KEYS in fit.linear_features for fit in self.fits.values())
+        """Whether a fit prices the prefill kernel's program term or the cached context's K/V bytes
+        (fitted with PrefillPrograms)."""
+        return any(term in fit.linear_features for fit in self.fits.values() for term in PREFILL_TERMS)
+
+    @property
+    def uses_cached_kv(self) -> bool:
+        """Whether a fit prices the cached context's K/V bytes (sim.prefill_programs, cached_kv)."""
+        return any(PREFILL_CACHED_KV_BYTES in fit.linear_features for fit in self.fits.values())
 
     @property
     def uses_moe_features(self) -> bool:
@@ -176,7 +182,8 @@ class ProfiledCostModel:
                              "(needs regime, kind, name, x, value)")
         fits, residuals, constants = fits_from_table(df)
         model = cls(fits, graphs)
-        model.prefill_programs = programs_if_used(model.uses_prefill_programs, prefill_programs, str(path))
+        model.prefill_programs = programs_if_used(model.uses_prefill_programs, prefill_programs, str(path),
+                                                  model.uses_cached_kv)
         model.residuals = residuals
         if "launch_delay_s" in constants:
             model.launch_delay_s = constants["launch_delay_s"]

@@ -17,7 +17,13 @@ from engine.core.plan import StepPlan
 from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
 from sim.features import MOE_FEATURES, ROUTING_GROUPS, DistinctExperts, row_read_sequences
 from sim.piecewise import PiecewiseLinearFit
-from sim.prefill_programs import PREFILL_PROGRAM_KEYS, ROW_KEY_FEATURES, PrefillPrograms
+from sim.prefill_programs import (
+    PREFILL_CACHED_KV_BYTES,
+    PREFILL_PROGRAM_KEYS,
+    PREFILL_TERMS,
+    ROW_KEY_FEATURES,
+    PrefillPrograms,
+)
 from sim.profiled_regimes import FALLBACK, regime_of
 
 
@@ -40,19 +46,23 @@ def with_program_excess(features: dict[str, float], plan: StepPlan, ahead: int, 
 
 
 def with_prefill_programs(features: dict[str, float], plan: StepPlan, programs: PrefillPrograms) -> dict[str, float]:
-    """features, with the prefill kernel's program term of the step (sim.prefill_programs; 0 for a
-    decode-only step)."""
-    features[PREFILL_PROGRAM_KEYS] = programs.plan_keys(plan, bool(features["cuda_graph"])) \
-        if features["num_prefill_tokens"] else 0.0
+    """features, with the prefill kernel's program term of the step and its cached context's K/V
+    bytes (sim.prefill_programs; 0 for a decode-only step)."""
+    keys = programs.plan_keys(plan, bool(features["cuda_graph"])) if features["num_prefill_tokens"] else 0.0
+    features.update(programs.terms(features, keys))
     return features
 
 
-def programs_if_used(used: bool, programs: PrefillPrograms | None, where: str) -> PrefillPrograms | None:
-    """programs where a profile's fits price the prefill program term (used; ValueError without
-    them), else None."""
+def programs_if_used(used: bool, programs: PrefillPrograms | None, where: str,
+                     kv_used: bool = False) -> PrefillPrograms | None:
+    """programs where a profile's fits price the prefill program term or the cached K/V bytes
+    (used; kv_used: the bytes; ValueError without what they need), else None."""
     if used and programs is None:
-        raise ValueError(f"{where}: fitted with the prefill kernel's programs ({PREFILL_PROGRAM_KEYS}); pricing it "
-                         "needs the model's and GPU's shapes (hardware.prefill_programs_per_sm)")
+        raise ValueError(f"{where}: fitted with the prefill kernel's programs ({', '.join(PREFILL_TERMS)}); pricing "
+                         "it needs the model's and GPU's shapes (hardware.prefill_programs_per_sm)")
+    if kv_used and programs is not None and not programs.kv_bytes_per_token:
+        raise ValueError(f"{where}: fitted with {PREFILL_CACHED_KV_BYTES}; pricing it needs the model's K/V bytes a "
+                         "token (PrefillPrograms.kv_bytes_per_token)")
     return programs if used else None
 
 
@@ -60,7 +70,7 @@ def with_prefill_column(rows: list[dict[str, Any]], programs: PrefillPrograms | 
     """A step table's rows with the prefill program term of each (sim.prefill_programs: from the
     row's totals, PrefillPrograms.row_keys)."""
     assert programs is not None  # programs_if_used refuses a profile that prices the term without them
-    return [{**row, PREFILL_PROGRAM_KEYS: keys} for row, keys in zip(rows, programs.column(rows))]
+    return [{**row, **programs.terms(row, keys)} for row, keys in zip(rows, programs.column(rows))]
 
 
 def with_row_programs(features: Mapping[str, float], fits: Mapping[str, PiecewiseLinearFit],
@@ -68,16 +78,16 @@ def with_row_programs(features: Mapping[str, float], fits: Mapping[str, Piecewis
     """features, with the prefill program term from the step's totals (PrefillPrograms.row_keys, as
     a table's rows are priced) where a fit prices it and features lack it: a step a tool built
     itself (experiments' step pricing) priced like a simulated one. ValueError where it cannot be."""
-    if PREFILL_PROGRAM_KEYS in features or not any(PREFILL_PROGRAM_KEYS in fit.linear_features
-                                                   for fit in fits.values()):
+    used = {term for fit in fits.values() for term in PREFILL_TERMS if term in fit.linear_features}
+    if used <= set(features):
         return features
-    kernel = programs_if_used(True, programs, "this profile")
+    kernel = programs_if_used(True, programs, "this profile", PREFILL_CACHED_KV_BYTES in used)
     assert kernel is not None  # programs_if_used refuses a missing kernel
     missing = [name for name in ROW_KEY_FEATURES if name not in features]
     if missing:
         raise ValueError(f"this profile prices the prefill kernel's programs ({PREFILL_PROGRAM_KEYS}), which needs "
                          f"the step's {missing} (or its own {PREFILL_PROGRAM_KEYS}); the step features lack them")
-    return {**features, PREFILL_PROGRAM_KEYS: kernel.row_keys(features)}
+    return {**features, **kernel.terms(features, kernel.row_keys(features))}
 
 
 def with_expected_experts(df: pd.DataFrame, uses_moe_features: bool, distinct: DistinctExperts | None,

@@ -10,7 +10,7 @@ import pandas as pd
 
 from sim.features import MOE_FEATURES
 from sim.piecewise import PiecewiseLinearFit
-from sim.prefill_programs import PREFILL_PROGRAM_KEYS, PrefillPrograms
+from sim.prefill_programs import PREFILL_CACHED_KV_BYTES, PREFILL_PROGRAM_KEYS, PrefillPrograms
 from sim.step_table import complete_columns, table_regimes
 
 # the prefill regimes, whose fits take the prefill kernel's programs where a profile is fitted
@@ -87,19 +87,24 @@ def with_moe(rows: pd.DataFrame, linear: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _fit(rows: pd.DataFrame, size: str, linear: tuple[str, ...], target: str, max_knots: int, min_support: int,
-         programs: bool, relative: bool = True) -> PiecewiseLinearFit:
-    """One regime's (or part's) fit; with programs, also on the prefill kernel's program term
-    (sim.prefill_programs), kept where the rows give it a rate (a coefficient > 0: seconds per key of
-    one program), else fitted without (the rows show no wait on long programs)."""
+         programs: tuple[str, ...], relative: bool = True) -> PiecewiseLinearFit:
+    """One regime's (or part's) fit; with programs (PREFILL_PROGRAM_KEYS, and PREFILL_CACHED_KV_BYTES
+    where asked), also on those prefill terms (sim.prefill_programs), each kept where the rows give
+    it a rate (a coefficient > 0: seconds per key of one program, per byte of cached K and V), the
+    others fitted again without it (the rows show no such wait)."""
     def fit(features: tuple[str, ...]) -> PiecewiseLinearFit:
         return PiecewiseLinearFit.fit(rows[size].to_numpy(), {f: rows[f].to_numpy() for f in features},
                                       rows[target].to_numpy(), size, max_knots, min_support, relative=relative,
                                       unless_collinear=MOE_FEATURES)
-    if not programs:
-        return fit(linear)
-    fitted = fit((*linear, PREFILL_PROGRAM_KEYS))
-    rate = dict(zip(fitted.linear_features, fitted.linear_coefs)).get(PREFILL_PROGRAM_KEYS, 0.0)
-    return fitted if rate > 0 else fit(linear)
+    terms = programs
+    while terms:
+        fitted = fit((*linear, *terms))
+        rates = dict(zip(fitted.linear_features, fitted.linear_coefs))
+        kept = tuple(term for term in terms if rates.get(term, 0.0) > 0)
+        if kept == terms:
+            return fitted
+        terms = kept
+    return fit(linear)
 
 
 def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
@@ -107,11 +112,17 @@ def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
     """Every regime's fits on a step-timing table (columns: sim.features.FEATURE_COLUMNS and
     duration_s): each regime's duration, its overlap parts where the table has their columns, and
     the host time where it has host_s. With programs, the prefill regimes' durations and device
-    times also fit the prefill kernel's program term (sim.prefill_programs; _fit), a column
-    computed here from each row."""
+    times also fit the prefill kernel's program term (sim.prefill_programs; _fit), and with
+    programs.cached_kv the cached context's K/V bytes: columns computed here from each row."""
     df = complete_columns(df)
+    terms: tuple[str, ...] = ()
     if programs is not None:
-        df = df.assign(**{PREFILL_PROGRAM_KEYS: programs.column(df.to_dict("records"))})
+        records = df.to_dict("records")
+        df = df.assign(**{PREFILL_PROGRAM_KEYS: programs.column(records)})
+        terms = (PREFILL_PROGRAM_KEYS,)
+        if programs.cached_kv:
+            df = df.assign(**{PREFILL_CACHED_KV_BYTES: [programs.cached_kv_bytes(row) for row in records]})
+            terms += (PREFILL_CACHED_KV_BYTES,)
     timed = df[df["duration_s"].notna()]
     regimes = table_regimes(timed)
     fits = {}
@@ -119,7 +130,7 @@ def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
         rows = timed[regimes == name]
         if len(rows):
             fits[name] = _fit(rows, size, with_moe(rows, linear), "duration_s", max_knots, min_support,
-                              programs is not None and name in PREFILL_REGIMES)
+                              terms if name in PREFILL_REGIMES else ())
     for part, column in OVERLAP_PARTS.items():
         if column not in df.columns:
             continue
@@ -127,7 +138,7 @@ def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
             rows = df[(table_regimes(df) == name) & df[column].notna()]
             if len(rows):
                 # the term is device time: the host parts (launches, leads) are fitted without it
-                device = programs is not None and name in PREFILL_REGIMES and part not in HOST_PARTS
+                device = terms if name in PREFILL_REGIMES and part not in HOST_PARTS else ()
                 fits[f"{part}:{name}"] = _fit(rows, size, with_moe(rows, linear), column, max_knots, min_support,
                                               device, relative=part != "lead")
     if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():

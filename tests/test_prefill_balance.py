@@ -4,6 +4,7 @@ rule) and its fit recovers it; on a GPU it times the kernel within its budget.""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -47,3 +48,18 @@ def test_residuals_vanish_at_the_planted_rate_only(tmp_path):
     _, wrong = residuals(kernel, 2 / prefill_balance.PLANTED_RATE)
     assert right["max_abs"].max() < 1e-6
     assert wrong.set_index("model").loc["grid", "max_abs"].min() > 0.05
+
+
+def test_the_kv_floor_recovers_a_planted_bandwidth_and_the_sum_cannot_fit_it(tmp_path):
+    from experiments.kernels.prefill_kv_bytes import KV_BYTES, compare, main
+    prefill_balance.main(["--out", str(tmp_path), "--dry-run"])
+    kernel = pd.read_csv(tmp_path / "kernel.csv")
+    gb = kernel["seqs"] * kernel["cached"] * KV_BYTES / 1e9
+    kernel["us"] = np.maximum(kernel["us"], 3.0 + gb * 250.0)  # HBM at 4 TB/s under the planted walk
+    _, summary = compare(kernel, KV_BYTES)
+    floor = summary.set_index(["launch", "model"]).loc[("graph", "floor")]
+    assert floor["kv_TB_per_s"] == pytest.approx(4.0, rel=0.01) and floor["max_abs"] < 1e-3
+    assert summary.set_index(["launch", "model"]).loc[("graph", "sum"), "max_abs"] > 0.01
+    path = tmp_path / "planted.csv"
+    kernel.to_csv(path, index=False)
+    assert main([str(path)]) == 0

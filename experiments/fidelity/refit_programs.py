@@ -23,9 +23,11 @@ from harness.config import ConfigError, load_hardware, model_spec
 from sim.prefill_programs import PrefillPrograms
 
 
-def refit(grid: pd.DataFrame, model: str, hardware: str) -> tuple[pd.DataFrame, object]:
-    """(validation table, fitted model) of the grid fitted with the program term of model on hardware."""
-    programs = PrefillPrograms.of(model_spec({"preset": model}), load_hardware(hardware, "--hardware"))
+def refit(grid: pd.DataFrame, model: str, hardware: str, cached_kv: bool = False) -> tuple[pd.DataFrame, object]:
+    """(validation table, fitted model) of the grid fitted with the program term of model on hardware
+    (cached_kv: and the cached context's K/V bytes)."""
+    programs = PrefillPrograms.of(model_spec({"preset": model}), load_hardware(hardware, "--hardware"),
+                                  cached_kv=cached_kv)
     if programs is None:
         raise ValueError(f"--hardware {hardware}: no num_sms / prefill_programs_per_sm to derive the programs from")
     with warnings.catch_warnings():
@@ -40,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="conf/model preset the grid ran (e.g. qwen3-0.6b)")
     p.add_argument("--hardware", required=True, help="conf/hardware name it ran on (e.g. h200)")
     p.add_argument("--out", type=Path, required=True, help="the coefficients (validation beside: *_validation.csv)")
+    p.add_argument("--cached-kv", action="store_true",
+                   help="fit the cached context's K/V bytes too (sim.prefill_programs, PREFILL_CACHED_KV_BYTES)")
     args = p.parse_args(argv)
     try:
-        validation, fitted = refit(pd.read_csv(args.grid), args.model, args.hardware)
+        validation, fitted = refit(pd.read_csv(args.grid), args.model, args.hardware, args.cached_kv)
     except (OSError, ValueError, ConfigError) as error:
         raise SystemExit(f"error: {str(error).splitlines()[0]}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
