@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from engine.tp.workers import JOIN_TIMEOUT_S, Workers
 
-LEAVE_WAIT_S = 5.0  # under JOIN_TIMEOUT_S: a worker never released exits non-zero first
+LEAVE_WAIT_S = 2.0  # under JOIN_TIMEOUT_S: a worker never released exits non-zero first
 
 
 @dataclass(frozen=True)
