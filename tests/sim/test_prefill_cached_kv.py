@@ -4,7 +4,6 @@ the column, its fit beside the program term, a saved fit, and the setting."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 import pandas as pd
@@ -18,7 +17,7 @@ from sim.features import step_features
 from sim.prefill_programs import PREFILL_CACHED_KV_BYTES, PREFILL_PROGRAM_KEYS, PrefillPrograms
 from sim.profiled import ProfiledCostModel
 from tests.sim.helpers import decode, hardware, model, plan, prefill
-from tests.sim.test_prefill_programs import GRAPHS
+from tests.sim.test_prefill_programs import GRAPHS, synthetic_grid
 
 pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarning")
 
@@ -43,19 +42,8 @@ def test_the_bytes_grow_with_the_cached_context_and_vanish_without_it(chunks, mo
 
 
 def kv_grid(per_byte_s: float) -> pd.DataFrame:
-    """The grid's prefill shapes (as tests.sim.test_prefill_programs.synthetic_grid), timed with a
-    planted price of the cached K/V bytes and a program rate."""
-    rows = []
-    for tokens, seqs, cached in itertools.product((16, 64, 128, 256, 512, 1024, 2048), (1, 4, 16, 32),
-                                                  (0, 512, 2048)):
-        if seqs > tokens:
-            continue
-        step = plan(*(prefill(tokens // seqs, cached, rid=f"p{i}") for i in range(seqs)))
-        row = step_features(step, GRAPHS)
-        row["duration_s"] = 1.2e-3 + 1.5e-6 * row["graph_batch_size"] + 6e-10 * row["prefill_attention_pairs"] \
-            + 2.4e-8 * KV.plan_keys(step, True) + per_byte_s * KV.cached_kv_bytes(row)
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """The synthetic grid timed with a planted price of the cached K/V bytes beside the program rate."""
+    return synthetic_grid(2.4e-8, per_byte_s, KV)
 
 
 def test_a_fit_recovers_the_planted_bandwidth_and_drops_the_term_where_the_rows_show_none(tmp_path):

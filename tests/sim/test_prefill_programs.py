@@ -83,9 +83,11 @@ def test_a_plan_and_its_table_row_have_the_same_term():
     assert KERNEL.plan_keys(plan(decode(100), decode(200)), True) == 0.0
 
 
-def synthetic_grid(rate_s_per_key: float) -> pd.DataFrame:
+def synthetic_grid(rate_s_per_key: float, per_byte_s: float = 0.0,
+                   kernel: PrefillPrograms = KERNEL) -> pd.DataFrame:
     """The grid's prefill shapes (chunks of 16-2048 tokens over 1-32 sequences after 0-2,048
-    cached tokens each), timed by a law with a planted program rate."""
+    cached tokens each), timed by a law with a planted program rate and, where per_byte_s is given,
+    a planted price of the cached K/V bytes (kernel.cached_kv_bytes)."""
     rows = []
     for tokens, seqs, cached in itertools.product((16, 64, 128, 256, 512, 1024, 2048), (1, 4, 16, 32),
                                                   (0, 512, 2048)):
@@ -93,9 +95,9 @@ def synthetic_grid(rate_s_per_key: float) -> pd.DataFrame:
             continue
         step = plan(*(prefill(tokens // seqs, cached, rid=f"p{i}") for i in range(seqs)))
         row = step_features(step, GRAPHS)
-        keys = KERNEL.plan_keys(step, True)
+        keys = kernel.plan_keys(step, True)
         row["duration_s"] = 1.2e-3 + 1.5e-6 * row["graph_batch_size"] + 6e-10 * row["prefill_attention_pairs"] \
-            + rate_s_per_key * keys
+            + rate_s_per_key * keys + (per_byte_s * kernel.cached_kv_bytes(row) if per_byte_s else 0.0)
         rows.append(row)
     return pd.DataFrame(rows)
 
