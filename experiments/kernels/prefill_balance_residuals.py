@@ -18,6 +18,13 @@ SLOTS = 264  # 132 SMs x 2 programs an SM (the probe's H100/H200 figures)
 MODELS = {"probe": ("even_keys", "excess_keys"), "+waves": ("even_keys", "excess_keys", "waves", "context_k")}
 
 
+
+def error_stats(error) -> dict[str, float]:
+    """Median, 90th percentile and largest absolute relative error of a model on the probe's rows."""
+    size = np.abs(np.asarray(error, dtype=float))
+    return {"median_abs": float(np.median(size)), "p90_abs": float(np.quantile(size, 0.9)),
+            "max_abs": float(size.max())}
+
 def fit(part: pd.DataFrame, columns: tuple[str, ...],
         fixed_us_per_key: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Coefficients (c0, then the free columns) and relative errors; excess_keys priced at
@@ -42,8 +49,7 @@ def residuals(kernel: pd.DataFrame, seconds_per_key: float) -> tuple[pd.DataFram
             part[name] = error
             per_key = fixed if fixed is not None else coef[1 + columns.index("excess_keys")]
             summary.append({"launch": launch, "model": name, "seconds_per_key": per_key * 1e-6,
-                            "median_abs": np.median(np.abs(error)), "p90_abs": np.quantile(np.abs(error), 0.9),
-                            "max_abs": np.abs(error).max()})
+                            **error_stats(error)})
         rows.append(part)
     return pd.concat(rows), pd.DataFrame(summary)
 

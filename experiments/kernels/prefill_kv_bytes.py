@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.kernels.prefill_balance_residuals import error_stats
+
 SLOTS = 264  # 132 SMs x 2 programs an SM (the probe's H100/H200 figures)
 KV_BYTES = 8 * 128 * 2 * 2  # one cached token's K and V in one layer, Qwen3-0.6B, bf16
 MODELS = ("programs", "sum", "floor")
@@ -80,9 +82,7 @@ def compare(kernel: pd.DataFrame, kv_bytes: int) -> tuple[pd.DataFrame, pd.DataF
             p, error = fit(part, model)
             part[f"{model}_error"] = error
             tbps = 1e3 / p[-1] if model != "programs" and p[-1] > 0 else float("nan")  # us per GB -> TB/s
-            summary.append({"launch": launch, "model": model, "kv_TB_per_s": tbps,
-                            "median_abs": np.median(np.abs(error)), "p90_abs": np.quantile(np.abs(error), 0.9),
-                            "max_abs": np.abs(error).max()})
+            summary.append({"launch": launch, "model": model, "kv_TB_per_s": tbps, **error_stats(error)})
         rows.append(part)
     return pd.concat(rows), pd.DataFrame(summary)
 
