@@ -1,7 +1,7 @@
 """The committed cold-start calibrations (profiles/<hardware>/<model>.cold_start.json): each reads
 back, names the weight read it was measured with, and prices a new replica's start-up with the
-phases its probe measured; the Qwen3-8B one on an H100 against the start in the probe's own CSV
-(experiments/autoscale/h100_8b/)."""
+phases its probe measured; the two H100 ones against the starts in their probes' own CSVs
+(experiments/autoscale/h100_8b/, h100_0.6b/)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,17 @@ from harness.convert import ConfigError
 from harness.profiles import PROFILES_DIR
 from tests.harness.conftest import compose_config
 
-H100_8B = Path(__file__).resolve().parents[2] / "experiments" / "autoscale" / "h100_8b"
+AUTOSCALE = Path(__file__).resolve().parents[2] / "experiments" / "autoscale"
+H100_8B = AUTOSCALE / "h100_8b"
+READ_BY_FILE = {"h100/qwen3-8b": "mapped", "h200/qwen3-0.6b": "mapped", "h100/qwen3-0.6b": "streamed"}
 
 
 @pytest.mark.parametrize("path", sorted(PROFILES_DIR.glob(f"*/*{SUFFIX}")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_committed_calibration_reads_back_and_names_its_weight_read(path):
     raw = json.loads(path.read_text())
     calibration = read_calibration(path)
-    assert raw["weight_read"] == calibration.weight_read == "mapped"  # every one so far: the read before streamed
+    # the two older files were measured before the streamed read became the default onto a GPU
+    assert raw["weight_read"] == calibration.weight_read == READ_BY_FILE[f"{path.parent.name}/{raw['model']}"]
     assert raw["hardware"] == path.parent.name and f"{raw['model']}{SUFFIX}" == path.name
     assert "python" in calibration.command and calibration.tp_size == 1
 
@@ -63,3 +66,19 @@ def test_a_calibration_with_an_unknown_weight_read_is_one_line(tmp_path):
         read_calibration(path)
     path.write_text(json.dumps({k: v for k, v in raw.items() if k != "weight_read"}))
     assert read_calibration(path).weight_read == "mapped"  # files from before the probe recorded it
+
+
+def test_qwen3_0_6b_on_an_h100_is_priced_by_its_streamed_start():
+    rc = build_run_config(compose_config(["model=qwen3-0.6b"]))
+    calibration = find_calibration(rc.hardware.name, "qwen3-0.6b", 1)
+    assert calibration is not None and calibration.path == PROFILES_DIR / "h100" / f"qwen3-0.6b{SUFFIX}"
+    rows = pd.read_csv(AUTOSCALE / "h100_0.6b" / "cold_start_qwen3-0.6b.csv")
+    disk = rows.query("kind == 'disk'").iloc[0]
+    cold = cold_start_of(rc, AutoscaleConfig(provision_s=0.0), 1)
+    assert cold.load_s == pytest.approx(disk["load_s"], abs=1e-3)
+    assert cold.total_s == pytest.approx(disk["startup_s"], abs=1e-3)
+    assert round(cold.total_s, 1) == 15.1  # experiments/autoscale/h100_0.6b/cold_start.log, start 2
+    # the H200's file is another GPU's: an H100 replica is not priced by it
+    h200 = read_calibration(PROFILES_DIR / "h200" / f"qwen3-0.6b{SUFFIX}")
+    assert abs(h200.cold_start(0.0, rc.model.weight_bytes_per_rank(1), eager=False, cached=False).total_s
+               - cold.total_s) > 0.1
