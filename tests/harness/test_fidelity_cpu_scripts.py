@@ -90,21 +90,6 @@ def test_resimulate_wants_a_profile_for_profiled_and_none_for_the_roofline(tmp_p
     assert capsys.readouterr().err.count("error: profile:") == 2
 
 
-def test_coverage_misses_name_the_classes_outside_and_skip_groups_with_too_few_cells():
-    from experiments.fidelity.coverage_misses import misses, spreads
-
-    def cell(workload: str, engine: float, load: str) -> dict:
-        return {"model": "m", "hardware": "h", "workload": workload, "load": load, "metric": "ttft_p50_s",
-                "engine": engine, "sim": 1.0, "sim_lo": 0.9, "sim_hi": 1.1}
-
-    rows = [cell("odd", 1.5, "0.5")] + [cell(f"c{i}", 1.0, "0.5") for i in range(10)]
-    rows += [cell(f"c{i}", 2.0, "0.8") for i in range(3)]  # too few: no claim, so no miss listed
-    table = pd.DataFrame(rows)
-    found = misses(table).reset_index()
-    assert list(found["workload"]) == ["odd"] and list(found["load"]) == ["0.5"]
-    assert spreads(table).loc[("m", "h", "0.8"), "classes"] == 3
-
-
 def test_refit_profile_refuses_expected_experts_of_a_grid_without_them(tmp_path, capsys):
     from experiments.fidelity.refit_profile import main as refit
 
