@@ -31,7 +31,10 @@ host: experiments/serve/host.py); serve.csv's host_scale column gives each case'
 (experiments/serve/outputs.py), so a call cut short in the simulator server's stage is finished by
 `--stages sim --merge EARLIER`. It prices a shared prefix's blocks read again in a decode step as
 overlapping the first reads (backend.repeated_reads=overlap, sim/overlapped_reads.py: Mooncake's
-served decode steps, which share 512 tokens a prompt, priced within 1.5%, against +3-5% additive).
+served decode steps, which share 512 tokens a prompt, priced within 1.5%, against +3-5% additive),
+and a decode step's attention by its split-KV programs against the grid's own context spread
+(backend.decode_programs_baseline=grid_spread with hardware.decode_programs_per_sm=5: Azure 80%'s
+large decode batches with ragged contexts, priced 2-4% short otherwise; h100_run6_aiperf/itl80/).
 """
 
 from __future__ import annotations
@@ -79,8 +82,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                                         "backend.load_format=dummy"],
                         help="overrides of the engine's run and server")
     parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled",
-                                                     "backend.repeated_reads=overlap"],
-                        help="overrides of the simulator-backed server (default: repeated KV reads overlapped)")
+                                                     "backend.repeated_reads=overlap",
+                                                     "backend.decode_programs_baseline=grid_spread",
+                                                     "hardware.decode_programs_per_sm=5"],
+                        help="overrides of the simulator-backed server (default: repeated KV reads overlapped, "
+                             "ragged decode batches priced by their programs)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
     parser.add_argument("--loadgen", choices=["client", "aiperf"], default="client",
