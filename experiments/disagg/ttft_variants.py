@@ -9,10 +9,12 @@ its engine's own send path (send_path_choice's "engine's own") and
   intake+idle   both
   fresh         the Qwen3-0.6B calls priced with the fresh H200 grid fit (FRESH, with lead fits;
                 the 8B call keeps its own profile: there is no fresh 8B fit)
-  fresh+intake, fresh+intake+idle
-  intake+leads, intake+idle+leads   the 0.6B calls' own profile with FRESH's lead fits added
-                (prefill_whatif.with_leads; a diagnostic: those leads were measured on another H200
-                host, and by their definition, from submit(), they hold the anchor and the build)
+  fresh+intake
+  intake+leads  the 0.6B calls' own profile with FRESH's lead fits added (prefill_whatif.with_leads;
+                a diagnostic: those leads were measured on another H200 host)
+idle_start is refused beside a profile with lead fits (FRESH, or leads): a lead is timed from
+submit() on an idle device, so it holds the anchor and the batch's building already
+(ttft_variants.md has what the two combinations gave before that refusal).
 
     python -m experiments.disagg.ttft_variants [--resim-dir DIR] [--variants V ...] [--out CSV]
 
@@ -39,8 +41,7 @@ FRESH = "experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile_model_p
 INTAKE, IDLE = ["--set", "backend.fleet_intake=true"], ["--set", "backend.idle_start=true"]
 VARIANTS: dict[str, tuple[list[str], str]] = {  # resim flags; the 0.6B calls' profile: own, fresh or leads
     "base": ([], "own"), "intake": (INTAKE, "own"), "idle": (IDLE, "own"), "intake+idle": (INTAKE + IDLE, "own"),
-    "fresh": ([], "fresh"), "fresh+intake": (INTAKE, "fresh"), "fresh+intake+idle": (INTAKE + IDLE, "fresh"),
-    "intake+leads": (INTAKE, "leads"), "intake+idle+leads": (INTAKE + IDLE, "leads")}
+    "fresh": ([], "fresh"), "fresh+intake": (INTAKE, "fresh"), "intake+leads": (INTAKE, "leads")}
 
 
 def flags(call: str, own: str, variant: str, folder: Path) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,8 +13,10 @@ from hypothesis import strategies as st
 from engine.core import CacheConfig, ExecutionConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.executor import BackendInfo
 from engine.core.loop import SimulatedClock, run
-from sim import RooflineCostModel, SimConfig, SimExecutor, build_sim_executor
+from sim import ProfiledCostModel, RooflineCostModel, SimConfig, SimExecutor, build_sim_executor
 from tests.sim.helpers import decode_batch, hardware, model, plan, prefill
+from tests.sim.test_profiled import GRAPH
+from tests.sim.test_profiled_overlap import overlapping_profile
 
 HOST_S = 1e-3
 
@@ -74,3 +77,30 @@ def test_off_by_default_and_refused_without_a_figure_or_overlap():
     with pytest.raises(ValueError, match="idle_start_s"):
         SimExecutor(RooflineCostModel(spec, hardware("h200")), BackendInfo(10, 16, 1000), idle_start_s=-1.0)
 
+
+def test_refused_beside_a_profile_whose_leads_price_it_already():
+    """A lead is timed from submit() on an idle device: it holds the anchor and the batch's building."""
+    profile = overlapping_profile()
+    with_leads = ProfiledCostModel.fit(profile.assign(lead_s=np.full(len(profile), 4e-4)), GRAPH)
+    spec, cache, sched = model("qwen3-0.6b"), CacheConfig(16, 40), SchedulerConfig()
+    assert with_leads.prices_lead
+    with pytest.raises(ValueError, match="lead fits"):
+        build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched, cost_model=with_leads)
+    no_leads = build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched)
+    assert no_leads.idle_start_s == hardware("h200").idle_start_host_s
+
+
+def test_fast_forward_books_the_same_times_as_step_by_step():
+    """Runs of decode steps booked at once never hold an idle start (one is always in flight)."""
+    spec, hw = model("qwen3-0.6b"), hardware("h200")
+    scheduler_config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=4096)
+    cache = CacheConfig(block_size=16, num_blocks=400)
+    times = {}
+    for fast in (False, True):
+        sim = SimConfig(idle_start=True, fast_forward=fast)
+        executor = build_sim_executor(spec, hw, sim, cache, scheduler_config)
+        requests = [Request(f"r{i}", list(range(1, 100 + 37 * i)), SamplingParams(max_tokens=40 + 3 * i),
+                            arrival_time=0.3 * (i // 3) + 0.001 * i) for i in range(9)]
+        result = run(make_scheduler(scheduler_config, executor.info(), cache), executor, requests, SimulatedClock())
+        times[fast] = [t for r in result.requests for t in (r.first_token_time, r.finish_time)]
+    assert times[True] == pytest.approx(times[False], abs=1e-12)
