@@ -14,7 +14,7 @@ one at a time, is priced after cost_model.drained(): nothing runs before it to h
 Such a submitted step also waits idle_start_s (SimConfig.idle_start, the hardware's
 idle_start_host_s) before its device work: the loop's planning, the device clock's anchor and the
 batch's building that the engine does before an idle device's first kernel and hides behind the
-step in flight otherwise.
+step in flight otherwise. The step's duration holds it (an engine step's span starts after it).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class SimExecutor:
     def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True,
                  samples: SampledTokens | None = None, idle_start_s: float = 0.0) -> None:
         """idle_start_s: host time a step submitted with nothing in flight waits before its device
-        work (module docstring). samples: tokens computed ahead (sim.sampled; a plan's, shared by its deployments), read
-        where they cover what a step samples, if they are of this seed, vocabulary and eos (the
+        work (module docstring). samples: tokens computed ahead (sim.sampled; a plan's, shared by its
+        deployments), read where they cover what a step samples, if they are of this seed, vocabulary and eos (the
         same tokens either way: others are hashed here)."""
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
@@ -86,8 +86,8 @@ class SimExecutor:
         return _Priced(self._price(plan), self)
 
     def _submit_idle(self, plan: StepPlan) -> _Priced:
-        """A step onto an idle device: its host work before the first kernel, then the step (the
-        cost model's own state, the step's overlap with the next, keeps the device's price)."""
+        """A step onto an idle device: its host work before the first kernel, then the step. The cost
+        model keeps the step's device price as its state (what the next step hides behind)."""
         result = self._price(plan)
         return _Priced(replace(result, duration_s=result.duration_s + self.idle_start_s), self)
 
