@@ -50,7 +50,29 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         device=f"simulated {hardware.name}",
         all_reduce=priced_all_reduce(execution.all_reduce, execution.tensor_parallel_size, hardware.prices_one_shot),
     )
-    return SimExecutor(cost_model, info, execution.seed, sim.fast_forward, samples)
+    return SimExecutor(cost_model, info, execution.seed, sim.fast_forward, samples,
+                       idle_start_s(hardware, sim, info.overlaps_steps, cost_model))
+
+
+def idle_start_s(hardware: HardwareSpec, sim: SimConfig, overlaps_steps: bool, cost_model: CostModel) -> float:
+    """What a step submitted onto an idle device waits before its device work (SimConfig.idle_start);
+    ValueError where it cannot be priced, or where the profile's lead fits price it already (a lead
+    is timed from submit(), so it holds the device clock's anchor and the batch's building)."""
+    if not sim.idle_start:
+        return 0.0
+    inner: object = cost_model
+    while (wrapped := getattr(inner, "base", None) or getattr(inner, "inner", None)) is not None:
+        inner = wrapped  # sim.tp_transfer and sim.interval wrap the profiled model
+    if getattr(inner, "prices_lead", False):
+        raise ValueError("backend.idle_start=true: the profile's lead fits (lead:<regime>) already price an idle "
+                         "start's host work from submit(); use a profile without them or backend.idle_start=false")
+    if hardware.idle_start_host_s is None:
+        raise ValueError(f"backend.idle_start=true: hardware {hardware.name} has no idle_start_host_s "
+                         "(measure it: experiments/disagg/prefill_probe.py); set backend.idle_start=false")
+    if not overlaps_steps:
+        raise ValueError("backend.idle_start=true prices overlapped steps' idle starts: it needs "
+                         "execution.async_scheduling (steps run one at a time are priced by the host fit)")
+    return hardware.idle_start_host_s
 
 
 __all__ = [

@@ -78,6 +78,9 @@ class SimConfig:
     request to its replica's process, measured on the GPU host (profiles/<hardware>/fleet_intake.json,
     harness.fleet.intake; engine.core.intake). A single run has none. False: a replica sees a request
     at its arrival.
+    idle_start: a step submitted onto an idle device waits the hardware's idle_start_host_s first
+    (sim.executor: the loop's planning, the device clock's anchor, the batch's building; needs that
+    figure and overlapped steps, execution.async_scheduling). False: it starts at once.
     """
 
     cost_model: str = "roofline"
@@ -99,6 +102,7 @@ class SimConfig:
     prefill_cached_kv: bool = False
     repeated_reads: str = "additive"
     fleet_intake: bool = False
+    idle_start: bool = False
     host_scale: float = 1.0
     host_jitter: float = 0.0
     profile_hardware: HardwareSpec | None = None
@@ -130,7 +134,8 @@ class SimConfig:
         if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
-        for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake"):
+        for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake",
+                     "idle_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.prefill_cached_kv and not self.prefill_programs:

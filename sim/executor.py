@@ -11,6 +11,10 @@ each step before the previous one's tokens are read, as the engine does on CUDA;
 the step at once and hands it back completed. A step submitted while no other is in flight (after
 an idle gap, or when every runnable request waited on the step before), and every step executed
 one at a time, is priced after cost_model.drained(): nothing runs before it to hide its launches.
+Such a submitted step also waits idle_start_s (SimConfig.idle_start, the hardware's
+idle_start_host_s) before its device work: the loop's planning, the device clock's anchor and the
+batch's building that the engine does before an idle device's first kernel and hides behind the
+step in flight otherwise. The step's duration holds it (an engine step's span starts after it).
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ if TYPE_CHECKING:
 
 class SimExecutor:
     def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True,
-                 samples: SampledTokens | None = None) -> None:
-        """samples: tokens computed ahead (sim.sampled; a plan's, shared by its deployments), read
-        where they cover what a step samples, if they are of this seed, vocabulary and eos (the
+                 samples: SampledTokens | None = None, idle_start_s: float = 0.0) -> None:
+        """idle_start_s: host time a step submitted with nothing in flight waits before its device
+        work (module docstring). samples: tokens computed ahead (sim.sampled; a plan's, shared by its
+        deployments), read where they cover what a step samples, if they are of this seed, vocabulary and eos (the
         same tokens either way: others are hashed here)."""
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
@@ -46,7 +51,10 @@ class SimExecutor:
             raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
         if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
             raise ValueError(f"eos_token_id must be in [0, vocab_size={vocab_size}) or None, got {eos_token_id!r}")
+        if isinstance(idle_start_s, bool) or not isinstance(idle_start_s, (int, float)) or not idle_start_s >= 0:
+            raise ValueError(f"idle_start_s must be a number >= 0, got {idle_start_s!r}")
         self.cost_model = cost_model
+        self.idle_start_s = float(idle_start_s)
         self.seed = seed
         self._info = info
         self._vocab_size = vocab_size
@@ -68,13 +76,20 @@ class SimExecutor:
 
     def submit(self, plan: StepPlan) -> PendingStep:
         """A simulated step is priced when submitted; the loop reads it one step later."""
-        if not self._unread:
+        idle = not self._unread
+        if idle:
             self.cost_model.drained()
         self._unread += 1
-        return self._hooks.submitted(plan, self._submit)
+        return self._hooks.submitted(plan, self._submit_idle if idle and self.idle_start_s else self._submit)
 
     def _submit(self, plan: StepPlan) -> _Priced:
         return _Priced(self._price(plan), self)
+
+    def _submit_idle(self, plan: StepPlan) -> _Priced:
+        """A step onto an idle device: its host work before the first kernel, then the step. The cost
+        model keeps the step's device price as its state (what the next step hides behind)."""
+        result = self._price(plan)
+        return _Priced(replace(result, duration_s=result.duration_s + self.idle_start_s), self)
 
     def observe(self, hook: StepHook) -> Unobserve:
         return self._hooks.add(hook)

@@ -196,6 +196,11 @@ class ProfiledCostModel:
         return HOST_REGIME in self.fits
 
     @property
+    def prices_lead(self) -> bool:
+        """Whether a fit prices a step's lead after an idle gap (sim.profiled_overlap)."""
+        return any(name.startswith("lead:") for name in self.fits)
+
+    @property
     def prices_overlap(self) -> bool:
         return all(f"{part}:prefill" in self.fits or f"{part}:prefill_graph" in self.fits
                    for part in REQUIRED_OVERLAP_PARTS)

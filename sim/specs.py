@@ -225,6 +225,10 @@ class HardwareSpec:
     # query tile of one sequence and KV head each) one SM holds at once. None: no figure, a prefill
     # step's attention is priced by its work alone.
     prefill_programs_per_sm: int | None = None
+    # Host time the engine's loop spends before an idle device's first kernel of a step (planning,
+    # the device clock's anchor, the batch's building), priced with SimConfig.idle_start
+    # (sim.executor). None: no figure, idle_start is refused.
+    idle_start_host_s: float | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -237,7 +241,7 @@ class HardwareSpec:
             optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
                         "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s",
                         "weight_load_bytes_per_s", "num_sms", "decode_program_bandwidth",
-                        "decode_programs_per_sm", "prefill_programs_per_sm")
+                        "decode_programs_per_sm", "prefill_programs_per_sm", "idle_start_host_s")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":

@@ -61,11 +61,11 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                moe_routing_skew: float = 0.0, moe_routing_locality: float = 0.0,
                moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
                moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
-               decode_programs_baseline: str = "none") -> pd.DataFrame:
+               decode_programs_baseline: str = "none", idle_start: bool = False) -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
     repeats; cells without an entry take host_scale and no jitter. repeated_reads,
-    decode_programs_baseline: SimConfig's."""
+    decode_programs_baseline, idle_start: SimConfig's."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -86,7 +86,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
             scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
                                                                          host_scale=scale, host_jitter=jitter,
                                                                          repeated_reads=repeated_reads,
-                                                                         decode_programs_baseline=decode_programs_baseline))
+                                                                         decode_programs_baseline=decode_programs_baseline,
+                                                                         idle_start=idle_start))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if interval:
@@ -156,6 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,
                         help="the kernel's programs an SM holds (hardware.decode_programs_per_sm: its waves; "
                              "default: the hardware entry's)")
+    parser.add_argument("--idle-start", action="store_true",
+                        help="a step onto an idle device first waits the host's idle_start_host_s (backend.idle_start)")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -191,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
                          args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
-                         args.decode_programs_baseline)
+                         args.decode_programs_baseline, args.idle_start)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)
