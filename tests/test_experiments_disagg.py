@@ -114,9 +114,12 @@ def test_the_fitted_link_prices_neither_the_handshake_nor_the_queue():
 
 
 def test_resim_takes_each_calls_own_queue_setting(tmp_path):
-    """Re-simulating a committed call reproduces its own pricing: every call so far ran without the queue."""
+    """Re-simulating a committed call reproduces its own pricing: the calls before the send-path
+    decision ran without the queue, the two after it (runs.csv.gz) with it."""
     calls = [p.parent for p in Path("experiments/disagg").glob("**/runs.csv")]
     assert len(calls) >= 7 and not any(resim.recorded_queue(c) for c in calls)
+    later = [p.parent for p in Path("experiments/disagg").glob("**/runs.csv.gz")]
+    assert len(later) >= 2 and all(resim.recorded_queue(c) for c in later)
     for flag in (True, False):
         setup = f"Setup(handshake=True, queue_behind_step={flag})"
         (tmp_path / "settings.json").write_text(json.dumps({"setup": setup}))
@@ -314,3 +317,13 @@ def test_transfers_by_cell_reads_each_cell_against_its_own_fleets_run():
     table = summarise(transfers, runs)
     assert list(table.tpot_p50_ms) == [2.0, 4.0]  # each mix's measured TPOT, not another fleet's
     assert list(table.transfer_per_step) == [1.25, 0.62]
+
+
+def test_sim_set_reaches_the_simulated_side_alone(tmp_path):
+    """--sim-set carries settings the engine has not (backend.fleet_intake): the simulated side takes
+    them, the measured side (the simulator standing in for the engine here) does not."""
+    args = run_disagg.parse(["measure", "--cpu", "--dry-run", "--out", str(tmp_path), "--sim-set",
+                            "backend.fleet_intake=true"])
+    setup = run_disagg.make_setup(args, run_disagg.check(args))
+    assert setup.sim_overrides == ("backend.fleet_intake=true",)
+    assert setup.run_config("sim").sim.fleet_intake and not setup.run_config("measured").sim.fleet_intake

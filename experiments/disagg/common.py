@@ -70,6 +70,7 @@ class Setup:
     measured: str = "engine"
     profile: str | None = None  # prices the simulated side; None: the roofline model (CPU runs)
     overrides: tuple[str, ...] = ()  # --set: Hydra overrides for both sides
+    sim_overrides: tuple[str, ...] = ()  # --sim-set: the simulated side's alone (settings the engine has not)
     handshake: bool = True  # the simulated disaggregated fleet prices the engine's protocol
     # and its send path (engine.kv_link.BlockMover: a send waits for the prefill GPU's step in flight),
     # unlike fleet.transfer.queue_behind_step's planning default (experiments/disagg/send_path_choice.md)
@@ -86,7 +87,7 @@ class Setup:
             extra = ["backend=sim", "backend.cost_model=profiled", f"backend.profile_path={self.profile}"]
         else:
             extra = ["backend=sim", "backend.cost_model=roofline"]
-        return compose_run_config([*common, *extra])
+        return compose_run_config([*common, *extra, *(self.sim_overrides if side == "sim" else ())])
 
     def link(self, bandwidth: float | None = None, latency_s: float | None = None) -> TransferConfig:
         base = CPU_LINK if self.cpu else TransferConfig(link="nvlink")

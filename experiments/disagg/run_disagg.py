@@ -77,6 +77,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-requests", type=int, default=32)
     parser.add_argument("--trace", default=None, help="Azure conversation trace (default .traces/ or the shared one)")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for both sides")
+    parser.add_argument("--sim-set", dest="sim_overrides", nargs="*", default=[],
+                        help="Hydra overrides for the simulated side alone (e.g. backend.fleet_intake=true)")
     parser.add_argument("--limit-s", type=float, default=540.0, help="no run starts that would end past this")
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
     parser.add_argument("--keep-steps", action="store_true",
@@ -131,7 +133,7 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     measured = "sim" if args.dry_run else "engine"
     if args.cpu:
         return Setup("tiny-qwen3", "cpu", pools, cpu=True, measured=measured, overrides=tuple(args.overrides),
-                     queue_behind_step=args.queue_behind_step)
+                     sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
     if args.hardware is not None:
         hardware = args.hardware
     elif args.command == "plan" or args.dry_run:
@@ -140,7 +142,7 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
         hardware = hardware_of(detect_gpus(), pools)
     profile, _ = profile_for(hardware, args.model, args.out)
     return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides),
-                 queue_behind_step=args.queue_behind_step)
+                 sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ side (the call's own, from its settings.json, come first).
     python -m experiments.disagg.h200_run1.resim [--run DIR] [--no-handshake] [--queue-behind-step {0,1}]
         [--aggregated] [--set OVERRIDE ...] [--profile CSV] [--label L] [--out CSV]
 
-DIR: a call's folder with runs.csv and settings.json (default: this one; e.g.
+DIR: a call's folder with runs.csv (or runs.csv.gz) and settings.json (default: this one; e.g.
 experiments/disagg/h200x4_pd_mixes/measure_1P3D). Prints each cell's errors against the measured
 row in runs.csv (the targets of tables.TARGETS) and writes resim_<label>.csv into DIR (or --out).
 --profile: the profiled model both fleets are priced with (default: the call's own, call_profile; another
@@ -78,12 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-steps", default=None, help="a folder for each cell's steps, measured and re-simulated")
     args = parser.parse_args(argv)
     run = Path(args.run)
-    runs = pd.read_csv(run / "runs.csv", dtype={"load": str})
+    # later calls commit their table gzipped (the tree's size bound)
+    runs = pd.read_csv(next(p for p in (run / "runs.csv", run / "runs.csv.gz") if p.is_file()), dtype={"load": str})
     disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
     measured = runs[(runs.side == "measured") & (disaggregated | args.aggregated)]
     (fleet,) = set(runs.fleet[disaggregated])
     settings = json.loads((run / "settings.json").read_text())["args"]
-    own, model = settings.get("overrides", []), settings.get("model", "qwen3-0.6b")
+    own, model = [*settings.get("overrides", []), *settings.get("sim_overrides", [])], settings.get("model", "qwen3-0.6b")
     queue = recorded_queue(run) if args.queue_behind_step is None else bool(args.queue_behind_step)
     setup = Setup(model, "h200", Pools.parse(fleet), profile=args.profile or call_profile(run, model),
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
