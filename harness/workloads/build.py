@@ -88,7 +88,7 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         arrival = draw_arrivals(cfg, n, np.random.default_rng(arrival_seq), _column(trace, ARRIVAL_COLUMN))
     len_rng = np.random.default_rng(len_seq)
     prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
-    output = draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN))
+    output = _at_least_one_token(cfg, draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN)))
 
     bound = min(cfg.max_token_id, vocab_size) if vocab_size else cfg.max_token_id
     group, prefixes = _shared_prefixes(cfg, n, np.random.default_rng(group_seq), bound)
@@ -121,6 +121,17 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     return Workload(source, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
 
 
+def _at_least_one_token(cfg: WorkloadConfig, output: np.ndarray) -> np.ndarray:
+    """A trace's outputs of 0 tokens (requests that ended at their prefill) served as 1, the token
+    every request samples; logged, since the output is then longer than the file says."""
+    zero = output == 0
+    if not zero.any():
+        return output
+    log.warning("workload %s: %d requests have an output of 0 tokens in the trace; each is served with 1 "
+                "(the token its prefill samples)", cfg.label, int(zero.sum()))
+    return np.where(zero, 1, output)
+
+
 def _shared_prefixes(cfg: WorkloadConfig, n: int, rng: np.random.Generator,
                      bound: int) -> tuple[np.ndarray, np.ndarray]:
     """Each request's shared-prefix group (-1: none) and the groups' prefix tokens [groups, prefix_len]."""
@@ -141,7 +152,7 @@ def _token_drawer(cfg: WorkloadConfig, trace, keep: np.ndarray, prompt: np.ndarr
         # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
         own = np.where(keep, prompt, 0)
         hashes, key = trace[HASH_COLUMN].tolist(), block_seed(token_seq)
-        warn_uncovered(hashes, own)
+        warn_uncovered(hashes, own, trace[PROMPT_COLUMN].to_numpy())
 
         def drawer() -> Callable[[int, int], np.ndarray]:
             return lambda a, b: prompt_token_ids(hashes[a:b], own[a:b], range(a + cfg.start_row, b + cfg.start_row),

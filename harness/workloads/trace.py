@@ -11,6 +11,7 @@ Two formats, told apart by the file's suffix:
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -28,9 +29,16 @@ MOONCAKE_SUFFIX = ".jsonl"
 # the Mooncake field each column is read from; timestamps are in milliseconds
 MOONCAKE_FIELDS = {ARRIVAL_COLUMN: "timestamp", PROMPT_COLUMN: "input_length", OUTPUT_COLUMN: "output_length",
                    HASH_COLUMN: "hash_ids"}
-MAX_HASH_ID = 2**63 - 1
+# hash ids are names: any 64-bit integer, signed or unsigned (a signed id is read as its two's complement)
+MIN_HASH_ID, HASH_ID_SPAN = -(2**63), 2**64
+# the least output a trace may record: real traces hold some 0s (build.py serves them as 1 token, the
+# one every request samples, and logs how many); prompts must have a token
+MIN_TRACE_OUTPUT = 0
 # what a trace of lengths only (no arrival times) is replayed with: its lengths at Poisson arrivals
 LENGTHS_ONLY_RECIPE = "workload=trace_lengths workload.trace_path=FILE workload.rate=REQ_PER_S"
+
+
+log = logging.getLogger(__name__)
 
 
 class TraceError(ValueError):
@@ -48,6 +56,9 @@ def resolve_trace_path(trace_path: str, trace_dir: str | None = None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+        if candidate.is_dir():
+            raise TraceError(f"workload.trace_path: {str(candidate)!r} is a directory, not a trace file "
+                             "(name a .csv or .jsonl file in it)")
     tried = ", ".join(str(c) for c in candidates)
     raise TraceError(f"workload.trace_path: trace file {trace_path!r} not found (tried {tried})")
 
@@ -88,7 +99,8 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
         else:
             bad = ~np.isfinite(values) | (values != np.floor(values))
             _raise_first(path, frame, column, bad, "must be a whole number of tokens")
-            _raise_first(path, frame, column, values < 1, "must be a token count >= 1")
+            least = MIN_TRACE_OUTPUT if column == OUTPUT_COLUMN else 1
+            _raise_first(path, frame, column, values < least, f"must be a token count >= {least}")
             out[column] = values.astype(np.int64)
     return pd.DataFrame(out, index=frame.index)
 
@@ -123,11 +135,13 @@ def is_mooncake(path: Path | str) -> bool:
 
 
 def read_mooncake(path: Path, columns: list[str], start_row: int = 0, num_rows: int | None = None) -> pd.DataFrame:
-    """read_trace for Mooncake JSONL: lines are numbered from 1, and errors name the JSON field."""
+    """read_trace for Mooncake JSONL: lines are numbered from 1, and errors name the JSON field.
+    A byte-order mark, CRLF endings, blank lines and unknown fields are read past; a row without
+    hash_ids shares no block (counted in the log)."""
     rows: dict[str, list] = {column: [] for column in columns}
     index: list[int] = []
-    total = 0
-    with open(path, encoding="utf-8") as lines:
+    total = no_ids = 0
+    with open(path, encoding="utf-8-sig") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -136,6 +150,7 @@ def read_mooncake(path: Path, columns: list[str], start_row: int = 0, num_rows: 
             if row < start_row or (num_rows is not None and row >= start_row + num_rows):
                 continue  # outside the window: neither parsed nor checked, as CSV rows are not
             record = _json_object(path, number, line)
+            no_ids += HASH_COLUMN in columns and MOONCAKE_FIELDS[HASH_COLUMN] not in record
             for column in columns:
                 rows[column].append(_mooncake_value(path, number, record, column))
             index.append(row)
@@ -144,6 +159,8 @@ def read_mooncake(path: Path, columns: list[str], start_row: int = 0, num_rows: 
                          f"{[MOONCAKE_FIELDS[c] for c in columns]})")
     if start_row >= total:
         raise TraceError(f"{path}: workload.start_row={start_row} but the trace has only {total} rows")
+    if no_ids:
+        log.warning("%s: %d rows have no hash_ids; their prompts share no blocks with other requests", path, no_ids)
     out = {c: np.asarray(v, dtype=np.float64 if c == ARRIVAL_COLUMN else np.int64) for c, v in rows.items()
            if c != HASH_COLUMN}
     if HASH_COLUMN in rows:
@@ -162,22 +179,29 @@ def _json_object(path: Path, number: int, line: str) -> dict:
 
 
 def _mooncake_value(path: Path, number: int, record: dict, column: str):
-    """One checked field of a Mooncake record, in the column's unit (seconds for times)."""
+    """One checked field of a Mooncake record, in the column's unit (seconds for times; hash ids
+    as unsigned 64-bit integers)."""
     name = MOONCAKE_FIELDS[column]
     where = f"{path}, line {number}, field {name!r}"
+    if column == HASH_COLUMN and name not in record:
+        return []
     if name not in record:
-        raise TraceError(f"{where}: missing; found {sorted(record)}")
+        hint = "; for arrivals at a rate: workload.arrival=poisson workload.rate=REQ_PER_S" \
+            if column == ARRIVAL_COLUMN else ""
+        raise TraceError(f"{where}: missing; found {sorted(record)}{hint}")
     value = record[name]
     if column == HASH_COLUMN:
-        if not isinstance(value, list) or not all(_is_int(v) and 0 <= v <= MAX_HASH_ID for v in value):
-            raise TraceError(f"{where}: must be a list of integers in [0, 2**63), got {_shown(value)}")
-        return value
+        if not isinstance(value, list) or \
+                not all(_is_int(v) and MIN_HASH_ID <= v < HASH_ID_SPAN for v in value):
+            raise TraceError(f"{where}: must be a list of 64-bit integers (signed or unsigned), got {_shown(value)}")
+        return [v % HASH_ID_SPAN for v in value]
     if column == ARRIVAL_COLUMN:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise TraceError(f"{where}: must be a finite time >= 0 milliseconds, got {_shown(value)}")
         return value / 1000.0
-    if not (_is_int(value) or (isinstance(value, float) and value.is_integer())) or value < 1:
-        raise TraceError(f"{where}: must be a whole number of tokens >= 1, got {_shown(value)}")
+    least = MIN_TRACE_OUTPUT if column == OUTPUT_COLUMN else 1
+    if not (_is_int(value) or (isinstance(value, float) and value.is_integer())) or value < least:
+        raise TraceError(f"{where}: must be a whole number of tokens >= {least}, got {_shown(value)}")
     return int(value)
 
 
