@@ -26,6 +26,9 @@ PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
 HASH_COLUMN = "hash_ids"  # Mooncake traces only: the prompt's block ids
 MOONCAKE_SUFFIX = ".jsonl"
+# Azure's raw LLM inference traces (2023 code and conversation, 2024 week-long) name the columns so,
+# with TIMESTAMP a date and time; a column missing under this project's name is read from these
+AZURE_COLUMNS = {ARRIVAL_COLUMN: "TIMESTAMP", PROMPT_COLUMN: "ContextTokens", OUTPUT_COLUMN: "GeneratedTokens"}
 # the Mooncake field each column is read from; timestamps are in milliseconds
 MOONCAKE_FIELDS = {ARRIVAL_COLUMN: "timestamp", PROMPT_COLUMN: "input_length", OUTPUT_COLUMN: "output_length",
                    HASH_COLUMN: "hash_ids"}
@@ -66,7 +69,8 @@ def resolve_trace_path(trace_path: str, trace_dir: str | None = None) -> Path:
 def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int | None = None) -> pd.DataFrame:
     """The requested columns of rows [start_row, start_row + num_rows), validated.
 
-    Length columns must hold integers >= 1; the arrival column finite numbers >= 0.
+    Length columns must hold whole numbers (prompts >= 1, outputs >= MIN_TRACE_OUTPUT); the arrival
+    column finite numbers >= 0, or, in Azure's raw form, dates and times (read as seconds).
     """
     if is_mooncake(path):
         return read_mooncake(path, columns, start_row, num_rows)
@@ -77,12 +81,7 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     except pd.errors.ParserError as error:
         raise TraceError(f"{path}: not a valid CSV file: {error}") from None
     frame.columns = [str(c).strip() for c in frame.columns]
-    for column in columns:
-        if column not in frame.columns:
-            hint = ""
-            if column == ARRIVAL_COLUMN:
-                hint = f"; for a trace of lengths only, draw Poisson arrival times: {LENGTHS_ONLY_RECIPE}"
-            raise TraceError(f"{path}, line 1 (header): missing column {column!r}; found {list(frame.columns)}{hint}")
+    source = {column: _source_column(path, frame, column) for column in columns}
     if frame.empty:
         raise TraceError(f"{path}: the trace has a header but no request rows")
     if start_row >= len(frame):
@@ -90,19 +89,48 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     stop = len(frame) if num_rows is None else min(len(frame), start_row + num_rows)
     frame = frame.iloc[start_row:stop]
     out = {}
-    for column in columns:
-        values = _numeric(path, frame[column], column)
+    for column, name in source.items():
+        if column == ARRIVAL_COLUMN and name != ARRIVAL_COLUMN:
+            out[column] = _seconds(path, frame[name], name)
+            continue
+        values = _numeric(path, frame[name], name)
         if column == ARRIVAL_COLUMN:
             bad = ~np.isfinite(values) | (values < 0)
-            _raise_first(path, frame, column, bad, "must be a finite time >= 0 seconds")
+            _raise_first(path, frame, name, bad, "must be a finite time >= 0 seconds")
             out[column] = values.astype(np.float64)
         else:
             bad = ~np.isfinite(values) | (values != np.floor(values))
-            _raise_first(path, frame, column, bad, "must be a whole number of tokens")
+            _raise_first(path, frame, name, bad, "must be a whole number of tokens")
             least = MIN_TRACE_OUTPUT if column == OUTPUT_COLUMN else 1
-            _raise_first(path, frame, column, values < least, f"must be a token count >= {least}")
+            _raise_first(path, frame, name, values < least, f"must be a token count >= {least}")
             out[column] = values.astype(np.int64)
     return pd.DataFrame(out, index=frame.index)
+
+
+def _source_column(path: Path, frame: pd.DataFrame, column: str) -> str:
+    """The file's column that `column` is read from: itself, else Azure's raw name for it."""
+    if column in frame.columns:
+        return column
+    raw = {str(c).lower(): str(c) for c in frame.columns}.get(AZURE_COLUMNS[column].lower())
+    if raw is not None:
+        return raw
+    hint = ""
+    if column == ARRIVAL_COLUMN:
+        hint = f"; for a trace of lengths only, draw Poisson arrival times: {LENGTHS_ONLY_RECIPE}"
+    raise TraceError(f"{path}, line 1 (header): missing column {column!r} (or Azure's raw form: "
+                     f"{AZURE_COLUMNS[column]!r}); found {list(frame.columns)}{hint}")
+
+
+def _seconds(path: Path, series: pd.Series, column: str) -> np.ndarray:
+    """Azure's raw TIMESTAMP strings (ISO dates and times, with or without a UTC offset) as seconds
+    from the earliest row read."""
+    times = pd.to_datetime(series.astype(str), format="ISO8601", utc=True, errors="coerce")
+    bad = times.isna().to_numpy()
+    if bad.any():
+        where = int(np.argmax(bad))
+        raise TraceError(f"{path}, line {_line(series.index[where])}, column {column!r}: expected a date and time "
+                         f"(such as 2023-11-16 18:15:46.68), got {series.iloc[where]!r}")
+    return (times - times.min()).dt.total_seconds().to_numpy(dtype=np.float64)
 
 
 def _numeric(path: Path, series: pd.Series, column: str) -> np.ndarray:
