@@ -231,7 +231,8 @@ def _cycled(cfg: WorkloadConfig, trace: pd.DataFrame | None, n: int) -> pd.DataF
 
 def _repeated(cfg: WorkloadConfig, trace: pd.DataFrame, n: int) -> pd.DataFrame:
     """n rows: the trace's rows repeated from the top, each repeat's times shifted by the
-    trace's span plus its mean gap (so repeats follow one another at the trace's rate)."""
+    trace's span plus its mean gap (so repeats follow one another at the trace's rate); a trace
+    whose times are all equal (one row, or a burst) repeats every second."""
     rows = len(trace)
     if rows >= n:
         return trace
@@ -241,7 +242,7 @@ def _repeated(cfg: WorkloadConfig, trace: pd.DataFrame, n: int) -> pd.DataFrame:
     if ARRIVAL_COLUMN in trace:
         times = trace[ARRIVAL_COLUMN].to_numpy()
         span = float(times.max() - times.min())
-        period = span + (span / (rows - 1) if rows > 1 else 1.0)
+        period = span + span / (rows - 1) if span > 0 else 1.0
         out[ARRIVAL_COLUMN] = out[ARRIVAL_COLUMN].to_numpy() + copy * period
     log.info("workload %s: %d requests from a trace of %d rows, repeated %d times (workload.trace_repeat)",
              cfg.label, n, rows, int(copy[-1]) + 1)

@@ -157,3 +157,15 @@ def test_arrivals_keep_their_rows_whatever_the_order_of_times(tmp_path):
     requests = served(write(tmp_path / "t.jsonl", records))
     assert [r.arrival_time for r in requests] == pytest.approx(list((times - times.min()) / 1000))
     assert [r.num_prompt_tokens for r in requests] == list(range(1, 13))
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=st.lists(st.sampled_from([0.0, 0.5, 3.0, 3.0, 7.25]), min_size=1, max_size=5),
+       n=st.integers(1, 17))
+def test_each_repeat_of_a_trace_starts_after_the_one_before_ends(tmp_path_factory, times, n):
+    path = tmp_path_factory.mktemp("repeat") / "t.jsonl"
+    write(path, [{"timestamp": t * 1000, "input_length": 3, "output_length": 1} for t in times])
+    arrivals = [r.arrival_time for r in served(path, num_requests=n, trace_repeat=True)]
+    rows = len(times)
+    repeats = [arrivals[i:i + rows] for i in range(0, n, rows)]
+    assert all(min(later) > max(earlier) for earlier, later in zip(repeats, repeats[1:]))
