@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -77,6 +78,10 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     trace = _load_trace(cfg)
     if trace is not None and cfg.trace_repeat and cfg.num_requests is not None:
         trace = _repeated(cfg, trace, cfg.num_requests)
+    elif trace is not None and cfg.rate_profile is None and (cfg.num_requests or 0) > len(trace):
+        log.warning("workload %s: workload.num_requests=%d but %s has %d rows from workload.start_row=%d; serving "
+                    "those (workload.trace_repeat=true repeats them)", cfg.label, cfg.num_requests,
+                    Path(str(cfg.trace_path)).name, len(trace), cfg.start_row)
     n = len(trace) if trace is not None else cfg.num_requests
     if cfg.rate_profile is not None:
         arrival = profiled_arrivals(cfg, np.random.default_rng(arrival_seq))

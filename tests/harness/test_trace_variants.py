@@ -169,3 +169,11 @@ def test_each_repeat_of_a_trace_starts_after_the_one_before_ends(tmp_path_factor
     rows = len(times)
     repeats = [arrivals[i:i + rows] for i in range(0, n, rows)]
     assert all(min(later) > max(earlier) for earlier, later in zip(repeats, repeats[1:]))
+
+
+def test_asking_for_more_requests_than_the_trace_has_says_so(tmp_path, caplog):
+    path = write(tmp_path / "t.jsonl", RECORDS)
+    with caplog.at_level(logging.WARNING):
+        assert len(served(path, num_requests=50, start_row=1)) == 2
+    assert "workload.num_requests=50 but t.jsonl has 2 rows from workload.start_row=1" in caplog.text
+    assert "workload.trace_repeat=true" in caplog.text
