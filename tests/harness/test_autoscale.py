@@ -172,3 +172,12 @@ def test_bad_autoscale_input_is_one_line(tmp_path, overrides, message):
 def test_the_autoscale_section_defaults_to_a_static_fleet():
     autoscale, slo = build_autoscale(compose_config([]))
     assert autoscale.policy is None and not slo.is_set
+
+
+def test_the_autoscale_experiment_with_nothing_to_serve_is_one_line(tmp_path):
+    path = tmp_path / "long.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,3000,5\n1,4000,5\n")
+    overrides = ["experiment=autoscale", "workload=trace", f"workload.trace_path={path}", "workload.oversize=skip",
+                 "scheduler.max_model_len=2048", "slo.ttft_p90_s=2", "output.plots=false", "output.progress=false"]
+    with pytest.raises(ConfigError, match=r"^static x 1: nothing was served: the workload has no request left"):
+        run_study(compose_config(overrides), tmp_path / "out")
