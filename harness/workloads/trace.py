@@ -74,6 +74,10 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     """
     if is_mooncake(path):
         return read_mooncake(path, columns, start_row, num_rows)
+    with open(path, encoding="utf-8-sig", errors="replace") as head:
+        if head.read(4096).lstrip().startswith("{"):
+            raise TraceError(f"{path}: holds JSON lines, read as Mooncake JSONL only from a file whose name ends in "
+                             f"{MOONCAKE_SUFFIX}: name it .jsonl")
     try:
         frame = pd.read_csv(path, skipinitialspace=True)
     except pd.errors.EmptyDataError:

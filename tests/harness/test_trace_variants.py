@@ -177,3 +177,10 @@ def test_asking_for_more_requests_than_the_trace_has_says_so(tmp_path, caplog):
         assert len(served(path, num_requests=50, start_row=1)) == 2
     assert "workload.num_requests=50 but t.jsonl has 2 rows from workload.start_row=1" in caplog.text
     assert "workload.trace_repeat=true" in caplog.text
+
+
+def test_json_lines_under_another_suffix_are_told_to_be_named_jsonl(tmp_path):
+    path = write(tmp_path / "conversation_trace.json", RECORDS)
+    with pytest.raises(TraceError, match=r"conversation_trace.json: holds JSON lines.*name it \.jsonl") as error:
+        served(path)
+    assert "\n" not in str(error.value)
