@@ -219,6 +219,9 @@ def profiled_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarr
     assert cfg.rate_profile is not None
     end = profile_end(cfg.rate_profile, cfg.rate_period_s, cfg.duration_s)
     arrival = profile_arrivals(cfg.rate_profile, cfg.rate_period_s, end, cfg.arrival, cfg.cv, rng)
+    if not len(arrival):
+        raise ConfigError(f"workload.rate_profile gives no arrival over {end:g} s (seed {cfg.seed}): raise its rates "
+                          "or workload.duration_s")
     replaced = [f"{k}={getattr(cfg, k)}" for k in ("rate", "num_requests") if getattr(cfg, k) is not None]
     log.info("workload %s: rate_profile gives %d arrivals over %.0f s%s", cfg.label, len(arrival), end,
              f" (in place of workload.{' and '.join(replaced)})" if replaced else "")
