@@ -184,3 +184,14 @@ def test_json_lines_under_another_suffix_are_told_to_be_named_jsonl(tmp_path):
     with pytest.raises(TraceError, match=r"conversation_trace.json: holds JSON lines.*name it \.jsonl") as error:
         served(path)
     assert "\n" not in str(error.value)
+
+
+def test_exporting_onto_a_directory_or_an_unwritable_place_is_one_line(tmp_path, capsys):
+    from harness.workloads.export import main as export_main
+
+    (tmp_path / "d.jsonl").mkdir()
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "d.jsonl", tmp_path / "file" / "under.jsonl"):
+        assert export_main([str(out), "workload=poisson", "workload.num_requests=3"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot write {out}") and err.count("\n") == 1
