@@ -10,6 +10,7 @@ Two formats, told apart by the file's suffix:
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
 HASH_COLUMN = "hash_ids"  # Mooncake traces only: the prompt's block ids
 MOONCAKE_SUFFIX = ".jsonl"
+GZIP_SUFFIX = ".gz"  # either format may come gzipped (x.jsonl.gz, x.csv.gz)
 # Azure's raw LLM inference traces (2023 code and conversation, 2024 week-long) name the columns so,
 # with TIMESTAMP a date and time; a column missing under this project's name is read from these
 AZURE_COLUMNS = {ARRIVAL_COLUMN: "TIMESTAMP", PROMPT_COLUMN: "ContextTokens", OUTPUT_COLUMN: "GeneratedTokens"}
@@ -74,16 +76,19 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     """
     if is_mooncake(path):
         return read_mooncake(path, columns, start_row, num_rows)
-    with open(path, encoding="utf-8-sig", errors="replace") as head:
-        if head.read(4096).lstrip().startswith("{"):
-            raise TraceError(f"{path}: holds JSON lines, read as Mooncake JSONL only from a file whose name ends in "
-                             f"{MOONCAKE_SUFFIX}: name it .jsonl")
     try:
-        frame = pd.read_csv(path, skipinitialspace=True)
+        with _text(path) as head:
+            if head.read(4096).lstrip().startswith("{"):
+                raise TraceError(f"{path}: holds JSON lines, read as Mooncake JSONL only from a file whose name ends "
+                                 f"in {MOONCAKE_SUFFIX}: name it .jsonl")
+        # bytes that are not UTF-8 are replaced: in a column read they make a bad cell, named below
+        frame = pd.read_csv(path, skipinitialspace=True, encoding="utf-8-sig", encoding_errors="replace")
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path}: the trace file is empty (expected a header with {columns})") from None
     except pd.errors.ParserError as error:
-        raise TraceError(f"{path}: not a valid CSV file: {error}") from None
+        raise TraceError(f"{path}: not a valid CSV file: {str(error).strip()}".replace("\n", " ")) from None
+    except (OSError, EOFError) as error:
+        raise TraceError(f"{path}: cannot read: {error}") from None
     frame.columns = [str(c).strip() for c in frame.columns]
     source = {column: _source_column(path, frame, column) for column in columns}
     if frame.empty:
@@ -162,8 +167,16 @@ def _line(index: int) -> int:
 
 
 def is_mooncake(path: Path | str) -> bool:
-    """Whether a trace file is read as Mooncake JSONL (by its suffix) rather than as CSV."""
-    return Path(path).suffix.lower() == MOONCAKE_SUFFIX
+    """Whether a trace file is read as Mooncake JSONL (by its suffix, gzipped or not) rather than as CSV."""
+    return Path(path).name.lower().removesuffix(GZIP_SUFFIX).endswith(MOONCAKE_SUFFIX)
+
+
+def _text(path: Path):
+    """The file as text (gunzipped by its suffix); a byte-order mark is skipped and bytes that are not
+    UTF-8 are replaced, so that they fail, if at all, as a bad field or line named by its number."""
+    if path.name.lower().endswith(GZIP_SUFFIX):
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace")
+    return open(path, encoding="utf-8-sig", errors="replace")
 
 
 def read_mooncake(path: Path, columns: list[str], start_row: int = 0, num_rows: int | None = None) -> pd.DataFrame:
@@ -173,19 +186,22 @@ def read_mooncake(path: Path, columns: list[str], start_row: int = 0, num_rows: 
     rows: dict[str, list] = {column: [] for column in columns}
     index: list[int] = []
     total = no_ids = 0
-    with open(path, encoding="utf-8-sig") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            total += 1
-            row = total - 1
-            if row < start_row or (num_rows is not None and row >= start_row + num_rows):
-                continue  # outside the window: neither parsed nor checked, as CSV rows are not
-            record = _json_object(path, number, line)
-            no_ids += HASH_COLUMN in columns and MOONCAKE_FIELDS[HASH_COLUMN] not in record
-            for column in columns:
-                rows[column].append(_mooncake_value(path, number, record, column))
-            index.append(row)
+    try:
+        with _text(path) as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                total += 1
+                row = total - 1
+                if row < start_row or (num_rows is not None and row >= start_row + num_rows):
+                    continue  # outside the window: neither parsed nor checked, as CSV rows are not
+                record = _json_object(path, number, line)
+                no_ids += HASH_COLUMN in columns and MOONCAKE_FIELDS[HASH_COLUMN] not in record
+                for column in columns:
+                    rows[column].append(_mooncake_value(path, number, record, column))
+                index.append(row)
+    except (OSError, EOFError) as error:  # a .gz that is not gzip, or cut short
+        raise TraceError(f"{path}: cannot read: {error}") from None
     if total == 0:
         raise TraceError(f"{path}: the trace file is empty (expected one JSON object a line with "
                          f"{[MOONCAKE_FIELDS[c] for c in columns]})")

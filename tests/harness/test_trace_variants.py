@@ -195,3 +195,35 @@ def test_exporting_onto_a_directory_or_an_unwritable_place_is_one_line(tmp_path,
         assert export_main([str(out), "workload=poisson", "workload.num_requests=3"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: cannot write {out}") and err.count("\n") == 1
+
+
+def test_bytes_that_are_not_utf8_in_an_unread_field_are_read_past(tmp_path):
+    line = json.dumps({**RECORDS[0], "note": "NOTE"}).encode().replace(b"NOTE", b"caf\xe9")
+    (tmp_path / "t.jsonl").write_bytes(line + b"\n")
+    assert served(tmp_path / "t.jsonl")[0].num_prompt_tokens == 1500
+    (tmp_path / "t.csv").write_bytes(b"arrived_at,num_prefill_tokens,num_decode_tokens,note\n0,5,2,caf\xe9\n")
+    assert served(tmp_path / "t.csv")[0].num_prompt_tokens == 5
+
+
+def test_gzipped_traces_read_as_the_plain_ones(tmp_path):
+    import gzip
+
+    plain = served(write(tmp_path / "a.jsonl", RECORDS))
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress((tmp_path / "a.jsonl").read_bytes()))
+    assert [r.token_ids for r in served(tmp_path / "a.jsonl.gz")] == [r.token_ids for r in plain]
+    (tmp_path / "b.csv.gz").write_bytes(gzip.compress(AZURE_RAW.encode()))
+    assert [r.num_prompt_tokens for r in served(tmp_path / "b.csv.gz")] == [4808, 3180, 110]
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("z.jsonl", None, r"z.jsonl, line 1: not valid JSON"),  # gzip bytes under a plain name
+    ("r.csv", bytes(range(256)) * 8, r"r.csv"),
+    ("bad.jsonl.gz", b"not gzip at all", r"bad.jsonl.gz: cannot read"),
+])
+def test_unreadable_bytes_are_one_line(tmp_path, name, data, message):
+    import gzip
+
+    (tmp_path / name).write_bytes(gzip.compress(json.dumps(RECORDS[0]).encode()) if data is None else data)
+    with pytest.raises(TraceError, match=message) as error:
+        served(tmp_path / name)
+    assert "\n" not in str(error.value)
