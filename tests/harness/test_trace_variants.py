@@ -211,6 +211,7 @@ def test_gzipped_traces_read_as_the_plain_ones(tmp_path):
     plain = served(write(tmp_path / "a.jsonl", RECORDS))
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress((tmp_path / "a.jsonl").read_bytes()))
     assert [r.token_ids for r in served(tmp_path / "a.jsonl.gz")] == [r.token_ids for r in plain]
+    assert (trace_cfg(tmp_path / "a.jsonl.gz").label, trace_cfg(tmp_path / "b.csv.gz").label) == ("a", "b")
     (tmp_path / "b.csv.gz").write_bytes(gzip.compress(AZURE_RAW.encode()))
     assert [r.num_prompt_tokens for r in served(tmp_path / "b.csv.gz")] == [4808, 3180, 110]
 
