@@ -228,3 +228,30 @@ def test_unreadable_bytes_are_one_line(tmp_path, name, data, message):
     with pytest.raises(TraceError, match=message) as error:
         served(tmp_path / name)
     assert "\n" not in str(error.value)
+
+
+record = st.fixed_dictionaries({
+    "timestamp": st.one_of(st.integers(0, 10**7), st.floats(0, 1e7, allow_nan=False)),
+    "input_length": st.integers(1, 3 * B), "output_length": st.integers(0, 50),
+    "hash_ids": st.lists(st.integers(-5, 5), max_size=4)})
+layout = st.fixed_dictionaries({"newline": st.sampled_from(["\n", "\r\n"]), "bom": st.booleans(),
+                                 "blank": st.lists(st.sampled_from(["", "  ", "\t"]), max_size=2),
+                                 "final_newline": st.booleans(), "extra": st.booleans(), "reverse_keys": st.booleans()})
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(record, min_size=1, max_size=5), how=layout)
+def test_a_trace_reads_the_same_whatever_its_layout(tmp_path_factory, records, how):
+    folder = tmp_path_factory.mktemp("layout")
+    plain = served(write(folder / "plain.jsonl", records))
+    lines = []
+    for i, r in enumerate(records):
+        fields = {**r, "session_id": f"s{i}", "extra": [1, {"x": None}]} if how["extra"] else dict(r)
+        lines.append(json.dumps(dict(reversed(list(fields.items()))) if how["reverse_keys"] else fields))
+        lines += how["blank"]
+    text = how["newline"].join(lines) + (how["newline"] if how["final_newline"] else "")
+    (folder / "odd.jsonl").write_bytes((b"\xef\xbb\xbf" if how["bom"] else b"") + text.encode())
+    odd = served(folder / "odd.jsonl")
+    assert [(r.arrival_time, r.token_ids, r.sampling_params.max_tokens) for r in odd] == \
+        [(r.arrival_time, r.token_ids, r.sampling_params.max_tokens) for r in plain]
+    assert [r.sampling_params.max_tokens for r in plain] == [max(r["output_length"], 1) for r in records]
