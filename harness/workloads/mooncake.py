@@ -80,7 +80,8 @@ def warn_uncovered(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, record
     unused = sum(-(-length // BLOCK_TOKENS) < len(ids) for ids, length in zip(hash_ids, recorded.tolist()))
     if unused:
         log.warning("mooncake trace: %d prompts have more hash_ids than their %d-token blocks; the ids past "
-                    "their last block are not used", unused, BLOCK_TOKENS)
+                    "their last block are not used (this reader takes Mooncake's %d tokens a hash id)",
+                    unused, BLOCK_TOKENS, BLOCK_TOKENS)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
