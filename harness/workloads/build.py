@@ -24,7 +24,7 @@ from harness.convert import ConfigError
 from harness.workloads.config import WorkloadConfig
 from harness.workloads.lengths import draw_arrivals, draw_lengths
 from harness.workloads.mooncake import block_seed, prompt_token_ids, warn_uncovered
-from harness.workloads.profile import profile_arrivals, profile_end
+from harness.workloads.profile import expected_arrivals, profile_arrivals, profile_end
 from harness.workloads.source import RequestSource, check_fits
 from harness.workloads.trace import (
     ARRIVAL_COLUMN,
@@ -218,6 +218,8 @@ def profiled_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarr
     """The arrivals of cfg.rate_profile; they replace workload.rate and num_requests (logged)."""
     assert cfg.rate_profile is not None
     end = profile_end(cfg.rate_profile, cfg.rate_period_s, cfg.duration_s)
+    expected = expected_arrivals(cfg.rate_profile, cfg.rate_period_s, end)
+    check_fits(int(expected), f"workload.rate_profile: about {expected:.3g} arrivals over {end:g} s")
     arrival = profile_arrivals(cfg.rate_profile, cfg.rate_period_s, end, cfg.arrival, cfg.cv, rng)
     if not len(arrival):
         raise ConfigError(f"workload.rate_profile gives no arrival over {end:g} s (seed {cfg.seed}): raise its rates "

@@ -79,12 +79,22 @@ def rate_at(profile: Profile, period_s: float | None, t: np.ndarray) -> np.ndarr
     return rates[np.searchsorted(times, local, side="right") - 1]
 
 
+def _cumulative(profile: Profile, period_s: float | None, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, L at each edge): the segments' edges over [0, end_s] and the cumulative rate there."""
+    times, rates = breakpoints(profile, period_s, end_s)
+    edges = np.append(times, end_s)
+    return edges, np.concatenate([[0.0], np.cumsum(rates * np.diff(edges))])
+
+
+def expected_arrivals(profile: Profile, period_s: float | None, end_s: float) -> float:
+    """The mean number of arrivals over [0, end_s): the integral of the rate."""
+    return float(_cumulative(profile, period_s, end_s)[1][-1])
+
+
 def profile_arrivals(profile: Profile, period_s: float | None, end_s: float, arrival: str, cv: float,
                      rng: np.random.Generator) -> np.ndarray:
     """Arrival times in [0, end_s), non-decreasing, drawn by inversion (see the module NOTE)."""
-    times, rates = breakpoints(profile, period_s, end_s)
-    edges = np.append(times, end_s)
-    cumulative = np.concatenate([[0.0], np.cumsum(rates * np.diff(edges))])  # L(t) at each edge
+    edges, cumulative = _cumulative(profile, period_s, end_s)
     total = cumulative[-1]
     units: list[np.ndarray] = []
     reached, chunk = 0.0, int(total + 10 * math.sqrt(total + 1) + 16)

@@ -157,6 +157,8 @@ def test_a_rate_profile_draws_its_rates_deterministically():
     (["workload=poisson", "workload.rate_profile=[[0,5],[600,2],[300,1]]"], r"time 300(.0)? is not after the previous"),
     (["workload=poisson", "workload.rate_profile=[[0,-5],[60,2]]"], r"^workload.rate_profile\[0\]: rate -5(.0)? is"),
     (["workload=poisson", "workload.duration_s=10"], r"^workload.duration_s=10(.0)? is read only with"),
+    (["workload=poisson", "workload.rate_profile=[[0,1e12]]", "workload.duration_s=10"],
+     r"^workload.rate_profile: about 1e\+13 arrivals over 10 s need about .* GiB .* but this machine has"),
     (["workload=poisson", "workload.rate_profile=[[0,0.001]]", "workload.duration_s=10"],
      r"^workload.rate_profile gives no arrival over 10 s \(seed 0\): raise its rates or workload.duration_s$"),
     (["autoscale.policy=schedule"], r"^autoscale.policy=schedule needs autoscale.schedule=\[\[time_s, replicas\]"),
