@@ -28,9 +28,11 @@ OUTPUT_COLUMN = "num_decode_tokens"
 HASH_COLUMN = "hash_ids"  # Mooncake traces only: the prompt's block ids
 MOONCAKE_SUFFIX = ".jsonl"
 GZIP_SUFFIX = ".gz"  # either format may come gzipped (x.jsonl.gz, x.csv.gz)
-# Azure's raw LLM inference traces (2023 code and conversation, 2024 week-long) name the columns so,
-# with TIMESTAMP a date and time; a column missing under this project's name is read from these
-AZURE_COLUMNS = {ARRIVAL_COLUMN: "TIMESTAMP", PROMPT_COLUMN: "ContextTokens", OUTPUT_COLUMN: "GeneratedTokens"}
+# Published traces' own names, read (case aside) where this project's column is missing: Azure's raw
+# LLM inference traces (2023 code and conversation, 2024 week-long; TIMESTAMP a date and time) and
+# BurstGPT (Timestamp in seconds, Request tokens, Response tokens)
+RAW_COLUMNS = {ARRIVAL_COLUMN: ("TIMESTAMP",), PROMPT_COLUMN: ("ContextTokens", "Request tokens"),
+               OUTPUT_COLUMN: ("GeneratedTokens", "Response tokens")}
 # the Mooncake field each column is read from; timestamps are in milliseconds
 MOONCAKE_FIELDS = {ARRIVAL_COLUMN: "timestamp", PROMPT_COLUMN: "input_length", OUTPUT_COLUMN: "output_length",
                    HASH_COLUMN: "hash_ids"}
@@ -72,7 +74,7 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     """The requested columns of rows [start_row, start_row + num_rows), validated.
 
     Length columns must hold whole numbers (prompts >= 1, outputs >= MIN_TRACE_OUTPUT); the arrival
-    column finite numbers >= 0, or, in Azure's raw form, dates and times (read as seconds).
+    column finite numbers >= 0 (seconds), or, under a raw trace's name, dates and times (read as seconds).
     """
     if is_mooncake(path):
         return read_mooncake(path, columns, start_row, num_rows)
@@ -99,7 +101,8 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     frame = frame.iloc[start_row:stop]
     out = {}
     for column, name in source.items():
-        if column == ARRIVAL_COLUMN and name != ARRIVAL_COLUMN:
+        dated = name != ARRIVAL_COLUMN and pd.to_numeric(frame[name], errors="coerce").isna().any()
+        if column == ARRIVAL_COLUMN and dated:  # a raw trace's times, unless they are plain seconds
             out[column] = _seconds(path, frame[name], name)
             continue
         values = _numeric(path, frame[name], name)
@@ -117,22 +120,23 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
 
 
 def _source_column(path: Path, frame: pd.DataFrame, column: str) -> str:
-    """The file's column that `column` is read from: itself, else Azure's raw name for it."""
+    """The file's column that `column` is read from: itself, else a raw trace's name for it."""
     if column in frame.columns:
         return column
-    raw = {str(c).lower(): str(c) for c in frame.columns}.get(AZURE_COLUMNS[column].lower())
-    if raw is not None:
-        return raw
+    names = {str(c).lower(): str(c) for c in frame.columns}
+    for raw in RAW_COLUMNS[column]:
+        if raw.lower() in names:
+            return names[raw.lower()]
     hint = ""
     if column == ARRIVAL_COLUMN:
         hint = f"; for a trace of lengths only, draw Poisson arrival times: {LENGTHS_ONLY_RECIPE}"
-    raise TraceError(f"{path}, line 1 (header): missing column {column!r} (or Azure's raw form: "
-                     f"{AZURE_COLUMNS[column]!r}); found {list(frame.columns)}{hint}")
+    raise TraceError(f"{path}, line 1 (header): missing column {column!r} (or a raw trace's: "
+                     f"{' or '.join(map(repr, RAW_COLUMNS[column]))}); found {list(frame.columns)}{hint}")
 
 
 def _seconds(path: Path, series: pd.Series, column: str) -> np.ndarray:
-    """Azure's raw TIMESTAMP strings (ISO dates and times, with or without a UTC offset) as seconds
-    from the earliest row read."""
+    """A raw trace's date and time strings (ISO, with or without a UTC offset: Azure's TIMESTAMP) as
+    seconds from the earliest row read."""
     times = pd.to_datetime(series.astype(str), format="ISO8601", utc=True, errors="coerce")
     bad = times.isna().to_numpy()
     if bad.any():

@@ -145,7 +145,7 @@ def test_a_bad_azure_time_names_its_line(tmp_path):
 def test_a_csv_of_neither_form_names_both(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("when,prompt,output\n1,2,3\n")
-    with pytest.raises(TraceError, match=r"missing column 'arrived_at'.*Azure's raw form.*'TIMESTAMP'"):
+    with pytest.raises(TraceError, match=r"missing column 'arrived_at' \(or a raw trace's: 'TIMESTAMP'\)"):
         served(path)
 
 
@@ -255,3 +255,12 @@ def test_a_trace_reads_the_same_whatever_its_layout(tmp_path_factory, records, h
     assert [(r.arrival_time, r.token_ids, r.sampling_params.max_tokens) for r in odd] == \
         [(r.arrival_time, r.token_ids, r.sampling_params.max_tokens) for r in plain]
     assert [r.sampling_params.max_tokens for r in plain] == [max(r["output_length"], 1) for r in records]
+
+
+def test_burstgpt_columns_and_numeric_timestamps_are_read(tmp_path):
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n7.5,GPT-4,1087,0,1087,API log\n")
+    requests = served(path)
+    assert [r.arrival_time for r in requests] == [0.0, 2.5]
+    assert [(r.num_prompt_tokens, r.sampling_params.max_tokens) for r in requests] == [(472, 18), (1087, 1)]
