@@ -63,6 +63,7 @@ def resolve_trace_path(trace_path: str, trace_dir: str | None = None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+    for candidate in candidates:
         if candidate.is_dir():
             raise TraceError(f"workload.trace_path: {str(candidate)!r} is a directory, not a trace file "
                              "(name a .csv or .jsonl file in it)")

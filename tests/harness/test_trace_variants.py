@@ -108,10 +108,15 @@ def test_crlf_blank_lines_and_no_final_newline_read_as_the_plain_file(tmp_path):
     assert [(r.arrival_time, r.token_ids) for r in served(odd)] == [(r.arrival_time, r.token_ids) for r in plain]
 
 
-def test_a_directory_is_named_as_one(tmp_path):
+def test_a_directory_is_named_as_one_unless_the_trace_folder_has_the_file(tmp_path, monkeypatch):
     (tmp_path / "d.jsonl").mkdir()
     with pytest.raises(TraceError, match="is a directory, not a trace file"):
         resolve_trace_path(str(tmp_path / "d.jsonl"))
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    write(folder / "d.jsonl", RECORDS)
+    monkeypatch.chdir(tmp_path)  # d.jsonl in the cwd is the directory; the trace folder's is the file
+    assert resolve_trace_path("d.jsonl", str(folder)) == (folder / "d.jsonl").resolve()
 
 
 AZURE_RAW = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
