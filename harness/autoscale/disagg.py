@@ -34,7 +34,7 @@ from harness.autoscale.timeline import STATES, attains, gpu_hours, peak_replicas
 from harness.config import OutputConfig, RunConfig
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import backend_tp_size
-from harness.fleet.disagg import _check_decode_cache, tabulate
+from harness.fleet.disagg import _check_decode_cache, pool_executor, tabulate
 from harness.fleet.disagg_config import DisaggConfig, pool_run_configs, pool_staging_blocks
 from harness.fleet.intake import fleet_intake
 from harness.labels import run_identity
@@ -73,7 +73,6 @@ def _refuse_unsupported(rc: RunConfig, fleet: DisaggConfig) -> None:
 def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig,
                           autoscales: tuple[AutoscaleConfig, AutoscaleConfig], slo: SLO, progress: bool = True):
     """Serve rc.workload on the disaggregated fleet, each pool scaled by its own settings."""
-    from sim import build_sim_executor
     from sim.kv_transfer import KVTransferPricer
 
     _refuse_unsupported(rc, fleet)
@@ -83,8 +82,7 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     colds = [cold_start_of(p, a, tp) for p, a, tp in zip(pools, autoscales, tps)]
     # a replica's memory plan is made once, at its start: its staging is for every peer the other pool may have
     staging = pool_staging_blocks(pools, (autoscales[0].max_replicas, autoscales[1].max_replicas))
-    probes = [build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler, staging_blocks=s)
-              for p, s in zip(pools, staging)]
+    probes = [pool_executor(p, s, name) for p, s, name in zip(pools, staging, POOLS)]
     infos = [e.info() for e in probes]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
@@ -93,9 +91,7 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
 
     def maker(p: int, kind: type):
         def make(index: int):
-            executor = probes[p] if index == 0 else build_sim_executor(
-                pools[p].model, pools[p].hardware, pools[p].sim, pools[p].cache, pools[p].scheduler,
-                staging_blocks=staging[p])
+            executor = probes[p] if index == 0 else pool_executor(pools[p], staging[p], POOLS[p])
             replica = kind(index, make_scheduler(pools[p].scheduler, infos[p], pools[p].cache), executor,
                            SimulatedClock())
             if p == 0:

@@ -28,6 +28,7 @@ from harness.autoscale.timeline import TIMELINE_STEP_COLUMNS
 from harness.config import OutputConfig, build_run_config, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import build_fleet
+from harness.run import require_served
 
 COLUMNS = ("kind", "policy", "settings", "replicas", "gpu_hours", "cost", "mean_replicas", "slo_attainment",
            "slo_met", "ttft_p90_s", "tpot_p90_s", "scale_ups", "scale_downs", "cold_start_s")
@@ -77,6 +78,7 @@ def run_autoscale_experiment(cfg: DictConfig, output: OutputConfig, out_dir: Pat
     static = dataclasses.replace(autoscale, policy=None)
     for n in range(autoscale.min_replicas, autoscale.max_replicas + 1):  # fewest replicas first
         outcome = run(static, n, f"static x {n}")
+        require_served(outcome.fleet, f"static x {n}")  # nothing served, nothing to compare: one line, not NaN rows
         rows.append(_row("static", f"replicas={n}", n, outcome))
         if rows[-1]["slo_met"]:
             break

@@ -60,13 +60,11 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
         from harness.fleet.disagg_engine import run_engine_disagg
 
         return run_engine_disagg(rc, fleet, router, pools, progress, step_columns, _check_decode_cache, tabulate)
-    from sim import build_sim_executor
     from sim.kv_transfer import KVTransferPricer
 
     counts = (fleet.prefill_replicas, fleet.decode_replicas)
     staging = pool_staging_blocks(pools, counts)  # the engine's memory plan: KV link staging out of the cache
-    executors = [[build_sim_executor(p.model, p.hardware, p.sim, p.cache, p.scheduler, staging_blocks=s)
-                  for _ in range(n)] for p, n, s in zip(pools, counts, staging)]
+    executors = [[pool_executor(p, s, name) for _ in range(n)] for p, n, s, name in zip(pools, counts, staging, POOLS)]
     infos = [ex[0].info() for ex in executors]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
@@ -117,6 +115,18 @@ def disagg_server(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, prog
         return
     yield lambda workload: run_disagg_once(dataclasses.replace(rc, workload=workload), fleet, router, progress,
                                            step_columns)
+
+
+def pool_executor(pool: RunConfig, staging_blocks: int, name: str):
+    """A simulated replica of a pool (its run config) with its KV link staging; a memory plan that does
+    not fit (the model, or the staging, on the pool's GPU) is a ConfigError naming the pool."""
+    from sim import build_sim_executor
+
+    try:
+        return build_sim_executor(pool.model, pool.hardware, pool.sim, pool.cache, pool.scheduler,
+                                  staging_blocks=staging_blocks)
+    except ValueError as error:
+        raise ConfigError(f"backend=sim: fleet.{name}: {error}") from None
 
 
 def _check_decode_cache(requests, num_blocks: int, block_size: int, max_model_len: int) -> None:

@@ -47,6 +47,10 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     # max_model_len is often the limit it will serve, and a planner wants the answer with the caveat.
     with fit_warnings_muted():
         workload = build_workload(rc.workload, max_model_len)
+    if not len(workload):
+        raise ConfigError(f"nothing to plan for: all {workload.num_skipped} requests of workload {label} are longer "
+                          f"than max_model_len={max_model_len} and workload.oversize=skip leaves them out; set "
+                          f"scheduler.max_model_len={workload.longest} (the longest request) or workload.oversize=clip")
     note = fit_note(workload, rc.workload, max_model_len)
     if note:
         log.warning(note)

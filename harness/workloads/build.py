@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ from harness.convert import ConfigError
 from harness.workloads.config import WorkloadConfig
 from harness.workloads.lengths import draw_arrivals, draw_lengths
 from harness.workloads.mooncake import block_seed, prompt_token_ids, warn_uncovered
-from harness.workloads.profile import profile_arrivals, profile_end
+from harness.workloads.profile import expected_arrivals, profile_arrivals, profile_end
 from harness.workloads.source import RequestSource, check_fits
 from harness.workloads.trace import (
     ARRIVAL_COLUMN,
@@ -77,6 +78,10 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     trace = _load_trace(cfg)
     if trace is not None and cfg.trace_repeat and cfg.num_requests is not None:
         trace = _repeated(cfg, trace, cfg.num_requests)
+    elif trace is not None and cfg.rate_profile is None and (cfg.num_requests or 0) > len(trace):
+        log.warning("workload %s: workload.num_requests=%d but %s has %d rows from workload.start_row=%d; serving "
+                    "those (workload.trace_repeat=true repeats them)", cfg.label, cfg.num_requests,
+                    Path(str(cfg.trace_path)).name, len(trace), cfg.start_row)
     n = len(trace) if trace is not None else cfg.num_requests
     if cfg.rate_profile is not None:
         arrival = profiled_arrivals(cfg, np.random.default_rng(arrival_seq))
@@ -88,7 +93,7 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
         arrival = draw_arrivals(cfg, n, np.random.default_rng(arrival_seq), _column(trace, ARRIVAL_COLUMN))
     len_rng = np.random.default_rng(len_seq)
     prompt = draw_lengths(cfg.prompt_len, n, len_rng, _column(trace, PROMPT_COLUMN))
-    output = draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN))
+    output = _at_least_one_token(cfg, draw_lengths(cfg.output_len, n, len_rng, _column(trace, OUTPUT_COLUMN)))
 
     bound = min(cfg.max_token_id, vocab_size) if vocab_size else cfg.max_token_id
     group, prefixes = _shared_prefixes(cfg, n, np.random.default_rng(group_seq), bound)
@@ -121,6 +126,17 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     return Workload(source, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
 
 
+def _at_least_one_token(cfg: WorkloadConfig, output: np.ndarray) -> np.ndarray:
+    """A trace's outputs of 0 tokens (requests that ended at their prefill) served as 1, the token
+    every request samples; logged, since the output is then longer than the file says."""
+    zero = output == 0
+    if not zero.any():
+        return output
+    log.warning("workload %s: %d requests have an output of 0 tokens in the trace; each is served with 1 "
+                "(the token its prefill samples)", cfg.label, int(zero.sum()))
+    return np.where(zero, 1, output)
+
+
 def _shared_prefixes(cfg: WorkloadConfig, n: int, rng: np.random.Generator,
                      bound: int) -> tuple[np.ndarray, np.ndarray]:
     """Each request's shared-prefix group (-1: none) and the groups' prefix tokens [groups, prefix_len]."""
@@ -141,7 +157,7 @@ def _token_drawer(cfg: WorkloadConfig, trace, keep: np.ndarray, prompt: np.ndarr
         # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
         own = np.where(keep, prompt, 0)
         hashes, key = trace[HASH_COLUMN].tolist(), block_seed(token_seq)
-        warn_uncovered(hashes, own)
+        warn_uncovered(hashes, own, trace[PROMPT_COLUMN].to_numpy())
 
         def drawer() -> Callable[[int, int], np.ndarray]:
             return lambda a, b: prompt_token_ids(hashes[a:b], own[a:b], range(a + cfg.start_row, b + cfg.start_row),
@@ -202,7 +218,12 @@ def profiled_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarr
     """The arrivals of cfg.rate_profile; they replace workload.rate and num_requests (logged)."""
     assert cfg.rate_profile is not None
     end = profile_end(cfg.rate_profile, cfg.rate_period_s, cfg.duration_s)
+    expected = expected_arrivals(cfg.rate_profile, cfg.rate_period_s, end)
+    check_fits(int(expected), f"workload.rate_profile: about {expected:.3g} arrivals over {end:g} s")
     arrival = profile_arrivals(cfg.rate_profile, cfg.rate_period_s, end, cfg.arrival, cfg.cv, rng)
+    if not len(arrival):
+        raise ConfigError(f"workload.rate_profile gives no arrival over {end:g} s (seed {cfg.seed}): raise its rates "
+                          "or workload.duration_s")
     replaced = [f"{k}={getattr(cfg, k)}" for k in ("rate", "num_requests") if getattr(cfg, k) is not None]
     log.info("workload %s: rate_profile gives %d arrivals over %.0f s%s", cfg.label, len(arrival), end,
              f" (in place of workload.{' and '.join(replaced)})" if replaced else "")
@@ -220,7 +241,8 @@ def _cycled(cfg: WorkloadConfig, trace: pd.DataFrame | None, n: int) -> pd.DataF
 
 def _repeated(cfg: WorkloadConfig, trace: pd.DataFrame, n: int) -> pd.DataFrame:
     """n rows: the trace's rows repeated from the top, each repeat's times shifted by the
-    trace's span plus its mean gap (so repeats follow one another at the trace's rate)."""
+    trace's span plus its mean gap (so repeats follow one another at the trace's rate); a trace
+    whose times are all equal (one row, or a burst) repeats every second."""
     rows = len(trace)
     if rows >= n:
         return trace
@@ -230,7 +252,7 @@ def _repeated(cfg: WorkloadConfig, trace: pd.DataFrame, n: int) -> pd.DataFrame:
     if ARRIVAL_COLUMN in trace:
         times = trace[ARRIVAL_COLUMN].to_numpy()
         span = float(times.max() - times.min())
-        period = span + (span / (rows - 1) if rows > 1 else 1.0)
+        period = span + span / (rows - 1) if span > 0 else 1.0
         out[ARRIVAL_COLUMN] = out[ARRIVAL_COLUMN].to_numpy() + copy * period
     log.info("workload %s: %d requests from a trace of %d rows, repeated %d times (workload.trace_repeat)",
              cfg.label, n, rows, int(copy[-1]) + 1)

@@ -174,7 +174,10 @@ class WorkloadConfig:
         """The name runs are filed under: `name` when set, else the trace file's stem, else the arrival process."""
         if self.name:
             return self.name
-        return Path(self.trace_path).stem if self.uses_trace else self.arrival
+        if not self.uses_trace:
+            return self.arrival
+        name = Path(str(self.trace_path)).name
+        return Path(name[: -len(".gz")] if name.lower().endswith(".gz") else name).stem  # x.jsonl.gz: x
 
     def _check_all_read(self) -> None:
         """Settings the chosen sources would ignore are errors naming the workload and what would read them."""

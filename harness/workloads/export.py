@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.arguments import check_arguments
+from harness.convert import ConfigError
 from harness.scripting import compose_run_config, one_line_errors
 from harness.workloads.build import build_workload
 from harness.workloads.mooncake import write_mooncake
@@ -26,7 +27,10 @@ USAGE = "usage: python -m harness.workloads.export OUT.jsonl [overrides, as for 
 def export(out: str, overrides: Sequence[str]) -> int:
     rc = compose_run_config(overrides)
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, rc.model.vocab_size)
-    path = write_mooncake(workload.requests, out)
+    try:
+        path = write_mooncake(workload.requests, out)
+    except OSError as error:  # a directory, a file where a folder should be, no permission
+        raise ConfigError(f"cannot write {out}: {error.strerror or error}") from None
     print(f"{len(workload.requests)} requests of workload {rc.workload.label!r} written to {path}")
     return 0
 

@@ -69,13 +69,19 @@ def prompt_token_ids(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, rows
     return tokens.astype(np.int64)
 
 
-def warn_uncovered(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray) -> None:
-    """Log how many prompts run past the blocks their hash_ids name (prompt_token_ids gives
-    those tokens blocks of their own)."""
+def warn_uncovered(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, recorded: np.ndarray) -> None:
+    """Log how many prompts (as served: prompt) run past the blocks their hash_ids name
+    (prompt_token_ids gives those tokens blocks of their own), and how many name more blocks than
+    their length in the file (recorded) fills (the extra ids name no token)."""
     extra = sum(-(-length // BLOCK_TOKENS) > len(ids) for ids, length in zip(hash_ids, prompt.tolist()))
     if extra:
         log.warning("mooncake trace: %d prompts are longer than their hash_ids cover (%d tokens a block); "
                     "their last tokens are their own, shared with no other request", extra, BLOCK_TOKENS)
+    unused = sum(-(-length // BLOCK_TOKENS) < len(ids) for ids, length in zip(hash_ids, recorded.tolist()))
+    if unused:
+        log.warning("mooncake trace: %d prompts have more hash_ids than their %d-token blocks; the ids past "
+                    "their last block are not used (this reader takes Mooncake's %d tokens a hash id)",
+                    unused, BLOCK_TOKENS, BLOCK_TOKENS)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 
 Profile = tuple[tuple[float, float], ...]
+# a periodic profile is unrolled over the run: past this many segments its arrays outgrow any run
+MAX_SEGMENTS = 10**7
 
 
 def check_profile(profile: Sequence[Sequence[float]], period_s: float | None, duration_s: float | None) -> None:
@@ -45,6 +47,11 @@ def check_profile(profile: Sequence[Sequence[float]], period_s: float | None, du
         raise ValueError(f"workload.rate_period_s={period_s} must be after the profile's last time {profile[-1][0]}")
     if duration_s is not None and not duration_s > 0:
         raise ValueError(f"workload.duration_s must be > 0 (seconds), got {duration_s}")
+    if period_s is not None and duration_s is not None and \
+            (segments := math.ceil(duration_s / period_s) * len(profile)) > MAX_SEGMENTS:
+        raise ValueError(f"workload.rate_period_s={period_s:g} repeats the profile's {len(profile)} segments "
+                         f"{math.ceil(duration_s / period_s):.3g} times over {duration_s:g} s: more than "
+                         f"{MAX_SEGMENTS:.0e} ({segments:.3g}); raise the period or shorten workload.duration_s")
     if period_s is None and duration_s is None and len(profile) == 1:
         raise ValueError(f"{where} has one segment with no end: set workload.duration_s (seconds) or "
                          "workload.rate_period_s")
@@ -79,12 +86,22 @@ def rate_at(profile: Profile, period_s: float | None, t: np.ndarray) -> np.ndarr
     return rates[np.searchsorted(times, local, side="right") - 1]
 
 
+def _cumulative(profile: Profile, period_s: float | None, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, L at each edge): the segments' edges over [0, end_s] and the cumulative rate there."""
+    times, rates = breakpoints(profile, period_s, end_s)
+    edges = np.append(times, end_s)
+    return edges, np.concatenate([[0.0], np.cumsum(rates * np.diff(edges))])
+
+
+def expected_arrivals(profile: Profile, period_s: float | None, end_s: float) -> float:
+    """The mean number of arrivals over [0, end_s): the integral of the rate."""
+    return float(_cumulative(profile, period_s, end_s)[1][-1])
+
+
 def profile_arrivals(profile: Profile, period_s: float | None, end_s: float, arrival: str, cv: float,
                      rng: np.random.Generator) -> np.ndarray:
     """Arrival times in [0, end_s), non-decreasing, drawn by inversion (see the module NOTE)."""
-    times, rates = breakpoints(profile, period_s, end_s)
-    edges = np.append(times, end_s)
-    cumulative = np.concatenate([[0.0], np.cumsum(rates * np.diff(edges))])  # L(t) at each edge
+    edges, cumulative = _cumulative(profile, period_s, end_s)
     total = cumulative[-1]
     units: list[np.ndarray] = []
     reached, chunk = 0.0, int(total + 10 * math.sqrt(total + 1) + 16)

@@ -29,12 +29,14 @@ CHUNK_TOKENS = 1 << 20  # token ids drawn per call: a few MB at a time
 BYTES_PER_REQUEST = 600
 
 
-def check_fits(num_requests: int) -> None:
-    """A ConfigError, before anything is allocated, when num_requests cannot fit this machine's memory."""
+def check_fits(num_requests: int, what: str | None = None) -> None:
+    """A ConfigError, before anything is allocated, when num_requests cannot fit this machine's memory;
+    what: the setting that asks for them (default workload.num_requests)."""
     need = num_requests * BYTES_PER_REQUEST
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
-        raise ConfigError(f"workload.num_requests={num_requests}: that many requests need about {need / 2**30:.1f} GiB "
+        what = what or f"workload.num_requests={num_requests}: that many requests"
+        raise ConfigError(f"{what} need about {need / 2**30:.1f} GiB "
                           f"({BYTES_PER_REQUEST} bytes each for their records) but this machine has "
                           f"{have / 2**30:.1f} GiB of memory; ask for at most {have // BYTES_PER_REQUEST} requests")
 

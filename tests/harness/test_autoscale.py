@@ -157,6 +157,13 @@ def test_a_rate_profile_draws_its_rates_deterministically():
     (["workload=poisson", "workload.rate_profile=[[0,5],[600,2],[300,1]]"], r"time 300(.0)? is not after the previous"),
     (["workload=poisson", "workload.rate_profile=[[0,-5],[60,2]]"], r"^workload.rate_profile\[0\]: rate -5(.0)? is"),
     (["workload=poisson", "workload.duration_s=10"], r"^workload.duration_s=10(.0)? is read only with"),
+    (["workload=poisson", "workload.rate_profile=[[0,1e12]]", "workload.duration_s=10"],
+     r"^workload.rate_profile: about 1e\+13 arrivals over 10 s need about .* GiB .* but this machine has"),
+    (["workload=poisson", "workload.rate_profile=[[0,1e-9],[0.0005,0]]", "workload.rate_period_s=0.001",
+      "workload.duration_s=1e8"],
+     r"^workload.rate_period_s=0.001 repeats the profile's 2 segments 1e\+11 times over 1e\+08 s: more than 1e\+07"),
+    (["workload=poisson", "workload.rate_profile=[[0,0.001]]", "workload.duration_s=10"],
+     r"^workload.rate_profile gives no arrival over 10 s \(seed 0\): raise its rates or workload.duration_s$"),
     (["autoscale.policy=schedule"], r"^autoscale.policy=schedule needs autoscale.schedule=\[\[time_s, replicas\]"),
     (["autoscale.policy=queue", "autoscale.schedule=[[0,1]]"], r"^autoscale.schedule is read only with autoscale.pol"),
     (["autoscale.policy=schedule", "autoscale.schedule=[[0,1],[60,9]]"], r"^autoscale.schedule\[1\]: replicas 9"),
@@ -172,3 +179,12 @@ def test_bad_autoscale_input_is_one_line(tmp_path, overrides, message):
 def test_the_autoscale_section_defaults_to_a_static_fleet():
     autoscale, slo = build_autoscale(compose_config([]))
     assert autoscale.policy is None and not slo.is_set
+
+
+def test_the_autoscale_experiment_with_nothing_to_serve_is_one_line(tmp_path):
+    path = tmp_path / "long.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,3000,5\n1,4000,5\n")
+    overrides = ["experiment=autoscale", "workload=trace", f"workload.trace_path={path}", "workload.oversize=skip",
+                 "scheduler.max_model_len=2048", "slo.ttft_p90_s=2", "output.plots=false", "output.progress=false"]
+    with pytest.raises(ConfigError, match=r"^static x 1: nothing was served: the workload has no request left"):
+        run_study(compose_config(overrides), tmp_path / "out")

@@ -97,3 +97,14 @@ def test_an_engine_fleet_with_a_tp_size_that_does_not_split_the_heads_is_one_lin
         run_study(compose_config(["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu",
                                   "model=tiny-qwen3", "fleet=disaggregated", "fleet.decode.tp_size=3"]), tmp_path)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("extra", [[], ["workload.rate_profile=[[0,5]]", "workload.duration_s=2", "workload.rate=null",
+                                        "workload.num_requests=null",
+                                        "fleet.decode.autoscale={policy: queue, max_replicas: 2}"]])
+def test_a_pool_its_memory_plan_does_not_fit_is_one_line_naming_the_pool(tmp_path, extra):
+    # a KV link staging sized for 400k-token prompts leaves no room for the cache
+    overrides = [*SMALL, "model=qwen3-8b", "scheduler.max_model_len=400000", *extra]
+    with pytest.raises(ConfigError, match=r"^backend=sim: fleet.prefill: qwen3-8b does not fit on H100") as error:
+        run_study(compose_config(overrides), tmp_path)
+    assert "\n" not in str(error.value)

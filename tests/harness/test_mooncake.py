@@ -151,9 +151,9 @@ GOOD = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0,
     (json.dumps({**GOOD, "timestamp": -5}), r"line 2, field 'timestamp': must be a finite time >= 0 milliseconds"),
     (json.dumps({**GOOD, "input_length": 0}), r"line 2, field 'input_length': must be a whole number of tokens >= 1"),
     (json.dumps({**GOOD, "output_length": "7"}), r"line 2, field 'output_length': must be a whole number"),
-    (json.dumps({**GOOD, "hash_ids": [0, -1]}), r"line 2, field 'hash_ids': must be a list of integers"),
+    (json.dumps({**GOOD, "hash_ids": [0, 2**64]}), r"line 2, field 'hash_ids': must be a list of 64-bit integers"),
     (json.dumps({**GOOD, "hash_ids": 3}), r"line 2, field 'hash_ids': must be a list"),
-    (json.dumps({k: v for k, v in GOOD.items() if k != "hash_ids"}), r"line 2, field 'hash_ids': missing"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "input_length"}), r"line 2, field 'input_length': missing"),
 ])
 def test_a_bad_line_is_one_error_naming_file_line_and_field(tmp_path, line, where):
     path = tmp_path / "bad.jsonl"

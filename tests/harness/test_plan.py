@@ -169,3 +169,15 @@ def test_a_plan_on_a_trace_is_named_after_it_and_reports_its_fit_once(tmp_path, 
     summary = pd.read_csv(tmp_path / "met" / "plan_summary.csv").iloc[0]
     assert (summary["num_requests"], summary["num_clipped"], summary["num_skipped"]) == (30, 0, 10)
     assert summary["meets_slo"] and "(with 10 requests over max_model_len" in capsys.readouterr().out
+
+
+def test_a_plan_with_every_request_left_out_is_refused_before_searching(tmp_path):
+    path = tmp_path / "long.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,3000,5\n1,4000,5\n")
+    overrides = [o for o in PLAN_SMALL if not o.startswith("workload.")]
+    overrides += ["workload=trace", f"workload.trace_path={path}", "scheduler.max_model_len=2048",
+                  "workload.oversize=skip"]
+    with pytest.raises(ConfigError, match=r"^nothing to plan for: all 2 requests of workload long are longer than "
+                                          r"max_model_len=2048.*scheduler.max_model_len=4005"):
+        run_study(compose_config(overrides), tmp_path / "out")
+    assert not (tmp_path / "out" / "plan.csv").exists()
