@@ -33,18 +33,6 @@ def tiny_llama_dir(tmp_path_factory):
     return _write(tmp_path_factory, "tiny-llama")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _single_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core runner OpenMP's
-    spinning threads slow each forward down by 10-50x; one thread keeps the suite fast."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def tiny_qwen3_moe_dir(tmp_path_factory):
     """Qwen3-MoE layout from this project's writer: layer 0 dense, layers 1-2 route to 2 of 8 experts."""

@@ -1,9 +1,10 @@
 """DistGroup's choice of all-reduce (engine.tp.group): every rank takes the same path.
 
 The one-shot kernel needs CUDA; the agreement around its setup does not. Two gloo ranks run
-DistGroup._symmetric with engine.tp.symmetric's two halves replaced: where one rank cannot
-allocate, no rank may enter the (collective) connect step, "auto" falls back to NCCL on both and
-"symmetric" fails on both with a one-line reason; where all allocate and connect, both use it.
+DistGroup._symmetric with engine.tp.symmetric's two halves replaced (every case in one pair of
+processes, each in a group of its own): where one rank cannot allocate, no rank may enter the
+(collective) connect step, "auto" falls back to NCCL on both and "symmetric" fails on both with a
+one-line reason; where all allocate and connect, both use it.
 """
 
 from __future__ import annotations
@@ -23,60 +24,74 @@ class _Reducer:
     pass
 
 
-def _rank(rank: int, port: int, failing_rank: int, mode: str, results) -> None:
+# (failing rank, mode) of each case; -1: every rank allocates
+CASES = {"one_fails_auto": (1, "auto"), "one_fails_symmetric": (0, "symmetric"), "all_allocate": (-1, "auto")}
+
+
+def _rank(rank: int, ports: list[int], results) -> None:
+    """Every case in turn on this rank, each in a group of its own (a fresh port), so that the
+    cases share one pair of spawned processes (a spawn costs seconds: it imports torch)."""
     import engine.tp.symmetric as symmetric
 
-    group = DistGroup(rank, 2, port, torch.device("cpu"), 30.0)
-    connected = []
+    for (name, (failing_rank, mode)), port in zip(CASES.items(), ports):
+        group = DistGroup(rank, 2, port, torch.device("cpu"), 30.0)
+        connected = []
 
-    def allocate(rank_, world, device, port):
-        if rank_ == failing_rank:
-            raise RuntimeError("symmetric memory unavailable: no peer mapping here")
-        return ("allocated", port)
+        def allocate(rank_, world, device, port, failing_rank=failing_rank):
+            if rank_ == failing_rank:
+                raise RuntimeError("symmetric memory unavailable: no peer mapping here")
+            return ("allocated", port)
 
-    def connect(rank_, world, allocated):
-        connected.append(allocated)
-        return _Reducer()
+        def connect(rank_, world, allocated, connected=connected):
+            connected.append(allocated)
+            return _Reducer()
 
-    symmetric.SymmetricAllReduce.allocate = staticmethod(allocate)
-    symmetric.SymmetricAllReduce.connect = staticmethod(connect)
-    try:
-        outcome = "reducer" if isinstance(group._symmetric(mode), _Reducer) else "nccl"
-    except RuntimeError as error:
-        outcome = f"error: {error}"
-    finally:
-        group.destroy()
-    results.put((rank, outcome, connected))
+        symmetric.SymmetricAllReduce.allocate = staticmethod(allocate)
+        symmetric.SymmetricAllReduce.connect = staticmethod(connect)
+        try:
+            outcome = "reducer" if isinstance(group._symmetric(mode), _Reducer) else "nccl"
+        except RuntimeError as error:
+            outcome = f"error: {error}"
+        finally:
+            group.destroy()
+        results.put((name, rank, outcome, connected))
 
 
-def _run(failing_rank: int, mode: str) -> dict[int, tuple[str, list]]:
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, dict[int, tuple[str, list]]]:
+    """{case: {rank: (outcome, what connect() was given)}} of two gloo ranks."""
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, failing_rank, mode, results)) for r in range(2)]
+    ports: list[int] = []
+    while len(ports) < len(CASES):
+        ports = sorted({*ports, free_port()})
+    procs = [ctx.Process(target=_rank, args=(r, ports, results)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    got = [results.get() for _ in procs]
-    return {rank: (outcome, connected) for rank, outcome, connected in got}
+    got: dict[str, dict[int, tuple[str, list]]] = {name: {} for name in CASES}
+    for _ in range(len(CASES) * len(procs)):
+        name, rank, outcome, connected = results.get()
+        got[name][rank] = (outcome, connected)
+    return got
 
 
-def test_one_rank_failing_to_allocate_keeps_every_rank_out_of_the_rendezvous():
-    got = _run(failing_rank=1, mode="auto")
+def test_one_rank_failing_to_allocate_keeps_every_rank_out_of_the_rendezvous(outcomes):
+    got = outcomes["one_fails_auto"]
     assert got[0] == ("nccl", []) and got[1] == ("nccl", [])
 
 
-def test_symmetric_mode_fails_on_every_rank_with_the_reason():
-    got = _run(failing_rank=0, mode="symmetric")
+def test_symmetric_mode_fails_on_every_rank_with_the_reason(outcomes):
+    got = outcomes["one_fails_symmetric"]
     assert got[0][0].startswith("error: all_reduce='symmetric' cannot run on rank 0: symmetric memory unavailable")
     assert got[1][0] == "error: all_reduce='symmetric' cannot run on rank 1: another rank failed"
     assert got[0][1] == got[1][1] == []
 
 
-def test_every_rank_connects_under_one_name_when_all_can():
-    got = _run(failing_rank=-1, mode="auto")
+def test_every_rank_connects_under_one_name_when_all_can(outcomes):
+    got = outcomes["all_allocate"]
     assert got[0][0] == got[1][0] == "reducer"
     assert got[0][1] == got[1][1] and len(got[0][1]) == 1
 

@@ -8,29 +8,13 @@ LEAVE_WAIT_S: a release that ran only after the joins would come too late.
 from __future__ import annotations
 
 import multiprocessing as mp
-import sys
-from dataclasses import dataclass
 
 from engine.tp.workers import JOIN_TIMEOUT_S, Workers
-
-LEAVE_WAIT_S = 2.0  # under JOIN_TIMEOUT_S: a worker never released exits non-zero first
-
-
-@dataclass(frozen=True)
-class _Spec:
-    rank: int
-    timeout_s: float
-    left: object  # an Event of the spawn context: rank 0 has left
-
-
-def _leave_together(spec, conn) -> None:
-    while conn.recv()[0] != "shutdown":
-        pass
-    sys.exit(0 if spec.left.wait(LEAVE_WAIT_S) else 3)
+from tests.engine.leave_worker import LEAVE_WAIT_S, Spec, leave_together
 
 
 def _workers(left) -> Workers:
-    return Workers([_Spec(rank, 60.0, left) for rank in (1, 2)], target=_leave_together)
+    return Workers([Spec(rank, 60.0, left) for rank in (1, 2)], target=leave_together)
 
 
 def test_release_runs_while_the_workers_stop_so_they_leave_together():

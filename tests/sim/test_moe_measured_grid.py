@@ -66,9 +66,19 @@ def measured_grid(path: str, column: str) -> None:
     table.assign(moe_distinct_experts=table[column]).to_csv(path, index=False)
 
 
-def _priced(tmp_path, column: str) -> ProfiledCostModel:
-    path = str(tmp_path / f"{column}.csv")
-    measured_grid(path, column)
+@pytest.fixture(scope="module")
+def grids(tmp_path_factory) -> dict[str, str]:
+    """Each column's grid, written once: drawing its routed counts takes a second or more, and a
+    fixed seed makes it the same table every time. Each test fits its own model from it."""
+    out = tmp_path_factory.mktemp("grids")
+    paths = {column: str(out / f"{column}.csv") for column in ("moe_distinct_experts", "moe_expected_experts")}
+    for column, path in paths.items():
+        measured_grid(path, column)
+    return paths
+
+
+def _priced(grids: dict[str, str], column: str) -> ProfiledCostModel:
+    path = grids[column]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cost = make_cost_model(SPEC, H100, SimConfig(cost_model="profiled", profile_path=path,
@@ -77,27 +87,27 @@ def _priced(tmp_path, column: str) -> ProfiledCostModel:
     return cost
 
 
-def test_measured_counts_price_an_expert_and_a_repeated_read(tmp_path) -> None:
-    fit = _priced(tmp_path, "moe_distinct_experts").fits["decode_graph"]
+def test_measured_counts_price_an_expert_and_a_repeated_read(grids) -> None:
+    fit = _priced(grids, "moe_distinct_experts").fits["decode_graph"]
     coefs = dict(zip(fit.linear_features, fit.linear_coefs))
     assert coefs["moe_distinct_experts"] == pytest.approx(PHYSICS.expert_s, rel=0.25)
     # a repeated read costs nothing here (law): its price cancels the context's, no more
     assert coefs["decode_repeated_tokens"] == pytest.approx(-PHYSICS.kv_token_s, rel=0.25)
     # the expected count cannot: the batch's knots absorb it, the repeated reads take the
     # shared rows' missing experts and a repeated read is priced below nothing
-    fit = _priced(tmp_path, "moe_expected_experts").fits["decode_graph"]
+    fit = _priced(grids, "moe_expected_experts").fits["decode_graph"]
     coefs = dict(zip(fit.linear_features, fit.linear_coefs))
     assert "moe_distinct_experts" not in coefs
     assert coefs["decode_repeated_tokens"] < -1.5 * PHYSICS.kv_token_s
 
 
 @pytest.mark.parametrize("batch", [3, 5, 12, 24, 40, 100, 200])
-def test_a_simulated_step_is_priced_by_its_expected_experts(tmp_path, batch: int) -> None:
+def test_a_simulated_step_is_priced_by_its_expected_experts(grids, batch: int) -> None:
     """Off the grid's sizes: the graph's rows all run, and its padding rows (token 0 at position 0,
     engine.cuda_graph) route alike, one token more (sim.features.read_sequences). Without them a
     batch of 3 in the graph of 4 is priced 15% short, of 5 in 8 10% (what served Qwen3-30B-A3B
     decodes showed: experiments/fidelity/h100_30b_r3)."""
-    cost = _priced(tmp_path, "moe_distinct_experts")
+    cost = _priced(grids, "moe_distinct_experts")
     step = decode_batch([1500] * batch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -107,10 +117,10 @@ def test_a_simulated_step_is_priced_by_its_expected_experts(tmp_path, batch: int
     assert price == pytest.approx(law(padded, ROUTING.distinct(batch + 1), batch * 1501, 0), rel=0.03)
 
 
-def test_padding_rows_add_one_routing_token(tmp_path) -> None:
+def test_padding_rows_add_one_routing_token(grids) -> None:
     """A step's expected experts count its CUDA graph's padding rows as one more token; an eager
     step, or one that fills its graph, has none; a table row (a served run's replay) alike."""
-    cost = _priced(tmp_path, "moe_distinct_experts")
+    cost = _priced(grids, "moe_distinct_experts")
     distinct = cost.distinct_experts
     assert distinct is not None
     for batch, graphs, tokens in ((3, GRAPHS, 4), (4, GRAPHS, 4), (3, (), 3), (300, GRAPHS, 300)):
