@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.workloads.mooncake import BLOCK_TOKENS
 from harness.workloads.trace import is_mooncake
 
 LENGTH_DISTS = ("uniform", "fixed", "lognormal", "trace")
@@ -115,6 +116,8 @@ class WorkloadConfig:
     rate_profile: tuple[tuple[float, float], ...] | None = None
     rate_period_s: float | None = None  # the profile repeats with this period
     duration_s: float | None = None  # arrivals stop here; null: see harness.workloads.profile
+    # a Mooncake trace's tokens a hash id (512: Mooncake's own; aiperf, guidellm, Dynamo hash at others)
+    hash_block_tokens: int = BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         where = "workload"
@@ -146,9 +149,13 @@ class WorkloadConfig:
             raise ValueError(f"{where}.temperature must be >= 0, got {self.temperature}")
         if self.oversize not in OVERSIZE:
             raise ValueError(f"{where}.oversize must be one of {OVERSIZE}, got {self.oversize!r}")
+        if isinstance(self.hash_block_tokens, bool) or not isinstance(self.hash_block_tokens, int) \
+                or self.hash_block_tokens < 1:
+            raise ValueError(f"{where}.hash_block_tokens must be an int >= 1 (tokens a Mooncake hash id names), "
+                             f"got {self.hash_block_tokens!r}")
         if self.shared_prefix is not None:
             self.shared_prefix.validate(f"{where}.shared_prefix")
-            if self.prompt_len.dist == "trace" and is_mooncake(self.trace_path):
+            if self.reads_hash_ids:
                 raise ValueError(f"{where}.shared_prefix is not used with a Mooncake trace ({self.trace_path}): its "
                                  f"hash_ids say which prompts share which blocks; set {where}.shared_prefix=null")
 
@@ -168,6 +175,11 @@ class WorkloadConfig:
     @property
     def uses_trace(self) -> bool:
         return self.arrival == "trace" or "trace" in (self.prompt_len.dist, self.output_len.dist)
+
+    @property
+    def reads_hash_ids(self) -> bool:
+        """Whether the prompts are a Mooncake trace's hash blocks (harness.workloads.mooncake)."""
+        return self.prompt_len.dist == "trace" and self.trace_path is not None and is_mooncake(self.trace_path)
 
     @property
     def label(self) -> str:
@@ -196,6 +208,9 @@ class WorkloadConfig:
             unread.append(("rate", "workload.arrival=poisson or gamma"))
         if self.arrival != "gamma" and self.cv != 1.0:
             unread.append(("cv", "workload.arrival=gamma"))
+        if not self.reads_hash_ids and self.hash_block_tokens != BLOCK_TOKENS:
+            unread.append(("hash_block_tokens", "a Mooncake trace's prompts (workload=mooncake; the export's "
+                                                "size: python -m harness.workloads.export --block-tokens N)"))
         if unread:
             key, reader = unread[0]
             raise ValueError(f"workload.{key}={getattr(self, key)!r} is ignored by workload {self.label!r} "
