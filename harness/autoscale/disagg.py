@@ -52,6 +52,8 @@ def pool_autoscale(fleet: DisaggConfig, base: AutoscaleConfig, slo: SLO) -> tupl
         held = {} if overrides else {"min_replicas": start, "max_replicas": start}
         merged = {**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, **held, **overrides}
         config = to_dataclass(AutoscaleConfig, merged, f"fleet.{pool}.autoscale")
+        if config.policy is not None:
+            config.check_read(f"fleet.{pool}.autoscale", (config.policy,))
         slo_needed(config, slo, f"fleet.{pool}.autoscale")
         if not config.min_replicas <= start <= config.max_replicas:
             raise ConfigError(f"fleet.{pool}_replicas={start} (the starting count) must be within fleet.{pool}."

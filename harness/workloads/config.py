@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.convert import refuse_unread
 from harness.workloads.mooncake import BLOCK_TOKENS
 from harness.workloads.trace import is_mooncake
 
@@ -197,21 +198,17 @@ class WorkloadConfig:
                    f"output_len.dist={self.output_len.dist}")
         unread = []
         if not self.uses_trace:
-            trace_only = {"trace_path": None, "trace_dir": None, "start_row": 0, "trace_repeat": False}
             unread += [(k, "workload.arrival=trace or a length dist=trace (e.g. workload=trace)")
-                       for k, neutral in trace_only.items() if getattr(self, k) != neutral]
-        if self.trace_repeat and self.rate_profile is not None:
+                       for k in ("trace_path", "trace_dir", "start_row", "trace_repeat")]
+        if self.rate_profile is not None:
             unread.append(("trace_repeat", "workload.num_requests (a rate_profile reuses rows as it needs)"))
-        if self.arrival != "trace" and self.rate_scale != 1.0:
+        if self.arrival != "trace":
             unread.append(("rate_scale", "workload.arrival=trace (e.g. workload=trace)"))
-        if self.arrival not in ("poisson", "gamma") and self.rate is not None:
+        if self.arrival not in ("poisson", "gamma"):
             unread.append(("rate", "workload.arrival=poisson or gamma"))
-        if self.arrival != "gamma" and self.cv != 1.0:
+        if self.arrival != "gamma":
             unread.append(("cv", "workload.arrival=gamma"))
-        if not self.reads_hash_ids and self.hash_block_tokens != BLOCK_TOKENS:
+        if not self.reads_hash_ids:
             unread.append(("hash_block_tokens", "a Mooncake trace's prompts (workload=mooncake; the export's "
                                                 "size: python -m harness.workloads.export --block-tokens N)"))
-        if unread:
-            key, reader = unread[0]
-            raise ValueError(f"workload.{key}={getattr(self, key)!r} is ignored by workload {self.label!r} "
-                             f"({sources}); it is read only with {reader}")
+        refuse_unread(self, "workload", unread, f"workload {self.label!r} ({sources})")
