@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from engine.core import Request
 from engine.core.elastic import ColdStart, Scaling
 from harness.convert import ConfigError, refuse_unread, to_dataclass
 
 UTILISATION_METRICS = ("kv", "running")
 SLO_METRICS = ("ttft", "tpot")
+# The most times one run may ask its policy (every interval_s while requests arrive). An evaluation
+# costs about 0.1 ms on one replica, more with more (the queue and slo policies over 20,000
+# evaluations on this project's CPU host), so this is minutes of policy work alone; a simulated day
+# at an interval of 0.1 s stays within it.
+MAX_EVALUATIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,22 @@ def build_autoscale(cfg: DictConfig) -> tuple[AutoscaleConfig, SLO]:
 def _either(names: Sequence[str]) -> str:
     """a; a or b; a, b or c."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def last_arrival(requests: Iterable[Request]) -> float:
+    """The time of the last arrival (s): the evaluations fall before it."""
+    return max((r.arrival_time for r in requests), default=0.0)
+
+
+def check_evaluations(interval_s: float, span_s: float, where: str) -> None:
+    """A ConfigError when an evaluation every interval_s over span_s seconds of arrivals (the
+    evaluations fall while requests arrive) would ask the policy more than MAX_EVALUATIONS times."""
+    count = span_s / interval_s
+    if count > MAX_EVALUATIONS:
+        raise ConfigError(f"{where}.interval_s={interval_s!r} would ask the policy {count:.3g} times over the "
+                          f"{span_s:.4g} s of arrivals, more than {MAX_EVALUATIONS} (about 0.1 ms each: "
+                          f"harness.autoscale.config.MAX_EVALUATIONS); set {where}.interval_s >= "
+                          f"{span_s / MAX_EVALUATIONS:.3g}")
 
 
 def slo_needed(autoscale: AutoscaleConfig, slo: SLO, where: str) -> None:

@@ -1,5 +1,6 @@
 """Autoscale settings the chosen policy does not read are refused in one line naming the field and
-the policy (the workload config's neutral-value check), defaults keep working."""
+the policy (the workload config's neutral-value check), defaults keep working, and an evaluation
+interval that would ask the policy more than MAX_EVALUATIONS times over the arrivals is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.autoscale.config import AutoscaleConfig, build_autoscale
+from harness.autoscale.config import MAX_EVALUATIONS, AutoscaleConfig, build_autoscale, check_evaluations
 from harness.autoscale.policies import AUTOSCALE_POLICIES
 from harness.autoscale.study import AutoscaleStudyConfig, check_study_reads
 from harness.convert import ConfigError
@@ -98,8 +99,33 @@ def test_the_study_takes_settings_any_of_its_policies_reads_and_refuses_grid_key
         check_study_reads(AutoscaleConfig(), AutoscaleStudyConfig(grids={"queue": {"target_running": (8, 16)}}))
 
 
+@pytest.mark.parametrize("interval, ok", [(15.0, True), (1e-6, False)])
+def test_an_interval_asking_the_policy_too_often_is_refused(interval, ok):
+    span = 3600.0
+    if ok:
+        check_evaluations(interval, span, "autoscale")
+        return
+    with pytest.raises(ConfigError, match=rf"autoscale.interval_s=1e-06 would ask the policy .* more than "
+                                          rf"{MAX_EVALUATIONS}"):
+        check_evaluations(interval, span, "autoscale")
+
+
+def test_a_tiny_interval_is_refused_before_the_run(tmp_path):
+    cfg = compose_config(["workload=poisson", "workload.num_requests=50", "workload.rate=5", "autoscale.policy=queue",
+                          "autoscale.interval_s=1e-6"])
+    with pytest.raises(ConfigError, match=r"^autoscale.interval_s=1e-06 would ask the policy"):
+        run_study(cfg, tmp_path / "run")
+
+
 def test_an_autoscale_setting_without_a_policy_is_refused(tmp_path):
     cfg = compose_config(["workload=poisson", "workload.num_requests=5", "workload.rate=5", "autoscale.target=0.5"])
     with pytest.raises(ConfigError, match=r"^autoscale.target=0.5 is ignored by autoscale.policy=null \(a static "
                                           r"fleet of fleet.replicas\); it is read only with a policy"):
+        run_study(cfg, tmp_path / "run")
+
+
+def test_a_tiny_pool_interval_is_refused_naming_the_pool(tmp_path):
+    cfg = compose_config(["fleet=disaggregated", "workload=poisson", "workload.num_requests=20", "workload.rate=5",
+                          "fleet.prefill.autoscale={policy: queue, interval_s: 1e-6, max_replicas: 2}"])
+    with pytest.raises(ConfigError, match=r"^fleet.prefill.autoscale.interval_s=1e-06 would ask the policy"):
         run_study(cfg, tmp_path / "run")
