@@ -11,12 +11,23 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
 class ConfigError(ValueError):
     """A user-supplied config value failed validation; str() names the field."""
+
+
+def refuse_unread(config: Any, where: str, unread: Iterable[tuple[str, str]], chosen: str) -> None:
+    """The check that no setting is silently ignored: of `unread` (a field of the dataclass config
+    that its choices, described by `chosen`, do not read; and what would read it), the first set
+    away from its default (the neutral value, which asks for nothing) is a ValueError naming it."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name, reader in unread:
+        value = getattr(config, name)
+        if value != defaults[name]:
+            raise ValueError(f"{where}.{name}={value!r} is ignored by {chosen}; it is read only with {reader}")
 
 
 def to_dataclass(cls: type, data: Any, where: str) -> Any:

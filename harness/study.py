@@ -111,6 +111,10 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
                               "fleet; set interval=null")
         autoscale, slo = build_autoscale(cfg)
         return run_autoscale_study(rc, fleet, router, autoscale, slo, output, out_dir)
+    if cfg.get("autoscale") is not None:
+        from harness.autoscale.config import build_autoscale
+
+        build_autoscale(cfg)[0].check_static("autoscale")  # no policy: a static fleet reads no autoscale setting
     if not fleet.is_single_run:
         if interval is not None:
             raise ConfigError("interval: prediction intervals are computed for a single run, not a fleet "

@@ -8,16 +8,24 @@ provision_s + the model's weight bytes / hardware.weight_load_bytes_per_s + grap
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from engine.core import Request
 from engine.core.elastic import ColdStart, Scaling
-from harness.convert import ConfigError, to_dataclass
+from harness.convert import ConfigError, refuse_unread, to_dataclass
 
 UTILISATION_METRICS = ("kv", "running")
 SLO_METRICS = ("ttft", "tpot")
+# The most times one run may ask its policy (every interval_s while requests arrive). An evaluation
+# costs about 0.1 ms on one replica, more with more (the queue and slo policies over 20,000
+# evaluations on this project's CPU host), so this is minutes of policy work alone; a simulated day
+# at an interval of 0.1 s stays within it.
+MAX_EVALUATIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,52 @@ class AutoscaleConfig:
                 raise ValueError(f"{where}[{i}]: replicas {count} must be a whole number within "
                                  f"autoscale.min_replicas={self.min_replicas} and max_replicas={self.max_replicas}")
 
+    def read_by(self, policies: Collection[str]) -> set[str]:
+        """The policy-specific settings (RegisteredPolicy.READS) that any of policies reads."""
+        from harness.autoscale.policies import AUTOSCALE_POLICIES
+
+        return {name for policy in policies for name in AUTOSCALE_POLICIES.get(policy).reads(self)}
+
+    def check_read(self, where: str, policies: Sequence[str], read: Collection[str] | None = None,
+                   chosen: str = "") -> None:
+        """A ConfigError naming the first policy-specific setting set away from its default that
+        none of policies reads (read: those they read, when not read_by(policies)); chosen says
+        what runs them. No policy (a static fleet): check_static."""
+        from harness.autoscale.policies import AUTOSCALE_POLICIES
+
+        if not policies:
+            return
+        read = self.read_by(policies) if read is None else read
+        plain: dict[str, list[str]] = {}
+        conditional: dict[str, list[str]] = {}
+        for name, policy in AUTOSCALE_POLICIES.items():
+            for key in policy.READS:
+                if key in policy.READ_WHEN:
+                    field, value = policy.READ_WHEN[key]
+                    conditional.setdefault(key, []).append(f"{where}.policy={name} and {where}.{field}={value}")
+                else:
+                    plain.setdefault(key, []).append(name)
+        unread = [(key, " or ".join(([f"{where}.policy=" + _either(plain[key])] if key in plain else [])
+                                    + conditional.get(key, [])))
+                  for key in dict.fromkeys([*plain, *conditional]) if key not in read]
+        metric = f" with {where}.metric={self.metric}" if "metric" in read else ""
+        try:
+            refuse_unread(self, where, unread, chosen or f"{where}.policy={_either(policies)}{metric}")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+    def check_static(self, where: str) -> None:
+        """A ConfigError naming the first setting set away from its default: a static fleet (policy
+        null) reads none of them."""
+        from harness.autoscale.policies import AUTOSCALE_POLICIES
+
+        unread = [(f.name, f"a policy ({where}.policy={_either(AUTOSCALE_POLICIES.names())})")
+                  for f in dataclasses.fields(self) if f.name != "policy"]
+        try:
+            refuse_unread(self, where, unread, f"{where}.policy=null (a static fleet of fleet.replicas)")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
     def cold_start(self, weight_bytes: int, load_bytes_per_s: float) -> ColdStart:
         """The start-up priced by the configured placeholders (no measured calibration)."""
         return ColdStart(self.provision_s, weight_bytes / load_bytes_per_s, self.graph_capture_s)
@@ -157,8 +211,31 @@ def build_autoscale(cfg: DictConfig) -> tuple[AutoscaleConfig, SLO]:
     autoscale = to_dataclass(AutoscaleConfig, section(cfg, "autoscale"), "autoscale") if "autoscale" in cfg \
         else AutoscaleConfig()
     slo = to_dataclass(SLO, section(cfg, "slo"), "slo") if "slo" in cfg else SLO()
+    if autoscale.policy is not None:
+        autoscale.check_read("autoscale", (autoscale.policy,))
     slo_needed(autoscale, slo, "autoscale")
     return autoscale, slo
+
+
+def _either(names: Sequence[str]) -> str:
+    """a; a or b; a, b or c."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def last_arrival(requests: Iterable[Request]) -> float:
+    """The time of the last arrival (s): the evaluations fall before it."""
+    return max((r.arrival_time for r in requests), default=0.0)
+
+
+def check_evaluations(interval_s: float, span_s: float, where: str) -> None:
+    """A ConfigError when an evaluation every interval_s over span_s seconds of arrivals (the
+    evaluations fall while requests arrive) would ask the policy more than MAX_EVALUATIONS times."""
+    count = span_s / interval_s
+    if count > MAX_EVALUATIONS:
+        raise ConfigError(f"{where}.interval_s={interval_s!r} would ask the policy {count:.3g} times over the "
+                          f"{span_s:.4g} s of arrivals, more than {MAX_EVALUATIONS} (about 0.1 ms each: "
+                          f"harness.autoscale.config.MAX_EVALUATIONS); set {where}.interval_s >= "
+                          f"{span_s / MAX_EVALUATIONS:.3g}")
 
 
 def slo_needed(autoscale: AutoscaleConfig, slo: SLO, where: str) -> None:

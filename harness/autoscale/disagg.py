@@ -27,7 +27,7 @@ from engine.core.elastic_states import Scaling
 from engine.core.loop import SimulatedClock
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.capacity import replica_limits
-from harness.autoscale.config import SLO, AutoscaleConfig, slo_needed
+from harness.autoscale.config import SLO, AutoscaleConfig, check_evaluations, last_arrival, slo_needed
 from harness.autoscale.policies import make_policy
 from harness.autoscale.run import cold_start_of, events_frame, lifetimes_frame
 from harness.autoscale.timeline import STATES, attains, gpu_hours, peak_replicas, timeline
@@ -52,6 +52,8 @@ def pool_autoscale(fleet: DisaggConfig, base: AutoscaleConfig, slo: SLO) -> tupl
         held = {} if overrides else {"min_replicas": start, "max_replicas": start}
         merged = {**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, **held, **overrides}
         config = to_dataclass(AutoscaleConfig, merged, f"fleet.{pool}.autoscale")
+        if config.policy is not None:
+            config.check_read(f"fleet.{pool}.autoscale", (config.policy,))
         slo_needed(config, slo, f"fleet.{pool}.autoscale")
         if not config.min_replicas <= start <= config.max_replicas:
             raise ConfigError(f"fleet.{pool}_replicas={start} (the starting count) must be within fleet.{pool}."
@@ -85,6 +87,9 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     probes = [pool_executor(p, s, name) for p, s, name in zip(pools, staging, POOLS)]
     infos = [e.info() for e in probes]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
+    for pool, config in zip(POOLS, autoscales):
+        if config.policy is not None:
+            check_evaluations(config.interval_s, last_arrival(workload.requests), f"fleet.{pool}.autoscale")
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
 
     intake = fleet_intake(pools[0])  # requests reach the prefill replicas' processes

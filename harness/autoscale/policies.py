@@ -5,7 +5,9 @@ autoscale.policy takes; from_config builds one from the autoscale and slo sectio
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -18,6 +20,18 @@ if TYPE_CHECKING:  # the config module imports this one (to check autoscale.poli
 
 
 class RegisteredPolicy:
+    # The autoscale settings this policy reads beyond those every policy reads (bounds, interval,
+    # cooldowns, windows, start-up): AutoscaleConfig.check_read refuses another policy's set for
+    # this one. READ_WHEN: those it reads only while another of its settings has a value.
+    READS: ClassVar[tuple[str, ...]] = ()
+    READ_WHEN: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({})
+
+    @classmethod
+    def reads(cls, config: AutoscaleConfig) -> tuple[str, ...]:
+        """The settings of READS this policy reads with config's other settings."""
+        return tuple(name for name in cls.READS
+                     if name not in cls.READ_WHEN or getattr(config, cls.READ_WHEN[name][0]) == cls.READ_WHEN[name][1])
+
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
         raise NotImplementedError
@@ -62,6 +76,9 @@ class Utilisation(RegisteredPolicy):
     held, running or waiting. NOTE: KV use alone misses a queue that waits for a sequence slot
     rather than for blocks."""
 
+    READS = ("metric", "target", "target_running", "settle")
+    READ_WHEN = MappingProxyType({"target": ("metric", "kv"), "target_running": ("metric", "running")})
+
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
         return cls(config.metric, config.target if config.metric == "kv" else config.target_running)
@@ -93,6 +110,8 @@ class Queue(RegisteredPolicy):
     (harness.autoscale.demand), and at least one more (the
     target is missed, and a new replica speeds the drain by taking arrivals off the replicas that
     hold the queue). Until that is measured, ceil(waiting / target_waiting)."""
+
+    READS = ("target_waiting", "settle")
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -131,6 +150,8 @@ class SLOFeedback(RegisteredPolicy):
     is measured. One fewer only on a window's evidence (FleetSignal.evidence_s >= window_s): a P90
     of the first seconds of a run, or of the few requests since a start began to serve (settling),
     is no reason to drain a replica that takes a start-up to get back."""
+
+    READS = ("slo_metric", "slo_target", "slo_scale_down_below", "settle")
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:
@@ -190,7 +211,9 @@ class Schedule(RegisteredPolicy):
     """A replica count set in advance: schedule [[t0, n0], [t1, n1], ...] asks for n_i replicas from
     t_i seconds on (before t0: as many as there are). It reads only the time, so an engine fleet,
     whose replicas report no queue or KV use, can run it: a second replica started mid-run, served
-    and simulated alike."""
+    and simulated alike. It never settles (Scaling.settle), so autoscale.settle is not its."""
+
+    READS = ("schedule",)
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig, slo: SLO) -> ScalingPolicy:

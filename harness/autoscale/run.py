@@ -22,7 +22,7 @@ from tqdm import tqdm
 from engine.core.elastic import ColdStart, ElasticResult, ScaleEvent, ScalingPolicy
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.calibration import find_calibration
-from harness.autoscale.config import SLO, AutoscaleConfig, check_fleet
+from harness.autoscale.config import SLO, AutoscaleConfig, check_evaluations, check_fleet, last_arrival
 from harness.autoscale.fleets import elastic_fleet
 from harness.autoscale.policies import make_policy
 from harness.autoscale.timeline import (
@@ -97,6 +97,8 @@ def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, auto
     with elastic_fleet(rc, one, fleet.replicas, autoscale) as replicas:
         info = replicas.info
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size)
+        if autoscale.policy is not None:
+            check_evaluations(autoscale.interval_s, last_arrival(workload.requests), "autoscale")
         bar = tqdm(total=len(workload.requests), desc=label or f"autoscale {autoscale.policy} x {rc.workload.label}",
                    unit="req", disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
         started = time.perf_counter()

@@ -55,6 +55,28 @@ class AutoscaleStudyConfig:
                 raise ValueError(f"autoscale_study.cold_starts_s must be >= 0 (seconds), got {value}")
 
 
+def check_study_reads(autoscale: AutoscaleConfig, study: AutoscaleStudyConfig) -> list[str]:
+    """The policies the study runs (autoscale.policy, else every policy of the grids); a ConfigError
+    naming a grid key its policy does not read in any of its runs, or an autoscale setting no run
+    reads (no policy run reads it, or each that does takes its grid's values instead)."""
+    policies = [autoscale.policy] if autoscale.policy is not None else list(study.grids)
+    read: set[str] = set()
+    for name in policies:
+        grid = study.grids.get(name, {})
+        runs = [dataclasses.replace(autoscale, policy=name, **dict(zip(grid, combo)))
+                for combo in itertools.product(*grid.values())]
+        reads = {key for run in runs for key in run.read_by((name,))}
+        policy_specific = {key for _, policy in AUTOSCALE_POLICIES.items() for key in policy.READS}
+        for key in grid:
+            if key in policy_specific and key not in reads:
+                raise ConfigError(f"autoscale_study.grids.{name}.{key} is ignored by autoscale.policy={name} "
+                                  f"(it reads {sorted(reads)}); take it out of that grid")
+        read |= reads - set(grid)
+    runs = f"experiment=autoscale's runs (autoscale.policy={', '.join(policies)}, each with its grid's values)"
+    autoscale.check_read("autoscale", policies, read, runs)
+    return policies
+
+
 def _row(kind: str, settings: str, replicas: int, outcome: AutoscaleOutcome) -> dict:
     row = outcome.summary.to_row()
     return {"kind": kind, "policy": row["autoscale_policy"], "settings": settings, "replicas": replicas,
@@ -68,7 +90,7 @@ def run_autoscale_experiment(cfg: DictConfig, output: OutputConfig, out_dir: Pat
     study = to_dataclass(AutoscaleStudyConfig, section(cfg, "autoscale_study"), "autoscale_study")
     if not slo.is_set:
         raise ConfigError("experiment=autoscale needs an SLO: set slo.ttft_p90_s and/or slo.tpot_p90_s (seconds)")
-    policies = [autoscale.policy] if autoscale.policy is not None else list(study.grids)
+    policies = check_study_reads(autoscale, study)
 
     def run(config: AutoscaleConfig, replicas: int, label: str, cold: ColdStart | None = None) -> AutoscaleOutcome:
         return run_autoscaled(rc, dataclasses.replace(fleet, replicas=replicas), router, config, slo,

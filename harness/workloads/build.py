@@ -157,11 +157,11 @@ def _token_drawer(cfg: WorkloadConfig, trace, keep: np.ndarray, prompt: np.ndarr
         # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
         own = np.where(keep, prompt, 0)
         hashes, key = trace[HASH_COLUMN].tolist(), block_seed(token_seq)
-        warn_uncovered(hashes, own, trace[PROMPT_COLUMN].to_numpy())
+        warn_uncovered(hashes, own, trace[PROMPT_COLUMN].to_numpy(), cfg.hash_block_tokens)
 
         def drawer() -> Callable[[int, int], np.ndarray]:
             return lambda a, b: prompt_token_ids(hashes[a:b], own[a:b], range(a + cfg.start_row, b + cfg.start_row),
-                                                 key, bound)
+                                                 key, bound, cfg.hash_block_tokens)
     else:
         # Token ids: one generator for every request's own tokens (those not from a shared group
         # prefix), drawn in row order.

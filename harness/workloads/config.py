@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.convert import refuse_unread
+from harness.workloads.mooncake import BLOCK_TOKENS
 from harness.workloads.trace import is_mooncake
 
 LENGTH_DISTS = ("uniform", "fixed", "lognormal", "trace")
@@ -115,6 +117,8 @@ class WorkloadConfig:
     rate_profile: tuple[tuple[float, float], ...] | None = None
     rate_period_s: float | None = None  # the profile repeats with this period
     duration_s: float | None = None  # arrivals stop here; null: see harness.workloads.profile
+    # a Mooncake trace's tokens a hash id (512: Mooncake's own; aiperf, guidellm, Dynamo hash at others)
+    hash_block_tokens: int = BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         where = "workload"
@@ -146,9 +150,13 @@ class WorkloadConfig:
             raise ValueError(f"{where}.temperature must be >= 0, got {self.temperature}")
         if self.oversize not in OVERSIZE:
             raise ValueError(f"{where}.oversize must be one of {OVERSIZE}, got {self.oversize!r}")
+        if isinstance(self.hash_block_tokens, bool) or not isinstance(self.hash_block_tokens, int) \
+                or self.hash_block_tokens < 1:
+            raise ValueError(f"{where}.hash_block_tokens must be an int >= 1 (tokens a Mooncake hash id names), "
+                             f"got {self.hash_block_tokens!r}")
         if self.shared_prefix is not None:
             self.shared_prefix.validate(f"{where}.shared_prefix")
-            if self.prompt_len.dist == "trace" and is_mooncake(self.trace_path):
+            if self.reads_hash_ids:
                 raise ValueError(f"{where}.shared_prefix is not used with a Mooncake trace ({self.trace_path}): its "
                                  f"hash_ids say which prompts share which blocks; set {where}.shared_prefix=null")
 
@@ -170,6 +178,11 @@ class WorkloadConfig:
         return self.arrival == "trace" or "trace" in (self.prompt_len.dist, self.output_len.dist)
 
     @property
+    def reads_hash_ids(self) -> bool:
+        """Whether the prompts are a Mooncake trace's hash blocks (harness.workloads.mooncake)."""
+        return self.prompt_len.dist == "trace" and self.trace_path is not None and is_mooncake(self.trace_path)
+
+    @property
     def label(self) -> str:
         """The name runs are filed under: `name` when set, else the trace file's stem, else the arrival process."""
         if self.name:
@@ -185,18 +198,17 @@ class WorkloadConfig:
                    f"output_len.dist={self.output_len.dist}")
         unread = []
         if not self.uses_trace:
-            trace_only = {"trace_path": None, "trace_dir": None, "start_row": 0, "trace_repeat": False}
             unread += [(k, "workload.arrival=trace or a length dist=trace (e.g. workload=trace)")
-                       for k, neutral in trace_only.items() if getattr(self, k) != neutral]
-        if self.trace_repeat and self.rate_profile is not None:
+                       for k in ("trace_path", "trace_dir", "start_row", "trace_repeat")]
+        if self.rate_profile is not None:
             unread.append(("trace_repeat", "workload.num_requests (a rate_profile reuses rows as it needs)"))
-        if self.arrival != "trace" and self.rate_scale != 1.0:
+        if self.arrival != "trace":
             unread.append(("rate_scale", "workload.arrival=trace (e.g. workload=trace)"))
-        if self.arrival not in ("poisson", "gamma") and self.rate is not None:
+        if self.arrival not in ("poisson", "gamma"):
             unread.append(("rate", "workload.arrival=poisson or gamma"))
-        if self.arrival != "gamma" and self.cv != 1.0:
+        if self.arrival != "gamma":
             unread.append(("cv", "workload.arrival=gamma"))
-        if unread:
-            key, reader = unread[0]
-            raise ValueError(f"workload.{key}={getattr(self, key)!r} is ignored by workload {self.label!r} "
-                             f"({sources}); it is read only with {reader}")
+        if not self.reads_hash_ids:
+            unread.append(("hash_block_tokens", "a Mooncake trace's prompts (workload=mooncake; the export's "
+                                                "size: python -m harness.workloads.export --block-tokens N)"))
+        refuse_unread(self, "workload", unread, f"workload {self.label!r} ({sources})")

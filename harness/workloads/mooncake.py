@@ -1,14 +1,16 @@
 """Mooncake traces: prompt token ids from `hash_ids`, and any workload written out as Mooncake JSONL.
 
-A Mooncake request names its prompt's 512-token blocks by id (`hash_ids`); equal ids mean equal
-tokens, so a prefix cache can reuse them. Token ids here are a pure function of (seed, hash id,
+A Mooncake request names its prompt's blocks by id (`hash_ids`); equal ids mean equal tokens, so a
+prefix cache can reuse them. A block is 512 tokens in Mooncake's own traces; other tools write
+Mooncake-format traces hashed at other sizes (aiperf, guidellm, Dynamo: 16, 64, 128), so the size is
+a parameter (workload.hash_block_tokens). Token ids here are a pure function of (seed, hash id,
 position in the block), so requests sharing a hash id share those tokens exactly, whatever block
 size the cache uses, and requests whose ids differ get different blocks (up to 64-bit hash
 collisions). A prompt shorter than its blocks ends inside its last block and takes that block's
 leading tokens; a prompt longer than its blocks continues with blocks of its own, shared with no
 other request. Clipping cuts prompts from the end, so the shared leading blocks survive.
 
-Writing is the inverse: a prompt's 512-token blocks (its last possibly partial) get ids by chained
+Writing is the inverse: a prompt's blocks (its last possibly partial) get ids by chained
 hashing, each block's hash covering every token before it, so equal prefixes get equal ids.
 """
 
@@ -26,7 +28,7 @@ from engine.core import Request
 
 log = logging.getLogger(__name__)
 
-BLOCK_TOKENS = 512  # Mooncake's block: the prefix granule its hash ids name
+BLOCK_TOKENS = 512  # Mooncake's own block: the prefix granule its hash ids name (the default size)
 _OWN_BLOCK = np.uint64(0x5EED0F0B10C5EED5)  # marks blocks beyond a request's hash ids (its own)
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -46,21 +48,21 @@ def block_seed(seq: np.random.SeedSequence) -> np.uint64:
 
 
 def prompt_token_ids(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, rows: Sequence[int],
-                     seed: np.uint64, bound: int) -> np.ndarray:
+                     seed: np.uint64, bound: int, block_tokens: int = BLOCK_TOKENS) -> np.ndarray:
     """Every prompt's token ids, concatenated (int64, in [0, bound)): prompt i is prompt[i] tokens
-    (0 for none) of the blocks hash_ids[i], then, past them, blocks of its own keyed by its trace
-    row rows[i]."""
+    (0 for none) of the block_tokens-token blocks hash_ids[i], then, past them, blocks of its own
+    keyed by its trace row rows[i]."""
     keys: list[int] = []
     own: list[bool] = []
     for ids, length, row in zip(hash_ids, prompt.tolist(), rows):
-        needed = -(-length // BLOCK_TOKENS)
+        needed = -(-length // block_tokens)
         missing = max(needed - len(ids), 0)
         keys += list(ids[:needed]) + [(row << 20) + j for j in range(missing)]
         own += [False] * min(needed, len(ids)) + [True] * missing
-    blocks = (prompt + BLOCK_TOKENS - 1) // BLOCK_TOKENS
-    block_len = np.full(len(keys), BLOCK_TOKENS, dtype=np.int64)
+    blocks = (prompt + block_tokens - 1) // block_tokens
+    block_len = np.full(len(keys), block_tokens, dtype=np.int64)
     some = blocks > 0  # a prompt of 0 tokens (a request left out) has no block
-    block_len[np.cumsum(blocks)[some] - 1] = (prompt - (blocks - 1) * BLOCK_TOKENS)[some]  # last blocks may be partial
+    block_len[np.cumsum(blocks)[some] - 1] = (prompt - (blocks - 1) * block_tokens)[some]  # last blocks may be partial
     # own blocks are keyed apart from the file's ids, so that a row's key never meets a hash id
     base = _mix(_mix(np.asarray(keys, dtype=np.uint64)) ^ seed ^ np.where(own, _OWN_BLOCK, np.uint64(0)))
     starts = np.cumsum(block_len) - block_len
@@ -69,19 +71,22 @@ def prompt_token_ids(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, rows
     return tokens.astype(np.int64)
 
 
-def warn_uncovered(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, recorded: np.ndarray) -> None:
+def warn_uncovered(hash_ids: Sequence[Sequence[int]], prompt: np.ndarray, recorded: np.ndarray,
+                   block_tokens: int = BLOCK_TOKENS) -> None:
     """Log how many prompts (as served: prompt) run past the blocks their hash_ids name
     (prompt_token_ids gives those tokens blocks of their own), and how many name more blocks than
-    their length in the file (recorded) fills (the extra ids name no token)."""
-    extra = sum(-(-length // BLOCK_TOKENS) > len(ids) for ids, length in zip(hash_ids, prompt.tolist()))
+    their length in the file (recorded) fills (the extra ids name no token). Both are what a trace
+    hashed at another block size than block_tokens shows, so both name the setting."""
+    extra = sum(-(-length // block_tokens) > len(ids) for ids, length in zip(hash_ids, prompt.tolist()))
     if extra:
-        log.warning("mooncake trace: %d prompts are longer than their hash_ids cover (%d tokens a block); "
-                    "their last tokens are their own, shared with no other request", extra, BLOCK_TOKENS)
-    unused = sum(-(-length // BLOCK_TOKENS) < len(ids) for ids, length in zip(hash_ids, recorded.tolist()))
+        log.warning("mooncake trace: %d prompts are longer than their hash_ids cover (%d tokens a block: "
+                    "workload.hash_block_tokens); their last tokens are their own, shared with no other request",
+                    extra, block_tokens)
+    unused = sum(-(-length // block_tokens) < len(ids) for ids, length in zip(hash_ids, recorded.tolist()))
     if unused:
         log.warning("mooncake trace: %d prompts have more hash_ids than their %d-token blocks; the ids past "
-                    "their last block are not used (this reader takes Mooncake's %d tokens a hash id)",
-                    unused, BLOCK_TOKENS, BLOCK_TOKENS)
+                    "their last block are not used (workload.hash_block_tokens=%d tokens a hash id; a trace "
+                    "hashed at another size needs that size there)", unused, block_tokens, block_tokens)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
@@ -96,24 +101,25 @@ def chained_block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOK
     return digests
 
 
-def mooncake_records(requests: Iterable[Request]) -> list[dict]:
+def mooncake_records(requests: Iterable[Request], block_tokens: int = BLOCK_TOKENS) -> list[dict]:
     """Mooncake rows for requests, in their order: arrival in whole milliseconds, prompt and output
-    lengths, and block ids numbered from 0 in order of first appearance."""
+    lengths, and the ids of block_tokens-token blocks numbered from 0 in order of first appearance."""
     numbering: dict[bytes, int] = {}
     records = []
     for request in requests:
         prompt = request.token_ids[: request.num_prompt_tokens]
-        ids = [numbering.setdefault(d, len(numbering)) for d in chained_block_hashes(prompt)]
+        ids = [numbering.setdefault(d, len(numbering)) for d in chained_block_hashes(prompt, block_tokens)]
         records.append({"timestamp": round(request.arrival_time * 1000), "input_length": request.num_prompt_tokens,
                         "output_length": request.sampling_params.max_tokens, "hash_ids": ids})
     return records
 
 
-def write_mooncake(requests: Iterable[Request], path: Path | str) -> Path:
-    """Write requests as Mooncake JSONL (one object a line) for other tools to replay; returns the path."""
+def write_mooncake(requests: Iterable[Request], path: Path | str, block_tokens: int = BLOCK_TOKENS) -> Path:
+    """Write requests as Mooncake JSONL (one object a line, hash ids of block_tokens-token blocks)
+    for other tools to replay; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
-        for record in mooncake_records(requests):
+        for record in mooncake_records(requests, block_tokens):
             out.write(json.dumps(record) + "\n")
     return path

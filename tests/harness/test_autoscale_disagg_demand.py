@@ -21,7 +21,8 @@ from harness.fleet.disagg_config import build_disagg
 from tests.harness.conftest import compose_config
 
 POOL = ("{policy: %s, max_replicas: 8, interval_s: 2, scale_up_cooldown_s: 0, scale_down_cooldown_s: 100, "
-        "provision_s: 10, calibration: false, graph_capture_s: 1, target_running: 8}")
+        "provision_s: 10, calibration: false, graph_capture_s: 1%s}")
+OWN = {"utilisation": ", target_running: 8"}  # a setting of that policy only (the others refuse it)
 SURGE = ["fleet=disaggregated", "workload=poisson", "workload.duration_s=60", "scheduler.max_num_seqs=8",
          "fleet.transfer.link=network"]
 # Qwen3-0.6B: a prefill replica computes about 430,000 prompt tokens a second of these, 120 requests;
@@ -36,8 +37,8 @@ SLO_SET = SLO(ttft_p90_s=0.5, tpot_p90_s=0.05)
 
 
 def _run(overrides: list[str], policy: str):
-    cfg = compose_config(SURGE + overrides + [f"fleet.prefill.autoscale={POOL % policy}",
-                                              f"fleet.decode.autoscale={POOL % policy}"])
+    pool = POOL % (policy, OWN.get(policy, ""))
+    cfg = compose_config(SURGE + overrides + [f"fleet.prefill.autoscale={pool}", f"fleet.decode.autoscale={pool}"])
     rc = build_run_config(cfg)
     _, router = build_fleet(cfg, with_fleet=False)
     fleet = build_disagg(cfg)
