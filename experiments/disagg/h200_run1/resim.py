@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     measured = runs[(runs.side == "measured") & (disaggregated | args.aggregated)]
     (fleet,) = set(runs.fleet[disaggregated])
     settings = json.loads((run / "settings.json").read_text())["args"]
-    own, model = [*settings.get("overrides", []), *settings.get("sim_overrides", [])], settings.get("model", "qwen3-0.6b")
+    own = [*settings.get("overrides", []), *settings.get("sim_overrides", [])]
+    model = settings.get("model", "qwen3-0.6b")
     queue = recorded_queue(run) if args.queue_behind_step is None else bool(args.queue_behind_step)
     setup = Setup(model, "h200", Pools.parse(fleet), profile=args.profile or call_profile(run, model),
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
