@@ -60,10 +60,7 @@ def idle_start_s(hardware: HardwareSpec, sim: SimConfig, overlaps_steps: bool, c
     is timed from submit(), so it holds the device clock's anchor and the batch's building)."""
     if not sim.idle_start:
         return 0.0
-    inner: object = cost_model
-    while (wrapped := getattr(inner, "base", None) or getattr(inner, "inner", None)) is not None:
-        inner = wrapped  # sim.tp_transfer and sim.interval wrap the profiled model
-    if getattr(inner, "prices_lead", False):
+    if getattr(cost_model, "prices_lead", False):  # the profiled model, or a wrapper's (tp_transfer, interval)
         raise ValueError("backend.idle_start=true: the profile's lead fits (lead:<regime>) already price an idle "
                          "start's host work from submit(); use a profile without them or backend.idle_start=false")
     if hardware.idle_start_host_s is None:

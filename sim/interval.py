@@ -102,6 +102,11 @@ class PerturbedCostModel:
     def drained(self) -> None:
         self.inner.drained()
 
+    @property
+    def prices_lead(self) -> bool:
+        """The inner model's (ProfiledCostModel.prices_lead): a perturbed draw prices the same lead."""
+        return bool(getattr(self.inner, "prices_lead", False))
+
 
 def perturbed_models(make_inner: Callable[[], CostModel], residuals: Sequence[float],
                      config: IntervalConfig) -> list[PerturbedCostModel]:

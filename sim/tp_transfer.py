@@ -99,6 +99,11 @@ class TPTransferCostModel:
         self._previous = None
         self.base.drained()
 
+    @property
+    def prices_lead(self) -> bool:
+        """The base model's (ProfiledCostModel.prices_lead): its steps at TP size 1 hold the lead."""
+        return bool(getattr(self.base, "prices_lead", False))
+
     def step_time(self, plan: StepPlan) -> float:
         terms = self.terms(plan)
         device = terms["device"] + terms["communication"]

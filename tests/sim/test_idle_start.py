@@ -14,6 +14,8 @@ from engine.core import CacheConfig, ExecutionConfig, Request, SamplingParams, S
 from engine.core.executor import BackendInfo
 from engine.core.loop import SimulatedClock, run
 from sim import ProfiledCostModel, RooflineCostModel, SimConfig, SimExecutor, build_sim_executor
+from sim.interval import PerturbedCostModel
+from sim.tp_transfer import TPTransferCostModel
 from tests.sim.helpers import decode_batch, hardware, model, plan, prefill
 from tests.sim.test_profiled import GRAPH
 from tests.sim.test_profiled_overlap import overlapping_profile
@@ -84,8 +86,14 @@ def test_refused_beside_a_profile_whose_leads_price_it_already():
     with_leads = ProfiledCostModel.fit(profile.assign(lead_s=np.full(len(profile), 4e-4)), GRAPH)
     spec, cache, sched = model("qwen3-0.6b"), CacheConfig(16, 40), SchedulerConfig()
     assert with_leads.prices_lead
-    with pytest.raises(ValueError, match="lead fits"):
-        build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched, cost_model=with_leads)
+    # wrapped as a TP run or an interval's perturbed draw prices it, the lead is the profile's still
+    tp = TPTransferCostModel(with_leads, spec, hardware("h200"), 2)
+    drawn = PerturbedCostModel(with_leads, [0.0], 1.0, np.random.default_rng(0))
+    plain = PerturbedCostModel(RooflineCostModel(spec, hardware("h200")), [0.0], 1.0, np.random.default_rng(0))
+    assert (tp.prices_lead, drawn.prices_lead, plain.prices_lead) == (True, True, False)
+    for priced in (with_leads, tp, drawn):
+        with pytest.raises(ValueError, match="lead fits"):
+            build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched, cost_model=priced)
     no_leads = build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched)
     assert no_leads.idle_start_s == hardware("h200").idle_start_host_s
 
