@@ -64,10 +64,15 @@ class StepPasses:
         self._writes: list[Callable[[], None]] = []  # ... and its first round
         self.max_early_s = 0.0  # the most a step's pass may start before its time (serve.max_early_ms)
         self._write_s = 0.0  # the first round's wall time per delivery, a moving average
+        # a held step's gauges are older than a "snap" that arrived after it (an abort's): each
+        # step or snap message gets its arrival number, and the snapshot keeps the newest one's
+        self._arrivals = 0
+        self._snap_arrival = 0
 
     def _hold(self, message: tuple) -> None:
         """A "step" message: held (with what its deliveries' Prepares give) until it is due."""
-        self._held.append((*message, self._prepare(message[2])))
+        self._arrivals += 1
+        self._held.append((*message, self._prepare(message[2]), self._arrivals))
         if self._timer is None and self._loop is not None:  # after the rest of this read
             self._timer = self._loop.call_soon(self._release)
 
@@ -148,7 +153,7 @@ class StepPasses:
         for flush in flushes:
             flush()
         if messages[-1][0] == "step":
-            self._snap(messages[-1][3])
+            self._snap(messages[-1][3], messages[-1][5])
 
     def defer(self, flush: Callable[[], None], write: Callable[[], None] | None = None) -> None:
         """Call flush at the end of the current pass over deliveries (now, outside of one); write,
@@ -181,7 +186,15 @@ class StepPasses:
                 sink(Delivery(token_ids, reason, due, cached, prepared[i]))
         self.snapshot.live = len(sinks)
 
-    def _snap(self, snap: tuple[int, int, int]) -> None:
+    def _snap(self, snap: tuple[int, int, int], arrival: int | None = None) -> None:
+        """Set the gauges from snap, unless a newer one is set already; arrival: the message's
+        number (_hold's), None for a snap message, which is the newest there is."""
+        if arrival is None:
+            self._arrivals += 1
+            arrival = self._arrivals
+        if arrival < self._snap_arrival:
+            return
+        self._snap_arrival = arrival
         running, waiting, used = snap
         s = self.snapshot
         s.running, s.waiting, s.used_blocks = running, waiting, used

@@ -199,3 +199,24 @@ def test_a_step_starts_its_writes_time_before_it_and_never_more_than_max_early()
 def test_serve_max_early_ms_outside_its_range_is_refused_naming_it(value):
     with pytest.raises(ValueError, match=r"serve.max_early_ms must be in \[0, 10\]"):
         ServeConfig(max_early_ms=value)
+
+
+def test_a_held_steps_gauges_never_overwrite_a_newer_snap():
+    """An abort's snap (blocks freed) can arrive while a step sent before it is still held: when
+    that step is handed out, its older gauges must not bring the freed blocks back."""
+    async def scenario():
+        core = serve_core()
+        core._sinks["a"] = lambda delivery: None
+        core._on_message(("step", time.perf_counter() + 0.02, [("a", [1], None, 0)], (1, 0, 7)))  # held
+        core._sinks.pop("a")  # the client went away: the core aborted it and says so at once
+        core._on_message(("snap", (0, 0, 0)))
+        assert core.snapshot.used_blocks == 0
+        await asyncio.sleep(0.05)  # the held step is handed out meanwhile
+        assert not core._held
+        assert (core.snapshot.running, core.snapshot.used_blocks, core.snapshot.kv_usage) == (0, 0, 0.0)
+        # a step sent after the snap sets the gauges again
+        core._on_message(("step", time.perf_counter(), [], (2, 1, 9)))
+        await asyncio.sleep(0.01)
+        assert (core.snapshot.running, core.snapshot.waiting, core.snapshot.used_blocks) == (2, 1, 9)
+
+    asyncio.run(scenario())

@@ -65,7 +65,7 @@ def test_releasing_everything_at_the_end_waits_for_nothing(monkeypatch):
     async def scenario():
         core = serve_core()
         core._sinks["a"] = lambda d: events.append(("out", d.token_ids))
-        core._held.append(("step", clock.now + passes.TIMER_SLACK_S, [("a", [1], None, 0)], (1, 0, 1), None))
+        core._held.append(("step", clock.now + passes.TIMER_SLACK_S, [("a", [1], None, 0)], (1, 0, 1), None, 1))
         core._release(everything=True)  # the core's result came: every held step goes now, in this call
         assert events == [("out", [1])]
 
