@@ -18,6 +18,10 @@ Columns:
   for the step after the previous one ended, less the sleep in that gap: the host time that was
   not hidden behind the device; and launch_s, the host time of the submit() call (building,
   uploading and launching the step), which sim.profiled fits the launch time of eager steps on;
+  and loop_s, the host time from the previous submit()'s return to this submit()'s call, less the
+  sleep in that gap: the loop's own work between launches (reading a result, update, admissions,
+  the schedule, this recorder's row, and whatever else the loop does per step, e.g. a server's
+  hand-off), which bounds the step period from below where the device waits for the host;
 - slept_s (wall clock only): the time the loop slept waiting for an arrival before the step. The
   loop sleeps only with no step in flight, so a step with slept_s > 0 found the device idle and
   paid its whole lead, as a simulated step after cost_model.drained() does.
@@ -64,7 +68,7 @@ class _RecordingClock:
 
 class StepRecorder:
     """A StepHook that keeps one row per step (FEATURE_COLUMNS, schedule hash, host_s, launch_s,
-    slept_s).
+    slept_s, loop_s).
 
     The loop only sleeps while no step is in flight, so the sleep since the previous row always
     lies before the call of this row's step: that is what host_s leaves out."""
@@ -86,12 +90,13 @@ class StepRecorder:
 
     def __call__(self, plan: StepPlan, result: StepResult, timing: StepTiming) -> None:
         asleep = self.asleep_s - self._asleep_at_last_row
-        host = launch = None
+        host = launch = loop = None
         if timing.overlapped:
             launch = timing.returned_s - timing.called_s
             if self.wall:
                 # the device's idle gap before the step, less the loop's sleep for arrivals in it
                 host = max(0.0, (result.idle_s or 0.0) - asleep)
+                loop = max(0.0, timing.called_s - self._last_return - asleep)
         elif self.wall:
             gap = timing.called_s - self._last_return - asleep
             host = gap + (timing.returned_s - timing.called_s - result.duration_s)
@@ -99,14 +104,17 @@ class StepRecorder:
         # the plans instead made its full passes long (0.2-0.4 s stalls on the engine's clock).
         # Building it counts as host time of the next step, like the rest of the loop.
         slept = asleep if self.wall else None
-        self.rows.append((*step_features(plan, self.graphs).values(), schedule_hash(plan), host, launch, slept))
+        self.rows.append((*step_features(plan, self.graphs).values(), schedule_hash(plan), host, launch, slept, loop))
         self._last_return = timing.returned_s
         self._asleep_at_last_row = self.asleep_s
 
     def frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s", "launch_s", "slept_s"])
+        frame = pd.DataFrame(self.rows, columns=[*FEATURE_COLUMNS, "schedule_hash", "host_s", "launch_s", "slept_s",
+                                                 "loop_s"])
         if not self.wall:
             frame = frame.drop(columns=["host_s", "slept_s"])
         if frame["launch_s"].isna().all():  # steps not overlapped: nothing was launched ahead
             frame = frame.drop(columns=["launch_s"])
+        if frame["loop_s"].isna().all():  # not overlapped, or not on a wall clock
+            frame = frame.drop(columns=["loop_s"])
         return frame

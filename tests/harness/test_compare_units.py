@@ -120,6 +120,41 @@ def test_recorded_host_time_of_overlapped_steps_is_the_device_idle_time_less_sle
     assert (frame["host_s"] < 1e-3).mean() > 0.5
 
 
+def test_the_loops_own_work_between_overlapped_launches_is_loop_s_not_launch_s():
+    """Work the loop does per step outside submit() (here 2 ms in the step hook, as a server's
+    hand-off would) shows in loop_s, and launches plus loop plus sleep account for the wall clock
+    up to the last submit()'s return."""
+    returns: list[float] = []
+
+    class Timed(QueuedDevice):
+        def _queue(self, plan):
+            pending = super()._queue(plan)
+            returns.append(time.perf_counter())
+            return pending
+
+    executor = Timed(64, 16)
+    sched = make_scheduler(SchedulerConfig(max_model_len=256), executor.info(), CacheConfig(16, 64))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    requests = [Request(f"r{i}", list(range(1, 30)), params, arrival_time=0.04 * i) for i in range(3)]
+    recorder = StepRecorder((), wall=True)
+    executor.observe(recorder)
+    began = time.perf_counter()
+    clock = recorder.watch(WallClock())
+    run(sched, executor, requests, clock, on_step=lambda record, finished: time.sleep(0.002))
+    frame = recorder.frame()
+    assert frame["loop_s"].notna().all() and (frame["launch_s"] < 2e-3).all()
+    # between two submits the loop reads one step's result (its hook: 2 ms), except right after a
+    # step submitted with nothing in flight
+    assert (frame["loop_s"] >= 2e-3).mean() > 0.6 and frame["loop_s"].median() < 0.02
+    accounted = frame["launch_s"].sum() + frame["loop_s"].sum() + recorder.asleep_s
+    assert 0 <= returns[-1] - began - accounted < 2e-3
+
+
+def test_steps_not_overlapped_have_no_loop_s():
+    _, frame = _recorded_wall_run(SleepyExecutor(64, 16), max_tokens=3)
+    assert "loop_s" not in frame.columns and "launch_s" not in frame.columns
+
+
 def test_a_replayed_step_after_a_sleep_has_no_predecessor_to_hide_behind():
     """The loop sleeps only with nothing in flight, so the replay prices such a step after an idle
     device (previous duration 0: its whole lead), as the simulator does after drained()."""
