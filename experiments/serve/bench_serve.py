@@ -13,6 +13,7 @@ so one case's prompts are never cached for the next) are
      experiments/serve/aiperf.py) against `python -m harness.serve` with the engine, one server for
      every case, and then
   3. against `python -m harness.serve backend=sim ... backend.cost_model=profiled` at time_scale=1.
+--cases keeps some of them (each with the requests and rate it has among all of them).
 Results are written after each stage, so a run cut short keeps what it finished: serve.csv (one
 row per case and source), overhead.csv (per case and server), serve.md (the tables), and each
 stage's run folder packed as one tarball (harness.tar.gz: harness/<case>/; engine_server.tar.gz and
@@ -53,7 +54,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.serve import aiperf, host, outputs
-from experiments.serve.cases import WORKLOADS, Case, plan_cases
+from experiments.serve.cases import WORKLOADS, Case, case_tags, plan_cases
 from experiments.serve.client import replay
 from experiments.serve.outputs import MEASURED_STAGES, STAGE_FOLDERS, STAGES, drop_steps, pack
 from experiments.serve.tables import case_requests, harness_row, markdown, server_rows
@@ -89,6 +90,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              "ragged decode batches priced by their programs)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
+    parser.add_argument("--cases", type=lambda s: s.split(","), default=None,
+                        help="run only these of the --workloads x --loads cases (e.g. azure_50,mooncake_50); each "
+                             "keeps the requests and rate it has in the full set")
     parser.add_argument("--loadgen", choices=["client", "aiperf"], default="client",
                         help="who replays the requests against the servers: the in-repo client, or aiperf "
                              "(experiments/serve/aiperf.py)")
@@ -125,6 +129,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--loads must be fractions of capacity in (0, 1.5], got {args.loads}")
     if len(args.num_requests) not in (1, len(args.workloads)) or min(args.num_requests) < 2:
         parser.error(f"--num-requests: one count >= 2, or one per workload; got {args.num_requests}")
+    if args.cases is not None:
+        tags = case_tags(args.workloads, args.loads)
+        if not args.cases or sorted(set(args.cases) - set(tags)):
+            parser.error(f"--cases: {sorted(set(args.cases) - set(tags)) or args.cases} not among the cases of "
+                         f"--workloads x --loads: {','.join(tags)}")
     args.capacities = capacities(parser, args.capacity, args.workloads)
     return args
 
@@ -267,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     host_of = None if model is None else (lambda steps: host.measured(steps, model)[0])
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    cases = plan_cases(args, engine)
+    cases = [case for case in plan_cases(args, engine) if args.cases is None or case.tag in args.cases]
     results = outputs.merged(args, cases)
     stages = {"harness": lambda: (run_harness(engine, cases, args.out, host_of), []),
               "engine": lambda: run_server(STAGE_FOLDERS["engine"], engine, cases, args.out, loadgen, host_of),

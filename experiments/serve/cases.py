@@ -25,7 +25,17 @@ class Case:
 
     @property
     def tag(self) -> str:
-        return f"{self.name}_{int(round(self.load * 100))}"
+        return case_tag(self.name, self.load)
+
+
+def case_tag(name: str, load: float) -> str:
+    """A case's name: its workload and its load in percent (azure_50)."""
+    return f"{name}_{int(round(load * 100))}"
+
+
+def case_tags(workloads: list[str], loads: list[float]) -> list[str]:
+    """The names of the cases plan_cases makes, in its order."""
+    return [case_tag(name, load) for name in workloads for load in loads]
 
 
 def plan_cases(args: argparse.Namespace, engine: list[str]) -> list[Case]:

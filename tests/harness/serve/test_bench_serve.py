@@ -56,6 +56,8 @@ def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
     (["--loads", "0"], "--loads"),
     (["--capacity", "azure=4"], "--capacity"),
     (["--num-requests", "1"], "--num-requests"),
+    (["--cases", "azure_60"], "--cases: ['azure_60'] not among the cases of --workloads x --loads: azure_50,azure_80"),
+    (["--cases", ""], "--cases"),
 ])
 def test_bench_serve_refuses_bad_settings_in_one_line(tmp_path, capsys, argv, words):
     with pytest.raises(SystemExit) as exit_info:
@@ -169,3 +171,18 @@ def test_the_simulator_stage_alone_finishes_an_earlier_output(tiny_checkpoint, t
     assert main(["--out", str(second), *common, *in_place]) == 0
     again = pd.read_csv(second / "serve.csv").set_index("source")
     assert len(again) == 5 and again.at["sim_server_own", "host_scale"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_serve_runs_only_the_chosen_cases_with_their_own_requests(tiny_checkpoint, tmp_path):
+    """--cases poisson_50 of loads 0.25,0.5: that case alone, with the requests and rate it has in the
+    full set (workload.seed by its place among the loads, not among the cases kept)."""
+    common = ["--capacity", "8", "--loads", "0.25,0.5", "--workloads", "poisson", "--num-requests", "6",
+              "--hardware", "h100", "--engine", *ENGINE, f"backend.model={tiny_checkpoint}", "--workload", *WORKLOAD,
+              "--sim-host", "profile", "--stages", "harness", "--no-pack"]
+    assert main(["--out", str(tmp_path / "one"), *common, "--cases", "poisson_50"]) == 0
+    assert main(["--out", str(tmp_path / "all"), *common]) == 0
+    one, every = (pd.read_csv(tmp_path / name / "serve.csv") for name in ("one", "all"))
+    assert list(one["load"]) == [0.5] and list(every["load"]) == [0.25, 0.5]
+    plans = [pd.read_json(tmp_path / name / "harness" / "plan.json") for name in ("one", "all")]
+    assert plans[0]["overrides"].iloc[0] == plans[1]["overrides"].iloc[1]  # the same requests, the same rate
