@@ -6,7 +6,8 @@ The same requests (all arriving at once, --seqs of them, --tokens outputs each) 
 overlapping fake executor (submit() computes nothing worth timing, as a CUDA graph replay costs
 the host little), so what is timed is the loops' Python: engine.core.loop.run (the harness's
 loop) and harness.serve.core_loop.CoreLoop, without and with its token sender thread
-(harness/serve/handoff.py), sending its messages over a socket pair to a `cat` that drains them.
+(harness/serve/handoff.py, at its sys.setswitchinterval), sending its messages over a socket pair
+to a `cat` that drains them.
 Each figure is CPU time of the whole process (every thread: the sender's work counts) per step,
 median over --repeats runs, so the machine's other load does not set it.
 """
@@ -17,6 +18,7 @@ import argparse
 import socket
 import statistics
 import subprocess
+import sys
 import time
 
 from engine.core import make_scheduler
@@ -24,6 +26,7 @@ from engine.core.loop import WallClock, run
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from harness.serve.core_loop import CoreLoop
+from harness.serve.handoff import SWITCH_INTERVAL_S
 from harness.serve.wire import CoreChannel
 from tests.core.fakes import OverlappingFakeExecutor, _Done
 from tests.harness.serve.test_core_loop import served_config
@@ -76,11 +79,15 @@ def per_step(loop: str, seqs: int, tokens: int) -> float:
     clock = WallClock()
     channel = ScriptedChannel(ours, [("add", r, clock.origin) for r in requests(seqs, tokens)])
     core = CoreLoop(scheduler, executor, clock, channel, early_tokens=loop == "server_sender")  # type: ignore[arg-type]
+    interval = sys.getswitchinterval()
+    if loop == "server_sender":  # as the engine's core process sets it (harness.serve.core_loop.serve_core)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         began = time.process_time()
         steps = len(core.run().steps)
         return (time.process_time() - began) / steps
     finally:
+        sys.setswitchinterval(interval)
         ours.close()
         drain.wait()
 
