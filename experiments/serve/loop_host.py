@@ -99,6 +99,9 @@ def report(out: Path, wanted: list[str] | None) -> str:
             if wanted is not None and name not in wanted:
                 continue
             own = pd.read_csv(folders["harness"] / name / "steps.csv.gz")
+            if "launch_s" not in own.columns or "launch_s" not in served[name].columns:
+                raise SystemExit(f"error: {name}: a step table without launch_s (steps not overlapped: no "
+                                 "async scheduling, as on a CPU); nothing to compare")
             lines += [f"## {name}", "", markdown(compare(served[name], own)), ""]
             model = host.profile_model([*SIM, *[o for o in overrides if o.startswith(("model=", "hardware="))]])
             if model is not None:

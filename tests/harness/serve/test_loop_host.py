@@ -51,3 +51,14 @@ def test_report_reads_a_bench_output(tmp_path):
     steps([2] * 8, 1.2e-3, 2.2e-3, 5.0).to_csv(out / "engine_server" / "steps.csv.gz", index=False)
     text = report(out, None)
     assert "## a_50" in text and "| 1-2 | 7 |" in text
+
+
+def test_report_refuses_tables_of_steps_that_did_not_overlap(tmp_path):
+    out = tmp_path / "serve"
+    (out / "harness" / "a_50").mkdir(parents=True)
+    (out / "engine_server").mkdir()
+    (out / "harness" / "plan.json").write_text(json.dumps([{"out": "x/a_50", "overrides": []}]))
+    for path in (out / "harness" / "a_50" / "steps.csv.gz", out / "engine_server" / "steps.csv.gz"):
+        steps([2] * 4, 1e-3, 2e-3, 5.0).drop(columns="launch_s").to_csv(path, index=False)
+    with pytest.raises(SystemExit, match="a_50: a step table without launch_s"):
+        report(out, None)
