@@ -1,14 +1,19 @@
 """run_disaggregated(recv_behind_step=True, landing_lag_s, send_lag_s): the receive's side of the
-engine's transfer (engine.core.disagg_events), and the link's bytes over its bandwidth."""
+engine's transfer (engine.core.disagg_events, engine.core.transfer_receive), and the link's bytes
+over its bandwidth."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.core.disagg_fleet import run_disaggregated
 from engine.core.routers import RouterConfig, make_router
+from engine.core.step_log import StepRecord
+from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LandingWatch, WireGates
 from sim.kv_transfer import KVTransferPricer, TransferConfig
 from tests.core.fakes import OverlappingFakeExecutor
 from tests.core.test_disagg import LinearPricer, _assert_blocks_returned, _pools
@@ -96,3 +101,19 @@ def test_receive_options_are_checked():
             TransferConfig(handshake=True, **{name: -1.0})
     assert TransferConfig(recv_behind_step=True).receives_queue_behind_step()
     assert not TransferConfig(recv_behind_step=True, layerwise=True).receives_queue_behind_step()
+
+
+@given(send=st.floats(0, 1), recv=st.floats(0, 1), seconds=st.floats(0, 1), order=st.permutations([0, 1, 2]))
+def test_the_wire_starts_at_the_later_end_whatever_order_they_become_known(send, recv, seconds, order):
+    gates, values = WireGates(), {SEND_START: send, RECV_START: recv, WIRE_SECONDS: seconds}
+    answers = [gates.set("r", which, values[which]) for which in order]
+    assert answers[:2] == [None, None] and answers[2] == (max(send, recv), seconds)
+    assert not gates.gates
+
+
+def test_a_landing_within_the_lag_after_a_step_end_is_seen_then_else_at_the_next_check():
+    watch = LandingWatch(1e-3)
+    watch.stepped(0, StepRecord(0.0, 5e-3, None))  # type: ignore[arg-type]
+    assert math.isclose(watch.seen(0, 5.5e-3) or 0.0, 6e-3)  # the check 1 ms after the end at 5 ms
+    assert watch.seen(0, 6.5e-3) is None  # past the check: the next step boundary's
+    assert watch.seen(1, 5.5e-3) is None  # another replica's steps do not count
