@@ -39,7 +39,11 @@ class TransferConfig:
     transfer with the prefill layer by layer; handshake: the engine's protocol, where the replicas
     act on transfer messages only between their steps (engine.core.disagg_events); queue_behind_step:
     the engine's block moves, a send queued on the prefill GPU behind its step in flight (ignored,
-    by sends_queue_behind_step, with layerwise, whose layers leave during the prefill)."""
+    by sends_queue_behind_step, with layerwise, whose layers leave during the prefill); recv_behind_step:
+    the receive's side, posted as the decode replica reserves and queued behind its step in flight
+    there (receives_queue_behind_step: not with layerwise either); landing_lag_s: with handshake, the
+    decode loop checks for landed receives that long after each step's end; send_lag_s: with handshake,
+    the prefill replica is told to send that long after the decode replica reserved."""
 
     link: str = "nvlink"
     bandwidth: float | None = None
@@ -47,6 +51,9 @@ class TransferConfig:
     layerwise: bool = False
     handshake: bool = False
     queue_behind_step: bool = False
+    recv_behind_step: bool = False
+    landing_lag_s: float = 0.0
+    send_lag_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.link not in LINKS:
@@ -61,11 +68,25 @@ class TransferConfig:
             raise ValueError(f"fleet.transfer.handshake must be true or false, got {self.handshake!r}")
         if not isinstance(self.queue_behind_step, bool):
             raise ValueError(f"fleet.transfer.queue_behind_step must be true or false, got {self.queue_behind_step!r}")
+        if not isinstance(self.recv_behind_step, bool):
+            raise ValueError(f"fleet.transfer.recv_behind_step must be true or false, got {self.recv_behind_step!r}")
+        for name in ("landing_lag_s", "send_lag_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1):
+                raise ValueError(f"fleet.transfer.{name} must be seconds in [0, 1), got {value!r}")
+            if value and not self.handshake:
+                raise ValueError(f"fleet.transfer.{name} prices the engine's protocol: it needs "
+                                 f"fleet.transfer.handshake=true (or {name}=0)")
 
     def sends_queue_behind_step(self) -> bool:
         """Whether a send waits for the prefill replica's step in flight (engine.core.disagg_events):
         not a layer-by-layer one, whose layers leave while the prefill computes."""
         return self.queue_behind_step and not self.layerwise
+
+    def receives_queue_behind_step(self) -> bool:
+        """Whether the wire waits for the decode replica's step in flight as it posted the receive
+        (engine.core.disagg_events): not for a layer-by-layer transfer."""
+        return self.recv_behind_step and not self.layerwise
 
 
 def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: HardwareSpec) -> tuple[float, float]:

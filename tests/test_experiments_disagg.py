@@ -22,6 +22,7 @@ from experiments.disagg.common import CPU_LINK, Deadline, Pools, Setup
 from experiments.disagg.goodput import Ladder, measured_goodput
 from experiments.disagg.h200_run1 import resim
 from experiments.disagg.tables import fit_link
+from experiments.disagg.transfer_parts import first_boundary
 from experiments.disagg.workloads import SCENARIOS
 from harness.convert import ConfigError
 from sim.kv_transfer import TransferConfig
@@ -327,3 +328,10 @@ def test_sim_set_reaches_the_simulated_side_alone(tmp_path):
     setup = run_disagg.make_setup(args, run_disagg.check(args))
     assert setup.sim_overrides == ("backend.fleet_intake=true",)
     assert setup.run_config("sim").sim.fleet_intake and not setup.run_config("measured").sim.fleet_intake
+
+
+def test_a_transfer_lands_at_the_first_boundary_only_before_the_second_step_end():
+    ends = np.array([0.010, 0.016, 0.022])
+    post = np.array([0.011, 0.011, 0.011])
+    landed = np.array([0.0168, 0.0228, 0.016])  # a lag after the first end, after the second, at the first
+    assert first_boundary(post, landed, ends).tolist() == [True, False, True]

@@ -37,6 +37,9 @@ posted (if any; _wire_start, the one place of the rule), and the transfer (from 
 that wait plus the wire. With handshake=True the replicas then handle the send and the landing
 at their next step boundary, not after the step then in flight (the hosts do not wait), and the
 prefill replica frees the blocks as it posts the send.
+
+recv_behind_step, landing_lag_s and send_lag_s price the receive's side (engine.core.transfer_receive;
+the receive's queue behind the decode step in flight is _behind_step's rule, as the send's).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, Step
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
 from engine.core.step_log import first_step_end
+from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LandingWatch, WireGates
 
 
 class TransferPricer(Protocol):
@@ -84,16 +88,20 @@ class DisaggResult:
     max_blocked: int = 0  # most requests waiting for a decode replica at once
 
 
-HANDOFF, LANDED, RETRY, SEND, POST, WIRE = 0, 1, 2, 3, 4, 5
+HANDOFF, LANDED, RETRY, SEND, POST, WIRE, RECV, TOLD = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 class FleetEvents:
     def __init__(self, prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica],
                  decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None,
-                 handshake: bool = False, queue_behind_step: bool = False) -> None:
+                 handshake: bool = False, queue_behind_step: bool = False, recv_behind_step: bool = False,
+                 landing_lag_s: float = 0.0, send_lag_s: float = 0.0) -> None:
         self.prefill, self.decode = prefill, decode
         self.handshake = handshake
         self.queue_behind_step = queue_behind_step
+        self.recv_behind_step, self.gates = recv_behind_step, WireGates()
+        self.landing_lag_s, self.send_lag_s = landing_lag_s, send_lag_s
+        self.landings = LandingWatch(landing_lag_s)
         # handshake: per replica (prefill first), what waits for the end of its step in flight
         self.after_step: dict[int, list[tuple[int, Request]]] = {}
         self.replicas: list[Replica] = [*prefill, *decode]
@@ -131,6 +139,8 @@ class FleetEvents:
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self._step_ended(len(self.prefill) + index, record)
+        if self.landing_lag_s:
+            self.landings.stepped(index, record)
         if self.blocked and not self.retry_pending:
             self.push(first_step_end(record), RETRY, self.blocked[0])
             self.retry_pending = True
@@ -140,19 +150,22 @@ class FleetEvents:
     def _step_ended(self, index: int, record: StepRecord | StepRun) -> None:
         if index in self.after_step:
             # a message waits for the step in flight when it came: a run's last (no step of a run
-            # starts past the fleet's next event)
-            self._boundary(index, record.end_s if isinstance(record, StepRun) else record.start_s + record.duration_s)
+            # starts past the fleet's next event); a receive queued on the GPU, for its first
+            self._boundary(index, record.end_s if isinstance(record, StepRun) else record.start_s + record.duration_s,
+                           first_step_end(record))
 
-    def _boundary(self, index: int, end: float) -> None:
+    def _boundary(self, index: int, end: float, first_end: float | None = None) -> None:
         """Replica `index`'s loop is between steps at `end`: it handles the messages that waited."""
         waiting = self.after_step.pop(index, None)
         if waiting:
             for kind, request in waiting:
-                if kind != LANDED:
+                if kind == RECV:
+                    self.push(end if first_end is None else first_end, RECV, request)
+                elif kind != LANDED:
                     self.push(end, kind, request)
                 else:  # landed: the decode step that computes the request starts now
                     transfer = self.transfers[request.request_id]
-                    transfer.transfer_s = end - transfer.start_s
+                    transfer.transfer_s = end + self.landing_lag_s - transfer.start_s
 
     def _loop_boundary(self, index: int, kind: int, request: Request, t: float, past_in_flight: bool) -> float | None:
         """handshake: when replica `index`'s loop handles a message sent at t (past_in_flight: and its
@@ -180,18 +193,34 @@ class FleetEvents:
             self.prefill[transfer.prefill].release(request.request_id, t)
             self.staging.land((transfer.decode, transfer.prefill), request.request_id)
             if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
-                landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t,
-                                             not self.queue_behind_step)
+                landed = self.landings.seen(transfer.decode, t) if self.landing_lag_s else None
+                if landed is None:
+                    landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t,
+                                                 not self.queue_behind_step)
+                    if landed is not None and landed > t:
+                        landed += self.landing_lag_s
                 if landed is not None:
                     transfer.transfer_s = landed - transfer.start_s
             self.decode[transfer.decode].arrived(request, t)
         elif kind == SEND:  # the prefill replica is told to send
+            if self.recv_behind_step:  # the decode replica posted the receive as it reserved
+                self._gate(request, RECV_START, self._behind_step(
+                    len(self.prefill) + self.transfers[request.request_id].decode, t, request, RECV))
+            if self.send_lag_s:
+                self.push(t + self.send_lag_s, TOLD, request)
+            else:
+                self.handle(t, TOLD, request)
+        elif kind == TOLD:
             post = self._loop_boundary(self.transfers[request.request_id].prefill, POST, request, t,
                                        not self.queue_behind_step)
             if post is not None:
                 self.push(post, POST, request)
         elif kind == POST:
             self._send(t, request)
+        elif kind == WIRE and self.recv_behind_step:
+            self._gate(request, SEND_START, t)
+        elif kind == RECV:  # the decode step the receive queued behind ended
+            self._gate(request, RECV_START, t)
         elif kind == WIRE:  # the prefill step the send queued behind ended: the wire starts
             transfer = self.transfers[request.request_id]
             wire_s = transfer.transfer_s
@@ -252,6 +281,8 @@ class FleetEvents:
             if ready is not None:
                 self.push(ready, SEND, request)
             return True
+        if self.recv_behind_step:
+            self._gate(request, RECV_START, self._behind_step(len(self.prefill) + target.index, t, request, RECV))
         self._send(t, request, prefill_s)
         return True
 
@@ -267,24 +298,38 @@ class FleetEvents:
         transfer.start_s, transfer.transfer_s, transfer.bytes = t, seconds, nbytes
         if self.handshake:  # the engine's prefill replica frees the blocks once their copy is taken
             self.prefill[transfer.prefill].release(request.request_id, t)
-        wire = self._wire_start(transfer.prefill, t, request) if self.queue_behind_step else t
+        wire = self._behind_step(transfer.prefill, t, request, WIRE) if self.queue_behind_step else t
+        if self.recv_behind_step:
+            self._gate(request, WIRE_SECONDS, seconds)
+            self._gate(request, SEND_START, wire)
+            return
         if wire is not None:  # else WIRE comes as the step in flight ends
             transfer.transfer_s = wire - t + seconds
             self.push(wire + seconds, LANDED, request)
 
-    def _wire_start(self, index: int, t: float, request: Request) -> float | None:
-        """When a send posted at t on prefill replica `index` starts on the wire: after the step on
-        its GPU at t, whose end the gather queues behind (engine.kv_link.BlockMover). That is a
-        step the replica has run past t (it ends at its clock), else the one in flight (launched
-        before the send was posted: None, WIRE then comes as it ends), else none (t)."""
-        replica = self.prefill[index]
+    def _behind_step(self, index: int, t: float, request: Request, kind: int) -> float | None:
+        """When work queued at t on replica `index`'s GPU (a send's gather: WIRE; a receive: RECV)
+        can start: after the step on its GPU at t (engine.kv_link.BlockMover; torch's NCCL receive
+        waits for the current stream). That is a step the replica has run past t (it ends at its
+        clock), else the one in flight (launched before the move was posted: None, `kind` then
+        comes as it ends), else none (t)."""
+        replica = self.prefill[index] if kind == WIRE else self.decode[index - len(self.prefill)]
         replica.settle()
         if replica.clock.now() > t:
             return replica.clock.now()
         if replica.in_flight is not None:
-            self.after_step.setdefault(index, []).append((WIRE, request))
+            self.after_step.setdefault(index, []).append((kind, request))
             return None
         return t
+
+    def _gate(self, request: Request, which: int, value: float | None) -> None:
+        """recv_behind_step: one of the wire's three (None: not known yet); with all, it starts."""
+        wire = self.gates.set(request.request_id, which, value)
+        if wire is not None:
+            start, seconds = wire
+            transfer = self.transfers[request.request_id]
+            transfer.transfer_s = start - transfer.start_s + seconds
+            self.push(start + seconds, LANDED, request)
 
 
 def fleet_result(fleet: FleetEvents, pending: list[Request]) -> DisaggResult:

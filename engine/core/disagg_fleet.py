@@ -21,12 +21,16 @@ from engine.core.routers import Router
 def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica], requests: Iterable[Request],
                       prefill_router: Router, decode_router: Router, pricer: TransferPricer,
                       on_step: FleetStepHook | None = None, handshake: bool = False,
-                      queue_behind_step: bool = False) -> DisaggResult:
+                      queue_behind_step: bool = False, recv_behind_step: bool = False,
+                      landing_lag_s: float = 0.0, send_lag_s: float = 0.0) -> DisaggResult:
     """Serve requests to completion; replica indices in on_step: prefill first, then decode;
-    handshake: the engine's protocol; queue_behind_step: sends wait for the prefill step in flight
+    handshake: the engine's protocol; queue_behind_step: sends wait for the prefill step in flight;
+    recv_behind_step: receives for the decode step in flight; landing_lag_s: the decode loop's check for
+    landed receives after a step; send_lag_s: the reserve's message to the prefill replica
     (engine.core.disagg_events's docstring)."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
-    fleet = FleetEvents(prefill, decode, decode_router, pricer, on_step, handshake, queue_behind_step)
+    fleet = FleetEvents(prefill, decode, decode_router, pricer, on_step, handshake, queue_behind_step,
+                        recv_behind_step, landing_lag_s, send_lag_s)
     replicas = fleet.replicas
     next_arrival = 0
     while True:

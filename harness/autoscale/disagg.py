@@ -63,12 +63,15 @@ def pool_autoscale(fleet: DisaggConfig, base: AutoscaleConfig, slo: SLO) -> tupl
 
 
 def _refuse_unsupported(rc: RunConfig, fleet: DisaggConfig) -> None:
-    """Autoscaled pools exist in the simulator only, and without the transfer handshake."""
+    """Autoscaled pools exist in the simulator only, and without the transfer handshake or the receive's queue."""
     if rc.backend != "sim":
         raise ConfigError(f"fleet.prefill.autoscale / fleet.decode.autoscale: pools scale on their own in the "
                           f"simulator only (backend=sim), got backend={rc.backend}")
     if fleet.transfer.handshake:
         raise ConfigError("fleet.transfer.handshake=true is not modelled with autoscaled pools "
+                          "(fleet.prefill.autoscale / fleet.decode.autoscale): set it false")
+    if fleet.transfer.recv_behind_step:
+        raise ConfigError("fleet.transfer.recv_behind_step=true is not modelled with autoscaled pools "
                           "(fleet.prefill.autoscale / fleet.decode.autoscale): set it false")
 
 

@@ -84,7 +84,9 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
     with bar, cyclic_gc_paused():
         result = run_disaggregated(prefill, decode, workload.requests, routers[0], routers[1], pricer,
                                    (lambda i, record, finished: bar.update(len(finished))) if progress else None,
-                                   fleet.transfer.handshake, fleet.transfer.sends_queue_behind_step())
+                                   fleet.transfer.handshake, fleet.transfer.sends_queue_behind_step(),
+                                   fleet.transfer.receives_queue_behind_step(), fleet.transfer.landing_lag_s,
+                                   fleet.transfer.send_lag_s)
     wall_s = time.perf_counter() - started
     for ex in executors:
         for executor in ex:

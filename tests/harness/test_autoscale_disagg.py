@@ -96,6 +96,8 @@ def test_pools_held_at_their_size_serve_as_the_static_disaggregated_fleet_step_b
     (["fleet.prefill_replicas=3", "fleet.prefill.autoscale={policy: queue, max_replicas: 2}"],
      r"^fleet.prefill_replicas=3 \(the starting count\) must be within"),
     (["fleet.decode.autoscale={policy: queue}", "backend=engine"], r"simulator only \(backend=sim\), got backend=eng"),
+    (["fleet.decode.autoscale={policy: queue}", "fleet.transfer.recv_behind_step=true"],
+     r"^fleet.transfer.recv_behind_step=true is not modelled with autoscaled pools"),
 ])
 def test_bad_pool_autoscaling_is_one_line(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=message) as error:
