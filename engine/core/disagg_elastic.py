@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
-from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
+from engine.core.disagg_events import FleetEvents, fleet_result
 from engine.core.disagg_fleet import run_stop
+from engine.core.disagg_types import DisaggResult, Transfer, TransferPricer
 from engine.core.elastic_limits import at_limit, budget_bound
 from engine.core.elastic_states import Finished, Lifetime, ScaleEvent, Scaling, SimulatedStates, finished_latencies
 from engine.core.fleet_signal import FleetSignal, ReplicaSignal, ScalingPolicy

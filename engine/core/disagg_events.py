@@ -48,45 +48,15 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.disagg_types import DisaggResult, Transfer, TransferPricer
 from engine.core.kv_staging import FleetStaging, StagingRing
-from engine.core.loop import FleetStepHook, Replica, RunResult, StepRecord, StepRun
+from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
 from engine.core.step_log import first_step_end
 from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LandingWatch, WireGates
-
-
-class TransferPricer(Protocol):
-    def price(self, num_tokens: int, prefill: int, decode: int, overlap_s: float) -> tuple[float, int]:
-        """(seconds the transfer adds after overlap_s seconds of prefill it may overlap, bytes) for
-        the KV of num_tokens tokens from prefill replica `prefill` to decode replica `decode`."""
-        ...
-
-
-@dataclass(slots=True)
-class Transfer:
-    prefill: int
-    decode: int = -1
-    ready_s: float = 0.0  # the first token: the KV is complete
-    start_s: float = math.nan  # decode blocks reserved, transfer under way
-    transfer_s: float = math.nan  # start to landing
-    bytes: int = 0
-
-
-@dataclass
-class DisaggResult:
-    requests: list[Request]  # every finished request, in submission order
-    prefill: list[RunResult]  # per prefill replica: its steps, its prefill copies, its rejections
-    decode: list[RunResult]  # per decode replica: its steps, the requests it finished
-    transfers: dict[str, Transfer] = field(default_factory=dict)  # request id -> where it went
-    rejected: dict[str, str] = field(default_factory=dict)
-    makespan_s: float = 0.0
-    max_blocked: int = 0  # most requests waiting for a decode replica at once
-
 
 HANDOFF, LANDED, RETRY, SEND, POST, WIRE, RECV, TOLD = 0, 1, 2, 3, 4, 5, 6, 7
 

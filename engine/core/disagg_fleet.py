@@ -12,7 +12,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 from engine.core.disagg import DecodeReplica, PrefillReplica, prefill_copy
-from engine.core.disagg_events import DisaggResult, FleetEvents, Transfer, TransferPricer, fleet_result
+from engine.core.disagg_events import FleetEvents, fleet_result
+from engine.core.disagg_types import DisaggResult, Transfer, TransferPricer
 from engine.core.loop import FleetStepHook, Replica
 from engine.core.request import Request
 from engine.core.routers import Router

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from engine.core.disagg import prefill_copy
-from engine.core.disagg_events import DisaggResult, Transfer
+from engine.core.disagg_types import DisaggResult, Transfer
 from engine.core.fleet import ReplicaLinks, receive_timeout
 from engine.core.loop import Clock, FleetStepHook, RunResult, StepLog
 from engine.core.remote_replica import ReplicaView, Report

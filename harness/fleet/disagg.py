@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from engine.core import make_scheduler
 from engine.core.disagg import DecodeReplica, PrefillReplica
-from engine.core.disagg_events import DisaggResult
 from engine.core.disagg_fleet import run_disaggregated
+from engine.core.disagg_types import DisaggResult
 from engine.core.loop import RunResult, SimulatedClock
 from engine.core.routers import RouterConfig, make_router
 from harness.config import OutputConfig, RunConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engine.core import Request, SamplingParams
 from engine.core.disagg import prefill_copy
-from engine.core.disagg_events import Transfer
+from engine.core.disagg_types import Transfer
 from engine.core.disagg_wall import _Router
 from engine.core.remote_replica import Report
 from engine.core.request import FinishReason, RequestStatus
