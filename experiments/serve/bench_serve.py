@@ -57,6 +57,7 @@ from experiments.serve import aiperf, host, outputs
 from experiments.serve.cases import WORKLOADS, Case, case_tags, plan_cases
 from experiments.serve.client import replay
 from experiments.serve.outputs import MEASURED_STAGES, STAGE_FOLDERS, STAGES, drop_steps, pack
+from experiments.serve.split_inputs import SIM_SERVER_DEFAULTS
 from experiments.serve.tables import case_requests, harness_row, markdown, server_rows
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
@@ -83,9 +84,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                                         "backend.load_format=dummy"],
                         help="overrides of the engine's run and server")
     parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled",
-                                                     "backend.repeated_reads=overlap",
-                                                     "backend.decode_programs_baseline=grid_spread",
-                                                     "hardware.decode_programs_per_sm=5"],
+                                                     *SIM_SERVER_DEFAULTS],
                         help="overrides of the simulator-backed server (default: repeated KV reads overlapped, "
                              "ragged decode batches priced by their programs)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
