@@ -38,7 +38,7 @@ def main(cfg: DictConfig) -> None:
         config = to_dataclass(ServeConfig, section(cfg, "serve"), "serve")
         rc = with_server_loop(rc, config)
         output = to_dataclass(OutputConfig, section(cfg, "output"), "output")
-    except ConfigError as error:
+    except (ConfigError, ValueError) as error:  # with_server_loop's refusals are ValueErrors
         remove_if_unused(out_dir)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
