@@ -53,6 +53,10 @@ class SimConfig:
     (sim.host_speed; 1: the profile's host). The roofline ignores it.
     host_jitter: how much that host's speed moves from step to step: each step's launches and host
     time take exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
+    loop_s, loop_per_seq_s: the serving loop's own host work between two overlapped submits
+    (reading a result, update, schedule, recording), per step and per running sequence, in seconds
+    at the profile's host (x host_scale, like the launches): a host-bound overlapped step then takes
+    launch + loop, not its launches alone (sim.profiled_overlap; docs/loop-cost.md). 0: not priced.
     fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
     outputs identical to stepping them one by one (False).
     decode_programs: the profiled model prices a decode step's attention as the engine's split-KV
@@ -105,6 +109,8 @@ class SimConfig:
     idle_start: bool = False
     host_scale: float = 1.0
     host_jitter: float = 0.0
+    loop_s: float = 0.0
+    loop_per_seq_s: float = 0.0
     profile_hardware: HardwareSpec | None = None
 
     def __post_init__(self) -> None:
@@ -147,11 +153,24 @@ class SimConfig:
         check_rule(self.repeated_reads, "SimConfig.repeated_reads")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
+        self._check_loop()
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):
             raise TypeError(f"SimConfig.profile_hardware must be a HardwareSpec or None, "
                             f"got {type(self.profile_hardware).__name__}")
         if not isinstance(self.execution, ExecutionConfig):
             raise TypeError(f"SimConfig.execution must be an ExecutionConfig, got {type(self.execution).__name__}")
+
+    def _check_loop(self) -> None:
+        """loop_s and loop_per_seq_s: numbers >= 0, priced by the profiled cost model at its own TP
+        size only (the TP transfer prices its steps by a rule of its own, sim.tp_transfer)."""
+        for name in ("loop_s", "loop_per_seq_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"SimConfig.{name} must be a number of seconds in [0, 1) (the serving loop's own "
+                                 f"work between submits at the profile's host; 0: not priced), got {value!r}")
+        if (self.loop_s or self.loop_per_seq_s) and (self.cost_model != "profiled" or self.transfers_tp):
+            raise ValueError("SimConfig.loop_s / loop_per_seq_s price an overlapped step's host work: they need "
+                             "cost_model=profiled at the profile's own TP size")
 
     @property
     def transfers_tp(self) -> bool:

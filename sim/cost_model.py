@@ -61,6 +61,8 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
         profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
     profiled = with_prior(profiled, hardware, sim.repeated_reads)
+    # the serving loop's own work between submits, at the profile's host (scaled with the launches)
+    profiled.loop_s, profiled.loop_per_seq_s = sim.loop_s, sim.loop_per_seq_s
     if sim.host_scale != 1.0:  # another host CPU than the profile's (sim.host_speed)
         profiled = with_host_scale(profiled, sim.host_scale)
     if sim.host_jitter:

@@ -77,11 +77,13 @@ def with_host_jitter(model: ProfiledCostModel, sigma: float, seed: int) -> Profi
 
 
 LAUNCH_DELAY = "launch_delay"  # with_part_scales' name of the loop's launch delay
+LOOP = "loop"  # with_part_scales' name of the serving loop's own work (ProfiledCostModel.loop_time)
 
 
 def with_host_scale(model: ProfiledCostModel, scale: float) -> ProfiledCostModel:
-    """A copy of model whose parts that follow the host's speed (SPEED_PARTS, the host fit and the
-    launch delay) take scale times the profile's; the lead keeps the profile's (module docstring)."""
+    """A copy of model whose parts that follow the host's speed (SPEED_PARTS, the host fit, the
+    launch delay and the serving loop's work) take scale times the profile's; the lead keeps the
+    profile's (module docstring)."""
     scale = check_host_scale(scale)
     return with_part_scales(model, {**{part: scale for part in SPEED_PARTS}, HOST_REGIME: scale, LAUNCH_DELAY: scale})
 
@@ -89,11 +91,12 @@ def with_host_scale(model: ProfiledCostModel, scale: float) -> ProfiledCostModel
 def with_part_scales(model: ProfiledCostModel, scales: Mapping[str, float]) -> ProfiledCostModel:
     """A copy of model with each named host part priced scales[name] times the profile's: a part of
     every regime ("launch", "lead"), a part of one regime ("launch:prefill", before the part's own
-    factor), HOST_REGIME (the host fit) or LAUNCH_DELAY; the rest keep the profile's. The copy's
+    factor), HOST_REGIME (the host fit), LAUNCH_DELAY or LOOP (the serving loop's own work between
+    submits; by default the decode graph launches' factor); the rest keep the profile's. The copy's
     host_scale is its decode graph launches' factor: where it is not 1, such a step is held to
     its scaled launches (sim.profiled.overlapped)."""
     known = set(HOST_PARTS) | {f"{part}:{regime}" for part, _, regime in (n.partition(":") for n in model.fits)
-                               if part in HOST_PARTS} | {HOST_REGIME, LAUNCH_DELAY}
+                               if part in HOST_PARTS} | {HOST_REGIME, LAUNCH_DELAY, LOOP}
     unknown = sorted(set(scales) - known)
     if unknown:
         raise ValueError(f"unknown host parts {unknown}; known: {sorted(known)}")
@@ -107,7 +110,11 @@ def with_part_scales(model: ProfiledCostModel, scales: Mapping[str, float]) -> P
         fits[name] = fit
     moved = copy_with_fits(model, fits)
     moved.launch_delay_s = model.launch_delay_s * factors.get(LAUNCH_DELAY, 1.0)
-    moved.host_scale = model.host_scale * factors.get(f"launch:{HOST_SCALE_REGIME}", factors.get("launch", 1.0))
+    launches = factors.get(f"launch:{HOST_SCALE_REGIME}", factors.get("launch", 1.0))
+    # the serving loop's own work is the same host's Python as the launches: it takes their factor
+    loop = factors.get(LOOP, launches)
+    moved.loop_s, moved.loop_per_seq_s = model.loop_s * loop, model.loop_per_seq_s * loop
+    moved.host_scale = model.host_scale * launches
     return moved
 
 

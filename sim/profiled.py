@@ -102,6 +102,10 @@ class ProfiledCostModel:
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
         self.launch_delay_s = 0.0  # the loop's work before a launch (sim.profiled_overlap)
+        # the serving loop's own host work between overlapped submits, per step and per running
+        # sequence, at this model's host (sim.profiled_overlap; SimConfig.loop_s): 0, not priced
+        self.loop_s = 0.0
+        self.loop_per_seq_s = 0.0
         # the serving host's speed against the profile's (sim.host_speed): 1 prices the host parts
         # as the profile measured them
         self.host_scale = 1.0
@@ -231,7 +235,7 @@ class ProfiledCostModel:
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
             duration = self.overlapped(features, duration, self._previous if step else None)
-            self._previous = (duration, self._part("launch", features))
+            self._previous = (duration, self._part("launch", features) + self.loop_time(features))
         if not self.host_jitter:
             return duration + self.host_time(features)
         seconds = duration + self.host_time(features)
@@ -250,7 +254,15 @@ class ProfiledCostModel:
         sim.profiled_overlap.overlapped_duration."""
         other_host = self.host_scale != 1.0 or bool(self.host_jitter)
         return overlapped_duration(regime_of(features), duration, lambda part: self._part(part, features),
-                                   previous, self.launch_delay_s, other_host)
+                                   previous, self.launch_delay_s, other_host, self.loop_time(features))
+
+    def loop_time(self, features: Mapping[str, float]) -> float:
+        """The serving loop's own host work before the step's submit: loop_s + loop_per_seq_s x its
+        sequences (already at this model's host: sim.host_speed scales them as the launches), times
+        the step's host draw (host_jitter); 0 where not priced."""
+        if not (self.loop_s or self.loop_per_seq_s):
+            return 0.0
+        return (self.loop_s + self.loop_per_seq_s * features.get("num_seqs", 0.0)) * self._host_draw
 
     def overlap_parts(self, features: Mapping[str, float]) -> tuple[float, float]:
         """(launch_s, gpu_s) of the step's regime: the host time of submit() and the device time

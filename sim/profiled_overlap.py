@@ -17,6 +17,13 @@ until the device finished the step, less its device time. A step after an idle g
 lead; one behind a long step pays none. ProfiledCostModel.predict() does the same for a table in
 step order with its previous_duration_s column (the measured duration of each row's predecessor;
 without it a row is priced as the grid measured it, behind a repeat of itself: behind_itself).
+
+The serving loop's own work between two submits (loop: reading a result, update(), schedule(),
+recording; a server's hand-off), where priced (SimConfig.loop_s and loop_per_seq_s; 0 by default),
+is host time each step pays beside its launches: a host-bound overlapped loop runs one step per
+launch + loop, so a decode graph step cannot end before launch + loop - free and an eager step
+before launch + loop - free, where free now leaves out the previous step's launch and loop. In
+steady state that is period = max(device, launch + loop); with loop 0 every price is as before.
 """
 
 from __future__ import annotations
@@ -31,13 +38,13 @@ Part = Callable[[str], float]
 
 
 def _free(previous: tuple[float, float] | None, launch_delay_s: float) -> float:
-    """Host time left free during the previous step: its duration less its own launch time and the
-    loop's launch_delay_s; 0 with nothing in flight."""
+    """Host time left free during the previous step: its duration less its own host work (launch
+    time, and the loop's work where priced) and the loop's launch_delay_s; 0 with nothing in flight."""
     return 0.0 if previous is None else max(0.0, previous[0] - previous[1] - launch_delay_s)
 
 
 def overlapped_duration(regime: str, duration: float, part: Part, previous: tuple[float, float] | None,
-                        launch_delay_s: float, other_host: bool) -> float:
+                        launch_delay_s: float, other_host: bool, loop: float = 0.0) -> float:
     """A step of `regime` priced `duration` alone, from the previous step's end on the device to
     its own end.
 
@@ -51,9 +58,13 @@ def overlapped_duration(regime: str, duration: float, part: Part, previous: tupl
     duration of back-to-back repeats, which holds the grid host's launches; on another host
     (other_host: host_scale != 1 or a host_jitter, sim.host_speed) such a step also cannot end
     before that host's launches:
-    max(duration, launch - free)."""
-    if other_host and regime == "decode_graph":
-        return max(duration, part("launch") - _free(previous, launch_delay_s))
+    max(duration, launch - free).
+    loop: the serving loop's own host work before this step's submit (module docstring), which a
+    decode graph step (on any host) and an eager step pay beside their launches:
+    max(duration, launch + loop - free) and max(waited, launch + loop - free); previous then
+    holds the previous step's launch + loop."""
+    if (other_host or loop > 0) and regime == "decode_graph":
+        return max(duration, part("launch") + loop - _free(previous, launch_delay_s))
     if regime not in DEVICE_PRICED_REGIMES and regime not in EAGER_REGIMES:
         return duration
     gpu, launch, lead = (part(name) for name in ("gpu", "launch", "lead"))
@@ -63,7 +74,7 @@ def overlapped_duration(regime: str, duration: float, part: Part, previous: tupl
     waited = gpu + max(0.0, lead - free)
     if regime in DEVICE_PRICED_REGIMES:
         return waited
-    return max(waited, launch - free, MIN_DURATION_S)
+    return max(waited, launch + loop - free, MIN_DURATION_S)
 
 
 def behind_itself(part: Part) -> tuple[float, float]:

@@ -29,7 +29,7 @@ def predict_table(model: ProfiledCostModel, df: pd.DataFrame, include_host: bool
         rows = with_prefill_column(rows, programs_if_used(True, model.prefill_programs, "this profile"))
     predicted = np.array([model.predict_features(row) for row in rows])
     if model.prices_overlap:
-        launches = [model._part("launch", row) for row in rows]
+        launches = [model._part("launch", row) + model.loop_time(row) for row in rows]
         for i, row in enumerate(rows):
             before = row.get("previous_duration_s", float("nan")) if i else float("nan")
             previous = (before, launches[i - 1]) if before == before else \

@@ -55,6 +55,7 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
             fits[name] = _scale_fit(fit, regime, source, target, rooflines)
     moved = ProfiledCostModel(fits, model.graphs)
     moved.launch_delay_s = model.launch_delay_s
+    moved.loop_s, moved.loop_per_seq_s = model.loop_s, model.loop_per_seq_s  # host time: not the GPU's
     moved.distinct_experts = model.distinct_experts
     moved.prefill_programs = model.prefill_programs  # the target's, where the builder knows it
     return moved

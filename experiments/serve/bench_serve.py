@@ -56,7 +56,9 @@ import pandas as pd
 from experiments.serve import aiperf, host, outputs
 from experiments.serve.cases import WORKLOADS, Case, case_tags, plan_cases
 from experiments.serve.client import replay
+from experiments.serve.loop_figures import sim_loop_overrides
 from experiments.serve.outputs import MEASURED_STAGES, STAGE_FOLDERS, STAGES, drop_steps, pack
+from experiments.serve.split_inputs import SIM_SERVER_DEFAULTS
 from experiments.serve.tables import case_requests, harness_row, markdown, server_rows
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
@@ -83,9 +85,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                                         "backend.load_format=dummy"],
                         help="overrides of the engine's run and server")
     parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled",
-                                                     "backend.repeated_reads=overlap",
-                                                     "backend.decode_programs_baseline=grid_spread",
-                                                     "hardware.decode_programs_per_sm=5"],
+                                                     *SIM_SERVER_DEFAULTS],
                         help="overrides of the simulator-backed server (default: repeated KV reads overlapped, "
                              "ragged decode batches priced by their programs)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
@@ -105,6 +105,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sim-host", default="engine",
                         help="the host the simulator's server is priced at: engine (the engine server's measured "
                              "speed), profile (the profile's host) or a speed > 0 (backend.host_scale)")
+    parser.add_argument("--sim-loop", default="off", help="the simulator server's loop work: off, or LOOP_S,PER_SEQ_S,"
+                        "EXTRA_S,EXTRA_PER_SEQ_S (backend.loop_s, loop_per_seq_s, serve.loop_extra_s, "
+                        "loop_extra_per_seq_s; experiments/serve/loop_figures.py)")
     parser.add_argument("--merge", type=Path, default=None,
                         help="an earlier output of the same cases: its rows and packs of the stages not run now are "
                              "kept (and its engine server's host read, for --sim-host engine)")
@@ -116,6 +119,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                      f"got {unknown + bad_stages}")
     try:
         args.sim_host = host.parse_choice(args.sim_host)
+        args.sim_loop = sim_loop_overrides(args.sim_loop)
     except ValueError as error:
         parser.error(str(error))
     if any(o.startswith("backend.host_scale=") for o in args.sim):
@@ -253,8 +257,8 @@ def sim_stage(args: argparse.Namespace, sim: list[str], cases: list[Case], loadg
     steps = host.server_steps(args.out, STAGE_FOLDERS["engine"]) if args.sim_host == "engine" else None
     scale = host.sim_host(args.sim_host, steps, model)
     print(f"sim_server: priced at host speed {scale:.4g} (--sim-host {args.sim_host})", flush=True)
-    return run_server(STAGE_FOLDERS["sim"], [*sim, f"backend.host_scale={scale:.6g}"], cases, args.out, loadgen,
-                      lambda _: scale)
+    return run_server(STAGE_FOLDERS["sim"], [*sim, *args.sim_loop, f"backend.host_scale={scale:.6g}"], cases,
+                      args.out, loadgen, lambda _: scale)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,10 +13,16 @@ from experiments.serve import host
 from experiments.serve.step_prices import SIM
 
 SERVERS = ("engine_server", "sim_server")
+# the simulator server's settings beyond the backend and its cost model (bench_serve's --sim
+# defaults), taken where an output has no simulator server's folder (its stage run elsewhere)
+SIM_SERVER_DEFAULTS = ("backend.repeated_reads=overlap", "backend.decode_programs_baseline=grid_spread",
+                       "hardware.decode_programs_per_sm=5")
 
 
-def unpack(out: Path, tmp: Path, stages: tuple[str, ...] = ("harness", *SERVERS)) -> dict[str, Path]:
-    """Each stage's folder (harness, engine_server, sim_server), unpacked into tmp where packed."""
+def unpack(out: Path, tmp: Path, stages: tuple[str, ...] = ("harness", *SERVERS),
+           optional: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Each stage's folder (harness, engine_server, sim_server), unpacked into tmp where packed; a
+    stage of optional that the output lacks is left out."""
     folders = {}
     for name in stages:
         if (out / name).is_dir():
@@ -25,6 +31,8 @@ def unpack(out: Path, tmp: Path, stages: tuple[str, ...] = ("harness", *SERVERS)
             with tarfile.open(out / f"{name}.tar.gz") as tar:
                 tar.extractall(tmp, filter="data")
             folders[name] = tmp / name
+        elif name in optional:
+            continue
         else:
             raise SystemExit(f"error: {out} has neither {name}/ nor {name}.tar.gz (bench_serve's --out)")
     return folders
@@ -46,12 +54,23 @@ def server_hosts(folders: dict[str, Path], overrides: list[str]) -> dict[str, fl
 
 
 def sim_server_settings(folders: dict[str, Path]) -> list[tuple[str, str]]:
-    """The simulator server's backend.* overrides as (key, value) (its .hydra/overrides.yaml)."""
-    given = folders.get("sim_server", Path("/nonexistent")) / ".hydra" / "overrides.yaml"
-    if not given.is_file():
-        return []
-    lines = [line.strip()[2:] for line in given.read_text().splitlines() if line.strip().startswith("- backend.")]
-    return [(key, value) for key, _, value in (line.partition("=") for line in lines)]
+    """The simulator server's backend.* and hardware.* overrides as (key, value) (its
+    .hydra/overrides.yaml), with its serve.loop_extra_* (the server core's own loop work) added to
+    backend.loop_*; SIM_SERVER_DEFAULTS where the output has no simulator server's folder."""
+    if "sim_server" not in folders:
+        lines = list(SIM_SERVER_DEFAULTS)
+    else:
+        given = folders["sim_server"] / ".hydra" / "overrides.yaml"
+        if not given.is_file():
+            return []
+        lines = [line.strip()[2:] for line in given.read_text().splitlines()
+                 if line.strip().startswith(("- backend.", "- hardware.", "- serve.loop_extra"))]
+    settings = dict(line.partition("=")[::2] for line in lines)
+    for extra, loop in (("serve.loop_extra_s", "backend.loop_s"),
+                        ("serve.loop_extra_per_seq_s", "backend.loop_per_seq_s")):
+        if extra in settings:
+            settings[loop] = f"{float(settings.get(loop, 0.0)) + float(settings.pop(extra)):.6g}"
+    return list(settings.items())
 
 
 def served_overrides(folders: dict[str, Path], overrides: list[str]) -> list[str]:

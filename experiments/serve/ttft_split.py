@@ -4,9 +4,11 @@ simulator server's difference from the engine server's is the simulator's predic
     python -m experiments.serve.ttft_split OUT [--trace-dir DIR] [--cases azure_50] [--set KEY=VALUE ...]
 
 OUT: bench_serve's --out folder (harness.tar.gz, engine_server.tar.gz, sim_server.tar.gz, or the
-folders they pack). A server whose folder has no requests.csv (a run cut short while it served)
-is left out of every table, and the rows about it with it. Every simulation takes the settings the
-simulator's server ran with (its backend.* overrides); --set adds predictions made again with
+folders they pack). A server whose folder has no requests.csv (a run cut short while it served),
+or is missing (the simulator server's stage run elsewhere), is left out of every table, and the
+rows about it with it. Every simulation takes the settings the simulator's server ran with (its
+backend.* and hardware.* overrides, its serve.loop_extra_* added to backend.loop_*; bench_serve's
+defaults where its folder is missing: split_inputs.SIM_SERVER_DEFAULTS); --set adds predictions made again with
 other settings (a model change, re-simulated: rows marked with them). Per case, four tables:
 
 1. per server, the client's TTFT (the load generator's records: aiperf's or the in-repo client's)
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                      "of the simulator")
     warnings.simplefilter("ignore")  # the cost model's extrapolation warnings: the steps are what they are
     with tempfile.TemporaryDirectory() as tmp:
-        folders = unpack(args.out, Path(tmp))
+        folders = unpack(args.out, Path(tmp), optional=("sim_server",))
         plan = json.loads((folders["harness"] / "plan.json").read_text())
         tags = [Path(entry["out"]).name for entry in plan]
         unknown = sorted(set(args.cases or []) - set(tags))
@@ -230,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides[tag] = served_overrides(folders, given)
         rows: dict[str, dict[str, pd.DataFrame]] = defaultdict(dict)
         for server in SERVERS:
-            if server != "engine_server" and not (folders[server] / "requests.csv").is_file():
-                print(f"{server}: no requests.csv (its stage did not finish), left out")
+            if server != "engine_server" and not (folders.get(server, Path("/nonexistent")) / "requests.csv").is_file():
+                print(f"{server}: no requests.csv (its stage did not finish or is not in {args.out}), left out")
                 continue
             requests = pd.read_csv(folders[server] / "requests.csv")
             records = [client_records(folders[server], tag) for tag in tags]

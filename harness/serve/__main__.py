@@ -24,7 +24,7 @@ from harness.convert import ConfigError, to_dataclass
 from harness.paths import CONF_DIR
 from harness.run import write_outcome
 from harness.run_folder import UniqueDirs, remove_if_unused
-from harness.serve.config import ServeConfig
+from harness.serve.config import ServeConfig, with_server_loop
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="serving")
@@ -36,8 +36,9 @@ def main(cfg: DictConfig) -> None:
     try:
         rc = build_run_config(cfg)
         config = to_dataclass(ServeConfig, section(cfg, "serve"), "serve")
+        rc = with_server_loop(rc, config)
         output = to_dataclass(OutputConfig, section(cfg, "output"), "output")
-    except ConfigError as error:
+    except (ConfigError, ValueError) as error:  # with_server_loop's refusals are ValueErrors
         remove_if_unused(out_dir)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -12,6 +13,11 @@ class ServeConfig:
     time_scale: float = 1.0  # simulator: simulated seconds per wall second
     max_queue: int = 1024  # waiting + running requests; one more gets 503
     max_early_ms: float = 2.0  # simulator: a step's writes may start this much before its time
+    # simulator: the server's core loop's own work per step beyond a run's loop (its hand-off and
+    # the socket's poll), per step and per running sequence, at the profile's host; added to
+    # backend.loop_s / loop_per_seq_s (with_server_loop; docs/loop-cost.md). 0: none
+    loop_extra_s: float = 0.0
+    loop_extra_per_seq_s: float = 0.0
     served_model_name: str | None = None
     tokenizer: str | None = None
     default_max_tokens: int = 256
@@ -29,6 +35,24 @@ class ServeConfig:
             raise ValueError(f"serve.max_queue must be >= 1, got {self.max_queue}")
         if self.default_max_tokens < 1:
             raise ValueError(f"serve.default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        for name in ("loop_extra_s", "loop_extra_per_seq_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"serve.{name} must be a number of seconds in [0, 1) (0: none), got {value!r}")
         levels = ("critical", "error", "warning", "info", "debug", "trace")
         if self.log_level not in levels:
             raise ValueError(f"serve.log_level must be one of {levels}, got {self.log_level!r}")
+
+
+def with_server_loop(rc: Any, config: ServeConfig) -> Any:
+    """rc (a harness.config.RunConfig) with the server's extra loop work added to the simulator's
+    (SimConfig.loop_s, loop_per_seq_s); rc itself where there is none. ValueError on the engine,
+    whose server runs its own loop (the setting prices a simulated one)."""
+    if not (config.loop_extra_s or config.loop_extra_per_seq_s):
+        return rc
+    if rc.sim is None:
+        raise ValueError(f"serve.loop_extra_s / loop_extra_per_seq_s price the simulator's server loop: they need "
+                         f"backend=sim, got backend={rc.backend}")
+    sim = replace(rc.sim, loop_s=rc.sim.loop_s + config.loop_extra_s,
+                  loop_per_seq_s=rc.sim.loop_per_seq_s + config.loop_extra_per_seq_s)
+    return replace(rc, sim=sim)

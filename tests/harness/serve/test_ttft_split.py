@@ -196,14 +196,18 @@ def test_the_miss_splits_into_parts_that_add_up_and_a_what_if_is_predicted_again
 
 
 def test_the_simulations_take_the_settings_the_simulator_server_ran_with(out, tmp_path):
-    from experiments.serve.split_inputs import served_overrides
+    from experiments.serve.split_inputs import SIM_SERVER_DEFAULTS, served_overrides
 
     served = tmp_path / "served"
     shutil.copytree(out / "sim_server", served / "sim_server")
     (served / "sim_server" / ".hydra").mkdir()
     (served / "sim_server" / ".hydra" / "overrides.yaml").write_text(
         "- backend=sim\n- backend.cost_model=profiled\n- backend.host_scale=1.3\n- backend.repeated_reads=overlap\n"
-        "- serve.port=0\n")
+        "- serve.port=0\n- hardware.decode_programs_per_sm=5\n- backend.loop_s=1e-4\n- serve.loop_extra_s=2e-5\n"
+        "- serve.loop_extra_per_seq_s=1e-6\n")
     given = ["model=qwen3-0.6b"]
-    assert served_overrides({"sim_server": served / "sim_server"}, given) == [*given, "backend.repeated_reads=overlap"]
-    assert served_overrides({}, given) == given
+    assert served_overrides({"sim_server": served / "sim_server"}, given) == [
+        *given, "backend.repeated_reads=overlap", "hardware.decode_programs_per_sm=5", "backend.loop_s=0.00012",
+        "backend.loop_per_seq_s=1e-06"]
+    # no simulator server's folder (its stage run elsewhere): bench_serve's defaults
+    assert served_overrides({}, given) == [*given, *SIM_SERVER_DEFAULTS]
