@@ -58,3 +58,14 @@ def test_bench_serve_sim_loop_flag():
     for bad in ("on", "1e-4,2e-6", "1e-4,2e-6,1e-5,-1e-6"):
         with pytest.raises(ValueError, match="--sim-loop"):
             sim_loop_overrides(bad)
+
+
+def test_loop_band_reads_cases_and_refuses_bad_hosts():
+    import argparse
+
+    from experiments.serve.loop_band import case_hosts
+
+    assert case_hosts("azure_50=1.5,1.75") == ("azure_50", [1.5, 1.75])
+    for bad in ("azure_50", "azure_50=", "azure_50=fast", "azure_50=1.5,-1", "=1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="CASE=HOST"):
+            case_hosts(bad)
