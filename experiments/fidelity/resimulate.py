@@ -61,11 +61,14 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                moe_routing_skew: float = 0.0, moe_routing_locality: float = 0.0,
                moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
                moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
-               decode_programs_baseline: str = "none", idle_start: bool = False) -> pd.DataFrame:
+               decode_programs_baseline: str = "none", idle_start: bool = False,
+               interval_config: IntervalConfig | None = None) -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
     repeats; cells without an entry take host_scale and no jitter. repeated_reads,
-    decode_programs_baseline, idle_start: SimConfig's."""
+    decode_programs_baseline, idle_start: SimConfig's. interval_config: the interval's, where
+    interval is set (default: IntervalConfig())."""
+    interval_config = interval_config or IntervalConfig()
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
     if table.empty:
@@ -91,7 +94,7 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if interval:
-                    summaries.append(simulate_with_interval(scaled, IntervalConfig()).summary)
+                    summaries.append(simulate_with_interval(scaled, interval_config).summary)
                 else:
                     summaries.append(run_once(scaled, False, label=f"sim {label}").summary)
 
@@ -159,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
                              "default: the hardware entry's)")
     parser.add_argument("--idle-start", action="store_true",
                         help="a step onto an idle device first waits the host's idle_start_host_s (backend.idle_start)")
+    parser.add_argument("--interval-seed", type=int, default=IntervalConfig.seed,
+                        help="with --interval: the seed of its draws (the protocol's: 0)")
+    parser.add_argument("--machine-spread", type=float, default=None,
+                        help="with --interval: the machine factor's half-width (default: the model's, sim.interval)")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -183,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         if (args.profile is None) != (args.cost_model == "roofline"):
             raise ConfigError("profile: give a model.csv for --cost-model profiled, none for roofline")
+        try:
+            interval_config = IntervalConfig(seed=args.interval_seed, machine_spread=args.machine_spread)
+        except ValueError as error:
+            raise ConfigError(str(error).replace("interval.seed", "--interval-seed")
+                              .replace("interval.machine_spread", "--machine-spread")) from None
         table = pd.read_csv(args.table)
         if args.workloads:
             table = table[table["workload"].isin(args.workloads.split(","))]
@@ -194,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
                          args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
-                         args.decode_programs_baseline, args.idle_start)
+                         args.decode_programs_baseline, args.idle_start, interval_config)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

@@ -90,6 +90,16 @@ def test_resimulate_wants_a_profile_for_profiled_and_none_for_the_roofline(tmp_p
     assert capsys.readouterr().err.count("error: profile:") == 2
 
 
+def test_resimulate_refuses_a_bad_interval_seed_or_machine_spread_in_one_line(tmp_path, capsys):
+    common = ["p.csv", "--label", "x", "--model", "qwen3-0.6b", "--hardware", "h100", "--num-blocks", "10",
+              "--num-requests", "3", "--interval", "--out", str(tmp_path / "o.csv")]
+    assert resimulate([str(tmp_path / "t.csv"), *common, "--interval-seed", "-1"]) == 2
+    assert resimulate([str(tmp_path / "t.csv"), *common, "--machine-spread", "1.5"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --interval-seed must be an int >= 0, got -1",
+                   "error: --machine-spread must be null or in [0, 1), got 1.5"]
+
+
 def test_refit_profile_refuses_expected_experts_of_a_grid_without_them(tmp_path, capsys):
     from experiments.fidelity.refit_profile import main as refit
 
