@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from harness.config import CONF_DIR, build_run_config, section
+from harness.config import build_run_config, section
 from harness.convert import to_dataclass
 from harness.serve.config import ServeConfig
 from harness.serve.server import ServerThread
+from tests.harness.conftest import compose_named
 
 SIM = ["backend=sim", "model=qwen3-8b", "hardware=h100"]
 
 
 def start_server(overrides: list[str]) -> ServerThread:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="serving", overrides=["serve.port=0", *overrides])
+    cfg = compose_named("serving", ["serve.port=0", *overrides])
     server = ServerThread(build_run_config(cfg), to_dataclass(ServeConfig, section(cfg, "serve"), "serve"))
     server.start()
     return server
