@@ -44,3 +44,10 @@ def tiny_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny-qwen3")
     write_checkpoint("tiny-qwen3", out)
     return out
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    """One trace path for all of a property test's examples, each writing its trace there before
+    its run: the same overrides each time, so the configuration is composed once."""
+    return tmp_path_factory.mktemp("trace") / "t.jsonl"
