@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 
@@ -17,3 +19,15 @@ def _single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _heap_unfrozen_after_each_test():
+    """A server started in the test process (harness.serve.server, a thread) freezes the heap, as a
+    process that only serves should, and nothing unfreezes it. Left frozen, the objects of every
+    later test joined it, and each later run paid for the size of the frozen list:
+    harness.run.cyclic_gc_paused asks gc.get_freeze_count(), a walk over that list (~50 ms a run
+    late in the suite, seconds for a test of many runs). Each test starts with nothing frozen."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()

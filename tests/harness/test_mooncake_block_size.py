@@ -69,8 +69,8 @@ def test_tokens_agree_exactly_on_the_common_hash_id_prefix(block, data, seed):
 @given(block=st.sampled_from([8, 16, 64, 128]),
        requests=st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=4), st.integers(1, 600)),
                          min_size=2, max_size=5))
-def test_the_prefix_cache_hits_the_shared_blocks_at_any_hash_block_size(tmp_path_factory, block, requests):
-    path = tmp_path_factory.mktemp("hits") / "t.jsonl"
+def test_the_prefix_cache_hits_the_shared_blocks_at_any_hash_block_size(trace_file, block, requests):
+    path = trace_file
     write_lines(path, [{"timestamp": 60_000 * i, "input_length": length, "output_length": 2, "hash_ids": ids}
                        for i, (ids, length) in enumerate(requests)])
     rc = build_run_config(compose_config(["workload=mooncake", f"workload.trace_path={path}",

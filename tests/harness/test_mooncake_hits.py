@@ -36,8 +36,8 @@ def ideal_cached_tokens(prompts: list[list[int]], block: int) -> int:
 
 @settings(max_examples=15, deadline=None)
 @given(requests=st.lists(request, min_size=2, max_size=6))
-def test_cached_tokens_are_the_shared_blocks(tmp_path_factory, requests):
-    path = tmp_path_factory.mktemp("hits") / "t.jsonl"
+def test_cached_tokens_are_the_shared_blocks(trace_file, requests):
+    path = trace_file
     path.write_text("".join(json.dumps({"timestamp": 60_000 * i, "input_length": length, "output_length": 2,
                                         "hash_ids": ids}) + "\n" for i, (ids, length) in enumerate(requests)))
     rc = build_run_config(compose_config(["workload=mooncake", f"workload.trace_path={path}",

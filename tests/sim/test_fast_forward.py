@@ -116,13 +116,30 @@ def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_se
     return _state(result, scheduler)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(POLICIES), st.booleans(), st.booleans(), st.integers(16, 80), st.integers(0, 10**6),
-       st.integers(1, 30), st.booleans(), st.integers(1, 8), st.booleans())
-def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed):
+# The single replica's whole space: policy, overlap, prefix cache, blocks, seed, requests, stop tokens,
+# max_num_seqs, packed ids. The default run draws 200 cases (~3 s); the slow suite searches 1000.
+SINGLE_REPLICA = given(st.sampled_from(POLICIES), st.booleans(), st.booleans(), st.integers(16, 80),
+                       st.integers(0, 10**6), st.integers(1, 30), st.booleans(), st.integers(1, 8), st.booleans())
+
+
+def _check_single_replica(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed):
     """packed: the fast path's requests hold packed ids, the reference's lists."""
     args = (policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs)
     assert _serve(True, *args, packed=packed) == _serve(False, *args)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SINGLE_REPLICA
+def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed):
+    _check_single_replica(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SINGLE_REPLICA
+def test_fast_forward_matches_step_by_step_searched_longer(policy, overlap, caching, num_blocks, seed, n, stop,
+                                                           max_num_seqs, packed):
+    _check_single_replica(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from harness.config import CONF_DIR, build_run_config, section
+from harness.config import build_run_config, section
 from harness.convert import to_dataclass
 from harness.serve.config import ServeConfig
 from harness.serve.server import ServerThread
+from tests.harness.conftest import compose_named
 
 SIM = ["backend=sim", "model=qwen3-8b", "hardware=h100"]
 
 
 def start_server(overrides: list[str]) -> ServerThread:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="serving", overrides=["serve.port=0", *overrides])
+    cfg = compose_named("serving", ["serve.port=0", *overrides])
     server = ServerThread(build_run_config(cfg), to_dataclass(ServeConfig, section(cfg, "serve"), "serve"))
     server.start()
     return server
@@ -24,6 +23,15 @@ def start_server(overrides: list[str]) -> ServerThread:
 @pytest.fixture
 def sim_server():
     """A simulated H100 serving Qwen3-8B, 20x faster than real time."""
+    server = start_server([*SIM, "serve.time_scale=20"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_sim_server():
+    """sim_server, one for a module's tests that only send requests and read the answers (none
+    counts what the server served, nor stops it): a start and a stop cost ~0.7 s on CI."""
     server = start_server([*SIM, "serve.time_scale=20"])
     yield server
     server.stop()

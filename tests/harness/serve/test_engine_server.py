@@ -13,11 +13,18 @@ from tests.harness.serve.conftest import start_server
 PROMPT = "The scheduler pauses a request"
 
 
-@pytest.mark.parametrize("overlap", ["false", "true"])
-def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, overlap):
+@pytest.fixture(scope="module")
+def greedy_reference(tiny_checkpoint):
+    """LLM.generate's greedy answer to PROMPT, which both of the server's settings must give."""
     llm = LLM(str(tiny_checkpoint), device="cpu", max_model_len=256, block_size=16, num_blocks=64)
     want = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)[0]
     llm.shutdown()
+    return want
+
+
+@pytest.mark.parametrize("overlap", ["false", "true"])
+def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap):
+    want = greedy_reference
     server = start_server(["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
                            f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
                            "cache.num_blocks=64", f"execution.async_scheduling={overlap}"])

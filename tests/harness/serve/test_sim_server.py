@@ -99,8 +99,8 @@ def test_disconnect_mid_stream_frees_request_and_blocks(sim_server):
     ('{"model": "qwen3-8b", "prompt": "' + "word " * 5000 + '"}', 400, "max_model_len"),
     ('{"model": "other", "prompt": "x"}', 404, "not served here"),
 ])
-def test_bad_requests_answer_4xx_and_the_server_goes_on(sim_server, body, status, words):
-    url = f"http://127.0.0.1:{sim_server.port}/v1/completions"
+def test_bad_requests_answer_4xx_and_the_server_goes_on(shared_sim_server, body, status, words):
+    url = f"http://127.0.0.1:{shared_sim_server.port}/v1/completions"
     response = httpx.post(url, content=body, headers={"content-type": "application/json"})
     assert response.status_code == status
     assert words in response.json()["error"]["message"]
@@ -108,9 +108,9 @@ def test_bad_requests_answer_4xx_and_the_server_goes_on(sim_server, body, status
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
-def test_openai_client_raises_on_bad_request(sim_server):
+def test_openai_client_raises_on_bad_request(shared_sim_server):
     with pytest.raises(openai.BadRequestError, match="n=1"):
-        client(sim_server.port).completions.create(model=MODEL, prompt="x", n=2)
+        client(shared_sim_server.port).completions.create(model=MODEL, prompt="x", n=2)
 
 
 def test_full_queue_answers_503():
