@@ -16,6 +16,7 @@ Prints two tables:
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 import sys
@@ -77,7 +78,9 @@ def grids() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+
     def run() -> int:
         steps = served()
         largest = float(steps["err"].abs().max())
