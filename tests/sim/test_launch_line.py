@@ -134,3 +134,16 @@ def test_off_the_cost_model_is_the_profiles_and_on_changes_only_the_launch_fit(t
     plans = list(grid_plans())
     assert priced_run(off, plans) == priced_run(make_cost_model(spec, gpu, base, GRAPH), plans)
     assert np.isfinite(priced_run(on, plans)).all()
+
+
+def test_the_benchmarks_host_is_measured_against_the_line_it_prices():
+    from pathlib import Path
+
+    from experiments.serve import host
+
+    grid = Path("experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile.csv.gz").resolve()
+    sim = ["backend=sim", "backend.cost_model=profiled", "model=qwen3-0.6b", "hardware=h200"]
+    fit = host.profile_model(sim)
+    line = host.profile_model([*sim, f"backend.launch_line_grid={grid}"])
+    assert fit is not None and line is not None
+    assert line.fits[LAUNCH_REGIME] == with_launch_line(fit, load_launch_line(grid)).fits[LAUNCH_REGIME]
