@@ -150,6 +150,8 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
             backend["profile_path"] = existing_path(backend["profile_path"], "backend.profile_path")
         elif backend.get("cost_model") == "profiled":
             backend.update(_shipped_profile(cfg, backend))
+        if backend.get("launch_line_grid"):
+            backend["launch_line_grid"] = existing_path(backend["launch_line_grid"], "backend.launch_line_grid")
         sim_cfg = to_dataclass(SimConfig, backend, "backend")
     else:
         from engine.config import EngineConfig

@@ -57,6 +57,9 @@ class SimConfig:
     (reading a result, update, schedule, recording), per step and per running sequence, in seconds
     at the profile's host (x host_scale, like the launches): a host-bound overlapped step then takes
     launch + loop, not its launches alone (sim.profiled_overlap; docs/loop-cost.md). 0: not priced.
+    launch_line_grid: a profiling grid (a step-timing CSV with launch_s) whose decode graph rows
+    price decode graph launches by a robust monotone line in the graph size instead of the
+    profile's per-size knots (sim.launch_line; None: the profile's fit). Profiled model at its own TP.
     fast_forward: book runs of identical decode steps at once (engine.core.fast_forward), with
     outputs identical to stepping them one by one (False).
     decode_programs: the profiled model prices a decode step's attention as the engine's split-KV
@@ -111,6 +114,7 @@ class SimConfig:
     host_jitter: float = 0.0
     loop_s: float = 0.0
     loop_per_seq_s: float = 0.0
+    launch_line_grid: str | None = None
     profile_hardware: HardwareSpec | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +174,9 @@ class SimConfig:
                                  f"work between submits at the profile's host; 0: not priced), got {value!r}")
         if (self.loop_s or self.loop_per_seq_s) and (self.cost_model != "profiled" or self.transfers_tp):
             raise ValueError("SimConfig.loop_s / loop_per_seq_s price an overlapped step's host work: they need "
+                             "cost_model=profiled at the profile's own TP size")
+        if self.launch_line_grid is not None and (self.cost_model != "profiled" or self.transfers_tp):
+            raise ValueError("SimConfig.launch_line_grid prices the profiled model's decode graph launches: it needs "
                              "cost_model=profiled at the profile's own TP size")
 
     @property

@@ -18,6 +18,7 @@ from engine.core.registry import Registry
 from sim.decode_programs import DecodePrograms
 from sim.features import MOE_FEATURES
 from sim.host_speed import with_host_jitter, with_host_scale
+from sim.launch_line import load_launch_line, with_launch_line
 from sim.moe import WeightReadFloor
 from sim.moe_locality import SequenceRouting
 from sim.prefill_programs import PrefillPrograms
@@ -61,6 +62,8 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
         profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
     profiled = with_prior(profiled, hardware, sim.repeated_reads)
+    if sim.launch_line_grid is not None:  # decode graph launches by a robust line (sim.launch_line)
+        profiled = with_launch_line(profiled, load_launch_line(sim.launch_line_grid))
     # the serving loop's own work between submits, at the profile's host (scaled with the launches)
     profiled.loop_s, profiled.loop_per_seq_s = sim.loop_s, sim.loop_per_seq_s
     if sim.host_scale != 1.0:  # another host CPU than the profile's (sim.host_speed)

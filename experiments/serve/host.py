@@ -23,6 +23,7 @@ import pandas as pd
 
 from harness.scripting import compose_run_config
 from sim.host_speed import check_host_scale, measured_host_jitter, measured_host_scale
+from sim.launch_line import load_launch_line, with_launch_line
 from sim.profiled import ProfiledCostModel
 
 CHOICES = ("engine", "profile")  # --sim-host: the engine server's measured speed, the profile's host, or a number
@@ -45,7 +46,10 @@ def profile_model(sim: list[str]) -> ProfiledCostModel | None:
     rc = compose_run_config(sim)
     if rc.sim is None or rc.sim.cost_model != "profiled" or rc.sim.profile_path is None:
         return None
-    return ProfiledCostModel.load(rc.sim.profile_path)
+    model = ProfiledCostModel.load(rc.sim.profile_path)
+    if rc.sim.launch_line_grid is not None:  # the host is measured against the launches it prices
+        model = with_launch_line(model, load_launch_line(rc.sim.launch_line_grid))
+    return model
 
 
 def measured(steps: pd.DataFrame, model: ProfiledCostModel) -> tuple[float, float]:
