@@ -55,6 +55,14 @@ def _decisions(plan):
             tuple(plan.preempted_ids))
 
 
+@pytest.fixture
+def spawned():
+    """The child processes started since the test began: the engine must leave none behind (other
+    tests' pools, such as joblib's workers, may still be alive in the same process)."""
+    before = {child.pid for child in mp.active_children()}
+    return lambda: [child for child in mp.active_children() if child.pid not in before]
+
+
 def _params():
     # greedy, and seeded sampling, which reacts to any logit change larger than rounding
     return [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
@@ -63,10 +71,10 @@ def _params():
             SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)]
 
 
-def test_tp2_matches_single_process(tiny_qwen3_dir):
+def test_tp2_matches_single_process(tiny_qwen3_dir, spawned):
     want = _generate(tiny_qwen3_dir, 1, _params())
     assert _generate(tiny_qwen3_dir, 2, _params()) == want
-    assert not mp.active_children()
+    assert not spawned()
 
 
 @pytest.mark.slow
@@ -78,7 +86,7 @@ def test_tp4_replicated_kv_heads_matches_single_process(tiny_qwen3_dir, async_sc
         _generate(tiny_qwen3_dir, 1, _params())
 
 
-def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir):
+def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir, spawned):
     # 16 blocks of 4 tokens hold the longest request (40 + 10 tokens) but not all four at once:
     # requests are preempted and recomputed, and the placeholders must follow them
     kw = dict(num_blocks=16)
@@ -88,11 +96,11 @@ def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir):
     assert got == want
     assert plans_async == plans_sync  # ignore_eos: the overlapped schedule is the plain one
     assert any(preempted for _, preempted in plans_sync)
-    assert not mp.active_children()
+    assert not spawned()
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_tp2_samples_from_vocabulary_slices_and_matches_tp1(tiny_qwen3_dir, async_scheduling):
+def test_tp2_samples_from_vocabulary_slices_and_matches_tp1(tiny_qwen3_dir, async_scheduling, spawned):
     # no top-k or top-p: every rank draws from its slice of the vocabulary and no logits are
     # gathered (engine.sharded_sampling); the engine's own stream (the unseeded row) included
     params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
@@ -115,10 +123,10 @@ def test_tp2_samples_from_vocabulary_slices_and_matches_tp1(tiny_qwen3_dir, asyn
     want = _generate(tiny_qwen3_dir, 1, params)
     assert _generate(tiny_qwen3_dir, 2, params, on_start=count, async_scheduling=async_scheduling) == want
     assert calls["by_slice"] >= 10 and calls["gathered"] == 0
-    assert not mp.active_children()
+    assert not spawned()
 
 
-def test_tp2_async_rank0_reads_nothing_from_the_workers_per_step(tiny_qwen3_dir):
+def test_tp2_async_rank0_reads_nothing_from_the_workers_per_step(tiny_qwen3_dir, spawned):
     llm = _engine(tiny_qwen3_dir, 2, async_scheduling=True)
     workers = llm.executor.workers
     sent, reads = [], []
@@ -133,7 +141,7 @@ def test_tp2_async_rank0_reads_nothing_from_the_workers_per_step(tiny_qwen3_dir)
     kinds = [pickle.loads(data)[0] for data in sent]
     assert kinds and set(kinds) == {"submit"} and len(kinds) == len(llm.last_run.steps)
     assert reads == []
-    assert not mp.active_children() and not dist.is_initialized()
+    assert not spawned() and not dist.is_initialized()
 
 
 def test_a_second_engine_starts_after_shutdown(tiny_qwen2_dir):
@@ -141,20 +149,20 @@ def test_a_second_engine_starts_after_shutdown(tiny_qwen2_dir):
     assert _generate(tiny_qwen2_dir, 2, _params()) == first
 
 
-def test_unsplittable_model_is_rejected_before_spawning(tiny_qwen3_dir):
+def test_unsplittable_model_is_rejected_before_spawning(tiny_qwen3_dir, spawned):
     with pytest.raises(ValueError, match="tensor_parallel_size=3"):
         LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=3)
-    assert not mp.active_children()
+    assert not spawned()
 
 
-def test_symmetric_all_reduce_on_cpu_is_rejected_before_spawning(tiny_qwen3_dir):
+def test_symmetric_all_reduce_on_cpu_is_rejected_before_spawning(tiny_qwen3_dir, spawned):
     with pytest.raises(ValueError, match="all_reduce='symmetric' needs CUDA"):
         LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=2, all_reduce="symmetric")
-    assert not mp.active_children() and not dist.is_initialized()
+    assert not spawned() and not dist.is_initialized()
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir, async_scheduling):
+def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir, async_scheduling, spawned):
     from engine.tp.workers import WorkerError
 
     llm = _engine(tiny_qwen3_dir, 2, async_scheduling=async_scheduling)
@@ -166,10 +174,10 @@ def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir, async_scheduling):
             llm.generate(PROMPTS, _params(), use_tqdm=False)
     finally:
         llm.shutdown()
-    assert not mp.active_children() and not dist.is_initialized()
+    assert not spawned() and not dist.is_initialized()
 
 
-def test_a_worker_dying_mid_run_fails_the_run_and_shuts_down(tiny_qwen3_dir):
+def test_a_worker_dying_mid_run_fails_the_run_and_shuts_down(tiny_qwen3_dir, spawned):
     from engine.tp.workers import WorkerError
 
     llm = _engine(tiny_qwen3_dir, 2, async_scheduling=True)
@@ -189,4 +197,4 @@ def test_a_worker_dying_mid_run_fails_the_run_and_shuts_down(tiny_qwen3_dir):
     finally:
         llm.shutdown()
     assert len(steps) == 3 and not llm.scheduler.has_unfinished()
-    assert not mp.active_children() and not dist.is_initialized()
+    assert not spawned() and not dist.is_initialized()
