@@ -125,7 +125,9 @@ def _single_run_tokens(requests):
 
 
 def test_a_replica_started_mid_run_takes_traffic_only_once_ready():
-    requests = _requests(60, 0.01)
+    # arrivals for 1.2 s: the second replica, asked for at 0.2 s and ready about 0.15 s later, has
+    # traffic left to take even where a busy machine delays its threads by most of a second
+    requests = _requests(120, 0.01)
     result, _ = _serve(1, [(0.0, 1), (0.2, 2)], requests, router="round_robin")
     fleet, (first, second) = result.fleet, result.lifetimes
     assert [(e.direction, e.replicas) for e in result.events] == [("up", (1,))]
@@ -135,7 +137,7 @@ def test_a_replica_started_mid_run_takes_traffic_only_once_ready():
     mine = [rid for rid, index in fleet.assignment.items() if index == 1]
     assert mine and min(arrivals[rid] for rid in mine) >= second.ready_s - 0.002  # routed at or after ready
     served = {r.request_id: r.output_token_ids for replica in fleet.replicas for r in replica.requests}
-    assert served == _single_run_tokens(_requests(60, 0.01))
+    assert served == _single_run_tokens(_requests(120, 0.01))
     assert second.stop_s == first.stop_s == fleet.makespan_s >= max(arrivals.values())
 
 
