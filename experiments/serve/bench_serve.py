@@ -88,6 +88,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                                      *SIM_SERVER_DEFAULTS],
                         help="overrides of the simulator-backed server (default: repeated KV reads overlapped, "
                              "ragged decode batches priced by their programs)")
+    parser.add_argument("--engine-server", nargs="*", default=[],
+                        help="serve.* settings of the engine's server alone (e.g. serve.early_tokens=false)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["harness", "engine", "sim"])
     parser.add_argument("--cases", type=lambda s: s.split(","), default=None,
@@ -122,6 +124,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.sim_loop = sim_loop_overrides(args.sim_loop)
     except ValueError as error:
         parser.error(str(error))
+    if not all(o.startswith("serve.") for o in args.engine_server):
+        parser.error(f"--engine-server takes serve.* settings, got {args.engine_server}")
     if any(o.startswith("backend.host_scale=") for o in args.sim):
         parser.error("--sim: give the simulator's host by --sim-host, not backend.host_scale")
     if args.merge is not None and (why := outputs.check_earlier(args.merge)):
@@ -283,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = [case for case in plan_cases(args, engine) if args.cases is None or case.tag in args.cases]
     results = outputs.merged(args, cases)
     stages = {"harness": lambda: (run_harness(engine, cases, args.out, host_of), []),
-              "engine": lambda: run_server(STAGE_FOLDERS["engine"], engine, cases, args.out, loadgen, host_of),
+              "engine": lambda: run_server(STAGE_FOLDERS["engine"], [*engine, *args.engine_server], cases, args.out,
+                                           loadgen, host_of),
               "sim": lambda: sim_stage(args, sim, cases, loadgen, model)}
     failed = []
     for stage in args.stages:

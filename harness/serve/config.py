@@ -13,6 +13,9 @@ class ServeConfig:
     time_scale: float = 1.0  # simulator: simulated seconds per wall second
     max_queue: int = 1024  # waiting + running requests; one more gets 503
     max_early_ms: float = 2.0  # simulator: a step's writes may start this much before its time
+    # engine: a thread of the core process sends each overlapped step's tokens as soon as they
+    # exist (harness.serve.handoff); false: the loop sends them after it submits the next step
+    early_tokens: bool = True
     # simulator: the server's core loop's own work per step beyond a run's loop (its hand-off and
     # the socket's poll), per step and per running sequence, at the profile's host; added to
     # backend.loop_s / loop_per_seq_s (with_server_loop; docs/loop-cost.md). 0: none
@@ -31,6 +34,8 @@ class ServeConfig:
         if not 0 <= self.max_early_ms <= 10:
             raise ValueError(f"serve.max_early_ms must be in [0, 10] (0: never before the scheduled time), "
                              f"got {self.max_early_ms}")
+        if not isinstance(self.early_tokens, bool):
+            raise ValueError(f"serve.early_tokens must be true or false, got {self.early_tokens!r}")
         if self.max_queue < 1:
             raise ValueError(f"serve.max_queue must be >= 1, got {self.max_queue}")
         if self.default_max_tokens < 1:
@@ -47,7 +52,11 @@ class ServeConfig:
 def with_server_loop(rc: Any, config: ServeConfig) -> Any:
     """rc (a harness.config.RunConfig) with the server's extra loop work added to the simulator's
     (SimConfig.loop_s, loop_per_seq_s); rc itself where there is none. ValueError on the engine,
-    whose server runs its own loop (the setting prices a simulated one)."""
+    whose server runs its own loop (the setting prices a simulated one), and for an engine-only
+    setting on the simulator."""
+    if rc.sim is not None and not config.early_tokens:
+        raise ValueError("serve.early_tokens=false is for backend=engine: the simulator's steps hand out their "
+                         "tokens when they are due, as the engine's token thread does")
     if not (config.loop_extra_s or config.loop_extra_per_seq_s):
         return rc
     if rc.sim is None:

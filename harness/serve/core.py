@@ -57,12 +57,14 @@ class ServeCore(StepPasses):
     """start() spawns the core process and waits until it is ready; stop() ends it and returns its
     tables. Everything else is called on the asyncio loop."""
 
-    def __init__(self, rc: RunConfig, time_scale: float, max_queue: int, max_early_s: float = 0.0) -> None:
+    def __init__(self, rc: RunConfig, time_scale: float, max_queue: int, max_early_s: float = 0.0,
+                 early_tokens: bool = True) -> None:
         super().__init__()
         self.rc = rc
         self.time_scale = time_scale
         self.max_queue = max_queue
         self.max_early_s = max_early_s
+        self.early_tokens = early_tokens  # the engine's token thread (harness.serve.handoff)
         self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
         self.error: str | None = None
         self.origin = 0.0  # perf_counter() time 0 of the core's clock
@@ -85,7 +87,7 @@ class ServeCore(StepPasses):
         _, self._wire = await loop.create_unix_connection(lambda: WireProtocol(self._on_message, self._on_lost),
                                                           sock=ours)
         self._waiting = loop.create_future()
-        self._wire.send(("config", self.rc, self.time_scale))
+        self._wire.send(("config", self.rc, self.time_scale, self.early_tokens))
         info, self.origin = await self._waiting
         self.info: BackendInfo = info
         self.num_blocks = info.num_blocks

@@ -226,7 +226,7 @@ def serve_core(channel: CoreChannel) -> None:
     messages = channel.wait()
     if not messages:
         return
-    _, rc, time_scale = messages[0]
+    _, rc, time_scale, early_tokens = messages[0]
     try:
         executor = make_executor(rc)
         scheduler = make_scheduler(rc.scheduler, executor.info(), rc.cache)
@@ -241,10 +241,10 @@ def serve_core(channel: CoreChannel) -> None:
         if rc.backend == "engine":
             recorder = StepRecorder(executor.info().graph_sizes, wall=True)
             executor.observe(recorder)
-        engine = rc.backend == "engine"
-        if engine:  # the token sender gets the GIL soon when it has tokens (harness.serve.handoff)
+        sender = rc.backend == "engine" and early_tokens
+        if sender:  # the token sender gets the GIL soon when it has tokens (harness.serve.handoff)
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        loop = CoreLoop(scheduler, executor, clock, channel, recorder, early_tokens=engine)
+        loop = CoreLoop(scheduler, executor, clock, channel, recorder, early_tokens=sender)
         # the loop makes no reference cycles (as in a run, harness.run.cyclic_gc_paused): no
         # collector pauses between steps; what was built so far is never scanned again
         gc.freeze()

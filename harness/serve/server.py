@@ -75,7 +75,7 @@ async def build_server(rc: RunConfig, config: ServeConfig) -> Server:
     """The server's parts, its core process started and ready (the backend built)."""
     sim = rc.backend == "sim"  # the engine's steps are never ahead of their time
     core = ServeCore(rc, config.time_scale if sim else 1.0, config.max_queue,
-                     config.max_early_ms * 1e-3 if sim else 0.0)
+                     config.max_early_ms * 1e-3 if sim else 0.0, early_tokens=config.early_tokens)
     await core.start()
     try:
         tokenizer = config.tokenizer

@@ -123,3 +123,15 @@ def test_the_servers_extra_loop_adds_to_the_simulators_and_is_refused_on_the_eng
         with_server_loop(engine, ServeConfig(loop_extra_s=2e-5))
     with pytest.raises(ValueError, match="serve.loop_extra_s"):
         ServeConfig(loop_extra_s=-1.0)
+
+
+def test_early_tokens_off_is_an_engine_setting_and_a_bool():
+    from harness.scripting import compose_run_config
+
+    sim = compose_run_config(["backend=sim", "model=qwen3-0.6b", "hardware=h100"])
+    with pytest.raises(ValueError, match="serve.early_tokens=false is for backend=engine"):
+        with_server_loop(sim, ServeConfig(early_tokens=False))
+    engine = compose_run_config(["backend=engine", "model=qwen3-0.6b"])
+    assert with_server_loop(engine, ServeConfig(early_tokens=False)) is engine
+    with pytest.raises(ValueError, match="serve.early_tokens must be true or false"):
+        ServeConfig(early_tokens="no")  # type: ignore[arg-type]

@@ -59,6 +59,7 @@ def test_bench_serve_on_the_tiny_cpu_engine(tiny_checkpoint, tmp_path):
     (["--cases", "azure_60"], "--cases: ['azure_60'] not among the cases of --workloads x --loads: azure_50,azure_80"),
     (["--cases", ""], "--cases"),
     (["--sim-loop", "on"], "--sim-loop: off, or four seconds"),
+    (["--engine-server", "backend.loop_s=1e-4"], "--engine-server takes serve.* settings"),
 ])
 def test_bench_serve_refuses_bad_settings_in_one_line(tmp_path, capsys, argv, words):
     with pytest.raises(SystemExit) as exit_info:

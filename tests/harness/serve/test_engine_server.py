@@ -1,5 +1,6 @@
 """The engine-backed server on the tiny CPU model gives LLM.generate's greedy tokens, with steps
-overlapped (each step's tokens then sent by the core's token sender, harness.serve.handoff) or not."""
+overlapped (each step's tokens then sent by the core's token sender, harness.serve.handoff, or with
+serve.early_tokens=false by the loop) or not."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def greedy_reference(tiny_checkpoint):
     return want
 
 
-@pytest.mark.parametrize("overlap", ["false", "true"])
-def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap):
+@pytest.mark.parametrize("overlap,early", [("false", "true"), ("true", "true"), ("true", "false")])
+def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap, early):
     want = greedy_reference
     server = start_server(["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
                            f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
-                           "cache.num_blocks=64", f"execution.async_scheduling={overlap}"])
+                           "cache.num_blocks=64", f"execution.async_scheduling={overlap}",
+                           f"serve.early_tokens={early}"])
     try:
         url = f"http://127.0.0.1:{server.port}/v1/completions"
         model = httpx.get(f"http://127.0.0.1:{server.port}/v1/models").json()["data"][0]["id"]
