@@ -9,7 +9,7 @@
 #   OUT=$OUT bash experiments/serve/early_tokens_ab.sh engine   # on a GPU: harness + both engine servers
 #   OUT=$OUT bash experiments/serve/early_tokens_ab.sh sim      # on the same machine afterwards
 #
-# Outputs stay in .serve_prev/run9/ (ignored) between the calls; each call copies them to $OUT.
+# Outputs stay in .serve_prev/run9/ (ignored) between the calls; each call packs them into $OUT.
 set -uo pipefail
 stage=${1:?engine or sim}
 keep=.serve_prev/run9
@@ -46,4 +46,5 @@ else
     bench 200 --out $keep/off --cases azure_50,mooncake_50 --stages sim --merge $keep/off \
         --sim "${sim[@]}" | tee $keep/off_sim.log
 fi
-cp -r $keep/. "$OUT"/
+# one file: a call hands back only a few files
+tar -czf "$OUT/run9_$stage.tar.gz" -C $keep .
