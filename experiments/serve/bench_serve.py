@@ -35,7 +35,9 @@ overlapping the first reads (backend.repeated_reads=overlap, sim/overlapped_read
 served decode steps, which share 512 tokens a prompt, priced within 1.5%, against +3-5% additive),
 and a decode step's attention by its split-KV programs against the grid's own context spread
 (backend.decode_programs_baseline=grid_spread with hardware.decode_programs_per_sm=5: Azure 80%'s
-large decode batches with ragged contexts, priced 2-4% short otherwise; h100_run6_aiperf/itl80/).
+large decode batches with ragged contexts, priced 2-4% short otherwise; h100_run6_aiperf/itl80/),
+and on an H100 or H200 prices decode graph launches by the launch line of a committed grid
+(split_inputs.LAUNCH_LINE_GRIDS; docs/host_speed.md; h200_run9_aiperf/).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from experiments.serve.cases import WORKLOADS, Case, case_tags, plan_cases
 from experiments.serve.client import replay
 from experiments.serve.loop_figures import sim_loop_overrides
 from experiments.serve.outputs import MEASURED_STAGES, STAGE_FOLDERS, STAGES, drop_steps, pack
-from experiments.serve.split_inputs import SIM_SERVER_DEFAULTS
+from experiments.serve.split_inputs import SIM_SERVER_DEFAULTS, launch_line_default
 from experiments.serve.tables import case_requests, harness_row, markdown, server_rows
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
@@ -66,6 +68,7 @@ from sim.profiled import ProfiledCostModel
 
 HostOf = Callable[[pd.DataFrame], float]  # a case's host speed from its steps
 
+SIM_DEFAULT = ["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled", *SIM_SERVER_DEFAULTS]
 GPUS = {"H100": "h100", "H200": "h200", "A100": "a100"}  # a name in nvidia-smi's -> conf/hardware
 
 
@@ -84,10 +87,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--engine", nargs="*", default=["backend=engine", "model=qwen3-0.6b",
                                                         "backend.load_format=dummy"],
                         help="overrides of the engine's run and server")
-    parser.add_argument("--sim", nargs="*", default=["backend=sim", "model=qwen3-0.6b", "backend.cost_model=profiled",
-                                                     *SIM_SERVER_DEFAULTS],
-                        help="overrides of the simulator-backed server (default: repeated KV reads overlapped, "
-                             "ragged decode batches priced by their programs)")
+    parser.add_argument("--sim", nargs="*", default=None,
+                        help="overrides of the simulator-backed server (default: Qwen3-0.6B's profiled model, "
+                             "repeated KV reads overlapped, ragged decode batches priced by their programs, and on "
+                             "an H100 or H200 decode graph launches priced by the launch line)")
     parser.add_argument("--engine-server", nargs="*", default=[],
                         help="serve.* settings of the engine's server alone (e.g. serve.early_tokens=false)")
     parser.add_argument("--workload", nargs="*", default=[], help="more workload overrides (lengths)")
@@ -126,7 +129,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(str(error))
     if not all(o.startswith("serve.") for o in args.engine_server):
         parser.error(f"--engine-server takes serve.* settings, got {args.engine_server}")
-    if any(o.startswith("backend.host_scale=") for o in args.sim):
+    if any(o.startswith("backend.host_scale=") for o in args.sim or []):
         parser.error("--sim: give the simulator's host by --sim-host, not backend.host_scale")
     if args.merge is not None and (why := outputs.check_earlier(args.merge)):
         parser.error(why)
@@ -268,6 +271,8 @@ def sim_stage(args: argparse.Namespace, sim: list[str], cases: list[Case], loadg
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     hardware = gpu_hardware(args.hardware)
+    if args.sim is None:
+        args.sim = [*SIM_DEFAULT, *launch_line_default(hardware)]
     engine, sim = with_hardware(args.engine, hardware), with_hardware([*args.sim, "serve.time_scale=1"], hardware)
     args.sim = with_hardware(args.sim, hardware)
     loadgen = None

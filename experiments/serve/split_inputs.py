@@ -17,6 +17,18 @@ SERVERS = ("engine_server", "sim_server")
 # defaults), taken where an output has no simulator server's folder (its stage run elsewhere)
 SIM_SERVER_DEFAULTS = ("backend.repeated_reads=overlap", "backend.decode_programs_baseline=grid_spread",
                        "hardware.decode_programs_per_sm=5")
+# bench_serve's default simulator server also prices Qwen3-0.6B's decode graph launches by the
+# launch line of these grids (docs/host_speed.md; chosen on serving runs 7 and 8, checked on run 9)
+LAUNCH_LINE_GRIDS = {"h200": "experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile.csv.gz",
+                     "h100": "experiments/calibration/h100_run6/qwen3_0_6b/profile.csv"}
+
+
+def launch_line_default(hardware: str) -> list[str]:
+    """The launch line setting bench_serve's default simulator server gets on this hardware (none
+    where no grid of the GPU is committed)."""
+    grid = LAUNCH_LINE_GRIDS.get(hardware)
+    root = Path(__file__).resolve().parents[2]
+    return [] if grid is None else [f"backend.launch_line_grid={root / grid}"]
 
 
 def unpack(out: Path, tmp: Path, stages: tuple[str, ...] = ("harness", *SERVERS),

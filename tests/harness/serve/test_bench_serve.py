@@ -188,3 +188,18 @@ def test_bench_serve_runs_only_the_chosen_cases_with_their_own_requests(tiny_che
     assert list(one["load"]) == [0.5] and list(every["load"]) == [0.25, 0.5]
     plans = [pd.read_json(tmp_path / name / "harness" / "plan.json") for name in ("one", "all")]
     assert plans[0]["overrides"].iloc[0] == plans[1]["overrides"].iloc[1]  # the same requests, the same rate
+
+
+def test_the_default_simulator_server_prices_launches_by_a_committed_grids_line():
+    from pathlib import Path
+
+    from experiments.serve.split_inputs import LAUNCH_LINE_GRIDS, launch_line_default
+    from sim.launch_line import load_launch_line
+
+    for hardware in LAUNCH_LINE_GRIDS:
+        (setting,) = launch_line_default(hardware)
+        grid = Path(setting.split("=", 1)[1])
+        assert setting.startswith("backend.launch_line_grid=") and grid.is_file()
+        line = load_launch_line(grid)  # the grid has decode graph launches to fit a line on
+        assert len(line.sizes) >= 4 and line.price(64) >= line.price(1) > 0
+    assert launch_line_default("a100") == []  # no grid of that GPU: the profile's launch fit
