@@ -24,6 +24,7 @@ wait for a decode replica (the KV was complete before it could start).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.core.kv_heads import busiest_rank_heads, reshard_plan
@@ -43,7 +44,9 @@ class TransferConfig:
     the receive's side, posted as the decode replica reserves and queued behind its step in flight
     there (receives_queue_behind_step: not with layerwise either); landing_lag_s: with handshake, the
     decode loop checks for landed receives that long after each step's end; send_lag_s: with handshake,
-    the prefill replica is told to send that long after the decode replica reserved."""
+    the prefill replica is told to send that long after the decode replica reserved; landing_lag_sigma,
+    send_lag_sigma: each lag drawn per step end (per send) from a lognormal with that median and
+    sigma (engine.core.transfer_receive.LagDraw; 0: fixed)."""
 
     link: str = "nvlink"
     bandwidth: float | None = None
@@ -54,6 +57,8 @@ class TransferConfig:
     recv_behind_step: bool = False
     landing_lag_s: float = 0.0
     send_lag_s: float = 0.0
+    landing_lag_sigma: float | tuple[float, float] = 0.0
+    send_lag_sigma: float | tuple[float, float] = 0.0
 
     def __post_init__(self) -> None:
         if self.link not in LINKS:
@@ -77,6 +82,8 @@ class TransferConfig:
             if value and not self.handshake:
                 raise ValueError(f"fleet.transfer.{name} prices the engine's protocol: it needs "
                                  f"fleet.transfer.handshake=true (or {name}=0)")
+        for name in ("landing_lag_sigma", "send_lag_sigma"):
+            object.__setattr__(self, name, _sigma(name, getattr(self, name)))
 
     def sends_queue_behind_step(self) -> bool:
         """Whether a send waits for the prefill replica's step in flight (engine.core.disagg_events):
@@ -87,6 +94,16 @@ class TransferConfig:
         """Whether the wire waits for the decode replica's step in flight as it posted the receive
         (engine.core.disagg_events): not for a layer-by-layer transfer."""
         return self.recv_behind_step and not self.layerwise
+
+
+def _sigma(name: str, value: object) -> float | tuple[float, float]:
+    """A lag's lognormal sigma: one number, or [below, above] the median; each in [0, 2]."""
+    parts = [value] if isinstance(value, int | float) else list(value) if isinstance(value, Sequence) else None
+    if (parts is None or len(parts) not in (1, 2) or isinstance(value, str)
+            or not all(isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 2 for p in parts)):
+        raise ValueError(f"fleet.transfer.{name} must be a lognormal sigma in [0, 2] or [below, above] "
+                         f"the median, got {value!r}")
+    return float(parts[0]) if isinstance(value, int | float) else (float(parts[0]), float(parts[-1]))
 
 
 def link_figures(config: TransferConfig, prefill: HardwareSpec, decode: HardwareSpec) -> tuple[float, float]:

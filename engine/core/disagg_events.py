@@ -56,7 +56,7 @@ from engine.core.loop import FleetStepHook, Replica, StepRecord, StepRun
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
 from engine.core.step_log import first_step_end
-from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LandingWatch, WireGates
+from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LagDraw, LandingWatch, Sigma, WireGates
 
 HANDOFF, LANDED, RETRY, SEND, POST, WIRE, RECV, TOLD = 0, 1, 2, 3, 4, 5, 6, 7
 
@@ -65,13 +65,15 @@ class FleetEvents:
     def __init__(self, prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica],
                  decode_router: Router, pricer: TransferPricer, on_step: FleetStepHook | None,
                  handshake: bool = False, queue_behind_step: bool = False, recv_behind_step: bool = False,
-                 landing_lag_s: float = 0.0, send_lag_s: float = 0.0) -> None:
+                 landing_lag_s: float = 0.0, send_lag_s: float = 0.0, landing_lag_sigma: Sigma = 0.0,
+                 send_lag_sigma: Sigma = 0.0) -> None:
         self.prefill, self.decode = prefill, decode
         self.handshake = handshake
         self.queue_behind_step = queue_behind_step
         self.recv_behind_step, self.gates = recv_behind_step, WireGates()
-        self.landing_lag_s, self.send_lag_s = landing_lag_s, send_lag_s
-        self.landings = LandingWatch(landing_lag_s)
+        self.landing_lag = LagDraw(landing_lag_s, landing_lag_sigma)
+        self.send_lag = LagDraw(send_lag_s, send_lag_sigma)
+        self.landings = LandingWatch(self.landing_lag)
         # handshake: per replica (prefill first), what waits for the end of its step in flight
         self.after_step: dict[int, list[tuple[int, Request]]] = {}
         self.replicas: list[Replica] = [*prefill, *decode]
@@ -109,7 +111,7 @@ class FleetEvents:
 
     def _decode_step(self, index: int, record: StepRecord | StepRun, finished: list[Request]) -> None:
         self._step_ended(len(self.prefill) + index, record)
-        if self.landing_lag_s:
+        if self.landing_lag:
             self.landings.stepped(index, record)
         if self.blocked and not self.retry_pending:
             self.push(first_step_end(record), RETRY, self.blocked[0])
@@ -135,7 +137,8 @@ class FleetEvents:
                     self.push(end, kind, request)
                 else:  # landed: the decode step that computes the request starts now
                     transfer = self.transfers[request.request_id]
-                    transfer.transfer_s = end + self.landing_lag_s - transfer.start_s
+                    lag = self.landing_lag.after_end(index - len(self.prefill), end)
+                    transfer.transfer_s = end + lag - transfer.start_s
 
     def _loop_boundary(self, index: int, kind: int, request: Request, t: float, past_in_flight: bool) -> float | None:
         """handshake: when replica `index`'s loop handles a message sent at t (past_in_flight: and its
@@ -163,12 +166,12 @@ class FleetEvents:
             self.prefill[transfer.prefill].release(request.request_id, t)
             self.staging.land((transfer.decode, transfer.prefill), request.request_id)
             if self.handshake:  # the engine's landing: seen at the next boundary, after the step in flight
-                landed = self.landings.seen(transfer.decode, t) if self.landing_lag_s else None
+                landed = self.landings.seen(transfer.decode, t) if self.landing_lag else None
                 if landed is None:
                     landed = self._loop_boundary(len(self.prefill) + transfer.decode, LANDED, request, t,
                                                  not self.queue_behind_step)
                     if landed is not None and landed > t:
-                        landed += self.landing_lag_s
+                        landed += self.landing_lag.after_end(transfer.decode, landed)
                 if landed is not None:
                     transfer.transfer_s = landed - transfer.start_s
             self.decode[transfer.decode].arrived(request, t)
@@ -176,8 +179,8 @@ class FleetEvents:
             if self.recv_behind_step:  # the decode replica posted the receive as it reserved
                 self._gate(request, RECV_START, self._behind_step(
                     len(self.prefill) + self.transfers[request.request_id].decode, t, request, RECV))
-            if self.send_lag_s:
-                self.push(t + self.send_lag_s, TOLD, request)
+            if self.send_lag:
+                self.push(t + self.send_lag.for_request(request.request_id), TOLD, request)
             else:
                 self.handle(t, TOLD, request)
         elif kind == TOLD:

@@ -17,21 +17,23 @@ from engine.core.disagg_types import DisaggResult, Transfer, TransferPricer
 from engine.core.loop import FleetStepHook, Replica
 from engine.core.request import Request
 from engine.core.routers import Router
+from engine.core.transfer_receive import Sigma
 
 
 def run_disaggregated(prefill: Sequence[PrefillReplica], decode: Sequence[DecodeReplica], requests: Iterable[Request],
                       prefill_router: Router, decode_router: Router, pricer: TransferPricer,
                       on_step: FleetStepHook | None = None, handshake: bool = False,
                       queue_behind_step: bool = False, recv_behind_step: bool = False,
-                      landing_lag_s: float = 0.0, send_lag_s: float = 0.0) -> DisaggResult:
+                      landing_lag_s: float = 0.0, send_lag_s: float = 0.0, landing_lag_sigma: Sigma = 0.0,
+                      send_lag_sigma: Sigma = 0.0) -> DisaggResult:
     """Serve requests to completion; replica indices in on_step: prefill first, then decode;
     handshake: the engine's protocol; queue_behind_step: sends wait for the prefill step in flight;
     recv_behind_step: receives for the decode step in flight; landing_lag_s: the decode loop's check for
-    landed receives after a step; send_lag_s: the reserve's message to the prefill replica
-    (engine.core.disagg_events's docstring)."""
+    landed receives after a step; send_lag_s: the reserve's message to the prefill replica; the
+    sigmas: each lag's spread (engine.core.transfer_receive; engine.core.disagg_events's docstring)."""
     pending = sorted(requests, key=lambda r: r.arrival_time)
     fleet = FleetEvents(prefill, decode, decode_router, pricer, on_step, handshake, queue_behind_step,
-                        recv_behind_step, landing_lag_s, send_lag_s)
+                        recv_behind_step, landing_lag_s, send_lag_s, landing_lag_sigma, send_lag_sigma)
     replicas = fleet.replicas
     next_arrival = 0
     while True:

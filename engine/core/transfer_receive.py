@@ -10,11 +10,20 @@ step's end (its host work after a step), so a wire that ends within that much af
 seen then, and a landing seen at a later step boundary that much after it (LandingWatch).
 send_lag_s (with the handshake): the prefill replica is told to send that long after the decode
 replica reserved at its step boundary (its loop's host work, the router's pipes both ways).
+landing_lag_sigma, send_lag_sigma: each lag is a host's work, which varies from one step boundary
+(or one send) to the next; with sigma > 0 each is drawn from a lognormal of that median (the lag_s)
+and sigma, or one sigma below the median and one above (LagDraw). The draw decides whether a wire
+that ends near a step's end is seen at the check after it or a step later: a fixed lag makes that
+a cliff at one transfer size.
 """
 
 from __future__ import annotations
 
+import math
+import random
+import zlib
 from collections import deque
+from statistics import NormalDist
 
 from engine.core.step_log import StepRecord, StepRun
 
@@ -39,11 +48,43 @@ class WireGates:
         return max(send, recv), seconds
 
 
-class LandingWatch:
-    """A decode replica's loop checks for landed receives lag_s after each of its steps' ends."""
+Sigma = float | tuple[float, float]
 
-    def __init__(self, lag_s: float) -> None:
-        self.lag_s = lag_s
+
+class LagDraw:
+    """A host lag per occasion: median_s times exp(sigma z), z a standard normal drawn from the
+    occasion's key alone, so the same occasion (a step end, a request) gets the same lag on every
+    path that asks, and a run is reproducible. sigma is one number, or (below, above) the median: a
+    host's lags are skewed (a floor of fixed work, a tail of busy iterations), P10 nearer the
+    median than P90; sigma 0 is median_s always."""
+
+    def __init__(self, median_s: float, sigma: Sigma = 0.0) -> None:
+        self.median_s = median_s
+        self.below, self.above = (sigma, sigma) if isinstance(sigma, int | float) else sigma
+
+    def __bool__(self) -> bool:
+        return self.median_s > 0
+
+    def at(self, key: int) -> float:
+        if not (self.below or self.above) or not self.median_s:
+            return self.median_s
+        u = min(max(random.Random(key).random(), 1e-9), 1 - 1e-9)
+        z = NormalDist().inv_cdf(u)
+        return self.median_s * math.exp((self.below if z < 0 else self.above) * z)
+
+    def after_end(self, replica: int, end_s: float) -> float:
+        """The lag after replica `replica`'s step that ended at end_s (keyed to the nanosecond)."""
+        return self.at(hash((replica, round(end_s * 1e9))))
+
+    def for_request(self, request_id: str) -> float:
+        return self.at(zlib.crc32(request_id.encode()))
+
+
+class LandingWatch:
+    """A decode replica's loop checks for landed receives a lag after each of its steps' ends."""
+
+    def __init__(self, lag: LagDraw) -> None:
+        self.lag = lag
         self.ends: dict[int, deque[float]] = {}
 
     def stepped(self, decode: int, record: StepRecord | StepRun) -> None:
@@ -54,7 +95,9 @@ class LandingWatch:
             ends.append(record.start_s + record.duration_s)
 
     def seen(self, decode: int, t: float) -> float | None:
-        """When a wire that ended at t is seen, if a step of the replica ended at most lag_s before
-        t (its loop checks then); else None (the next step boundary's check, lag_s after it)."""
-        ends = [e for e in self.ends.get(decode, ()) if t - self.lag_s <= e <= t]
-        return max(ends) + self.lag_s if ends else None
+        """When a wire that ended at t is seen, if a step of the replica ended before t and its
+        loop's check after that step comes at t or later (the first such check); else None (the
+        next step boundary's check, its lag after it)."""
+        checks = [e + self.lag.after_end(decode, e) for e in self.ends.get(decode, ()) if e <= t]
+        checks = [c for c in checks if c >= t]
+        return min(checks) if checks else None

@@ -39,15 +39,19 @@ from harness.output.metrics import SUMMARY_STEP_COLUMNS
 HERE = Path(__file__).resolve().parent
 # the figures set on the Qwen3-8B 1P1D call run 2 (2 x H200) by --lags and a bandwidth scan
 BANDWIDTH, LANDING_LAG_S, SEND_LAG_S = 220e9, 0.8e-3, 1.8e-3
+# each lag's lognormal sigma below and above its median: `--spread transfer_lags.csv`, pooled over
+# the eight loaded cells of both 1P1D calls (m8, m06)
+LANDING_LAG_SIGMA, SEND_LAG_SIGMA = (0.2, 0.4), (0.24, 0.52)
+Z90 = 1.2815515655446004  # the standard normal's P90
 QUANTILES = (0.1, 0.5, 0.9)
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s")
 
 
-def call_setup(call: Path) -> tuple[Setup, pd.DataFrame]:
+def call_setup(call: Path, extra: tuple[str, ...] = ()) -> tuple[Setup, pd.DataFrame]:
     runs = pd.read_csv(next(p for p in (call / "runs.csv", call / "runs.csv.gz") if p.is_file()), dtype={"load": str})
     args = json.loads((call / "settings.json").read_text())["args"]
     model = args.get("model", "qwen3-0.6b")
-    own = (*args.get("overrides", []), *args.get("sim_overrides", []))
+    own = (*args.get("overrides", []), *args.get("sim_overrides", []), *extra)
     disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
     (fleet,) = set(runs.fleet[disaggregated])
     setup = Setup(model, "h200", Pools.parse(fleet), profile=call_profile(call, model), overrides=own)
@@ -59,7 +63,11 @@ def quantiles(values: pd.Series, prefix: str) -> dict[str, float]:
 
 
 def measured_quantiles(call: Path, row: pd.Series) -> dict[str, float]:
-    """The cell's measured transfer quantiles (ms): from each transfer, else the call's per-cell table."""
+    """The cell's measured transfer quantiles (ms): from each transfer, else the call's per-cell table,
+    else its runs table (P50 and P90 only: the committed m8 and m06 calls)."""
+    if not (call / "transfers.csv").is_file() and not (call / "transfers_by_cell.csv").is_file():
+        return {"measured_p10_ms": math.nan, **{f"measured_p{q}_ms": round(1e3 * row[f"transfer_p{q}_s"], 2)
+                                                for q in (50, 90)}}
     if (call / "transfers.csv").is_file():
         moved = pd.read_csv(call / "transfers.csv", dtype={"load": str})
         cell = moved[(moved.fleet == row.fleet) & (moved.workload == row.workload) & (moved.load == row.load)]
@@ -69,8 +77,11 @@ def measured_quantiles(call: Path, row: pd.Series) -> dict[str, float]:
     return {f"measured_p{int(100 * q)}_ms": getattr(cell, f"transfer_p{int(100 * q)}_ms") for q in QUANTILES}
 
 
-def resimulate(call: Path, links: dict[str, dict]) -> list[dict]:
-    setup, measured = call_setup(call)
+def resimulate(call: Path, links: dict[str, dict], cells: list[str] | None = None,
+               extra: tuple[str, ...] = ()) -> list[dict]:
+    setup, measured = call_setup(call, extra)
+    if cells:
+        measured = measured[(measured.workload + ":" + measured.load).isin(cells)]
     rc = setup.run_config("sim", MEASURE_SCHEDULER)
     rows = []
     for _, row in measured.iterrows():
@@ -88,11 +99,15 @@ def resimulate(call: Path, links: dict[str, dict]) -> list[dict]:
             out["p50_within"] = abs(out["p50_err_pct"]) <= 15
             for metric in METRICS:
                 out[f"{metric}_err_pct"] = round(100 * (summary[metric] / row[metric] - 1), 1)
+            # the median in decode steps (TPOT P50: a decode replica's step), measured and simulated
+            out["measured_p50_steps"] = round(out["measured_p50_ms"] / (1e3 * row.tpot_p50_s), 2)
+            out["sim_p50_steps"] = round(out["sim_p50_ms"] / (1e3 * summary["tpot_p50_s"]), 2)
             rows.append(out)
             print(*(out[k] for k in ("call", "workload", "load", "side")),
                   f"P10/50/90 ms measured {out['measured_p10_ms']} / "
                   f"{out['measured_p50_ms']} / {out['measured_p90_ms']}, simulated {out['sim_p10_ms']} / "
-                  f"{out['sim_p50_ms']} / {out['sim_p90_ms']} ({out['p50_err_pct']:+.1f}%)", flush=True)
+                  f"{out['sim_p50_ms']} / {out['sim_p90_ms']} ({out['p50_err_pct']:+.1f}%); P50 in decode steps "
+                  f"{out['measured_p50_steps']} / {out['sim_p50_steps']}", flush=True)
     return rows
 
 
@@ -138,6 +153,30 @@ def lags(call: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def spread(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """Per lag, the lognormal sigma below and above its median that each cell's P10 and P90 give
+    (ln(P50 / P10) / z90, ln(P90 / P50) / z90), the median over the cells."""
+    out = {}
+    for lag in ("landing_lag", "send_lag"):
+        p10, p50, p90 = (table[f"{lag}_p{q}_ms"] for q in (10, 50, 90))
+        out[lag] = (round(float(np.median(np.log(p50 / p10) / Z90)), 2),
+                    round(float(np.median(np.log(p90 / p50) / Z90)), 2))
+    return out
+
+
+TARGETS = {"p50_err_pct": 15, "ttft_p50_s_err_pct": 10, "ttft_p90_s_err_pct": 10, "tpot_p50_s_err_pct": 10,
+           "tpot_p90_s_err_pct": 10, "request_s_err_pct": 5}  # the issue's targets (%)
+
+
+def counts(table: pd.DataFrame) -> pd.DataFrame:
+    """Per side, how many cells meet each target (the transfer median's, TTFT's, TPOT's, throughput's)
+    and how many comparisons in all, over the table's cells."""
+    within = pd.DataFrame({metric: table[metric].abs() <= bound for metric, bound in TARGETS.items()})
+    out = within.groupby(table.side, sort=False).sum()
+    out["all"] = out.sum(axis=1)
+    return out.assign(cells=table.groupby("side", sort=False).size())
+
+
 def first_boundary(post: np.ndarray, landed: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Whether each transfer landed at the first decode step boundary after its post."""
     return np.searchsorted(ends, landed - 1e-7) - np.searchsorted(ends, post) <= 1
@@ -178,18 +217,43 @@ def size_classes(call: Path, bandwidths: list[float], after: dict) -> pd.DataFra
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("calls", nargs="+", type=Path)
+    parser.add_argument("calls", nargs="*", type=Path)
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--bandwidth", type=float, default=BANDWIDTH)
     parser.add_argument("--landing-lag-s", type=float, default=LANDING_LAG_S)
     parser.add_argument("--send-lag-s", type=float, default=SEND_LAG_S)
+    parser.add_argument("--landing-lag-sigma", type=float, nargs="+", default=LANDING_LAG_SIGMA,
+                        metavar="SIGMA", help="one sigma, or two: below and above the median (0: a fixed lag)")
+    parser.add_argument("--send-lag-sigma", type=float, nargs="+", default=SEND_LAG_SIGMA, metavar="SIGMA")
+    parser.add_argument("--count", type=Path, nargs="+", default=None, metavar="TABLE",
+                        help="count the cells within each target in written tables, and stop")
+    parser.add_argument("--spread", type=Path, default=None, metavar="LAGS_CSV",
+                        help="print each lag's sigmas below and above the median from a --lags table, and stop")
+    parser.add_argument("--cells", nargs="+", default=None, metavar="WORKLOAD:LOAD",
+                        help="only these cells, e.g. conversation:0.8")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="a simulator override on both sides, e.g. hardware.decode_programs_per_sm=5")
+    parser.add_argument("--name", default="transfer_parts", help="the table's file name (DIR/NAME.csv)")
     parser.add_argument("--lags", action="store_true", help="measure the two lags from the kept steps")
     parser.add_argument("--size-classes", type=float, nargs="+", default=None, metavar="B",
                         help="the first-boundary share per size class, measured and simulated at each B (bytes/s)")
     args = parser.parse_args(argv)
+    if args.spread is not None:
+        print(spread(pd.read_csv(args.spread)))
+        return
+    if args.count:
+        for table in args.count:
+            print(table, counts(pd.read_csv(table, dtype={"load": str})).to_string(), sep="\n")
+        return
+    if not args.calls:
+        parser.error("give at least one CALL_DIR")
+    for name in ("landing_lag_sigma", "send_lag_sigma"):
+        if len(getattr(args, name)) > 2:
+            parser.error(f"--{name.replace('_', '-')} takes one sigma or two")
     args.out.mkdir(parents=True, exist_ok=True)
     after = {"bandwidth": args.bandwidth, "recv_behind_step": True, "landing_lag_s": args.landing_lag_s,
-             "send_lag_s": args.send_lag_s}
+             "send_lag_s": args.send_lag_s, "landing_lag_sigma": tuple(args.landing_lag_sigma),
+             "send_lag_sigma": tuple(args.send_lag_sigma)}
     if args.size_classes:
         table = pd.concat([size_classes(call, args.size_classes, after) for call in args.calls], ignore_index=True)
         print(table.to_string(index=False))
@@ -200,8 +264,11 @@ def main(argv: list[str] | None = None) -> None:
         print(table.to_string(index=False))
         table.to_csv(args.out / "transfer_lags.csv", index=False)
         return
-    rows = [row for call in args.calls for row in resimulate(call, {"before": {}, "after": after})]
-    pd.DataFrame(rows).to_csv(args.out / "transfer_parts.csv", index=False)
+    rows = [row for call in args.calls for row in resimulate(call, {"before": {}, "after": after}, args.cells,
+                                                               tuple(args.extra))]
+    table = pd.DataFrame(rows)
+    table.to_csv(args.out / f"{args.name}.csv", index=False)
+    print(counts(table).to_string())
 
 
 if __name__ == "__main__":

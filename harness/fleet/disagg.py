@@ -86,7 +86,8 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
                                    (lambda i, record, finished: bar.update(len(finished))) if progress else None,
                                    fleet.transfer.handshake, fleet.transfer.sends_queue_behind_step(),
                                    fleet.transfer.receives_queue_behind_step(), fleet.transfer.landing_lag_s,
-                                   fleet.transfer.send_lag_s)
+                                   fleet.transfer.send_lag_s, fleet.transfer.landing_lag_sigma,
+                                   fleet.transfer.send_lag_sigma)
     wall_s = time.perf_counter() - started
     for ex in executors:
         for executor in ex:

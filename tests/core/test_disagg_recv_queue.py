@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from engine.core.disagg_fleet import run_disaggregated
 from engine.core.routers import RouterConfig, make_router
 from engine.core.step_log import StepRecord
-from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LandingWatch, WireGates
+from engine.core.transfer_receive import RECV_START, SEND_START, WIRE_SECONDS, LagDraw, LandingWatch, WireGates
 from sim.kv_transfer import KVTransferPricer, TransferConfig
 from tests.core.fakes import OverlappingFakeExecutor
 from tests.core.test_disagg import LinearPricer, _assert_blocks_returned, _pools
@@ -112,7 +112,7 @@ def test_the_wire_starts_at_the_later_end_whatever_order_they_become_known(send,
 
 
 def test_a_landing_within_the_lag_after_a_step_end_is_seen_then_else_at_the_next_check():
-    watch = LandingWatch(1e-3)
+    watch = LandingWatch(LagDraw(1e-3))
     watch.stepped(0, StepRecord(0.0, 5e-3, None))  # type: ignore[arg-type]
     assert math.isclose(watch.seen(0, 5.5e-3) or 0.0, 6e-3)  # the check 1 ms after the end at 5 ms
     assert watch.seen(0, 6.5e-3) is None  # past the check: the next step boundary's
