@@ -51,7 +51,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         all_reduce=priced_all_reduce(execution.all_reduce, execution.tensor_parallel_size, hardware.prices_one_shot),
     )
     return SimExecutor(cost_model, info, execution.seed, sim.fast_forward, samples,
-                       idle_start_s(hardware, sim, info.overlaps_steps, cost_model))
+                       idle_start_s(hardware, sim, info.overlaps_steps, cost_model), sim.plan_after_launches)
 
 
 def idle_start_s(hardware: HardwareSpec, sim: SimConfig, overlaps_steps: bool, cost_model: CostModel) -> float:

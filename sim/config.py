@@ -85,6 +85,10 @@ class SimConfig:
     request to its replica's process, measured on the GPU host (profiles/<hardware>/fleet_intake.json,
     harness.fleet.intake; engine.core.intake). A single run has none. False: a replica sees a request
     at its arrival.
+    plan_after_launches: the loop plans the next step only once the prefill step in flight's submit()
+    returned, at its priced launches (engine.core.loop.Replica.plan_time), so arrivals meanwhile join
+    it, as the engine's loop admits them. False (the default, which the committed held-out table was
+    simulated with): at the previous step's end on the device.
     idle_start: a step submitted onto an idle device waits the hardware's idle_start_host_s first
     (sim.executor: the loop's planning, the device clock's anchor, the batch's building; needs that
     figure and overlapped steps, execution.async_scheduling). False: it starts at once.
@@ -110,6 +114,7 @@ class SimConfig:
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     idle_start: bool = False
+    plan_after_launches: bool = False
     host_scale: float = 1.0
     host_jitter: float = 0.0
     loop_s: float = 0.0
@@ -145,7 +150,7 @@ class SimConfig:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
         for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake",
-                     "idle_start"):
+                     "idle_start", "plan_after_launches"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.prefill_cached_kv and not self.prefill_programs:

@@ -15,6 +15,11 @@ Such a submitted step also waits idle_start_s (SimConfig.idle_start, the hardwar
 idle_start_host_s) before its device work: the loop's planning, the device clock's anchor and the
 batch's building that the engine does before an idle device's first kernel and hides behind the
 step in flight otherwise. The step's duration holds it (an engine step's span starts after it).
+
+With SimConfig.plan_after_launches a submitted step also carries host_s, the host time of its
+submit() as the cost model priced it (its launches, ProfiledCostModel.last_launch_s; 0 for a cost
+model without them, and without the setting): the core loop plans the next step only once that
+returned (engine.core.loop.Replica.plan_time).
 """
 
 from __future__ import annotations
@@ -38,11 +43,13 @@ if TYPE_CHECKING:
 
 class SimExecutor:
     def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True,
-                 samples: SampledTokens | None = None, idle_start_s: float = 0.0) -> None:
+                 samples: SampledTokens | None = None, idle_start_s: float = 0.0,
+                 plan_after_launches: bool = False) -> None:
         """idle_start_s: host time a step submitted with nothing in flight waits before its device
         work (module docstring). samples: tokens computed ahead (sim.sampled; a plan's, shared by its
         deployments), read where they cover what a step samples, if they are of this seed, vocabulary and eos (the
-        same tokens either way: others are hashed here)."""
+        same tokens either way: others are hashed here). plan_after_launches: submitted steps carry
+        their host_s (module docstring; False: 0, the loop plans at once)."""
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
@@ -55,6 +62,7 @@ class SimExecutor:
             raise ValueError(f"idle_start_s must be a number >= 0, got {idle_start_s!r}")
         self.cost_model = cost_model
         self.idle_start_s = float(idle_start_s)
+        self.plan_after_launches = plan_after_launches
         self.seed = seed
         self._info = info
         self._vocab_size = vocab_size
@@ -83,13 +91,18 @@ class SimExecutor:
         return self._hooks.submitted(plan, self._submit_idle if idle and self.idle_start_s else self._submit)
 
     def _submit(self, plan: StepPlan) -> _Priced:
-        return _Priced(self._price(plan), self)
+        result = self._price(plan)
+        return _Priced(result, self, self._host_s())
 
     def _submit_idle(self, plan: StepPlan) -> _Priced:
         """A step onto an idle device: its host work before the first kernel, then the step. The cost
         model keeps the step's device price as its state (what the next step hides behind)."""
         result = self._price(plan)
-        return _Priced(replace(result, duration_s=result.duration_s + self.idle_start_s), self)
+        return _Priced(replace(result, duration_s=result.duration_s + self.idle_start_s), self, self._host_s())
+
+    def _host_s(self) -> float:
+        """The host time of the submit() of the step just priced: its launches (module docstring)."""
+        return getattr(self.cost_model, "last_launch_s", 0.0) if self.plan_after_launches else 0.0
 
     def observe(self, hook: StepHook) -> Unobserve:
         return self._hooks.add(hook)
@@ -185,7 +198,7 @@ class SimExecutor:
     def resubmitted(self, pending: PendingStep, result: StepResult) -> PendingStep:
         """The in-flight step (read by the caller) replaced by one priced to result."""
         self._unread += 1
-        return _Priced(result, self)
+        return _Priced(result, self, getattr(pending, "host_s", 0.0))
 
     def shutdown(self) -> None:
         self._request_seeds.clear()
@@ -213,13 +226,15 @@ def _repeat_plans(cost_model: CostModel, plan: StepPlan) -> Iterator[float]:
 
 
 class _Priced:
-    """A priced step handed back by submit(); reading it takes it out of flight (once)."""
+    """A priced step handed back by submit(); reading it takes it out of flight (once). host_s: the
+    host time of the submit() that queued it (module docstring)."""
 
-    __slots__ = ("_result", "_executor")
+    __slots__ = ("_result", "_executor", "host_s")
 
-    def __init__(self, result: StepResult, executor: SimExecutor) -> None:
+    def __init__(self, result: StepResult, executor: SimExecutor, host_s: float = 0.0) -> None:
         self._result = result
         self._executor: SimExecutor | None = executor
+        self.host_s = host_s
 
     def result(self) -> StepResult:
         if self._executor is not None:

@@ -101,6 +101,9 @@ class ProfiledCostModel:
         self._warned: set[tuple[str, str]] = set()
         # the previous priced step, for overlap: its duration and its own launch time
         self._previous: tuple[float, float] | None = None
+        # the last priced step's launches (host time of its submit()), which the loop waits for
+        # before it plans the next step (sim.executor)
+        self.last_launch_s = 0.0
         self.launch_delay_s = 0.0  # the loop's work before a launch (sim.profiled_overlap)
         # the serving loop's own host work between overlapped submits, per step and per running
         # sequence, at this model's host (sim.profiled_overlap; SimConfig.loop_s): 0, not priced
@@ -235,7 +238,8 @@ class ProfiledCostModel:
         if self.prices_overlap:
             # step 0 is a new run's first step (a fresh scheduler): nothing before it to hide behind
             duration = self.overlapped(features, duration, self._previous if step else None)
-            self._previous = (duration, self._part("launch", features) + self.loop_time(features))
+            self.last_launch_s = self._part("launch", features)
+            self._previous = (duration, self.last_launch_s + self.loop_time(features))
         if not self.host_jitter:
             return duration + self.host_time(features)
         seconds = duration + self.host_time(features)

@@ -178,6 +178,12 @@ class _ObservedStep:
         self._plan = None  # the plan's entries need not outlive the step
         return result
 
+    @property
+    def host_s(self) -> float:
+        """The watched step's host time of its submit(), where it has one (a simulated step's: the
+        loop plans by it, engine.core.loop.Replica.plan_time; watching must not change that)."""
+        return getattr(self._pending, "host_s", 0.0)
+
     def sampled(self) -> list[int]:
         """The watched step's EarlyTokens.sampled() (AttributeError where it has none)."""
         return cast(EarlyTokens, self._pending).sampled()

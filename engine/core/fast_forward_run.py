@@ -86,6 +86,11 @@ class FastRun(Booking):
                 prefill = scheduler.schedule_prefill(self.t)
                 if prefill is not None:
                     self.insert(prefill)
+                    if replica.plan_time() > self.t:
+                        # its launches outlast the step before it: the loop plans the next step
+                        # later (Replica.plan_time), as the step-by-step path does
+                        self.close()
+                        return False
                     continue
             if not scheduler.running or not scheduler.policy.repeats_decode(scheduler) or not self.join_pending():
                 self.close()

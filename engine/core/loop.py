@@ -131,10 +131,26 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         """When this replica's next iteration starts; inf when it has nothing to do."""
         now = self.clock.now()
         if self.scheduler.has_unfinished() or self.in_flight is not None:
-            return now
+            return self.plan_time()
         if self.inbox:
             return max(now, self.next_seen())
         return math.inf
+
+    def plan_time(self) -> float:
+        """When the loop admits arrivals and plans its next step: now, or, while a prefill step is in
+        flight, not before that step's submit() returned (its host_s, at the time it was planned):
+        the loop submits step N, then reads step N-1 and plans step N+1. An eager prefill's launches
+        outlast the step before it on the device, and the engine admits what arrives meanwhile into
+        step N+1 (experiments/fidelity/code_completion_h100/admission.md). A wall clock has waited
+        for it already (its pending steps have no host_s; nor have a simulator's without
+        backend.plan_after_launches). A decode step's submit, one graph launch,
+        is not counted: it did not outlast the step before it in those cells (0 difference), and so
+        the plan times of fast-forwarded runs of decode steps are the clock's."""
+        now = self.clock.now()
+        flight = self.in_flight
+        if flight is None or flight[0].stats.kind == "decode":
+            return now
+        return max(now, flight[2] + getattr(flight[1], "host_s", 0.0))
 
     def admit(self, now: float) -> None:
         inbox = self.inbox
@@ -155,10 +171,10 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         if self.fast is not None:
             if self.fast.resume():
                 return
-            if self.clock.now() >= self.stop_at:
+            if self.plan_time() >= self.stop_at:
                 # the run closed at or past the fleet's bound: the next iteration comes after its event
                 return
-        now = self.clock.now()
+        now = self.plan_time()
         inbox = self.inbox
         if inbox and self.sees(now):
             self.admit(now)

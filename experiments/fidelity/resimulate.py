@@ -62,11 +62,11 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
                moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
                decode_programs_baseline: str = "none", idle_start: bool = False,
-               interval_config: IntervalConfig | None = None) -> pd.DataFrame:
+               interval_config: IntervalConfig | None = None, plan_after_launches: bool = False) -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
     repeats; cells without an entry take host_scale and no jitter. repeated_reads,
-    decode_programs_baseline, idle_start: SimConfig's. interval_config: the interval's, where
+    decode_programs_baseline, idle_start, plan_after_launches: SimConfig's. interval_config: the interval's, where
     interval is set (default: IntervalConfig())."""
     interval_config = interval_config or IntervalConfig()
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
@@ -90,7 +90,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                                                                          host_scale=scale, host_jitter=jitter,
                                                                          repeated_reads=repeated_reads,
                                                                          decode_programs_baseline=decode_programs_baseline,
-                                                                         idle_start=idle_start))
+                                                                         idle_start=idle_start,
+                                                                         plan_after_launches=plan_after_launches))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if interval:
@@ -162,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
                              "default: the hardware entry's)")
     parser.add_argument("--idle-start", action="store_true",
                         help="a step onto an idle device first waits the host's idle_start_host_s (backend.idle_start)")
+    parser.add_argument("--plan-after-launches", action="store_true",
+                        help="plan each step once the prefill in flight's priced launches are done, not at the "
+                             "previous step's end (backend.plan_after_launches)")
     parser.add_argument("--interval-seed", type=int, default=IntervalConfig.seed,
                         help="with --interval: the seed of its draws (the protocol's: 0)")
     parser.add_argument("--machine-spread", type=float, default=None,
@@ -206,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
                          args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
-                         args.decode_programs_baseline, args.idle_start, interval_config)
+                         args.decode_programs_baseline, args.idle_start, interval_config, args.plan_after_launches)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

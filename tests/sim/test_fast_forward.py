@@ -34,7 +34,9 @@ def _executor(fast: bool, overlap: bool, num_blocks: int, cost_model=None, block
     model, hardware = helpers.model("qwen3-0.6b"), helpers.hardware("h100")
     info = BackendInfo(num_blocks=num_blocks, block_size=block_size, vocab_size=97, eos_token_ids=(5,),
                        overlaps_steps=overlap)
-    return SimExecutor(cost_model or RooflineCostModel(model, hardware), info, seed=3, fast_forward=fast)
+    # plan_after_launches: the launches a cost model prices (_Launches) delay plans, step by step and booked
+    return SimExecutor(cost_model or RooflineCostModel(model, hardware), info, seed=3, fast_forward=fast,
+                       plan_after_launches=True)
 
 
 def _requests(seed: int, n: int, max_len: int, stop: bool, packed: bool = False) -> list[Request]:
@@ -101,7 +103,19 @@ class _Grouped(_Stateful):
         return super().step_time(plan) * (1.0 + 0.01 * len(routing_sequences(plan)) + 0.001 * keyless)
 
 
-COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats, "grouped": _Grouped}
+class _Launches(_Stateful):
+    """With each step's launches (the executor's host_s, as ProfiledCostModel.last_launch_s): a
+    prefill's outlast the steps around it, so the loop plans the next step after them
+    (Replica.plan_time), arrivals meanwhile join it, and a booked run closes there."""
+
+    def step_time(self, plan):
+        duration = super().step_time(plan)
+        self.last_launch_s = 0.004 * (1 + self.since_drained % 4) if plan.stats.kind != "decode" else duration
+        return duration
+
+
+COST_MODELS = {"roofline": None, "stateful": _Stateful, "repeats": _Repeats, "grouped": _Grouped,
+               "launches": _Launches}
 
 
 def _serve(fast, policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, cost="roofline", block_size=4,
@@ -143,7 +157,7 @@ def test_fast_forward_matches_step_by_step_searched_longer(policy, overlap, cach
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(("roofline", "stateful")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
+@given(st.sampled_from(("roofline", "stateful", "launches")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
        st.integers(4, 40), st.integers(0, 10**6), st.integers(1, 16), st.integers(1, 8), st.booleans())
 def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, caching, num_blocks, seed, n, max_num_seqs,
                                                      packed):
@@ -154,8 +168,8 @@ def test_long_runs_between_events_match_step_by_step(cost, policy, overlap, cach
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(("stateful", "repeats", "grouped")), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
-       st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 8))
+@given(st.sampled_from(("stateful", "repeats", "grouped", "launches")), st.sampled_from(POLICIES), st.booleans(),
+       st.booleans(), st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 8))
 def test_fast_forward_with_steps_priced_one_at_a_time_matches_step_by_step(cost, policy, overlap, caching, num_blocks,
                                                                           seed, n, max_num_seqs):
     """Cost models without price arrays (decode_repeats, or a plan per step): the run never prices a
@@ -166,14 +180,15 @@ def test_fast_forward_with_steps_priced_one_at_a_time_matches_step_by_step(cost,
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30),
-       st.sampled_from(("round_robin", "least_requests", "least_tokens")))
-def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n, router):
+       st.sampled_from(("round_robin", "least_requests", "least_tokens")), st.sampled_from(("roofline", "launches")))
+def test_fast_forward_matches_step_by_step_in_a_fleet(policy, overlap, seed, n, router, cost):
     """Routers read replicas between booked steps: least_tokens reads requests' counts, so a booked
     run writes them out first (Replica.settle); the others read what a run keeps exact."""
     def serve(fast: bool):
         replicas = []
         for i in range(2):
-            executor = _executor(fast, overlap, 64)
+            make = COST_MODELS[cost]
+            executor = _executor(fast, overlap, 64, make() if make else None)
             config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=60, policy=policy)
             replicas.append(Replica(i, make_scheduler(config, executor.info()), executor, SimulatedClock()))
         result = run_fleet(replicas, _requests(seed, n, 60, False), ROUTER_REGISTRY.get(router)())
