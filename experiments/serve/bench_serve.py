@@ -36,8 +36,9 @@ served decode steps, which share 512 tokens a prompt, priced within 1.5%, agains
 and a decode step's attention by its split-KV programs against the grid's own context spread
 (backend.decode_programs_baseline=grid_spread with hardware.decode_programs_per_sm=5: Azure 80%'s
 large decode batches with ragged contexts, priced 2-4% short otherwise; h100_run6_aiperf/itl80/),
-and on an H100 or H200 prices decode graph launches by the launch line of a committed grid
-(split_inputs.LAUNCH_LINE_GRIDS; docs/host_speed.md; h200_run9_aiperf/).
+on an H100 or H200 prices decode graph launches by the launch line of a committed grid
+(split_inputs.LAUNCH_LINE_GRIDS; docs/host_speed.md; h200_run9_aiperf/), and plans a step after the
+prefill in flight's launches (backend.plan_after_launches: burst_split.md).
 """
 
 from __future__ import annotations

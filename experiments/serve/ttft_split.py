@@ -100,6 +100,12 @@ def joined(records: pd.DataFrame, own: pd.DataFrame) -> pd.DataFrame:
 def simulated_at(overrides: list[str], own: pd.DataFrame, host_scale: float = 1.0) -> pd.DataFrame:
     """The case's requests simulated with the arrival times of a server's core (own's `arrival`),
     priced at host_scale: its requests.csv, in own's row order."""
+    return simulation_at(overrides, own, host_scale)[0]
+
+
+def simulation_at(overrides: list[str], own: pd.DataFrame,
+                  host_scale: float = 1.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """simulated_at's requests and the simulation's steps.csv (times from own's first arrival)."""
     rc = compose_run_config([*SIM, *overrides, f"backend.host_scale={host_scale:.6g}"])
     executor = make_executor(rc)
     scheduler = make_scheduler(rc.scheduler, executor.info(), rc.cache)
@@ -116,7 +122,8 @@ def simulated_at(overrides: list[str], own: pd.DataFrame, host_scale: float = 1.
     result = run(scheduler, executor, sorted(requests, key=lambda r: r.arrival_time), SimulatedClock())
     frame = requests_frame(result)
     frame = frame.set_index(frame["request_id"].map(by_id)).loc[own.index]
-    return frame.assign(phase=step_phase(frame["arrival"].to_numpy(float), steps_frame(result)))
+    steps = steps_frame(result)
+    return frame.assign(phase=step_phase(frame["arrival"].to_numpy(float), steps)), steps
 
 
 def step_phase(arrivals: np.ndarray, steps: pd.DataFrame) -> np.ndarray:

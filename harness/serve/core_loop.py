@@ -68,7 +68,11 @@ class PacedClock:
         self.sleep_until_due()
 
     def sleep_until_due(self) -> None:
-        delay = self.due() - time.perf_counter()
+        self.sleep_until(self._t)
+
+    def sleep_until(self, t: float) -> None:
+        """Sleep until simulated time t is due (none if it is due already)."""
+        delay = self.origin + t / self.time_scale - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
 
@@ -117,8 +121,9 @@ class CoreLoop:
                     replica.tick()
                     if self.sender is not None:
                         self._watch()
-                    elif isinstance(self.clock, PacedClock):  # its tokens are out: now the step runs
-                        self.clock.sleep_until_due()
+                    elif isinstance(self.clock, PacedClock):  # its tokens are out: now the step runs,
+                        # and arrivals are taken when the loop plans again (Replica.plan_time)
+                        self.clock.sleep_until(max(self.clock.now(), replica.plan_time()))
         finally:
             if self.sender is not None:
                 self.sender.close()

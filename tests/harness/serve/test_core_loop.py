@@ -9,6 +9,8 @@ wait on its socket while it has work: it polls between steps and blocks only whe
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -83,3 +85,52 @@ def test_the_loop_blocks_only_when_it_has_nothing_to_do():
     steps = [m for m in channel.sent if m[0] == "step"]
     delivered = {rid: sum(len(ids) for m in steps for r, ids, *_ in m[2] if r == rid) for rid in "ab"}
     assert delivered == {"a": 20, "b": 3}  # every token handed out once
+
+
+class TimedChannel:
+    """Messages handed out once their wall time (perf_counter) has come, as a socket would."""
+
+    def __init__(self, timed: list[tuple[float, tuple]]) -> None:
+        self.timed = timed
+        self.sent: list[tuple] = []
+        self.closed = False
+
+    def poll(self) -> list:
+        now = time.perf_counter()
+        due = [message for at, message in self.timed if at <= now]
+        self.timed = [(at, message) for at, message in self.timed if at > now]
+        return due
+
+    def wait(self) -> list:
+        if not self.timed:
+            return [("stop",)]
+        time.sleep(max(0.0, self.timed[0][0] - time.perf_counter()))
+        return self.poll()
+
+    def send(self, message: tuple) -> None:
+        self.sent.append(message)
+
+
+@pytest.mark.parametrize("after_launches", [True, False])
+def test_the_simulated_server_takes_arrivals_when_the_loop_plans_again(after_launches):
+    """With backend.plan_after_launches the simulator's server sleeps until the prefill in flight's
+    launches are over before it takes new messages (Replica.plan_time): b, sent 6 ms (simulated)
+    into a's 8 ms of launches, is prefilled in the very next step, as the engine's loop would; without
+    the rule the loop plans a's decode at once and b waits for it."""
+    from engine.core import SchedulerConfig
+    from engine.core.executor import BackendInfo
+    from sim.executor import SimExecutor
+    from tests.sim.test_plan_time import _Fixed
+
+    info = BackendInfo(num_blocks=64, block_size=4, vocab_size=97, eos_token_ids=(5,), overlaps_steps=True)
+    executor = SimExecutor(_Fixed(0.008), info, seed=1, plan_after_launches=after_launches)
+    scheduler = make_scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=60), info)
+    scale = 0.02  # 1 ms simulated = 50 ms on the wall: margins a busy CI machine keeps
+    clock = PacedClock(scale)
+    a = Request("a", [1] * 8, SamplingParams(max_tokens=4, ignore_eos=True))
+    b = Request("b", [2] * 8, SamplingParams(max_tokens=4, ignore_eos=True))
+    channel = TimedChannel([(clock.origin, ("add", a, clock.origin)),
+                            (clock.origin + 0.006 / scale, ("add", b, clock.origin + 0.006 / scale))])
+    result = CoreLoop(scheduler, executor, clock, channel).run()  # type: ignore[arg-type]
+    kinds = [step.stats.kind for step in result.steps][:3]
+    assert kinds == (["prefill", "prefill", "decode"] if after_launches else ["prefill", "decode", "prefill"])
