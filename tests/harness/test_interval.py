@@ -174,6 +174,6 @@ def test_a_config_without_a_machine_spread_takes_its_models_never_below_the_step
 def test_machine_spread_script_prints_the_floor_from_the_calibration_runs(capsys):
     from experiments.fidelity.machine_spread import main
 
-    assert main() == 0
+    assert main([]) == 0  # not pytest's argv
     out = capsys.readouterr().out
     assert f"rounded up to the percent {DEFAULT_MACHINE_SPREAD:.2f}" in out and "leakfree / lead" in out
