@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # How much a model-and-load group's coverage moves with the interval's draws: Qwen3-8B's H100 cells
 # (the rebuild_table.sh commands for them) simulated again with other seeds of the interval's 19
-# draws, each seed's table merged over the committed one (merge.py: coverage.csv per seed under
-# SCRATCH/s<seed>/table), then the groups' conformal coverage per seed. SPREAD (optional): the
-# machine factor's half-width instead of the model's (0.016: the 8B's before the step-time floor).
-#   bash experiments/fidelity/interval_seeds.sh /tmp/seeds 0 1 2 3 4 5 6 7
-#   SPREAD=0.016 bash experiments/fidelity/interval_seeds.sh /tmp/seeds_before 0 1 2 3 4 5 6 7
+# draws (their run factors stratified, sim/interval.py), each seed's table merged over the committed
+# one (merge.py: SCRATCH/s<seed>/table), then per seed and group the conformal coverage and median
+# width (interval_seeds_summary.py; OUT: its CSV). SPREAD (optional): the machine factor's
+# half-width instead of the model's (0.016: the 8B's before the step-time floor).
+#   OUT=experiments/fidelity/interval_seeds.csv bash experiments/fidelity/interval_seeds.sh /tmp/seeds 0 1 2 3 4 5 6 7 8
+#   SPREAD=0.016 bash experiments/fidelity/interval_seeds.sh /tmp/seeds_spread 0 1 2 3 4 5 6 7 8
 set -euo pipefail
 out=${1:?usage: interval_seeds.sh SCRATCH_DIR SEED...}; shift
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -27,12 +28,6 @@ for seed in "$@"; do
       --host-scales $H/qwen3-8b/host_scales_runs.csv --out $t/cc_host.csv >/dev/null
   $M $F/heldout.csv.gz $t/8b_60.csv $t/8b_40.csv $t/pool8b/heldout.csv $t/cc.csv $t/cc_host.csv --out $t/table >/dev/null
 done
-python - "$out" "$@" <<'PY'
-import sys, pandas as pd
-out, seeds = sys.argv[1], sys.argv[2:]
-rows = [pd.read_csv(f"{out}/s{s}/table/coverage.csv", dtype={"load": str}).assign(seed=int(s)) for s in seeds]
-table = pd.concat(rows).query("model == 'qwen3-8b'")
-table["inside"] = (table["in_interval_conformal"] * table["cells"]).round().astype(int)
-print(table.pivot_table(index="seed", columns="load", values="inside").to_string())
-print((100 * table.groupby("load")["in_interval_conformal"].agg(["min", "mean", "max"])).round(1).to_string())
-PY
+# per seed and 8B group: cells inside, coverage and median width (interval_seeds_summary.py; OUT: its CSV)
+python -m experiments.fidelity.interval_seeds_summary --model qwen3-8b ${OUT:+--out $OUT} \
+    $(for seed in "$@"; do echo "s$seed=$out/s$seed/table/heldout.csv"; done)
