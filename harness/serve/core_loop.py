@@ -123,7 +123,7 @@ class CoreLoop:
                         self._watch()
                     elif isinstance(self.clock, PacedClock):  # its tokens are out: now the step runs,
                         # and arrivals are taken when the loop plans again (Replica.plan_time)
-                        self.clock.sleep_until(max(self.clock.now(), replica.plan_time()))
+                        self.clock.sleep_until(replica.plan_time())  # never before now
         finally:
             if self.sender is not None:
                 self.sender.close()
