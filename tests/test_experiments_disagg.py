@@ -335,3 +335,32 @@ def test_a_transfer_lands_at_the_first_boundary_only_before_the_second_step_end(
     post = np.array([0.011, 0.011, 0.011])
     landed = np.array([0.0168, 0.0228, 0.016])  # a lag after the first end, after the second, at the first
     assert first_boundary(post, landed, ends).tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize(("hardware", "argv", "expected"), [
+    ("h200", [], ("backend.fleet_intake=true", "backend.idle_start=true")),
+    ("h200", ["--sim-set", "backend.idle_start=false"],
+     ("backend.fleet_intake=true", "backend.idle_start=true", "backend.idle_start=false")),
+    ("h200", ["--no-host-settings"], ()),
+    ("h100", [], ()),  # nothing of the engine fleet's host work measured on this GPU host
+])
+def test_a_measure_call_prices_the_host_work_its_gpu_host_has_measured(hardware, argv, expected, tmp_path):
+    """The fleet's intake and the idle start's host work are priced where they were measured, in the
+    call's settings.json (its re-simulation reads them there), and --sim-set after them wins."""
+    args = run_disagg.parse(["measure", "--dry-run", "--hardware", hardware, "--out", str(tmp_path), *argv])
+    setup = run_disagg.make_setup(args, run_disagg.check(args))
+    assert setup.sim_overrides == expected and tuple(args.sim_overrides) == expected
+    sim = setup.run_config("sim").sim
+    assert (sim.fleet_intake, sim.idle_start) == ("backend.fleet_intake=true" in expected,
+                                                  expected[-1:] == ("backend.idle_start=true",))
+    assert not setup.run_config("measured").sim.idle_start
+
+
+def test_the_idle_start_is_left_to_a_profile_whose_lead_fits_price_it(tmp_path):
+    """A lead is timed from submit() on an idle device: such a profile holds the idle start's host
+    work, so the call does not price it twice (the simulator would refuse both)."""
+    leads = tmp_path / "with_leads.csv"
+    table = pd.read_csv("profiles/h200/qwen3-0.6b.csv")
+    lead = table[table["regime"] == "prefill"].assign(regime="lead:prefill")
+    pd.concat([table, lead]).to_csv(leads, index=False)
+    assert common.host_settings("h200", str(leads)) == ("backend.fleet_intake=true",)

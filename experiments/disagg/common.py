@@ -107,6 +107,25 @@ class Setup:
         return self.pools.label if mode == "disaggregated" else f"{self.pools.gpus}x"
 
 
+def host_settings(hardware: str, profile: str | None) -> tuple[str, ...]:
+    """The simulated side's settings for the engine fleet's host work, on where this GPU host has it
+    measured: backend.fleet_intake (the router-to-replica hand-over, profiles/<hardware>/fleet_intake.json)
+    and backend.idle_start (conf/hardware's idle_start_host_s; not beside a profile with lead fits,
+    which price that work already). Chosen over every committed measure call before the call that
+    first ran with them (experiments/disagg/ttft_variants.md: 267 -> 289 of 404 comparisons within
+    target, no call losing one); a measure call's --sim-set comes after them and wins."""
+    from harness.fleet.intake import intake_path
+    from sim.profiled import ProfiledCostModel
+
+    settings = []
+    if intake_path(hardware).is_file():
+        settings.append("backend.fleet_intake=true")
+    measured_idle = compose_run_config([f"hardware={hardware}"]).hardware.idle_start_host_s is not None
+    if measured_idle and profile is not None and not ProfiledCostModel.load(profile).prices_lead:
+        settings.append("backend.idle_start=true")
+    return tuple(settings)
+
+
 def detect_gpus() -> list[str]:
     """The names nvidia-smi lists, one per GPU; a ConfigError where there is no nvidia-smi."""
     if shutil.which("nvidia-smi") is None:

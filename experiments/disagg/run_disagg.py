@@ -14,7 +14,9 @@ each cell finishes: compare.md, compare.csv, runs.csv, transfers.csv, transfer_f
 experiments/disagg/step_report.py). The simulated sends wait on the prefill GPU for its step in
 flight, as the engine's BlockMover does (fleet.transfer.queue_behind_step, on here by default:
 experiments/disagg/send_path_choice.md); --no-queue-behind-step: sent when posted, the pricing of the
-calls committed before that default.
+calls committed before that default. The simulated side also prices the engine fleet's host work
+where the GPU host has it measured (common.host_settings: backend.fleet_intake, backend.idle_start;
+experiments/disagg/ttft_variants.md), recorded in settings.json; --no-host-settings: neither.
 goodput: the planner's pick on two scenarios, confirmed by the engine's goodput of both modes
 (experiments/disagg/goodput.py): direction.md, goodput.csv, goodput_runs.csv, plan_<scenario>/.
 plan: the planner alone, on the simulator (no GPU).
@@ -34,7 +36,17 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.disagg.cells import Cells, MeasureConfig, write_settings
-from experiments.disagg.common import Deadline, Pools, Setup, detect_gpus, hardware_of, log, profile_for, trace_path
+from experiments.disagg.common import (
+    Deadline,
+    Pools,
+    Setup,
+    detect_gpus,
+    hardware_of,
+    host_settings,
+    log,
+    profile_for,
+    trace_path,
+)
 from experiments.disagg.goodput import Ladder
 from experiments.disagg.planning import plan
 from experiments.disagg.workloads import CLASSES, CPU_SCENARIO_MODEL, SCENARIOS
@@ -79,6 +91,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Hydra overrides for both sides")
     parser.add_argument("--sim-set", dest="sim_overrides", nargs="*", default=[],
                         help="Hydra overrides for the simulated side alone (e.g. backend.fleet_intake=true)")
+    parser.add_argument("--host-settings", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure: the simulated side prices the engine fleet's host work where this GPU "
+                        "host has it measured (backend.fleet_intake, backend.idle_start; common.host_settings); "
+                        "--no-host-settings: neither")
     parser.add_argument("--limit-s", type=float, default=540.0, help="no run starts that would end past this")
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
     parser.add_argument("--keep-steps", action="store_true",
@@ -141,6 +157,8 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     else:
         hardware = hardware_of(detect_gpus(), pools)
     profile, _ = profile_for(hardware, args.model, args.out)
+    if args.command == "measure" and args.host_settings:  # settings.json records them with --sim-set's
+        args.sim_overrides = [*host_settings(hardware, profile), *args.sim_overrides]
     return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides),
                  sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
 
