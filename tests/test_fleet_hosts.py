@@ -58,29 +58,21 @@ def test_launch_rows_join_the_step_table_by_step_and_a_simulated_replica_is_left
     assert with_launches(steps, RunResult(requests=[], steps=[])) is steps
 
 
-def _decode_rows(model: ProfiledCostModel, scale: float, pool: str, replica: int) -> list[dict]:
-    rows = []
+def _kept_cell(tmp_path, scale: float) -> pd.DataFrame:
+    """A cell whose decode replica's launches are scale x the launch fit's price; a prefill step and
+    a simulated one beside them; the call's profile is not here (this tree's is found)."""
+    model, rows = ProfiledCostModel.load(PROFILE), []
     for i, (batch, context) in enumerate([(1, 500), (4, 3000), (16, 20000), (48, 90000), (128, 300000)]):
-        features = {"num_prefill_tokens": 0, "num_decode_tokens": batch, "num_tokens": batch, "num_seqs": batch,
-                    "num_seeded": 0, "prefill_context_tokens": 0, "prefill_attention_pairs": 0,
-                    "decode_context_tokens": context, "decode_repeated_tokens": 0, "cuda_graph": 1,
-                    "graph_batch_size": batch}
-        price = model.overlap_parts(features)[0]
-        assert price > 0
-        rows.append({"side": "measured", "pool": pool, "replica": replica, "step": i, "start": i * 0.01,
+        features = {"num_prefill_tokens": 0, "num_seqs": batch, "num_seeded": 0, "cuda_graph": 1,
+                    "decode_context_tokens": context, "decode_repeated_tokens": 0, "graph_batch_size": batch}
+        rows.append({"side": "measured", "pool": "decode", "replica": 0, "step": i, "start": i * 0.01,
                      "duration": 0.01, "kind": "decode", "requests": batch, "prefill_tokens": 0,
                      "decode_tokens": batch, "running": batch, "waiting": 0, "preempted": 0, "kv_tokens": context,
-                     "launch_s": scale * price, "graph_batch_size": batch, "decode_context_tokens": context,
-                     "decode_repeated_tokens": 0})
-    return rows
-
-
-def _kept_cell(tmp_path, scale: float) -> pd.DataFrame:
-    model = ProfiledCostModel.load(PROFILE)
-    prefill = {**_decode_rows(model, scale, "prefill", 0)[0], "kind": "prefill", "prefill_tokens": 900,
-               "decode_tokens": 0, "launch_s": 0.05, "graph_batch_size": 0, "decode_context_tokens": 0}
-    sim = {**_decode_rows(model, scale, "decode", 0)[0], "side": "profiled", "launch_s": np.nan}
-    table = pd.DataFrame([prefill, *_decode_rows(model, scale, "decode", 0), sim])
+                     "launch_s": scale * model.overlap_parts(features)[0], "graph_batch_size": batch,
+                     "decode_context_tokens": context, "decode_repeated_tokens": 0})
+    prefill = {**rows[0], "pool": "prefill", "kind": "prefill", "prefill_tokens": 900, "decode_tokens": 0,
+               "launch_s": 0.05, "graph_batch_size": 0, "decode_context_tokens": 0}
+    table = pd.DataFrame([prefill, *rows, {**rows[0], "side": "profiled", "launch_s": np.nan}])
     table.to_csv(tmp_path / "steps_1P1D_conversation_0.8.csv.gz", index=False, float_format="%.9f")
     setup = "Setup(model='qwen3-0.6b', hardware='h200', profile='/elsewhere/qwen3-0.6b.csv', overrides=())"
     (tmp_path / "settings.json").write_text(json.dumps({"setup": setup, "args": {}}))
@@ -89,7 +81,7 @@ def _kept_cell(tmp_path, scale: float) -> pd.DataFrame:
 
 def test_the_host_scale_of_launches_k_times_the_fit_is_k(tmp_path):
     _kept_cell(tmp_path, 1.7)
-    fleet_hosts.main([str(tmp_path)])  # the call's profile is not here: this tree's profiles/h200/qwen3-0.6b.csv
+    fleet_hosts.main([str(tmp_path)])
     hosts = pd.read_csv(tmp_path / "hosts.csv", dtype={"load": str}).set_index("pool")
     assert hosts.loc["fleet", "host_scale"] == pytest.approx(1.7, abs=1e-4)
     assert hosts.loc["decode", "host_scale"] == pytest.approx(1.7, abs=1e-4) and hosts.loc["decode", "steps"] == 5
