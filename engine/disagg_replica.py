@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from engine.core.disagg import DecodeReplica, PrefillReplica
+from engine.core.launch_log import LaunchLog
 from engine.core.remote_replica import Connection, step_and_report
 from engine.core.request import Request
 from engine.kv_link import BlockMover, KVLink, StagingPool
@@ -40,7 +41,8 @@ def _cache(replica) -> torch.Tensor:
     return cache
 
 
-def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bool:
+def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink,
+                  launches: LaunchLog | None = None) -> bool:
     """Serve until "end" has come, every copy's blocks are released and every send completed;
     then ("done", makespan_s) and False. True at once on "shutdown"."""
     sends: list[tuple[Any, torch.Tensor]] = []  # work, and the copy it sends (kept alive until done)
@@ -76,10 +78,11 @@ def serve_prefill(replica: PrefillReplica, conn: Connection, link: KVLink) -> bo
                 return True
             else:
                 raise ValueError(f"prefill replica {replica.index}: unknown message {kind!r}")
-        makespan = step_and_report(replica, conn, received, makespan)
+        makespan = step_and_report(replica, conn, received, makespan, launches)
 
 
-def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool:
+def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink,
+                  launches: LaunchLog | None = None) -> bool:
     """Serve until "end" has come and every transfer landed and decoded; then ("done", makespan_s)."""
     waiting: deque[tuple[Request, int]] = deque()  # told to receive, blocks not yet reserved
     receiving: deque[tuple[Request, int, Any, torch.Tensor]] = deque()  # receive posted
@@ -118,7 +121,7 @@ def serve_decode(replica: DecodeReplica, conn: Connection, link: KVLink) -> bool
             now = replica.clock.now()
             replica.arrived(request, now)
             conn.send(("landed", (request.request_id, now)))
-        makespan = step_and_report(replica, conn, received, makespan)
+        makespan = step_and_report(replica, conn, received, makespan, launches)
 
 
 def _can_receive(replica: DecodeReplica, staging: StagingPool, request: Request, src: int) -> bool:

@@ -16,6 +16,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.disagg import DecodeReplica, PrefillReplica
 from engine.core.disagg_wall import LinkSpec
 from engine.core.kv_staging import link_staging_blocks
+from engine.core.launch_log import LaunchLog
 from engine.core.loop import Replica, WallClock
 from engine.core.policies import make_scheduler
 from engine.core.remote_replica import serve_replica
@@ -81,15 +82,14 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
             # payload: the routing process's clock origin, so both read one time base
             scheduler = make_scheduler(spec.scheduler_config, executor.info(), spec.cache_config)
             clock = WallClock(origin=payload)
-            if link is not None:
-                from engine.disagg_replica import serve_decode, serve_prefill
-
-                if spec.role == "prefill":
-                    return serve_prefill(PrefillReplica(spec.rank - 1, scheduler, executor, clock), conn, link)
-                index = spec.rank - 1 - spec.num_prefill
-                return serve_decode(DecodeReplica(index, scheduler, executor, clock), conn, link)
-            replica = Replica(spec.rank - 1, scheduler, executor, clock)
-            return serve_replica(replica, conn)
+            # each step's launch, for the host's speed (engine.core.launch_log); one log per run,
+            # as the run's scheduler numbers its steps from 0
+            launches = LaunchLog(executor.info().graph_sizes)
+            unobserve = executor.observe(launches)
+            try:
+                return _serve(spec, scheduler, executor, clock, conn, link, launches)
+            finally:
+                unobserve()
 
         return handle
 
@@ -98,3 +98,16 @@ def replica_main(spec: ReplicaSpec, conn) -> None:
             state["executor"].shutdown()
 
     serve(conn, start, stop)
+
+
+def _serve(spec: ReplicaSpec, scheduler, executor, clock, conn, link, launches: LaunchLog) -> bool:
+    """Serve one run (engine.core.remote_replica, or a disaggregated pool's loop with a KV link)."""
+    if link is not None:
+        from engine.disagg_replica import serve_decode, serve_prefill
+
+        if spec.role == "prefill":
+            return serve_prefill(PrefillReplica(spec.rank - 1, scheduler, executor, clock), conn, link, launches)
+        index = spec.rank - 1 - spec.num_prefill
+        return serve_decode(DecodeReplica(index, scheduler, executor, clock), conn, link, launches)
+    return serve_replica(Replica(spec.rank - 1, scheduler, executor, clock), conn, launches)
+

@@ -254,12 +254,23 @@ def test_too_few_or_unknown_gpus_are_refused_before_any_gpu_work(tmp_path, monke
 
 @pytest.mark.slow
 def test_measure_end_to_end_on_cpu_engines(tmp_path):
-    assert run_disagg.main(["measure", *SMALL, "--workloads", "long", "--out", str(tmp_path)]) == 0
+    from experiments.disagg import fleet_hosts
+    from experiments.disagg.kept_steps import LAUNCH_KEPT, read_kept
+
+    argv = ["measure", *SMALL, "--workloads", "long", "--keep-steps", "--out", str(tmp_path)]
+    assert run_disagg.main(argv) == 0
     table = pd.read_csv(tmp_path / "compare.csv")
     assert set(table["fleet"]) == {"1P1D", "2x"} and set(table["load"].astype(str)) == {"offline", "0.5", "0.8"}
     moved = pd.read_csv(tmp_path / "transfers.csv")
     assert len(moved) >= 10 and (moved["transfer_s"] > 0).all() and (moved["transfer_bytes"] > 0).all()
     assert (tmp_path / "transfer_fit.csv").is_file() and (tmp_path / "settings.json").is_file()
+    # the engine replicas keep a launch log; CPU steps do not overlap, so no launch was recorded
+    for path in tmp_path.glob("steps_*.csv.gz"):
+        steps = read_kept(path)
+        assert set(LAUNCH_KEPT) <= set(steps.columns) and steps["launch_s"].isna().all()
+    fleet_hosts.main([str(tmp_path), "--profile", "profiles/h200/qwen3-0.6b.csv"])
+    hosts = pd.read_csv(tmp_path / "hosts.csv")
+    assert set(hosts["pool"]) == {"prefill", "decode", "aggregated", "fleet"} and hosts["host_scale"].isna().all()
 
 
 @pytest.mark.slow

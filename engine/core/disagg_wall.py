@@ -33,7 +33,7 @@ from engine.core.disagg import prefill_copy
 from engine.core.disagg_types import DisaggResult, Transfer
 from engine.core.fleet import ReplicaLinks, receive_timeout
 from engine.core.loop import Clock, FleetStepHook, RunResult, StepLog
-from engine.core.remote_replica import ReplicaView, Report
+from engine.core.remote_replica import ReplicaView, Report, keep_launches
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.routers import Router
 
@@ -93,6 +93,7 @@ class _Router:
             result = self.results[index]
             result.steps.extend(report.steps)
             result.rejected.update(report.rejected)
+            keep_launches(report, result)
             self.unresolved -= len(report.rejected) if index < self.num_prefill else 0
             if index < self.num_prefill:
                 for copy in report.finished:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from engine.core.loop import Clock, FleetStepHook, Replica, RunResult, StepLog
-from engine.core.remote_replica import ReplicaView, Report
+from engine.core.remote_replica import ReplicaView, Report, keep_launches
 from engine.core.request import Request
 from engine.core.routers import ReplicaLoad, Router
 
@@ -154,6 +154,7 @@ def _collect(index: int, report: Report, view: ReplicaView, result: RunResult,
     result.steps.extend(report.steps)
     result.requests.extend(report.finished)
     result.rejected.update(report.rejected)
+    keep_launches(report, result)
     if on_step is not None:
         for i, record in enumerate(report.steps, start=1):
             on_step(index, record, report.finished if i == len(report.steps) else [])

@@ -18,6 +18,7 @@ from engine.core.executor import Executor, PendingStep
 from engine.core.fast_forward import DecodeRunner, fast_forward
 from engine.core.fast_forward_run import FastRun
 from engine.core.intake import Intake
+from engine.core.launch_log import LaunchRow
 from engine.core.plan import StepPlan, StepResult, StepStats
 from engine.core.records import ArrivalFeed, RequestRecords, StepTotals
 from engine.core.request import Request
@@ -38,6 +39,8 @@ class RunResult:
     # index), `requests` left empty; steps as totals when run(keep_steps=False), `steps` left empty
     records: RequestRecords | None = None
     step_totals: StepTotals | None = None
+    # an engine fleet replica's LaunchRows (engine.core.launch_log), where its process kept them
+    launches: list[LaunchRow] | None = None
 
     def __post_init__(self) -> None:
         steps: object = self.steps

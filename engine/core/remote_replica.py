@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.core.launch_log import LaunchLog, LaunchRow
 from engine.core.loop import Replica, RunResult, StepLog, StepRecord, tokens_left
 from engine.core.request import Request
 
@@ -38,6 +39,8 @@ class Report:
     rejected: dict[str, str]  # request id -> admission error
     num_received: int  # requests taken off the connection so far: the load below covers them
     outstanding_tokens: int  # Replica.outstanding_tokens() when the report was made
+    # the LaunchRows of these steps where the replica keeps a LaunchLog (None: it keeps none)
+    launches: list[LaunchRow] | None = None
 
 
 class Connection(Protocol):
@@ -50,13 +53,14 @@ class Connection(Protocol):
     def send(self, obj: Any) -> None: ...
 
 
-def serve_replica(replica: Replica, conn: Connection) -> bool:
+def serve_replica(replica: Replica, conn: Connection, launches: LaunchLog | None = None) -> bool:
     """Serve the requests that arrive on conn (a multiprocessing Connection, or anything with its
     poll/recv/send) until "end" has come and nothing is left, then send ("done", makespan_s) and
     return False; return True at once on "shutdown".
 
     NOTE: with work in hand the connection is polled between iterations without blocking, so
-    arrivals join the next step; idle, it blocks on the next message."""
+    arrivals join the next step; idle, it blocks on the next message. launches: the LaunchLog
+    watching the replica's executor, whose rows go with the reports of their steps."""
     received = 0
     ending = False
     makespan = 0.0  # when its last iteration ended, as a simulated replica's clock stops there
@@ -75,7 +79,7 @@ def serve_replica(replica: Replica, conn: Connection) -> bool:
                 return True
             else:
                 raise ValueError(f"replica {replica.index}: unknown message {kind!r}")
-        makespan = step_and_report(replica, conn, received, makespan)
+        makespan = step_and_report(replica, conn, received, makespan, launches)
 
 
 def _messages(conn: Connection, block: bool) -> Iterator[Any]:
@@ -85,25 +89,37 @@ def _messages(conn: Connection, block: bool) -> Iterator[Any]:
         yield conn.recv()
 
 
-def step_and_report(replica: Replica, conn: Connection, received: int, makespan: float) -> float:
+def step_and_report(replica: Replica, conn: Connection, received: int, makespan: float,
+                    launches: LaunchLog | None = None) -> float:
     """Run the replica's next event, if it has one, and send what it produced since the last
     report; returns when its last iteration ended (makespan where it had nothing to run)."""
     if replica.next_event_time() < math.inf:
         replica.tick()
         makespan = replica.clock.now()
-    report = take_report(replica, received)
+    report = take_report(replica, received, launches)
     if report is not None:
         conn.send(("report", report))
     return makespan
 
 
-def take_report(replica: Replica, received: int) -> Report | None:
-    """What the replica produced since the last report (handed over, not kept), or None."""
+def take_report(replica: Replica, received: int, launches: LaunchLog | None = None) -> Report | None:
+    """What the replica produced since the last report (handed over, not kept), or None. The
+    LaunchLog's rows are its steps': the executor calls it as a step's result is taken, in the
+    iteration that records the step."""
     result = replica.result
     if not (result.steps or result.requests or result.rejected):
         return None
     replica.result = RunResult(requests=[], steps=StepLog())
-    return Report(list(result.steps), result.requests, result.rejected, received, replica.outstanding_tokens())
+    return Report(list(result.steps), result.requests, result.rejected, received, replica.outstanding_tokens(),
+                  None if launches is None else launches.take())
+
+
+def keep_launches(report: Report, result: RunResult) -> None:
+    """The router's side: a report's LaunchRows added to its replica's RunResult.launches."""
+    if report.launches is not None:
+        if result.launches is None:
+            result.launches = []
+        result.launches.extend(report.launches)
 
 
 class ReplicaView:

@@ -16,6 +16,15 @@ per-request data, so a cell is some 10^4 rows and a few hundred kB at most):
   kv_tokens    KV cache in use after planning, in tokens (used blocks x block size): the context the
                step's requests hold, within a block per request
 
+and, where the measured side's replicas kept them (engine.core.launch_log; files written before
+have none, and read_kept reads them all the same), what sim.host_speed reads the serving host's
+speed off (experiments/disagg/fleet_hosts.py):
+
+  launch_s     the host time of the step's submit(); empty where the step did not overlap and on
+               the simulated side
+  graph_batch_size, decode_context_tokens, decode_repeated_tokens   a decode graph step's launch
+               fit features (0 for any other step, and on the simulated side)
+
 experiments/disagg/step_report.py reads them back (read_kept) and compares the sides.
 """
 
@@ -32,6 +41,8 @@ STEP_COLUMNS = ("step", "start", "duration", "kind", "requests", "prefill_tokens
                 "waiting", "preempted", "free_blocks")
 KEPT_COLUMNS = (*SIDE_KEYS, "step", "start", "duration", "kind", "requests", "prefill_tokens", "decode_tokens",
                 "running", "waiting", "preempted", "kv_tokens")
+# kept where the measured side has them (module docstring); the features are 0 where a step has none
+LAUNCH_KEPT = ("launch_s", "graph_batch_size", "decode_context_tokens", "decode_repeated_tokens")
 AGGREGATED_POOL = "aggregated"
 
 
@@ -48,7 +59,7 @@ def replica_blocks(outcome: Any) -> dict[tuple[str, int], int]:
 
 
 def side_steps(side: str, outcome: Any, block_size: int) -> pd.DataFrame:
-    """One side's steps in the kept layout (KEPT_COLUMNS)."""
+    """One side's steps in the kept layout (KEPT_COLUMNS, and LAUNCH_KEPT where it has them)."""
     steps = outcome.steps
     missing = [c for c in STEP_COLUMNS if c not in steps.columns]
     if missing:
@@ -57,12 +68,15 @@ def side_steps(side: str, outcome: Any, block_size: int) -> pd.DataFrame:
     blocks = replica_blocks(outcome)
     total = pd.Series([blocks[(p, r)] for p, r in zip(pool, steps["replica"])], index=steps.index)
     table = steps.assign(side=side, pool=pool, kv_tokens=(total - steps["free_blocks"]) * block_size)
-    return table[list(KEPT_COLUMNS)]
+    return table[[*KEPT_COLUMNS, *(c for c in LAUNCH_KEPT if c in table.columns)]]
 
 
 def write_kept(out: Path, cell: dict[str, Any], sides: dict[str, Any], block_size: int) -> Path:
     """sides: side name -> the run's outcome (FleetOutcome or DisaggOutcome); one file for the cell."""
     table = pd.concat([side_steps(side, outcome, block_size) for side, outcome in sides.items()], ignore_index=True)
+    if "launch_s" in table.columns:  # a side without them (the simulated one) has no launch, no features
+        features = [c for c in LAUNCH_KEPT[1:] if c in table.columns]
+        table[features] = table[features].fillna(0).astype("int64")
     path = out / kept_name(cell)
     # microseconds are the engine clock's resolution that matters here; the gzip level trades a
     # little CPU for a bundle that a device call returns

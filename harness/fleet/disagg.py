@@ -34,7 +34,7 @@ from harness.fleet.config import backend_tp_size
 from harness.fleet.disagg_config import DisaggConfig, pool_run_configs, pool_staging_blocks
 from harness.fleet.intake import fleet_intake, with_intake
 from harness.labels import run_identity
-from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
+from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize, with_launches
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import build_workload
@@ -167,7 +167,7 @@ def tabulate(result: DisaggResult, blocks: dict[str, list[int]], labels: RunLabe
     steps = []
     for pool, runs in zip(POOLS, (result.prefill, result.decode)):
         for index, run in enumerate(runs):
-            steps.append(steps_frame(run, step_columns).assign(pool=pool, replica=index))
+            steps.append(with_launches(steps_frame(run, step_columns), run).assign(pool=pool, replica=index))
     all_steps = pd.concat(steps, ignore_index=True)
     summary = summarize(requests, all_steps, result.makespan_s, sum(map(sum, blocks.values())), labels)
     transfer = requests.loc[moved, "transfer_s"]

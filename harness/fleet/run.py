@@ -33,7 +33,7 @@ from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.fleet.intake import fleet_intake
 from harness.labels import run_identity
-from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize
+from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize, with_launches
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import WorkloadConfig, build_workload
@@ -168,7 +168,7 @@ def tabulate(result: FleetResult, replica_blocks: list[int], labels: RunLabels,
     """Per-replica and fleet tables and summaries of a FleetResult; labels' num_rejected is counted here."""
     requests, steps, summaries, rejected = [], [], [], {}
     for index, (replica, blocks) in enumerate(zip(result.replicas, replica_blocks)):
-        req, st = requests_frame(replica), steps_frame(replica, step_columns)
+        req, st = requests_frame(replica), with_launches(steps_frame(replica, step_columns), replica)
         rejected.update(replica.rejected)
         mine = replace(labels, replica=index, num_rejected=len(replica.rejected))
         summaries.append(summarize(req, st, replica.makespan_s, blocks, mine, replica.step_totals))

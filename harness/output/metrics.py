@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.core.launch_log import LAUNCH_COLUMNS
 from engine.core.loop import RunResult
 from engine.core.records import RequestRecords, StepTotals
 from engine.core.step_log import StepLog, StepRecord, StepRun
@@ -108,6 +109,22 @@ def steps_frame(result: RunResult, columns: tuple[str, ...] = STEP_COLUMNS) -> p
         layout = _RunLayout(items)
         table = {column: layout.column(*_STEP_SOURCES[column]) for column in columns}
     return pd.DataFrame(table, index=pd.RangeIndex(len(steps)), columns=list(columns))
+
+
+def with_launches(steps: pd.DataFrame, result: RunResult) -> pd.DataFrame:
+    """steps (a steps_frame of result, with its step column) with the LaunchRows an engine fleet
+    replica kept (engine.core.launch_log), joined by step: launch_s NaN and the decode graph
+    features 0 where a step has none (it did not overlap); steps as they are where the replica
+    kept no LaunchLog (a simulated one) or the table has no step column."""
+    if result.launches is None or "step" not in steps.columns:
+        return steps
+    rows = pd.DataFrame(result.launches, columns=list(LAUNCH_COLUMNS)).drop_duplicates("step", keep="last")
+    joined = steps.merge(rows, on="step", how="left", validate="many_to_one")
+    features = [c for c in LAUNCH_COLUMNS if c not in ("step", "launch_s")]
+    joined[features] = joined[features].fillna(0).astype(np.int64)
+    joined["launch_s"] = joined["launch_s"].astype(float)
+    joined.index = steps.index
+    return joined
 
 
 class _RunLayout:

@@ -14,11 +14,15 @@ fit of the same GPU, e.g. a fresh grid's, to weigh one fit against another). The
 --aggregated: the aggregated fleet's cells too (fleet column), as cells.simulate prices them.
 --keep-steps DIR2: per cell, the call's measured steps (DIR's steps_*.csv.gz from `measure
 --keep-steps`) beside the re-simulated ones, in DIR2, for experiments/disagg/step_report.py.
+--hosts CSV: the call's measured host speeds (experiments/disagg/fleet_hosts.py's hosts.csv); each
+cell is priced with backend.host_scale at its own fleet row's host_scale, one factor for all of the
+cell's replicas (replacing any backend.host_scale of the overrides); a cell without one keeps them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", default=None,
                         help="the profiled model that prices both fleets (default: the call's)")
     parser.add_argument("--keep-steps", default=None, help="a folder for each cell's steps, measured and re-simulated")
+    parser.add_argument("--hosts", default=None, help="hosts.csv (experiments/disagg/fleet_hosts.py): each cell "
+                        "priced at its fleet's measured host_scale")
     args = parser.parse_args(argv)
     run = Path(args.run)
     # later calls commit their table gzipped (the tree's size bound)
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = Setup(model, "h200", Pools.parse(fleet), profile=args.profile or call_profile(run, model),
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
+    hosts = cell_host_scales(Path(args.hosts)) if args.hosts else None
     keep = Path(args.keep_steps) if args.keep_steps else None
     rows, within, compared = [], 0, 0
     for _, row in measured.iterrows():
@@ -97,9 +104,16 @@ def main(argv: list[str] | None = None) -> None:
         rate = None if math.isnan(row.rate_req_s) else float(row.rate_req_s)
         workload = at_rate(class_workload(row.workload, args.trace, False), rate, int(row.num_requests))
         columns = tuple(dict.fromkeys((*SUMMARY_STEP_COLUMNS, *STEP_COLUMNS))) if keep else SUMMARY_STEP_COLUMNS
-        sim = simulate(setup, sim_rc, mode, workload, int(row.num_blocks) // int(row.replicas), step_columns=columns)
+        cell_setup, cell_rc, scale = setup, sim_rc, math.nan
+        if hosts is not None:
+            cell_setup, scale = at_host(setup, hosts.get((row.fleet, row.workload, row.load), math.nan))
+            cell_rc = cell_setup.run_config("sim", MEASURE_SCHEDULER) if cell_setup is not setup else sim_rc
+        sim = simulate(cell_setup, cell_rc, mode, workload, int(row.num_blocks) // int(row.replicas),
+                       step_columns=columns)
         simulated = sim.summary.to_row()
         out = {"fleet": row.fleet, "workload": row.workload, "load": row.load}
+        if hosts is not None:
+            out["host_scale"] = scale
         for metric in METRICS:
             out[metric] = simulated.get(metric, math.nan)
             out[f"{metric}_err_pct"] = round(100 * (out[metric] / row[metric] - 1), 1)
@@ -115,6 +129,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{within} of {compared} comparisons within target ({', '.join(TARGETS)})")
     label = args.label or ("profiled" if args.no_handshake else "handshake")
     pd.DataFrame(rows).to_csv(args.out or run / f"resim_{label}.csv", index=False)
+
+
+def cell_host_scales(path: Path) -> dict[tuple[str, str, str], float]:
+    """(fleet, workload, load) -> the fleet row's host_scale of a fleet_hosts.py hosts.csv."""
+    from experiments.disagg.fleet_hosts import FLEET_POOL
+
+    hosts = pd.read_csv(path, dtype={"fleet": str, "workload": str, "load": str})
+    fleet = hosts[hosts["pool"] == FLEET_POOL]
+    return {(r.fleet, r.workload, r.load): float(r.host_scale) for r in fleet.itertuples(index=False)}
+
+
+def at_host(setup: Setup, scale: float) -> tuple[Setup, float]:
+    """setup pricing at the host speed scale (backend.host_scale, in place of the overrides' own);
+    setup itself where scale is not a measured one (NaN)."""
+    if not scale > 0:
+        return setup, math.nan
+    own = tuple(o for o in setup.overrides if not o.lstrip("+").startswith("backend.host_scale="))
+    return dataclasses.replace(setup, overrides=(*own, f"backend.host_scale={scale:.4f}")), scale
 
 
 def keep_cell(run: Path, keep: Path, cell: dict, sim, block_size: int) -> None:
