@@ -51,7 +51,20 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         all_reduce=priced_all_reduce(execution.all_reduce, execution.tensor_parallel_size, hardware.prices_one_shot),
     )
     return SimExecutor(cost_model, info, execution.seed, sim.fast_forward, samples,
-                       idle_start_s(hardware, sim, info.overlaps_steps, cost_model), sim.plan_after_launches)
+                       idle_start_s(hardware, sim, info.overlaps_steps, cost_model), sim.plan_after_launches,
+                       kv_scatter(model, hardware, sim, execution.tensor_parallel_size))
+
+
+def kv_scatter(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, tp_size: int) -> tuple[float, float]:
+    """(base seconds, seconds per token) of a landed request's write into a decode replica's cache
+    (SimConfig.kv_scatter; each TP rank writes its own shard at once); ValueError where the
+    hardware has no figures."""
+    if not sim.kv_scatter:
+        return 0.0, 0.0
+    if hardware.kv_scatter_base_s is None or hardware.kv_scatter_bandwidth is None:
+        raise ValueError(f"backend.kv_scatter=true: hardware {hardware.name} has no kv_scatter_base_s and "
+                         "kv_scatter_bandwidth (h200.yaml says how they were measured); set backend.kv_scatter=false")
+    return hardware.kv_scatter_base_s, model.kv_bytes_per_token_per_rank(tp_size) / hardware.kv_scatter_bandwidth
 
 
 def idle_start_s(hardware: HardwareSpec, sim: SimConfig, overlaps_steps: bool, cost_model: CostModel) -> float:

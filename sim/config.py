@@ -92,6 +92,9 @@ class SimConfig:
     idle_start: a step submitted onto an idle device waits the hardware's idle_start_host_s first
     (sim.executor: the loop's planning, the device clock's anchor, the batch's building; needs that
     figure and overlapped steps, execution.async_scheduling). False: it starts at once.
+    kv_scatter: a disaggregated decode replica's next step first waits its device's write of each
+    request that landed since into the paged cache (the hardware's kv_scatter_base_s and
+    kv_scatter_bandwidth; sim.executor). False: a landed request's KV is in the cache at once.
     """
 
     cost_model: str = "roofline"
@@ -114,6 +117,7 @@ class SimConfig:
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     idle_start: bool = False
+    kv_scatter: bool = False
     plan_after_launches: bool = False
     host_scale: float = 1.0
     host_jitter: float = 0.0
@@ -150,7 +154,7 @@ class SimConfig:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
         for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake",
-                     "idle_start", "plan_after_launches"):
+                     "idle_start", "kv_scatter", "plan_after_launches"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.prefill_cached_kv and not self.prefill_programs:

@@ -16,6 +16,12 @@ idle_start_host_s) before its device work: the loop's planning, the device clock
 batch's building that the engine does before an idle device's first kernel and hides behind the
 step in flight otherwise. The step's duration holds it (an engine step's span starts after it).
 
+With SimConfig.kv_scatter a disaggregated decode replica tells its executor of each request whose
+KV landed (landed(); engine.core.disagg.DecodeReplica.arrived): the engine writes it from the
+receive staging into the paged cache on the compute stream, before the next step, so the next step
+(submitted or executed) takes that write longer: scatter_base_s + its prompt tokens x
+scatter_token_s each.
+
 With SimConfig.plan_after_launches a submitted step also carries host_s, the host time of its
 submit() as the cost model priced it (its launches, ProfiledCostModel.last_launch_s; 0 for a cost
 model without them, and without the setting): the core loop plans the next step only once that
@@ -44,12 +50,13 @@ if TYPE_CHECKING:
 class SimExecutor:
     def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True,
                  samples: SampledTokens | None = None, idle_start_s: float = 0.0,
-                 plan_after_launches: bool = False) -> None:
+                 plan_after_launches: bool = False, scatter: tuple[float, float] = (0.0, 0.0)) -> None:
         """idle_start_s: host time a step submitted with nothing in flight waits before its device
         work (module docstring). samples: tokens computed ahead (sim.sampled; a plan's, shared by its
         deployments), read where they cover what a step samples, if they are of this seed, vocabulary and eos (the
         same tokens either way: others are hashed here). plan_after_launches: submitted steps carry
-        their host_s (module docstring; False: 0, the loop plans at once)."""
+        their host_s (module docstring; False: 0, the loop plans at once). scatter: (base seconds,
+        seconds per token) of writing a landed request's KV into the cache (module docstring)."""
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
@@ -60,8 +67,12 @@ class SimExecutor:
             raise ValueError(f"eos_token_id must be in [0, vocab_size={vocab_size}) or None, got {eos_token_id!r}")
         if isinstance(idle_start_s, bool) or not isinstance(idle_start_s, (int, float)) or not idle_start_s >= 0:
             raise ValueError(f"idle_start_s must be a number >= 0, got {idle_start_s!r}")
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 for x in scatter):
+            raise ValueError(f"scatter must be (base_s, token_s), numbers >= 0, got {scatter!r}")
         self.cost_model = cost_model
         self.idle_start_s = float(idle_start_s)
+        self.scatter_base_s, self.scatter_token_s = map(float, scatter)
+        self._scatter_s = 0.0  # device time of the landings since the last step, paid by the next
         self.plan_after_launches = plan_after_launches
         self.seed = seed
         self._info = info
@@ -80,7 +91,20 @@ class SimExecutor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.cost_model.drained()
-        return self._hooks.executed(plan, self._price)
+        return self._hooks.executed(plan, self._price_landed)
+
+    def landed(self, num_tokens: int) -> None:
+        """A request's KV of num_tokens landed: its write into the cache goes before the next step."""
+        if self.scatter_base_s or self.scatter_token_s:
+            self._scatter_s += self.scatter_base_s + num_tokens * self.scatter_token_s
+
+    def _price_landed(self, plan: StepPlan) -> StepResult:
+        """The step, after the landed requests' writes into the cache (landed())."""
+        result = self._price(plan)
+        if self._scatter_s:
+            result = replace(result, duration_s=result.duration_s + self._scatter_s)
+            self._scatter_s = 0.0
+        return result
 
     def submit(self, plan: StepPlan) -> PendingStep:
         """A simulated step is priced when submitted; the loop reads it one step later."""
@@ -91,13 +115,13 @@ class SimExecutor:
         return self._hooks.submitted(plan, self._submit_idle if idle and self.idle_start_s else self._submit)
 
     def _submit(self, plan: StepPlan) -> _Priced:
-        result = self._price(plan)
+        result = self._price_landed(plan)
         return _Priced(result, self, self._host_s())
 
     def _submit_idle(self, plan: StepPlan) -> _Priced:
         """A step onto an idle device: its host work before the first kernel, then the step. The cost
         model keeps the step's device price as its state (what the next step hides behind)."""
-        result = self._price(plan)
+        result = self._price_landed(plan)
         return _Priced(replace(result, duration_s=result.duration_s + self.idle_start_s), self, self._host_s())
 
     def _host_s(self) -> float:

@@ -229,6 +229,12 @@ class HardwareSpec:
     # the device clock's anchor, the batch's building), priced with SimConfig.idle_start
     # (sim.executor). None: no figure, idle_start is refused.
     idle_start_host_s: float | None = None
+    # What a disaggregated decode replica's device spends writing a landed request's KV from its
+    # receive staging into the paged cache (engine.kv_link.BlockMover.scatter, on the compute stream
+    # before the next step): base + the request's KV bytes (per TP rank) / bandwidth, priced with
+    # SimConfig.kv_scatter (sim.executor). None: no figure, kv_scatter is refused.
+    kv_scatter_base_s: float | None = None
+    kv_scatter_bandwidth: float | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -241,7 +247,8 @@ class HardwareSpec:
             optional = ("price_per_gpu_hour", "l2_bandwidth", "one_shot_latency_s", "one_shot_bandwidth",
                         "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s",
                         "weight_load_bytes_per_s", "num_sms", "decode_program_bandwidth",
-                        "decode_programs_per_sm", "prefill_programs_per_sm", "idle_start_host_s")
+                        "decode_programs_per_sm", "prefill_programs_per_sm", "idle_start_host_s",
+                        "kv_scatter_base_s", "kv_scatter_bandwidth")
             if f.name in optional and value is None:
                 continue
             if f.name == "name":

@@ -349,9 +349,9 @@ def test_a_transfer_lands_at_the_first_boundary_only_before_the_second_step_end(
 
 
 @pytest.mark.parametrize(("hardware", "argv", "expected"), [
-    ("h200", [], ("backend.fleet_intake=true", "backend.idle_start=true")),
+    ("h200", [], ("backend.fleet_intake=true", "backend.idle_start=true", "backend.kv_scatter=true")),
     ("h200", ["--sim-set", "backend.idle_start=false"],
-     ("backend.fleet_intake=true", "backend.idle_start=true", "backend.idle_start=false")),
+     ("backend.fleet_intake=true", "backend.idle_start=true", "backend.kv_scatter=true", "backend.idle_start=false")),
     ("h200", ["--no-host-settings"], ()),
     ("h100", [], ()),  # nothing of the engine fleet's host work measured on this GPU host
 ])
@@ -362,8 +362,9 @@ def test_a_measure_call_prices_the_host_work_its_gpu_host_has_measured(hardware,
     setup = run_disagg.make_setup(args, run_disagg.check(args))
     assert setup.sim_overrides == expected and tuple(args.sim_overrides) == expected
     sim = setup.run_config("sim").sim
-    assert (sim.fleet_intake, sim.idle_start) == ("backend.fleet_intake=true" in expected,
-                                                  expected[-1:] == ("backend.idle_start=true",))
+    last = {key: value == "true" for key, value in (setting.split("=") for setting in expected)}
+    assert (sim.fleet_intake, sim.idle_start, sim.kv_scatter) == tuple(
+        last.get(f"backend.{name}", False) for name in ("fleet_intake", "idle_start", "kv_scatter"))
     assert not setup.run_config("measured").sim.idle_start
 
 
@@ -374,4 +375,4 @@ def test_the_idle_start_is_left_to_a_profile_whose_lead_fits_price_it(tmp_path):
     table = pd.read_csv("profiles/h200/qwen3-0.6b.csv")
     lead = table[table["regime"] == "prefill"].assign(regime="lead:prefill")
     pd.concat([table, lead]).to_csv(leads, index=False)
-    assert common.host_settings("h200", str(leads)) == ("backend.fleet_intake=true",)
+    assert common.host_settings("h200", str(leads)) == ("backend.fleet_intake=true", "backend.kv_scatter=true")

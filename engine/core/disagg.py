@@ -171,6 +171,11 @@ class DecodeReplica(TransferReplica):
         self.stalled = False
         del self.incoming[request.request_id]
         self.inbox.append(request)
+        # a simulated replica's device writes the KV into its cache before the next step
+        # (sim.executor.SimExecutor.landed); the engine's has done that write already
+        landed = getattr(self.executor, "landed", None)
+        if landed is not None:
+            landed(request.num_prompt_tokens)
 
     def admit(self, now: float) -> None:
         while self.inbox:

@@ -49,9 +49,15 @@ def resimulated(call: str, variant: str, folder: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype={"load": str})
 
 
+def runs_path(call_dir: Path) -> Path:
+    """A call's runs table: runs.csv, or runs.csv.gz where it was committed gzipped."""
+    plain = call_dir / "runs.csv"
+    return plain if plain.is_file() else call_dir / "runs.csv.gz"
+
+
 def count(call: str, sim: pd.DataFrame) -> dict[str, int]:
     """Comparisons within target of sim against the call's measured rows, per group and fleet kind."""
-    runs = pd.read_csv(HERE / call / "runs.csv", dtype={"load": str})
+    runs = pd.read_csv(runs_path(HERE / call), dtype={"load": str})
     both = runs[runs.side == "measured"].merge(sim, on=KEYS, suffixes=("", "_sim"))
     out: dict[str, int] = {}
     for _, row in both.iterrows():
