@@ -70,7 +70,12 @@ def kv_scatter(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, tp_size
 def idle_start_s(hardware: HardwareSpec, sim: SimConfig, overlaps_steps: bool, cost_model: CostModel) -> float:
     """What a step submitted onto an idle device waits before its device work (SimConfig.idle_start);
     ValueError where it cannot be priced, or where the profile's lead fits price it already (a lead
-    is timed from submit(), so it holds the device clock's anchor and the batch's building)."""
+    is timed from submit(), so it holds the device clock's anchor and the batch's building).
+    idle_start None: the hardware's figure where true would take it beside a profile, else 0."""
+    if sim.idle_start is None:
+        leads = getattr(cost_model, "prices_lead", True)
+        priced = sim.cost_model == "profiled" and not leads and overlaps_steps
+        return hardware.idle_start_host_s if priced and hardware.idle_start_host_s is not None else 0.0
     if not sim.idle_start:
         return 0.0
     if getattr(cost_model, "prices_lead", False):  # the profiled model, or a wrapper's (tp_transfer, interval)

@@ -91,7 +91,9 @@ class SimConfig:
     simulated with): at the previous step's end on the device.
     idle_start: a step submitted onto an idle device waits the hardware's idle_start_host_s first
     (sim.executor: the loop's planning, the device clock's anchor, the batch's building; needs that
-    figure and overlapped steps, execution.async_scheduling). False: it starts at once.
+    figure and overlapped steps, execution.async_scheduling). False: it starts at once. None: where
+    measured (the held-out protocol's, fidelity.idle_start): true for a profiled model without lead
+    fits on hardware with the figure and overlapped steps, false elsewhere (sim.idle_start_s).
     kv_scatter: a disaggregated decode replica's next step first waits its device's write of each
     request that landed since into the paged cache (the hardware's kv_scatter_base_s and
     kv_scatter_bandwidth; sim.executor). False: a landed request's KV is in the cache at once.
@@ -116,7 +118,7 @@ class SimConfig:
     prefill_cached_kv: bool = False
     repeated_reads: str = "additive"
     fleet_intake: bool = False
-    idle_start: bool = False
+    idle_start: bool | None = False
     kv_scatter: bool = False
     plan_after_launches: bool = False
     host_scale: float = 1.0
@@ -153,8 +155,11 @@ class SimConfig:
         if not self.moe_routing_shared_prefix and self.moe_routing_shared_fresh is not None:
             raise ValueError("SimConfig.moe_routing_shared_fresh prices routing groups: it needs "
                              "moe_routing_shared_prefix=true")
+        if self.idle_start is not None and not isinstance(self.idle_start, bool):
+            raise ValueError(f"SimConfig.idle_start must be true, false or null (where measured), "
+                             f"got {self.idle_start!r}")
         for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake",
-                     "idle_start", "kv_scatter", "plan_after_launches"):
+                     "kv_scatter", "plan_after_launches"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.prefill_cached_kv and not self.prefill_programs:

@@ -16,7 +16,9 @@ set -euo pipefail
 tmp=${1:?usage: rebuild_table.sh SCRATCH_DIR}
 mkdir -p "$tmp"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-F=experiments/fidelity; R="python -m experiments.fidelity.resimulate"; M="python -m experiments.fidelity.merge"
+# every cell with the idle start as the protocol prices it (fidelity.idle_start: where the GPU host measured
+# it, for a profile without lead fits): the H200 fit's cells; the H100 has no figure, lead fits price it
+F=experiments/fidelity; R="python -m experiments.fidelity.resimulate --idle-start auto"; M="python -m experiments.fidelity.merge"
 # the fits (each may be given in the environment instead: the same table with other fits, e.g. the
 # grids' fits with the prefill kernel's programs, docs/prefill-programs.md; QFIT: the code_completion
 # H200 call's own fit)

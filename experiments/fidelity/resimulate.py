@@ -47,6 +47,7 @@ from sim.interval import IntervalConfig
 from sim.repeated_reads import RULES
 
 MAX_MODEL_LEN = 16384  # run_gpu.sh's
+IDLE_START = {"on": True, "off": False, "auto": None}  # --idle-start: SimConfig.idle_start
 
 
 def cell_config(base, workload: str, load: str, rate: float, num_requests: int, preempt_num_blocks: int | None):
@@ -61,7 +62,7 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                moe_routing_skew: float = 0.0, moe_routing_locality: float = 0.0,
                moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
                moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
-               decode_programs_baseline: str = "none", idle_start: bool = False,
+               decode_programs_baseline: str = "none", idle_start: bool | None = False,
                interval_config: IntervalConfig | None = None, plan_after_launches: bool = False) -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
@@ -161,8 +162,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-programs-per-sm", type=int, default=None,
                         help="the kernel's programs an SM holds (hardware.decode_programs_per_sm: its waves; "
                              "default: the hardware entry's)")
-    parser.add_argument("--idle-start", action="store_true",
-                        help="a step onto an idle device first waits the host's idle_start_host_s (backend.idle_start)")
+    parser.add_argument("--idle-start", nargs="?", const="on", default="off", choices=tuple(IDLE_START),
+                        help="a step onto an idle device first waits the host's idle_start_host_s "
+                             "(backend.idle_start): on (the bare flag), off (the default) or auto (where measured, "
+                             "for a profile without lead fits: the held-out protocol's fidelity.idle_start)")
     parser.add_argument("--plan-after-launches", action="store_true",
                         help="plan each step once the prefill in flight's priced launches are done, not at the "
                              "previous step's end (backend.plan_after_launches)")
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
                          args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
-                         args.decode_programs_baseline, args.idle_start, interval_config, args.plan_after_launches)
+                         args.decode_programs_baseline, IDLE_START[args.idle_start], interval_config,
+                         args.plan_after_launches)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

@@ -44,13 +44,15 @@ def sim_run_config(rc: RunConfig, cost_model: str, profile_path: str | None, met
     from sim.config import SimConfig
 
     # an MoE model's routing (skew, locality, shared prefixes), where the engine side measured it
-    # (harness.fidelity.routing)
+    # (harness.fidelity.routing); a profiled side's idle start as the held-out protocol sets it
+    # (fidelity.idle_start; none in a saved run's meta)
     sim = SimConfig(cost_model=cost_model, profile_path=profile_path if cost_model == "profiled" else None,
                     execution=engine_execution(meta), moe_routing_skew=float(meta.get("moe_routing_skew", 0.0)),
                     moe_routing_locality=float(meta.get("moe_routing_locality", 0.0)),
                     moe_routing_shared_prefix=bool(meta.get("moe_routing_shared_prefix", False)),
                     moe_routing_shared_fresh=meta.get("moe_routing_shared_fresh"),
-                    moe_routing_shared_cap=meta.get("moe_routing_shared_cap"))
+                    moe_routing_shared_cap=meta.get("moe_routing_shared_cap"),
+                    idle_start=meta.get("idle_start", False) if cost_model == "profiled" else False)
     cache = dataclasses.replace(rc.cache, num_blocks=int(meta["num_blocks"]))
     return dataclasses.replace(rc, backend="sim", sim=sim, engine=None, cache=cache)
 

@@ -98,6 +98,9 @@ class FidelityConfig:
     # the profiled rows priced at the speed of the host that served each cell, where its runs' decode graph
     # launches measure it (harness.fidelity.serving_host; the profile's host beside them as profiled_grid_host)
     price_serving_host: bool = True
+    # a step onto an idle device first waits the host's measured idle_start_host_s (backend.idle_start);
+    # None: where measured, for a profile without lead fits (which price it already; sim.idle_start_s)
+    idle_start: bool | None = None
 
     def __post_init__(self) -> None:
         bad = [w for w in self.workloads if w not in classes.CLASSES]
@@ -124,6 +127,9 @@ class FidelityConfig:
                              f"got {self.cost_models}")
         if not isinstance(self.price_serving_host, bool):
             raise ValueError(f"fidelity.price_serving_host must be true or false, got {self.price_serving_host!r}")
+        if self.idle_start is not None and not isinstance(self.idle_start, bool):
+            raise ValueError(f"fidelity.idle_start must be null (where measured), true or false, "
+                             f"got {self.idle_start!r}")
         skew = self.moe_routing_skew
         if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 0 <= skew < 9):
             raise ValueError(f"fidelity.moe_routing_skew must be null (measured) or a number in [0, 8], got {skew!r}")
@@ -155,10 +161,13 @@ class PinnedBlocks(KeepAlive):
         return dataclasses.replace(info, num_blocks=self.num_blocks)
 
 
-def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float | bool | None]) -> dict:
+def cell_meta(engine, rc: RunConfig, outcome: RunOutcome, moe: dict[str, float | bool | None],
+              idle_start: bool | None = False) -> dict:
     """What the simulations of a cell take from its engine runs (harness.compare.study.engine_meta),
-    with the routing (skew, locality, shared prefixes) they price an MoE model's steps at."""
-    meta = {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": moe.get("moe_routing_skew", 0.0)}
+    with the routing (skew, locality, shared prefixes) they price an MoE model's steps at and the
+    profiled side's idle start (fidelity.idle_start)."""
+    meta = {**engine_meta(engine.info(), rc, outcome), "moe_routing_skew": moe.get("moe_routing_skew", 0.0),
+            "idle_start": idle_start}
     if moe.get("moe_routing_locality"):  # absent at 0: the meta of runs without it stays as it was
         meta["moe_routing_locality"] = moe["moe_routing_locality"]
     if moe.get("moe_routing_shared_prefix"):
@@ -176,7 +185,7 @@ def serve(engine, rc: RunConfig, fc: FidelityConfig, profile_path: str, progress
     for i in range(fc.repeats):
         outcome = run_once(rc, progress, executor=engine, label=f"engine {rc.workload.name} #{i}", record=True)
         engine_runs.append(outcome)
-        meta = meta or cell_meta(engine, rc, outcome, moe or {})
+        meta = meta or cell_meta(engine, rc, outcome, moe or {}, fc.idle_start)
     sims = {}
     for name in fc.cost_models:
         sim_rc = sim_run_config(rc, name, profile_path, meta)
@@ -229,7 +238,7 @@ def summaries(engine_runs: list[RunOutcome], sims: dict[str, RunOutcome], fc: Fi
     if fc.price_serving_host and "profiled" in fc.cost_models:
         from harness.fidelity.serving_host import serving_host_rows
 
-        meta = cell_meta(engine, rc, engine_runs[0], moe or {})
+        meta = cell_meta(engine, rc, engine_runs[0], moe or {}, fc.idle_start)
         simulated.update(serving_host_rows(rc, profile_path, meta, engine_runs, fc.interval))
     return [run.summary for run in engine_runs], simulated
 
@@ -243,6 +252,9 @@ def run_fidelity(cfg: DictConfig, study: StudyConfig, output: OutputConfig, out_
     if rc.backend != "engine":
         raise ConfigError(f"backend must be engine for the held-out protocol, got {rc.backend}")
     refuse_engine_without_gpu(rc, "fidelity", tiny_ok=False)
+    if fc.idle_start and rc.hardware.idle_start_host_s is None:
+        raise ConfigError(f"fidelity.idle_start=true: hardware {rc.hardware.name} has no idle_start_host_s; "
+                          "use null (where measured) or false")
     rc = dataclasses.replace(rc, scheduler=dataclasses.replace(
         rc.scheduler, max_model_len=classes.max_model_len(rc.scheduler.max_model_len, fc.length_scale)))
     results = Path(fc.results_dir) if fc.results_dir else out_dir

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from engine.core import CacheConfig, ExecutionConfig, Request, SamplingParams, SchedulerConfig, make_scheduler
 from engine.core.executor import BackendInfo
 from engine.core.loop import SimulatedClock, run
-from sim import ProfiledCostModel, RooflineCostModel, SimConfig, SimExecutor, build_sim_executor
+from sim import CostModel, ProfiledCostModel, RooflineCostModel, SimConfig, SimExecutor, build_sim_executor
 from sim.interval import PerturbedCostModel
 from sim.tp_transfer import TPTransferCostModel
 from tests.sim.helpers import decode_batch, hardware, model, plan, prefill
@@ -74,7 +74,7 @@ def test_off_by_default_and_refused_without_a_figure_or_overlap():
     with pytest.raises(ValueError, match="async_scheduling"):
         build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True, execution=ExecutionConfig(
             async_scheduling=False)), cache, sched)
-    with pytest.raises(ValueError, match="idle_start must be true or false"):
+    with pytest.raises(ValueError, match="idle_start must be true, false or null"):
         SimConfig(idle_start=1)
     with pytest.raises(ValueError, match="idle_start_s"):
         SimExecutor(RooflineCostModel(spec, hardware("h200")), BackendInfo(10, 16, 1000), idle_start_s=-1.0)
@@ -96,6 +96,29 @@ def test_refused_beside_a_profile_whose_leads_price_it_already():
             build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched, cost_model=priced)
     no_leads = build_sim_executor(spec, hardware("h200"), SimConfig(idle_start=True), cache, sched)
     assert no_leads.idle_start_s == hardware("h200").idle_start_host_s
+
+
+def test_null_prices_it_where_true_would_beside_a_profile_and_nowhere_else() -> None:
+    """idle_start None (the held-out protocol's): the figure for a profiled model without lead fits on
+    hardware that has one, with overlapped steps; 0, never a refusal, for a profile with leads, hardware
+    without the figure, steps one at a time or the roofline."""
+    profile = overlapping_profile()
+    no_leads = ProfiledCostModel.fit(profile, GRAPH)
+    with_leads = ProfiledCostModel.fit(profile.assign(lead_s=np.full(len(profile), 4e-4)), GRAPH)
+    spec, cache, sched = model("qwen3-0.6b"), CacheConfig(16, 40), SchedulerConfig()
+    auto = SimConfig(cost_model="profiled", profile_path="given.csv", idle_start=None)
+    one_at_a_time = dataclasses.replace(auto, execution=ExecutionConfig(async_scheduling=False))
+
+    def idle_s(sim: SimConfig, hw: str, cost: CostModel) -> float:
+        return build_sim_executor(spec, hardware(hw), sim, cache, sched, cost_model=cost).idle_start_s
+
+    assert idle_s(auto, "h200", no_leads) == hardware("h200").idle_start_host_s
+    drawn = PerturbedCostModel(no_leads, [0.0], 1.0, np.random.default_rng(0))  # an interval's draw
+    assert idle_s(auto, "h200", drawn) == hardware("h200").idle_start_host_s
+    assert idle_s(auto, "h200", with_leads) == 0.0
+    assert idle_s(auto, "h100", no_leads) == 0.0
+    assert idle_s(one_at_a_time, "h200", no_leads) == 0.0
+    assert idle_s(SimConfig(idle_start=None), "h200", RooflineCostModel(spec, hardware("h200"))) == 0.0
 
 
 def test_fast_forward_books_the_same_times_as_step_by_step():
