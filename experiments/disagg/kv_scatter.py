@@ -83,14 +83,14 @@ def weigh(resim_dir: Path) -> pd.DataFrame:
                 resim.main(["--run", str(HERE / call), "--aggregated", *spc.VARIANTS[own], *flags, "--out", str(path)])
             sim = pd.read_csv(path, dtype={"load": str})
             rows.append({"call": call, "fitted_on": call in MEASURED_ON, "variant": variant, **spc.count(call, sim)})
-    table = pd.DataFrame(rows).fillna(0)
-    counts = [c for c in table.columns if c.endswith(("_within", "_of"))]
-    for label, held_out in (("ALL held out", True), ("ALL", False)):
+    calls = pd.DataFrame(rows).fillna(0)
+    counts = [c for c in calls.columns if c.endswith(("_within", "_of"))]
+    totals = []
+    for label, chosen in (("ALL held out", calls[~calls.fitted_on]), ("ALL", calls)):
         for variant in VARIANTS:
-            chosen = table[(table.variant == variant) & (~table.fitted_on if held_out else True)]
-            table.loc[len(table)] = {"call": label, "fitted_on": not held_out, "variant": variant,
-                                     **chosen[counts].sum().to_dict()}
-    return table
+            totals.append({"call": label, "fitted_on": label == "ALL", "variant": variant,
+                           **chosen[chosen.variant == variant][counts].sum().to_dict()})
+    return pd.concat([calls, pd.DataFrame(totals)], ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:
