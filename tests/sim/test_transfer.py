@@ -116,7 +116,7 @@ def test_an_h100_grid_fit_carried_prices_steps_near_the_h200s_own_grid_fit():
     carried H100 fit prices decode batches of 1-512 and prefill chunks of 256-8,192 tokens within
     15% of the H200's fit. Scaling the whole decode base by bandwidth was 20-29% short on TPOT."""
     graphs = GraphSizes(decode_graph_sizes(512, 512), prefill_graph_sizes(4096))
-    h100 = ProfiledCostModel.load(FITS / "h100_shared_prefix" / "profile_model.csv", graphs)
+    h100 = ProfiledCostModel.load(FITS / "h100_shared_prefix" / "profile_model.csv.gz", graphs)
     h200 = ProfiledCostModel.load(FITS.parents[1] / "profiles" / "h200" / "qwen3-0.6b.csv", graphs)
     carried = transfer(h100, H100, H200, QWEN)
     steps = [decode_batch([context] * n) for n in (1, 8, 64, 256, 512) for context in (200, 1000, 3000)]
