@@ -3,13 +3,15 @@ of several held-out tables: the tables interval_seeds.sh merges for each seed of
 draws, or any heldout.csv (the committed one). No GPU needed.
 
     python experiments/fidelity/interval_seeds_summary.py s1=/tmp/seeds/s1/table/heldout.csv ...
-        --model qwen3-8b --out experiments/fidelity/interval_seeds.csv
+        --model qwen3-8b --out experiments/fidelity/interval_seeds.csv [--append]
 
 Each table's profiled cells (the coverage's: cost_model profiled, the load metrics, an interval)
 are conformalised as merge.py does (harness.fidelity.conformal.leave_one_class_out); per group:
 the cells with a coverage claim, how many lie inside, the conformal and the propagated coverage,
 and the median width ln(hi / lo) of the conformalised and of the propagated interval. Prints the
 cells inside per table and group, and per group the least, mean and most coverage over the tables.
+With --append the rows --out holds already stay, but those of a table label and model written now
+(one CSV for several models' seeds).
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def summarise(tables: dict[str, Path], model: str | None) -> pd.DataFrame:
                                                 "width_p50", "width_propagated_p50"]]
 
 
+def appended(summary: pd.DataFrame, existing: pd.DataFrame) -> pd.DataFrame:
+    """The existing rows, less those of a table label and model the summary has, then the summary's."""
+    new = pd.MultiIndex.from_frame(summary[["table", "model"]])
+    kept = existing[~pd.MultiIndex.from_frame(existing[["table", "model"]]).isin(new)]
+    return pd.concat([kept, summary], ignore_index=True)
+
+
 def _labelled(entry: str) -> tuple[str, Path]:
     label, sep, path = entry.partition("=")
     if not sep or not label or not path:
@@ -70,12 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tables", type=_labelled, nargs="+", help="LABEL=PATH of a merged heldout.csv(.gz)")
     parser.add_argument("--model", default=None, help="only this model's groups (default: every model)")
     parser.add_argument("--out", type=Path, default=None, help="write the per-table, per-group rows here (CSV)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep --out's rows of other table labels or models (default: --out is replaced)")
     args = parser.parse_args(argv)
+    if args.append and args.out is None:
+        parser.error("--append needs --out")
 
     def run() -> int:
         summary = summarise(dict(args.tables), args.model)
         if args.out is not None:
-            summary.round(4).to_csv(args.out, index=False)
+            rows = summary.round(4)
+            if args.append and args.out.exists():
+                rows = appended(rows, pd.read_csv(args.out, dtype={"load": str}))
+            rows.to_csv(args.out, index=False)
         pd.set_option("display.width", 200)
         print(summary.pivot_table(index="table", columns=[*GROUP], values="inside", sort=False).to_string())
         percent = summary.assign(coverage=100 * summary["coverage"])
