@@ -41,7 +41,7 @@ seed_06() {  # seed, its scratch directory: rebuild_table.sh's 0.6B pools, in it
   $R $F/h100_leakfree/heldout.csv $P06 $S06 --num-requests 80 \
       --workloads prefill_heavy,bursty,decode_heavy,conversation,shared_prefix --out $t/06_leakfree.csv >/dev/null
   for w in decode_heavy-conversation-bursty prefill_heavy-shared_prefix-preempting_bench; do
-    $R $F/h100_second_lease/heldout_$w.csv $P06 $S06 --num-requests 80 --out $t/06_second_$w.csv >/dev/null; done
+    $R $F/h100_second_lease/heldout_$w.csv.gz $P06 $S06 --num-requests 80 --out $t/06_second_$w.csv >/dev/null; done
   for c in 1 3; do
     $R $F/h100_third_lease/heldout_call${c}_committed_fit.csv $P06 $S06 --num-requests 80 --out $t/06_third_$c.csv >/dev/null; done
   $R $F/h100_fourth_lease/heldout.csv $P06 $S06 --num-requests 80 --out $t/06_fourth.csv >/dev/null

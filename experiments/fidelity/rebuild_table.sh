@@ -33,7 +33,7 @@ SH200="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 80"
 $R $F/h100_leakfree/heldout.csv $P06 --label profiled --interval $S06 \
     --workloads prefill_heavy,bursty,decode_heavy,conversation,shared_prefix --out "$tmp/06_leakfree.csv"
 for t in decode_heavy-conversation-bursty prefill_heavy-shared_prefix-preempting_bench; do
-  $R $F/h100_second_lease/heldout_$t.csv $P06 --label profiled --interval $S06 --out "$tmp/06_second_$t.csv"; done
+  $R $F/h100_second_lease/heldout_$t.csv.gz $P06 --label profiled --interval $S06 --out "$tmp/06_second_$t.csv"; done
 for c in 1 3; do
   $R $F/h100_third_lease/heldout_call${c}_committed_fit.csv $P06 --label profiled --interval $S06 --out "$tmp/06_third_$c.csv"; done
 $R $F/h100_fourth_lease/heldout.csv $P06 --label profiled --interval $S06 --out "$tmp/06_fourth.csv"
