@@ -25,7 +25,9 @@ from experiments.disagg.tables import fit_link
 from experiments.disagg.transfer_parts import first_boundary
 from experiments.disagg.workloads import SCENARIOS
 from harness.convert import ConfigError
+from sim import idle_start_s
 from sim.kv_transfer import TransferConfig
+from sim.profiled import ProfiledCostModel
 
 SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--max-drain", "12",
          "--drain-s", "0.1", "--warmup-requests", "4", "--cell-s", "1"]
@@ -349,9 +351,9 @@ def test_a_transfer_lands_at_the_first_boundary_only_before_the_second_step_end(
 
 
 @pytest.mark.parametrize(("hardware", "argv", "expected"), [
-    ("h200", [], ("backend.fleet_intake=true", "backend.idle_start=true", "backend.kv_scatter=true")),
+    ("h200", [], ("backend.fleet_intake=true", "backend.idle_start=null", "backend.kv_scatter=true")),
     ("h200", ["--sim-set", "backend.idle_start=false"],
-     ("backend.fleet_intake=true", "backend.idle_start=true", "backend.kv_scatter=true", "backend.idle_start=false")),
+     ("backend.fleet_intake=true", "backend.idle_start=null", "backend.kv_scatter=true", "backend.idle_start=false")),
     ("h200", ["--no-host-settings"], ()),
     ("h100", [], ()),  # nothing of the engine fleet's host work measured on this GPU host
 ])
@@ -362,7 +364,8 @@ def test_a_measure_call_prices_the_host_work_its_gpu_host_has_measured(hardware,
     setup = run_disagg.make_setup(args, run_disagg.check(args))
     assert setup.sim_overrides == expected and tuple(args.sim_overrides) == expected
     sim = setup.run_config("sim").sim
-    last = {key: value == "true" for key, value in (setting.split("=") for setting in expected)}
+    last = {key: {"true": True, "null": None}.get(value, False)
+            for key, value in (setting.split("=") for setting in expected)}
     assert (sim.fleet_intake, sim.idle_start, sim.kv_scatter) == tuple(
         last.get(f"backend.{name}", False) for name in ("fleet_intake", "idle_start", "kv_scatter"))
     assert not setup.run_config("measured").sim.idle_start
@@ -370,9 +373,13 @@ def test_a_measure_call_prices_the_host_work_its_gpu_host_has_measured(hardware,
 
 def test_the_idle_start_is_left_to_a_profile_whose_lead_fits_price_it(tmp_path):
     """A lead is timed from submit() on an idle device: such a profile holds the idle start's host
-    work, so the call does not price it twice (the simulator would refuse both)."""
+    work, so a measure call's idle_start=null prices it only beside a profile without lead fits."""
     leads = tmp_path / "with_leads.csv"
     table = pd.read_csv("profiles/h200/qwen3-0.6b.csv")
     lead = table[table["regime"] == "prefill"].assign(regime="lead:prefill")
     pd.concat([table, lead]).to_csv(leads, index=False)
-    assert common.host_settings("h200", str(leads)) == ("backend.fleet_intake=true", "backend.kv_scatter=true")
+    args = run_disagg.parse(["measure", "--dry-run", "--hardware", "h200", "--out", str(tmp_path)])
+    rc = run_disagg.make_setup(args, run_disagg.check(args)).run_config("sim")
+    plain = "profiles/h200/qwen3-0.6b.csv"
+    priced = {path: idle_start_s(rc.hardware, rc.sim, True, ProfiledCostModel.load(path)) for path in (plain, leads)}
+    assert priced == {plain: rc.hardware.idle_start_host_s, leads: 0.0}

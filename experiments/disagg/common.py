@@ -107,24 +107,24 @@ class Setup:
         return self.pools.label if mode == "disaggregated" else f"{self.pools.gpus}x"
 
 
-def host_settings(hardware: str, profile: str | None) -> tuple[str, ...]:
+def host_settings(hardware: str) -> tuple[str, ...]:
     """The simulated side's settings for the engine fleet's own work, on where this GPU host has it
     measured: backend.fleet_intake (the router-to-replica hand-over, profiles/<hardware>/fleet_intake.json),
-    backend.idle_start (conf/hardware's idle_start_host_s; not beside a profile with lead fits,
-    which price that work already) and backend.kv_scatter (a landed request's write into the decode
-    replica's cache, conf/hardware's kv_scatter_*). The first two were chosen over the committed
-    measure calls (experiments/disagg/ttft_variants.md: 267 -> 289 of 404 comparisons within target,
-    no call losing one), the third weighed on them (experiments/disagg/kv_scatter.md); a measure
+    backend.idle_start=null (conf/hardware's idle_start_host_s, priced by the simulator only beside
+    a profile without lead fits, which price that work already: sim.idle_start_s) and
+    backend.kv_scatter (a landed request's write into the decode replica's cache, conf/hardware's
+    kv_scatter_*). The first two were chosen over the committed measure calls
+    (experiments/disagg/ttft_variants.md: 267 -> 289 of 404 comparisons within target, no call
+    losing one), the third weighed on them (experiments/disagg/kv_scatter.md); a measure
     call's --sim-set comes after them and wins."""
     from harness.fleet.intake import intake_path
-    from sim.profiled import ProfiledCostModel
 
     settings = []
     if intake_path(hardware).is_file():
         settings.append("backend.fleet_intake=true")
     spec = compose_run_config([f"hardware={hardware}"]).hardware
-    if spec.idle_start_host_s is not None and profile is not None and not ProfiledCostModel.load(profile).prices_lead:
-        settings.append("backend.idle_start=true")
+    if spec.idle_start_host_s is not None:
+        settings.append("backend.idle_start=null")
     if spec.kv_scatter_base_s is not None and spec.kv_scatter_bandwidth is not None:
         settings.append("backend.kv_scatter=true")
     return tuple(settings)

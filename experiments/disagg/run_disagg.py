@@ -158,7 +158,7 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
         hardware = hardware_of(detect_gpus(), pools)
     profile, _ = profile_for(hardware, args.model, args.out)
     if args.command == "measure" and args.host_settings:  # settings.json records them with --sim-set's
-        args.sim_overrides = [*host_settings(hardware, profile), *args.sim_overrides]
+        args.sim_overrides = [*host_settings(hardware), *args.sim_overrides]
     return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides),
                  sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
 
