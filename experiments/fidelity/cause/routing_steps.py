@@ -19,7 +19,7 @@ step). Printed by decode batch: mean sequences, groups and counts, measured ms p
 rule's error.
 
     R=experiments/fidelity; C=<call>/qwen3-30b-a3b/shared_prefix-conversation
-    python -m experiments.fidelity.cause.routing_steps $R/h100_30b_r4/shared_prefix-conversation/heldout.csv \\
+    python -m experiments.fidelity.cause.routing_steps $R/h100_30b_r4/shared_prefix-conversation/heldout.csv.gz \\
         $R/h100_30b_r2/qwen3-30b-a3b/profile_model.csv $C/steps/shared_prefix_offline_0.csv.gz \\
         --workload shared_prefix --model qwen3-30b-a3b --hardware h100 --num-blocks 401 --num-requests 40 \\
         --moe-routing-skew 0.379 --moe-routing-locality 1.9954 --moe-routing-shared-fresh 0.062 \\
