@@ -39,7 +39,7 @@ fleet() {  # fit
 
 for fit in old new; do
   P="$out/$fit.csv"; O="$out/$fit"; mkdir -p "$O/disagg" "$O/midrun"
-  $R $F/h200/device_calls.csv "$P" --label profiled --interval $SH200 --num-requests 80 --out "$O/h200_first.csv"
+  $R $F/h200/device_calls.csv.gz "$P" --label profiled --interval $SH200 --num-requests 80 --out "$O/h200_first.csv"
   $R $F/h200_conversation_again/heldout.csv "$P" --label profiled --interval $SH200 --num-requests 80 --out "$O/h200_again.csv"
   $M "$O/h200_first.csv" --pool "$O/h200_again.csv" --out "$O/heldout_h200" >/dev/null
   $R $Q/heldout.csv "$P" --label profiled $SH200 --num-requests 1500 --out "$O/cc2_grid_host.csv"

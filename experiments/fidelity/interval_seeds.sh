@@ -4,6 +4,7 @@
 # 19 draws (their run factors stratified, sim/interval.py), each seed's table merged over the
 # committed one (merge.py: SCRATCH/s<seed>/table), then per seed and group the conformal coverage and
 # median width (interval_seeds_summary.py; OUT: its CSV, whose rows of other models and tables stay).
+# Every cell with the idle start as the held-out protocol prices it (rebuild_table.sh's --idle-start auto).
 # MODEL: qwen3-8b (default: its H100 cells) or qwen3-0.6b (its H100 cells and its H200 cells with
 # the H200's own fit, code_completion at the grid's and at each run's host; the fits P06, PH200,
 # QFIT as rebuild_table.sh's). SPREAD (optional): the machine factor's half-width instead of the
@@ -48,7 +49,7 @@ seed_06() {  # seed, its scratch directory: rebuild_table.sh's 0.6B pools, in it
   $M $t/06_leakfree.csv --pool $t/06_second_*.csv --out $t/pool06_1 >/dev/null
   $M $t/pool06_1/heldout.csv --pool $t/06_third_{1,3}.csv --out $t/pool06_2 >/dev/null
   $M $t/pool06_2/heldout.csv --pool $t/06_fourth.csv --out $t/pool06 >/dev/null
-  $R $F/h200/device_calls.csv $PH200 $SH200 --num-requests 80 --out $t/h200_first.csv >/dev/null
+  $R $F/h200/device_calls.csv.gz $PH200 $SH200 --num-requests 80 --out $t/h200_first.csv >/dev/null
   $R $F/h200_conversation_again/heldout.csv $PH200 $SH200 --num-requests 80 --out $t/h200_again.csv >/dev/null
   $M $t/h200_first.csv --pool $t/h200_again.csv --out $t/poolh200 >/dev/null
   $R $H/qwen3-0.6b/heldout.csv $P06 $S06 --num-requests 1000 --out $t/cc06.csv >/dev/null
@@ -68,7 +69,7 @@ case $MODEL in
 esac
 mkdir -p "$out"
 for seed in "$@"; do
-  R="python -m experiments.fidelity.resimulate --interval --interval-seed $seed ${SPREAD:+--machine-spread $SPREAD}"
+  R="python -m experiments.fidelity.resimulate --idle-start auto --interval --interval-seed $seed ${SPREAD:+--machine-spread $SPREAD}"
   $simulate "$seed" "$out/s$seed"
 done
 # per seed and group of the model: cells inside, coverage and median width (interval_seeds_summary.py)

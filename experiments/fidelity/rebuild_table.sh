@@ -57,7 +57,7 @@ $M "$tmp/8b_prefill_first.csv" --pool "$tmp"/8b_prefill_again_{1,2}.csv --out "$
 
 # Qwen3-0.6B on the H200: its own fit, the conversation cells of two calls pooled; the H100 fit
 # carried, over the table's cells (h200/carried.csv, points only)
-$R $F/h200/device_calls.csv $PH200 --label profiled --interval $SH200 --out "$tmp/h200_first.csv"
+$R $F/h200/device_calls.csv.gz $PH200 --label profiled --interval $SH200 --out "$tmp/h200_first.csv"
 $R $F/h200_conversation_again/heldout.csv $PH200 --label profiled --interval $SH200 --out "$tmp/h200_again.csv"
 $M "$tmp/h200_first.csv" --pool "$tmp/h200_again.csv" --out "$tmp/poolh200" >/dev/null
 $R $F/heldout.csv.gz $C06 --label carried $SH200 --workloads bursty,decode_heavy,conversation \
