@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.disagg import common, run_disagg
+from experiments.disagg import common, decode_waves, kv_scatter, run_disagg, send_path_choice
 from experiments.disagg.cells import Cells, MeasureConfig, fitted_link
 from experiments.disagg.common import CPU_LINK, Deadline, Pools, Setup
 from experiments.disagg.goodput import Ladder, measured_goodput
@@ -383,3 +383,17 @@ def test_the_idle_start_is_left_to_a_profile_whose_lead_fits_price_it(tmp_path):
     plain = "profiles/h200/qwen3-0.6b.csv"
     priced = {path: idle_start_s(rc.hardware, rc.sim, True, ProfiledCostModel.load(path)) for path in (plain, leads)}
     assert priced == {plain: rc.hardware.idle_start_host_s, leads: 0.0}
+
+
+def test_decode_waves_reads_each_variants_tpot_error_against_the_calls_measured_cell(tmp_path):
+    call = "h200_06b_run2"
+    measured = pd.read_csv(send_path_choice.runs_path(kv_scatter.HERE / call), dtype={"load": str})
+    cells = measured[(measured.side == "measured") & (measured.load == "0.8")]
+    for scale, variant in zip((1.0, 1.1, 0.8), decode_waves.VARIANTS):
+        sim = cells.assign(side="sim", tpot_p50_s=cells.tpot_p50_s * scale, tpot_p90_s=cells.tpot_p90_s * scale)
+        sim.to_csv(tmp_path / f"{call}__{variant}.csv", index=False)
+    table = decode_waves.cell_errors(tmp_path, ((call, "handshake+queue"),))
+    assert len(table) == 3 * len(cells) and set(table.load) == {"0.8"}
+    by_variant = table.groupby("variant")["tpot_p50_s_error_pct"].agg(["min", "max"])
+    assert by_variant.loc["+waves"].tolist() == [10.0, 10.0]
+    assert by_variant.loc["+waves+grid_spread"].tolist() == [-20.0, -20.0]

@@ -74,10 +74,14 @@ def fit(gaps: pd.DataFrame) -> tuple[float, float]:
     return float(base), float(1 / slope)
 
 
-def weigh(resim_dir: Path) -> pd.DataFrame:
+def weigh(resim_dir: Path, variants: dict[str, list[str]] = VARIANTS,
+          calls_weighed: tuple[tuple[str, str], ...] = CALLS) -> pd.DataFrame:
+    """Per call (with its engine's send path) and variant (its resim flags), the comparisons within
+    target by metric group, then totals over the calls held out of MEASURED_ON and over all; each
+    re-simulation is kept in resim_dir and reused."""
     rows = []
-    for call, own in CALLS:
-        for variant, flags in VARIANTS.items():
+    for call, own in calls_weighed:
+        for variant, flags in variants.items():
             path = resim_dir / f"{call.replace('/', '_')}__{variant}.csv"
             if not path.is_file():
                 resim.main(["--run", str(HERE / call), "--aggregated", *spc.VARIANTS[own], *flags, "--out", str(path)])
@@ -87,7 +91,7 @@ def weigh(resim_dir: Path) -> pd.DataFrame:
     counts = [c for c in calls.columns if c.endswith(("_within", "_of"))]
     totals = []
     for label, chosen in (("ALL held out", calls[~calls.fitted_on]), ("ALL", calls)):
-        for variant in VARIANTS:
+        for variant in variants:
             totals.append({"call": label, "fitted_on": label == "ALL", "variant": variant,
                            **chosen[chosen.variant == variant][counts].sum().to_dict()})
     return pd.concat([calls, pd.DataFrame(totals)], ignore_index=True)
