@@ -33,7 +33,7 @@ def test_the_committed_h200_intake_reads_back_and_its_command_rebuilds_it(tmp_pa
     intake = read_intake(path)
     assert 2e-4 < intake.base_s < 1e-3 and 0 < intake.per_token_s < 1e-6
     out = tmp_path / "intake.json"
-    assert calibrate.main(["--polls", str(PROBE / "intake_polls.csv.gz"), "--probe", str(PROBE / "probe_steps.csv"),
+    assert calibrate.main(["--polls", str(PROBE / "intake_polls.csv.gz"), "--probe", str(PROBE / "probe_steps.csv.gz"),
                            "--out", str(out)]) == 0
     rebuilt, committed = json.loads(out.read_text()), json.loads(path.read_text())
     assert (rebuilt["base_s"], rebuilt["per_token_s"]) == (committed["base_s"], committed["per_token_s"])
