@@ -10,7 +10,8 @@ Then, per 'tail' row of one split (batch >= 48), the rate the probe's time impli
 simulator's fluid (sim.decode_programs.walk_seconds: the programs share the bandwidth the 'even'
 rows give, none faster than the rate): with every program running from the start, with --per-sm
 programs per SM in launch order, and the latter after the launch's fixed time (the intercept of the
-'even' rows, fitted with the bandwidth).
+'even' rows, fitted with the bandwidth). --even-waves GBPS: the 'even' rows instead, each probe time
+beside the fluid's at that program rate, with and without the waves (even_waves).
 """
 
 from __future__ import annotations
@@ -61,13 +62,40 @@ def report(path: str, per_sm: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def even_waves(path: str, per_sm: int, rate: float) -> pd.DataFrame:
+    """Per 'even' row of one split (every program walks the same keys): the probe's time beside the
+    fluid's, all programs from the start and per_sm per SM in launch order, at `rate` bytes/s a
+    program, after the 'even' fit's fixed time (the rows whose programs overflow the GPU's slots
+    show what the waves cost there)."""
+    table = pd.read_csv(path)
+    even = table[(table.variant == "picked") & (table.contexts == "even") & (table.splits == 1)]
+    design = np.c_[np.ones(len(even)), even.total_context * HEADS * KEY_BYTES]
+    fit = even.batch.isin(EVEN_FIT)
+    fixed_s, per_byte = np.linalg.lstsq(design[fit.to_numpy()], even.us[fit] * 1e-6, rcond=None)[0]
+    rows = []
+    for _, row in even.iterrows():
+        keys = np.tile(np.array(contexts("even", int(row.batch), np.random.default_rng(0)), dtype=float), HEADS)
+        walk = lambda slots: walk_seconds(keys, slots, 1 / per_byte / KEY_BYTES, rate / KEY_BYTES)  # noqa: E731
+        start, waves = fixed_s + walk(None), fixed_s + walk(per_sm * SMS)
+        rows.append({"batch": int(row.batch), "programs": keys.size, "us": round(row.us, 1),
+                     "all_start_us": round(start * 1e6, 1), f"per_sm_{per_sm}_us": round(waves * 1e6, 1),
+                     "waves_added_us": round((waves - start) * 1e6, 1),
+                     "probe_over_all_start_us": round(row.us - start * 1e6, 1)})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel_csv", nargs="+")
     parser.add_argument("--per-sm", type=int, default=5, help="programs one SM holds (hardware.decode_programs_per_sm)")
+    parser.add_argument("--even-waves", type=float, default=None, metavar="GBPS",
+                        help="instead: the 'even' rows against the fluid at this program rate (GB/s)")
     args = parser.parse_args(argv)
     for path in args.kernel_csv:
-        print(report(path, args.per_sm).to_string(index=False))
+        if args.even_waves is not None:
+            print(even_waves(path, args.per_sm, args.even_waves * 1e9).to_string(index=False))
+        else:
+            print(report(path, args.per_sm).to_string(index=False))
 
 
 if __name__ == "__main__":
