@@ -10,7 +10,7 @@ the split count the kernel picks and for split counts that cap a program's walk 
 fair share per program; launches with room for ceil(4096 / BALANCE_CHUNK) splits, or for 8), and
 with --ckpt the whole graph decode step of the model with EngineConfig.balanced_decode off and on.
 
-    python -m experiments.kernels.decode_balance --out $OUT/balance [--model qwen3-0.6b]
+    python -m experiments.kernels.decode_balance --out $OUT/balance [--model qwen3-0.6b] [--batches 72 80 ...]
 
 Writes kernel.csv (and step.csv with --ckpt) and prints them.
 """
@@ -30,6 +30,7 @@ from kernels.decode_split import balanced_chunk
 
 MAX_MODEL_LEN, BLOCK_SIZE, HEAD_DIM = 4096, 256, 128
 BATCHES = (8, 16, 32, 48, 64, 96, 128, 256, 512)
+STEP_BATCHES = (16, 32, 48, 64, 96, 128, 256)  # --ckpt's whole steps
 CAPS = (256, 512, 1024)
 
 
@@ -45,10 +46,10 @@ def split_variants(batch: int, num_kv_heads: int, sms: int, max_model_len: int) 
 
 
 def kernel_rows(num_heads: int, num_kv_heads: int, rng: np.random.Generator,
-                max_model_len: int = MAX_MODEL_LEN) -> list[dict]:
+                max_model_len: int = MAX_MODEL_LEN, batches: tuple[int, ...] = BATCHES) -> list[dict]:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for batch in BATCHES:
+    for batch in batches:
         for kind in ("even", "ragged", "tail"):
             lens = contexts(kind, batch, rng)
             blocks_per_seq = triton.cdiv(max_model_len, BLOCK_SIZE)
@@ -79,7 +80,7 @@ def kernel_rows(num_heads: int, num_kv_heads: int, rng: np.random.Generator,
     return rows
 
 
-def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
+def step_rows(ckpt: str, rng: np.random.Generator, batches: tuple[int, ...] = STEP_BATCHES) -> list[dict]:
     """Whole graph decode steps, balanced_decode off and on: even vs ragged batches."""
     import statistics
 
@@ -87,7 +88,7 @@ def step_rows(ckpt: str, rng: np.random.Generator) -> list[dict]:
     from harness.scripting import open_probe_engine, probe_grid, probe_plan
 
     grid = probe_grid()
-    shapes = [(b, k, contexts(k, b, rng)) for b in (16, 32, 48, 64, 96, 128, 256) for k in ("even", "ragged", "tail")]
+    shapes = [(b, k, contexts(k, b, rng)) for b in batches for k in ("even", "ragged", "tail")]
     rows = []
     for variant in ("even", "balanced"):
         executor, sched = open_probe_engine(ckpt, 1500, max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
@@ -110,16 +111,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = probe_parser(__doc__.splitlines()[0] + " (--ckpt or --model: also time whole graph decode steps)",
                           needs_checkpoint=False)
     # --max-model-len: the launch's room (graphs capture for it); contexts stay as they are
+    parser.add_argument("--batches", type=int, nargs="+", default=None,
+                        help=f"decode batch sizes, in this order (the contexts are drawn in it; default: "
+                             f"{BATCHES} for the kernel, {STEP_BATCHES} for whole steps)")
     args = probe_args(parser, argv)
+    if args.batches is not None and any(b < 1 for b in args.batches):
+        parser.error(f"--batches must be >= 1, got {args.batches}")
     out = args.out
     rng = np.random.default_rng(0)
-    kernel = pd.DataFrame(kernel_rows(16, 8, rng, args.max_model_len))
+    kernel = pd.DataFrame(kernel_rows(16, 8, rng, args.max_model_len, tuple(args.batches or BATCHES)))
     name = "kernel.csv" if args.max_model_len == MAX_MODEL_LEN else f"kernel_max_model_len_{args.max_model_len}.csv"
     kernel.to_csv(out / name, index=False)
     wide = kernel.pivot_table(index=["batch", "contexts"], columns="variant", values="us")
     print(wide.round(1).to_string(), flush=True)
     if args.ckpt:
-        step = pd.DataFrame(step_rows(args.ckpt, rng))
+        step = pd.DataFrame(step_rows(args.ckpt, rng, tuple(args.batches or STEP_BATCHES)))
         step.to_csv(out / "step.csv", index=False)
         print(step.pivot_table(index=["batch", "contexts"], columns="variant", values="gpu_ms").round(3).to_string())
 

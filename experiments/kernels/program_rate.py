@@ -10,8 +10,9 @@ Then, per 'tail' row of one split (batch >= 48), the rate the probe's time impli
 simulator's fluid (sim.decode_programs.walk_seconds: the programs share the bandwidth the 'even'
 rows give, none faster than the rate): with every program running from the start, with --per-sm
 programs per SM in launch order, and the latter after the launch's fixed time (the intercept of the
-'even' rows, fitted with the bandwidth). --even-waves GBPS: the 'even' rows instead, each probe time
-beside the fluid's at that program rate, with and without the waves (even_waves).
+'even' rows, fitted with the bandwidth). --waves GBPS: every one-split row instead (even, ragged,
+tail), each probe time beside the fluid's at that program rate, with and without the waves
+(against_fluid; --fit: another probe's 'even' rows for the fixed time and bandwidth).
 """
 
 from __future__ import annotations
@@ -62,25 +63,33 @@ def report(path: str, per_sm: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def even_waves(path: str, per_sm: int, rate: float) -> pd.DataFrame:
-    """Per 'even' row of one split (every program walks the same keys): the probe's time beside the
-    fluid's, all programs from the start and per_sm per SM in launch order, at `rate` bytes/s a
-    program, after the 'even' fit's fixed time (the rows whose programs overflow the GPU's slots
-    show what the waves cost there)."""
-    table = pd.read_csv(path)
-    even = table[(table.variant == "picked") & (table.contexts == "even") & (table.splits == 1)]
+def against_fluid(path: str, per_sm: int, rate: float, fit_path: str | None = None) -> pd.DataFrame:
+    """Per row of one split ('picked'; even, ragged and tail contexts, drawn again as the probe drew
+    them, in its batch order): the probe's time beside the fluid's, all programs from the start and
+    per_sm per SM in launch order, at `rate` bytes/s a program, after the fixed time and bandwidth
+    of the 'even' rows of EVEN_FIT in fit_path (default: path). The rows whose programs overflow the
+    GPU's slots show what the waves cost there."""
+    fit_table = pd.read_csv(fit_path or path)
+    even = fit_table[(fit_table.variant == "picked") & (fit_table.contexts == "even")
+                     & fit_table.batch.isin(EVEN_FIT)]
     design = np.c_[np.ones(len(even)), even.total_context * HEADS * KEY_BYTES]
-    fit = even.batch.isin(EVEN_FIT)
-    fixed_s, per_byte = np.linalg.lstsq(design[fit.to_numpy()], even.us[fit] * 1e-6, rcond=None)[0]
-    rows = []
-    for _, row in even.iterrows():
-        keys = np.tile(np.array(contexts("even", int(row.batch), np.random.default_rng(0)), dtype=float), HEADS)
-        walk = lambda slots: walk_seconds(keys, slots, 1 / per_byte / KEY_BYTES, rate / KEY_BYTES)  # noqa: E731
-        start, waves = fixed_s + walk(None), fixed_s + walk(per_sm * SMS)
-        rows.append({"batch": int(row.batch), "programs": keys.size, "us": round(row.us, 1),
-                     "all_start_us": round(start * 1e6, 1), f"per_sm_{per_sm}_us": round(waves * 1e6, 1),
-                     "waves_added_us": round((waves - start) * 1e6, 1),
-                     "probe_over_all_start_us": round(row.us - start * 1e6, 1)})
+    fixed_s, per_byte = np.linalg.lstsq(design, even.us * 1e-6, rcond=None)[0]
+    table = pd.read_csv(path)
+    picked = table[table.variant == "picked"].set_index(["batch", "contexts"])
+    rng, rows = np.random.default_rng(0), []
+    for batch in table.batch.drop_duplicates():
+        for kind in ("even", "ragged", "tail"):  # decode_balance.kernel_rows' order of draws
+            lens = np.array(contexts(kind, int(batch), rng), dtype=float)
+            row = picked.loc[(batch, kind)]
+            if row.splits != 1 or row.total_context != lens.sum():
+                continue
+            keys = np.tile(lens, HEADS)  # one split: launch order is KV head, then sequence
+            walk = lambda slots: walk_seconds(keys, slots, 1 / per_byte / KEY_BYTES, rate / KEY_BYTES)  # noqa: E731
+            start, waves = fixed_s + walk(None), fixed_s + walk(per_sm * SMS)
+            rows.append({"batch": int(batch), "contexts": kind, "programs": keys.size, "us": round(row.us, 1),
+                         "all_start_us": round(start * 1e6, 1), f"per_sm_{per_sm}_us": round(waves * 1e6, 1),
+                         "waves_added_us": round((waves - start) * 1e6, 1),
+                         "probe_over_all_start_us": round(row.us - start * 1e6, 1)})
     return pd.DataFrame(rows)
 
 
@@ -88,12 +97,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel_csv", nargs="+")
     parser.add_argument("--per-sm", type=int, default=5, help="programs one SM holds (hardware.decode_programs_per_sm)")
-    parser.add_argument("--even-waves", type=float, default=None, metavar="GBPS",
-                        help="instead: the 'even' rows against the fluid at this program rate (GB/s)")
+    parser.add_argument("--waves", type=float, default=None, metavar="GBPS",
+                        help="instead: each one-split row against the fluid at this program rate (GB/s)")
+    parser.add_argument("--fit", default=None, help="--waves: the probe whose 'even' rows give the fixed "
+                        "time and bandwidth (default: each kernel_csv itself)")
     args = parser.parse_args(argv)
     for path in args.kernel_csv:
-        if args.even_waves is not None:
-            print(even_waves(path, args.per_sm, args.even_waves * 1e9).to_string(index=False))
+        if args.waves is not None:
+            print(against_fluid(path, args.per_sm, args.waves * 1e9, args.fit).to_string(index=False))
         else:
             print(report(path, args.per_sm).to_string(index=False))
 
