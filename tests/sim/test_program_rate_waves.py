@@ -8,7 +8,7 @@ import pytest
 from experiments.kernels import program_rate
 
 PROBE = "experiments/kernels/balance_h200/kernel.csv"
-PAST_ONE_WAVE = "experiments/kernels/balance_h200_waves/kernel.csv"
+PAST_ONE_WAVE = "experiments/kernels/balance_h200_waves/kernel.csv.gz"
 
 
 def test_the_waves_add_time_only_where_a_launch_overflows_the_gpus_slots():
