@@ -4,13 +4,12 @@ with the measure calls' own pricing (the fleet intake, the idle start, the lande
     python -m experiments.disagg.decode_waves [--resim-dir DIR] --out decode_waves_weighed.csv
 
 The engine's split-KV decode kernel holds 5 programs per SM; a launch of more programs than the GPU
-holds (660 on an H200) runs the rest as slots free up (sim.decode_programs). Off by default, since
-the profile's context price holds the grid's own waves; with backend.decode_programs_baseline=
-grid_spread a step is charged only what its contexts add over the grid's spread. Three variants,
-each call re-simulated with its engine's send path (kv_scatter.weigh): without the waves, with them,
-and with them over the grid's spread; comparisons within target per call and metric group, plus the
-0.6B's per-cell TPOT errors at 0.8 load (the cells whose decode batches cross 660 programs) with
---cells.
+holds (660 on an H200) runs the rest as slots free up (sim.decode_programs); off by default
+(decode_waves.md says why); with backend.decode_programs_baseline=grid_spread a step is charged
+only what its contexts add over the grid's spread. Three variants, each call re-simulated with its
+engine's send path (kv_scatter.weigh): without the waves, with them, and with them over the grid's
+spread; comparisons within target per call and metric group, plus with --cells every call's TPOT
+errors per cell at 0.8 load (where the 0.6B's decode batches cross 660 programs).
 """
 
 from __future__ import annotations
