@@ -42,13 +42,18 @@ def implied_rate(keys: np.ndarray, slots: int | None, bandwidth: float, seconds:
     return high
 
 
+def even_fit(table: pd.DataFrame) -> tuple[float, float]:
+    """(fixed seconds, bytes/s) of the probe's 'picked' even rows of EVEN_FIT: time = fixed + KV bytes / bandwidth."""
+    even = table[(table.variant == "picked") & (table.contexts == "even") & table.batch.isin(EVEN_FIT)]
+    design = np.c_[np.ones(len(even)), even.total_context * HEADS * KEY_BYTES]
+    fixed_s, per_byte = np.linalg.lstsq(design, even.us * 1e-6, rcond=None)[0]
+    return float(fixed_s), float(1 / per_byte)
+
+
 def report(path: str, per_sm: int) -> pd.DataFrame:
     table = pd.read_csv(path)
     picked = table[table.variant == "picked"].set_index(["batch", "contexts"])
-    even = picked.xs("even", level="contexts").loc[list(EVEN_FIT)]
-    design = np.c_[np.ones(len(even)), even.total_context * HEADS * KEY_BYTES]
-    fixed_s, per_byte = np.linalg.lstsq(design, even.us * 1e-6, rcond=None)[0]
-    bandwidth = 1 / per_byte
+    fixed_s, bandwidth = even_fit(table)
     rows = []
     for batch in sorted(b for b, kind in picked.index if kind == "tail" and picked.loc[(b, kind), "splits"] == 1):
         seconds = picked.loc[(batch, "tail"), "us"] * 1e-6
@@ -69,11 +74,7 @@ def against_fluid(path: str, per_sm: int, rate: float, fit_path: str | None = No
     per_sm per SM in launch order, at `rate` bytes/s a program, after the fixed time and bandwidth
     of the 'even' rows of EVEN_FIT in fit_path (default: path). The rows whose programs overflow the
     GPU's slots show what the waves cost there."""
-    fit_table = pd.read_csv(fit_path or path)
-    even = fit_table[(fit_table.variant == "picked") & (fit_table.contexts == "even")
-                     & fit_table.batch.isin(EVEN_FIT)]
-    design = np.c_[np.ones(len(even)), even.total_context * HEADS * KEY_BYTES]
-    fixed_s, per_byte = np.linalg.lstsq(design, even.us * 1e-6, rcond=None)[0]
+    fixed_s, bandwidth = even_fit(pd.read_csv(fit_path or path))
     table = pd.read_csv(path)
     picked = table[table.variant == "picked"].set_index(["batch", "contexts"])
     rng, rows = np.random.default_rng(0), []
@@ -84,7 +85,7 @@ def against_fluid(path: str, per_sm: int, rate: float, fit_path: str | None = No
             if row.splits != 1 or row.total_context != lens.sum():
                 continue
             keys = np.tile(lens, HEADS)  # one split: launch order is KV head, then sequence
-            walk = lambda slots: walk_seconds(keys, slots, 1 / per_byte / KEY_BYTES, rate / KEY_BYTES)  # noqa: E731
+            walk = lambda slots: walk_seconds(keys, slots, bandwidth / KEY_BYTES, rate / KEY_BYTES)  # noqa: E731
             start, waves = fixed_s + walk(None), fixed_s + walk(per_sm * SMS)
             rows.append({"batch": int(batch), "contexts": kind, "programs": keys.size, "us": round(row.us, 1),
                          "all_start_us": round(start * 1e6, 1), f"per_sm_{per_sm}_us": round(waves * 1e6, 1),
