@@ -114,3 +114,13 @@ def test_keep_steps_end_to_end_on_cpu_engines(tmp_path):
     assert set(zip(report["fleet"], report["pool"], report["replica"])) == {
         ("1P1D", "prefill", 0), ("1P1D", "decode", 0), ("2x", "aggregated", 0), ("2x", "aggregated", 1)}
     assert (report["step_measured_s"] != report["step_sim_s"]).any()
+
+
+def test_a_size_range_takes_the_quartiles_over_the_sizes_with_enough_steps_on_both_sides():
+    cell = {"fleet": "1P1D", "workload": "conversation", "load": "0.8", "pool": "decode"}
+    sizes = pd.DataFrame([{**cell, "requests": n, "steps_measured": m, "steps_sim": s, "measured_over_sim": r}
+                          for n, m, s, r in ((79, 50, 50, 2.0), (80, 50, 50, 1.0), (90, 50, 50, 1.2),
+                                             (100, 50, 50, 1.1), (105, 3, 50, 9.0), (111, 50, 50, 1.3))])
+    (row,) = step_report.size_range(sizes, 80, 111, min_steps=10).to_dict("records")
+    assert row["sizes"] == 4  # 79 out of range, 105 too few measured steps
+    assert (row["p25"], row["p50"], row["p75"]) == pytest.approx((1.075, 1.15, 1.225))

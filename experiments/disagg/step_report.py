@@ -29,7 +29,8 @@ decodes, where a TPOT error comes from (step_summary.csv, the replicas together)
                                       request's TPOT is this over the replica's tokens per second
                                       (Little's law), so at one arrival rate a larger batch is a
                                       longer TPOT
-Written with --out.
+Written with --out. --size-range LOW HIGH also prints, per cell and pool, the quartiles of the exact
+batch sizes' measured_over_sim over LOW..HIGH (sizes with --min-steps steps on each side).
 """
 
 from __future__ import annotations
@@ -132,6 +133,16 @@ def size_report(steps: pd.DataFrame, up_to: int) -> pd.DataFrame:
     return table.reset_index()
 
 
+def size_range(sizes: pd.DataFrame, low: int, high: int, min_steps: int) -> pd.DataFrame:
+    """Per cell and pool, over the exact batch sizes low..high (size_report's rows) with at least
+    min_steps steps on each side: how many sizes, and the quartiles of measured_over_sim."""
+    chosen = sizes[sizes["requests"].between(low, high) & (sizes["steps_measured"] >= min_steps)
+                   & (sizes["steps_sim"] >= min_steps)]
+    ratio = chosen.groupby([*CELL, "pool"])["measured_over_sim"]
+    return pd.DataFrame({"sizes": ratio.size(), "p25": ratio.quantile(0.25), "p50": ratio.median(),
+                         "p75": ratio.quantile(0.75)}).reset_index()
+
+
 def summary_report(steps: pd.DataFrame) -> pd.DataFrame:
     """Per cell and decoding pool, the replicas together: slow steps, lost time, batch (module doc)."""
     steps = with_gaps(steps)
@@ -159,7 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="measure results folders or steps_*.csv.gz files")
     parser.add_argument("--out", type=Path, default=None, help="write the tables here (module doc)")
     parser.add_argument("--sizes-up-to", type=int, default=64, help="step_sizes.csv: decode batches up to this")
+    parser.add_argument("--size-range", type=int, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                        help="also print, per cell and pool, the quartiles of measured over simulated step "
+                             "time over the decode batch sizes LOW..HIGH with --min-steps on each side")
+    parser.add_argument("--min-steps", type=int, default=10, help="--size-range: steps a size needs on each side")
     args = parser.parse_args(argv)
+    if args.size_range is not None and not 1 <= args.size_range[0] <= args.size_range[1]:
+        parser.error(f"--size-range needs 1 <= LOW <= HIGH, got {args.size_range}")
     try:
         steps = pd.concat([read_kept(f) for f in kept_files(args.paths)], ignore_index=True)
     except ValueError as error:
@@ -179,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(batches, 4))
     print("\nPer decoding pool: decode steps against their price, time lost between steps, batch\n")
     print(markdown(summary, 4))
+    if args.size_range is not None:
+        low, high = args.size_range
+        print(f"\nDecode batch sizes {low}-{high} (at least {args.min_steps} steps a side): measured over "
+              "simulated step time, quartiles over the sizes\n")
+        print(markdown(size_range(size_report(steps, high), low, high, args.min_steps), 3))
     return 0
 
 
