@@ -68,7 +68,9 @@ class SimConfig:
     changes). False: by the step's total context alone.
     decode_programs_baseline: what that wait is counted from: "none" (nothing: all of it is added)
     or "grid_spread" (only what a step's contexts add over the profiling grid's even spread of as
-    many sequences around the same mean, whose wait the profile's fit holds: sim.decode_programs).
+    many sequences around the same mean, whose wait the profile's fit holds: sim.decode_programs),
+    or "grid_waves" (the whole wait less what that spread's waves add: the fit holds the grid's
+    waves but not the tail of its programs started together; needs decode_programs_per_sm).
     prefill_programs: a profile given as a step-timing table (a profiling grid, fitted when loaded) is
     fitted with the prefill kernel's program term, which tells a fresh prompt from a chunk after a
     cached context (sim.prefill_programs; needs the hardware's num_sms and prefill_programs_per_sm).

@@ -107,11 +107,14 @@ def decode_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) ->
     TP=1, then transferred."""
     if not sim.decode_programs or hardware.num_sms is None or hardware.decode_program_bandwidth is None:
         return None
+    if sim.decode_programs_baseline == "grid_waves" and hardware.decode_programs_per_sm is None:
+        raise ValueError("backend.decode_programs_baseline=grid_waves takes the grid's waves off the decode "
+                         f"kernel's wait: {hardware.name} prices no waves (set hardware.decode_programs_per_sm)")
     tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
     key_bytes = model.kv_bytes_per_token_per_rank(tp) // (model.num_layers * model.kv_heads_per_rank(tp))
     return DecodePrograms(model.kv_heads_per_rank(tp), model.num_layers, key_bytes, hardware.num_sms,
                           hardware.decode_program_bandwidth, hardware.decode_programs_per_sm,
-                          beyond_grid=sim.decode_programs_baseline == "grid_spread")
+                          baseline=sim.decode_programs_baseline)
 
 
 @COST_MODELS.register("roofline")

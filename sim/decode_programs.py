@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,7 +67,7 @@ from engine.core.decode_split import BLOCK_N, choose_num_splits, fair_share, mea
 
 # the key of a step's features that carries excess_s to the profiled model's price (not a profile column)
 PROGRAM_EXCESS = "decode_program_excess_s"
-DECODE_PROGRAMS_BASELINES = ("none", "grid_spread")  # SimConfig.decode_programs_baseline (module doc)
+DECODE_PROGRAMS_BASELINES = ("none", "grid_spread", "grid_waves")  # SimConfig.decode_programs_baseline (module doc)
 GRID_SPREAD = 0.5  # the grid's decode contexts: mean x [1 - GRID_SPREAD, 1 + GRID_SPREAD] (harness.calibration.grid)
 
 
@@ -82,8 +82,8 @@ def grid_spread_lens(num_seqs: int, mean: float) -> np.ndarray:
 class DecodePrograms:
     """num_kv_heads: per rank; key_bytes: one key's K and V of one head (2 x head_dim x dtype bytes);
     program_bandwidth: bytes/s one program streams at most; resident_per_sm: programs one SM holds
-    at once (None: every program of a launch runs from its start); beyond_grid: step_excess_s
-    charges only what a step adds over the grid's spread of its size and mean (module doc)."""
+    at once (None: every program of a launch runs from its start); baseline: what step_excess_s
+    counts the wait from (DECODE_PROGRAMS_BASELINES, module doc)."""
 
     num_kv_heads: int
     num_layers: int
@@ -91,7 +91,7 @@ class DecodePrograms:
     num_sms: int
     program_bandwidth: float
     resident_per_sm: int | None = None
-    beyond_grid: bool = False
+    baseline: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("num_kv_heads", "num_layers", "key_bytes", "num_sms", "resident_per_sm"):
@@ -100,6 +100,9 @@ class DecodePrograms:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DecodePrograms.{name} must be an int >= 1, got {value!r}")
+        if self.baseline not in DECODE_PROGRAMS_BASELINES:
+            raise ValueError(f"DecodePrograms.baseline must be one of {list(DECODE_PROGRAMS_BASELINES)}, "
+                             f"got {self.baseline!r}")
         if not self.program_bandwidth > 0:
             raise ValueError(f"DecodePrograms.program_bandwidth must be > 0 bytes/s, got {self.program_bandwidth!r}")
 
@@ -150,14 +153,19 @@ class DecodePrograms:
 
     def step_excess_s(self, seq_lens: Sequence[int], seconds_per_token: float,
                       graph: tuple[int, int] | None = None) -> float:
-        """What the profiled model adds to a decode step's price: excess_s, less (beyond_grid) the
-        excess_s of the grid's spread of as many sequences around the same mean context; may be < 0."""
+        """What the profiled model adds to a decode step's price: excess_s, less what the profile's
+        fit holds of it by the baseline (module doc) for the grid's spread of as many sequences around
+        the same mean context: all of its excess_s ("grid_spread"), or what its waves add over every
+        program started at once ("grid_waves"); may be < 0."""
         excess = self.excess_s(seq_lens, seconds_per_token, graph)
         lens = _real(seq_lens)
-        if not self.beyond_grid or lens.size == 0:
+        if self.baseline == "none" or lens.size == 0:
             return excess
-        even = grid_spread_lens(int(lens.size), float(lens.mean())).tolist()
-        return excess - self.excess_s(even, seconds_per_token, graph)
+        grid = grid_spread_lens(int(lens.size), float(lens.mean())).tolist()
+        held = self.excess_s(grid, seconds_per_token, graph)
+        if self.baseline == "grid_waves":
+            held -= replace(self, resident_per_sm=None).excess_s(grid, seconds_per_token, graph)
+        return excess - held
 
     def excess_s(self, seq_lens: Sequence[int], seconds_per_token: float,
                  graph: tuple[int, int] | None = None) -> float:

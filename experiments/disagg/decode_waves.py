@@ -6,10 +6,11 @@ with the measure calls' own pricing (the fleet intake, the idle start, the lande
 The engine's split-KV decode kernel holds 5 programs per SM; a launch of more programs than the GPU
 holds (660 on an H200) runs the rest as slots free up (sim.decode_programs); off by default
 (decode_waves.md says why); with backend.decode_programs_baseline=grid_spread a step is charged
-only what its contexts add over the grid's spread. Three variants, each call re-simulated with its
-engine's send path (kv_scatter.weigh): without the waves, with them, and with them over the grid's
-spread; comparisons within target per call and metric group, plus with --cells every call's TPOT
-errors per cell at 0.8 load (where the 0.6B's decode batches cross 660 programs).
+only what its contexts add over the grid's spread, with grid_waves what they add less that spread's
+waves. Four variants, each call re-simulated with its engine's send path (kv_scatter.weigh): without
+the waves, with them, with them over the grid's spread, and with them less the grid's waves;
+comparisons within target per call and metric group, plus with --cells every call's TPOT errors
+per cell at 0.8 load (where the 0.6B's decode batches cross 660 programs).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ WITH_WRITE = kv_scatter.VARIANTS["intake+idle+scatter"]
 WAVES = ["--set", "hardware.decode_programs_per_sm=5"]
 VARIANTS = {"intake+idle+scatter": WITH_WRITE,
             "+waves": [*WITH_WRITE, *WAVES],
-            "+waves+grid_spread": [*WITH_WRITE, *WAVES, "--set", "backend.decode_programs_baseline=grid_spread"]}
+            "+waves+grid_spread": [*WITH_WRITE, *WAVES, "--set", "backend.decode_programs_baseline=grid_spread"],
+            "+waves+grid_waves": [*WITH_WRITE, *WAVES, "--set", "backend.decode_programs_baseline=grid_waves"]}
 CELL_KEYS = ["fleet", "workload", "load"]
 
 

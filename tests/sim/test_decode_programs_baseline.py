@@ -1,7 +1,8 @@
-"""backend.decode_programs_baseline=grid_spread (sim.decode_programs): a decode step is charged only
+"""backend.decode_programs_baseline (sim.decode_programs): grid_spread charges a decode step only
 what its contexts' programs wait beyond a profiling grid row of as many sequences around the same
-mean context (the grid's even spread, whose wait the profile's fit holds already). Off by default:
-the price is the whole wait, as before."""
+mean context (the grid's even spread, whose wait the profile's fit holds already); grid_waves takes
+off only what that row's waves add, leaving the tail of its programs started together. "none" by
+default: the price is the whole wait."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::sim.profiled.ExtrapolationWarni
 # an SM) and a graph captured for 4,096-token contexts; the shipped H100 price of a context token
 WAVES = DecodePrograms(num_kv_heads=8, num_layers=28, key_bytes=512, num_sms=132, program_bandwidth=12.9e9,
                        resident_per_sm=5)
-BEYOND = dataclasses.replace(WAVES, beyond_grid=True)
+BEYOND = dataclasses.replace(WAVES, baseline="grid_spread")
+GRID_WAVES = dataclasses.replace(WAVES, baseline="grid_waves")
+ALL_START = dataclasses.replace(WAVES, resident_per_sm=None)
 PER_TOKEN = 3.877e-8
 
 
@@ -70,7 +73,7 @@ def _model(*overrides: str):
 def test_the_setting_reaches_the_profiled_models_decode_steps():
     off, whole = _model("backend.decode_programs=false"), _model()
     beyond = _model("backend.decode_programs_baseline=grid_spread")
-    assert not whole.decode_programs.beyond_grid and beyond.decode_programs.beyond_grid
+    assert whole.decode_programs.baseline == "none" and beyond.decode_programs.baseline == "grid_spread"
     per_token = dict(zip(off.fits["decode_graph"].linear_features, off.fits["decode_graph"].linear_coefs))
     per_token = per_token["decode_context_tokens"]
     # the grid's shape: the waves alone charge it, beyond the grid's spread it costs what the fit prices
@@ -88,3 +91,39 @@ def test_the_setting_reaches_the_profiled_models_decode_steps():
 def test_a_bad_baseline_is_refused_in_one_line():
     with pytest.raises(ValueError, match="decode_programs_baseline must be one of"):
         dataclasses.replace(compose_run_config([]).sim, decode_programs_baseline="grid")
+
+
+def test_grid_waves_takes_off_the_grids_waves_and_keeps_its_all_start_tail():
+    graph = (128, 4096)
+    # long contexts just past two programs an SM, all in one wave: nothing to take off, the whole
+    # wait of its longest programs is charged (grid_spread charges none of it)
+    under = grid_spread_lens(36, 4300.0).tolist()
+    whole = WAVES.excess_s(under, PER_TOKEN, (48, 8192))
+    assert whole > 1e-4 and GRID_WAVES.step_excess_s(under, PER_TOKEN, (48, 8192)) == pytest.approx(whole, rel=1e-12)
+    assert BEYOND.step_excess_s(under, PER_TOKEN, (48, 8192)) == pytest.approx(0.0, abs=1e-12)
+    # past one wave: a grid-shaped batch is charged its programs' all-start tail, not its waves
+    past = grid_spread_lens(96, 1000.0).tolist()
+    assert WAVES.excess_s(past, PER_TOKEN, graph) > ALL_START.excess_s(past, PER_TOKEN, graph)
+    assert GRID_WAVES.step_excess_s(past, PER_TOKEN, graph) == pytest.approx(ALL_START.excess_s(past, PER_TOKEN, graph))
+    # any other set: its whole wait, less the grid spread's waves over that spread's all-start wait
+    ragged = [500] * 86 + [3500] * 10
+    grid = grid_spread_lens(len(ragged), float(np.mean(ragged))).tolist()
+    expected = WAVES.excess_s(ragged, PER_TOKEN, graph) - (WAVES.excess_s(grid, PER_TOKEN, graph)
+                                                            - ALL_START.excess_s(grid, PER_TOKEN, graph))
+    assert GRID_WAVES.step_excess_s(ragged, PER_TOKEN, graph) == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.integers(1, 6000), min_size=33, max_size=256))
+def test_grid_waves_charges_between_grid_spread_and_the_whole_wait(lens):
+    graph = (256, 8192)
+    spread, waves = BEYOND.step_excess_s(lens, PER_TOKEN, graph), GRID_WAVES.step_excess_s(lens, PER_TOKEN, graph)
+    assert spread - 1e-15 <= waves <= WAVES.excess_s(lens, PER_TOKEN, graph) + 1e-15
+
+
+def test_grid_waves_without_the_hardwares_waves_is_refused_in_one_line():
+    rc = compose_run_config(["model=qwen3-0.6b", "hardware=h100", "backend=sim", "backend.cost_model=profiled",
+                             "backend.decode_programs_baseline=grid_waves"])
+    with pytest.raises(ValueError, match="prices no waves .*decode_programs_per_sm"):
+        make_cost_model(rc.model, rc.hardware, rc.sim, (1, 2, 4, 8, 16, 32, 48, 64, 96, 128))
+    assert _model("backend.decode_programs_baseline=grid_waves").decode_programs.baseline == "grid_waves"
