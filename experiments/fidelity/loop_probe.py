@@ -10,7 +10,7 @@ grid does (time_plan_overlapped) on the same machine, so the fit's machine and t
 told apart.
 
     python experiments/fidelity/loop_probe.py --model qwen3-0.6b \
-        --fit experiments/fidelity/h100_lead/profile_model.csv \
+        --fit experiments/fidelity/h100_lead/profile_model.csv.gz \
         --workload conversation --rates 0,30.7,49.1 --out $OUT/loop
 
 Each cell is served twice: with Python's garbage collector as the engine runs it, and with it off.
