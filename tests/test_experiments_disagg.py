@@ -360,7 +360,8 @@ def test_a_transfer_lands_at_the_first_boundary_only_before_the_second_step_end(
 def test_a_measure_call_prices_the_host_work_its_gpu_host_has_measured(hardware, argv, expected, tmp_path):
     """The fleet's intake and the idle start's host work are priced where they were measured, in the
     call's settings.json (its re-simulation reads them there), and --sim-set after them wins."""
-    args = run_disagg.parse(["measure", "--dry-run", "--hardware", hardware, "--out", str(tmp_path), *argv])
+    args = run_disagg.parse(["measure", "--dry-run", "--hardware", hardware, "--out", str(tmp_path),
+                             "--no-decode-waves", *argv])
     setup = run_disagg.make_setup(args, run_disagg.check(args))
     assert setup.sim_overrides == expected and tuple(args.sim_overrides) == expected
     sim = setup.run_config("sim").sim
@@ -369,6 +370,27 @@ def test_a_measure_call_prices_the_host_work_its_gpu_host_has_measured(hardware,
     assert (sim.fleet_intake, sim.idle_start, sim.kv_scatter) == tuple(
         last.get(f"backend.{name}", False) for name in ("fleet_intake", "idle_start", "kv_scatter"))
     assert not setup.run_config("measured").sim.idle_start
+
+
+@pytest.mark.parametrize("hardware", ["h200", "h100"])
+def test_a_measure_call_on_a_gh100_prices_the_decode_kernels_waves_less_the_grids(hardware, tmp_path):
+    """On the GH100 die the simulated side prices the decode kernel's waves (5 programs an SM) less
+    what the grid's rows hold (grid_waves), after the host work's settings; the engine's side has no
+    such settings; --no-decode-waves leaves them out and --sim-set after them wins."""
+    def setup_of(*argv: str):
+        args = run_disagg.parse(["measure", "--dry-run", "--hardware", hardware, "--out", str(tmp_path),
+                                 "--no-host-settings", *argv])
+        return run_disagg.make_setup(args, run_disagg.check(args))
+
+    waves = setup_of()
+    assert waves.sim_overrides == ("hardware.decode_programs_per_sm=5", "backend.decode_programs_baseline=grid_waves")
+    sim = waves.run_config("sim")
+    assert sim.hardware.decode_programs_per_sm == 5 and sim.sim.decode_programs_baseline == "grid_waves"
+    measured = waves.run_config("measured")
+    assert measured.hardware.decode_programs_per_sm is None and measured.sim.decode_programs_baseline == "none"
+    assert setup_of("--no-decode-waves").sim_overrides == ()
+    over = setup_of("--sim-set", "backend.decode_programs_baseline=grid_spread").run_config("sim").sim
+    assert over.decode_programs_baseline == "grid_spread"
 
 
 def test_the_idle_start_is_left_to_a_profile_whose_lead_fits_price_it(tmp_path):
@@ -389,11 +411,14 @@ def test_decode_waves_reads_each_variants_tpot_error_against_the_calls_measured_
     call = "h200_06b_run2"
     measured = pd.read_csv(send_path_choice.runs_path(kv_scatter.HERE / call), dtype={"load": str})
     cells = measured[(measured.side == "measured") & (measured.load == "0.8")]
-    for scale, variant in zip((1.0, 1.1, 0.8), decode_waves.VARIANTS):
+    scales = (1.0, 1.1, 0.8, 0.95)
+    assert len(scales) == len(decode_waves.VARIANTS)
+    for scale, variant in zip(scales, decode_waves.VARIANTS):
         sim = cells.assign(side="sim", tpot_p50_s=cells.tpot_p50_s * scale, tpot_p90_s=cells.tpot_p90_s * scale)
         sim.to_csv(tmp_path / f"{call}__{variant}.csv", index=False)
     table = decode_waves.cell_errors(tmp_path, ((call, "handshake+queue"),))
-    assert len(table) == 3 * len(cells) and set(table.load) == {"0.8"}
+    assert len(table) == len(scales) * len(cells) and set(table.load) == {"0.8"}
     by_variant = table.groupby("variant")["tpot_p50_s_error_pct"].agg(["min", "max"])
     assert by_variant.loc["+waves"].tolist() == [10.0, 10.0]
     assert by_variant.loc["+waves+grid_spread"].tolist() == [-20.0, -20.0]
+    assert by_variant.loc["+waves+grid_waves"].tolist() == [-5.0, -5.0]

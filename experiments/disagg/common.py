@@ -130,6 +130,25 @@ def host_settings(hardware: str) -> tuple[str, ...]:
     return tuple(settings)
 
 
+# The engine's split-KV decode kernel holds this many programs an SM on the GH100 die (H100, H200:
+# conf/hardware/h200.yaml's decode_programs_per_sm note); the measure calls price its waves with it.
+GH100_DECODE_PROGRAMS_PER_SM = 5
+GH100 = ("h100", "h200")
+
+
+def kernel_settings(hardware: str) -> tuple[str, ...]:
+    """The simulated side's settings for the engine's decode kernel on a GPU whose occupancy is known
+    (GH100): a decode step of more programs than the GPU holds at once priced with its waves, less
+    what the profiling grid's own rows hold of them (backend.decode_programs_baseline=grid_waves,
+    sim.decode_programs). Weighed on every committed measure call (experiments/disagg/decode_waves.md:
+    599 -> 624 of 755 comparisons within target, no call losing one); the conf leaves the waves off
+    for other runs (conf/hardware/h200.yaml says why)."""
+    if hardware not in GH100:
+        return ()
+    return (f"hardware.decode_programs_per_sm={GH100_DECODE_PROGRAMS_PER_SM}",
+            "backend.decode_programs_baseline=grid_waves")
+
+
 def detect_gpus() -> list[str]:
     """The names nvidia-smi lists, one per GPU; a ConfigError where there is no nvidia-smi."""
     if shutil.which("nvidia-smi") is None:

@@ -23,9 +23,10 @@ import pandas as pd
 
 from experiments.disagg import kv_scatter
 from experiments.disagg import send_path_choice as spc
+from experiments.disagg.common import GH100_DECODE_PROGRAMS_PER_SM
 
 WITH_WRITE = kv_scatter.VARIANTS["intake+idle+scatter"]
-WAVES = ["--set", "hardware.decode_programs_per_sm=5"]
+WAVES = ["--set", f"hardware.decode_programs_per_sm={GH100_DECODE_PROGRAMS_PER_SM}"]
 VARIANTS = {"intake+idle+scatter": WITH_WRITE,
             "+waves": [*WITH_WRITE, *WAVES],
             "+waves+grid_spread": [*WITH_WRITE, *WAVES, "--set", "backend.decode_programs_baseline=grid_spread"],

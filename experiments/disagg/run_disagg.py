@@ -16,7 +16,9 @@ flight, as the engine's BlockMover does (fleet.transfer.queue_behind_step, on he
 experiments/disagg/send_path_choice.md); --no-queue-behind-step: sent when posted, the pricing of the
 calls committed before that default. The simulated side also prices the engine fleet's host work
 where the GPU host has it measured (common.host_settings: backend.fleet_intake, backend.idle_start;
-experiments/disagg/ttft_variants.md), recorded in settings.json; --no-host-settings: neither.
+experiments/disagg/ttft_variants.md), recorded in settings.json; --no-host-settings: neither. On an
+H100 or H200 it prices the decode kernel's waves less the profiling grid's own (common.kernel_settings,
+experiments/disagg/decode_waves.md); --no-decode-waves: not.
 goodput: the planner's pick on two scenarios, confirmed by the engine's goodput of both modes
 (experiments/disagg/goodput.py): direction.md, goodput.csv, goodput_runs.csv, plan_<scenario>/.
 plan: the planner alone, on the simulator (no GPU).
@@ -43,6 +45,7 @@ from experiments.disagg.common import (
     detect_gpus,
     hardware_of,
     host_settings,
+    kernel_settings,
     log,
     profile_for,
     trace_path,
@@ -95,6 +98,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="measure: the simulated side prices the engine fleet's host work where this GPU "
                         "host has it measured (backend.fleet_intake, backend.idle_start; common.host_settings); "
                         "--no-host-settings: neither")
+    parser.add_argument("--decode-waves", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure: on an H100 or H200 the simulated side prices the decode kernel's waves less "
+                        "the profiling grid's own (common.kernel_settings); --no-decode-waves: not")
     parser.add_argument("--limit-s", type=float, default=540.0, help="no run starts that would end past this")
     parser.add_argument("--session-s", type=float, default=60.0, help="least time left to start a fleet")
     parser.add_argument("--keep-steps", action="store_true",
@@ -159,6 +165,8 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     profile, _ = profile_for(hardware, args.model, args.out)
     if args.command == "measure" and args.host_settings:  # settings.json records them with --sim-set's
         args.sim_overrides = [*host_settings(hardware), *args.sim_overrides]
+    if args.command == "measure" and args.decode_waves:
+        args.sim_overrides = [*kernel_settings(hardware), *args.sim_overrides]
     return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides),
                  sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
 
