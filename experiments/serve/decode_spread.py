@@ -11,9 +11,10 @@ profiled model from the step's recorded features, plus what the decode kernel's 
 add for those contexts (sim.decode_programs, with the --set settings: e.g.
 `hardware.decode_programs_per_sm=5 backend.decode_programs_baseline=grid_spread`). Printed: each
 source's core TPOT P50 by when its requests arrived (thirds of the case); per source, (priced /
-measured - 1), median and summed, by batch size and by the quartiles of the running set's context
-CV (standard deviation over mean), the latter for steps of at least --min-seqs sequences. The
-profile's grid spreads a decode row's contexts evenly over [mean / 2, 3 mean / 2], a CV of 0.29.
+measured - 1), median and summed, with the context CV's median, by batch size (--batch-bins) and by
+the quartiles of the running set's context CV (standard deviation over mean), the latter for steps
+of at least --min-seqs sequences. The profile's grid spreads a decode row's contexts evenly over
+[mean / 2, 3 mean / 2], a CV of 0.29.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def priced(requests: pd.DataFrame, steps: pd.DataFrame, overrides: list[str]) ->
 
 def error_table(table: pd.DataFrame, by: pd.Series) -> pd.DataFrame:
     groups = table.groupby(by, observed=True)
-    return pd.DataFrame({"steps": groups.size(),
+    return pd.DataFrame({"steps": groups.size(), "cv_median": groups["cv"].median().round(3),
                          "median_err_pct": groups.apply(lambda g: 100 * ((g.priced / g.measured).median() - 1)),
                          "sum_err_pct": groups.apply(lambda g: 100 * (g.priced.sum() / g.measured.sum() - 1))})
 
@@ -114,12 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", default=None, help="folder of the trace files (default: the case's)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="backend.* or hardware.* settings of the simulator to price with")
+    parser.add_argument("--batch-bins", type=int, nargs="+", default=list(BATCHES), metavar="EDGE",
+                        help=f"the batch-size table's bin edges, ascending (default {' '.join(map(str, BATCHES))}; "
+                        "e.g. 59 66 72 78 82 86 90 95 100 around 83 sequences, 664 programs of 8 KV heads)")
     parser.add_argument("--min-seqs", type=int, default=48,
                         help="the CV table's smallest batch (default 48: memory-bound, past the host-bound sizes)")
     args = parser.parse_args(argv)
     bad = [o for o in args.set if not o.startswith(("backend.", "hardware.")) or "=" not in o]
     if bad:
         parser.error(f"--set: {bad}: give backend.<field>=<value> or hardware.<field>=<value> settings")
+    if len(args.batch_bins) < 2 or any(b <= a for a, b in zip(args.batch_bins, args.batch_bins[1:])):
+        parser.error(f"--batch-bins: give at least two ascending edges, got {args.batch_bins}")
     if not args.out.exists():
         parser.error(f"no such folder: {args.out}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, (requests, steps) in runs.items():
         table = priced(requests, steps, [*overrides, *args.set])
         print(f"\n## {args.case}, {name}: {len(table)} decode graph steps, context CV median {table.cv.median():.2f}\n")
-        print(markdown(error_table(table, pd.cut(table.num_seqs, BATCHES)).reset_index().round(2)), "\n")
+        print(markdown(error_table(table, pd.cut(table.num_seqs, args.batch_bins)).reset_index().round(2)), "\n")
         large = table[table.num_seqs >= args.min_seqs]
         print(f"steps of at least {args.min_seqs} sequences ({len(large)}), by context CV:\n")
-        print(markdown(error_table(large, pd.qcut(large.cv, 4, duplicates="drop")).reset_index().round(2)))
+        if len(large):
+            print(markdown(error_table(large, pd.qcut(large.cv, 4, duplicates="drop")).reset_index().round(2)))
     return 0
 
 

@@ -43,3 +43,12 @@ def test_the_simulators_own_steps_are_found_at_their_price(pack, capsys):
     with pytest.raises(SystemExit):
         decode_spread.main([str(pack), "--case", "mooncake_50", "--set", "workload.seed=1"])
     assert "--set: ['workload.seed=1']" in capsys.readouterr().err
+
+
+def test_the_batch_table_takes_the_bins_given_and_refuses_bad_ones(pack, capsys):
+    assert decode_spread.main([str(pack), "--case", "mooncake_50", "--batch-bins", "0", "2", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "(0, 2]" in out and "(2, 1000]" in out and "(16, 32]" not in out
+    with pytest.raises(SystemExit):
+        decode_spread.main([str(pack), "--case", "mooncake_50", "--batch-bins", "8", "4"])
+    assert "--batch-bins: give at least two ascending edges" in capsys.readouterr().err
