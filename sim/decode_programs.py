@@ -53,6 +53,16 @@ less. On one H100's served Azure steps (Qwen3-0.6B, 48-160 sequences) the engine
 steps ran over their price by more the more ragged the running set was (context CV quartiles: -0.3,
 +2.1, +2.7, +4.3%); with the waves priced beyond the grid's spread the medians are +1.7 / -0.9 /
 -0.8 / -0.6% (experiments/serve/h100_run6_aiperf/ITL80.md).
+
+Less the grid's waves ("grid_waves"): what the fit holds of that spread is its waves (the grid's
+rows of 96 and more sequences pass 660 programs), not the wait of its programs started together
+(its rows of 33 and more sequences keep at least 384 programs of at most 3,072 keys in flight). So
+only what the spread's waves add over the same spread with every program started at once is taken
+off: a step in one wave keeps its whole wait, as the long-context cliff at 33 sequences needs (which
+"grid_spread" takes off: the H200 measure calls' 0.6B long cells at 0.8 fall to -18.6..-37.3%).
+Served H200 Azure steps of 73-95 sequences are then priced within -2.5..+2.3% of their time, and
+the committed measure calls go from 599 to 624 of 755 comparisons within target
+(experiments/disagg/decode_waves.md).
 """
 
 from __future__ import annotations
