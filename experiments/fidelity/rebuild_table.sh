@@ -18,7 +18,10 @@ mkdir -p "$tmp"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # every cell with the idle start as the protocol prices it (fidelity.idle_start: where the GPU host measured
 # it, for a profile without lead fits): the H200 fit's cells; the H100 has no figure, lead fits price it
-F=experiments/fidelity; R="python -m experiments.fidelity.resimulate --idle-start auto"; M="python -m experiments.fidelity.merge"
+# RESIM_FLAGS: more resimulate.py flags for every cell, to weigh a model change on the whole table, e.g.
+#   RESIM_FLAGS="--decode-programs-per-sm 5 --decode-programs-baseline grid_waves" (in a scratch worktree:
+#   the script writes the committed tables)
+F=experiments/fidelity; R="python -m experiments.fidelity.resimulate --idle-start auto ${RESIM_FLAGS:-}"; M="python -m experiments.fidelity.merge"
 # the fits (each may be given in the environment instead: the same table with other fits, e.g. the
 # grids' fits with the prefill kernel's programs, docs/prefill-programs.md; QFIT: the code_completion
 # H200 call's own fit)
