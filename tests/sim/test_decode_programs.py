@@ -8,6 +8,7 @@ it out."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from engine.core.decode_split import fair_share
 from harness.scripting import compose_run_config
 from kernels.decode_split import balanced_chunk, choose_num_splits, split_chunks
 from sim.cost_model import decode_programs, make_cost_model
-from sim.decode_programs import DecodePrograms, walk_seconds
+from sim.decode_programs import DecodePrograms, list_schedule_starts, walk_seconds
 from tests.sim.helpers import decode_batch
 
 # Qwen3-0.6B on an H200: 8 KV heads, 28 layers, 512 B of K and V per key and head; the H200
@@ -234,3 +235,25 @@ def test_the_profiled_model_adds_the_wait_to_decode_steps_and_to_their_repeats()
 def test_the_setting_is_a_bool():
     with pytest.raises(ValueError, match="decode_programs"):
         dataclasses.replace(compose_run_config([]).sim, decode_programs="yes")
+
+
+def _one_at_a_time(keys: np.ndarray, slots: int) -> np.ndarray:
+    """The list schedule by its definition: each program in order on the slot that frees first."""
+    ends = [0.0] * slots
+    starts = []
+    for walked in keys.tolist():
+        start = heapq.heappop(ends)
+        starts.append(start)
+        heapq.heappush(ends, start + walked)
+    return np.array(starts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.one_of(st.integers(1, 5000), st.floats(0.5, 5000.0)), min_size=2, max_size=1500),
+       slots=st.integers(1, 700))
+def test_the_schedule_in_rounds_is_the_schedule_one_program_at_a_time(keys, slots):
+    # equal floats, not close ones: the rounds and the heap they hand over to add the same keys in
+    # the same order; few slots under many programs run past the rounds into the heap
+    walked = np.array(keys, dtype=float)
+    slots = min(slots, walked.size - 1)
+    assert np.array_equal(list_schedule_starts(walked, slots), _one_at_a_time(walked, slots))
