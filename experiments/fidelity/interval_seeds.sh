@@ -39,7 +39,7 @@ seed_06() {  # seed, its scratch directory: rebuild_table.sh's 0.6B pools, in it
   local D=$F/code_completion_h200_r2/qwen3-0.6b; local QFIT=${QFIT:-$D/profile_model.csv}
   local S06="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --label profiled"
   local SH200="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --label profiled"
-  $R $F/h100_leakfree/heldout.csv $P06 $S06 --num-requests 80 \
+  $R $F/h100_leakfree/heldout.csv.gz $P06 $S06 --num-requests 80 \
       --workloads prefill_heavy,bursty,decode_heavy,conversation,shared_prefix --out $t/06_leakfree.csv >/dev/null
   for w in decode_heavy-conversation-bursty prefill_heavy-shared_prefix-preempting_bench; do
     $R $F/h100_second_lease/heldout_$w.csv.gz $P06 $S06 --num-requests 80 --out $t/06_second_$w.csv >/dev/null; done

@@ -33,7 +33,7 @@ SH200="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 80"
 
 # Qwen3-0.6B on the H100: the leak-free call and the second lease pooled, then the third lease's
 # shared-prefix calls, then the fourth's (the preempting bench: the second lease's re-sized class)
-$R $F/h100_leakfree/heldout.csv $P06 --label profiled --interval $S06 \
+$R $F/h100_leakfree/heldout.csv.gz $P06 --label profiled --interval $S06 \
     --workloads prefill_heavy,bursty,decode_heavy,conversation,shared_prefix --out "$tmp/06_leakfree.csv"
 for t in decode_heavy-conversation-bursty prefill_heavy-shared_prefix-preempting_bench; do
   $R $F/h100_second_lease/heldout_$t.csv.gz $P06 --label profiled --interval $S06 --out "$tmp/06_second_$t.csv"; done

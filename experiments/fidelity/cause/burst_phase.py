@@ -11,7 +11,7 @@ both parts), their measured time, launches and the replay's profiled price; and 
 prefilled the simulated burst's new tokens in one step, the cell simulated again with such a step
 priced at the engine's mean measured time (the rest of the model unchanged). No GPU needed.
 
-    python -m experiments.fidelity.cause.burst_phase experiments/fidelity/h100_leakfree/heldout.csv \
+    python -m experiments.fidelity.cause.burst_phase experiments/fidelity/h100_leakfree/heldout.csv.gz \
         experiments/fidelity/h100_second_lease/heldout_decode_heavy-conversation-bursty.csv.gz \
         --profile experiments/fidelity/h100_leakfree/profile_model.csv --model qwen3-0.6b --hardware h100 \
         --num-blocks 2422 --num-requests 80 --workload bursty --loads 0.5 0.8 0.95
