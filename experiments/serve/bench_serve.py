@@ -33,9 +33,9 @@ host: experiments/serve/host.py); serve.csv's host_scale column gives each case'
 `--stages sim --merge EARLIER`. It prices a shared prefix's blocks read again in a decode step as
 overlapping the first reads (backend.repeated_reads=overlap, sim/overlapped_reads.py: Mooncake's
 served decode steps, which share 512 tokens a prompt, priced within 1.5%, against +3-5% additive),
-and a decode step's attention by its split-KV programs against the grid's own context spread
-(backend.decode_programs_baseline=grid_spread with hardware.decode_programs_per_sm=5: Azure 80%'s
-large decode batches with ragged contexts, priced 2-4% short otherwise; h100_run6_aiperf/itl80/),
+and a decode step's attention by its split-KV programs in waves of 5 an SM, less the grid's own
+waves (backend.decode_programs_baseline=grid_waves with hardware.decode_programs_per_sm=5: Azure's
+inter-token latency within 2.1% where grid_spread left it 2.7-6.8% short; h200_run12_baseline/),
 on an H100 or H200 prices decode graph launches by the launch line of a committed grid
 (split_inputs.LAUNCH_LINE_GRIDS; docs/host_speed.md; h200_run9_aiperf/), and plans a step after the
 prefill in flight's launches (backend.plan_after_launches: burst_split.md).

@@ -16,8 +16,9 @@ SERVERS = ("engine_server", "sim_server")
 # the simulator server's settings beyond the backend and its cost model (bench_serve's --sim
 # defaults), taken where an output has no simulator server's folder (its stage run elsewhere)
 # (plan_after_launches: arrivals during a prefill's launches join the next step, as in the engine
-# server's loop; experiments/serve/burst_split.md, chosen on run 9)
-SIM_SERVER_DEFAULTS = ("backend.repeated_reads=overlap", "backend.decode_programs_baseline=grid_spread",
+# server's loop; experiments/serve/burst_split.md, chosen on run 9; decode_programs_baseline=grid_waves:
+# Azure's inter-token latency, chosen on run 12, h200_run12_baseline/)
+SIM_SERVER_DEFAULTS = ("backend.repeated_reads=overlap", "backend.decode_programs_baseline=grid_waves",
                        "hardware.decode_programs_per_sm=5", "backend.plan_after_launches=true")
 # bench_serve's default simulator server also prices Qwen3-0.6B's decode graph launches by the
 # launch line of these grids (docs/host_speed.md; chosen on serving runs 7 and 8, checked on run 9)
