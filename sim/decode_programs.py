@@ -75,6 +75,10 @@ import numpy as np
 
 from engine.core.decode_split import BLOCK_N, choose_num_splits, fair_share, mean_share
 
+# programs of the engine's decode kernel one SM of the GH100 die (H100, H200) holds: read off served
+# steps' jump at 83 sequences and the compiled kernel's registers (tests/kernels/test_decode_attention.py).
+# conf/hardware leaves decode_programs_per_sm null (h200.yaml says why); runs that price the waves set it.
+GH100_DECODE_PROGRAMS_PER_SM = 5
 # the key of a step's features that carries excess_s to the profiled model's price (not a profile column)
 PROGRAM_EXCESS = "decode_program_excess_s"
 DECODE_PROGRAMS_BASELINES = ("none", "grid_spread", "grid_waves")  # SimConfig.decode_programs_baseline (module doc)

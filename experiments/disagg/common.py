@@ -21,6 +21,7 @@ from harness.fleet.config import FleetConfig
 from harness.fleet.disagg_config import DisaggConfig
 from harness.paths import REPO_ROOT
 from harness.scripting import compose_run_config
+from sim.decode_programs import GH100_DECODE_PROGRAMS_PER_SM
 from sim.kv_transfer import TransferConfig
 
 ROUTER = RouterConfig("least_requests")  # both pools of a disaggregated fleet, and the aggregated fleet
@@ -130,10 +131,7 @@ def host_settings(hardware: str) -> tuple[str, ...]:
     return tuple(settings)
 
 
-# The engine's split-KV decode kernel holds this many programs an SM on the GH100 die (H100, H200:
-# conf/hardware/h200.yaml's decode_programs_per_sm note); the measure calls price its waves with it.
-GH100_DECODE_PROGRAMS_PER_SM = 5
-GH100 = ("h100", "h200")
+GH100 = ("h100", "h200")  # the GPUs whose decode kernel's waves the measure calls price
 
 
 def kernel_settings(hardware: str) -> tuple[str, ...]:

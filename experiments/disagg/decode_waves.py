@@ -23,7 +23,7 @@ import pandas as pd
 
 from experiments.disagg import kv_scatter
 from experiments.disagg import send_path_choice as spc
-from experiments.disagg.common import GH100_DECODE_PROGRAMS_PER_SM
+from sim.decode_programs import GH100_DECODE_PROGRAMS_PER_SM
 
 WITH_WRITE = kv_scatter.VARIANTS["intake+idle+scatter"]
 WAVES = ["--set", f"hardware.decode_programs_per_sm={GH100_DECODE_PROGRAMS_PER_SM}"]

@@ -11,6 +11,7 @@ import pandas as pd
 
 from experiments.serve import host
 from experiments.serve.step_prices import SIM
+from sim.decode_programs import GH100_DECODE_PROGRAMS_PER_SM
 
 SERVERS = ("engine_server", "sim_server")
 # the simulator server's settings beyond the backend and its cost model (bench_serve's --sim
@@ -19,7 +20,8 @@ SERVERS = ("engine_server", "sim_server")
 # server's loop; experiments/serve/burst_split.md, chosen on run 9; decode_programs_baseline=grid_waves:
 # Azure's inter-token latency, chosen on run 12, h200_run12_baseline/)
 SIM_SERVER_DEFAULTS = ("backend.repeated_reads=overlap", "backend.decode_programs_baseline=grid_waves",
-                       "hardware.decode_programs_per_sm=5", "backend.plan_after_launches=true")
+                       f"hardware.decode_programs_per_sm={GH100_DECODE_PROGRAMS_PER_SM}",
+                       "backend.plan_after_launches=true")
 # bench_serve's default simulator server also prices Qwen3-0.6B's decode graph launches by the
 # launch line of these grids (docs/host_speed.md; chosen on serving runs 7 and 8, checked on run 9)
 LAUNCH_LINE_GRIDS = {"h200": "experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile.csv.gz",

@@ -8,6 +8,7 @@ import torch
 
 from kernels.decode_split import balanced_chunk
 from kernels.reference import decode_attention_ref
+from sim.decode_programs import GH100_DECODE_PROGRAMS_PER_SM
 from tests.kernels.gpu import needs_cuda
 from tests.kernels.paged_batch import fresh_seed, make_paged_batch, rel_err
 
@@ -122,9 +123,6 @@ def test_kept_arrival_counters_survive_graph_replays_and_new_lengths():
         _check(out, ref, new_lens, f"{seed}, replay {replay}")
 
 
-# programs of the decode kernel one GH100 SM holds: the figure sim.decode_programs prices waves with
-# (`hardware.decode_programs_per_sm=5`, conf/hardware/h200.yaml), read off served steps' jump at 83 sequences
-GH100_DECODE_PROGRAMS_PER_SM = 5
 
 
 def test_an_sm_holds_as_many_decode_programs_as_the_simulator_prices():
