@@ -23,7 +23,7 @@ def stalls(path: Path, min_s: float) -> pd.DataFrame:
     """One row per decoding replica of the cell in path (steps_<fleet>_<workload>_<load>.csv.gz)."""
     steps = read_kept(path)
     measured, simulated = steps[steps.side == "measured"], steps[steps.side != "measured"]
-    prefills = measured[measured.kind != "decode"]
+    prefills = measured[measured.pool == "prefill"]
     rows = []
     for replica, decode in measured[measured.kind == "decode"].groupby("replica"):
         if (decode.pool != "decode").all():  # an aggregated fleet's replica

@@ -123,8 +123,6 @@ def test_kept_arrival_counters_survive_graph_replays_and_new_lengths():
         _check(out, ref, new_lens, f"{seed}, replay {replay}")
 
 
-
-
 def test_an_sm_holds_as_many_decode_programs_as_the_simulator_prices():
     """sim.decode_programs prices the waves of a launch from hardware.decode_programs_per_sm: the
     compiled kernel's registers, shared memory and warps give how many programs one SM holds."""
