@@ -28,6 +28,7 @@ from engine.core.request import Request as CoreRequest
 from harness.serve.config import ServeConfig
 from harness.serve.core import CoreStopped, QueueFull, ServeCore
 from harness.serve.generation import Generation, HttpTimes
+from harness.serve.intake import Intake
 from harness.serve.metrics import ServerMetrics
 from harness.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from harness.serve.sse import Events, EventStream
@@ -81,15 +82,18 @@ class Server:
 
 
 class Stamped:
-    """The app, with each HTTP request's arrival time and the server's send in its scope."""
+    """The app, with each HTTP request's arrival time and the server's send in its scope; the
+    requests of a burst go in one per turn of the loop (harness.serve.intake)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
+        self.intake = Intake()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             scope["harness.arrival"] = time.perf_counter()
             scope["harness.send"] = send
+            await self.intake.turn()
         await self.app(scope, receive, send)
 
 

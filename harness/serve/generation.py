@@ -138,14 +138,16 @@ class Generation:
 
     def prepare(self, token_ids: list[int], reason: FinishReason | None) -> Ahead | None:
         """A delivery's text (and its event, with a stream's encode) as soon as its step arrives,
-        ahead of its time (core.Prepare): then only the write is left when it is due. Declined
-        (None; done when it is taken) when the text is not the delivery's alone (stop strings,
-        which end the request when seen; the finishing delivery; once declined for these, every
-        later one is too). Declined too (an Ahead with no text: decoded when taken) while an
-        earlier delivery is still to be decoded: one that came without an offer before the stream
-        began, or one declined so, whether its step is still held or it waits to be taken. The
-        decoder takes tokens in order."""
-        if self.stops or reason is not None or self._done or not token_ids:
+        ahead of its time (core.Prepare): then only the write is left when it is due (the
+        finishing delivery's too: its stream writes the closing events after it). Declined (None;
+        done when it is taken) when the text is not the delivery's alone (stop strings, which end
+        the request when seen; once declined for these, every later one is too). Declined too
+        (an Ahead with no text: decoded when taken) while an earlier delivery is still to be
+        decoded: one that came without an offer before the stream began, or one declined so,
+        whether its step is still held or it waits to be taken. The decoder takes tokens in order.
+        A stream without stop strings holds nothing back, so the finishing delivery's text is its
+        own as well."""
+        if self.stops or self._done or not token_ids:
             return None
         if self._later or any(d.ahead is None for d in self._pending):
             self._later += 1

@@ -173,6 +173,8 @@ class DirectWriter:
             return
         if written_at is not None:
             self._sent(written_at)
+        if self.gen.done:  # the finishing delivery's event is out: the closing events follow it
+            self._close()
 
     def deliver_all(self, batch: list[Delivery]) -> None:
         if self.finished.done():
@@ -184,12 +186,23 @@ class DirectWriter:
             pieces = gen.take(batch, events.token_ids) if batch else []
             body = events.deltas(pieces) if pieces else b""
             if gen.done and not self._closing:
-                self._closing = True
-                gen.direct = gen.encode = None
-                body += events.closing(gen)
+                body += self._closing_events()
             if body:
                 self._out(body)
         except Exception as error:  # noqa: BLE001 - the stream's own failure, raised by its response
+            self._fail(error)
+
+    def _closing_events(self) -> bytes:
+        self._closing = True
+        self.gen.direct = self.gen.encode = None
+        return self.events.closing(self.gen)
+
+    def _close(self) -> None:
+        if self._closing or self.finished.done():
+            return
+        try:
+            self._out(self._closing_events())
+        except Exception as error:  # noqa: BLE001 - as in deliver_all
             self._fail(error)
 
     def close(self) -> None:

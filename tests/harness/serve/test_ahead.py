@@ -72,10 +72,11 @@ def test_a_step_made_ahead_writes_every_stream_first_and_the_same_bytes():
         for gen in gens:
             assert gen.times.send_lag_tokens == 4 and gen.times.send_lag_sum >= 0  # never written early
             assert gen.finish_reason == "length"
-        # the three steps made ahead: their writes, then their deliveries; the finishing step (not
-        # made ahead: its closing events need the finished request) hands out first, as before
-        per_step = [log[6 * k:6 * k + 6] for k in range(3)]
+        # every step made ahead: its writes, then its deliveries; the finishing step's closing
+        # events (they need the finished request) are written after its deliveries
+        per_step = [log[6 * k:6 * k + 6] for k in range(4)]
         assert all([e[0] for e in step] == ["write"] * 3 + ["sink"] * 3 for step in per_step)
+        assert [e[0] for e in log[24:]] == ["write"] * 3
         assert [e[0] for e in plain_log[:6]] == ["sink"] * 3 + ["write"] * 3
 
     asyncio.run(scenario())
