@@ -10,10 +10,12 @@ Each run: the simulator-backed server (Qwen3-8B, simulated H100, time_scale=1) i
 200 streams x 200 tokens from harness.serve.stream_counter, the clients in a thread at the nice value
 the checkout's test gives them (CLIENT_NICE; 0 before it had one) or --client-nice (the same in
 both: `--client-nice 10` leaves the server's change alone to compare); printed per run: the send lag
-P50 / P99 / max and min (how early: serve.max_early_ms; 0 where the checkout has no min) and the
-dispatch lag P99 (GET /internal/state), the HTTP process's CPU per token, the load average and the
-CPU the rest of the machine used meanwhile, in cores (/proc/stat's busy time less this script's
-children's: other sessions' work on a shared box); at the end the median and range of each column
+P50 / P99 / max and min (how early: serve.max_early_ms; 0 where the checkout has no min), the
+dispatch lag P99 (GET /internal/state), the largest lag of the first and of the last 200 tokens
+sent (the burst's first tokens, the finishing step's; GET /internal/send_lags, nan before it), the
+HTTP process's CPU per token, the load average and the CPU the rest of the machine used meanwhile,
+in cores (/proc/stat's busy time less this script's children's: other sessions' work on a shared
+box); at the end the median and range of each column
 per version. --pytest runs the test itself in each checkout instead (its own clients and settings)
 and reads the line it prints (no dispatch lag there).
 """
@@ -62,14 +64,20 @@ with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.p
     with ThreadPoolExecutor(1) as pool:
         counts = pool.submit(clients, server.base_url, bodies).result()
     state = httpx.get(url).json()
+    lags = httpx.get(url.removesuffix("state") + "send_lags")  # 404 in a checkout before the route
+head = tail = float("nan")
+if lags.status_code == 200:  # the tokens sent first (the burst's first ones) and last (the finishing step's)
+    head, tail = max(lags.json()[:STREAMS]) * 1e3, max(lags.json()[-STREAMS:]) * 1e3
 assert counts == [TOKENS + 1] * STREAMS, "a stream lost events"
 print(json.dumps({"p50_ms": state["send_lag_p50_s"] * 1e3, "p99_ms": state["send_lag_p99_s"] * 1e3,
                   "max_ms": state["send_lag_max_s"] * 1e3, "min_ms": state.get("send_lag_min_s", 0.0) * 1e3,
                   "dispatch_p99_ms": state["lag_p99_s"] * 1e3, "client_nice": nice,
+                  "first_max_ms": head, "last_max_ms": tail,
                   "cpu_us_per_token": (state["http_cpu_s"] - before["http_cpu_s"]) / (STREAMS * TOKENS) * 1e6}))
 """
 
-COLUMNS = ["p50_ms", "p99_ms", "max_ms", "min_ms", "dispatch_p99_ms", "cpu_us_per_token", "other_cores"]
+COLUMNS = ["p50_ms", "p99_ms", "max_ms", "min_ms", "dispatch_p99_ms", "first_max_ms", "last_max_ms",
+           "cpu_us_per_token", "other_cores"]
 
 
 def busy_s() -> float:
@@ -112,7 +120,7 @@ def one_run(code_dir: Path, client_nice: int | None, pytest: bool) -> dict:
     if match is None:
         raise RuntimeError(f"no lag line in the test's output in {code_dir}:\n{done.stdout[-2000:]}")
     values = {k: float(v) for k, v in match.groupdict(default="0").items()}
-    return {**row, **values, "dispatch_p99_ms": math.nan}
+    return {**row, **values, "dispatch_p99_ms": math.nan, "first_max_ms": math.nan, "last_max_ms": math.nan}
 
 
 def main(argv: list[str] | None = None) -> int:

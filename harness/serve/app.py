@@ -150,6 +150,12 @@ def create_app(server: Server) -> Stamped:
                 "http_cpu_s": time.process_time(),  # the HTTP process's CPU so far (the core's is its own)
                 **_percentiles("lag", server.core.lags), **_percentiles("send_lag", server.core.send_lags)}
 
+    @app.get("/internal/send_lags")
+    async def send_lags() -> list[float]:
+        """Each token's send lag in seconds, in the order the tokens went to their sockets (the
+        latest LAG_SAMPLES): where in a run the lag is (experiments/serve/lag_pairs.py)."""
+        return list(server.core.send_lags)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = _parse(CompletionRequest, await request.body())

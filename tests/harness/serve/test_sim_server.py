@@ -157,3 +157,23 @@ def test_outputs_state_the_http_overhead_per_request_and_per_token(sim_server):
     row = outcome.overhead.iloc[0]
     assert row["requests"] == 4 and row["tokens"] == 3 * 6 + 4
     assert 0 < row["send_lag_p50_ms"] <= row["send_lag_p99_ms"] and row["handoff_p50_us"] > 0
+
+
+def test_send_lags_lists_each_streamed_token_in_send_order(sim_server):
+    port = sim_server.port
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 5, "stream": True, "ignore_eos": True}
+
+    async def stream(i: int) -> int:
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                   json={**body, "max_tokens": 5 + i}) as response:
+                return len([line async for line in response.aiter_lines() if line.startswith("data: {")])
+
+    async def streams() -> list[int]:
+        return await asyncio.gather(*(stream(i) for i in range(3)))
+
+    assert asyncio.run(streams()) == [6, 7, 8]  # a token's event each, and the finishing one
+    lags = httpx.get(f"http://127.0.0.1:{port}/internal/send_lags").json()
+    state = httpx.get(f"http://127.0.0.1:{port}/internal/state").json()
+    assert len(lags) == 5 + 6 + 7 == state["send_lag_tokens"]
+    assert max(lags) == pytest.approx(state["send_lag_max_s"]) and min(lags) == pytest.approx(state["send_lag_min_s"])
