@@ -3,9 +3,9 @@
 A burst of requests (200 streams opened at once) reaches the app within one turn of the loop, and
 each request's way through the app does not wait on anything (its body is in; routing, parsing,
 tokenising and submitting are CPU work), so the whole burst ran as one turn, and the core's steps,
-waiting on the socket from the core process, were read only after it: on a 2-core box the first
-tokens of the burst's early requests went out up to 200 ms after their time (docs/serving.md,
-"A burst of new requests"). Let in through an Intake, each request starts its way in a turn of its
+waiting on the socket from the core process, were read only after it: on a slow 2-core box the
+first tokens of the burst's early requests went out hundreds of milliseconds after their time
+(docs/serving.md, "A burst of new requests"). Let in through an Intake, each request starts its way in a turn of its
 own; between two, the loop polls its sockets and runs its timers, so a due step waits for at most
 one request's way in.
 """
