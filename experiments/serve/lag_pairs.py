@@ -67,7 +67,8 @@ with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.p
     lags = httpx.get(url.removesuffix("state") + "send_lags")  # 404 in a checkout before the route
 head = tail = float("nan")
 if lags.status_code == 200:  # the tokens sent first (the burst's first ones) and last (the finishing step's)
-    head, tail = max(lags.json()[:STREAMS]) * 1e3, max(lags.json()[-STREAMS:]) * 1e3
+    sent = lags.json()
+    head, tail = max(sent[:STREAMS]) * 1e3, max(sent[-STREAMS:]) * 1e3
 assert counts == [TOKENS + 1] * STREAMS, "a stream lost events"
 print(json.dumps({"p50_ms": state["send_lag_p50_s"] * 1e3, "p99_ms": state["send_lag_p99_s"] * 1e3,
                   "max_ms": state["send_lag_max_s"] * 1e3, "min_ms": state.get("send_lag_min_s", 0.0) * 1e3,
