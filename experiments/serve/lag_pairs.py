@@ -96,8 +96,9 @@ def children_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-TEST = ["-m", "pytest", "-m", "slow", "-s", "-q", "-p", "no:cacheprovider",
-        "tests/harness/serve/test_sim_timing.py::test_200_streams_keep_to_the_schedule"]
+# one HTTP process (the test's other case, serve.api_servers=2, is api_servers_pairs' to compare)
+TEST = ["-m", "pytest", "-m", "slow", "-s", "-q", "-p", "no:cacheprovider", "-k",
+        "keep_to_the_schedule and not two_http_processes", "tests/harness/serve/test_sim_timing.py"]
 # the test's printed line: "send lag over N tokens: P50 x ms, P99 y ms (...), max z ms; [early: min w ms, ...]
 # HTTP process CPU c us per token"
 TEST_LINE = re.compile(r"P50 (?P<p50_ms>-?[\d.]+) ms, P99 (?P<p99_ms>-?[\d.]+) ms .*?max (?P<max_ms>-?[\d.]+) ms"
@@ -149,13 +150,22 @@ def main(argv: list[str] | None = None) -> int:
             clients = "the test's clients" if args.pytest else f"clients at nice +{row['client_nice']}"
             print(f"pair {i + 1} {name}: load {row['load']:.1f}, {clients}, " +
                   ", ".join(f"{c} {row[c]:.2f}" for c in COLUMNS), flush=True)
-    print("| version | " + " | ".join(f"{c} median (range)" for c in COLUMNS) + " |")
-    print("|---" * (len(COLUMNS) + 1) + "|")
-    for name, rows in runs.items():
-        cells = [f"{statistics.median(r[c] for r in rows):.1f} ({min(r[c] for r in rows):.1f}-"
-                 f"{max(r[c] for r in rows):.1f})" for c in COLUMNS]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\n".join(median_table("version", runs, COLUMNS)))
     return 0
+
+
+def median_table(label: str, runs: dict, columns: list[str],
+                 extra: dict[str, dict] | None = None) -> list[str]:
+    """A markdown table, one row per key of runs (its runs' rows): each column's median and range;
+    extra: more columns first, a cell per key."""
+    extra = extra or {}
+    lines = ["| " + " | ".join([label, *extra, *(f"{c} median (range)" for c in columns)]) + " |",
+             "|---" * (1 + len(extra) + len(columns)) + "|"]
+    for key, rows in runs.items():
+        cells = [f"{statistics.median(r[c] for r in rows):.1f} ({min(r[c] for r in rows):.1f}-"
+                 f"{max(r[c] for r in rows):.1f})" for c in columns]
+        lines.append("| " + " | ".join([str(key), *(cell[key] for cell in extra.values()), *cells]) + " |")
+    return lines
 
 
 if __name__ == "__main__":

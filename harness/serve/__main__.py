@@ -30,7 +30,8 @@ from harness.serve.config import ServeConfig, with_server_loop
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="serving")
 def main(cfg: DictConfig) -> None:
     from harness.config import OutputConfig
-    from harness.serve.server import run_event_loop, serve_async
+    from harness.serve.build import run_event_loop
+    from harness.serve.server import serve_async
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -53,6 +54,10 @@ def main(cfg: DictConfig) -> None:
         remove_if_unused(out_dir)
         print(f"error: backend={rc.backend}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as error:  # the port is taken (serve.api_servers > 1 binds it here; uvicorn says it itself)
+        remove_if_unused(out_dir)
+        print(f"error: {error.strerror or error}", file=sys.stderr)
+        raise SystemExit(1) from None
     write_outcome(outcome, out_dir, plots=output.plots and bool(outcome.summary.num_requests), steps=output.steps)
     outcome.overhead.to_csv(out_dir / "serve_overhead.csv", index=False)
     print(f"served {len(outcome.requests)} requests; outputs: {out_dir}", flush=True)

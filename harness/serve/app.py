@@ -143,10 +143,12 @@ def create_app(server: Server) -> Stamped:
 
     @app.get("/internal/state")
     async def state() -> dict:
-        """What tests and the timing study read: held requests and blocks, and the lag percentiles:
-        dispatch (the HTTP side has a step's tokens) and send (a stream's event is with the socket)."""
+        """What tests and the timing study read: which HTTP process answers (serve.api_servers), its
+        held requests, the core's blocks, and this process's lag percentiles: dispatch (the HTTP
+        side has a step's tokens) and send (a stream's event is with the socket)."""
         snap = server.core.snapshot
-        return {"live": snap.live, "running": snap.running, "waiting": snap.waiting, "used_blocks": snap.used_blocks,
+        return {"api_server": server.metrics.front, "live": snap.live, "running": snap.running,
+                "waiting": snap.waiting, "used_blocks": snap.used_blocks,
                 "http_cpu_s": time.process_time(),  # the HTTP process's CPU so far (the core's is its own)
                 **_percentiles("lag", server.core.lags), **_percentiles("send_lag", server.core.send_lags)}
 

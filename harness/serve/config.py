@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, replace
 from typing import Any
+
+MAX_API_SERVERS = 64
 
 
 @dataclass(frozen=True)
@@ -11,7 +15,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port
     time_scale: float = 1.0  # simulator: simulated seconds per wall second
-    max_queue: int = 1024  # waiting + running requests; one more gets 503
+    max_queue: int = 1024  # waiting + running requests; one more gets 503 (split over the api_servers)
+    api_servers: int = 1  # HTTP processes in front of the one core process (harness.serve.front)
     max_early_ms: float = 2.0  # simulator: a step's writes may start this much before its time
     # engine: a thread of the core process sends each overlapped step's tokens as soon as they
     # exist (harness.serve.handoff); false: the loop sends them after it submits the next step
@@ -36,8 +41,17 @@ class ServeConfig:
                              f"got {self.max_early_ms}")
         if not isinstance(self.early_tokens, bool):
             raise ValueError(f"serve.early_tokens must be true or false, got {self.early_tokens!r}")
+        if isinstance(self.api_servers, bool) or not isinstance(self.api_servers, int) \
+                or not 1 <= self.api_servers <= MAX_API_SERVERS:
+            raise ValueError(f"serve.api_servers must be a whole number in [1, {MAX_API_SERVERS}] (HTTP processes), "
+                             f"got {self.api_servers!r}")
+        if self.api_servers > 1 and not (hasattr(os, "memfd_create") and hasattr(socket, "SO_REUSEPORT")):
+            raise ValueError("serve.api_servers > 1 needs Linux (SO_REUSEPORT and memfd_create); use 1 here")
         if self.max_queue < 1:
             raise ValueError(f"serve.max_queue must be >= 1, got {self.max_queue}")
+        if self.max_queue < self.api_servers:
+            raise ValueError(f"serve.max_queue must be >= serve.api_servers ({self.api_servers}: each HTTP process "
+                             f"holds its share), got {self.max_queue}")
         if self.default_max_tokens < 1:
             raise ValueError(f"serve.default_max_tokens must be >= 1, got {self.default_max_tokens}")
         for name in ("loop_extra_s", "loop_extra_per_seq_s"):

@@ -17,6 +17,7 @@ tokens (a server that runs for hours keeps a bounded window).
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import time
@@ -63,6 +64,8 @@ class ServeCore(StepPasses):
         self.rc = rc
         self.time_scale = time_scale
         self.max_queue = max_queue
+        # with several HTTP processes max_queue is this one's share (build.make_server says so here)
+        self.queue_full = f"the server holds serve.max_queue={max_queue} requests"
         self.max_early_s = max_early_s
         self.early_tokens = early_tokens  # the engine's token thread (harness.serve.handoff)
         self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
@@ -71,23 +74,44 @@ class ServeCore(StepPasses):
         self._wire: WireProtocol | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._waiting: asyncio.Future | None = None  # the ready or result message
+        self._owner = True  # this front started the core process (start), not attach
 
     # ---- lifetime ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, fronts: int = 1) -> list[socket.socket]:
         """Spawn `python -m harness.serve.core_loop` and wait until its executor is built. A
-        configuration the backend refuses raises ValueError or TypeError with its message."""
-        import socket
+        configuration the backend refuses raises ValueError or TypeError with its message. With
+        fronts > 1 (serve.api_servers) the core process gets a socket pair per HTTP process: the
+        other fronts' ends are returned, for them to attach()."""
+        pairs = [socket.socketpair() for _ in range(fronts)]
+        theirs = [pair[1] for pair in pairs]
+        try:
+            fds = [sock.fileno() for sock in theirs]
+            self._proc = subprocess.Popen([sys.executable, "-m", "harness.serve.core_loop", *map(str, fds)],
+                                          pass_fds=fds)
+        finally:
+            for sock in theirs:
+                sock.close()
+        await self._connect(pairs[0][0])
+        self._wire.send(("config", self.rc, self.time_scale, self.early_tokens))  # type: ignore[union-attr]
+        await self._until_ready()
+        return [pair[0] for pair in pairs[1:]]
 
+    async def attach(self, sock: socket.socket) -> None:
+        """Serve through a core process another front started (start's returned socket): wait for
+        its ready message. stop() then only detaches; the starting front stops the core."""
+        self._owner = False
+        await self._connect(sock)
+        await self._until_ready()
+
+    async def _connect(self, sock: socket.socket) -> None:
         self._loop = loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair()
-        with theirs:
-            self._proc = subprocess.Popen([sys.executable, "-m", "harness.serve.core_loop", str(theirs.fileno())],
-                                          pass_fds=(theirs.fileno(),))
+        self._waiting = loop.create_future()  # before the socket is read: the ready message may be there already
         _, self._wire = await loop.create_unix_connection(lambda: WireProtocol(self._on_message, self._on_lost),
-                                                          sock=ours)
-        self._waiting = loop.create_future()
-        self._wire.send(("config", self.rc, self.time_scale, self.early_tokens))
+                                                          sock=sock)
+
+    async def _until_ready(self) -> None:
+        assert self._waiting is not None
         info, self.origin = await self._waiting
         self.info: BackendInfo = info
         self.num_blocks = info.num_blocks
@@ -97,6 +121,11 @@ class ServeCore(StepPasses):
     async def stop(self) -> CoreResult | None:
         """Abort what is left, end the core process and return what it served (None if it died)."""
         result = None
+        if not self._owner:  # the core process's requests from here are aborted when this side closes
+            self._end_streams()
+            if self._wire is not None and self._wire.transport is not None:
+                self._wire.transport.close()
+            return None
         if self.alive and self._wire is not None and self._loop is not None:
             self._waiting = self._loop.create_future()
             self._wire.send(("stop",))
@@ -112,6 +141,9 @@ class ServeCore(StepPasses):
 
     @property
     def alive(self) -> bool:
+        if not self._owner:
+            return self._wire is not None and self._wire.transport is not None \
+                and not self._wire.transport.is_closing() and self.error is None
         return self._proc is not None and self._proc.poll() is None and self.error is None
 
     # ---- from the HTTP side ------------------------------------------------------------------
@@ -120,7 +152,7 @@ class ServeCore(StepPasses):
         """Queue request (its max_tokens already checked by the admission rule), arriving now.
         prepare, if given, is offered each of its deliveries in a step that arrives ahead."""
         if len(self._sinks) >= self.max_queue:
-            raise QueueFull(f"the server holds serve.max_queue={self.max_queue} requests; retry later")
+            raise QueueFull(f"{self.queue_full}; retry later")
         if not self.alive or self._wire is None:
             raise CoreStopped(f"the core process is not running: {self.error}")
         stamp = time.perf_counter()

@@ -1,8 +1,9 @@
 """The core process: the scheduler and the executor of a server, in a process of their own.
 
 `python -m harness.serve` starts this module as a child (harness.serve.core.ServeCore) with one end
-of a socket pair. It reads the run's config, builds the executor and the scheduler exactly as a run
-does (harness.run.make_executor, engine.core.make_scheduler), says it is ready, then drives the same
+of a socket pair per HTTP process (serve.api_servers; several: harness.serve.wire.FanChannel). It
+reads the run's config, builds the executor and the scheduler exactly as a run does
+(harness.run.make_executor, engine.core.make_scheduler), says it is ready, then drives the same
 Replica a run does (engine.core.loop): requests and aborts are taken between steps, and after each
 step every live request's new tokens go back in one message.
 
@@ -34,7 +35,7 @@ from engine.core.loop import Replica, RunResult, StepRecord, WallClock
 from engine.core.request import FinishReason, Request
 from engine.core.scheduler import Scheduler
 from harness.serve.handoff import SWITCH_INTERVAL_S, TokenSender, Watch, early_rows
-from harness.serve.wire import CoreChannel
+from harness.serve.wire import Channel, CoreChannel, FanChannel
 
 if TYPE_CHECKING:
     from harness.output.recording import StepRecorder
@@ -94,7 +95,7 @@ def due_now(clock: Clock) -> float:
 class CoreLoop:
     """One replica fed by the HTTP process (module docstring); run() returns once told to stop."""
 
-    def __init__(self, scheduler: Scheduler, executor, clock: Clock, channel: CoreChannel,
+    def __init__(self, scheduler: Scheduler, executor, clock: Clock, channel: Channel,
                  recorder: StepRecorder | None = None, early_tokens: bool = False) -> None:
         self.scheduler = scheduler
         self.executor = executor
@@ -220,7 +221,7 @@ class CoreLoop:
         return scheduler.num_running, scheduler.num_waiting + len(self.replica.inbox), used
 
 
-def serve_core(channel: CoreChannel) -> None:
+def serve_core(channel: Channel) -> None:
     """Read the config, build, report ready, loop, send the outcome's tables."""
     import pandas as pd
 
@@ -274,11 +275,12 @@ def main(argv: list[str]) -> None:
     # Ctrl-C reaches the whole process group: the HTTP process decides when this one stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sock = socket.socket(fileno=int(argv[0]))
+    socks = [socket.socket(fileno=int(fd)) for fd in argv]  # one per HTTP process (serve.api_servers)
     try:
-        serve_core(CoreChannel(sock))
+        serve_core(CoreChannel(socks[0]) if len(socks) == 1 else FanChannel(socks))
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from engine.core.executor import EarlyTokens
     from engine.core.plan import StepPlan
     from engine.core.scheduler import Scheduler
-    from harness.serve.wire import CoreChannel
+    from harness.serve.wire import Channel
 
 # while the loop launches a step in Python, the sender waits at most this long for the GIL
 SWITCH_INTERVAL_S = 2e-4
@@ -68,7 +68,7 @@ def early_rows(plan: StepPlan, scheduler: Scheduler) -> list[tuple[int, str, int
 class TokenSender:
     """The thread that sends each watched step's tokens (module docstring); close() ends it."""
 
-    def __init__(self, channel: CoreChannel) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self._queue: queue.SimpleQueue[Watch | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="token-sender", daemon=True)

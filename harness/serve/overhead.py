@@ -51,12 +51,17 @@ def with_http_times(requests: pd.DataFrame, times: dict[str, HttpTimes], origin:
 
 
 def overhead_summary(requests: pd.DataFrame, lags: Iterable[float], send_lags: Iterable[float],
-                     handoff_s: list[float], scale: float) -> pd.DataFrame:
+                     handoff_s: list[float], scale: float, http_cpu_s: float = float("nan"),
+                     api_servers: int = 1) -> pd.DataFrame:
     """One row: the per-request overhead and its parts; per token, the lag to the HTTP side's loop
-    (dispatch) and to the socket (send), in ms; per step, the core process's hand-off, in us."""
+    (dispatch) and to the socket (send), in ms, and the HTTP processes' CPU (http_cpu_s, wall
+    seconds while they listened, over every token streamed), in us; per step, the core process's
+    hand-off, in us."""
     served = requests[requests["finish_reason"] != "aborted"]
     send_lags = list(send_lags)
-    row: dict[str, float | int] = {"requests": len(served), "tokens": len(send_lags)}
+    row: dict[str, float | int] = {"requests": len(served), "tokens": len(send_lags), "api_servers": api_servers,
+                                   "http_cpu_us_per_token": http_cpu_s / len(send_lags) * 1e6 if send_lags
+                                   else float("nan")}
     for column in ("http_in", "first_token_out", "overhead_s", "http_ttft", "ttft"):
         values = served[column].dropna().to_numpy(float) * 1e3
         name = column.removesuffix("_s")
@@ -68,6 +73,8 @@ def overhead_summary(requests: pd.DataFrame, lags: Iterable[float], send_lags: I
         for q in (1, 50, 90, 99):  # P1: how early (serve.max_early_ms), the others how late
             row[f"{name}_p{q}_ms"] = float(np.percentile(values, q)) if len(values) else np.nan
         row[f"{name}_mean_ms"] = float(values.mean()) if len(values) else np.nan
+        row[f"{name}_min_ms"] = float(values.min()) if len(values) else np.nan
+        row[f"{name}_max_ms"] = float(values.max()) if len(values) else np.nan
     handoff = np.asarray(handoff_s, dtype=float) * 1e6
     for q in (50, 99):
         row[f"handoff_p{q}_us"] = float(np.percentile(handoff, q)) if len(handoff) else np.nan

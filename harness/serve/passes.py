@@ -68,6 +68,7 @@ class StepPasses:
         # step or snap message gets its arrival number, and the snapshot keeps the newest one's
         self._arrivals = 0
         self._snap_arrival = 0
+        self.after_pass: Callable[[], None] | None = None  # e.g. the metrics' row on a shared board
 
     def _hold(self, message: tuple) -> None:
         """A "step" message: held (with what its deliveries' Prepares give) until it is due."""
@@ -130,6 +131,8 @@ class StepPasses:
         finally:
             if collecting:
                 gc.enable()
+        if self.after_pass is not None:
+            self.after_pass()
 
     def _pass_steps(self, messages: list[tuple]) -> None:
         start = time.perf_counter()

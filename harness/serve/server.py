@@ -16,10 +16,9 @@ import gc
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import pandas as pd
 import uvicorn
@@ -30,23 +29,13 @@ from harness.output.metrics import summarize
 from harness.output.summary import FitCounts, RunLabels
 from harness.run import RunOutcome
 from harness.serve.app import Server, create_app
+from harness.serve.board import MetricsBoard
+from harness.serve.build import make_server, run_event_loop
 from harness.serve.config import ServeConfig
-from harness.serve.core import CoreResult, ServeCore
-from harness.serve.metrics import ServerMetrics
+from harness.serve.core import CoreResult
+from harness.serve.front import Fronts, listening_socket
+from harness.serve.metrics import row_width
 from harness.serve.overhead import overhead_summary, with_http_times
-from harness.serve.text import load_codec
-
-T = TypeVar("T")
-
-
-def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, on uvloop's event loop where it is installed (the serve extra brings it, with
-    httptools, which uvicorn picks itself): callbacks and socket writes cost less per streamed token."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -71,26 +60,8 @@ class ServeOutcome(RunOutcome):
     overhead: pd.DataFrame = field(default_factory=pd.DataFrame)  # serve_overhead.csv's one row
 
 
-async def build_server(rc: RunConfig, config: ServeConfig) -> Server:
-    """The server's parts, its core process started and ready (the backend built)."""
-    sim = rc.backend == "sim"  # the engine's steps are never ahead of their time
-    core = ServeCore(rc, config.time_scale if sim else 1.0, config.max_queue,
-                     config.max_early_ms * 1e-3 if sim else 0.0, early_tokens=config.early_tokens)
-    await core.start()
-    try:
-        tokenizer = config.tokenizer
-        if tokenizer is None and rc.backend == "engine" and rc.engine.load_format != "dummy":
-            tokenizer = rc.engine.model  # the checkpoint's; a dummy model carries the project's
-        identity = run_identity(rc)
-        name = config.served_model_name or identity["model"]
-        return Server(core, load_codec(rc.backend, tokenizer), config, name, tuple(core.info.eos_token_ids[1:]),
-                      ServerMetrics(core, name))
-    except BaseException:
-        await core.stop()
-        raise
-
-
-def outcome(server: Server, rc: RunConfig, wall_s: float, result: CoreResult | None) -> ServeOutcome:
+def outcome(server: Server, rc: RunConfig, wall_s: float, result: CoreResult | None,
+            http_cpu_s: float = float("nan")) -> ServeOutcome:
     core = server.core
     if result is None:
         raise RuntimeError(f"the core process gave no outcome: {core.error}")
@@ -101,20 +72,33 @@ def outcome(server: Server, rc: RunConfig, wall_s: float, result: CoreResult | N
     summary = summarize(requests, result.steps, result.makespan_s, core.num_blocks, labels)
     return ServeOutcome(requests, result.steps, summary, core.num_blocks,
                         overhead=overhead_summary(requests, core.lags, core.send_lags, result.handoff_s,
-                                                  core.time_scale))
+                                                  core.time_scale, http_cpu_s, server.config.api_servers))
 
 
 async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[int], None] | None = None,
                       stop: asyncio.Event | None = None) -> tuple[ServeOutcome, int | None]:
-    """Serve until a signal (returned with the outcome) or stop is set; on_ready gets the bound port."""
-    server = await build_server(rc, config)
-    gc.freeze()  # the imported stack is never garbage: collections need not scan it while serving
-    uv = _Uvicorn(uvicorn.Config(create_app(server), host=config.host, port=config.port,
-                                 log_level=config.log_level, lifespan="off", timeout_graceful_shutdown=5))
+    """Serve until a signal (returned with the outcome) or stop is set; on_ready gets the bound port.
+    With serve.api_servers > 1 the other HTTP processes start first and stop first (harness.serve.front)."""
+    board = MetricsBoard.create(config.api_servers, row_width()) if config.api_servers > 1 else None
+    try:
+        server, spare = await make_server(rc, config, board=board)
+    except BaseException:
+        if board is not None:
+            board.close()
+        raise
+    others = Fronts(board)
     started = time.perf_counter()
     result = None
-    task = asyncio.ensure_future(uv.serve())
+    http_cpu_s = 0.0  # the HTTP processes' CPU while they listened
     try:
+        sockets = None
+        if board is not None:
+            sockets = [listening_socket(config.host, config.port, first=True)]
+            await others.start(("config", rc, config, sockets[0].getsockname()[1]), spare)
+        gc.freeze()  # the imported stack is never garbage: collections need not scan it while serving
+        uv = _Uvicorn(uvicorn.Config(create_app(server), host=config.host, port=config.port,
+                                     log_level=config.log_level, lifespan="off", timeout_graceful_shutdown=5))
+        task = asyncio.ensure_future(uv.serve(sockets=sockets))
         while not uv.started:
             if task.done():  # the port is taken, or the like
                 task.result()
@@ -122,16 +106,27 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
             await asyncio.sleep(0.01)
         if on_ready is not None:
             on_ready(uv.servers[0].sockets[0].getsockname()[1])
+        cpu = time.thread_time()  # this loop's thread runs this process's HTTP side
         if stop is not None:
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
             uv.should_exit = True
             stopper.cancel()
         await task
+        http_cpu_s += time.thread_time() - cpu
     finally:
+        for part in await others.stop():
+            server.times.update(part.times)
+            server.core.lags.extend(part.lags)
+            server.core.send_lags.extend(part.send_lags)
+            http_cpu_s += part.cpu_s
+        for sock in spare:  # those of fronts that never started
+            sock.close()
         result = await server.core.stop()
+        if board is not None:
+            board.close()
     signum = uv._captured_signals[0] if getattr(uv, "_captured_signals", None) else None
-    return outcome(server, rc, time.perf_counter() - started, result), signum
+    return outcome(server, rc, time.perf_counter() - started, result, http_cpu_s), signum
 
 
 class ServerThread:

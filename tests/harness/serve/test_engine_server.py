@@ -1,8 +1,11 @@
 """The engine-backed server on the tiny CPU model gives LLM.generate's greedy tokens, with steps
 overlapped (each step's tokens then sent by the core's token sender, harness.serve.handoff, or with
-serve.early_tokens=false by the loop) or not."""
+serve.early_tokens=false by the loop) or not, and behind two HTTP processes (serve.api_servers=2: the
+core process sends each its own requests' tokens, harness.serve.wire.FanChannel)."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -23,28 +26,36 @@ def greedy_reference(tiny_checkpoint):
     return want
 
 
-@pytest.mark.parametrize("overlap,early", [("false", "true"), ("true", "true"), ("true", "false")])
-def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap, early):
+@pytest.mark.parametrize("overlap,early,api_servers", [("false", "true", 1), ("true", "true", 1),
+                                                     ("true", "false", 1), ("true", "true", 2)])
+def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap, early, api_servers):
     want = greedy_reference
     server = start_server(["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
                            f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
                            "cache.num_blocks=64", f"execution.async_scheduling={overlap}",
-                           f"serve.early_tokens={early}"])
+                           f"serve.early_tokens={early}", f"serve.api_servers={api_servers}"])
+    rounds = 1 if api_servers == 1 else 4  # each request a connection: with two processes, most likely both serve
     try:
-        url = f"http://127.0.0.1:{server.port}/v1/completions"
-        model = httpx.get(f"http://127.0.0.1:{server.port}/v1/models").json()["data"][0]["id"]
-        assert model == tiny_checkpoint.name  # the checkpoint folder's name
-        body = {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
-        plain = httpx.post(url, json=body, timeout=60).json()
-        assert plain["choices"][0]["token_ids"] == want.token_ids
-        assert plain["choices"][0]["text"] == want.text
-        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
-            lines = [line for line in response.iter_lines() if line.startswith("data: {")]
-        import json
-
-        chunks = [json.loads(line[6:]) for line in lines]
-        assert "".join(c["choices"][0]["text"] for c in chunks) == want.text
-        assert chunks[-1]["choices"][0]["token_ids"] == want.token_ids
+        for _ in range(rounds):
+            _plain_and_streamed(server.port, want, tiny_checkpoint.name)
     finally:
         outcome = server.stop()
-    assert len(outcome.requests) == 2 and list(outcome.requests["output_tokens"]) == [len(want.token_ids)] * 2
+    assert len(outcome.requests) == 2 * rounds
+    assert list(outcome.requests["output_tokens"]) == [len(want.token_ids)] * 2 * rounds
+    assert outcome.requests["first_sent"].notna().all()
+
+
+def _plain_and_streamed(port: int, want, checkpoint_name: str) -> None:
+    """A plain and a streamed request each give want's greedy tokens and text."""
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    model = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
+    assert model == checkpoint_name  # the checkpoint folder's name
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    plain = httpx.post(url, json=body, timeout=60).json()
+    assert plain["choices"][0]["token_ids"] == want.token_ids
+    assert plain["choices"][0]["text"] == want.text
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(line[6:]) for line in lines]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want.text
+    assert chunks[-1]["choices"][0]["token_ids"] == want.token_ids

@@ -5,10 +5,13 @@ process (python -m harness.serve, its core in a process of its own) and the clie
 The target is a send lag (a token's event handed to the socket vs its simulated time on the wall)
 of at most 5 ms at P99. The lag needs the HTTP process to get a core when a step's tokens are due:
 on the shared 2-core development box, with other work running, it often does not
-(docs/serving.md#timing-200-streams-at-time_scale1 gives the measurements). The bound asserted is
-what that box holds, so a server that falls behind for good still fails; the HTTP process's CPU per
-streamed token, which the box's load hardly changes, is printed beside the lag, and the clients'
-(this process's), which compete with the server for the same cores.
+(docs/serving.md#timing-200-streams-at-time_scale1 gives the measurements), and on a slow day one
+HTTP process needs more than a core for 200 streams: so the run is made with one HTTP process and
+with two (serve.api_servers=2, each streaming about half). The bound asserted is what that box
+holds, so a server that falls behind for good still fails; the HTTP processes' CPU per streamed
+token, which the box's load hardly changes, is printed beside the lag, and the clients' (this
+process's), which compete with the server for the same cores. The lags are every HTTP process's,
+read from serve_overhead.csv once the server stopped.
 
 The clients run at a nice value 10 above this process's (in a thread of their own): a deployment's
 clients run on other machines, and here, on the server's two cores, each step's writes wake them at
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
+import pandas as pd
 import pytest
 
 from harness.serve.config import ServeConfig
@@ -38,29 +41,29 @@ CLIENT_NICE = 10  # the clients' nice value above this process's (module docstri
 
 
 @pytest.mark.slow
-def test_200_streams_keep_to_the_schedule(tmp_path):
-    with ServerProcess([*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.plots=false"],
-                       tmp_path / "serve") as server:
-        state_url = server.base_url.removesuffix("/v1") + "/internal/state"
-        before = httpx.get(state_url).json()
+@pytest.mark.parametrize("api_servers", [1, 2], ids=["one_http_process", "two_http_processes"])
+def test_200_streams_keep_to_the_schedule(tmp_path, api_servers):
+    overrides = [*SIM, "serve.time_scale=1", "serve.max_queue=512", "output.plots=false",
+                 f"serve.api_servers={api_servers}"]
+    with ServerProcess(overrides, tmp_path / "serve") as server:
         bodies = [{"model": "qwen3-8b", "prompt": f"stream {i} " * 20, "max_tokens": TOKENS, "stream": True,
                    "ignore_eos": True} for i in range(STREAMS)]
         client_cpu = time.process_time()
         counts = run_streams(server.base_url, bodies, nice=CLIENT_NICE)
         client_cpu = time.process_time() - client_cpu
-        state = httpx.get(state_url).json()
     assert counts == [TOKENS + 1] * STREAMS  # a token's event each, and the finishing one
-    assert state["send_lag_tokens"] == STREAMS * TOKENS
-    p50, p99 = state["send_lag_p50_s"], state["send_lag_p99_s"]
-    cpu_us = (state["http_cpu_s"] - before["http_cpu_s"]) / (STREAMS * TOKENS) * 1e6
-    print(f"send lag over {STREAMS * TOKENS} tokens: P50 {p50 * 1e3:.2f} ms, P99 {p99 * 1e3:.2f} ms "
-          f"(target {TARGET_P99_S * 1e3:.0f} ms), max {state['send_lag_max_s'] * 1e3:.2f} ms; early: min "
-          f"{state['send_lag_min_s'] * 1e3:.2f} ms, P1 {state['send_lag_p1_s'] * 1e3:.2f} ms; HTTP process CPU "
-          f"{cpu_us:.1f} us per token; the clients' {client_cpu / (STREAMS * TOKENS) * 1e6:.1f} us "
-          f"(on the same cores, at nice +{CLIENT_NICE})")
-    assert p99 <= BOX_P99_S
-    assert state["send_lag_min_s"] >= -ServeConfig().max_early_ms * 1e-3 - 1e-6  # never earlier than that
-    assert (tmp_path / "serve" / "requests.csv").is_file() and (tmp_path / "serve" / "serve_overhead.csv").is_file()
+    # every HTTP process's lags, gathered when the server stopped (ms on the wall at time_scale=1)
+    row = pd.read_csv(tmp_path / "serve" / "serve_overhead.csv").iloc[0]
+    assert row["tokens"] == STREAMS * TOKENS and row["api_servers"] == api_servers
+    p99 = row["send_lag_p99_ms"]
+    print(f"{api_servers} HTTP process(es), send lag over {STREAMS * TOKENS} tokens: P50 {row['send_lag_p50_ms']:.2f} "
+          f"ms, P99 {p99:.2f} ms (target {TARGET_P99_S * 1e3:.0f} ms), max {row['send_lag_max_ms']:.2f} ms; early: min "
+          f"{row['send_lag_min_ms']:.2f} ms, P1 {row['send_lag_p1_ms']:.2f} ms; "
+          f"HTTP processes' CPU {row['http_cpu_us_per_token']:.1f} us per token; the clients' "
+          f"{client_cpu / (STREAMS * TOKENS) * 1e6:.1f} us (on the same cores, at nice +{CLIENT_NICE})")
+    assert p99 <= BOX_P99_S * 1e3
+    assert row["send_lag_min_ms"] >= -ServeConfig().max_early_ms - 1e-3  # never earlier than that
+    assert (tmp_path / "serve" / "requests.csv").is_file()
 
 
 def test_the_stream_counter_counts_every_event_and_names_a_refusal(sim_server):
