@@ -4,8 +4,8 @@ concurrencies: where one HTTP process becomes the bottleneck, and what more of t
     python -m experiments.serve.api_servers_gpu --out $OUT/api_servers --api-servers 1 4 --concurrency 128 512
 
 For each setting one engine server (Qwen3-0.6B, random weights, the word tokenizer aiperf also reads:
-experiments/serve/aiperf.server_text); against it, for each concurrency, aiperf's synthetic load
-(--isl prompt tokens, --osl outputs each, ignore_eos) for --duration-s. Per case: aiperf's TTFT and
+experiments/serve/aiperf.server_text); against it, for each concurrency, aiperf at that concurrency for
+--duration-s over requests of --isl random prompt ids and --osl outputs each (EOS ignored). Per case: aiperf's TTFT and
 inter-token P50/P90 and output tokens/s; per server (its serve_overhead.csv once stopped): the HTTP
 processes' CPU per token and the send lag P50/P99 (each step's end to its event with the socket).
 Written: api_servers.csv and api_servers.md in --out, and each server's serve_overhead.csv.
@@ -19,8 +19,11 @@ import shutil
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
 from experiments.serve import aiperf
 from harness.scripting import compose_run_config
 from harness.serve.process import ServerProcess
@@ -34,7 +37,9 @@ def one_server(api_servers: int, args: argparse.Namespace, cmd: list[str]) -> li
     folder = args.out / f"api_servers_{api_servers}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    words, extra = aiperf.server_text(compose_run_config(args.engine), folder / "word_tokenizer")
+    rc = compose_run_config(args.engine)
+    vocab_size = rc.model.vocab_size
+    words, extra = aiperf.server_text(rc, folder / "word_tokenizer")
     process = ServerProcess([*args.engine, *extra, "output.plots=false", "serve.max_queue=8192",
                              f"serve.api_servers={api_servers}"], folder)
     process.start(timeout_s=600)
@@ -44,9 +49,12 @@ def one_server(api_servers: int, args: argparse.Namespace, cmd: list[str]) -> li
             model = json.load(response)["data"][0]["id"]
         for concurrency in args.concurrency:
             out = folder / f"aiperf_c{concurrency}"
-            report = aiperf.run(cmd, [*aiperf.base_args(process.base_url, model, words, out),
-                                      *aiperf.synthetic_args(concurrency, args.duration_s, args.isl, args.osl)],
-                                out, args.duration_s + 600)
+            payloads = aiperf.write_payloads(folder / f"payloads_c{concurrency}.jsonl", model,
+                                             requests(concurrency, args, vocab_size))
+            report = aiperf.run(cmd, [*aiperf.base_args(process.base_url, model, words, out), "--input-file",
+                                      str(payloads), "--custom-dataset-type", "mooncake_trace", "--concurrency",
+                                      str(concurrency), "--benchmark-duration", str(args.duration_s),
+                                      "--benchmark-grace-period", "60"], out, args.duration_s + 600)
             rows.append({"api_servers": api_servers, "concurrency": concurrency, **aiperf.figures(report),
                          "output_tok_s": float((report.get("output_token_throughput") or {}).get("avg", "nan")),
                          "errors": float((report.get("error_request_count") or {}).get("avg", 0))})
@@ -62,6 +70,17 @@ def one_server(api_servers: int, args: argparse.Namespace, cmd: list[str]) -> li
         if path.name != "serve_overhead.csv":
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     return rows
+
+
+def requests(concurrency: int, args: argparse.Namespace, vocab_size: int) -> list[Request]:
+    """More requests than the concurrency gets through in the duration (aiperf sends them in order, a
+    new one as one ends): --isl random prompt ids (aiperf's own synthetic prompts are its corpus's
+    words, which the word tokenizer does not know), --osl outputs each, EOS ignored."""
+    rng = np.random.default_rng(concurrency)
+    count = concurrency * 16
+    return [Request(f"c{concurrency}-{i}", rng.integers(0, vocab_size, args.isl).tolist(),
+                    SamplingParams(temperature=0.0, max_tokens=args.osl, ignore_eos=True), arrival_time=0.0)
+            for i in range(count)]
 
 
 def main(argv: list[str] | None = None) -> int:
