@@ -69,6 +69,7 @@ class ServeCore(StepPasses):
         self.max_early_s = max_early_s
         self.early_tokens = early_tokens  # the engine's token thread (harness.serve.handoff)
         self.send_lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # ... when a stream wrote it, per token
+        self.tokens_sent = 0  # every token handed to a socket (send_lags keeps the latest)
         self.error: str | None = None
         self.origin = 0.0  # perf_counter() time 0 of the core's clock
         self._wire: WireProtocol | None = None
@@ -173,6 +174,7 @@ class ServeCore(StepPasses):
         """A stream handed the tokens of these (due, count) deliveries to its socket at now."""
         for due, count in taken:
             self.send_lags.extend([now - due] * count)
+            self.tokens_sent += count
 
     # ---- from the core process -------------------------------------------------------------
 

@@ -85,6 +85,7 @@ class Served:
     lags: list[float]
     send_lags: list[float]
     cpu_s: float  # its event loop's CPU while it listened
+    tokens_sent: int
 
 
 class Fronts:
@@ -201,7 +202,8 @@ async def run_front(parent: socket.socket, core_sock: socket.socket, board_fd: i
         await task
     cpu = time.thread_time() - cpu
     await server.core.stop()
-    wire.send(("served", server.times, list(server.core.lags), list(server.core.send_lags), cpu))
+    core = server.core
+    wire.send(("served", server.times, list(core.lags), list(core.send_lags), cpu, core.tokens_sent))
     await _flushed(wire)
 
 

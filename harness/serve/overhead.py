@@ -52,16 +52,17 @@ def with_http_times(requests: pd.DataFrame, times: dict[str, HttpTimes], origin:
 
 def overhead_summary(requests: pd.DataFrame, lags: Iterable[float], send_lags: Iterable[float],
                      handoff_s: list[float], scale: float, http_cpu_s: float = float("nan"),
-                     api_servers: int = 1) -> pd.DataFrame:
+                     api_servers: int = 1, tokens_sent: int | None = None) -> pd.DataFrame:
     """One row: the per-request overhead and its parts; per token, the lag to the HTTP side's loop
-    (dispatch) and to the socket (send), in ms, and the HTTP processes' CPU (http_cpu_s, wall
-    seconds while they listened, over every token streamed), in us; per step, the core process's
+    (dispatch) and to the socket (send), in ms, over the latest tokens each HTTP process kept
+    (passes.LAG_SAMPLES), and the HTTP processes' CPU (http_cpu_s, while they listened) over every
+    token streamed (tokens_sent; None: as many as the lags), in us; per step, the core process's
     hand-off, in us."""
     served = requests[requests["finish_reason"] != "aborted"]
     send_lags = list(send_lags)
-    row: dict[str, float | int] = {"requests": len(served), "tokens": len(send_lags), "api_servers": api_servers,
-                                   "http_cpu_us_per_token": http_cpu_s / len(send_lags) * 1e6 if send_lags
-                                   else float("nan")}
+    tokens = len(send_lags) if tokens_sent is None else tokens_sent
+    row: dict[str, float | int] = {"requests": len(served), "tokens": tokens, "api_servers": api_servers,
+                                   "http_cpu_us_per_token": http_cpu_s / tokens * 1e6 if tokens else float("nan")}
     for column in ("http_in", "first_token_out", "overhead_s", "http_ttft", "ttft"):
         values = served[column].dropna().to_numpy(float) * 1e3
         name = column.removesuffix("_s")

@@ -16,6 +16,7 @@ import gc
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from harness.serve.core import CoreResult
 from harness.serve.front import Fronts, listening_socket
 from harness.serve.metrics import row_width
 from harness.serve.overhead import overhead_summary, with_http_times
+from harness.serve.passes import LAG_SAMPLES
 
 
 class _Uvicorn(uvicorn.Server):
@@ -72,7 +74,8 @@ def outcome(server: Server, rc: RunConfig, wall_s: float, result: CoreResult | N
     summary = summarize(requests, result.steps, result.makespan_s, core.num_blocks, labels)
     return ServeOutcome(requests, result.steps, summary, core.num_blocks,
                         overhead=overhead_summary(requests, core.lags, core.send_lags, result.handoff_s,
-                                                  core.time_scale, http_cpu_s, server.config.api_servers))
+                                                  core.time_scale, http_cpu_s, server.config.api_servers,
+                                                  core.tokens_sent))
 
 
 async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[int], None] | None = None,
@@ -115,10 +118,15 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
         await task
         http_cpu_s += time.thread_time() - cpu
     finally:
+        core = server.core
+        # room for every process's latest LAG_SAMPLES lags
+        core.lags, core.send_lags = (deque(kept, maxlen=LAG_SAMPLES * config.api_servers)
+                                     for kept in (core.lags, core.send_lags))
         for part in await others.stop():
             server.times.update(part.times)
-            server.core.lags.extend(part.lags)
-            server.core.send_lags.extend(part.send_lags)
+            core.lags.extend(part.lags)
+            core.send_lags.extend(part.send_lags)
+            core.tokens_sent += part.tokens_sent
             http_cpu_s += part.cpu_s
         for sock in spare:  # those of fronts that never started
             sock.close()

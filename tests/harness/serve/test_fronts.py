@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from harness.serve.build import front_share
 from harness.serve.config import ServeConfig
 from harness.serve.front import listening_socket
 from harness.serve.metrics import ServerMetrics, row_width
+from harness.serve.overhead import overhead_summary
 from harness.serve.passes import CoreSnapshot
 from harness.serve.stream_counter import count_streams
 from harness.serve.wire import CoreChannel, FanChannel
@@ -236,3 +238,12 @@ def test_the_first_process_refuses_a_port_in_use_and_the_others_join_it():
     assert second.getsockname()[1] == port
     first.close()
     second.close()
+
+
+def test_the_cpu_per_token_counts_every_token_sent_not_the_lags_kept():
+    requests = pd.DataFrame({"finish_reason": ["length"], **{c: [0.1] for c in
+                             ("http_in", "first_token_out", "overhead_s", "http_ttft", "ttft")}})
+    row = overhead_summary(requests, [0.0] * 3, [0.001] * 3, [1e-5], 1.0, http_cpu_s=1e-3, api_servers=2,
+                           tokens_sent=10).iloc[0]
+    assert row["tokens"] == 10 and row["http_cpu_us_per_token"] == pytest.approx(100.0)
+    assert row["send_lag_max_ms"] == pytest.approx(1.0) and row["api_servers"] == 2
