@@ -93,10 +93,16 @@ class ServeCore(StepPasses):
         finally:
             for sock in theirs:
                 sock.close()
-        await self._connect(pairs[0][0])
-        self._wire.send(("config", self.rc, self.time_scale, self.early_tokens))  # type: ignore[union-attr]
-        await self._until_ready()
-        return [pair[0] for pair in pairs[1:]]
+        spare = [pair[0] for pair in pairs[1:]]
+        try:
+            await self._connect(pairs[0][0])
+            self._wire.send(("config", self.rc, self.time_scale, self.early_tokens))  # type: ignore[union-attr]
+            await self._until_ready()
+        except BaseException:
+            for sock in spare:
+                sock.close()
+            raise
+        return spare
 
     async def attach(self, sock: socket.socket) -> None:
         """Serve through a core process another front started (start's returned socket): wait for
