@@ -52,7 +52,8 @@ def one_run(api_servers: int) -> dict:
     busy, ours, began = busy_s(), children_s(), time.perf_counter()
     here = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", ONE_RUN, str(api_servers)], cwd=here, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(here)}, timeout=600)
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(here), os.environ.get(
+                              "PYTHONPATH")]))}, timeout=600)
     other = ((busy_s() - busy) - (children_s() - ours)) / (time.perf_counter() - began)
     if done.returncode:
         raise RuntimeError(f"the run with serve.api_servers={api_servers} failed:\n{done.stdout[-2000:]}"
