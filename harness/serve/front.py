@@ -219,6 +219,10 @@ async def _flushed(wire: WireProtocol) -> None:
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if len(argv) != 3 or not all(a.isdigit() for a in argv):
+        print("error: harness.serve.front is started by `python -m harness.serve serve.api_servers=N` with its "
+              "sockets; run that instead", file=sys.stderr)
+        raise SystemExit(2)
     parent_fd, core_fd, board_fd = map(int, argv)
     run_event_loop(run_front(socket.socket(fileno=parent_fd), socket.socket(fileno=core_fd), board_fd))
 
