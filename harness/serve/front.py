@@ -156,10 +156,10 @@ class Fronts:
 
 
 class _Inbox(WireProtocol):
-    """A front's messages to front 0, queued; ("gone",) once its socket closes."""
+    """What the other end of a front-to-front-0 socket sends, queued; lost once it closes."""
 
-    def __init__(self, queue: asyncio.Queue[tuple]) -> None:
-        super().__init__(queue.put_nowait, lambda exc: queue.put_nowait(("gone",)))
+    def __init__(self, queue: asyncio.Queue[tuple], lost: tuple = ("gone",)) -> None:
+        super().__init__(queue.put_nowait, lambda exc: queue.put_nowait(lost))
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
@@ -173,9 +173,8 @@ def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
 async def run_front(parent: socket.socket, core_sock: socket.socket, board_fd: int) -> None:
     """A front's life: its config from front 0, the core attached, the routes served until stop."""
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue = asyncio.Queue()
-    _, wire = await loop.create_unix_connection(
-        lambda: WireProtocol(inbox.put_nowait, lambda exc: inbox.put_nowait(("stop",))), sock=parent)
+    inbox: asyncio.Queue[tuple] = asyncio.Queue()
+    _, wire = await loop.create_unix_connection(lambda: _Inbox(inbox, lost=("stop",)), sock=parent)  # front 0 gone
     _, rc, config, port, front = await inbox.get()
     board = MetricsBoard(board_fd, config.api_servers, row_width())
     try:
@@ -191,18 +190,20 @@ async def run_front(parent: socket.socket, core_sock: socket.socket, board_fd: i
     task = asyncio.ensure_future(uv.serve(sockets=[sock]))
     while not uv.started and not task.done():
         await asyncio.sleep(0.01)
+    core = server.core
     if task.done():
         wire.send(("error", f"uvicorn stopped: {task.exception()!r}"))
+        await core.stop()
+        await _flushed(wire)
+        return
+    wire.send(("listening",))
     cpu = time.thread_time()
-    if not task.done():
-        wire.send(("listening",))
-        stop = asyncio.ensure_future(inbox.get())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        uv.should_exit = True
-        await task
+    stop = asyncio.ensure_future(inbox.get())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    uv.should_exit = True
+    await task
     cpu = time.thread_time() - cpu
-    await server.core.stop()
-    core = server.core
+    await core.stop()
     wire.send(("served", server.times, list(core.lags), list(core.send_lags), cpu, core.tokens_sent))
     await _flushed(wire)
 
