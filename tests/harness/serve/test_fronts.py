@@ -5,6 +5,7 @@ fronts driven over HTTP."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -247,3 +248,22 @@ def test_the_cpu_per_token_counts_every_token_sent_not_the_lags_kept():
                            tokens_sent=10).iloc[0]
     assert row["tokens"] == 10 and row["http_cpu_us_per_token"] == pytest.approx(100.0)
     assert row["send_lag_max_ms"] == pytest.approx(1.0) and row["api_servers"] == 2
+
+
+def test_each_process_holds_its_share_of_max_queue_and_its_503_says_so():
+    server = start_server([*SIM, "serve.time_scale=1", "serve.api_servers=2", "serve.max_queue=2"])
+    url = f"http://127.0.0.1:{server.port}/v1/completions"
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    try:
+        with ExitStack() as stack:
+            statuses, refusals = [], []
+            for _ in range(3):  # each on a connection of its own; every process holds one at most
+                response = stack.enter_context(stack.enter_context(httpx.Client(timeout=30)).stream(
+                    "POST", url, json=body))
+                statuses.append(response.status_code)
+                if response.status_code == 503:
+                    refusals.append(json.loads(response.read())["error"]["message"])
+            assert statuses.count(200) <= 2 and statuses.count(503) >= 1
+            assert all("its share of serve.max_queue=2 over serve.api_servers=2" in m for m in refusals)
+    finally:
+        server.stop()
