@@ -93,7 +93,10 @@ class ServerMetrics:
         self.prompt_tokens += prompt_tokens
         self.success[reason] += 1
         self.e2e.observe(e2e_s)
-        self.publish()  # a request may finish outside a pass over a step (its text taken later)
+        # a pass publishes once at its end (core.after_pass); a plain request's text, taken after
+        # it, finishes the request outside one
+        if self.board is not None and not self.core.passing:
+            self.publish()
 
     def values(self) -> list[float]:
         """The counts as one row: the four counters, success per REASONS, each histogram's counts

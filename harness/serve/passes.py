@@ -69,6 +69,7 @@ class StepPasses:
         self._arrivals = 0
         self._snap_arrival = 0
         self.after_pass: Callable[[], None] | None = None  # e.g. the metrics' row on a shared board
+        self.passing = False  # within _pass (after_pass follows)
 
     def _hold(self, message: tuple) -> None:
         """A "step" message: held (with what its deliveries' Prepares give) until it is due."""
@@ -126,9 +127,11 @@ class StepPasses:
         tens of milliseconds; between passes it delays no token that is already due)."""
         collecting = gc.isenabled()
         gc.disable()
+        self.passing = True
         try:
             self._pass_steps(messages)
         finally:
+            self.passing = False
             if collecting:
                 gc.enable()
         if self.after_pass is not None:

@@ -85,19 +85,26 @@ def test_fan_channel_routes_each_request_to_the_front_that_sent_it():
 def test_the_board_sums_every_front_and_a_scrape_on_any_front_sees_it():
     board = MetricsBoard.create(2, row_width())
     other = MetricsBoard(os.dup(board.fd), 2, row_width())  # as the second process maps it
-    fronts = [ServerMetrics(SimpleNamespace(snapshot=CoreSnapshot(live=live)), MODEL, b, front)  # type: ignore[arg-type]
-              for front, (b, live) in enumerate([(board, 1), (other, 2)])]
+    cores = [SimpleNamespace(snapshot=CoreSnapshot(live=live), passing=False) for live in (1, 2)]
+    fronts = [ServerMetrics(core, MODEL, b, front)  # type: ignore[arg-type]
+              for front, (core, b) in enumerate(zip(cores, (board, other)))]
     fronts[0].tokens(5)
     fronts[0].ttft.observe(0.03)
-    fronts[1].tokens(7)
+    cores[1].passing = True  # a finish within a pass waits for the pass's end to be published
     fronts[1].finished(100, 40, 7, "length", 1.0)
-    fronts[1].publish()  # after its pass; front 0's own row is refreshed by its scrape
+    assert other.rows[1].sum() == 0
+    cores[1].passing = False
+    fronts[1].tokens(7)
+    fronts[1].finished(0, 0, 0, "stop", 1.0)  # outside a pass: published at once (with the tokens)
+    assert other.rows[1, 3] == 7  # generation_tokens
     for metrics in (fronts[0], fronts[1]):
-        values = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+        samples = [s for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples]
+        values = {s.name: s.value for s in samples}
         assert values["vllm:generation_tokens_total"] == 12
         assert values["vllm:prefix_cache_hits_total"] == 40
         assert values["vllm:time_to_first_token_seconds_count"] == 1
-        assert values["vllm:e2e_request_latency_seconds_count"] == 1
+        assert values["vllm:e2e_request_latency_seconds_count"] == 2
+        assert sum(s.value for s in samples if s.name == "vllm:request_success_total") == 2  # length, stop
         assert values["harness:num_requests_live"] == 3
     assert len(fronts[0].values()) == row_width()
     other.close()
