@@ -1,10 +1,13 @@
 """A call's cells simulated again with one kind of step priced differently, against the engine's
 values: which uniform or per-kind price change would bring a class's cells in, when no step
 replays came back. Each variant: all=F (every step x F), prefill=F (prefill steps), decode=F,
-added=S (S seconds more a step), or <part>:<regime>=F (that host fit of the profile, e.g.
-launch:prefill=1.3, the eager prefill's launches), or knot:<regime>@<size>=F (one knot of a fit, e.g.
-knot:decode_graph@4=0.875, the decode graph of batch 4). A variant fitted on a held-out call's own
-engine values is a diagnosis, never a model. No GPU needed.
+added=S (S seconds more a step), or <part>:<regime>=F (that part's fit in the profile, a host part
+or the device time: launch:prefill=1.3, the eager prefill's launches; gpu:prefill=1.03, its device
+time), or knot:<regime>@<size>=F (one knot of a fit, e.g. knot:decode_graph@4=0.875, the decode
+graph of batch 4); profile changes joined by "+" make one
+variant (gpu:prefill=1.026+gpu:prefill_graph=1.008). --host-scales (resimulate.py's: a row per engine
+repeat) prices each cell at each repeat's measured host and averages, as the held-out table does.
+A variant fitted on a held-out call's own engine values is a diagnosis, never a model. No GPU needed.
 
     python -m experiments.fidelity.price_sensitivity experiments/fidelity/code_completion_h200/qwen3-8b/heldout.csv \
         experiments/fidelity/h200/qwen3-8b_from_h100.csv --model qwen3-8b --hardware h200 --num-blocks 3002 \
@@ -23,7 +26,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.fidelity.code_completion_cpu import simulate
-from experiments.fidelity.resimulate import MAX_MODEL_LEN, cell_config
+from experiments.fidelity.resimulate import MAX_MODEL_LEN, cell_config, host_scales
 from harness.compare.study import sim_run_config
 from harness.convert import ConfigError
 from harness.fidelity.report import PLOTTED, rel_error
@@ -33,6 +36,7 @@ from sim.profiled import HOST_PARTS
 OFFLINE = ("request_s", "ttft_p50_s", "tpot_p50_s")
 STEP_KINDS = {"all": (1, 1), "prefill": (1, 0), "decode": (0, 1)}
 KNOT = "knot:"  # one knot of a fit: knot:<regime>@<size>
+FIT_PARTS = ("gpu", *HOST_PARTS)  # the parts of a regime a profile fits apart (sim.profiled_overlap)
 
 
 def parse_variant(text: str) -> tuple[tuple[float, float, float], tuple[str, float] | None]:
@@ -49,7 +53,7 @@ def parse_variant(text: str) -> tuple[tuple[float, float, float], tuple[str, flo
         return (number if on_prefill else 1.0, number if on_decode else 1.0, 0.0), None
     if name == "added":
         return (1.0, 1.0, number), None
-    if name.partition(":")[0] in HOST_PARTS:
+    if name.partition(":")[0] in FIT_PARTS:
         return (1.0, 1.0, 0.0), (name, number)
     if name.startswith(KNOT):
         _, at, size = name.partition("@")
@@ -61,22 +65,32 @@ def parse_variant(text: str) -> tuple[tuple[float, float, float], tuple[str, flo
             raise ConfigError(f"--variants: expected {KNOT}<regime>@<size>=NUMBER, got {text!r}")
         return (1.0, 1.0, 0.0), (name, number)
     raise ConfigError(f"--variants: unknown {name!r}; known: {', '.join(STEP_KINDS)}, added, "
-                      f"{', '.join(p + ':<regime>' for p in HOST_PARTS)}, {KNOT}<regime>@<size>")
+                      f"{', '.join(p + ':<regime>' for p in FIT_PARTS)}, {KNOT}<regime>@<size>")
 
 
-def scaled_profile(profile: Path, regime: str, factor: float, folder: Path) -> Path:
-    """A copy of the profile with one fit's knots and coefficients scaled by factor (knot:<regime>@<size>:
-    that knot alone)."""
+def parse_variants(text: str) -> tuple[tuple[float, float, float], list[tuple[str, float]]]:
+    """A variant of one step change or of profile changes joined by "+" (module docstring)."""
+    parts = [parse_variant(part) for part in text.split("+")]
+    if len(parts) > 1 and any(host is None for _, host in parts):
+        raise ConfigError(f"--variants: only profile changes (<part>:<regime>, {KNOT}...) join with '+', got {text!r}")
+    return parts[0][0], [host for _, host in parts if host is not None]
+
+
+def scaled_profile(profile: Path, changes: list[tuple[str, float]], folder: Path) -> Path:
+    """A copy of the profile with each named fit's knots and coefficients scaled by its factor
+    (knot:<regime>@<size>: that knot alone)."""
     table = pd.read_csv(profile)
-    if regime.startswith(KNOT):
-        name, _, size = regime.removeprefix(KNOT).partition("@")
-        rows = (table["regime"] == name) & (table["kind"] == "knot") & (table["x"] == float(size))
-    else:
-        rows = (table["regime"] == regime) & table["kind"].isin(["knot", "linear"])
-    if not rows.any():
-        raise ConfigError(f"--variants: the profile has no fit {regime!r}")
-    table.loc[rows, "value"] *= factor
-    path = folder / f"{regime.replace(':', '_').replace('@', '_')}_x{factor}.csv"
+    for regime, factor in changes:
+        if regime.startswith(KNOT):
+            name, _, size = regime.removeprefix(KNOT).partition("@")
+            rows = (table["regime"] == name) & (table["kind"] == "knot") & (table["x"] == float(size))
+        else:
+            rows = (table["regime"] == regime) & table["kind"].isin(["knot", "linear"])
+        if not rows.any():
+            raise ConfigError(f"--variants: the profile has no fit {regime!r}")
+        table.loc[rows, "value"] *= factor
+    name = "+".join(f"{regime}_x{factor}" for regime, factor in changes)
+    path = folder / f"{name.replace(':', '_').replace('@', '_')}.csv"
     table.to_csv(path, index=False)
     return path
 
@@ -114,7 +128,10 @@ def kind_scaled(profile: Path, kind: str, factor: float, folder: Path) -> Path:
 
 
 def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_blocks: int, num_requests: int,
-                variants: list[str]) -> pd.DataFrame:
+                variants: list[str], host_scales: dict[tuple[str, str], list[tuple[float, float]]] | None = None
+                ) -> pd.DataFrame:
+    """Each cell simulated with the fit and with each variant; host_scales: each cell's engine
+    repeats' hosts (resimulate's), simulated at each and averaged (cells without one: the profile's)."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     reference = table[table["cost_model"] == table["cost_model"].iloc[0]]
     meta = {"num_blocks": num_blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
@@ -122,20 +139,21 @@ def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_bl
     with tempfile.TemporaryDirectory() as folder:
         plans = [("fit", (1.0, 1.0, 0.0), profile)]
         for text in variants:
-            change, host = parse_variant(text)
-            plans.append((text, change, profile if host is None else scaled_profile(profile, *host, Path(folder))))
+            change, hosts = parse_variants(text)
+            plans.append((text, change, scaled_profile(profile, hosts, Path(folder)) if hosts else profile))
         cells = list(reference.groupby(["workload", "load"], sort=False))
         for (workload, load), part in tqdm(cells, desc="price sensitivity", unit="cell"):
             rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, None)
             engine = part.set_index("metric")["engine"]
+            scales = [scale for scale, _ in (host_scales or {}).get((str(workload), str(load)), [(1.0, 0.0)])]
             for label, change, path in plans:
                 sim_rc = sim_run_config(rc, "profiled", str(path), meta)
-                sim_rc = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution))
-                summary = simulate(sim_rc, change).summary
+                summaries = [simulate(dataclasses.replace(sim_rc, sim=dataclasses.replace(
+                    sim_rc.sim, execution=base.sim.execution, host_scale=scale)), change).summary for scale in scales]
                 for metric in OFFLINE if str(load) == "offline" else PLOTTED:
+                    sim, measured = sum(float(s[metric]) for s in summaries) / len(summaries), float(engine[metric])
                     rows.append({"workload": workload, "load": str(load), "variant": label, "metric": metric,
-                                 "engine": float(engine[metric]), "sim": float(summary[metric]),
-                                 "err": rel_error(float(summary[metric]), float(engine[metric]))})
+                                 "engine": measured, "sim": sim, "err": rel_error(sim, measured)})
     return pd.DataFrame(rows)
 
 
@@ -148,15 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-blocks", type=int, required=True, help="the engine's KV blocks (the call's log)")
     parser.add_argument("--num-requests", type=int, required=True)
     parser.add_argument("--variants", nargs="+", required=True, help="NAME=NUMBER (module docstring)")
+    parser.add_argument("--host-scales", type=Path, default=None,
+                        help="resimulate.py's CSV of each engine repeat's host (workload, load, host_scale)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
     def run() -> int:
         for text in args.variants:
-            parse_variant(text)
+            parse_variants(text)
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
+        hosts = None if args.host_scales is None else host_scales(args.host_scales)
         result = sensitivity(pd.read_csv(args.table), args.profile, overrides, args.num_blocks, args.num_requests,
-                             args.variants)
+                             args.variants, hosts)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result.to_csv(args.out, index=False)
         shown = result.pivot_table(index=["load", "metric"], columns="variant", values="err", sort=False)

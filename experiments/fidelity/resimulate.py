@@ -177,15 +177,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _host_scales(args: argparse.Namespace) -> dict[tuple[str, str], list[tuple[float, float]]] | None:
-    """--host-scales: per (workload, load), each engine repeat's (host_scale, host_jitter)."""
-    if args.host_scales is None:
-        return None
-    given = pd.read_csv(args.host_scales)
+def host_scales(path: Path, jitter: bool = False) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """A --host-scales CSV: per (workload, load), each engine repeat's (host_scale, host_jitter);
+    jitter 0 unless asked for (its host_jitter column)."""
+    given = pd.read_csv(path)
+    if jitter and "host_jitter" not in given:
+        raise ConfigError(f"--host-jitter: {path} has no host_jitter column")
+    jitters = given["host_jitter"] if jitter else [0.0] * len(given)
     scales: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    if args.host_jitter and "host_jitter" not in given:
-        raise ConfigError(f"--host-jitter: {args.host_scales} has no host_jitter column")
-    jitters = given["host_jitter"] if args.host_jitter else [0.0] * len(given)
     for w, ld, h, j in zip(given["workload"], given["load"], given["host_scale"], jitters):
         scales.setdefault((str(w), str(ld)), []).append((float(h), float(j)))
     return scales
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
         if args.decode_programs_per_sm is not None:
             overrides.append(f"hardware.decode_programs_per_sm={args.decode_programs_per_sm}")
-        scales = _host_scales(args)
+        scales = None if args.host_scales is None else host_scales(args.host_scales, args.host_jitter)
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,

@@ -13,7 +13,7 @@ Beside it `nvidia-smi` samples the SM clock, power and temperature every 100 ms.
 
     python experiments/fidelity/sustained_probe.py --model qwen3-0.6b --out $OUT/sustained
 
-Writes steps.csv (the sustained steps), grid.csv, clocks.csv and summary.txt.
+Writes steps.csv (the sustained steps), grid.csv, clocks.csv, per_second.csv (per_second) and summary.txt.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from harness.scripting import open_probe_engine, probe_args, probe_grid, probe_p
 
 SHAPES = {  # name -> entries (new tokens, cached tokens, is_decode)
     "eager prefill 6144": [(6144, 0, False)],
+    # code_completion's served eager prefills: several prompts of ~2.5k tokens in one step
+    "eager prefill 6 x 2560": [(2560, 0, False)] * 6,
     "graph prefill 3072": [(3072, 0, False)],
     "graph decode 128 x 1000": [(1, 1000, True)] * 128,
 }
@@ -76,6 +78,24 @@ def summarize(steps: pd.DataFrame, grid: pd.DataFrame, clocks: pd.DataFrame) -> 
     return "\n".join(lines) + "\n"
 
 
+def per_second(steps: pd.DataFrame, clocks: pd.DataFrame) -> pd.DataFrame:
+    """Each shape's sustained steps by whole second of its load: median span and launch, steps, and
+    the SM clock, power and temperature nvidia-smi sampled in that second (how a step's time follows
+    the clock as the power limit bites)."""
+    tables = []
+    for name, group in steps.groupby("shape", sort=False):
+        second = (group.t_s - group.t_s.min()).astype(int)
+        window = clocks[(clocks.t_s >= group.t_s.min()) & (clocks.t_s <= group.t_s.max())]
+        clock_second = (window.t_s - group.t_s.min()).astype(int)
+        table = group.groupby(second).agg(span_ms=("span_ms", "median"), launch_ms=("launch_ms", "median"),
+                                          steps=("span_ms", "size"))
+        table = table.join(window.groupby(clock_second).agg(sm_mhz=("sm_mhz", "median"),
+                                                            power_w=("power_w", "median"), temp_c=("temp_c", "max")))
+        tables.append(table.rename_axis("second").reset_index().assign(shape=name))
+    return pd.concat(tables, ignore_index=True)[["shape", "second", "span_ms", "launch_ms", "steps", "sm_mhz",
+                                                 "power_w", "temp_c"]]
+
+
 def read_clocks(path, start_wall: float) -> pd.DataFrame:
     raw = pd.read_csv(path, header=None, names=CLOCK_FIELDS.split(","), skipinitialspace=True)
     stamps = pd.to_datetime(raw["timestamp"], format="%Y/%m/%d %H:%M:%S.%f")
@@ -118,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     steps_df.to_csv(args.out / "steps.csv", index=False)
     grid_df.to_csv(args.out / "grid.csv", index=False)
     clocks.to_csv(args.out / "clocks.csv", index=False)
+    per_second(steps_df, clocks).round(2).to_csv(args.out / "per_second.csv", index=False)
     text = summarize(steps_df, grid_df, clocks)
     (args.out / "summary.txt").write_text(text)
     print(text)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from experiments.fidelity.cell_table import read_margins, rows
-from experiments.fidelity.price_sensitivity import parse_variant, scaled_profile
+from experiments.fidelity.price_sensitivity import parse_variant, parse_variants, scaled_profile
 from experiments.fidelity.resimulate import main as resimulate
 from harness.convert import ConfigError
 from harness.fidelity.report import PLOTTED
@@ -57,29 +57,44 @@ def test_the_conformal_margin_widens_the_interval_in_log_space(tmp_path):
     ("all=1.04", (1.04, 1.04, 0.0), None), ("prefill=1.03", (1.03, 1.0, 0.0), None),
     ("decode=0.9", (1.0, 0.9, 0.0), None), ("added=0.0002", (1.0, 1.0, 0.0002), None),
     ("launch:prefill=1.3", (1.0, 1.0, 0.0), ("launch:prefill", 1.3)),
+    ("gpu:prefill=1.1", (1.0, 1.0, 0.0), ("gpu:prefill", 1.1)),
     ("knot:decode_graph@4=0.875", (1.0, 1.0, 0.0), ("knot:decode_graph@4", 0.875))])
 def test_price_variants_parse_into_step_factors_or_a_host_fit(text, change, host):
     assert parse_variant(text) == (change, host)
 
 
-@pytest.mark.parametrize("text", ["prefill", "prefill=x", "gpu:prefill=1.1", "both=1.2", "knot:decode_graph=0.9",
-                                  "knot:decode_graph@four=0.9"])
+@pytest.mark.parametrize("text", ["prefill", "prefill=x", "cpu:prefill=1.1", "both=1.2", "knot:decode_graph=0.9",
+                                  "knot:decode_graph@four=0.9", "gpu:prefill=1.1+decode=1.2", "prefill=1.1+all=1.0"])
 def test_a_bad_price_variant_is_refused(text):
     with pytest.raises(ConfigError, match="--variants"):
-        parse_variant(text)
+        parse_variants(text)
+
+
+def test_profile_changes_joined_by_plus_scale_each_fit_in_one_copy(tmp_path):
+    profile = "profiles/h200/qwen3-0.6b.csv"
+    change, fits = parse_variants("gpu:prefill=1.5+knot:decode_graph@4=0.5")
+    assert change == (1.0, 1.0, 0.0) and fits == [("gpu:prefill", 1.5), ("knot:decode_graph@4", 0.5)]
+    before = pd.read_csv(profile)
+    after = pd.read_csv(scaled_profile(profile, fits, tmp_path))
+    ratio = after["value"] / before["value"]
+    device = (before["regime"] == "gpu:prefill") & before["kind"].isin(["knot", "linear"]) & (before["value"] != 0)
+    knot = (before["regime"] == "decode_graph") & (before["kind"] == "knot") & (before["x"] == 4.0)
+    assert device.any() and ratio[device].to_numpy() == pytest.approx(1.5)
+    assert ratio[knot].to_numpy() == pytest.approx([0.5])
+    assert (before["value"][~(device | knot)] == after["value"][~(device | knot)]).all()
 
 
 def test_a_knot_variant_scales_that_knot_alone(tmp_path):
     profile = "profiles/h200/qwen3-0.6b.csv"
     before = pd.read_csv(profile)
-    after = pd.read_csv(scaled_profile(profile, "knot:decode_graph@4", 0.5, tmp_path))
+    after = pd.read_csv(scaled_profile(profile, [("knot:decode_graph@4", 0.5)], tmp_path))
     changed = before["value"] != after["value"]
     assert changed.sum() == 1
     row = before[changed].iloc[0]
     assert (row["regime"], row["kind"], row["x"]) == ("decode_graph", "knot", 4.0)
     assert after.loc[changed, "value"].iloc[0] == pytest.approx(0.5 * row["value"])
     with pytest.raises(ConfigError, match="knot:decode_graph@3"):
-        scaled_profile(profile, "knot:decode_graph@3", 0.5, tmp_path)
+        scaled_profile(profile, [("knot:decode_graph@3", 0.5)], tmp_path)
 
 
 def test_resimulate_wants_a_profile_for_profiled_and_none_for_the_roofline(tmp_path, capsys):
