@@ -21,7 +21,7 @@ from experiments.serve import aiperf as loadgen
 from harness.serve.process import ServerProcess
 from tests.harness.serve.conftest import SIM
 
-BENCH_S = 30
+BENCH_S = 10
 ISL, OSL = 96, 24
 # The client's TTFT may exceed the server's by HTTP, streaming and a loaded 2-core box's scheduling;
 # it can never be earlier (beyond timer noise). Inter-token latencies agree within ITL_TOL.
