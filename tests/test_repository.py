@@ -36,11 +36,12 @@ def test_readme_says_how_to_run_the_excluded_suites():
 
 def test_readme_opens_with_the_two_commands():
     """The first two code blocks are what CI runs on a clean machine: install, then the main job;
-    install, then the tests."""
+    install, then the tests, on every core (.ci/run runs the same command)."""
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     install = 'pip install torch==2.13.0 && pip install -e ".[dev]"'
     assert blocks[0].strip() == f"{install} && python -m harness"
-    assert blocks[1].strip() == f"{install} && python -m pytest"
+    assert blocks[1].strip() == f"{install} && python -m pytest -n auto"
+    assert 'python -m pytest -n auto "$@"' in (REPO / ".ci" / "run").read_text()
 
 
 def test_readme_states_no_test_counts():

@@ -144,6 +144,7 @@ def test_tp2_async_rank0_reads_nothing_from_the_workers_per_step(tiny_qwen3_dir,
     assert not spawned() and not dist.is_initialized()
 
 
+@pytest.mark.slow  # two whole TP engines; the default suite shuts one down cleanly (test_tp2_matches_single_process)
 def test_a_second_engine_starts_after_shutdown(tiny_qwen2_dir):
     first = _generate(tiny_qwen2_dir, 2, _params())
     assert _generate(tiny_qwen2_dir, 2, _params()) == first

@@ -125,6 +125,7 @@ def test_bad_settings_are_one_line_errors(kwargs, field):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.slow  # a whole Hydra multirun on Ray; test_ray_sweep_equals_serial keeps Ray in the default suite
 def test_hydra_multirun_on_ray_equals_serial(local_ray, serial_summaries, tmp_path):
     """`python -m harness -m ... hydra/launcher=ray_cluster` joins the running cluster by address."""
     command = [sys.executable, "-m", "harness", "-m", *SWEEP_BASE, "output.progress=false", "output.plots=false",

@@ -6,7 +6,8 @@ the command line is built by experiments/serve/aiperf.py, which the GPU benchmar
 without it these tests skip, saying so. Each run lasts BENCH_S seconds of aiperf's own duration
 (plus its start and the grace for requests in flight), one against the simulator-backed server at
 time_scale=1 and one against the tiny CPU engine, and checks what aiperf reports against the
-requests.csv the server writes when it stops.
+requests.csv the server writes when it stops. The engine's run is in the slow suite: the default
+one serves the engine over HTTP already (test_engine_server) and aiperf against the simulator.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def test_aiperf_against_the_simulator_server(aiperf, tmp_path):
     check_against_server(report, pd.read_csv(tmp_path / "serve" / "requests.csv"), 1.0)
 
 
+@pytest.mark.slow
 def test_aiperf_against_the_cpu_engine_server(aiperf, tiny_checkpoint, tmp_path):
     overrides = ["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
                  f"backend.model={tiny_checkpoint}", "scheduler.max_model_len=256", "cache.block_size=16",
