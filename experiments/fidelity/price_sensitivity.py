@@ -4,8 +4,8 @@ replays came back. Each variant: all=F (every step x F), prefill=F (prefill step
 added=S (S seconds more a step), or <part>:<regime>=F (that part's fit in the profile, a host part
 or the device time: launch:prefill=1.3, the eager prefill's launches; gpu:prefill=1.03, its device
 time), or knot:<regime>@<size>=F (one knot of a fit, e.g. knot:decode_graph@4=0.875, the decode
-graph of batch 4); profile changes joined by "+" make one
-variant (gpu:prefill=1.026+gpu:prefill_graph=1.008). --host-scales (resimulate.py's: a row per engine
+graph of batch 4); profile changes joined by "+" make one variant
+(gpu:prefill=1.026+gpu:prefill_graph=1.008). --host-scales (resimulate.py's: a row per engine
 repeat) prices each cell at each repeat's measured host and averages, as the held-out table does.
 A variant fitted on a held-out call's own engine values is a diagnosis, never a model. No GPU needed.
 
@@ -128,10 +128,10 @@ def kind_scaled(profile: Path, kind: str, factor: float, folder: Path) -> Path:
 
 
 def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_blocks: int, num_requests: int,
-                variants: list[str], host_scales: dict[tuple[str, str], list[tuple[float, float]]] | None = None
+                variants: list[str], hosts: dict[tuple[str, str], list[tuple[float, float]]] | None = None
                 ) -> pd.DataFrame:
-    """Each cell simulated with the fit and with each variant; host_scales: each cell's engine
-    repeats' hosts (resimulate's), simulated at each and averaged (cells without one: the profile's)."""
+    """Each cell simulated with the fit and with each variant; hosts: each cell's engine repeats'
+    (resimulate.host_scales), simulated at each and averaged (cells without one: the profile's)."""
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     reference = table[table["cost_model"] == table["cost_model"].iloc[0]]
     meta = {"num_blocks": num_blocks, "graph_batch_sizes": [], "prefill_graph_sizes": [], "async_scheduling": True}
@@ -139,13 +139,13 @@ def sensitivity(table: pd.DataFrame, profile: Path, overrides: list[str], num_bl
     with tempfile.TemporaryDirectory() as folder:
         plans = [("fit", (1.0, 1.0, 0.0), profile)]
         for text in variants:
-            change, hosts = parse_variants(text)
-            plans.append((text, change, scaled_profile(profile, hosts, Path(folder)) if hosts else profile))
+            change, fits = parse_variants(text)
+            plans.append((text, change, scaled_profile(profile, fits, Path(folder)) if fits else profile))
         cells = list(reference.groupby(["workload", "load"], sort=False))
         for (workload, load), part in tqdm(cells, desc="price sensitivity", unit="cell"):
             rc = cell_config(base, workload, str(load), float(part["rate_req_s"].iloc[0]), num_requests, None)
             engine = part.set_index("metric")["engine"]
-            scales = [scale for scale, _ in (host_scales or {}).get((str(workload), str(load)), [(1.0, 0.0)])]
+            scales = [scale for scale, _ in (hosts or {}).get((str(workload), str(load)), [(1.0, 0.0)])]
             for label, change, path in plans:
                 sim_rc = sim_run_config(rc, "profiled", str(path), meta)
                 summaries = [simulate(dataclasses.replace(sim_rc, sim=dataclasses.replace(
@@ -175,9 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         for text in args.variants:
             parse_variants(text)
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
-        hosts = None if args.host_scales is None else host_scales(args.host_scales)
         result = sensitivity(pd.read_csv(args.table), args.profile, overrides, args.num_blocks, args.num_requests,
-                             args.variants, hosts)
+                             args.variants, None if args.host_scales is None else host_scales(args.host_scales))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result.to_csv(args.out, index=False)
         shown = result.pivot_table(index=["load", "metric"], columns="variant", values="err", sort=False)

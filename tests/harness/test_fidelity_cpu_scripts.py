@@ -281,3 +281,23 @@ def test_a_repriced_burst_step_takes_the_engines_time_and_leaves_every_other_ste
     cost = Repriced(inner, 1000, 0.5)
     plans = [SimpleNamespace(stats=SimpleNamespace(num_prefill_tokens=n)) for n in (1000, 999, 0)]
     assert [cost.step_time(p) for p in plans] == [0.5, 0.999, 0.0] and inner.calls == 3
+
+
+def test_price_sensitivity_at_two_hosts_is_the_mean_of_each_host_alone():
+    """--host-scales: a cell served by two engine repeats on hosts of speed 1 and 3 is priced at
+    each and averaged, as the held-out table prices it; a slower host moves the prediction."""
+    from experiments.fidelity.price_sensitivity import sensitivity
+
+    table = pd.DataFrame({"model": "qwen3-0.6b", "hardware": "H200-SXM-141GB", "workload": "prefill_heavy",
+                          "load": "0.5", "metric": list(PLOTTED), "engine": 0.05, "rate_req_s": 2.0,
+                          "cost_model": "profiled"})
+    overrides = ["model=qwen3-0.6b", "hardware=h200", "backend=sim"]
+
+    def sim(hosts):
+        result = sensitivity(table, "profiles/h200/qwen3-0.6b.csv", overrides, 4418, 6, ["prefill=1.1"],
+                             {("prefill_heavy", "0.5"): [(h, 0.0) for h in hosts]})
+        return result.set_index(["variant", "metric"])["sim"]
+
+    one, three, both = sim([1.0]), sim([3.0]), sim([1.0, 3.0])
+    assert (three != one).any()
+    assert both.to_numpy() == pytest.approx(((one + three) / 2).to_numpy(), rel=1e-12)
