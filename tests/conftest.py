@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-# Files of the suite's longest tests (about a minute each on a 2-core runner), handed out first: run
+# Files of the suite's longest tests (30-60 s each on a 2-core runner), handed out first: run
 # in collection order they came last, and under `-n auto` one worker ran them while the other idled.
 LONGEST_FIRST = ("tests/test_readme.py", "tests/harness/serve/test_loadgen.py")
 
