@@ -284,3 +284,18 @@ def test_program_cliff_bins_the_engine_residual_and_the_model_wait_by_sequence_c
     assert list(table.index) == ["(28, 32]", "(32, 33]", "(36, 40]"]  # in sequence order, empty bins left out
     assert table.loc["(32, 33]", "engine_residual_ms"] == 0.4 and table.loc["(32, 33]", "engine_residual_steps"] == 3
     assert table.loc["(32, 33]", "model_wait_ms"] == 0.25 and pd.isna(table.loc["(28, 32]", "model_wait_ms"])
+
+
+def test_sustained_probe_per_second_gives_each_shapes_seconds_and_their_clock():
+    """sustained_probe.per_second: a shape's steps by whole second from its own start, each second's
+    median span beside the clock samples that fell in it; another shape's seconds count from its own."""
+    from experiments.fidelity.sustained_probe import per_second
+
+    steps = pd.DataFrame({"shape": ["a"] * 4 + ["b"] * 2, "t_s": [0.0, 0.5, 1.2, 1.9, 5.0, 5.4],
+                          "span_ms": [10.0, 12.0, 20.0, 22.0, 7.0, 9.0], "launch_ms": 1.0})
+    clocks = pd.DataFrame({"t_s": [0.1, 1.5, 5.2, 9.0], "sm_mhz": [1980.0, 1700.0, 1900.0, 1.0],
+                           "power_w": [600.0, 690.0, 500.0, 1.0], "temp_c": [50.0, 60.0, 55.0, 99.0]})
+    table = per_second(steps, clocks)
+    assert table[["shape", "second", "steps"]].values.tolist() == [["a", 0, 2], ["a", 1, 2], ["b", 0, 2]]
+    assert table["span_ms"].tolist() == [11.0, 21.0, 8.0]
+    assert table["sm_mhz"].tolist() == [1980.0, 1700.0, 1900.0] and table["power_w"].tolist() == [600.0, 690.0, 500.0]
