@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.core.config import ExecutionConfig
 from sim.cost_model import COST_MODELS
 from sim.decode_programs import DECODE_PROGRAMS_BASELINES
+from sim.device_speed import check_device_scale
 from sim.host_speed import check_host_jitter, check_host_scale
 from sim.moe import MAX_SKEW
 from sim.moe_groups import check_shared
@@ -51,6 +52,10 @@ class SimConfig:
     host_scale: the serving host's speed against the host that measured the profile: the profiled
     model's launches and host time take host_scale times the profile's, its leads keep theirs
     (sim.host_speed; 1: the profile's host). The roofline ignores it.
+    device_scale: the serving GPU's step time against the GPU that measured the profile (another
+    machine of the same kind): the profiled model's device work takes device_scale times the
+    profile's, its host parts keep theirs (sim.device_speed; 1: the profile's GPU). The roofline
+    ignores it.
     host_jitter: how much that host's speed moves from step to step: each step's launches and host
     time take exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
     loop_s, loop_per_seq_s: the serving loop's own host work between two overlapped submits
@@ -124,6 +129,7 @@ class SimConfig:
     kv_scatter: bool = False
     plan_after_launches: bool = False
     host_scale: float = 1.0
+    device_scale: float = 1.0
     host_jitter: float = 0.0
     loop_s: float = 0.0
     loop_per_seq_s: float = 0.0
@@ -172,6 +178,7 @@ class SimConfig:
                              f"got {self.decode_programs_baseline!r}")
         check_rule(self.repeated_reads, "SimConfig.repeated_reads")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
+        check_device_scale(self.device_scale, "SimConfig.device_scale")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
         self._check_loop()
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):

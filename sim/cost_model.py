@@ -16,6 +16,7 @@ from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
 from engine.core.registry import Registry
 from sim.decode_programs import DecodePrograms
+from sim.device_speed import with_device_scale
 from sim.features import MOE_FEATURES
 from sim.host_speed import with_host_jitter, with_host_scale
 from sim.launch_line import load_launch_line, with_launch_line
@@ -70,6 +71,8 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
         profiled = with_host_scale(profiled, sim.host_scale)
     if sim.host_jitter:
         profiled = with_host_jitter(profiled, sim.host_jitter, sim.execution.seed)
+    if sim.device_scale != 1.0:  # another GPU of the profile's kind (sim.device_speed)
+        profiled = with_device_scale(profiled, sim.device_scale)
     if model.is_moe:
         profiled.distinct_experts = SequenceRouting(model.num_experts, model.num_experts_per_tok,
                                                     sim.moe_routing_skew, sim.moe_routing_locality,

@@ -52,11 +52,13 @@ HOST_SCALE_REGIME = "decode_graph"  # whose recorded launches measure the host (
 MAX_HOST_JITTER = 2.0
 
 
-def check_host_scale(value: object, name: str = "host_scale") -> float:
-    """value as a float > 0, or a one-line ValueError naming the field."""
+HOST_SCALE_MEANING = "the serving host's speed against the profile's; 1: the profile's host"
+
+
+def check_host_scale(value: object, name: str = "host_scale", meaning: str = HOST_SCALE_MEANING) -> float:
+    """value as a float > 0, or a one-line ValueError naming the field and what it means."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a number > 0 (the serving host's speed against the profile's; "
-                         f"1: the profile's host), got {value!r}")
+        raise ValueError(f"{name} must be a number > 0 ({meaning}), got {value!r}")
     return float(value)
 
 

@@ -32,6 +32,10 @@ exactly as before.
 Overlapped steps (async scheduling): where the profile measured each step's launches and device
 time apart, an eager or prefill graph step is priced behind the step before it
 (sim.profiled_overlap says how); predict() does the same for a table in step order.
+
+Another GPU of the same kind: device_scale (sim.device_speed) prices every step's device work, its
+fitted duration and its device time alone, that many times the profile's; the host parts keep
+theirs (the host's speed is host_scale's, sim.host_speed).
 """
 
 from __future__ import annotations
@@ -112,6 +116,9 @@ class ProfiledCostModel:
         # the serving host's speed against the profile's (sim.host_speed): 1 prices the host parts
         # as the profile measured them
         self.host_scale = 1.0
+        # the serving GPU's step time against the profile's GPU (sim.device_speed): 1 prices the
+        # device work as the profile measured it
+        self.device_scale = 1.0
         # the host's speed drawn anew each step, exp(N(0, host_jitter)), from (host_seed, step)
         # (sim.host_speed); _host_draw is the step being priced's draw (1 outside _price)
         self.host_jitter = 0.0
@@ -281,6 +288,8 @@ class ProfiledCostModel:
             return 0.0
         features = with_row_programs(features, self.fits, self.prefill_programs)
         value = max(fit.predict(features) - self._read_saving(name, fit, features), 0.0)
+        if part == "gpu":
+            return value * self.device_scale
         return value * self._host_draw if self._host_draw != 1.0 and part in SPEED_PARTS else value
 
     def host_time(self, features: Mapping[str, float]) -> float:
@@ -312,7 +321,7 @@ class ProfiledCostModel:
         if self.floor is not None and regime in DECODE_REGIMES:
             floor = max(self.floor(features), floor)
         return max(fit.predict(features) - self._read_saving(used, fit, features) + features.get(PROGRAM_EXCESS, 0.0),
-                   floor)
+                   floor) * self.device_scale
 
     def _read_saving(self, name: str, fit: PiecewiseLinearFit, features: Mapping[str, float]) -> float:
         """What the step's repeated reads save under the overlap rule (0 without it)."""

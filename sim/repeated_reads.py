@@ -86,12 +86,13 @@ def with_prior(model: ProfiledCostModel, hardware: HardwareSpec, rule: str = "ad
 
 
 def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]) -> ProfiledCostModel:
-    """A ProfiledCostModel like model (graphs, launch delay, loop work, host scale, residuals, routing)
+    """A ProfiledCostModel like model (graphs, launch delay, loop work, host and device scale, residuals, routing)
     with other fits."""
     copy = ProfiledCostModel(fits, model.graphs)
     copy.launch_delay_s = model.launch_delay_s
     copy.loop_s, copy.loop_per_seq_s = model.loop_s, model.loop_per_seq_s
     copy.host_scale = model.host_scale
+    copy.device_scale = model.device_scale
     copy.host_jitter, copy.host_seed = model.host_jitter, model.host_seed
     copy.residuals = model.residuals
     copy.distinct_experts = model.distinct_experts
