@@ -17,7 +17,9 @@ call whose roofline priced another GPU than the one it ran on. --host-scale (one
 --host-scales (a CSV of workload, load, host_scale[, host_jitter]; a row per engine repeat: the
 cell is simulated at each and its predictions averaged; --host-jitter uses the jitter column too)
 price the profiled model's host parts for the serving machine's host (sim.host_speed): 1, the
-default, prices them as the profile measured them.
+default, prices them as the profile measured them. --device-scale prices the loaded cells' device
+work for the serving machine's GPU (sim.device_speed; a class's drain measures it:
+experiments/fidelity/cause/host_scales.py, its device_scale column); offline cells keep the profile's.
 
     python experiments/fidelity/resimulate.py <table> --cost-model roofline --label roofline \
         --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out /tmp/roofline.csv
@@ -63,12 +65,14 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                moe_routing_shared_prefix: bool = False, moe_routing_shared_fresh: float | None = None,
                moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
                decode_programs_baseline: str = "none", idle_start: bool | None = False,
-               interval_config: IntervalConfig | None = None, plan_after_launches: bool = False) -> pd.DataFrame:
+               interval_config: IntervalConfig | None = None, plan_after_launches: bool = False,
+               device_scale: float = 1.0) -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
     repeats; cells without an entry take host_scale and no jitter. repeated_reads,
-    decode_programs_baseline, idle_start, plan_after_launches: SimConfig's. interval_config: the interval's, where
-    interval is set (default: IntervalConfig())."""
+    decode_programs_baseline, idle_start, plan_after_launches: SimConfig's. device_scale: the serving GPU's
+    (SimConfig's), for the loaded cells; offline cells, whose drain measured it, keep 1. interval_config:
+    the interval's, where interval is set (default: IntervalConfig())."""
     interval_config = interval_config or IntervalConfig()
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
     table = table[(table["model"] == base.model.name) & (table["hardware"] == base.hardware.name)]
@@ -86,9 +90,11 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                 "moe_routing_shared_fresh": moe_routing_shared_fresh, "moe_routing_shared_cap": moe_routing_shared_cap}
         sim_rc = sim_run_config(rc, cost_model, None if profile is None else str(profile), meta)
         summaries, hosts = [], (host_scales or {}).get((str(workload), str(load)), [(host_scale, 0.0)])
+        device = 1.0 if str(load) == "offline" else device_scale
         for scale, jitter in hosts:
             scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
                                                                          host_scale=scale, host_jitter=jitter,
+                                                                         device_scale=device,
                                                                          repeated_reads=repeated_reads,
                                                                          decode_programs_baseline=decode_programs_baseline,
                                                                          idle_start=idle_start,
@@ -105,6 +111,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
 
         # the host the cell was priced at, where not the profile's (harness.fidelity.report.at_measured_host)
         host = {"host_scale": float(np.mean([scale for scale, _ in hosts]))} if host_scales or host_scale != 1 else {}
+        if device_scale != 1.0:
+            host["device_scale"] = device
 
         for _, row in part.iterrows():
             metric, engine = row["metric"], row["engine"]
@@ -152,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host-scales", type=Path, default=None,
                         help="a CSV of workload, load, host_scale[, host_jitter]: each cell's, a row per engine "
                              "repeat (experiments/fidelity/cause/host_scales.py); cells it lacks take --host-scale")
+    parser.add_argument("--device-scale", type=float, default=1.0,
+                        help="the serving GPU's step time against the profile's GPU, for the loaded cells "
+                             "(sim.device_speed; the drain's, host_scales.py's device_scale; default 1)")
     parser.add_argument("--host-jitter", action="store_true",
                         help="with --host-scales: each host's step-to-step jitter too (its host_jitter column)")
     parser.add_argument("--repeated-reads", choices=RULES, default="additive",
@@ -213,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
                          args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
                          args.decode_programs_baseline, IDLE_START[args.idle_start], interval_config,
-                         args.plan_after_launches)
+                         args.plan_after_launches, args.device_scale)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

@@ -155,6 +155,23 @@ def test_resimulated_rows_carry_the_host_they_were_priced_at_and_never_the_table
     assert "host_scale" not in rerun(*args)
 
 
+def test_a_device_scale_prices_the_loaded_cells_and_leaves_the_drain_the_profiles_gpu():
+    """--device-scale: a loaded cell is simulated on the slower GPU (longer TTFT), the drain, which
+    measured it, on the profile's; each row says what it was priced at, never the table's."""
+    from experiments.fidelity.resimulate import resimulate as rerun
+
+    cells = [{"model": "qwen3-0.6b", "hardware": "H100-SXM5-80GB", "workload": "decode_heavy", "load": load,
+              "metric": "ttft_p50_s", "engine": 0.05, "cost_model": "profiled", "rate_req_s": rate,
+              "device_scale": 9.0} for load, rate in (("offline", float("nan")), ("0.8", 4.0))]
+    args = (pd.DataFrame(cells), "experiments/fidelity/h100_leakfree/profile_model.csv", "x",
+            ["model=qwen3-0.6b", "hardware=h100", "backend=sim"], 2422, 4, None)
+    base, slower = rerun(*args), rerun(*args, device_scale=1.2)
+    assert "device_scale" not in base
+    assert slower["device_scale"].tolist() == [1.0, 1.2]
+    assert slower["sim"].iloc[0] == base["sim"].iloc[0]
+    assert slower["sim"].iloc[1] > 1.1 * base["sim"].iloc[1]
+
+
 def test_padded_steps_split_decode_graphs_by_padding_and_refuse_bad_input(tmp_path, capsys):
     from experiments.fidelity.padded_steps import decode_graphs
     from experiments.fidelity.padded_steps import main as padded_steps
@@ -301,3 +318,38 @@ def test_price_sensitivity_at_two_hosts_is_the_mean_of_each_host_alone():
     one, three, both = sim([1.0]), sim([3.0]), sim([1.0, 3.0])
     assert (three != one).any()
     assert both.to_numpy() == pytest.approx(((one + three) / 2).to_numpy(), rel=1e-12)
+
+
+def test_host_scales_reads_the_drains_device_scale_off_its_steps_at_its_host(tmp_path, capsys):
+    """A drain whose steps ran 1.1x their price at the run's host (launches at the profile's: host 1)
+    gives device_scale 1.1 for the class; a loaded cell gets none (its own runs are what it predicts)."""
+    from experiments.fidelity.cause.host_scales import main as host_scales_main
+    from experiments.fidelity.cause.host_scales import replay_steps
+    from sim.features import step_features
+    from sim.profiled import ProfiledCostModel
+    from tests.sim.helpers import decode_batch, plan, prefill
+    from tests.sim.test_profiled import GRAPH
+    from tests.sim.test_profiled_overlap import LAUNCH_DECODE, LAUNCH_PREFILL, overlapping_profile
+
+    profile = tmp_path / "profile.csv"
+    ProfiledCostModel.fit(overlapping_profile(), GRAPH).to_csv(profile)
+    model = ProfiledCostModel.load(profile)
+    # device-bound steps, whose price does not depend on what ran before them
+    plans = [decode_batch([2048 + i for i in range(n)]) for n in (8, 64, 200)] + [plan(prefill(16384))]
+    rows = [{**step_features(p, GRAPH), "step": i, "launch_s": LAUNCH_PREFILL if i == 3 else LAUNCH_DECODE}
+            for i, p in enumerate(plans * 5)]
+    steps_dir = tmp_path / "steps"
+    steps_dir.mkdir()
+    for load, factor in (("offline", 1.1), ("0.8", 1.3)):
+        table = pd.DataFrame(rows).assign(measured_execute_s=0.0)
+        path = steps_dir / f"code_completion_{load}_0.csv.gz"
+        table.to_csv(path, index=False)
+        priced = model.predict(replay_steps(path))
+        table.assign(measured_execute_s=factor * priced).to_csv(path, index=False)
+    assert host_scales_main([str(steps_dir), str(profile), "--out", str(tmp_path / "hs")]) == 0
+    cells = pd.read_csv(tmp_path / "hs.csv").set_index("load")
+    assert cells.loc["offline", "host_scale"] == pytest.approx(1.0, rel=1e-6)
+    assert cells.loc["offline", "device_scale"] == pytest.approx(1.1, rel=1e-6)
+    assert math.isnan(cells.loc["0.8", "device_scale"])
+    runs = pd.read_csv(tmp_path / "hs_runs.csv").set_index("load")
+    assert runs.loc["0.8", "device_scale"] == pytest.approx(1.3, rel=1e-6)

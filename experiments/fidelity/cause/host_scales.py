@@ -6,6 +6,10 @@ price, with the profile's host (1) and with the run's. No GPU needed.
 
 Writes <out>_runs.csv (one row per replay) and <out>.csv (workload, load, host_scale: each cell's
 runs pooled, the median over their decode graph steps; what resimulate.py --host-scales reads).
+The drain's rows also give the serving GPU's speed against the profile's (sim.device_speed):
+device_scale, each drain run's measured step time over its price at the run's host, averaged over
+the runs (resimulate.py --device-scale; the protocol's harness.fidelity.serving_host.drain_device_scale
+prices with the cell's full simulator configuration, this with the profile alone).
 
     python -m experiments.fidelity.cause.host_scales /work/wt/cc_h100/qwen3-0.6b/code_completion/steps \
         experiments/fidelity/h100_leakfree/profile_model.csv \
@@ -55,6 +59,7 @@ def run_row(path: Path, model: ProfiledCostModel) -> dict:
         predicted = pd.Series(priced.predict(steps), index=steps.index)
         row[f"err_all_{label}"] = predicted.sum() / measured.sum() - 1.0
         row[f"err_eager_{label}"] = predicted[eager].sum() / measured[eager].sum() - 1.0 if eager.any() else None
+    row["device_scale"] = 1.0 / (1.0 + row["err_all_run_host"])  # measured over priced at the run's host
     return row
 
 
@@ -75,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for (workload, load), part in runs.groupby(["workload", "load"], sort=False):
             steps = pd.concat([replay_steps(args.steps_dir / f"{workload}_{load}_{r}.csv.gz") for r in part["repeat"]])
-            cells.append({"workload": workload, "load": load, "host_scale": measured_host_scale(steps, model)})
+            device = float(part["device_scale"].mean()) if load == "offline" else float("nan")
+            cells.append({"workload": workload, "load": load, "host_scale": measured_host_scale(steps, model),
+                          "device_scale": device})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(f"{args.out}_runs.csv", index=False)
     pd.DataFrame(cells).to_csv(f"{args.out}.csv", index=False)
