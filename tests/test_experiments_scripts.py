@@ -10,6 +10,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -299,3 +300,33 @@ def test_sustained_probe_per_second_gives_each_shapes_seconds_and_their_clock():
     assert table[["shape", "second", "steps"]].values.tolist() == [["a", 0, 2], ["a", 1, 2], ["b", 0, 2]]
     assert table["span_ms"].tolist() == [11.0, 21.0, 8.0]
     assert table["sm_mhz"].tolist() == [1980.0, 1700.0, 1900.0] and table["power_w"].tolist() == [600.0, 690.0, 500.0]
+
+
+def test_decode_excess_finds_a_constant_per_step_and_refuses_a_folder_without_replays(tmp_path, capsys):
+    """Small decode graph steps measured 85 us over their price plus 3 us per 1,000 context tokens:
+    the line gives both back; bigger batches, eager steps and prefills are left out."""
+    excess = script("fidelity/cause/decode_excess.py")
+    rng = np.random.default_rng(0)
+    n = 400
+    context = rng.integers(500, 40_000, n)
+    seqs = rng.integers(1, 33, n)
+    predicted = 1.5e-3 + 2e-8 * context
+    steps = pd.DataFrame({"step": range(n), "kind": "decode", "cuda_graph": 1, "num_seqs": seqs,
+                          "decode_context_tokens": context, "predicted_execute_profiled_s": predicted,
+                          "measured_execute_s": predicted + 85e-6 + 3e-6 * context / 1000})
+    others = pd.DataFrame({"step": [n, n + 1, n + 2], "kind": ["decode", "decode", "prefill"], "cuda_graph": [1, 0, 1],
+                           "num_seqs": [64, 4, 2], "decode_context_tokens": [9000, 9000, 0],
+                           "predicted_execute_profiled_s": 1e-3, "measured_execute_s": 9e-3})
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    pd.concat([steps, others]).to_csv(folder / "code_completion_0.8_1.csv.gz", index=False)
+    assert excess.main([str(folder), "--out", str(tmp_path / "excess.csv")]) == 0
+    row = pd.read_csv(tmp_path / "excess.csv").iloc[0]
+    assert (str(row["load"]), int(row["repeat"]), int(row["steps"])) == ("0.8", 1, n)
+    assert row["line_constant_s"] == pytest.approx(85e-6, rel=1e-6)
+    assert row["line_per_1k_context_s"] == pytest.approx(3e-6, rel=1e-6)
+    assert row["line_per_seq_s"] == pytest.approx(0.0, abs=1e-12)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert excess.main([str(empty), "--out", str(tmp_path / "x.csv")]) == 2
+    assert "holds no replays" in capsys.readouterr().err
