@@ -29,7 +29,11 @@ Only steps of at least two programs per SM (engine.core.decode_split.mean_share)
 Below, the kernel cuts the keys into four programs per SM, and what few short programs cost is
 in the profile already: its grid measured those batches down to 128-token contexts, and a fit's
 per-batch price holds them (adding the fluid's wait there would count it twice: +68 us on a step
-of one 128-token sequence). From two programs per SM on, a program walks the mean context, and
+of one 128-token sequence). Only at the grid's mean: the fit's one context price leaves long
+contexts of few sequences short (a CUDA graph's captured splits make each program walk a fixed
+share of its sequence: the H200 grid's rows of one sequence rise 1.4e-7 s a token against 2.6e-8,
+experiments/fidelity/code_completion_h200_r5/README.md). From two programs per SM on, a program walks
+the mean context, and
 the grid's rows (even contexts up to 3,072 tokens, at least 384 programs) have no such wait, so
 the fit cannot hold what served long contexts add.
 

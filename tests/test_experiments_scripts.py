@@ -330,3 +330,54 @@ def test_decode_excess_finds_a_constant_per_step_and_refuses_a_folder_without_re
     empty.mkdir()
     assert excess.main([str(empty), "--out", str(tmp_path / "x.csv")]) == 2
     assert "holds no replays" in capsys.readouterr().err
+
+
+def test_decode_inputs_probe_times_each_shape_three_ways_on_the_tiny_model():
+    """Every timed step ran (the placeholder plans take the previous step's samples on the engine),
+    and a placeholder goes to decode entries only."""
+    from engine.core.plan import PLACEHOLDER
+    from harness.scripting import model_checkpoint, open_probe_engine, probe_plan
+
+    probe = script("fidelity/decode_inputs_probe.py")
+    executor, sched = open_probe_engine(model_checkpoint("tiny-qwen3"), 200, max_model_len=512, block_size=16,
+                                        device="cpu")
+    try:
+        mixed = probe_plan(executor, sched, [(1, 40, True), (30, 0, False)])
+        marked = probe.with_placeholders(mixed)
+        assert [list(e.token_ids) == [PLACEHOLDER] for e in marked.scheduled] == [True, False]
+        rows = pd.DataFrame(probe.probe_rows(executor, sched, shapes=((2, 60),), repeats=3))
+    finally:
+        executor.shutdown()
+    assert rows.groupby("mode").size().to_dict() == {"grid": 12, "placeholders": 3, "placeholders, growing": 3}
+    assert (rows["span_s"] > 0).all()
+    assert "placeholders - grid" in probe.summarize(rows)
+
+
+def test_grid_residuals_recover_a_steeper_context_price_at_one_sequence(tmp_path, capsys):
+    """A fit with one context price for every batch, against grid rows whose single-sequence rows rise
+    five times as fast: the slopes say so; a regime the grid lacks is refused in one line."""
+    from sim.features import step_features
+    from sim.profiled import ProfiledCostModel
+    from tests.sim.helpers import decode_batch, plan, prefill
+    from tests.sim.test_profiled import GRAPH
+
+    residuals = script("fidelity/cause/grid_residuals.py")
+    rows = []
+    for batch in (1, 8, 64):
+        for context in (200, 1000, 2000, 4000, 8000):
+            features = step_features(decode_batch([context] * batch), GRAPH)
+            per_token = 1e-7 if batch == 1 else 2e-8
+            rows.append({**features, "duration_s": 1.5e-3 + per_token * features["decode_context_tokens"]})
+    for tokens in (256, 1024, 4096):  # a profile needs prefill rows
+        rows.append({**step_features(plan(prefill(tokens)), GRAPH), "duration_s": 1e-3 + 5e-7 * tokens})
+    grid = pd.DataFrame(rows)
+    grid.to_csv(tmp_path / "grid.csv", index=False)
+    ProfiledCostModel.fit(grid, GRAPH).to_csv(tmp_path / "fit.csv")
+    out = tmp_path / "residuals.csv"
+    assert residuals.main([str(tmp_path / "grid.csv"), str(tmp_path / "fit.csv"), "--out", str(out)]) == 0
+    slopes = residuals.slopes(pd.read_csv(out)).set_index("num_seqs")
+    assert slopes.loc[1, "measured_s_per_token"] == pytest.approx(1e-7, rel=1e-6)
+    assert slopes.loc[1, "priced_s_per_token"] < 0.5 * slopes.loc[1, "measured_s_per_token"]
+    assert residuals.main([str(tmp_path / "grid.csv"), str(tmp_path / "fit.csv"), "--regime", "decode_eager",
+                           "--out", str(out)]) == 2
+    assert "no decode_eager rows" in capsys.readouterr().err
