@@ -32,10 +32,9 @@ per-batch price holds them (adding the fluid's wait there would count it twice: 
 of one 128-token sequence). Only at the grid's mean: the fit's one context price leaves long
 contexts of few sequences short (a CUDA graph's captured splits make each program walk a fixed
 share of its sequence: the H200 grid's rows of one sequence rise 1.4e-7 s a token against 2.6e-8,
-experiments/fidelity/code_completion_h200_r5/README.md). From two programs per SM on, a program walks
-the mean context, and
-the grid's rows (even contexts up to 3,072 tokens, at least 384 programs) have no such wait, so
-the fit cannot hold what served long contexts add.
+experiments/fidelity/code_completion_h200_r5/README.md). From two programs per SM on, a program
+walks the mean context, and the grid's rows (even contexts up to 3,072 tokens, at least 384
+programs) have no such wait, so the fit cannot hold what served long contexts add.
 
 An SM holds only so many of the kernel's programs at once (its occupancy: hardware field
 decode_programs_per_sm, 5 on the GH100 for the engine's kernel). A launch of more programs than the
