@@ -381,3 +381,19 @@ def test_grid_residuals_recover_a_steeper_context_price_at_one_sequence(tmp_path
     assert residuals.main([str(tmp_path / "grid.csv"), str(tmp_path / "fit.csv"), "--regime", "decode_eager",
                            "--out", str(out)]) == 2
     assert "no decode_eager rows" in capsys.readouterr().err
+
+
+def test_prefill_load_bins_steps_by_the_prefill_the_run_computed_just_before():
+    """Steps 1 ms each and no idle: the rate over the window before a step counts the prefill tokens
+    of the steps that ended within it; a step after a burst of prefill lands in a higher bin."""
+    load = script("fidelity/cause/prefill_load.py")
+    steps = pd.DataFrame({"measured_execute_s": [0.001] * 6, "measured_host_s": [0.0] * 6,
+                          "num_prefill_tokens": [0, 500, 500, 0, 0, 0]})
+    ends, rate = load.recent_prefill_rate(steps, 0.002)
+    assert ends == pytest.approx([0.001, 0.002, 0.003, 0.004, 0.005, 0.006])
+    assert rate[2] == pytest.approx(1000 / 0.002)  # steps ending in (1, 3] ms: both prefills, over 2 ms
+    assert rate[5] == pytest.approx(0.0)
+    rows = pd.DataFrame({"regime": ["prefill_graph"] * 4, "measured_s": [1.0, 1.0, 1.1, 1.2],
+                         "priced_s": [1.0, 1.0, 1.0, 1.0], "rate_k": [50, 60, 320, 330]})
+    table = load.binned(rows).set_index("prefill_k_tokens_per_s")["measured_over_priced"]
+    assert table.tolist() == pytest.approx([1.0, 1.15])
