@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.fidelity.cause.host_scales import REPLAY
+from experiments.fidelity.cause.host_scales import REPLAY, replay_paths
 
 CONTEXT_BINS_K = (0, 2, 4, 8, 16, 32, 64, np.inf)  # total context of a step, thousands of tokens
 
@@ -54,12 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seqs", type=int, default=32, help="the largest decode batch counted (default 32)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    paths = sorted(args.steps_dir.glob("*.csv.gz"))
-    if not paths:
-        print(f"error: {args.steps_dir} holds no replays (*.csv.gz)", file=sys.stderr)
-        return 2
     try:
-        table = pd.DataFrame([excess_row(path, args.cost_model, args.max_seqs) for path in paths])
+        table = pd.DataFrame([excess_row(path, args.cost_model, args.max_seqs)
+                              for path in replay_paths(args.steps_dir)])
     except (ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

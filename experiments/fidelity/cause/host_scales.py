@@ -34,6 +34,14 @@ from sim.step_table import complete_columns
 REPLAY = re.compile(r"(?P<workload>.+)_(?P<load>offline|[0-9.]+)_(?P<repeat>[0-9]+)\.csv\.gz$")
 
 
+def replay_paths(steps_dir: Path) -> list[Path]:
+    """The replays (*.csv.gz) of a held-out call's steps/ folder; a ValueError naming it where it holds none."""
+    paths = sorted(steps_dir.glob("*.csv.gz"))
+    if not paths:
+        raise ValueError(f"{steps_dir} holds no replays (*.csv.gz)")
+    return paths
+
+
 def replay_steps(path: Path) -> pd.DataFrame:
     """A replay's steps as sim.profiled.predict reads them: each after its measured predecessor
     (none after the loop slept for an arrival), as harness.compare.tables.replay priced them."""
@@ -69,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("profile", type=Path, help="the profiled model the call priced with")
     parser.add_argument("--out", type=Path, required=True, help="path stem of the two CSVs")
     args = parser.parse_args(argv)
-    paths = sorted(args.steps_dir.glob("*.csv.gz"))
-    if not paths:
-        print(f"error: {args.steps_dir} holds no replays (*.csv.gz)", file=sys.stderr)
+    try:
+        paths = replay_paths(args.steps_dir)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     model = ProfiledCostModel.load(args.profile)
     with warnings.catch_warnings():

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.fidelity.cause.host_scales import REPLAY, replay_steps
+from experiments.fidelity.cause.host_scales import REPLAY, replay_paths, replay_steps
 from sim.host_speed import measured_host_scale, with_host_scale
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
 
@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=1.0, help="seconds of prefill counted before a step")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    paths = sorted(args.steps_dir.glob("*.csv.gz"))
-    if not paths:
-        print(f"error: {args.steps_dir} holds no replays (*.csv.gz)", file=sys.stderr)
-        return 2
-    if not args.window > 0:
-        print(f"error: --window must be > 0 seconds, got {args.window}", file=sys.stderr)
+    try:
+        paths = replay_paths(args.steps_dir)
+        if not args.window > 0:
+            raise ValueError(f"--window must be > 0 seconds, got {args.window}")
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     model = ProfiledCostModel.load(args.fit)
     with warnings.catch_warnings():
