@@ -397,3 +397,23 @@ def test_prefill_load_bins_steps_by_the_prefill_the_run_computed_just_before():
                          "priced_s": [1.0, 1.0, 1.0, 1.0], "rate_k": [50, 60, 320, 330]})
     table = load.binned(rows).set_index("prefill_k_tokens_per_s")["measured_over_priced"]
     assert table.tolist() == pytest.approx([1.0, 1.15])
+
+
+def test_prefill_rate_probe_summarises_each_mix_against_its_lightest():
+    """Per shape and mix, the second half: prefill tokens a second, the median prefill span, the clock
+    sampled then, and the span over the shape's lightest mix."""
+    probe = script("fidelity/prefill_rate_probe.py")
+    rows = []
+    for decodes, span in ((4, 0.010), (0, 0.011)):
+        t0 = 0.0 if decodes else 100.0
+        cycle = [("prefill", span, 1000)] + [("decode", 0.002, 0)] * decodes
+        for i in range(200):
+            kind, s, tokens = cycle[i % len(cycle)]
+            rows.append({"shape": "p", "decodes": decodes, "kind": kind, "t_s": t0 + 0.01 * i, "span_s": s,
+                         "prefill_tokens": tokens})
+    clocks = pd.DataFrame({"t_s": [1.5, 101.5], "sm_mhz": [1980.0, 1700.0], "power_w": [500.0, 690.0]})
+    table = probe.summarize(pd.DataFrame(rows), clocks).set_index("decodes_per_prefill")
+    assert table.loc[0, "prefill_k_tokens_per_s"] > table.loc[4, "prefill_k_tokens_per_s"]
+    assert table.loc[4, "span_over_lightest"] == pytest.approx(1.0)
+    assert table.loc[0, "span_over_lightest"] == pytest.approx(1.1)
+    assert (table.loc[0, "sm_mhz"], table.loc[4, "power_w"]) == (1700.0, 500.0)
