@@ -54,8 +54,8 @@ class SimConfig:
     (sim.host_speed; 1: the profile's host). The roofline ignores it.
     device_scale: the serving GPU's step time against the GPU that measured the profile (another
     machine of the same kind): the profiled model's device work takes device_scale times the
-    profile's, its host parts keep theirs (sim.device_speed; 1: the profile's GPU). The roofline
-    ignores it.
+    profile's, its host parts keep theirs (sim.device_speed; 1: the profile's GPU). Refused with
+    another cost model (the roofline takes another GPU through its hardware figures).
     host_jitter: how much that host's speed moves from step to step: each step's launches and host
     time take exp(N(0, host_jitter)) times their price, drawn from (execution.seed, step) (0: one speed).
     loop_s, loop_per_seq_s: the serving loop's own host work between two overlapped submits
@@ -179,6 +179,10 @@ class SimConfig:
         check_rule(self.repeated_reads, "SimConfig.repeated_reads")
         check_host_scale(self.host_scale, "SimConfig.host_scale")
         check_device_scale(self.device_scale, "SimConfig.device_scale")
+        if self.device_scale != 1.0 and self.cost_model != "profiled":
+            raise ValueError(f"SimConfig.device_scale prices a profiled model's device work: it needs "
+                             f"cost_model=profiled, got {self.cost_model!r} (the roofline takes another GPU "
+                             f"through hardware=)")
         check_host_jitter(self.host_jitter, "SimConfig.host_jitter")
         self._check_loop()
         if self.profile_hardware is not None and not isinstance(self.profile_hardware, HardwareSpec):

@@ -61,6 +61,12 @@ def test_simconfig_refuses_a_device_scale_that_is_not_a_positive_number(bad):
         SimConfig(device_scale=bad)
 
 
+def test_a_device_scale_is_refused_with_the_roofline_not_ignored():
+    assert SimConfig(cost_model="roofline").device_scale == 1.0
+    with pytest.raises(ValueError, match="device_scale .* needs cost_model=profiled, got 'roofline'"):
+        SimConfig(cost_model="roofline", device_scale=1.1)
+
+
 def test_a_simulated_run_on_a_slower_gpu_takes_longer_and_fast_forward_agrees():
     from harness.run import run_once
     from harness.scripting import compose_run_config
