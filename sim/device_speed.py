@@ -7,9 +7,9 @@ overlapped one) s times the profile's; launches, leads and host time keep the pr
 speed is sim.host_speed's).
 
 Not measured by the held-out protocol: two lent H200 machines' grids agree within 1% on the
-device time of decode graphs, prefill graphs and eager prefills, and a drain's steps over their price at its host (experiments/fidelity/cause/host_scales.py,
-device_scale) run 2.4-4.3% long on the grid's own machine, what sustained load costs
-(docs/host_speed.md, "The GPU's speed").
+device time of decode graphs, prefill graphs and eager prefills, and a drain's steps over their
+price at its host (experiments/fidelity/cause/host_scales.py, device_scale) run 2.4-4.3% long on
+the grid's own machine, what sustained load costs (docs/host_speed.md, "The GPU's speed").
 """
 
 from __future__ import annotations
