@@ -18,8 +18,8 @@ call whose roofline priced another GPU than the one it ran on. --host-scale (one
 cell is simulated at each and its predictions averaged; --host-jitter uses the jitter column too)
 price the profiled model's host parts for the serving machine's host (sim.host_speed): 1, the
 default, prices them as the profile measured them. --device-scale prices the loaded cells' device
-work for the serving machine's GPU (sim.device_speed; a class's drain measures it:
-experiments/fidelity/cause/host_scales.py, its device_scale column); offline cells keep the profile's.
+work that many times the profile's (sim.device_speed; experiments/fidelity/cause/host_scales.py reads
+one off a class's drain, its device_scale column); offline cells keep the profile's.
 
     python experiments/fidelity/resimulate.py <table> --cost-model roofline --label roofline \
         --model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1000 --out /tmp/roofline.csv

@@ -6,10 +6,10 @@ price, with the profile's host (1) and with the run's. No GPU needed.
 
 Writes <out>_runs.csv (one row per replay) and <out>.csv (workload, load, host_scale: each cell's
 runs pooled, the median over their decode graph steps; what resimulate.py --host-scales reads).
-The drain's rows also give the serving GPU's speed against the profile's (sim.device_speed):
-device_scale, each drain run's measured step time over its price at the run's host, averaged over
-the runs (resimulate.py --device-scale; the protocol's harness.fidelity.serving_host.drain_device_scale
-prices with the cell's full simulator configuration, this with the profile alone).
+The drain's rows also give device_scale (sim.device_speed): each drain run's measured step time
+over its price at the run's host, averaged over the runs (what resimulate.py --device-scale takes).
+A diagnosis, not the GPU's speed: a drain runs at the power limit, which the grid's bursts do not
+(docs/host_speed.md, "The GPU's speed").
 
     python -m experiments.fidelity.cause.host_scales /work/wt/cc_h100/qwen3-0.6b/code_completion/steps \
         experiments/fidelity/h100_leakfree/profile_model.csv \
