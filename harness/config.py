@@ -150,6 +150,8 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
             backend["profile_path"] = existing_path(backend["profile_path"], "backend.profile_path")
         elif backend.get("cost_model") == "profiled":
             backend.update(_shipped_profile(cfg, backend))
+        if backend.get("power_curve"):
+            backend["power_curve"] = existing_path(backend["power_curve"], "backend.power_curve")
         if backend.get("launch_line_grid"):
             backend["launch_line_grid"] = existing_path(backend["launch_line_grid"], "backend.launch_line_grid")
         sim_cfg = to_dataclass(SimConfig, backend, "backend")
@@ -211,6 +213,9 @@ def on_hardware(rc: RunConfig, hardware) -> RunConfig:  # hardware: sim.specs.Ha
     sim = rc.sim
     if sim is None or sim.cost_model != "profiled" or hardware.name == rc.hardware.name:
         return moved
+    if sim.power_curve is not None:  # measured on one GPU (sim.power_limit)
+        raise ConfigError(f"backend.power_curve {sim.power_curve} was measured on {rc.hardware.name}: a run moved "
+                          f"to {hardware.name} needs that GPU's curve (set backend.power_curve=null to price without)")
     measured_on = sim.profile_hardware or rc.hardware
     own = shipped_profile_or_none(hardware.name, rc.model.name)
     if own is not None and shipped_profile_or_none(measured_on.name, rc.model.name) == Path(str(sim.profile_path)):

@@ -12,6 +12,7 @@ from sim.cost_model import CostModel, make_cost_model
 from sim.executor import SimExecutor
 from sim.features import FEATURE_COLUMNS, step_features
 from sim.memory import estimate_activation_bytes, plan_num_blocks
+from sim.power_limit import PowerCurve, read_power_curve
 from sim.profiled import ExtrapolationWarning, ProfiledCostModel
 from sim.profiled_validation import holdout_validation, relative_errors
 from sim.roofline import RooflineCostModel
@@ -52,7 +53,20 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     )
     return SimExecutor(cost_model, info, execution.seed, sim.fast_forward, samples,
                        idle_start_s(hardware, sim, info.overlaps_steps, cost_model), sim.plan_after_launches,
-                       kv_scatter(model, hardware, sim, execution.tensor_parallel_size))
+                       kv_scatter(model, hardware, sim, execution.tensor_parallel_size),
+                       power_curve(model, hardware, sim))
+
+
+def power_curve(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> PowerCurve | None:
+    """The curve SimConfig.power_curve names (sim.power_limit), None without one; ValueError where
+    it was measured for another model or GPU."""
+    if sim.power_curve is None:
+        return None
+    curve = read_power_curve(sim.power_curve)
+    if (curve.model, curve.hardware) != (model.name, hardware.name):
+        raise ValueError(f"backend.power_curve {sim.power_curve} was measured for {curve.model} on {curve.hardware}; "
+                         f"this run is {model.name} on {hardware.name}")
+    return curve
 
 
 def kv_scatter(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, tp_size: int) -> tuple[float, float]:

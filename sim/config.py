@@ -101,6 +101,10 @@ class SimConfig:
     figure and overlapped steps, execution.async_scheduling). False: it starts at once. None: where
     measured (the held-out protocol's, fidelity.idle_start): true for a profiled model without lead
     fits on hardware with the figure and overlapped steps, false elsewhere (sim.idle_start_s).
+    power_curve: a GPU at its power limit: the profiled model prices each step's device work longer
+    by the prefill tokens a second of the steps just before it, as this curve (a JSON file,
+    profiles/<hardware>/<model>.power.json) measured for the run's model and GPU (sim.power_limit).
+    None: every step at the profile's burst speed.
     kv_scatter: a disaggregated decode replica's next step first waits its device's write of each
     request that landed since into the paged cache (the hardware's kv_scatter_base_s and
     kv_scatter_bandwidth; sim.executor). False: a landed request's KV is in the cache at once.
@@ -134,6 +138,7 @@ class SimConfig:
     loop_s: float = 0.0
     loop_per_seq_s: float = 0.0
     launch_line_grid: str | None = None
+    power_curve: str | None = None
     profile_hardware: HardwareSpec | None = None
 
     def __post_init__(self) -> None:
@@ -202,6 +207,9 @@ class SimConfig:
         if (self.loop_s or self.loop_per_seq_s) and (self.cost_model != "profiled" or self.transfers_tp):
             raise ValueError("SimConfig.loop_s / loop_per_seq_s price an overlapped step's host work: they need "
                              "cost_model=profiled at the profile's own TP size")
+        if self.power_curve is not None and (self.cost_model != "profiled" or self.transfers_tp):
+            raise ValueError("SimConfig.power_curve scales the profiled model's device work as one GPU measured it: "
+                             "it needs cost_model=profiled at the profile's own TP size")
         if self.launch_line_grid is not None and (self.cost_model != "profiled" or self.transfers_tp):
             raise ValueError("SimConfig.launch_line_grid prices the profiled model's decode graph launches: it needs "
                              "cost_model=profiled at the profile's own TP size")

@@ -22,6 +22,10 @@ receive staging into the paged cache on the compute stream, before the next step
 (submitted or executed) takes that write longer: scatter_base_s + its prompt tokens x
 scatter_token_s each.
 
+With SimConfig.power_curve the executor times its steps on the device's line (sim.power_limit) and
+sets the cost model's power_scale before each price, a fast-forwarded run's repeats included
+(decode_prices): a GPU at its power limit slows with the prefill it has just run.
+
 With SimConfig.plan_after_launches a submitted step also carries host_s, the host time of its
 submit() as the cost model priced it (its launches, ProfiledCostModel.last_launch_s; 0 for a cost
 model without them, and without the setting): the core loop plans the next step only once that
@@ -40,6 +44,7 @@ import xxhash
 from engine.core.executor import BackendInfo, PendingStep, StepHook, StepHooks, Unobserve
 from engine.core.plan import ScheduledRequest, StepPlan, StepResult
 from engine.core.request import TokenIds
+from sim.power_limit import Clock, PowerCurve, PowerLimit
 from sim.sampled import PositionLanes, SampledTokens, hash_runs_packed, hash_tokens, position_bytes
 from sim.sampled import request_seed as request_seed_of
 
@@ -50,13 +55,16 @@ if TYPE_CHECKING:
 class SimExecutor:
     def __init__(self, cost_model: CostModel, info: BackendInfo, seed: int = 0, fast_forward: bool = True,
                  samples: SampledTokens | None = None, idle_start_s: float = 0.0,
-                 plan_after_launches: bool = False, scatter: tuple[float, float] = (0.0, 0.0)) -> None:
+                 plan_after_launches: bool = False, scatter: tuple[float, float] = (0.0, 0.0),
+                 power: PowerCurve | None = None) -> None:
         """idle_start_s: host time a step submitted with nothing in flight waits before its device
         work (module docstring). samples: tokens computed ahead (sim.sampled; a plan's, shared by its
         deployments), read where they cover what a step samples, if they are of this seed, vocabulary and eos (the
         same tokens either way: others are hashed here). plan_after_launches: submitted steps carry
         their host_s (module docstring; False: 0, the loop plans at once). scatter: (base seconds,
-        seconds per token) of writing a landed request's KV into the cache (module docstring)."""
+        seconds per token) of writing a landed request's KV into the cache (module docstring).
+        power: the GPU's slowing at its power limit (sim.power_limit; needs a cost model with a
+        power_scale, the profiled one), timed on the clock follow_clock() gives."""
         vocab_size = info.vocab_size
         eos_token_id = info.eos_token_id
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
@@ -69,7 +77,11 @@ class SimExecutor:
             raise ValueError(f"idle_start_s must be a number >= 0, got {idle_start_s!r}")
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 for x in scatter):
             raise ValueError(f"scatter must be (base_s, token_s), numbers >= 0, got {scatter!r}")
+        if power is not None and not hasattr(cost_model, "power_scale"):
+            raise ValueError(f"a power curve scales a profiled model's device work: "
+                             f"{type(cost_model).__name__} has none")
         self.cost_model = cost_model
+        self._power = None if power is None else PowerLimit(power)
         self.idle_start_s = float(idle_start_s)
         self.scatter_base_s, self.scatter_token_s = map(float, scatter)
         self._scatter_s = 0.0  # device time of the landings since the last step, paid by the next
@@ -98,12 +110,21 @@ class SimExecutor:
         if self.scatter_base_s or self.scatter_token_s:
             self._scatter_s += self.scatter_base_s + num_tokens * self.scatter_token_s
 
-    def _price_landed(self, plan: StepPlan) -> StepResult:
-        """The step, after the landed requests' writes into the cache (landed())."""
+    def follow_clock(self, clock: Clock) -> None:
+        """The loop's clock, which a power curve times an idle device's next step on (sim.power_limit)."""
+        if self._power is not None:
+            self._power.clock = clock
+
+    def _price_landed(self, plan: StepPlan, idle_s: float = 0.0) -> StepResult:
+        """The step, after the landed requests' writes into the cache (landed()) and idle_s of host
+        work before its device work."""
         result = self._price(plan)
-        if self._scatter_s:
-            result = replace(result, duration_s=result.duration_s + self._scatter_s)
+        extra_s = self._scatter_s + idle_s
+        if extra_s:
+            result = replace(result, duration_s=result.duration_s + extra_s)
             self._scatter_s = 0.0
+        if self._power is not None:
+            self._power.ran(result.duration_s, plan.stats.num_prefill_tokens)
         return result
 
     def submit(self, plan: StepPlan) -> PendingStep:
@@ -121,8 +142,7 @@ class SimExecutor:
     def _submit_idle(self, plan: StepPlan) -> _Priced:
         """A step onto an idle device: its host work before the first kernel, then the step. The cost
         model keeps the step's device price as its state (what the next step hides behind)."""
-        result = self._price_landed(plan)
-        return _Priced(replace(result, duration_s=result.duration_s + self.idle_start_s), self, self._host_s())
+        return _Priced(self._price_landed(plan, self.idle_start_s), self, self._host_s())
 
     def _host_s(self) -> float:
         """The host time of the submit() of the step just priced: its launches (module docstring)."""
@@ -163,7 +183,18 @@ class SimExecutor:
             if token == eos:
                 token = (token + 1) % vocab
             append(token)
-        return StepResult(tokens, self.cost_model.step_time(plan))
+        return StepResult(tokens, self._step_time(plan))
+
+    def _step_time(self, plan: StepPlan) -> float:
+        power = self._power
+        if power is None:
+            return self.cost_model.step_time(plan)
+        model = self.cost_model
+        model.power_scale = power.scale_for(plan.stats.num_prefill_tokens)  # type: ignore[attr-defined]
+        try:
+            return model.step_time(plan)
+        finally:
+            model.power_scale = 1.0  # type: ignore[attr-defined]
 
     # ---- fast-forward (engine.core.fast_forward.DecodeRunner) ------------------------------------
 
@@ -185,7 +216,8 @@ class SimExecutor:
         repeats = getattr(cost_model, "decode_repeats", None)
         prices: Iterator[float] = repeats(plan) if repeats is not None else _repeat_plans(cost_model, plan)
         # steps executed one at a time are each priced after drained(), as execute() does
-        return prices if self._info.overlaps_steps else _drained_before(cost_model, prices)
+        prices = prices if self._info.overlaps_steps else _drained_before(cost_model, prices)
+        return prices if self._power is None else self._power.repeats(prices, cost_model)
 
     def sample_tokens(self, request_id: str, first_position: int, count: int) -> list[int]:
         known = self._known(request_id, first_position, count)

@@ -119,6 +119,9 @@ class ProfiledCostModel:
         # the serving GPU's step time against the profile's GPU (sim.device_speed): 1 prices the
         # device work as the profile measured it
         self.device_scale = 1.0
+        # the next step's device work against the profile's on a GPU at its power limit, set by the
+        # executor before it prices the step (sim.power_limit; 1 outside)
+        self.power_scale = 1.0
         # the host's speed drawn anew each step, exp(N(0, host_jitter)), from (host_seed, step)
         # (sim.host_speed); _host_draw is the step being priced's draw (1 outside _price)
         self.host_jitter = 0.0
@@ -289,7 +292,7 @@ class ProfiledCostModel:
         features = with_row_programs(features, self.fits, self.prefill_programs)
         value = max(fit.predict(features) - self._read_saving(name, fit, features), 0.0)
         if part == "gpu":
-            return value * self.device_scale
+            return value * self.device_scale * self.power_scale
         return value * self._host_draw if self._host_draw != 1.0 and part in SPEED_PARTS else value
 
     def host_time(self, features: Mapping[str, float]) -> float:
@@ -321,7 +324,7 @@ class ProfiledCostModel:
         if self.floor is not None and regime in DECODE_REGIMES:
             floor = max(self.floor(features), floor)
         return max(fit.predict(features) - self._read_saving(used, fit, features) + features.get(PROGRAM_EXCESS, 0.0),
-                   floor) * self.device_scale
+                   floor) * self.device_scale * self.power_scale
 
     def _read_saving(self, name: str, fit: PiecewiseLinearFit, features: Mapping[str, float]) -> float:
         """What the step's repeated reads save under the overlap rule (0 without it)."""

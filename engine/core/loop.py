@@ -82,6 +82,11 @@ run() drives one alone, engine.core.fleet drives several behind a router."""
         # Runs of identical decode steps are booked at once (engine.core.fast_forward) on a simulated
         # clock, by an executor that prices them so.
         self.runner = executor if isinstance(executor, DecodeRunner) and isinstance(clock, SimulatedClock) else None
+        # an executor whose prices follow the device's recent work times an idle device's next step
+        # on this clock (sim.power_limit)
+        follow_clock = getattr(executor, "follow_clock", None)
+        if follow_clock is not None:
+            follow_clock(clock)
         self.fast: FastRun | None = None  # a booked run waiting at the horizon for the next tick
         # a multi-process fleet's request intake (engine.core.intake); None: the loop sees a request
         # at its arrival, as a single run's does

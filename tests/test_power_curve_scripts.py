@@ -1,0 +1,53 @@
+"""The power curve's tools (experiments/fidelity/power_curve.py, power_curve_h200/summary.py): the
+shipped curves are what the tool makes of the committed probe summaries, and the cells' summary
+counts what it says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.fidelity import power_curve
+from experiments.fidelity.power_curve_h200 import summary
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "experiments" / "fidelity" / "prefill_rate_h200"
+
+
+@pytest.mark.parametrize("shipped, probe, shape, model", [
+    ("qwen3-0.6b.power.json", "summary.csv", "eager prefill 6 x 2560", "qwen3-0.6b"),
+    ("qwen3-8b.power.json", "summary_8b.csv", "graph prefill 3072", "qwen3-8b"),
+])
+def test_the_shipped_curves_are_the_tools_output_of_the_committed_probe(tmp_path, shipped, probe, shape, model):
+    out = tmp_path / "curve.json"
+    assert power_curve.main([str(PROBE / probe), "--shape", shape, "--model", model, "--hardware", "H200-SXM-141GB",
+                             "--out", str(out)]) == 0
+    made, committed = json.loads(out.read_text()), json.loads((REPO / "profiles" / "h200" / shipped).read_text())
+    assert {k: v for k, v in made.items() if k != "command"} == {k: v for k, v in committed.items() if k != "command"}
+
+
+def test_a_curve_takes_the_shapes_mixes_against_its_lightest_and_holds_the_last_decode():
+    table = pd.DataFrame({"shape": ["s"] * 3 + ["other"], "prefill_k_tokens_per_s": [300.0, 100.0, 200.0, 50.0],
+                          "prefill_span_ms": [12.0, 10.0, 11.0, 1.0], "decode_span_ms": [float("nan"), 2.0, 2.2, 1.0]})
+    curve = power_curve.curve_of(table, "s", "m", "h", 1.0, "cmd")
+    assert curve.prefill_tokens_per_s == (0.0, 100e3, 200e3, 300e3)
+    assert curve.prefill_scale == (1.0, 1.0, 1.1, 1.2) and curve.decode_scale == (1.0, 1.0, 1.1, 1.1)
+    with pytest.raises(ValueError, match="no mixes of shape 'x'"):
+        power_curve.curve_of(table, "x", "m", "h", 1.0, "cmd")
+
+
+def test_the_cells_summary_counts_loaded_cells_within_the_bound_each_way(tmp_path, capsys):
+    def table(errs: list[float]) -> pd.DataFrame:
+        rows = [{"load": load, "metric": metric, "err": err / 100}
+                for (load, metric), err in zip([(0.5, m) for m in summary.METRICS] + [("offline", "request_s")], errs)]
+        return pd.DataFrame(rows)
+    table([5, -12, 9.9, 30, 4]).to_csv(tmp_path / "s1_without.csv", index=False)
+    table([5, -8, 11, 3, 1]).to_csv(tmp_path / "s1_with.csv", index=False)
+    assert summary.main([str(tmp_path), "--out", str(tmp_path / "out.csv")]) == 0
+    assert "all samples: 2 -> 3 of 4" in capsys.readouterr().out
+    written = pd.read_csv(tmp_path / "out.csv")
+    assert set(written["side"]) == {"with", "without"} and len(written) == 10
+    assert summary.main([str(tmp_path / "empty"), "--out", str(tmp_path / "o.csv")]) == 1
