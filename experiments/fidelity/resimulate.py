@@ -66,12 +66,13 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
                moe_routing_shared_cap: int | None = None, repeated_reads: str = "additive",
                decode_programs_baseline: str = "none", idle_start: bool | None = False,
                interval_config: IntervalConfig | None = None, plan_after_launches: bool = False,
-               device_scale: float = 1.0) -> pd.DataFrame:
+               device_scale: float = 1.0, power_curve: str | None = None) -> pd.DataFrame:
     """host_scales: each cell's hosts, (scale, jitter) per engine repeat (sim.host_speed): the cell
     is simulated once per host and its predictions averaged, as its engine value averages the
     repeats; cells without an entry take host_scale and no jitter. repeated_reads,
     decode_programs_baseline, idle_start, plan_after_launches: SimConfig's. device_scale: the serving GPU's
-    (SimConfig's), for the loaded cells; offline cells, whose drain measured it, keep 1. interval_config:
+    (SimConfig's), for the loaded cells; offline cells, whose drain measured it, keep 1. power_curve:
+    SimConfig's (sim.power_limit), for every cell. interval_config:
     the interval's, where interval is set (default: IntervalConfig())."""
     interval_config = interval_config or IntervalConfig()
     base = compose_run_config(overrides + [f"scheduler.max_model_len={MAX_MODEL_LEN}"])
@@ -94,7 +95,7 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         for scale, jitter in hosts:
             scaled = dataclasses.replace(sim_rc, sim=dataclasses.replace(sim_rc.sim, execution=base.sim.execution,
                                                                          host_scale=scale, host_jitter=jitter,
-                                                                         device_scale=device,
+                                                                         device_scale=device, power_curve=power_curve,
                                                                          repeated_reads=repeated_reads,
                                                                          decode_programs_baseline=decode_programs_baseline,
                                                                          idle_start=idle_start,
@@ -113,6 +114,8 @@ def resimulate(table: pd.DataFrame, profile: Path | None, label: str, overrides:
         host = {"host_scale": float(np.mean([scale for scale, _ in hosts]))} if host_scales or host_scale != 1 else {}
         if device_scale != 1.0:
             host["device_scale"] = device
+        if power_curve is not None:
+            host["power_curve"] = Path(power_curve).name
 
         for _, row in part.iterrows():
             metric, engine = row["metric"], row["engine"]
@@ -163,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device-scale", type=float, default=1.0,
                         help="the serving GPU's step time against the profile's GPU, for the loaded cells "
                              "(sim.device_speed; the drain's, host_scales.py's device_scale; default 1)")
+    parser.add_argument("--power-curve", default=None,
+                        help="a GPU at its power limit: steps slow with the recent prefill rate as this curve "
+                             "measured (backend.power_curve, sim.power_limit; default: none)")
     parser.add_argument("--host-jitter", action="store_true",
                         help="with --host-scales: each host's step-to-step jitter too (its host_jitter column)")
     parser.add_argument("--repeated-reads", choices=RULES, default="additive",
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.moe_routing_skew, args.moe_routing_locality, args.moe_routing_shared_prefix,
                          args.moe_routing_shared_fresh, args.moe_routing_shared_cap, args.repeated_reads,
                          args.decode_programs_baseline, IDLE_START[args.idle_start], interval_config,
-                         args.plan_after_launches, args.device_scale)
+                         args.plan_after_launches, args.device_scale, args.power_curve)
         if args.check_label:
             keys = ["model", "hardware", "workload", "load", "metric"]
             old = table[table["cost_model"] == args.check_label].set_index(keys)

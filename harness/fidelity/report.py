@@ -21,7 +21,7 @@ PLOTTED = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 # at the profile's host is kept beside it as GRID_HOST (at_measured_host).
 MEASURED_HOST = ("profiled_host", "profiled_run_host")
 GRID_HOST = "profiled_grid_host"
-HOST_COLUMNS = ("host_scale", "host_measured", "device_scale")  # the machine a row was priced for
+HOST_COLUMNS = ("host_scale", "host_measured", "device_scale", "power_curve")  # the machine a row was priced for
 # each cost model's line; "carried" is a profiled model fitted on another GPU (harness.fidelity.study)
 LINE_STYLES = {"profiled": "-", "roofline": ":", "carried": "--", GRID_HOST: "-."}
 READABLE = {"ttft_p50_s": "TTFT P50", "ttft_p90_s": "TTFT P90", "tpot_p50_s": "TPOT P50", "tpot_p90_s": "TPOT P90",
