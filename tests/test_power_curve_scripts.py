@@ -51,3 +51,17 @@ def test_the_cells_summary_counts_loaded_cells_within_the_bound_each_way(tmp_pat
     written = pd.read_csv(tmp_path / "out.csv")
     assert set(written["side"]) == {"with", "without"} and len(written) == 10
     assert summary.main([str(tmp_path / "empty"), "--out", str(tmp_path / "o.csv")]) == 1
+
+
+def test_the_probe_takes_prefill_shapes_by_prompts_and_tokens_and_names_a_bad_one():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("probe", REPO / "experiments" / "fidelity" / "prefill_rate_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.prefill_shapes(None) == probe.PREFILLS
+    assert probe.prefill_shapes(["3x2000", "1X2048"]) == {"prefill 3 x 2000": [(2000, 0, False)] * 3,
+                                                        "prefill 1 x 2048": [(2048, 0, False)]}
+    for bad in ("3x", "0x100", "three x 2"):
+        with pytest.raises(ValueError, match=f"'{bad}' is not PROMPTSxTOKENS"):
+            probe.prefill_shapes([bad])

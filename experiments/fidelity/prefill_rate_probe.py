@@ -10,6 +10,10 @@ mix's second half (the clock settled), the prefill tokens a second over that hal
 and power nvidia-smi sampled then (experiments/fidelity/sustained_probe.py's sampler).
 
     python experiments/fidelity/prefill_rate_probe.py --model qwen3-0.6b --out $OUT/prefill_rate
+    python experiments/fidelity/prefill_rate_probe.py --model qwen3-0.6b --prefills 1x2048 3x2000 12x1280 --out ...
+
+--prefills: other prefill shapes, each PROMPTSxTOKENS (a step of that many fresh prompts of that
+many tokens; a CUDA graph where the engine captured one that size, eager otherwise).
 
 Writes steps.csv (every step: shape, mix, time, span), clocks.csv and summary.csv / summary.txt.
 """
@@ -30,6 +34,19 @@ PREFILLS = {  # name -> entries (new tokens, cached tokens, is_decode)
 }
 DECODE = [(1, 2000, True)] * 8  # the class's decode steps: a few sequences of about 2k tokens
 DECODES_PER_PREFILL = (0, 1, 2, 4, 8, 16, 40)  # the mixes, from all prefill to mostly decode
+
+
+def prefill_shapes(specs: list[str] | None) -> dict[str, list[tuple[int, int, bool]]]:
+    """PREFILLS, or the shapes PROMPTSxTOKENS specs name; ValueError naming a spec that is not one."""
+    if not specs:
+        return PREFILLS
+    shapes = {}
+    for spec in specs:
+        prompts, _, tokens = spec.lower().partition("x")
+        if not (prompts.isdigit() and tokens.isdigit() and int(prompts) > 0 and int(tokens) > 0):
+            raise ValueError(f"--prefills: {spec!r} is not PROMPTSxTOKENS (e.g. 3x2000)")
+        shapes[f"prefill {int(prompts)} x {int(tokens)}"] = [(int(tokens), 0, False)] * int(prompts)
+    return shapes
 
 
 def run_mix(executor, prefill, decode, decodes: int, seconds: float, start: float) -> list[dict]:
@@ -75,7 +92,13 @@ def summarize(steps: pd.DataFrame, clocks: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> None:
     parser = probe_parser(__doc__.splitlines()[0], num_blocks=1000)
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds a mix runs")
+    parser.add_argument("--prefills", nargs="+", default=None,
+                        help="prefill shapes PROMPTSxTOKENS (default: the two of PREFILLS)")
     args = probe_args(parser, argv)
+    try:
+        shapes = prefill_shapes(args.prefills)
+    except ValueError as error:
+        raise SystemExit(f"prefill_rate_probe: {error}") from None
     executor, sched = open_probe_engine(args.ckpt, args.num_blocks, max_model_len=max(args.max_model_len, 8192))
     raw_clocks = args.out / "nvidia_smi.csv"
     with open(raw_clocks, "w") as sink:
@@ -85,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     try:
         decode = probe_plan(executor, sched, DECODE, seed=1)
-        for name, entries in PREFILLS.items():
+        for name, entries in shapes.items():
             prefill = probe_plan(executor, sched, entries)
             for decodes in sorted(DECODES_PER_PREFILL, reverse=True):  # lightest first: the clock rises from idle
                 rows += [dict(shape=name, decodes=decodes, **row)
