@@ -14,29 +14,37 @@ from experiments.fidelity import power_curve
 from experiments.fidelity.power_curve_h200 import summary
 
 REPO = Path(__file__).resolve().parents[1]
-PROBE = REPO / "experiments" / "fidelity" / "prefill_rate_h200"
+FIDELITY = REPO / "experiments" / "fidelity"
 
 
-@pytest.mark.parametrize("shipped, probe, shape, model", [
-    ("qwen3-0.6b.power.json", "summary.csv", "eager prefill 6 x 2560", "qwen3-0.6b"),
-    ("qwen3-8b.power.json", "summary_8b.csv", "graph prefill 3072", "qwen3-8b"),
+@pytest.mark.parametrize("shipped, probes, shapes, model", [
+    ("qwen3-0.6b.power.json", ["prefill_rate_h200/summary.csv", "prefill_rate_h200_shapes/summary.csv"],
+     ["eager prefill 6 x 2560", "prefill 6 x 2560", "prefill 12 x 1280"], "qwen3-0.6b"),
+    ("qwen3-8b.power.json", ["prefill_rate_h200/summary_8b.csv"], ["graph prefill 3072"], "qwen3-8b"),
 ])
-def test_the_shipped_curves_are_the_tools_output_of_the_committed_probe(tmp_path, shipped, probe, shape, model):
+def test_the_shipped_curves_are_the_tools_output_of_the_committed_probes(tmp_path, shipped, probes, shapes, model):
     out = tmp_path / "curve.json"
-    assert power_curve.main([str(PROBE / probe), "--shape", shape, "--model", model, "--hardware", "H200-SXM-141GB",
-                             "--out", str(out)]) == 0
+    assert power_curve.main([*(str(FIDELITY / p) for p in probes), "--shape", *shapes, "--model", model,
+                             "--hardware", "H200-SXM-141GB", "--out", str(out)]) == 0
     made, committed = json.loads(out.read_text()), json.loads((REPO / "profiles" / "h200" / shipped).read_text())
     assert {k: v for k, v in made.items() if k != "command"} == {k: v for k, v in committed.items() if k != "command"}
 
 
-def test_a_curve_takes_the_shapes_mixes_against_its_lightest_and_holds_the_last_decode():
-    table = pd.DataFrame({"shape": ["s"] * 3 + ["other"], "prefill_k_tokens_per_s": [300.0, 100.0, 200.0, 50.0],
-                          "prefill_span_ms": [12.0, 10.0, 11.0, 1.0], "decode_span_ms": [float("nan"), 2.0, 2.2, 1.0]})
-    curve = power_curve.curve_of(table, "s", "m", "h", 1.0, "cmd")
+def test_series_pool_by_rate_into_non_decreasing_factors_and_hold_the_last_decode():
+    one = pd.DataFrame({"shape": ["s"] * 3 + ["other"], "prefill_k_tokens_per_s": [300.0, 100.0, 200.0, 50.0],
+                        "prefill_span_ms": [12.0, 10.0, 11.0, 1.0], "decode_span_ms": [float("nan"), 2.0, 2.2, 1.0]})
+    curve = power_curve.curve_of([one], ["s"], "m", "h", 1.0, "cmd")
     assert curve.prefill_tokens_per_s == (0.0, 100e3, 200e3, 300e3)
     assert curve.prefill_scale == (1.0, 1.0, 1.1, 1.2) and curve.decode_scale == (1.0, 1.0, 1.1, 1.1)
-    with pytest.raises(ValueError, match="no mixes of shape 'x'"):
-        power_curve.curve_of(table, "x", "m", "h", 1.0, "cmd")
+    # another machine's series, slower at 150 k than the first at 200 k: the two pooled to their mean
+    two = pd.DataFrame({"shape": ["s", "s"], "prefill_k_tokens_per_s": [50.0, 150.0], "prefill_span_ms": [5.0, 6.0],
+                        "decode_span_ms": [1.0, 1.0]})
+    pooled = power_curve.curve_of([one, two], ["s"], "m", "h", 1.0, "cmd")
+    assert pooled.prefill_tokens_per_s == (0.0, 50e3, 100e3, 150e3, 200e3, 300e3)
+    assert pooled.prefill_scale == (1.0, 1.0, 1.0, 1.15, 1.15, 1.2)
+    assert power_curve.non_decreasing([1.0, 3.0, 2.0, 4.0, 0.0]) == [1.0, 2.25, 2.25, 2.25, 2.25]
+    with pytest.raises(ValueError, match="no mixes of shape 'x' in any summary"):
+        power_curve.curve_of([one], ["x"], "m", "h", 1.0, "cmd")
 
 
 def test_the_cells_summary_counts_loaded_cells_within_the_bound_each_way(tmp_path, capsys):

@@ -1,14 +1,19 @@
-"""A power curve (sim.power_limit) from the prefill-rate probe's summary (prefill_rate_probe.py).
+"""A power curve (sim.power_limit) from prefill-rate probe summaries (prefill_rate_probe.py).
 
-Takes one shape's mixes, lightest first: their prefill tokens a second, the prefill step's span
-over the lightest mix's, and the decode steps' span over the lightest mix's (a mix of prefill
-alone has none: it keeps the decode factor of the mix before). A point at no prefill, 1.0 for both,
-starts the curve. The shape to take is one that reaches the GPU's power limit (the probe's README
-says which did).
+Takes each named shape's mixes in each summary (one series: a shape on one machine): their prefill
+tokens a second, the prefill step's span over the series' lightest mix's, and the decode steps'
+span over the lightest mix's (a mix of prefill alone has none: it keeps the decode factor of the
+mix before; a factor under 1 is timing noise, taken as 1). The series are pooled by rate and each
+factor made non-decreasing in it (pooled adjacent violators: where a faster mix ran quicker than a
+slower one, both take their mean), so the curve is the series' middle where they disagree; a point
+at no prefill, 1.0 for both, starts it. The shapes to take are those that reach the GPU's power
+limit with the device bound (the probe's README says which did; an eager prefill whose launches
+outlast its device work times the host).
 
     python -m experiments.fidelity.power_curve experiments/fidelity/prefill_rate_h200/summary.csv \\
-        --shape "eager prefill 6 x 2560" --model qwen3-0.6b --hardware H200-SXM-141GB \\
-        --out profiles/h200/qwen3-0.6b.power.json
+        experiments/fidelity/prefill_rate_h200_shapes/summary.csv \\
+        --shape "eager prefill 6 x 2560" "prefill 6 x 2560" "prefill 12 x 1280" --model qwen3-0.6b \\
+        --hardware H200-SXM-141GB --out profiles/h200/qwen3-0.6b.power.json
 """
 
 from __future__ import annotations
@@ -26,32 +31,62 @@ from sim.power_limit import PowerCurve
 WINDOW_S = 1.0  # experiments/fidelity/cause/prefill_load.py's window, over which served steps followed the rate
 
 
-def curve_of(summary: pd.DataFrame, shape: str, model: str, hardware: str, window_s: float,
-             command: str) -> PowerCurve:
-    """The curve of summary's rows of this shape (module docstring); ValueError without them."""
+def series_of(summary: pd.DataFrame, shape: str) -> pd.DataFrame:
+    """rate (tokens/s), prefill and decode factors of one shape's mixes in one summary, lightest
+    first (module docstring); ValueError without them."""
     rows = summary[summary["shape"] == shape].sort_values("prefill_k_tokens_per_s")
     if rows.empty:
         raise ValueError(f"no mixes of shape {shape!r} (shapes: {sorted(summary['shape'].unique())})")
+    # a busier mix is no faster than the lightest: a factor under 1 is the timing's noise
     prefill = rows["prefill_span_ms"] / rows["prefill_span_ms"].iloc[0]
     decode = (rows["decode_span_ms"] / rows["decode_span_ms"].iloc[0]).ffill()
-    rates = [0.0, *(rows["prefill_k_tokens_per_s"] * 1e3).round(0)]
-    return PowerCurve(hardware, model, window_s, tuple(rates), (1.0, *prefill.round(4)), (1.0, *decode.round(4)),
-                      command)
+    return pd.DataFrame({"rate": rows["prefill_k_tokens_per_s"].to_numpy() * 1e3,
+                         "prefill": prefill.clip(lower=1.0).to_numpy(), "decode": decode.clip(lower=1.0).to_numpy()})
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """values made non-decreasing by pooling adjacent violators (each block its mean)."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled block
+    for value in values:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
+def curve_of(summaries: list[pd.DataFrame], shapes: list[str], model: str, hardware: str, window_s: float,
+             command: str) -> PowerCurve:
+    """The curve of the named shapes' series in the summaries, pooled (module docstring); ValueError
+    where a shape is in none of them."""
+    series = []
+    for shape in shapes:
+        found = [series_of(summary, shape) for summary in summaries if (summary["shape"] == shape).any()]
+        if not found:
+            raise ValueError(f"no mixes of shape {shape!r} in any summary")
+        series += found
+    pooled = pd.concat(series).sort_values("rate", kind="stable")
+    rates = [0.0, *pooled["rate"].round(0)]
+    if len(set(rates)) < len(rates):
+        raise ValueError("two mixes of the series have the same prefill rate: give one of them")
+    prefill, decode = (tuple(round(x, 4) for x in non_decreasing([1.0, *pooled[k]])) for k in ("prefill", "decode"))
+    return PowerCurve(hardware, model, window_s, tuple(rates), prefill, decode, command)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("summary", type=Path, help="prefill_rate_probe.py's summary.csv")
-    parser.add_argument("--shape", required=True, help="the shape whose mixes make the curve")
+    parser.add_argument("summaries", type=Path, nargs="+", help="prefill_rate_probe.py's summary.csv files")
+    parser.add_argument("--shape", nargs="+", required=True, help="the shapes whose mixes make the curve")
     parser.add_argument("--model", required=True, help="the ModelSpec name the probe served (e.g. qwen3-0.6b)")
     parser.add_argument("--hardware", required=True, help="the HardwareSpec name of the GPU (e.g. H200-SXM-141GB)")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="seconds of recent steps the rate is over")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        summary = pd.read_csv(args.summary)
+        summaries = [pd.read_csv(path) for path in args.summaries]
         command = "python -m experiments.fidelity.power_curve " + shlex.join(sys.argv[1:] if argv is None else argv)
-        curve = curve_of(summary, args.shape, args.model, args.hardware, args.window_s, command)
+        curve = curve_of(summaries, args.shape, args.model, args.hardware, args.window_s, command)
     except (OSError, KeyError, ValueError, pd.errors.ParserError) as error:
         print(f"power_curve: {error}", file=sys.stderr)
         return 1
