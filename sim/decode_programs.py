@@ -30,9 +30,13 @@ Below, the kernel cuts the keys into four programs per SM, and what few short pr
 in the profile already: its grid measured those batches down to 128-token contexts, and a fit's
 per-batch price holds them (adding the fluid's wait there would count it twice: +68 us on a step
 of one 128-token sequence). Only at the grid's mean: the fit's one context price leaves long
-contexts of few sequences short (a CUDA graph's captured splits make each program walk a fixed
-share of its sequence: the H200 grid's rows of one sequence rise 1.4e-7 s a token against 2.6e-8,
-experiments/fidelity/code_completion_h200_r5/README.md). From two programs per SM on, a program
+contexts of few sequences short (the H200 grid's rows of one sequence rise 1.4e-7 s a token against
+2.6e-8, experiments/fidelity/code_completion_h200_r5/README.md). That is not the programs' walk but
+the merge of a sequence's partials, which its last program does one split after another: a graph
+keeps many splits for few sequences, so the merge grows with the context up to the split count
+(used_splits; 9.0 us a step per merged split for Qwen3-0.6B on an H200,
+experiments/fidelity/small_batch_decode_h200/README.md), and no fit term prices it yet. From two
+programs per SM on, a program
 walks the mean context, and the grid's rows (even contexts up to 3,072 tokens, at least 384
 programs) have no such wait, so the fit cannot hold what served long contexts add.
 
@@ -147,6 +151,11 @@ class DecodePrograms:
             return pieces
         rows = [np.tile(row[row > 0], self.num_kv_heads) for row in pieces]
         return np.concatenate(rows)
+
+    def used_splits(self, seq_lens: Sequence[int], graph: tuple[int, int] | None = None) -> np.ndarray:
+        """Programs each real sequence's keys take (per KV head) in a launch of split_count(graph): a
+        sequence of more than one has its partials merged, one after another, by the last of them."""
+        return (self._pieces(_real(seq_lens), graph) > 0).sum(axis=0)
 
     def _pieces(self, lens: np.ndarray, graph: tuple[int, int] | None) -> np.ndarray:
         """[split, sequence]: the keys of each sequence's program at each split (0: unused), in a

@@ -27,3 +27,18 @@ def test_slopes_are_per_context_token_of_the_whole_batch():
     assert table.loc[1, "s_per_context_token"] == pytest.approx(1.4e-7)
     assert table.loc[8, "s_per_context_token"] == pytest.approx(3.1e-8)
     assert table.loc[8, "span_at_shortest_ms"] == pytest.approx(1.0 + 1e3 * 3.1e-8 * 8 * 512)
+
+
+def test_the_merge_fit_recovers_a_price_per_merged_split_and_per_context_token():
+    probe = _probe()
+    rows = []
+    for batch, base in ((1, 1.4e-3), (2, 1.41e-3), (8, 1.43e-3), (32, 1.79e-3)):
+        for context in (512, 2048, 4096, 8000):
+            used = int(probe.QWEN3_06B_H200.used_splits([context] * batch, (batch, 8192)).max())
+            rows.append({"batch": batch, "context": context,
+                         "span_s": base + 9e-6 * (used if used > 1 else 0) + 2.6e-8 * batch * context})
+    fitted, per_split, per_token = probe.merge_fit(pd.DataFrame(rows))
+    assert per_split == pytest.approx(9e-6) and per_token == pytest.approx(2.6e-8)
+    assert fitted["err"].abs().max() < 1e-9
+    plain, none, _ = probe.merge_fit(pd.DataFrame(rows), with_merge=False)
+    assert none == 0.0 and plain["err"].abs().max() > 0.05

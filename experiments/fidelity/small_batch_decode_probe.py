@@ -12,14 +12,23 @@ B at the shortest and longest L, the kernels under torch.profiler: which kernel 
         --out $OUT/small_decode
 
 Writes steps.csv (B, L, median span), kernels.csv (B, L, kernel, device us a step) and summary.txt.
+With --fit STEPS_CSV (no GPU) it fits the steps as a price per batch size + a price per context
+token + a price per split the longest sequence's partials take to merge (sim.decode_programs
+used_splits: the kernel's last program of a sequence merges them one after another) and prints each
+step's fit:
+
+    python experiments/fidelity/small_batch_decode_probe.py --fit experiments/fidelity/small_batch_decode_h200/steps.csv
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pandas as pd
 
 from harness.scripting import open_probe_engine, probe_args, probe_parser, probe_plan
+from sim.decode_programs import DecodePrograms
 
 BATCHES = (1, 2, 4, 8, 32)
 CONTEXTS = (512, 2048, 4096, 8000)
@@ -61,7 +70,46 @@ def slopes(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# Qwen3-0.6B's decode kernel on an H200: 8 KV heads, 28 layers, 2 x 128 x 2 bytes a key, 132 SMs
+QWEN3_06B_H200 = DecodePrograms(8, 28, 512, 132, 12.9e9)
+
+
+def merge_fit(steps: pd.DataFrame, programs: DecodePrograms = QWEN3_06B_H200, graph_context: int = 8192,
+              with_merge: bool = True) -> tuple[pd.DataFrame, float, float]:
+    """(steps with their merge splits and fitted span, seconds per merged split of a step, seconds
+    per context token): span = a price per batch size + c x the longest sequence's merge splits
+    (0 where it takes one program) + d x the batch's context tokens, least squares. Each step a
+    CUDA graph of its batch size captured for graph_context tokens (the probe's max_model_len).
+    with_merge False: without c (as a profile's fit prices a decode graph step), c reported 0."""
+    used = [int(programs.used_splits([c] * b, (b, graph_context)).max())
+            for b, c in zip(steps["batch"], steps["context"])]
+    merge = np.where(np.array(used) > 1, used, 0) * int(with_merge)
+    batches = sorted(steps["batch"].unique())
+    design = np.column_stack([(steps["batch"] == b).to_numpy(float) for b in batches]
+                             + [merge, (steps["batch"] * steps["context"]).to_numpy(float)])
+    if not with_merge:
+        design[:, -2] = 0.0  # lstsq gives a zero column no weight
+    coefs, *_ = np.linalg.lstsq(design, steps["span_s"].to_numpy(), rcond=None)
+    fitted = steps.assign(merge_splits=merge, fit_s=design @ coefs)
+    return fitted.assign(err=fitted["fit_s"] / fitted["span_s"] - 1), float(coefs[-2]), float(coefs[-1])
+
+
+def print_fit(path: str) -> int:
+    fitted, per_split, per_token = merge_fit(pd.read_csv(path))
+    print(fitted.assign(span_ms=1e3 * fitted.span_s, fit_ms=1e3 * fitted.fit_s).drop(columns=["span_s", "fit_s"])
+          .round(4).to_string(index=False))
+    print(f"per merged split {1e6 * per_split:.2f} us a step ({1e6 * per_split / QWEN3_06B_H200.num_layers:.3f} "
+          f"us a layer); per context token {per_token:.3e} s; largest |err| {fitted.err.abs().max():.1%}")
+    plain, _, plain_token = merge_fit(pd.read_csv(path), with_merge=False)
+    print(f"without the merge: per context token {plain_token:.3e} s; largest |err| {plain.err.abs().max():.1%} "
+          f"({plain.loc[plain.err.abs().idxmax(), ['batch', 'context']].tolist()})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--fit"] and len(argv) == 2:
+        sys.exit(print_fit(argv[1]))
     parser = probe_parser(__doc__.splitlines()[0], num_blocks=1200)
     args = probe_args(parser, argv)
     executor, sched = open_probe_engine(args.ckpt, args.num_blocks, max_model_len=args.max_model_len)

@@ -257,3 +257,13 @@ def test_the_schedule_in_rounds_is_the_schedule_one_program_at_a_time(keys, slot
     walked = np.array(keys, dtype=float)
     slots = min(slots, walked.size - 1)
     assert np.array_equal(list_schedule_starts(walked, slots), _one_at_a_time(walked, slots))
+
+
+def test_used_splits_follow_the_graphs_split_count_and_the_fair_share():
+    """One sequence in a graph of one captured for 8,192 tokens: 64 splits, pieces of at least a tile
+    and of the fair share (its keys over four programs per SM), so the merge chain grows with the
+    context until the split count caps it; a batch of 32 takes few pieces each."""
+    programs = DecodePrograms(8, 28, 512, 132, 12.9e9)
+    assert [int(programs.used_splits([n], (1, 8192))[0]) for n in (100, 512, 2048, 4096, 8000)] == [2, 8, 32, 64, 63]
+    assert programs.used_splits([8000] * 32, (32, 8192)).tolist() == [3] * 32
+    assert programs.used_splits([0, 300], (2, 8192)).tolist() == [5]  # padding takes none
