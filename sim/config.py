@@ -81,6 +81,10 @@ class SimConfig:
     cached context (sim.prefill_programs; needs the hardware's num_sms and prefill_programs_per_sm).
     Saved coefficients fitted with the term price it whatever this says; False: a grid is fitted
     without it, as before.
+    decode_merge: a profile given as a step-timing table is fitted with the decode kernel's merge of
+    each sequence's split partials, the longest a step runs (sim.decode_merge; needs the hardware's
+    num_sms and decode_program_bandwidth). Saved coefficients fitted with it price it whatever this
+    says; False: a grid is fitted without it.
     prefill_cached_kv: with prefill_programs, such a grid's prefill fits also take the K/V bytes of
     each step's cached context (sim.prefill_programs, PREFILL_CACHED_KV_BYTES). False: not fitted.
     repeated_reads: how the profiled model prices KV blocks that sequences sharing a prefix read
@@ -127,6 +131,7 @@ class SimConfig:
     decode_programs_baseline: str = "none"
     prefill_programs: bool = False
     prefill_cached_kv: bool = False
+    decode_merge: bool = False
     repeated_reads: str = "additive"
     fleet_intake: bool = False
     idle_start: bool | None = False
@@ -171,8 +176,8 @@ class SimConfig:
         if self.idle_start is not None and not isinstance(self.idle_start, bool):
             raise ValueError(f"SimConfig.idle_start must be true, false or null (where measured), "
                              f"got {self.idle_start!r}")
-        for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "fleet_intake",
-                     "kv_scatter", "plan_after_launches"):
+        for name in ("fast_forward", "decode_programs", "prefill_programs", "prefill_cached_kv", "decode_merge",
+                     "fleet_intake", "kv_scatter", "plan_after_launches"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SimConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.prefill_cached_kv and not self.prefill_programs:

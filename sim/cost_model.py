@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from engine.core.graph_sizes import GraphSizes
@@ -59,7 +60,17 @@ def _profiled(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, graphs: 
     # repeated KV reads: the fit's price, or the hardware's L2 prior where the profile had none
     assert sim.profile_path is not None  # SimConfig requires it for this cost model
     programs = prefill_programs(model, hardware, sim)
-    profiled = ProfiledCostModel.load(sim.profile_path, graphs, programs, fit_programs=sim.prefill_programs)
+    kernel = decode_kernel(model, hardware, sim)
+    if sim.decode_merge and kernel is None:
+        raise ValueError(f"backend.decode_merge=true needs hardware.num_sms and hardware.decode_program_bandwidth; "
+                         f"{hardware.name} lacks them")
+    profiled = ProfiledCostModel.load(sim.profile_path, graphs, programs, fit_programs=sim.prefill_programs,
+                                      decode_merge=kernel if sim.decode_merge else None)
+    if profiled.prices_merge:  # fitted with the merge: priced with this GPU's kernel
+        if kernel is None:
+            raise ValueError(f"backend.profile_path {sim.profile_path} prices the decode kernel's merge "
+                             f"(sim/decode_merge.py); {hardware.name} lacks num_sms / decode_program_bandwidth")
+        profiled.merge_programs = kernel
     if sim.profile_hardware is not None and sim.profile_hardware.name != hardware.name:
         profiled = transfer(profiled, sim.profile_hardware, hardware, model, sim.profile_tp_size or 1)
     profiled = with_prior(profiled, hardware, sim.repeated_reads)
@@ -104,20 +115,28 @@ def prefill_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -
     return programs
 
 
+def decode_kernel(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> DecodePrograms | None:
+    """The engine's decode kernel on this GPU (its programs, without waves), or None where the
+    hardware lacks its figures. A TP=1 profile carried to a larger tp_size is priced at TP=1."""
+    if hardware.num_sms is None or hardware.decode_program_bandwidth is None:
+        return None
+    tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
+    key_bytes = model.kv_bytes_per_token_per_rank(tp) // (model.num_layers * model.kv_heads_per_rank(tp))
+    return DecodePrograms(model.kv_heads_per_rank(tp), model.num_layers, key_bytes, hardware.num_sms,
+                          hardware.decode_program_bandwidth)
+
+
 def decode_programs(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> DecodePrograms | None:
     """The engine's decode kernel on this GPU (sim.decode_programs), or None where sim.decode_programs
     is off or the hardware lacks its figures. A TP=1 profile carried to a larger tp_size is priced at
     TP=1, then transferred."""
-    if not sim.decode_programs or hardware.num_sms is None or hardware.decode_program_bandwidth is None:
+    kernel = decode_kernel(model, hardware, sim)
+    if not sim.decode_programs or kernel is None:
         return None
     if sim.decode_programs_baseline == "grid_waves" and hardware.decode_programs_per_sm is None:
         raise ValueError("backend.decode_programs_baseline=grid_waves takes the grid's waves off the decode "
                          f"kernel's wait: {hardware.name} prices no waves (set hardware.decode_programs_per_sm)")
-    tp = 1 if sim.transfers_tp else sim.execution.tensor_parallel_size
-    key_bytes = model.kv_bytes_per_token_per_rank(tp) // (model.num_layers * model.kv_heads_per_rank(tp))
-    return DecodePrograms(model.kv_heads_per_rank(tp), model.num_layers, key_bytes, hardware.num_sms,
-                          hardware.decode_program_bandwidth, hardware.decode_programs_per_sm,
-                          baseline=sim.decode_programs_baseline)
+    return replace(kernel, resident_per_sm=hardware.decode_programs_per_sm, baseline=sim.decode_programs_baseline)
 
 
 @COST_MODELS.register("roofline")

@@ -35,7 +35,8 @@ contexts of few sequences short (the H200 grid's rows of one sequence rise 1.4e-
 the merge of a sequence's partials, which its last program does one split after another: a graph
 keeps many splits for few sequences, so the merge grows with the context up to the split count
 (used_splits; 9.0 us a step per merged split for Qwen3-0.6B on an H200,
-experiments/fidelity/small_batch_decode_h200/README.md), and no fit term prices it yet. From two
+experiments/fidelity/small_batch_decode_h200/README.md), which backend.decode_merge fits as a term
+(sim.decode_merge; off by default). From two
 programs per SM on, a program
 walks the mean context, and the grid's rows (even contexts up to 3,072 tokens, at least 384
 programs) have no such wait, so the fit cannot hold what served long contexts add.
@@ -89,6 +90,8 @@ GH100_DECODE_PROGRAMS_PER_SM = 5
 # the key of a step's features that carries excess_s to the profiled model's price (not a profile column)
 PROGRAM_EXCESS = "decode_program_excess_s"
 DECODE_PROGRAMS_BASELINES = ("none", "grid_spread", "grid_waves")  # SimConfig.decode_programs_baseline (module doc)
+# a decode step's longest chain of split partials merged one after another (sim.decode_merge)
+DECODE_MERGE_SPLITS = "decode_merge_splits"
 GRID_SPREAD = 0.5  # the grid's decode contexts: mean x [1 - GRID_SPREAD, 1 + GRID_SPREAD] (harness.calibration.grid)
 
 
@@ -155,7 +158,15 @@ class DecodePrograms:
     def used_splits(self, seq_lens: Sequence[int], graph: tuple[int, int] | None = None) -> np.ndarray:
         """Programs each real sequence's keys take (per KV head) in a launch of split_count(graph): a
         sequence of more than one has its partials merged, one after another, by the last of them."""
-        return (self._pieces(_real(seq_lens), graph) > 0).sum(axis=0)
+        used: np.ndarray = (self._pieces(_real(seq_lens), graph) > 0).sum(axis=0)
+        return used
+
+    def merge_splits(self, seq_lens: Sequence[int], graph: tuple[int, int] | None = None) -> int:
+        """The launch's longest merge: the most programs one real sequence's keys take, 0 where
+        every sequence takes one (its program writes the output itself)."""
+        used = self.used_splits(seq_lens, graph)
+        longest = int(used.max()) if used.size else 0
+        return longest if longest > 1 else 0
 
     def _pieces(self, lens: np.ndarray, graph: tuple[int, int] | None) -> np.ndarray:
         """[split, sequence]: the keys of each sequence's program at each split (0: unused), in a

@@ -50,6 +50,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
+from sim.decode_merge import prices_merge, with_decode_merge, with_row_merge
 from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
 from sim.features import MOE_FEATURES, DistinctExperts, as_graph_sizes, step_features
 from sim.host_draws import host_draw
@@ -146,6 +147,9 @@ class ProfiledCostModel:
         # the engine's prefill kernel, whose longest programs a prefill step waits on, where the
         # profile was fitted with them (sim.prefill_programs; uses_prefill_programs)
         self.prefill_programs: PrefillPrograms | None = None
+        # the engine's decode kernel, whose merge of split partials a fit fitted with it prices
+        # (sim.decode_merge; prices_merge)
+        self.merge_programs: DecodePrograms | None = None
 
     @property
     def uses_prefill_programs(self) -> bool:
@@ -165,13 +169,23 @@ class ProfiledCostModel:
 
     # ---- fitting and persistence --------------------------------------------------------------
 
+    @property
+    def prices_merge(self) -> bool:
+        """Whether a decode fit prices the merge of split partials (sim.decode_merge)."""
+        return prices_merge(self.fits)
+
     @classmethod
     def fit(cls, df: pd.DataFrame, graphs: GraphSizes | Sequence[int] = (), max_knots: int = 40,
-            min_support: int = 3, prefill_programs: PrefillPrograms | None = None) -> ProfiledCostModel:
+            min_support: int = 3, prefill_programs: PrefillPrograms | None = None,
+            decode_merge: DecodePrograms | None = None) -> ProfiledCostModel:
         """Fit on a step-timing table (columns: sim.features.FEATURE_COLUMNS and duration_s); with
-        prefill_programs, the prefill fits take the kernel's program term (sim.prefill_programs)."""
-        model = cls(fit_regimes(df, max_knots, min_support, prefill_programs), graphs)
+        prefill_programs, the prefill fits take the kernel's program term (sim.prefill_programs); with
+        decode_merge, the decode fits the merge of split partials (sim.decode_merge)."""
+        sizes = as_graph_sizes(graphs)
+        merge = None if decode_merge is None else (decode_merge, sizes.decode_context)
+        model = cls(fit_regimes(df, max_knots, min_support, prefill_programs, merge), sizes)
         model.prefill_programs = prefill_programs
+        model.merge_programs = decode_merge if model.prices_merge else None
         return model
 
     def to_csv(self, path: str | Path) -> None:
@@ -184,7 +198,8 @@ class ProfiledCostModel:
 
     @classmethod
     def load(cls, path: str | Path, graphs: GraphSizes | Sequence[int] = (),
-             prefill_programs: PrefillPrograms | None = None, fit_programs: bool = True) -> ProfiledCostModel:
+             prefill_programs: PrefillPrograms | None = None, fit_programs: bool = True,
+             decode_merge: DecodePrograms | None = None) -> ProfiledCostModel:
         """Read either saved coefficients (to_csv) or a measured step-timing table (fitted now, with
         prefill_programs' term where given and fit_programs). Saved coefficients fitted with the
         term price it with prefill_programs (required then: ValueError without)."""
@@ -193,7 +208,8 @@ class ProfiledCostModel:
         except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
             raise ValueError(f"{path}: not a readable CSV file ({str(error).strip()})") from None
         if "duration_s" in df.columns:
-            return cls.fit(df, graphs, prefill_programs=prefill_programs if fit_programs else None)
+            return cls.fit(df, graphs, prefill_programs=prefill_programs if fit_programs else None,
+                           decode_merge=decode_merge)
         if not set(COEFFICIENT_COLUMNS) <= set(df.columns):
             raise ValueError(f"{path}: neither a step-timing table (needs duration_s) nor saved coefficients "
                              "(needs regime, kind, name, x, value)")
@@ -239,6 +255,8 @@ class ProfiledCostModel:
     def _with_programs(self, features: dict[str, float], plan: StepPlan, ahead: int) -> dict[str, float]:
         if self.prefill_programs is not None and self.uses_prefill_programs:
             features = with_prefill_programs(features, plan, self.prefill_programs)
+        if self.merge_programs is not None:
+            features = with_decode_merge(features, plan, ahead, self.merge_programs, self.graphs)
         return with_program_excess(features, plan, ahead, self.decode_programs, self.fits, self.graphs)
 
     def _price(self, features: dict[str, float], step: int) -> float:
@@ -289,7 +307,7 @@ class ProfiledCostModel:
         fit = self.fits.get(name)
         if fit is None:
             return 0.0
-        features = with_row_programs(features, self.fits, self.prefill_programs)
+        features = self._row_terms(features)
         value = max(fit.predict(features) - self._read_saving(name, fit, features), 0.0)
         if part == "gpu":
             return value * self.device_scale * self.power_scale
@@ -310,7 +328,7 @@ class ProfiledCostModel:
         """The executor's part of the step (comparable with a table's duration_s); a step's features
         without the prefill program term the profile prices take it from their totals
         (sim.profiled_features.with_row_programs)."""
-        features = with_row_programs(features, self.fits, self.prefill_programs)
+        features = self._row_terms(features)
         regime = regime_of(features)
         used = next(r for r in FALLBACK[regime] if r in self.fits)
         if used != regime:
@@ -325,6 +343,14 @@ class ProfiledCostModel:
             floor = max(self.floor(features), floor)
         return max(fit.predict(features) - self._read_saving(used, fit, features) + features.get(PROGRAM_EXCESS, 0.0),
                    floor) * self.device_scale * self.power_scale
+
+    def _row_terms(self, features: Mapping[str, float]) -> Mapping[str, float]:
+        """features with the kernel terms the fits price, from the step's totals where it lacks them
+        (a table's row, a tool's own step: sim.profiled_features.with_row_programs, sim.decode_merge)."""
+        features = with_row_programs(features, self.fits, self.prefill_programs)
+        if self.prices_merge:
+            features = with_row_merge(features, self.merge_programs, self.graphs.decode_context)
+        return features
 
     def _read_saving(self, name: str, fit: PiecewiseLinearFit, features: Mapping[str, float]) -> float:
         """What the step's repeated reads save under the overlap rule (0 without it)."""

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from sim.decode_merge import merge_column
+from sim.decode_programs import DECODE_MERGE_SPLITS, DecodePrograms
 from sim.features import MOE_FEATURES
 from sim.piecewise import PiecewiseLinearFit
 from sim.prefill_programs import PREFILL_CACHED_KV_BYTES, PREFILL_PROGRAM_KEYS, PrefillPrograms
@@ -107,17 +109,23 @@ def _fit(rows: pd.DataFrame, size: str, linear: tuple[str, ...], target: str, ma
     return fit(linear)
 
 
-def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
-                programs: PrefillPrograms | None = None) -> dict[str, PiecewiseLinearFit]:
+def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int, programs: PrefillPrograms | None = None,
+                merge: tuple[DecodePrograms, int] | None = None) -> dict[str, PiecewiseLinearFit]:
     """Every regime's fits on a step-timing table (columns: sim.features.FEATURE_COLUMNS and
     duration_s): each regime's duration, its overlap parts where the table has their columns, and
     the host time where it has host_s. With programs, the prefill regimes' durations and device
     times also fit the prefill kernel's program term (sim.prefill_programs; _fit), and with
-    programs.cached_kv the cached context's K/V bytes: columns computed here from each row."""
+    programs.cached_kv the cached context's K/V bytes: columns computed here from each row. With
+    merge (the decode kernel and the context its graphs were captured for), the decode regimes'
+    durations and device times also fit the merge of split partials (sim.decode_merge)."""
     df = complete_columns(df)
     terms: tuple[str, ...] = ()
+    decode_terms: tuple[str, ...] = ()
+    records = df.to_dict("records") if programs is not None or merge is not None else []
+    if merge is not None:
+        df = df.assign(**{DECODE_MERGE_SPLITS: merge_column(records, *merge)})
+        decode_terms = (DECODE_MERGE_SPLITS,)
     if programs is not None:
-        records = df.to_dict("records")
         df = df.assign(**{PREFILL_PROGRAM_KEYS: programs.column(records)})
         terms = (PREFILL_PROGRAM_KEYS,)
         if programs.cached_kv:
@@ -130,15 +138,15 @@ def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
         rows = timed[regimes == name]
         if len(rows):
             fits[name] = _fit(rows, size, with_moe(rows, linear), "duration_s", max_knots, min_support,
-                              terms if name in PREFILL_REGIMES else ())
+                              _terms(name, terms, decode_terms))
     for part, column in OVERLAP_PARTS.items():
         if column not in df.columns:
             continue
         for name, (size, linear) in REGIMES.items():
             rows = df[(table_regimes(df) == name) & df[column].notna()]
             if len(rows):
-                # the term is device time: the host parts (launches, leads) are fitted without it
-                device = terms if name in PREFILL_REGIMES and part not in HOST_PARTS else ()
+                # the terms are device time: the host parts (launches, leads) are fitted without them
+                device = _terms(name, terms, decode_terms) if part not in HOST_PARTS else ()
                 fits[f"{part}:{name}"] = _fit(rows, size, with_moe(rows, linear), column, max_knots, min_support,
                                               device, relative=part != "lead")
     if "host_s" in df.columns and (df["host_s"] <= HOST_STALL_S).any():
@@ -148,6 +156,11 @@ def fit_regimes(df: pd.DataFrame, max_knots: int, min_support: int,
                                                    rows["host_s"].to_numpy(), size, HOST_MAX_KNOTS,
                                                    min_support, relative=False)
     return fits
+
+
+def _terms(regime: str, prefill: tuple[str, ...], decode: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernel terms a regime's fits take: the prefill kernel's or the decode kernel's."""
+    return prefill if regime in PREFILL_REGIMES else decode if regime in DECODE_REGIMES else ()
 
 
 COEFFICIENT_COLUMNS = ["regime", "kind", "name", "x", "value"]

@@ -86,8 +86,8 @@ def with_prior(model: ProfiledCostModel, hardware: HardwareSpec, rule: str = "ad
 
 
 def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]) -> ProfiledCostModel:
-    """A ProfiledCostModel like model (graphs, launch delay, loop work, host and device scale, residuals, routing)
-    with other fits."""
+    """A ProfiledCostModel like model (graphs, launch delay, loop work, host and device scale, residuals, routing,
+    kernels) with other fits."""
     copy = ProfiledCostModel(fits, model.graphs)
     copy.launch_delay_s = model.launch_delay_s
     copy.loop_s, copy.loop_per_seq_s = model.loop_s, model.loop_per_seq_s
@@ -98,5 +98,6 @@ def copy_with_fits(model: ProfiledCostModel, fits: dict[str, PiecewiseLinearFit]
     copy.distinct_experts = model.distinct_experts
     copy.decode_programs = model.decode_programs
     copy.prefill_programs = model.prefill_programs
+    copy.merge_programs = model.merge_programs
     copy.overlapped_reads = model.overlapped_reads
     return copy
