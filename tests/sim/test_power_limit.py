@@ -138,7 +138,7 @@ def test_a_power_curve_slows_a_busy_run():
     assert plain[3] * 1.02 < powered[3] < plain[3] * 1.5  # makespan: slower, by no more than the curve's top
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from((_Powered, _PoweredRepeats)), st.sampled_from(POLICIES), st.booleans(), st.booleans(),
        st.integers(16, 80), st.integers(0, 10**6), st.integers(1, 30), st.integers(1, 8))
 def test_fast_forward_with_a_power_curve_matches_step_by_step(cost, policy, overlap, caching, num_blocks, seed, n,
@@ -147,7 +147,7 @@ def test_fast_forward_with_a_power_curve_matches_step_by_step(cost, policy, over
     assert _serve(True, *args) == _serve(False, *args)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(POLICIES), st.booleans(), st.integers(0, 10**6), st.integers(1, 30),
        st.sampled_from(("round_robin", "least_requests", "least_tokens")))
 def test_fast_forward_with_a_power_curve_matches_step_by_step_in_a_fleet(policy, overlap, seed, n, router):
