@@ -58,6 +58,7 @@ def transfer(model: ProfiledCostModel, source: HardwareSpec, target: HardwareSpe
     moved.loop_s, moved.loop_per_seq_s = model.loop_s, model.loop_per_seq_s  # host time: not the GPU's
     moved.distinct_experts = model.distinct_experts
     moved.prefill_programs = model.prefill_programs  # the target's, where the builder knows it
+    moved.merge_programs = model.merge_programs  # the target's decode kernel; its merge price is a latency, kept
     return moved
 
 

@@ -82,3 +82,15 @@ def test_the_setting_needs_the_decode_kernels_figures():
                              "hardware.decode_program_bandwidth=null"])
     with pytest.raises(ValueError, match="decode_merge=true needs hardware.num_sms and hardware.decode_program_band"):
         make_cost_model(rc.model, rc.hardware, rc.sim)
+
+
+def test_a_merge_fit_carried_to_another_gpu_prices_the_merge_there(fits, tmp_path):
+    merged, _ = fits
+    path = tmp_path / "merge.csv"
+    merged.to_csv(path)
+    rc = compose_run_config(["model=qwen3-0.6b", "hardware=h100", "backend=sim", "backend.cost_model=profiled",
+                             f"backend.profile_path={path}", "backend.profile_hardware=h200",
+                             "backend.decode_programs=false"])
+    model = make_cost_model(rc.model, rc.hardware, rc.sim, GraphSizes((1, 2, 4), (), 8192))
+    assert model.merge_programs is not None and model.merge_programs.num_sms == rc.hardware.num_sms
+    assert model.step_time(decode_batch([3999])) > model.step_time(decode_batch([500]))
