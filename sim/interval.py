@@ -126,6 +126,16 @@ class PerturbedCostModel:
         """The inner model's (ProfiledCostModel.prices_lead): a perturbed draw prices the same lead."""
         return bool(getattr(self.inner, "prices_lead", False))
 
+    @property
+    def power_scale(self) -> float:
+        """The inner model's (sim.power_limit: the executor sets it before each step); an
+        AttributeError where the inner model has none."""
+        return float(self.inner.power_scale)  # type: ignore[attr-defined]
+
+    @power_scale.setter
+    def power_scale(self, value: float) -> None:
+        self.inner.power_scale = value  # type: ignore[attr-defined]
+
 
 def perturbed_models(make_inner: Callable[[], CostModel], residuals: Sequence[float],
                      config: IntervalConfig) -> list[PerturbedCostModel]:

@@ -185,3 +185,14 @@ def test_a_curve_of_another_model_or_gpu_or_cost_model_is_refused():
         compose_run_config(["model=qwen3-0.6b", "hardware=h200", "backend=sim", f"backend.power_curve={H200_06}"])
     with pytest.raises(ConfigError, match="backend.power_curve: "):
         compose_run_config(["backend=sim", "backend.cost_model=profiled", "backend.power_curve=nowhere.json"])
+
+
+def test_an_interval_prices_its_draws_with_the_power_curve_too():
+    from harness.fidelity.interval import simulate_with_interval
+    from sim.interval import IntervalConfig
+
+    rc = _h200_run(f"backend.power_curve={H200_06}", "workload.num_requests=120")
+    plain = _h200_run("workload.num_requests=120")
+    config = IntervalConfig(draws=3, machine_spread=0.0)
+    powered, unpowered = (simulate_with_interval(r, config).summary for r in (rc, plain))
+    assert powered["e2e_p90_s_lo"] > unpowered["e2e_p90_s_lo"]  # every draw slowed, not just the point
