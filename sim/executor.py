@@ -119,10 +119,11 @@ class SimExecutor:
         """The step, after the landed requests' writes into the cache (landed()) and idle_s of host
         work before its device work."""
         result = self._price(plan)
-        extra_s = self._scatter_s + idle_s
-        if extra_s:
-            result = replace(result, duration_s=result.duration_s + extra_s)
+        if self._scatter_s:
+            result = replace(result, duration_s=result.duration_s + self._scatter_s)
             self._scatter_s = 0.0
+        if idle_s:
+            result = replace(result, duration_s=result.duration_s + idle_s)
         if self._power is not None:
             self._power.ran(result.duration_s, plan.stats.num_prefill_tokens)
         return result

@@ -102,6 +102,9 @@ class ProfiledCostModel:
             raise ValueError(
                 "a profiled cost model needs prefill steps in its profile (regime 'prefill' or 'prefill_graph')")
         self.fits = dict(fits)
+        # whether a decode fit prices the merge of split partials (sim.decode_merge): read on every
+        # priced step, so once here (a model's fits are not changed after it is made)
+        self.prices_merge = prices_merge(self.fits)
         self.graphs = as_graph_sizes(graphs)  # which steps the engine replays as CUDA graphs
         self._warned: set[tuple[str, str]] = set()
         # the previous priced step, for overlap: its duration and its own launch time
@@ -168,11 +171,6 @@ class ProfiledCostModel:
         return any(name in MOE_FEATURES for fit in self.fits.values() for name, _, _ in fit.ranges)
 
     # ---- fitting and persistence --------------------------------------------------------------
-
-    @property
-    def prices_merge(self) -> bool:
-        """Whether a decode fit prices the merge of split partials (sim.decode_merge)."""
-        return prices_merge(self.fits)
 
     @classmethod
     def fit(cls, df: pd.DataFrame, graphs: GraphSizes | Sequence[int] = (), max_knots: int = 40,
