@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.decode_programs import DECODE_MERGE_SPLITS, DecodePrograms, grid_spread_lens
+from sim.decode_programs import DECODE_MERGE_SPLITS, DecodePrograms, grid_spread_lens, launch_graph, plan_lens
 from sim.piecewise import PiecewiseLinearFit
 
 
@@ -42,18 +42,13 @@ def _decode_only(features: Mapping[str, Any]) -> bool:
     return not features["num_prefill_tokens"] and bool(features["num_decode_tokens"])
 
 
-def _graph(features: Mapping[str, Any], decode_context: int) -> tuple[int, int] | None:
-    """The launch's graph as DecodePrograms.split_count takes it, None for an eager step."""
-    return (int(features["graph_batch_size"]), decode_context) if features["cuda_graph"] and decode_context else None
-
-
 def row_merge_splits(row: Mapping[str, Any], programs: DecodePrograms, decode_context: int) -> int:
     """A step table row's merge term, its contexts the grid's spread around their mean (module doc)."""
     if not _decode_only(row):
         return 0
     seqs = int(row["num_seqs"])
     lens = grid_spread_lens(seqs, float(row["decode_context_tokens"]) / max(seqs, 1)).tolist()
-    return programs.merge_splits(lens, _graph(row, decode_context))
+    return programs.merge_splits(lens, launch_graph(row, decode_context))
 
 
 def merge_column(rows: Sequence[Mapping[str, Any]], programs: DecodePrograms, decode_context: int) -> list[int]:
@@ -65,8 +60,7 @@ def with_decode_merge(features: dict[str, float], plan: StepPlan, ahead: int, pr
     """features, with the merge term of the step, its contexts `ahead` tokens longer than plan's."""
     merge = 0
     if _decode_only(features):
-        lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
-        merge = programs.merge_splits(lens, _graph(features, graphs.decode_context))
+        merge = programs.merge_splits(plan_lens(plan, ahead), launch_graph(features, graphs.decode_context))
     features[DECODE_MERGE_SPLITS] = merge
     return features
 

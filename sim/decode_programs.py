@@ -76,12 +76,14 @@ the committed measure calls go from 599 to 624 of 755 comparisons within target
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from engine.core.decode_split import BLOCK_N, choose_num_splits, fair_share, mean_share
+from engine.core.plan import StepPlan
 
 # programs of the engine's decode kernel one SM of the GH100 die (H100, H200) holds: read off served
 # steps' jump at 83 sequences and the compiled kernel's registers (tests/kernels/test_decode_attention.py).
@@ -93,6 +95,17 @@ DECODE_PROGRAMS_BASELINES = ("none", "grid_spread", "grid_waves")  # SimConfig.d
 # a decode step's longest chain of split partials merged one after another (sim.decode_merge)
 DECODE_MERGE_SPLITS = "decode_merge_splits"
 GRID_SPREAD = 0.5  # the grid's decode contexts: mean x [1 - GRID_SPREAD, 1 + GRID_SPREAD] (harness.calibration.grid)
+
+
+def launch_graph(features: Mapping[str, Any], decode_context: int) -> tuple[int, int] | None:
+    """A decode step's CUDA graph as DecodePrograms.split_count takes it: (its padded batch size,
+    the context it was captured for); None for an eager step or an unknown capture context."""
+    return (int(features["graph_batch_size"]), decode_context) if features["cuda_graph"] and decode_context else None
+
+
+def plan_lens(plan: StepPlan, ahead: int = 0) -> list[int]:
+    """Each scheduled sequence's context after the step, `ahead` tokens further (a repeat's)."""
+    return [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
 
 
 def grid_spread_lens(num_seqs: int, mean: float) -> np.ndarray:

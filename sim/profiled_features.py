@@ -14,7 +14,7 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from engine.core.plan import StepPlan
-from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms
+from sim.decode_programs import PROGRAM_EXCESS, DecodePrograms, launch_graph, plan_lens
 from sim.features import MOE_FEATURES, ROUTING_GROUPS, DistinctExperts, row_read_sequences
 from sim.piecewise import PiecewiseLinearFit
 from sim.prefill_programs import (
@@ -37,11 +37,9 @@ def with_program_excess(features: dict[str, float], plan: StepPlan, ahead: int, 
         return features
     used = fits[next(r for r in FALLBACK[regime_of(features)] if r in fits)]
     per_token = dict(zip(used.linear_features, used.linear_coefs)).get("decode_context_tokens", 0.0)
-    lens = [e.num_computed_tokens + len(e.token_ids) + ahead for e in plan.scheduled]
     # a graph launches with the split count it was captured with (sim.decode_programs)
-    context = graphs.decode_context
-    graph = (int(features["graph_batch_size"]), context) if features["cuda_graph"] and context else None
-    features[PROGRAM_EXCESS] = programs.step_excess_s(lens, per_token, graph)
+    graph = launch_graph(features, graphs.decode_context)
+    features[PROGRAM_EXCESS] = programs.step_excess_s(plan_lens(plan, ahead), per_token, graph)
     return features
 
 

@@ -24,6 +24,8 @@ import pandas as pd
 
 from engine.core.graph_sizes import GraphSizes
 from harness.config import ConfigError, load_hardware, model_spec
+from sim.config import SimConfig
+from sim.cost_model import decode_kernel
 from sim.decode_programs import DECODE_MERGE_SPLITS, DecodePrograms
 from sim.profiled import ProfiledCostModel
 
@@ -31,13 +33,12 @@ GRID_GRAPH_CONTEXT = 16384  # run_gpu.sh's MAX_MODEL_LEN: the context the grid's
 
 
 def kernel_of(model: str, hardware: str) -> DecodePrograms:
-    """The engine's decode kernel for a conf/model and conf/hardware name at TP=1."""
-    spec, gpu = model_spec({"preset": model}), load_hardware(hardware, "--hardware")
-    if gpu.num_sms is None or gpu.decode_program_bandwidth is None:
+    """The engine's decode kernel for a conf/model and conf/hardware name at TP=1 (the cost model's
+    builder's, sim.cost_model.decode_kernel)."""
+    kernel = decode_kernel(model_spec({"preset": model}), load_hardware(hardware, "--hardware"), SimConfig())
+    if kernel is None:
         raise ValueError(f"--hardware {hardware}: no num_sms / decode_program_bandwidth to derive the kernel from")
-    key_bytes = spec.kv_bytes_per_token_per_rank(1) // (spec.num_layers * spec.kv_heads_per_rank(1))
-    return DecodePrograms(spec.kv_heads_per_rank(1), spec.num_layers, key_bytes, gpu.num_sms,
-                          gpu.decode_program_bandwidth)
+    return kernel
 
 
 def refit(profile: pd.DataFrame, kernel: DecodePrograms | None, graph_context: int) -> ProfiledCostModel:
