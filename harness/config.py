@@ -213,15 +213,26 @@ def on_hardware(rc: RunConfig, hardware) -> RunConfig:  # hardware: sim.specs.Ha
     sim = rc.sim
     if sim is None or sim.cost_model != "profiled" or hardware.name == rc.hardware.name:
         return moved
-    if sim.power_curve is not None:  # measured on one GPU (sim.power_limit)
-        raise ConfigError(f"backend.power_curve {sim.power_curve} was measured on {rc.hardware.name}: a run moved "
-                          f"to {hardware.name} needs that GPU's curve (set backend.power_curve=null to price without)")
+    if sim.power_curve is not None and not _curve_prices(sim.power_curve, hardware):
+        raise ConfigError(f"backend.power_curve {sim.power_curve} was measured on a GPU of another die or power limit "
+                          f"than {hardware.name}: a run moved there needs its curve (set backend.power_curve=null "
+                          "to price without)")
     measured_on = sim.profile_hardware or rc.hardware
     own = shipped_profile_or_none(hardware.name, rc.model.name)
     if own is not None and shipped_profile_or_none(measured_on.name, rc.model.name) == Path(str(sim.profile_path)):
         return dataclasses.replace(moved, sim=dataclasses.replace(sim, profile_path=str(own), profile_hardware=None))
     carried_from = None if measured_on.name == hardware.name else measured_on
     return dataclasses.replace(moved, sim=dataclasses.replace(sim, profile_hardware=carried_from))
+
+
+def _curve_prices(path: str, hardware) -> bool:  # hardware: sim.specs.HardwareSpec
+    """Whether the power curve at path holds on hardware (sim.power_limit.PowerCurve.prices)."""
+    from sim.power_limit import read_power_curve
+
+    try:
+        return read_power_curve(path).prices(hardware)
+    except ValueError as error:
+        raise ConfigError(f"backend.power_curve: {error}") from None
 
 
 def moved_override(overrides: list[str]) -> str | None:

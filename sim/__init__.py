@@ -59,13 +59,15 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
 
 def power_curve(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> PowerCurve | None:
     """The curve SimConfig.power_curve names (sim.power_limit), None without one; ValueError where
-    it was measured for another model or GPU."""
+    it was measured for another model, or on a GPU of another die or power limit."""
     if sim.power_curve is None:
         return None
     curve = read_power_curve(sim.power_curve)
-    if (curve.model, curve.hardware) != (model.name, hardware.name):
-        raise ValueError(f"backend.power_curve {sim.power_curve} was measured for {curve.model} on {curve.hardware}; "
-                         f"this run is {model.name} on {hardware.name}")
+    if curve.model != model.name or not curve.prices(hardware):
+        measured = f"{curve.chip or 'die not recorded'}, {curve.power_limit_w or '?'} W"
+        serving = f"{hardware.chip or 'die unknown'}, {hardware.power_limit_w or '?'} W"
+        raise ValueError(f"backend.power_curve {sim.power_curve} was measured for {curve.model} on {curve.hardware} "
+                         f"({measured}); this run is {model.name} on {hardware.name} ({serving})")
     return curve
 
 

@@ -14,7 +14,10 @@ A PowerCurve is that probe's measure for one model on one GPU: the prefill token
 computed (a steady mix of prefill and decode steps), and how much longer a prefill step and a
 decode step then took than at the lightest mix. The draw follows the work a token is (the 8B
 reaches the limit at a tenth of the 0.6B's rate), so a curve belongs to a model and a GPU:
-profiles/<hardware>/<model>.power.json.
+profiles/<hardware>/<model>.power.json. It prices another GPU of the same die under the same board
+limit (the curve records both; HardwareSpec.chip, power_limit_w): the H200 SXM's curves price the
+H100 SXM, a GH100 at 700 W too, whose SMs run a token's matmuls at the same clock for the same
+draw (the H200's HBM3e moves more bytes a second, which prefill does not wait on).
 
 PowerLimit applies it in the simulator (SimConfig.power_curve): before each step it reads the
 prefill tokens of the steps that ended within the curve's window before the step's start, as a
@@ -43,7 +46,10 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.specs import HardwareSpec
+
 CURVE_FIELDS = ("hardware", "model", "window_s", "prefill_tokens_per_s", "prefill_scale", "decode_scale", "command")
+GPU_FIELDS = ("chip", "power_limit_w")  # optional: where absent, the curve prices its own GPU alone
 
 
 class Clock(Protocol):
@@ -54,7 +60,8 @@ class Clock(Protocol):
 class PowerCurve:
     """How much longer a step takes against the prefill tokens a second of the recent window
     (module docstring). hardware, model: the conf names it was measured for (a HardwareSpec's and a
-    ModelSpec's name); the three columns are at the same points, rates ascending."""
+    ModelSpec's name); the three columns are at the same points, rates ascending. chip,
+    power_limit_w: that GPU's die and board limit (W), None where not recorded."""
 
     hardware: str
     model: str
@@ -63,6 +70,8 @@ class PowerCurve:
     prefill_scale: tuple[float, ...]
     decode_scale: tuple[float, ...]
     command: str = ""
+    chip: str | None = None
+    power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.window_s, (int, float)) and 0 < self.window_s < math.inf):
@@ -75,6 +84,14 @@ class PowerCurve:
             if len(column) != len(rates) or any(not 0 < s < math.inf for s in column):
                 raise ValueError(f"PowerCurve.{name} must hold {len(rates)} factors > 0 (one a rate), "
                                  f"got {list(column)}")
+
+    def prices(self, hardware: HardwareSpec) -> bool:
+        """Whether the curve holds on this GPU: the one it was measured on, or one of the same
+        die under the same board limit (module docstring)."""
+        if hardware.name == self.hardware:
+            return True
+        return (self.chip is not None and self.power_limit_w is not None
+                and (hardware.chip, hardware.power_limit_w) == (self.chip, self.power_limit_w))
 
     def scale(self, rate: float, prefill: bool) -> float:
         """The step's device work against the profile's at this prefill rate (tokens/s)."""
@@ -94,8 +111,10 @@ def read_power_curve(path: str | Path) -> PowerCurve:
         raise ValueError(f"{path}: a power curve needs {missing}")
     try:
         rates, prefill, decode = (tuple(float(x) for x in data[k]) for k in CURVE_FIELDS[3:6])
+        chip, limit = (data.get(k) for k in GPU_FIELDS)
         return PowerCurve(str(data["hardware"]), str(data["model"]), float(data["window_s"]), rates, prefill, decode,
-                          str(data["command"]))
+                          str(data["command"]), None if chip is None else str(chip),
+                          None if limit is None else float(limit))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
 

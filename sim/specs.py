@@ -235,6 +235,11 @@ class HardwareSpec:
     # SimConfig.kv_scatter (sim.executor). None: no figure, kv_scatter is refused.
     kv_scatter_base_s: float | None = None
     kv_scatter_bandwidth: float | None = None
+    # The GPU's die and its board power limit (W): a power curve measured on one GPU
+    # (sim.power_limit) prices another of the same die and limit, whose clock falls at the same
+    # draw. None: no figure, only a curve measured on this GPU applies.
+    chip: str | None = None
+    power_limit_w: float | None = None
 
     @property
     def prices_one_shot(self) -> bool:
@@ -248,12 +253,12 @@ class HardwareSpec:
                         "nvlink_bandwidth", "network_bandwidth", "nvlink_latency_s", "network_latency_s",
                         "weight_load_bytes_per_s", "num_sms", "decode_program_bandwidth",
                         "decode_programs_per_sm", "prefill_programs_per_sm", "idle_start_host_s",
-                        "kv_scatter_base_s", "kv_scatter_bandwidth")
+                        "kv_scatter_base_s", "kv_scatter_bandwidth", "chip", "power_limit_w")
             if f.name in optional and value is None:
                 continue
-            if f.name == "name":
+            if f.name in ("name", "chip"):
                 if not isinstance(value, str) or not value:
-                    raise TypeError(f"HardwareSpec.name must be a non-empty str, got {value!r}")
+                    raise TypeError(f"HardwareSpec.{f.name} must be a non-empty str, got {value!r}")
             elif f.name in ("mem_bytes", "gpus_per_node", "num_sms", "decode_programs_per_sm",
                             "prefill_programs_per_sm"):
                 if isinstance(value, float) and value.is_integer():

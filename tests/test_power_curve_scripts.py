@@ -45,6 +45,9 @@ def test_series_pool_by_rate_into_non_decreasing_factors_and_hold_the_last_decod
     assert power_curve.non_decreasing([1.0, 3.0, 2.0, 4.0, 0.0]) == [1.0, 2.25, 2.25, 2.25, 2.25]
     with pytest.raises(ValueError, match="no mixes of shape 'x' in any summary"):
         power_curve.curve_of([one], ["x"], "m", "h", 1.0, "cmd")
+    assert power_curve.gpu_of("H100-SXM5-80GB") == ("GH100", 700.0)
+    with pytest.raises(ValueError, match="--hardware B300: no conf/hardware entry has that name"):
+        power_curve.gpu_of("B300")
 
 
 def test_the_cells_summary_counts_loaded_cells_within_the_bound_each_way(tmp_path, capsys):

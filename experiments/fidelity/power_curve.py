@@ -8,7 +8,8 @@ factor made non-decreasing in it (pooled adjacent violators: where a faster mix 
 slower one, both take their mean), so the curve is the series' middle where they disagree; a point
 at no prefill, 1.0 for both, starts it. The shapes to take are those that reach the GPU's power
 limit with the device bound (the probe's README says which did; an eager prefill whose launches
-outlast its device work times the host).
+outlast its device work times the host). The curve records the GPU's die and power limit from its
+conf/hardware entry, so that it prices every GPU of that die and limit (sim.power_limit).
 
     python -m experiments.fidelity.power_curve experiments/fidelity/prefill_rate_h200/summary.csv \\
         experiments/fidelity/prefill_rate_h200_shapes/summary.csv \\
@@ -26,7 +27,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.power_limit import PowerCurve
+from harness.config import load_hardware
+from harness.convert import ConfigError
+from harness.profiles import hardware_conf_name
+from sim.power_limit import CURVE_FIELDS, GPU_FIELDS, PowerCurve
 
 WINDOW_S = 1.0  # experiments/fidelity/cause/prefill_load.py's window, over which served steps followed the rate
 
@@ -56,10 +60,19 @@ def non_decreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(int(count))]
 
 
+def gpu_of(hardware: str) -> tuple[str | None, float | None]:
+    """(die, power limit in W) of the conf/hardware entry named hardware; ValueError where none is."""
+    conf = hardware_conf_name(hardware)
+    if conf is None:
+        raise ValueError(f"--hardware {hardware}: no conf/hardware entry has that name")
+    spec = load_hardware(conf, "--hardware")
+    return spec.chip, spec.power_limit_w
+
+
 def curve_of(summaries: list[pd.DataFrame], shapes: list[str], model: str, hardware: str, window_s: float,
-             command: str) -> PowerCurve:
-    """The curve of the named shapes' series in the summaries, pooled (module docstring); ValueError
-    where a shape is in none of them."""
+             command: str, gpu: tuple[str | None, float | None] = (None, None)) -> PowerCurve:
+    """The curve of the named shapes' series in the summaries, pooled (module docstring), with the
+    GPU's die and power limit; ValueError where a shape is in none of them."""
     series = []
     for shape in shapes:
         found = [series_of(summary, shape) for summary in summaries if (summary["shape"] == shape).any()]
@@ -71,7 +84,7 @@ def curve_of(summaries: list[pd.DataFrame], shapes: list[str], model: str, hardw
     if len(set(rates)) < len(rates):
         raise ValueError("two mixes of the series have the same prefill rate: give one of them")
     prefill, decode = (tuple(round(x, 4) for x in non_decreasing([1.0, *pooled[k]])) for k in ("prefill", "decode"))
-    return PowerCurve(hardware, model, window_s, tuple(rates), prefill, decode, command)
+    return PowerCurve(hardware, model, window_s, tuple(rates), prefill, decode, command, *gpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summaries = [pd.read_csv(path) for path in args.summaries]
         command = "python -m experiments.fidelity.power_curve " + shlex.join(sys.argv[1:] if argv is None else argv)
-        curve = curve_of(summaries, args.shape, args.model, args.hardware, args.window_s, command)
-    except (OSError, KeyError, ValueError, pd.errors.ParserError) as error:
+        gpu = gpu_of(args.hardware)
+        curve = curve_of(summaries, args.shape, args.model, args.hardware, args.window_s, command, gpu)
+    except (OSError, KeyError, ValueError, ConfigError, pd.errors.ParserError) as error:
         print(f"power_curve: {error}", file=sys.stderr)
         return 1
-    data = {"hardware": curve.hardware, "model": curve.model, "window_s": curve.window_s,
-            "prefill_tokens_per_s": list(curve.prefill_tokens_per_s), "prefill_scale": list(curve.prefill_scale),
-            "decode_scale": list(curve.decode_scale), "command": curve.command}
+    data = {k: getattr(curve, k) for k in (*CURVE_FIELDS, *GPU_FIELDS)}
+    data.update({k: list(data[k]) for k in CURVE_FIELDS[3:6]})
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{args.out}: {len(curve.prefill_tokens_per_s)} points up to {curve.prefill_tokens_per_s[-1]:.0f} tokens/s, "
           f"prefill x{curve.prefill_scale[-1]:.3f}, decode x{curve.decode_scale[-1]:.3f}")

@@ -27,9 +27,12 @@ F=experiments/fidelity; R="python -m experiments.fidelity.resimulate --idle-star
 # H200 call's own fit)
 P06=${P06:-$F/h100_leakfree/profile_model.csv}; P8=${P8:-$F/h100_8b/qwen3-8b_grid_fit.csv}
 PH200=${PH200:-profiles/h200/qwen3-0.6b.csv}; C06=${C06:-$F/h200/qwen3-0.6b_from_h100.csv}
-S06="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 80"
-S8="--model qwen3-8b --hardware h100 --num-blocks 1450"
-SH200="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 80"
+# POWER=1: every cell priced at its GPU's power limit (backend.power_curve) with the shipped H200 curve of
+# its model, which prices the H100 SXM too (the same die at the same limit, sim.power_limit)
+curve() { if [ "${POWER:-0}" = 1 ]; then echo "--power-curve profiles/h200/$1.power.json"; fi; }
+S06="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 80 $(curve qwen3-0.6b)"
+S8="--model qwen3-8b --hardware h100 --num-blocks 1450 $(curve qwen3-8b)"
+SH200="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 80 $(curve qwen3-0.6b)"
 
 # Qwen3-0.6B on the H100: the leak-free call and the second lease pooled, then the third lease's
 # shared-prefix calls, then the fourth's (the preempting bench: the second lease's re-sized class)
@@ -68,7 +71,7 @@ $R $F/heldout.csv.gz $C06 --label carried $SH200 --workloads bursty,decode_heavy
 
 # code_completion: the H100 call (each run's host: code_completion_h100/*/host_scales_runs.csv) and
 # the H200 call (code_completion_h200_r2: its own fit, the H100 fit carried)
-H=$F/code_completion_h100; S="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 1000"
+H=$F/code_completion_h100; S="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 1000 $(curve qwen3-0.6b)"
 $R $H/qwen3-0.6b/heldout.csv $P06 --label profiled --interval $S --out $H/resimulated/qwen3-0.6b_profiled.csv
 $R $H/qwen3-0.6b/heldout.csv $P06 --label profiled_run_host --interval --host-scales $H/qwen3-0.6b/host_scales_runs.csv \
     $S --out $H/resimulated/qwen3-0.6b_profiled_run_host.csv
@@ -78,7 +81,7 @@ S="$S8 --num-requests 200"
 $R $H/qwen3-8b/heldout.csv $P8 --label profiled --interval $S --out $H/resimulated/qwen3-8b_profiled.csv
 $R $H/qwen3-8b/heldout.csv $P8 --label profiled_run_host --interval --host-scales $H/qwen3-8b/host_scales_runs.csv \
     $S --out $H/resimulated/qwen3-8b_profiled_run_host.csv
-D=$F/code_completion_h200_r2; Q=$D/qwen3-0.6b; QFIT=${QFIT:-$Q/profile_model.csv}; S="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1500"
+D=$F/code_completion_h200_r2; Q=$D/qwen3-0.6b; QFIT=${QFIT:-$Q/profile_model.csv}; S="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1500 $(curve qwen3-0.6b)"
 $R $Q/heldout.csv $QFIT --label profiled --interval $S --out $D/resimulated/qwen3-0.6b_profiled.csv
 $R $Q/heldout.csv $QFIT --label profiled_run_host --interval --host-scales $Q/host_scales_runs.csv \
     $S --out $D/resimulated/qwen3-0.6b_profiled_run_host.csv

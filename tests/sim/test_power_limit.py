@@ -4,7 +4,9 @@ checks, and fast-forward bit for bit with it on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -177,14 +179,52 @@ def test_the_profiled_model_at_full_prefill_load_runs_slower_with_the_h200_curve
 
 
 def test_a_curve_of_another_model_or_gpu_or_cost_model_is_refused():
-    h100 = compose_run_config(["model=qwen3-0.6b", "hardware=h100", "backend=sim", "backend.cost_model=profiled",
-                               "workload.num_requests=4", f"backend.power_curve={H200_06}"])
-    with pytest.raises(ValueError, match="measured for qwen3-0.6b on H200-SXM-141GB; this run is qwen3-0.6b on H100"):
-        run_once(h100, False)
+    from harness.config import load_hardware
+    from sim import power_curve
+
+    rc = _h200_run(f"backend.power_curve={H200_06}")
+    with pytest.raises(ValueError, match=r"measured for qwen3-0.6b on H200-SXM-141GB \(GH100, 700.0 W\); this run is "
+                                         r"qwen3-0.6b on A100-SXM4-80GB \(GA100, 400.0 W\)"):
+        power_curve(rc.model, load_hardware("a100", "test"), rc.sim)
+    with pytest.raises(ValueError, match="measured for qwen3-0.6b on H200-SXM-141GB .*this run is qwen3-8b"):
+        power_curve(dataclasses.replace(rc.model, name="qwen3-8b"), rc.hardware, rc.sim)
     with pytest.raises((ValueError, ConfigError), match="power_curve .*needs cost_model=profiled"):
         compose_run_config(["model=qwen3-0.6b", "hardware=h200", "backend=sim", f"backend.power_curve={H200_06}"])
     with pytest.raises(ConfigError, match="backend.power_curve: "):
         compose_run_config(["backend=sim", "backend.cost_model=profiled", "backend.power_curve=nowhere.json"])
+
+
+def _h100_run(curve: str):
+    return compose_run_config(["model=qwen3-0.6b", "hardware=h100", "backend=sim", "backend.cost_model=profiled",
+                               "workload=poisson", "workload.rate=300", "workload.num_requests=200",
+                               "workload.prompt_len.low=1800", "workload.prompt_len.high=2200",
+                               "workload.output_len.low=4", "workload.output_len.high=12",
+                               f"backend.power_curve={curve}"])
+
+
+def test_the_h200_curve_prices_an_h100_the_same_die_at_the_same_limit(tmp_path):
+    curve = read_power_curve(H200_06)
+    assert (curve.chip, curve.power_limit_w) == ("GH100", 700.0)
+    plain = run_once(_h100_run("null"), False).summary
+    powered = run_once(_h100_run(H200_06), False).summary
+    assert powered["makespan_s"] > plain["makespan_s"] and powered["ttft_p50_s"] > plain["ttft_p50_s"]
+    # a curve that does not record its GPU's die and limit prices that GPU alone
+    bare = {k: v for k, v in json.loads((Path(H200_06)).read_text()).items() if k not in ("chip", "power_limit_w")}
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(bare))
+    assert read_power_curve(path).chip is None
+    with pytest.raises(ValueError, match=r"H200-SXM-141GB \(die not recorded, \? W\); this run is qwen3-0.6b on H100"):
+        run_once(_h100_run(str(path)), False)
+
+
+def test_a_run_moved_to_another_gpu_keeps_a_curve_that_holds_there():
+    from harness.config import load_hardware, on_hardware
+
+    rc = _h200_run(f"backend.power_curve={H200_06}")
+    moved = on_hardware(rc, load_hardware("h100", "test"))
+    assert moved.hardware.name == "H100-SXM5-80GB" and moved.sim.power_curve == rc.sim.power_curve
+    with pytest.raises(ConfigError, match="another die or power limit than A100-SXM4-80GB"):
+        on_hardware(rc, load_hardware("a100", "test"))
 
 
 def test_an_interval_prices_its_draws_with_the_power_curve_too():
