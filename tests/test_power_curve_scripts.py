@@ -76,3 +76,22 @@ def test_the_probe_takes_prefill_shapes_by_prompts_and_tokens_and_names_a_bad_on
     for bad in ("3x", "0x100", "three x 2"):
         with pytest.raises(ValueError, match=f"'{bad}' is not PROMPTSxTOKENS"):
             probe.prefill_shapes([bad])
+
+
+def test_clock_segments_cuts_the_samples_at_idle_gaps_and_counts_the_limit(tmp_path, capsys):
+    from experiments.fidelity import clock_segments
+
+    lines = []
+    for i in range(200):  # 20 s at 10 Hz: busy, idle for 6 s, busy again
+        t = i * 0.1
+        w, mhz = (695.0, 1500) if t < 5 else (100.0, 1980) if t < 11 else (400.0 if i % 2 else 700.0, 1800)
+        lines.append(f"2026/11/29 12:00:{int(t):02d}.{int(round(t % 1 * 1000)):03d}, {mhz}, {w}, 50")
+    path = tmp_path / "clocks.csv"
+    path.write_text("\n".join(lines) + "\n")
+    table = clock_segments.stretches(clock_segments.read_samples(path), 700.0)
+    assert list(table["at_limit"]) == [1.0, 0.5] and list(table["mean_mhz"]) == [1500, 1800]
+    assert table["start_s"].iloc[1] == pytest.approx(11.0) and table["seconds"].iloc[0] == pytest.approx(4.9)
+    assert clock_segments.main([str(path), "--limit-w", "700", "--labels", "a"]) == 1
+    assert "1 labels for 2 stretches" in capsys.readouterr().err
+    assert clock_segments.main([str(path), "--limit-w", "700", "--labels", "drain", "0.5"]) == 0
+    assert "drain" in capsys.readouterr().out
