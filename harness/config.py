@@ -150,7 +150,12 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
             backend["profile_path"] = existing_path(backend["profile_path"], "backend.profile_path")
         elif backend.get("cost_model") == "profiled":
             backend.update(_shipped_profile(cfg, backend))
-        if backend.get("power_curve"):
+        if backend.get("power_curve") == "auto":
+            from harness.profiles import shipped_power_curve
+
+            hardware = to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware")
+            backend["power_curve"] = str(shipped_power_curve(hardware, model_spec(section(cfg, "model")).name))
+        elif backend.get("power_curve"):
             backend["power_curve"] = existing_path(backend["power_curve"], "backend.power_curve")
         if backend.get("launch_line_grid"):
             backend["launch_line_grid"] = existing_path(backend["launch_line_grid"], "backend.launch_line_grid")

@@ -53,5 +53,22 @@ def shipped_profile(hardware_name: str | None, model_name: str, root: Path = PRO
                       "to a step-timing CSV or use backend.cost_model=roofline")
 
 
-__all__ = ["PROFILES_DIR", "PROFILE_TP_SIZE", "hardware_conf_name", "shipped_profile", "shipped_profile_or_none",
-           "shipped_profiles"]
+def shipped_power_curve(hardware, model_name: str, root: Path = PROFILES_DIR) -> Path:  # hardware: HardwareSpec
+    """The shipped power curve (profiles/<hardware>/<model>.power.json, sim.power_limit) that prices
+    the model on this GPU: its own, else one measured on a GPU of the same die and power limit;
+    ConfigError naming backend.power_curve and the curves there are where none does."""
+    from sim.power_limit import read_power_curve
+
+    curves = sorted(root.glob(f"*/{model_name}.power.json"))
+    own = [p for p in curves if p.parent.name == hardware_conf_name(hardware.name)]
+    for path in own + [p for p in curves if p not in own]:
+        if read_power_curve(path).prices(hardware):
+            return path
+    shipped = ", ".join(f"{p.parent.name}/{p.name}" for p in sorted(root.glob("*/*.power.json"))) or "none"
+    gpu = f"{hardware.chip or 'die unknown'}, {hardware.power_limit_w or '?'} W"
+    raise ConfigError(f"backend.power_curve=auto: no shipped power curve prices model={model_name} on {hardware.name} "
+                      f"({gpu}; profiles/ has {shipped}); set backend.power_curve to a curve's JSON or null")
+
+
+__all__ = ["PROFILES_DIR", "PROFILE_TP_SIZE", "hardware_conf_name", "shipped_power_curve", "shipped_profile",
+           "shipped_profile_or_none", "shipped_profiles"]

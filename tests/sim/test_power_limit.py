@@ -236,3 +236,14 @@ def test_an_interval_prices_its_draws_with_the_power_curve_too():
     config = IntervalConfig(draws=3, machine_spread=0.0)
     powered, unpowered = (simulate_with_interval(r, config).summary for r in (rc, plain))
     assert powered["e2e_p90_s_lo"] > unpowered["e2e_p90_s_lo"]  # every draw slowed, not just the point
+
+
+def test_auto_finds_the_shipped_curve_of_the_model_on_this_gpu_or_one_of_its_die():
+    for hardware in ("h200", "h100"):
+        rc = compose_run_config(["model=qwen3-8b", f"hardware={hardware}", "backend=sim", "backend.cost_model=profiled",
+                                 "backend.profile_path=profiles/h100/qwen3-8b.csv", "backend.power_curve=auto"])
+        assert rc.sim.power_curve.endswith("profiles/h200/qwen3-8b.power.json")
+    with pytest.raises(ConfigError, match=r"power_curve=auto: no shipped power curve prices model=qwen3-0.6b on "
+                                          r"A100-SXM4-80GB \(GA100, 400.0 W; profiles/ has h200/qwen3-0.6b.power.json"):
+        compose_run_config(["model=qwen3-0.6b", "hardware=a100", "backend=sim", "backend.cost_model=profiled",
+                            "backend.profile_path=profiles/h100/qwen3-0.6b.csv", "backend.power_curve=auto"])
