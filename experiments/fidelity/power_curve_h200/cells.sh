@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The H200 code_completion samples (Qwen3-0.6B, 1,500 requests a cell, each engine run at its measured
 # host) priced again on the CPU without and with the GPU's power curve (backend.power_curve,
-# sim.power_limit): r2 (its own fit), r3's two calls, r4 and r6 (r2's fit), r5 (its own fit). One CSV per
-# sample and side under $1, then summary.py's table. Curve: $CURVE (default the shipped one).
+# sim.power_limit): r2 (its own fit), r3's two calls, r4, r6 and r7 (r2's fit), r5 (its own fit). One CSV per
+# sample and side under $1, then summary.py's table (r7: served with the clock sampled). Curve: $CURVE (default the shipped one).
 #   bash experiments/fidelity/power_curve_h200/cells.sh /tmp/power_cells
 set -euo pipefail
 out=${1:?usage: cells.sh OUT_DIR}
@@ -21,6 +21,7 @@ for c in 1 2; do
 done
 run r4 $F/code_completion_h200_r4/heldout.csv.gz $P2 $F/code_completion_h200_r4/host_scales_runs.csv
 run r6 $F/code_completion_h200_r6/heldout.csv.gz $P2 $F/code_completion_h200_r6/host_scales_runs.csv
+run r7 $F/code_completion_h200_r7/heldout.csv.gz $P2 $F/code_completion_h200_r7/host_scales_runs.csv
 run r5 $F/code_completion_h200_r5/heldout.csv.gz $F/code_completion_h200_r5/profile_model.csv.gz \
     $F/code_completion_h200_r5/host_scales_runs.csv
 python -m experiments.fidelity.power_curve_h200.summary "$out" --out "$out/summary.csv"
