@@ -142,6 +142,7 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
             raise ConfigError(f"backend.{key} is not a backend setting: set {MOVED_KEYS[key]} "
                               "(shared by both backends)")
     backend["execution"] = to_dataclass(ExecutionConfig, section(cfg, "execution"), "execution")
+    hardware = to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware")
     sim_cfg = engine_cfg = None
     if name == "sim":
         if backend.get("profile_hardware") is not None:
@@ -153,7 +154,6 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         if backend.get("power_curve") == "auto":
             from harness.profiles import shipped_power_curve
 
-            hardware = to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware")
             backend["power_curve"] = str(shipped_power_curve(hardware, model_spec(section(cfg, "model")).name))
         elif backend.get("power_curve"):
             backend["power_curve"] = existing_path(backend["power_curve"], "backend.power_curve")
@@ -177,7 +177,7 @@ def build_run_config(cfg: DictConfig) -> RunConfig:
         cache=cache,
         workload=to_dataclass(WorkloadConfig, section(cfg, "workload"), "workload"),
         model=model_spec(section(cfg, "model")).with_kv_cache(cache.kv_cache_dtype),
-        hardware=to_dataclass(HardwareSpec, section(cfg, "hardware"), "hardware"),
+        hardware=hardware,
         sim=sim_cfg,
         engine=engine_cfg,
     )
