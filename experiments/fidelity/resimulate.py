@@ -190,6 +190,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --interval: the seed of its draws (the protocol's: 0)")
     parser.add_argument("--machine-spread", type=float, default=None,
                         help="with --interval: the machine factor's half-width (default: the model's, sim.interval)")
+    parser.add_argument("--prefill-graph-tokens", type=int, default=None,
+                        help="the engine's prefill graphs' largest size as the call set it "
+                             "(execution.prefill_graph_tokens; default: the config's)")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [f"model={args.model}", f"hardware={args.hardware}", "backend=sim"]
         if args.decode_programs_per_sm is not None:
             overrides.append(f"hardware.decode_programs_per_sm={args.decode_programs_per_sm}")
+        if args.prefill_graph_tokens is not None:
+            overrides.append(f"execution.prefill_graph_tokens={args.prefill_graph_tokens}")
         scales = None if args.host_scales is None else host_scales(args.host_scales, args.host_jitter)
         new = resimulate(table, args.profile, args.label, overrides, args.num_blocks, args.num_requests,
                          args.preempt_num_blocks, args.interval, args.cost_model, args.host_scale, scales,

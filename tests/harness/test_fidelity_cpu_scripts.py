@@ -353,3 +353,24 @@ def test_host_scales_reads_the_drains_device_scale_off_its_steps_at_its_host(tmp
     assert math.isnan(cells.loc["0.8", "device_scale"])
     runs = pd.read_csv(tmp_path / "hs_runs.csv").set_index("load")
     assert runs.loc["0.8", "device_scale"] == pytest.approx(1.3, rel=1e-6)
+
+
+def test_resimulate_captures_the_prefill_graphs_the_call_set_and_refuses_a_bad_size(tmp_path, capsys):
+    """--prefill-graph-tokens: a call that replayed prefill graphs to 16,384 tokens is simulated with
+    them (prompts of 4-8k tokens priced as graph steps, not eager ones); a negative size is refused."""
+    from experiments.fidelity.resimulate import resimulate as rerun
+
+    cell = {"model": "qwen3-0.6b", "hardware": "H100-SXM5-80GB", "workload": "prefill_heavy", "load": "offline",
+            "metric": "ttft_p50_s", "engine": 0.05, "cost_model": "profiled", "rate_req_s": float("nan")}
+    base = ["model=qwen3-0.6b", "hardware=h100", "backend=sim"]
+    args = (pd.DataFrame([cell]), "experiments/fidelity/h100_leakfree/profile_model.csv", "x")
+    default = rerun(*args, base, 2422, 4, None)
+    graphs = rerun(*args, [*base, "execution.prefill_graph_tokens=16384"], 2422, 4, None)
+    assert graphs["sim"].iloc[0] != pytest.approx(default["sim"].iloc[0], rel=1e-3)
+    common = ["p.csv", "--label", "x", "--model", "qwen3-0.6b", "--hardware", "h100", "--num-blocks", "10",
+              "--num-requests", "3", "--prefill-graph-tokens", "-1", "--out", str(tmp_path / "o.csv")]
+    pd.DataFrame([cell]).to_csv(tmp_path / "t.csv", index=False)
+    capsys.readouterr()
+    assert resimulate([str(tmp_path / "t.csv"), *common]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "prefill_graph_tokens" in err[0]
