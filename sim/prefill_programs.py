@@ -23,8 +23,9 @@ other linear features (sim.profiled_regimes); experiments/kernels/prefill_balanc
 rate on a GPU.
 
 Launch order: a CUDA graph's kernel reads a tile map sorted longest tile first (kernels.prefill_tiles
-.query_tiles), its grid (map entries, KV heads) head after head; an eager launch's grid is
-(sequences, KV heads, query tiles), so the first tile of every sequence and head starts first.
+.query_tiles), its grid (KV heads, map entries), the heads of one entry side by side; an eager
+launch's grid is (sequences, KV heads, query tiles), and its first wave takes the tile that starts
+at (longest query's tiles - 1) x block_q in every sequence and head, the longest query's last.
 A mixed step's decodes ride in the same kernel as one-token queries over their contexts.
 
 The cached context's K/V bytes (PREFILL_CACHED_KV_BYTES, opt-in: cached_kv): the K and V the
@@ -116,12 +117,13 @@ class PrefillPrograms:
         seq = np.repeat(np.arange(q.size), tiles)
         index = np.arange(int(tiles.sum())) - np.repeat(np.cumsum(tiles) - tiles, tiles)
         keys = c[seq] + np.minimum((index + 1) * block_q, q[seq])  # the last query of the tile sees these
-        if graph:
-            per_head = np.sort(keys)[::-1]
-            return np.tile(per_head, self.num_kv_heads).astype(float)
-        # the grid is (sequences, KV heads, query tiles), sequence fastest: tile index slowest
-        waves = [np.tile(keys[index == i][np.argsort(seq[index == i], kind="stable")], self.num_kv_heads)
-                 for i in range(int(tiles.max()))]
+        if graph:  # the map's tiles longest first, each one's KV heads side by side
+            return np.repeat(np.sort(keys)[::-1], self.num_kv_heads).astype(float)
+        # the grid is (sequences, KV heads, query tiles), sequence fastest, tile slowest, and its
+        # first wave takes the longest query's last tile (tile index counted back from it)
+        back = int(tiles.max()) - 1 - index
+        waves = [np.tile(keys[back == w][np.argsort(seq[back == w], kind="stable")], self.num_kv_heads)
+                 for w in range(int(tiles.max()))]
         return np.concatenate(waves).astype(float)
 
     def excess_keys(self, query_lens: Sequence[int], context_lens: Sequence[int], graph: bool) -> float:

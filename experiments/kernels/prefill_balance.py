@@ -72,32 +72,38 @@ def fit(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def time_shape(kernel: PrefillPrograms, seqs: int, chunk: int, cached: int, graph: bool, heads: int) -> float:
-    """Microseconds of one launch of the engine's prefill kernel on this shape (one layer)."""
+def paged_inputs(seqs: int, chunk: int, cached: int, heads: int, kv_heads: int) -> dict:
+    """Random bf16 inputs of the prefill kernel on the GPU for `seqs` sequences of `chunk` new tokens
+    after `cached` cached ones each, their pages shuffled over the cache, and the tile map its graph
+    launch reads: paged_prefill_attention's arguments by name, tiles apart."""
     import torch
     import triton
 
-    from experiments.kernels.timing import bench_graph
-    from kernels.prefill_attention import paged_prefill_attention
     from kernels.prefill_tiles import query_tiles, tile_shape
 
     total = cached + chunk
     per_seq = triton.cdiv(total, PAGE)
-    shape = (seqs * per_seq, PAGE, kernel.num_kv_heads, HEAD_DIM)
-    k_cache = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-    v_cache = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-    tables = torch.randperm(seqs * per_seq, device="cuda", dtype=torch.int32).reshape(seqs, per_seq)
-    q = torch.randn((seqs * chunk, heads, HEAD_DIM), dtype=torch.bfloat16, device="cuda")
-    starts = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * chunk
-    seq_lens = torch.full((seqs,), total, dtype=torch.int32, device="cuda")
-    tiles = None
-    if graph:
-        block_q = tile_shape(heads // kernel.num_kv_heads, chunk).block_q
-        tile_seq, tile_start = query_tiles(np.full(seqs, chunk), np.full(seqs, total), block_q)
-        tiles = (torch.from_numpy(tile_seq).cuda(), torch.from_numpy(tile_start).cuda())
-    ms = bench_graph(lambda: paged_prefill_attention(q, k_cache, v_cache, starts, seq_lens, tables, chunk,
-                                                     HEAD_DIM**-0.5, tiles=tiles))
-    return 1e3 * ms
+    shape = (seqs * per_seq, PAGE, kv_heads, HEAD_DIM)
+    block_q = tile_shape(heads // kv_heads, chunk).block_q
+    tile_seq, tile_start = query_tiles(np.full(seqs, chunk), np.full(seqs, total), block_q)
+    return {"q": torch.randn((seqs * chunk, heads, HEAD_DIM), dtype=torch.bfloat16, device="cuda"),
+            "k_cache": torch.randn(shape, dtype=torch.bfloat16, device="cuda"),
+            "v_cache": torch.randn(shape, dtype=torch.bfloat16, device="cuda"),
+            "query_start_loc": torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * chunk,
+            "seq_lens": torch.full((seqs,), total, dtype=torch.int32, device="cuda"),
+            "block_tables": torch.randperm(seqs * per_seq, device="cuda", dtype=torch.int32).reshape(seqs, per_seq),
+            "max_query_len": chunk, "scale": HEAD_DIM**-0.5,
+            "map": (torch.from_numpy(tile_seq).cuda(), torch.from_numpy(tile_start).cuda())}
+
+
+def time_shape(kernel: PrefillPrograms, seqs: int, chunk: int, cached: int, graph: bool, heads: int) -> float:
+    """Microseconds of one launch of the engine's prefill kernel on this shape (one layer)."""
+    from experiments.kernels.timing import bench_graph
+    from kernels.prefill_attention import paged_prefill_attention
+
+    inputs = paged_inputs(seqs, chunk, cached, heads, kernel.num_kv_heads)
+    tiles = inputs.pop("map")
+    return 1e3 * bench_graph(lambda: paged_prefill_attention(**inputs, tiles=tiles if graph else None))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,21 @@ def test_programs_that_fill_the_gpu_evenly_add_nothing():
     assert KERNEL.excess_keys([], [], graph=True) == 0.0
 
 
+def test_both_launches_start_the_longest_tiles_first():
+    # one fresh 4,096-token prompt: 64 tiles of 64 queries x 8 KV heads on 264 slots; started longest
+    # first, the makespan exceeds the even spread by less than one tile's keys a layer (started head
+    # after head, the last heads' longest tiles would trail it by ~2,400 keys a layer)
+    for graph in (True, False):
+        keys = KERNEL.launch_keys([4096], [0], graph)
+        assert np.all(keys[:8] == 4096) and np.all(np.diff(keys) <= 0)
+        assert 0.0 <= KERNEL.excess_keys([4096], [0], graph) <= 28 * 64
+    # an eager launch's waves count tiles back from the longest query's last: the 4,096-token
+    # query's tiles 63..32 alone (8 programs each), then tile 31 of both, the 2,048-token one's last
+    keys = KERNEL.launch_keys([4096, 2048], [0, 0], graph=False)
+    assert keys[:8].tolist() == [4096.0] * 8 and keys[8:16].tolist() == [4032.0] * 8
+    assert keys[32 * 8:32 * 8 + 16].tolist() == [2048.0] * 16
+
+
 @settings(max_examples=150, deadline=None)
 @given(tokens=st.integers(1, 3000), seqs=st.integers(1, 40), cached=st.integers(0, 8192),
        extra=st.integers(1, 4096), graph=st.booleans())
