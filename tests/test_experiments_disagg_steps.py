@@ -124,3 +124,42 @@ def test_a_size_range_takes_the_quartiles_over_the_sizes_with_enough_steps_on_bo
     (row,) = step_report.size_range(sizes, 80, 111, min_steps=10).to_dict("records")
     assert row["sizes"] == 4  # 79 out of range, 105 too few measured steps
     assert (row["p25"], row["p50"], row["p75"]) == pytest.approx((1.075, 1.15, 1.225))
+
+
+def test_a_kept_call_is_priced_again_at_each_cells_measured_host(tmp_path):
+    """measure --keep-steps ends with compare_hosts.md: with no launches recorded (a dry run) every
+    cell at the profile's host, as the call priced it; with the decode replicas' graph launches
+    recorded slow, the host is measured slow and the cells priced slower."""
+    import numpy as np
+
+    from experiments.disagg import measured_hosts
+
+    out = tmp_path / "out"
+    dry = [a for a in SMALL if a != "--cpu"]
+    assert run_disagg.main(["measure", *dry, "--dry-run", "--model", "qwen3-0.6b", "--out", str(out)]) == 0
+    as_run = pd.read_csv(out / "resim_hosts.csv")
+    errors = as_run.filter(like="_err_pct").drop(columns=["transfer_wait_p90_s_err_pct"])
+    assert errors.fillna(0.0).eq(0.0).all().all() and "at measured host" in (out / "compare_hosts.md").read_text()
+    for path in out.glob("steps_*.csv.gz"):
+        steps = pd.read_csv(path)
+        decode = (steps["side"] == "measured") & (steps["kind"] == "decode")
+        steps["graph_batch_size"] = np.where(decode, steps["requests"], 0)
+        steps["launch_s"] = np.where(decode, 0.02, np.nan)  # ~10x a decode graph's launch
+        steps["decode_context_tokens"] = np.where(decode, steps["kv_tokens"], 0)
+        steps["decode_repeated_tokens"] = 0
+        steps.to_csv(path, index=False, compression="gzip")
+    measured_hosts.price_at_measured_hosts(out)
+    hosts = pd.read_csv(out / "hosts.csv")
+    assert (hosts.loc[hosts["pool"] == "fleet", "host_scale"] > 2).all()
+    slower = pd.read_csv(out / "resim_hosts.csv")
+    assert (slower["tpot_p50_s"] > as_run["tpot_p50_s"]).all()
+
+
+def test_a_call_without_a_profile_says_why_its_cells_are_not_priced_at_the_host(tmp_path):
+    out = tmp_path / "out"
+    assert run_disagg.main(["measure", *SMALL, "--dry-run", "--out", str(out)]) == 0
+    text = (out / "compare_hosts.md").read_text()
+    assert text.startswith("Not priced at the measured host:") and text.count("\n") == 1
+    assert "roofline" in text  # the tiny model's CPU call has no profile to read a host against
+    compare = (out / "compare.md").read_text()
+    assert "| roofline |" in compare and "at measured host" not in compare

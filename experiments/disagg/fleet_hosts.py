@@ -81,6 +81,9 @@ def cell_hosts(steps: pd.DataFrame, model: ProfiledCostModel) -> list[dict]:
 def call_profile_path(run: Path) -> Path:
     """The profile the call priced with (module docstring)."""
     setup = json.loads((run / "settings.json").read_text())["setup"]
+    if "profile=None" in setup:
+        raise SystemExit("error: the call priced its simulated side with the roofline model: no profile's "
+                         "launch fit to read its host against; pass --profile")
     found = {key: re.search(rf"{key}='([^']*)'", setup) for key in ("profile", "hardware", "model")}
     named = found["profile"]
     if named is not None and Path(named.group(1)).is_file():

@@ -11,7 +11,9 @@ replicas, each against its simulation with the GPU's profiled cost model, on two
 classes at each load x the fleet's measured capacity (experiments/disagg/cells.py); results as
 each cell finishes: compare.md, compare.csv, runs.csv, transfers.csv, transfer_fit.csv; with
 --keep-steps also every replica's steps, measured and simulated, per cell (steps_*.csv.gz, read by
-experiments/disagg/step_report.py). The simulated sends wait on the prefill GPU for its step in
+experiments/disagg/step_report.py), and after the last cell every cell priced again at the host
+speed its replicas' launches measured (compare_hosts.md beside compare.md:
+experiments/disagg/measured_hosts.py). The simulated sends wait on the prefill GPU for its step in
 flight, as the engine's BlockMover does (fleet.transfer.queue_behind_step, on here by default:
 experiments/disagg/send_path_choice.md); --no-queue-behind-step: sent when posted, the pricing of the
 calls committed before that default. The simulated side also prices the engine fleet's host work
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.disagg import measured_hosts
 from experiments.disagg.cells import Cells, MeasureConfig, write_settings
 from experiments.disagg.common import (
     Deadline,
@@ -194,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                                args.max_requests, args.drain_requests, args.drain_s, args.max_drain,
                                args.warmup_requests, trace, args.session_s, args.keep_steps)
             Cells(setup, mc, args.out, deadline).run()
+            at_hosts = price_at_hosts(args.out, trace, deadline) if args.keep_steps else ""
             deadline.pack()
             print((args.out / "compare.md").read_text())
+            print(at_hosts, end="")
             if args.dry_run:
                 serving_time(pd.read_csv(args.out / "runs.csv").query("side == 'measured'"), mc.warmup_requests)
             return 0
@@ -217,6 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return one_line_errors(run)
+
+
+def price_at_hosts(out: Path, trace: str | None, deadline: Deadline) -> str:
+    """compare_hosts.md: the cells priced again at each one's measured host (measured_hosts), where the
+    call's time left fits it; else a line saying so."""
+    if not deadline.fits(measured_hosts.ESTIMATE_S):
+        text = "Not priced at the measured host: --limit-s left too little time\n"
+        (out / measured_hosts.OUTPUT).write_text(text)
+        return text
+    log(deadline, f"pricing every cell at its measured host ({measured_hosts.OUTPUT})")
+    return measured_hosts.priced_or_why(out, trace)
 
 
 def serving_time(runs: pd.DataFrame, warmup_requests: int) -> None:

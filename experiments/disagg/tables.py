@@ -38,14 +38,7 @@ class Book:
 
     def compare(self, cell: dict, measured: dict, simulated: dict, sim_side: str) -> list[dict]:
         """The cell's rows for each metric both sides have; written out at once."""
-        rows = []
-        for metric, target in TARGETS.items():
-            m, s = measured.get(metric, np.nan), simulated.get(metric, np.nan)
-            if not (np.isfinite(m) and np.isfinite(s)) or m == 0:
-                continue
-            error = (s - m) / m
-            rows.append({**cell, "sim": sim_side, "metric": metric, "measured": m, "simulated": s,
-                         "rel_error": error, "target": target, "within": bool(abs(error) <= target)})
+        rows = compare_rows(cell, measured, simulated, sim_side)
         self.rows.extend(rows)
         self._write()
         return rows
@@ -71,6 +64,19 @@ class Book:
         if self.notes:
             text += "\n" + "\n".join(f"- {n}" for n in self.notes) + "\n"
         (self.out / "compare.md").write_text(text)
+
+
+def compare_rows(cell: dict, measured: dict, simulated: dict, sim_side: str) -> list[dict]:
+    """compare.csv's rows of one cell and simulated side: each metric of TARGETS both sides have."""
+    rows = []
+    for metric, target in TARGETS.items():
+        m, s = float(measured.get(metric, np.nan)), float(simulated.get(metric, np.nan))
+        if not (np.isfinite(m) and np.isfinite(s)) or m == 0:
+            continue
+        error = (s - m) / m
+        rows.append({**cell, "sim": sim_side, "metric": metric, "measured": m, "simulated": s,
+                     "rel_error": error, "target": target, "within": bool(abs(error) <= target)})
+    return rows
 
 
 def error_table(table: pd.DataFrame) -> str:

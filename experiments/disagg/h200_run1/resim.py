@@ -65,6 +65,13 @@ def recorded_queue(run: Path) -> bool:
     return match is not None and match.group(1) == "True"
 
 
+def recorded_hardware(run: Path) -> str:
+    """The GPU (conf/hardware name) the call served on, from its settings.json's setup; the H200,
+    where every committed call ran, for a setup that does not name it."""
+    match = re.search(r"hardware='([^']+)'", json.loads((run / "settings.json").read_text())["setup"])
+    return "h200" if match is None else match.group(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="Hydra overrides, both sides")
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     own = [*settings.get("overrides", []), *settings.get("sim_overrides", [])]
     model = settings.get("model", "qwen3-0.6b")
     queue = recorded_queue(run) if args.queue_behind_step is None else bool(args.queue_behind_step)
-    setup = Setup(model, "h200", Pools.parse(fleet), profile=args.profile or call_profile(run, model),
+    setup = Setup(model, recorded_hardware(run), Pools.parse(fleet), profile=args.profile or call_profile(run, model),
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
     hosts = cell_host_scales(Path(args.hosts)) if args.hosts else None
