@@ -79,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, KeyError, ValueError) as error:
         print(f"summary: {error}", file=sys.stderr)
         return 1
-    pd.set_option("display.width", 200)
     engine = table[table["cost_model"] == "profiled"]
     print("engine (s, req/s) and its repeats' spread (%):")
     wide = engine.pivot_table(index=["load", "metric"], columns="call", values=["engine", "engine_spread"])
