@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.disagg import common, decode_waves, kv_scatter, run_disagg, send_path_choice
+from experiments.disagg import common, decode_waves, kv_scatter, run_disagg
 from experiments.disagg.cells import Cells, MeasureConfig, fitted_link
 from experiments.disagg.common import CPU_LINK, Deadline, Pools, Setup
 from experiments.disagg.goodput import Ladder, measured_goodput
 from experiments.disagg.h200_run1 import resim
-from experiments.disagg.tables import fit_link
+from experiments.disagg.tables import fit_link, runs_path
 from experiments.disagg.transfer_parts import first_boundary
 from experiments.disagg.workloads import SCENARIOS
 from harness.convert import ConfigError
@@ -118,11 +118,15 @@ def test_the_fitted_link_prices_neither_the_handshake_nor_the_queue():
 
 def test_resim_takes_each_calls_own_queue_setting(tmp_path):
     """Re-simulating a committed call reproduces its own pricing: the calls before the send-path
-    decision ran without the queue, the two after it (runs.csv.gz) with it."""
-    calls = [p.parent for p in Path("experiments/disagg").glob("**/runs.csv")]
-    assert len(calls) >= 7 and not any(resim.recorded_queue(c) for c in calls)
-    later = [p.parent for p in Path("experiments/disagg").glob("**/runs.csv.gz")]
-    assert len(later) >= 2 and all(resim.recorded_queue(c) for c in later)
+    decision ran without the queue, those after it with it."""
+    root = Path("experiments/disagg")
+    calls = {p.parent.relative_to(root).as_posix() for p in root.glob("**/runs.csv*")}
+    mixes = "h200x4_pd_mixes"
+    before = {"h200_run1", "h200_8b_run1", f"{mixes}/measure_1P3D", f"{mixes}/measure_2P2D",
+              f"{mixes}/measure_3P1D_u08", f"{mixes}/run2/measure_2P2D", f"{mixes}/run2/measure_3P1D"}
+    assert before < calls and len(calls - before) >= 2
+    for call in calls:
+        assert resim.recorded_queue(root / call) is (call not in before), call
     for flag in (True, False):
         setup = f"Setup(handshake=True, queue_behind_step={flag})"
         (tmp_path / "settings.json").write_text(json.dumps({"setup": setup}))
@@ -409,7 +413,7 @@ def test_the_idle_start_is_left_to_a_profile_whose_lead_fits_price_it(tmp_path):
 
 def test_decode_waves_reads_each_variants_tpot_error_against_the_calls_measured_cell(tmp_path):
     call = "h200_06b_run2"
-    measured = pd.read_csv(send_path_choice.runs_path(kv_scatter.HERE / call), dtype={"load": str})
+    measured = pd.read_csv(runs_path(kv_scatter.HERE / call), dtype={"load": str})
     cells = measured[(measured.side == "measured") & (measured.load == "0.8")]
     scales = (1.0, 1.1, 0.8, 0.95)
     assert len(scales) == len(decode_waves.VARIANTS)

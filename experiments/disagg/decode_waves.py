@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.disagg import kv_scatter
-from experiments.disagg import send_path_choice as spc
+from experiments.disagg.tables import runs_path
 from sim.decode_programs import GH100_DECODE_PROGRAMS_PER_SM
 
 WITH_WRITE = kv_scatter.VARIANTS["intake+idle+scatter"]
@@ -38,7 +38,7 @@ def cell_errors(resim_dir: Path, calls: tuple[tuple[str, str], ...]) -> pd.DataF
     """Per call, variant and cell at 0.8 load: TPOT P50 / P90 simulated over measured - 1, in %."""
     rows = []
     for call, _ in calls:
-        measured = pd.read_csv(spc.runs_path(kv_scatter.HERE / call), dtype={"load": str})
+        measured = pd.read_csv(runs_path(kv_scatter.HERE / call), dtype={"load": str})
         measured = measured[measured.side == "measured"].set_index(CELL_KEYS)
         for variant in VARIANTS:
             sim = pd.read_csv(resim_dir / f"{call.replace('/', '_')}__{variant}.csv", dtype={"load": str})

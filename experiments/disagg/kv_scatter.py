@@ -31,6 +31,7 @@ import pandas as pd
 from experiments.disagg import send_path_choice as spc
 from experiments.disagg.h200_run1 import resim
 from experiments.disagg.kept_steps import read_kept
+from experiments.disagg.tables import runs_path
 from harness.scripting import compose_run_config
 
 HERE = Path(__file__).resolve().parent
@@ -48,7 +49,7 @@ def cell_gaps(bundle: Path) -> pd.DataFrame:
     """Per 1P1D cell and landed count (1, 2, 3+): steps and their median idle gap before the step."""
     model = json.loads((bundle / "settings.json").read_text())["args"]["model"]
     spec = compose_run_config([f"model={model}"]).model
-    runs = pd.read_csv(spc.runs_path(bundle), dtype={"load": str})
+    runs = pd.read_csv(runs_path(bundle), dtype={"load": str})
     rows = []
     for path in sorted(bundle.glob("steps_1P1D_*.csv.gz")):
         kept = read_kept(path)

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.disagg.kept_steps import read_kept
+from experiments.disagg.tables import runs_path
 from experiments.disagg.workloads import at_rate, class_workload
 from harness.compare.tables import markdown
 from harness.workloads.build import build_workload
@@ -52,7 +53,7 @@ def arrivals(call: Path, cell: dict, trace: str | None) -> pd.Series:
     """prompt length -> arrival time (s) of the cell's requests whose prompt length is unique."""
     settings = json.loads((call / "settings.json").read_text())
     args = settings["args"]
-    runs = pd.read_csv(call / "runs.csv", dtype={"load": str})
+    runs = pd.read_csv(runs_path(call), dtype={"load": str})
     row = runs[(runs.side == MEASURED) & (runs.fleet == cell["fleet"]) & (runs.workload == cell["workload"])
                & (runs.load == cell["load"])].iloc[0]
     rate = None if math.isnan(row.rate_req_s) else float(row.rate_req_s)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.disagg.h200_run1 import resim
-from experiments.disagg.tables import TARGETS
+from experiments.disagg.tables import TARGETS, runs_path
 
 HERE = Path(__file__).resolve().parent
 # the re-simulation's send-path flags per variant
@@ -49,12 +49,6 @@ def resimulated(call: str, variant: str, folder: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype={"load": str})
 
 
-def runs_path(call_dir: Path) -> Path:
-    """A call's runs table: runs.csv, or runs.csv.gz where it was committed gzipped."""
-    plain = call_dir / "runs.csv"
-    return plain if plain.is_file() else call_dir / "runs.csv.gz"
-
-
 def count(call: str, sim: pd.DataFrame) -> dict[str, int]:
     """Comparisons within target of sim against the call's measured rows, per group and fleet kind."""
     runs = pd.read_csv(runs_path(HERE / call), dtype={"load": str})
@@ -76,7 +70,7 @@ def count(call: str, sim: pd.DataFrame) -> dict[str, int]:
 
 def reproduction(call: str, sim: pd.DataFrame) -> float:
     """Largest relative difference, %, between the re-simulation and the call's own simulated rows."""
-    runs = pd.read_csv(HERE / call / "runs.csv", dtype={"load": str})
+    runs = pd.read_csv(runs_path(HERE / call), dtype={"load": str})
     both = runs[runs.side == "profiled"].merge(sim, on=KEYS, suffixes=("", "_sim"))
     diffs = [abs(row[f"{m}_sim"] / row[m] - 1) for _, row in both.iterrows() for m in TARGETS
              if math.isfinite(row[m]) and row[m] != 0 and math.isfinite(row[f"{m}_sim"])]

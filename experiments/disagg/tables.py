@@ -23,6 +23,12 @@ TARGETS = {"ttft_p50_s": 0.10, "ttft_p90_s": 0.10, "tpot_p50_s": 0.10, "tpot_p90
 KEYS = ("fleet", "workload", "load")
 
 
+def runs_path(call_dir: Path) -> Path:
+    """A call's runs table: runs.csv, or runs.csv.gz where it was committed gzipped."""
+    plain = call_dir / "runs.csv"
+    return plain if plain.is_file() else call_dir / "runs.csv.gz"
+
+
 class Book:
     def __init__(self, out: Path) -> None:
         self.out = out

@@ -33,6 +33,7 @@ import pandas as pd
 from experiments.disagg.cells import simulate
 from experiments.disagg.common import Pools, Setup
 from experiments.disagg.h200_run1.resim import TRACE, call_profile
+from experiments.disagg.tables import runs_path
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 
@@ -48,7 +49,7 @@ METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s")
 
 
 def call_setup(call: Path, extra: tuple[str, ...] = ()) -> tuple[Setup, pd.DataFrame]:
-    runs = pd.read_csv(next(p for p in (call / "runs.csv", call / "runs.csv.gz") if p.is_file()), dtype={"load": str})
+    runs = pd.read_csv(runs_path(call), dtype={"load": str})
     args = json.loads((call / "settings.json").read_text())["args"]
     model = args.get("model", "qwen3-0.6b")
     own = (*args.get("overrides", []), *args.get("sim_overrides", []), *extra)

@@ -24,6 +24,7 @@ import pandas as pd
 from experiments.disagg.cells import simulate
 from experiments.disagg.common import Pools, Setup
 from experiments.disagg.h200_run1.resim import TRACE, call_profile
+from experiments.disagg.tables import runs_path
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     run = Path(args.run)
     measured = pd.read_csv(Path(args.dir) / "transfers.csv", dtype={"load": str})
-    runs = pd.read_csv(run / "runs.csv", dtype={"load": str})
+    runs = pd.read_csv(runs_path(run), dtype={"load": str})
     model = json.loads((run / "settings.json").read_text())["args"]["model"]
     cells = runs[(runs.side == "measured") & runs.fleet.str.fullmatch(r"\d+P\d+D")]
     rows = []

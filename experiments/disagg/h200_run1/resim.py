@@ -33,7 +33,7 @@ import pandas as pd
 from experiments.disagg.cells import simulate
 from experiments.disagg.common import Pools, Setup, profile_for
 from experiments.disagg.kept_steps import STEP_COLUMNS, kept_name, read_kept, side_steps
-from experiments.disagg.tables import TARGETS
+from experiments.disagg.tables import TARGETS, runs_path
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     run = Path(args.run)
     # later calls commit their table gzipped (the tree's size bound)
-    runs = pd.read_csv(next(p for p in (run / "runs.csv", run / "runs.csv.gz") if p.is_file()), dtype={"load": str})
+    runs = pd.read_csv(runs_path(run), dtype={"load": str})
     disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
     measured = runs[(runs.side == "measured") & (disaggregated | args.aggregated)]
     (fleet,) = set(runs.fleet[disaggregated])

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.disagg.tables import runs_path
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -58,7 +60,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=HERE / "transfers_by_cell.csv")
     args = parser.parse_args(argv)
     table = summarise(pd.read_csv(args.dir / "transfers.csv", dtype={"load": str}),
-                      pd.read_csv(args.runs or args.dir / "runs.csv", dtype={"load": str}))
+                      pd.read_csv(args.runs or runs_path(args.dir), dtype={"load": str}))
     table.to_csv(args.out, index=False)
     print(table.to_string(index=False))
 
