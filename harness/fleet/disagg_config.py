@@ -7,6 +7,7 @@ domain, so both pools must be the same GPU type and all their GPUs fit one node.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from engine.core.routers import ROUTERS
 from harness.config import RunConfig, load_hardware, on_hardware, section
 from harness.convert import ConfigError, to_dataclass
 from harness.fleet.config import backend_tp_size, with_tp_size
+from sim.host_speed import check_host_scale
 from sim.kv_transfer import TransferConfig
 
 MODE = "disaggregated"
@@ -26,11 +28,14 @@ MODE = "disaggregated"
 class PoolConfig:
     """tp_size: each replica's TP size (null: the backend's); hardware: a conf/hardware entry (null: the run's);
     autoscale: this pool's autoscale settings over the autoscale section's, e.g. {policy: queue,
-    max_replicas: 4} (null: a pool of fixed size; harness.autoscale.disagg)."""
+    max_replicas: 4} (null: a pool of fixed size; harness.autoscale.disagg); host_scale: this pool's
+    serving host's speed against the profile's (sim.host_speed; null: backend.host_scale), as a
+    prefill replica that idles between prompts launches slower than a decode replica that never does."""
 
     tp_size: int | None = None
     hardware: str | None = None
     autoscale: dict[str, Any] | None = None
+    host_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class DisaggConfig:
             tp = getattr(self, pool).tp_size
             if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
                 raise ValueError(f"fleet.{pool}.tp_size must be an int >= 1 or null, got {tp!r}")
+            if getattr(self, pool).host_scale is not None:
+                check_host_scale(getattr(self, pool).host_scale, f"fleet.{pool}.host_scale")
             router = getattr(self, f"{pool}_router")
             if router is not None and router not in ROUTERS:
                 raise ValueError(f"fleet.{pool}_router must be one of {list(ROUTERS)} or null, got {router!r}")
@@ -83,7 +90,7 @@ def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, Run
             raise ConfigError(f"fleet.{pool}.tp_size={tp} exceeds the {hardware.gpus_per_node} GPUs of one "
                               f"{hardware.name} node (hardware gpus_per_node): a TP group stays inside a node")
         pool_rc = on_hardware(with_tp_size(rc, tp, f"fleet.{pool}.tp_size"), hardware)
-        pools.append(pool_rc)
+        pools.append(pool_rc if spec.host_scale is None else at_pool_host(pool_rc, spec.host_scale, pool))
     prefill, decode = pools
     if fleet.transfer.link == "nvlink":
         if prefill.hardware.name != decode.hardware.name:
@@ -94,6 +101,14 @@ def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, Run
             raise ConfigError(f"fleet.transfer.link=nvlink: the fleet's {gpus} GPUs exceed one node's "
                               f"{prefill.hardware.gpus_per_node}: use fleet.transfer.link=network")
     return prefill, decode
+
+
+def at_pool_host(rc: RunConfig, host_scale: float, pool: str) -> RunConfig:
+    """rc with its simulated replicas' host at host_scale times the profile's (fleet.<pool>.host_scale)."""
+    if rc.backend != "sim" or rc.sim.cost_model != "profiled":
+        raise ConfigError(f"fleet.{pool}.host_scale prices a profiled model's host parts: it needs backend=sim "
+                          f"backend.cost_model=profiled (an engine's hosts are its own; the roofline has none)")
+    return dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, host_scale=host_scale))
 
 
 def pool_staging_blocks(pools: tuple[RunConfig, RunConfig], counts: tuple[int, int]) -> tuple[int, int]:

@@ -108,3 +108,33 @@ def test_a_pool_its_memory_plan_does_not_fit_is_one_line_naming_the_pool(tmp_pat
     with pytest.raises(ConfigError, match=r"^backend=sim: fleet.prefill: qwen3-8b does not fit on H100") as error:
         run_study(compose_config(overrides), tmp_path)
     assert "\n" not in str(error.value)
+
+
+def _ttft_p50(overrides: list[str], out) -> float:
+    run_study(compose_config(overrides), out)
+    return float(pd.read_csv(out / "summary.csv")["ttft_p50_s"].iloc[0])
+
+
+def test_a_pool_priced_at_its_own_host_moves_only_its_own_steps(tmp_path):
+    # prompts past the 4,096-token prefill graphs: eager prefills, whose launches set their time
+    long_prompts = ["fleet=disaggregated", "workload=poisson", "workload.num_requests=12", "workload.rate=2",
+                    "workload.prompt_len.low=5000", "workload.prompt_len.high=6000",
+                    "workload.output_len.low=10", "workload.output_len.high=20",
+                    "scheduler.max_model_len=8192", "hardware=h200", "backend.cost_model=profiled",
+                    "output.plots=false"]
+    base = _ttft_p50(long_prompts, tmp_path / "base")
+    slow_prefill = _ttft_p50([*long_prompts, "fleet.prefill.host_scale=1.6"], tmp_path / "prefill")
+    slow_decode = _ttft_p50([*long_prompts, "fleet.decode.host_scale=1.6"], tmp_path / "decode")
+    assert slow_prefill > 1.2 * base  # launch-bound steps at 1.6x the launches
+    assert slow_decode == base  # the first token is the prefill replica's
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["fleet.prefill.host_scale=0"], r"fleet.prefill.host_scale must be a number > 0"),
+    (["fleet.decode.host_scale=1.5"], r"fleet.decode.host_scale prices a profiled model's host parts: it needs "
+                                      r"backend=sim backend.cost_model=profiled"),
+])
+def test_a_pool_host_scale_the_run_cannot_price_is_one_line(extra, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config([*SMALL, *extra]), tmp_path)
+    assert "\n" not in str(error.value)
