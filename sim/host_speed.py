@@ -120,19 +120,18 @@ def with_part_scales(model: ProfiledCostModel, scales: Mapping[str, float]) -> P
     return moved
 
 
-def launch_ratios(steps: pd.DataFrame, model: ProfiledCostModel) -> np.ndarray:
-    """Recorded launch_s over the launch fit's price, for each decode graph step of an engine step
-    table (columns: the step features and launch_s)."""
+def launch_ratios(steps: pd.DataFrame, model: ProfiledCostModel, regime: str = HOST_SCALE_REGIME) -> np.ndarray:
+    """Recorded launch_s over the launch fit's price, for each step of an engine step table (columns:
+    the step features and launch_s) in regime (default: decode graphs, which measure the host)."""
     if "launch_s" not in steps.columns:
         raise ValueError("the step table has no launch_s column (an engine run recorded by the harness has one)")
-    if not any(name == f"launch:{HOST_SCALE_REGIME}" for name in model.fits):
-        raise ValueError(f"the profile has no launch:{HOST_SCALE_REGIME} fit (not an overlapping profile)")
+    if not any(name == f"launch:{regime}" for name in model.fits):
+        raise ValueError(f"the profile has no launch:{regime} fit (not an overlapping profile)")
     table = complete_columns(steps.assign(duration_s=1.0) if "duration_s" not in steps else steps)
-    rows = [row for row in table.to_dict("records")
-            if regime_of(row) == HOST_SCALE_REGIME and row["launch_s"] == row["launch_s"]]
+    rows = [row for row in table.to_dict("records") if regime_of(row) == regime and row["launch_s"] == row["launch_s"]]
     ratios = [row["launch_s"] / model.overlap_parts(row)[0] for row in rows if model.overlap_parts(row)[0] > 0]
     if not ratios:
-        raise ValueError(f"the step table has no {HOST_SCALE_REGIME} steps with a recorded launch_s")
+        raise ValueError(f"the step table has no {regime} steps with a recorded launch_s")
     return np.array(ratios, dtype=float)
 
 

@@ -23,6 +23,7 @@ from experiments.disagg.h200_run1 import resim
 from experiments.disagg.kept_steps import KEPT_COLUMNS, LAUNCH_KEPT, read_kept
 from harness.output.metrics import with_launches
 from sim.profiled import ProfiledCostModel
+from sim.step_table import complete_columns
 
 PROFILE = "profiles/h200/qwen3-0.6b.csv"
 GRAPHS = GraphSizes(decode=(1, 2, 4, 8, 16))
@@ -117,3 +118,53 @@ def test_resim_prices_each_cell_at_its_fleets_host_scale(tmp_path):
     assert scale == 1.6 and priced.run_config("sim").sim.host_scale == pytest.approx(1.6)
     kept, scale = resim.at_host(setup, scales[("2x", "conversation", "0.8")])
     assert kept is setup and math.isnan(scale) and kept.run_config("sim").sim.host_scale == pytest.approx(2.5)
+
+
+def _eager_prefills(tmp_path, scale: float, overrides: list[str]) -> None:
+    """_kept_cell's cell with one-prompt prefills past 4,096 tokens on the prefill replica (as many as
+    fleet_hosts reads a speed off), their launches scale x the eager launch fit's price, the call's
+    --set being overrides."""
+    table, model = _kept_cell(tmp_path, 1.0), ProfiledCostModel.load(PROFILE)
+    rows = []
+    for i, tokens in enumerate(range(4200, 8192, 4000 // fleet_hosts.MIN_EAGER_STEPS)):
+        features = {"num_prefill_tokens": tokens, "num_decode_tokens": 0, "num_seqs": 1, "num_seeded": 0,
+                    "cuda_graph": 0, "graph_batch_size": 0, "prefill_context_tokens": 0,
+                    "prefill_attention_pairs": tokens * (tokens + 1) / 2, "decode_context_tokens": 0,
+                    "decode_repeated_tokens": 0, "prefill_repeated_tokens": 0, "duration_s": 1.0}
+        (complete,) = complete_columns(pd.DataFrame([features])).to_dict("records")
+        rows.append({**table.iloc[0].to_dict(), "step": 10 + i, "prefill_tokens": tokens,
+                     "launch_s": scale * model.overlap_parts(complete)[0]})
+    pd.concat([table, pd.DataFrame(rows)]).to_csv(tmp_path / "steps_1P1D_conversation_0.8.csv.gz", index=False,
+                                                   float_format="%.9f")
+    setup = "Setup(model='qwen3-0.6b', hardware='h200', profile='/elsewhere/qwen3-0.6b.csv', overrides=())"
+    (tmp_path / "settings.json").write_text(json.dumps({"setup": setup, "args": {"overrides": overrides}}))
+
+
+def test_a_prefill_replicas_eager_launches_k_times_the_fit_read_k_and_price_its_pool(tmp_path):
+    _eager_prefills(tmp_path, 1.6, [])
+    fleet_hosts.main([str(tmp_path)])
+    hosts = pd.read_csv(tmp_path / "hosts.csv", dtype={"load": str}).set_index("pool")
+    # the 900-token step replays a prefill graph: not an eager launch
+    assert hosts.loc["prefill", "eager_scale"] == pytest.approx(1.6, abs=1e-3)
+    assert hosts.loc["prefill", "eager_steps"] == fleet_hosts.MIN_EAGER_STEPS
+    assert math.isnan(hosts.loc["prefill", "host_scale"]) and hosts.loc["decode", "eager_steps"] == 0
+    bound = resim.cell_host_scales(tmp_path / "hosts.csv", "prefill", "eager_scale")
+    assert bound[("1P1D", "conversation", "0.8")] == pytest.approx(1.6, abs=1e-3)
+    setup = Setup("qwen3-0.6b", "h200", Pools(1, 1), profile=PROFILE, prefill_host_scale=1.6)
+    fleet = setup.fleet("disaggregated")
+    assert fleet.prefill.host_scale == 1.6 and fleet.decode.host_scale is None
+
+
+def test_a_few_eager_launches_give_no_speed(tmp_path):
+    _eager_prefills(tmp_path, 1.6, [])
+    table = pd.read_csv(tmp_path / "steps_1P1D_conversation_0.8.csv.gz")
+    table.iloc[:-1].to_csv(tmp_path / "steps_1P1D_conversation_0.8.csv.gz", index=False, float_format="%.9f")
+    hosts = fleet_hosts.fleet_hosts(tmp_path, fleet_hosts.call_profile_path(tmp_path)).set_index("pool")
+    assert hosts.loc["prefill", "eager_steps"] == fleet_hosts.MIN_EAGER_STEPS - 1
+    assert math.isnan(hosts.loc["prefill", "eager_scale"])
+
+
+def test_prefills_a_call_replayed_as_graphs_are_not_eager(tmp_path):
+    _eager_prefills(tmp_path, 1.6, ["execution.prefill_graph_tokens=8192"])
+    hosts = fleet_hosts.fleet_hosts(tmp_path, fleet_hosts.call_profile_path(tmp_path)).set_index("pool")
+    assert hosts.loc["prefill", "eager_steps"] == 0 and math.isnan(hosts.loc["prefill", "eager_scale"])

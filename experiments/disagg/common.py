@@ -18,7 +18,7 @@ from engine.core.routers import RouterConfig
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.fleet.config import FleetConfig
-from harness.fleet.disagg_config import DisaggConfig
+from harness.fleet.disagg_config import DisaggConfig, PoolConfig
 from harness.paths import REPO_ROOT
 from harness.scripting import compose_run_config
 from sim.decode_programs import GH100_DECODE_PROGRAMS_PER_SM
@@ -76,6 +76,8 @@ class Setup:
     # and its send path (engine.kv_link.BlockMover: a send waits for the prefill GPU's step in flight),
     # unlike fleet.transfer.queue_behind_step's planning default (experiments/disagg/send_path_choice.md)
     queue_behind_step: bool = True
+    # the simulated prefill pool's host speed (fleet.prefill.host_scale; None: the run's backend.host_scale)
+    prefill_host_scale: float | None = None
 
     def run_config(self, side: str, scheduler: tuple[str, ...] = ()) -> RunConfig:
         """The measured ("measured") or simulated ("sim") side's RunConfig; the workload is set per run."""
@@ -101,7 +103,7 @@ class Setup:
     def fleet(self, mode: str, link: TransferConfig | None = None) -> DisaggConfig | FleetConfig:
         if mode == "disaggregated":
             return DisaggConfig(prefill_replicas=self.pools.prefill, decode_replicas=self.pools.decode,
-                                transfer=link or self.link())
+                                prefill=PoolConfig(host_scale=self.prefill_host_scale), transfer=link or self.link())
         return FleetConfig(replicas=self.pools.gpus)
 
     def fleet_label(self, mode: str) -> str:

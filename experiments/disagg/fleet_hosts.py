@@ -12,11 +12,19 @@ tree). Writes DIR/hosts.csv (or --out): per cell (fleet, workload, load) one row
   host_scale    the median of the launch ratios (measured_host_scale); empty without decode graph steps
   host_jitter   the standard deviation of their log (measured_host_jitter)
   steps         the decode graph steps with a recorded launch
+  eager_scale   the median ratio of the replica's eager prefill launches (steps past the call's
+                prefill graphs) to the profile's eager launch fit; empty with fewer than MIN_EAGER_STEPS
+  eager_steps   those steps
 
-experiments/disagg/h200_run1/resim.py --hosts prices each cell at its "fleet" row's host_scale.
+experiments/disagg/h200_run1/resim.py --hosts prices each cell at its "fleet" row's host_scale;
+with --prefill-eager-bound each disaggregated cell's prefill pool at its prefill rows' eager_scale.
 
 NOTE only decode graph steps measure the host: a disaggregated fleet's prefill replicas run none,
-so their rows are empty and the fleet's row is its decode replicas'. Kept files written before the
+so their host_scale is empty and the fleet's row is its decode replicas'. eager_scale is read off
+the very steps it would price (launch-bound eager prefills), so pricing with it is a bound on
+what the prefill replica's own host explains, not a prediction. Its features are the kept
+table's: a step's attention pairs as if its prompt tokens were split evenly over its requests,
+fresh (the launch fit's pair term is under 1% of a launch). Kept files written before the
 replicas recorded launches (no launch_s column) give empty rows.
 """
 
@@ -36,7 +44,9 @@ from sim.host_speed import launch_ratios
 from sim.profiled import ProfiledCostModel
 
 FLEET_POOL = "fleet"  # the row over all of a cell's replicas
-HOST_COLUMNS = ("fleet", "workload", "load", "pool", "replica", "host_scale", "host_jitter", "steps")
+MIN_EAGER_STEPS = 20  # fewer eager launches than this are a few steps' speed, not the host's
+HOST_COLUMNS = ("fleet", "workload", "load", "pool", "replica", "host_scale", "host_jitter", "steps", "eager_scale",
+                "eager_steps")
 
 
 def launch_table(steps: pd.DataFrame) -> pd.DataFrame:
@@ -55,6 +65,34 @@ def launch_table(steps: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def eager_table(steps: pd.DataFrame, graph_tokens: int) -> pd.DataFrame:
+    """A kept table's measured eager prefills (more tokens than the largest prefill graph) with a
+    recorded launch, as launch_table's columns (module docstring: the pairs)."""
+    if "launch_s" not in steps.columns:
+        return pd.DataFrame()
+    tokens = steps["prefill_tokens"] + steps["decode_tokens"]
+    rows = steps[(steps["side"] == "measured") & (steps["prefill_tokens"] > 0) & (tokens > graph_tokens)
+                 & steps["launch_s"].notna()]
+    per_request = rows["prefill_tokens"] / rows["requests"].clip(lower=1)
+    return pd.DataFrame({
+        "pool": rows["pool"], "replica": rows["replica"], "launch_s": rows["launch_s"].astype(float),
+        "num_prefill_tokens": rows["prefill_tokens"], "num_decode_tokens": rows["decode_tokens"],
+        "num_seqs": rows["requests"], "prefill_context_tokens": 0,
+        "prefill_attention_pairs": rows["requests"] * per_request * (per_request + 1) / 2,
+        "decode_context_tokens": 0, "decode_repeated_tokens": 0, "num_seeded": 0, "cuda_graph": 0,
+        "graph_batch_size": 0, "duration_s": rows["duration"],
+    })
+
+
+def eager_row(table: pd.DataFrame, model: ProfiledCostModel) -> dict[str, float | int]:
+    """eager_scale and eager_steps of an eager_table."""
+    if table.empty:
+        return {"eager_scale": np.nan, "eager_steps": 0}
+    ratios = launch_ratios(table, model, regime="prefill")
+    return {"eager_scale": float(np.median(ratios)) if len(ratios) >= MIN_EAGER_STEPS else np.nan,
+            "eager_steps": len(ratios)}
+
+
 def host_row(table: pd.DataFrame, model: ProfiledCostModel) -> dict[str, float | int]:
     """host_scale, host_jitter and steps of a launch_table (NaN where it has no step)."""
     if table.empty:
@@ -65,17 +103,30 @@ def host_row(table: pd.DataFrame, model: ProfiledCostModel) -> dict[str, float |
             "host_jitter": float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0, "steps": len(ratios)}
 
 
-def cell_hosts(steps: pd.DataFrame, model: ProfiledCostModel) -> list[dict]:
+def cell_hosts(steps: pd.DataFrame, model: ProfiledCostModel, graph_tokens: int) -> list[dict]:
     """hosts.csv's rows of one cell's kept table (read_kept's, with fleet, workload and load)."""
     cell = {key: steps[key].iloc[0] for key in ("fleet", "workload", "load")}
-    table = launch_table(steps)
+    table, eager = launch_table(steps), eager_table(steps, graph_tokens)
     measured = steps[steps["side"] == "measured"][["pool", "replica"]].drop_duplicates()
     rows = []
     for pool, replica in measured.itertuples(index=False):
-        mine = table[(table["pool"] == pool) & (table["replica"] == replica)] if not table.empty else table
-        rows.append({**cell, "pool": pool, "replica": int(replica), **host_row(mine, model)})
-    rows.append({**cell, "pool": FLEET_POOL, "replica": -1, **host_row(table, model)})
+        mine, own_eager = ((t[(t["pool"] == pool) & (t["replica"] == replica)] if not t.empty else t)
+                           for t in (table, eager))
+        rows.append({**cell, "pool": pool, "replica": int(replica), **host_row(mine, model),
+                     **eager_row(own_eager, model)})
+    rows.append({**cell, "pool": FLEET_POOL, "replica": -1, **host_row(table, model), **eager_row(eager, model)})
     return rows
+
+
+def call_graph_tokens(run: Path) -> int:
+    """The largest prefill step the call's replicas replayed as a graph: its execution.prefill_graph_tokens
+    (its --set, else the default) within the measure scheduler's token budget."""
+    from experiments.disagg.workloads import MEASURE_SCHEDULER
+    from harness.scripting import compose_run_config
+
+    overrides = json.loads((run / "settings.json").read_text())["args"].get("overrides", [])
+    rc = compose_run_config([*MEASURE_SCHEDULER, *overrides])
+    return min(rc.sim.execution.prefill_graph_tokens, rc.scheduler.max_num_batched_tokens)
 
 
 def call_profile_path(run: Path) -> Path:
@@ -98,11 +149,12 @@ def fleet_hosts(run: Path, profile: Path) -> pd.DataFrame:
     if not files:
         raise SystemExit(f"error: {run} has no steps_*.csv.gz (run_disagg measure --keep-steps writes them)")
     model = ProfiledCostModel.load(profile)
+    graph_tokens = call_graph_tokens(run)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a step past the profile's grid is priced by extrapolation
         for path in files:
-            rows += cell_hosts(read_kept(path), model)
+            rows += cell_hosts(read_kept(path), model, graph_tokens)
     return pd.DataFrame(rows, columns=list(HOST_COLUMNS))
 
 

@@ -17,6 +17,9 @@ fit of the same GPU, e.g. a fresh grid's, to weigh one fit against another). The
 --hosts CSV: the call's measured host speeds (experiments/disagg/fleet_hosts.py's hosts.csv); each
 cell is priced with backend.host_scale at its own fleet row's host_scale, one factor for all of the
 cell's replicas (replacing any backend.host_scale of the overrides); a cell without one keeps them.
+--prefill-eager-bound (with --hosts): each disaggregated cell's prefill pool priced at its prefill
+rows' eager_scale (fleet.prefill.host_scale), the speed its own eager prefills launched at: a bound
+on what that replica's host explains, read off the steps it prices (fleet_hosts.py's NOTE).
 """
 
 from __future__ import annotations
@@ -89,7 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-steps", default=None, help="a folder for each cell's steps, measured and re-simulated")
     parser.add_argument("--hosts", default=None, help="hosts.csv (experiments/disagg/fleet_hosts.py): each cell "
                         "priced at its fleet's measured host_scale")
+    parser.add_argument("--prefill-eager-bound", action="store_true", help="with --hosts: each disaggregated "
+                        "cell's prefill pool at its own eager prefills' launch speed (a bound)")
     args = parser.parse_args(argv)
+    if args.prefill_eager_bound and not args.hosts:
+        parser.error("--prefill-eager-bound reads the prefill pool's eager_scale from --hosts")
     run = Path(args.run)
     # later calls commit their table gzipped (the tree's size bound)
     runs = pd.read_csv(runs_path(run), dtype={"load": str})
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                   overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
     hosts = cell_host_scales(Path(args.hosts)) if args.hosts else None
+    prefill_hosts = cell_host_scales(Path(args.hosts), "prefill", "eager_scale") if args.prefill_eager_bound else {}
     keep = Path(args.keep_steps) if args.keep_steps else None
     rows, within, compared = [], 0, 0
     for _, row in measured.iterrows():
@@ -114,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
         cell_setup, cell_rc, scale = setup, sim_rc, math.nan
         if hosts is not None:
             cell_setup, scale = at_host(setup, hosts.get((row.fleet, row.workload, row.load), math.nan))
+            prefill_scale = prefill_hosts.get((row.fleet, row.workload, row.load), math.nan)
+            if mode == "disaggregated" and prefill_scale > 0:
+                cell_setup = dataclasses.replace(cell_setup, prefill_host_scale=round(prefill_scale, 4))
             cell_rc = cell_setup.run_config("sim", MEASURE_SCHEDULER) if cell_setup is not setup else sim_rc
         sim = simulate(cell_setup, cell_rc, mode, workload, int(row.num_blocks) // int(row.replicas),
                        step_columns=columns)
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         out = {"fleet": row.fleet, "workload": row.workload, "load": row.load}
         if hosts is not None:
             out["host_scale"] = scale
+        if args.prefill_eager_bound:
+            out["prefill_host_scale"] = cell_setup.prefill_host_scale
         for metric in METRICS:
             out[metric] = simulated.get(metric, math.nan)
             out[f"{metric}_err_pct"] = round(100 * (out[metric] / row[metric] - 1), 1)
@@ -138,13 +151,17 @@ def main(argv: list[str] | None = None) -> None:
     pd.DataFrame(rows).to_csv(args.out or run / f"resim_{label}.csv", index=False)
 
 
-def cell_host_scales(path: Path) -> dict[tuple[str, str, str], float]:
-    """(fleet, workload, load) -> the fleet row's host_scale of a fleet_hosts.py hosts.csv."""
+def cell_host_scales(path: Path, pool: str | None = None,
+                     column: str = "host_scale") -> dict[tuple[str, str, str], float]:
+    """(fleet, workload, load) -> column of a fleet_hosts.py hosts.csv's rows of pool (default: the
+    fleet's row; a pool of several replicas: their median)."""
     from experiments.disagg.fleet_hosts import FLEET_POOL
 
     hosts = pd.read_csv(path, dtype={"fleet": str, "workload": str, "load": str})
-    fleet = hosts[hosts["pool"] == FLEET_POOL]
-    return {(r.fleet, r.workload, r.load): float(r.host_scale) for r in fleet.itertuples(index=False)}
+    if column not in hosts.columns:
+        raise SystemExit(f"error: {path} has no {column} column (written by an older fleet_hosts.py: run it again)")
+    rows = hosts[hosts["pool"] == (pool or FLEET_POOL)]
+    return {key: float(group[column].median()) for key, group in rows.groupby(["fleet", "workload", "load"])}
 
 
 def at_host(setup: Setup, scale: float) -> tuple[Setup, float]:
