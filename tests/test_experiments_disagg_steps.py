@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from experiments.disagg import run_disagg, step_report
+from experiments.disagg.h200_06b_graphs8k import summary
 from experiments.disagg.kept_steps import KEPT_COLUMNS, read_kept
 
 SMALL = ["--cpu", "--min-requests", "6", "--max-requests", "10", "--drain-requests", "10", "--max-drain", "12",
@@ -163,3 +164,31 @@ def test_a_call_without_a_profile_says_why_its_cells_are_not_priced_at_the_host(
     assert "roofline" in text  # the tiny model's CPU call has no profile to read a host against
     compare = (out / "compare.md").read_text()
     assert "| roofline |" in compare and "at measured host" not in compare
+
+
+def _graphs_bundle(folder, ttft: float, eager_ms: float) -> None:
+    """A measure bundle: one measured and one simulated 1P1D cell, and its kept prefill steps (one of
+    3,000 tokens, one of 6,000 taking eager_ms, one of 9,000)."""
+    folder.mkdir()
+    base = {"fleet": "1P1D", "workload": "long", "load": "0.5", "ttft_p50_s": ttft, "ttft_p90_s": 2 * ttft,
+            "tpot_p50_s": 0.003, "tpot_p90_s": 0.004, "e2e_p50_s": 0.5, "request_s": 17.0}
+    pd.DataFrame([{"side": "measured", **base}, {"side": "profiled", **base, "ttft_p50_s": 1.0}]).to_csv(
+        folder / "runs.csv", index=False)
+    steps = [{column: 0 for column in KEPT_COLUMNS} | {"side": "measured", "pool": "prefill", "step": i,
+             "prefill_tokens": tokens, "requests": 1, "duration": ms / 1e3, "launch_s": ms / 2e3}
+             for i, (tokens, ms) in enumerate([(3000, 9.0), (6000, eager_ms), (9000, 31.0)])]
+    pd.DataFrame(steps).to_csv(folder / "steps_1P1D_long_0.5.csv.gz", index=False)
+
+
+def test_the_graphs_summary_sets_each_pairs_cells_side_by_side(tmp_path):
+    _graphs_bundle(tmp_path / "a_4096", 0.025, 24.0)
+    _graphs_bundle(tmp_path / "a_8192", 0.020, 18.0)
+    summary.main([str(tmp_path / "a_4096"), str(tmp_path / "a_8192"), "--out", str(tmp_path / "out")])
+    measured = pd.read_csv(tmp_path / "out" / "measured.csv")
+    assert len(measured) == 1 and measured.loc[0, "ttft_p50_s_ratio"] == pytest.approx(0.8)
+    assert measured.loc[0, "tpot_p50_s_ratio"] == 1.0 and measured.loc[0, "pair"] == "a_4096"
+    steps = pd.read_csv(tmp_path / "out" / "prefill_steps.csv").set_index(["call", "tokens"])
+    assert steps.loc[("a_8192", "4097-8192"), "duration_ms"] == 18.0
+    assert steps.loc[("a_4096", "4097-8192"), "launch_ms"] == 12.0 and len(steps) == 6
+    with pytest.raises(SystemExit):
+        summary.main([str(tmp_path / "a_4096"), "--out", str(tmp_path / "out")])
