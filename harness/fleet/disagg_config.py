@@ -29,8 +29,9 @@ class PoolConfig:
     """tp_size: each replica's TP size (null: the backend's); hardware: a conf/hardware entry (null: the run's);
     autoscale: this pool's autoscale settings over the autoscale section's, e.g. {policy: queue,
     max_replicas: 4} (null: a pool of fixed size; harness.autoscale.disagg); host_scale: this pool's
-    serving host's speed against the profile's (sim.host_speed; null: backend.host_scale), as a
-    prefill replica that idles between prompts launches slower than a decode replica that never does."""
+    serving host's speed against the profile's (sim.host_speed; null: backend.host_scale): one fleet's
+    replicas can launch at different speeds (experiments/disagg/h200_06b_run9: a prefill replica at up
+    to 1.7x its fit where its decode replica measured 0.9x)."""
 
     tp_size: int | None = None
     hardware: str | None = None
