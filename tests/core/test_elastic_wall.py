@@ -139,9 +139,10 @@ def _single_run_tokens(requests):
 
 
 def test_a_replica_started_mid_run_takes_traffic_only_once_ready():
-    # arrivals for 1.2 s: the second replica, asked for at 0.2 s and ready about 0.15 s later, has
-    # traffic left to take even where a busy machine delays its threads by most of a second
-    requests = _requests(120, 0.01)
+    # arrivals for 2.4 s: the second replica, asked for at 0.2 s and ready about 0.15 s later, has
+    # traffic left to take even where a busy machine delays its threads by over a second (CI has seen
+    # it ready after 1.2 s of arrivals had all been routed)
+    requests = _requests(240, 0.01)
     result, _, routed_at = _serve(1, [(0.0, 1), (0.2, 2)], requests, router="round_robin")
     fleet, (first, second) = result.fleet, result.lifetimes
     assert [(e.direction, e.replicas) for e in result.events] == [("up", (1,))]
@@ -151,7 +152,7 @@ def test_a_replica_started_mid_run_takes_traffic_only_once_ready():
     mine = [rid for rid, index in fleet.assignment.items() if index == 1]
     assert mine and min(routed_at[rid] for rid in mine) >= second.ready_s  # routed at or after ready
     served = {r.request_id: r.output_token_ids for replica in fleet.replicas for r in replica.requests}
-    assert served == _single_run_tokens(_requests(120, 0.01))
+    assert served == _single_run_tokens(_requests(240, 0.01))
     assert second.stop_s == first.stop_s == fleet.makespan_s >= max(arrivals.values())
 
 
