@@ -50,19 +50,13 @@ HOST_COLUMNS = ("fleet", "workload", "load", "pool", "replica", "host_scale", "h
 
 
 def launch_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """A kept table's measured decode graph steps with a recorded launch, as the step-timing table
-    sim.host_speed reads (sim.features names; the served workloads carry no seeds)."""
+    """A kept table's measured decode graph steps with a recorded launch (launch_features)."""
     if "launch_s" not in steps.columns or "graph_batch_size" not in steps.columns:
         return pd.DataFrame()
     rows = steps[(steps["side"] == "measured") & (steps["graph_batch_size"] > 0) & steps["launch_s"].notna()]
-    return pd.DataFrame({
-        "pool": rows["pool"], "replica": rows["replica"], "launch_s": rows["launch_s"].astype(float),
-        "num_prefill_tokens": rows["prefill_tokens"], "num_decode_tokens": rows["decode_tokens"],
-        "num_seqs": rows["requests"], "prefill_context_tokens": 0, "prefill_attention_pairs": 0,
-        "decode_context_tokens": rows["decode_context_tokens"],
-        "decode_repeated_tokens": rows["decode_repeated_tokens"],
-        "num_seeded": 0, "cuda_graph": 1, "graph_batch_size": rows["graph_batch_size"], "duration_s": rows["duration"],
-    })
+    return launch_features(rows, prefill_attention_pairs=0, decode_context_tokens=rows["decode_context_tokens"],
+                           decode_repeated_tokens=rows["decode_repeated_tokens"], cuda_graph=1,
+                           graph_batch_size=rows["graph_batch_size"])
 
 
 def eager_table(steps: pd.DataFrame, graph_tokens: int) -> pd.DataFrame:
@@ -74,13 +68,18 @@ def eager_table(steps: pd.DataFrame, graph_tokens: int) -> pd.DataFrame:
     rows = steps[(steps["side"] == "measured") & (steps["prefill_tokens"] > 0) & (tokens > graph_tokens)
                  & steps["launch_s"].notna()]
     per_request = rows["prefill_tokens"] / rows["requests"].clip(lower=1)
+    return launch_features(rows, prefill_attention_pairs=rows["requests"] * per_request * (per_request + 1) / 2,
+                           decode_context_tokens=0, decode_repeated_tokens=0, cuda_graph=0, graph_batch_size=0)
+
+
+def launch_features(rows: pd.DataFrame, **features: object) -> pd.DataFrame:
+    """Kept rows as the step-timing table sim.host_speed reads (sim.features names; the served
+    workloads carry no seeds), with the features that differ between step kinds given."""
     return pd.DataFrame({
         "pool": rows["pool"], "replica": rows["replica"], "launch_s": rows["launch_s"].astype(float),
         "num_prefill_tokens": rows["prefill_tokens"], "num_decode_tokens": rows["decode_tokens"],
-        "num_seqs": rows["requests"], "prefill_context_tokens": 0,
-        "prefill_attention_pairs": rows["requests"] * per_request * (per_request + 1) / 2,
-        "decode_context_tokens": 0, "decode_repeated_tokens": 0, "num_seeded": 0, "cuda_graph": 0,
-        "graph_batch_size": 0, "duration_s": rows["duration"],
+        "num_seqs": rows["requests"], "prefill_context_tokens": 0, "num_seeded": 0, **features,
+        "duration_s": rows["duration"],
     })
 
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 from experiments.disagg.fleet_hosts import call_profile_path, fleet_hosts
 from experiments.disagg.h200_run1 import resim
-from experiments.disagg.tables import KEYS, compare_rows, error_table
+from experiments.disagg.tables import KEYS, compare_rows, error_table, runs_path
 
 SIDE = "at measured host"
 OUTPUT = "compare_hosts.md"
@@ -62,7 +62,7 @@ def host_rows(out: Path) -> pd.DataFrame:
     """resim_hosts.csv as compare.csv's rows (error_table's input): each cell's simulated metric at
     its measured host against the measured run of runs.csv."""
     priced = pd.read_csv(out / "resim_hosts.csv", dtype={"load": str})
-    runs = pd.read_csv(out / "runs.csv", dtype={"load": str})
+    runs = pd.read_csv(runs_path(out), dtype={"load": str})
     measured = runs[runs["side"] == "measured"].set_index(list(KEYS))
     rows = []
     for cell in priced.to_dict("records"):

@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.prefill_eager_bound and not args.hosts:
         parser.error("--prefill-eager-bound reads the prefill pool's eager_scale from --hosts")
     run = Path(args.run)
-    # later calls commit their table gzipped (the tree's size bound)
     runs = pd.read_csv(runs_path(run), dtype={"load": str})
     disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
     measured = runs[(runs.side == "measured") & (disaggregated | args.aggregated)]
