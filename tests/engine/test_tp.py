@@ -99,7 +99,8 @@ def test_tp2_async_matches_tp1_sync_tokens_and_schedule(tiny_qwen3_dir, spawned)
     assert not spawned()
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
+# the synchronous loop's variant in the slow suite: test_tp2_matches_single_process runs that loop
+@pytest.mark.parametrize("async_scheduling", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_tp2_samples_from_vocabulary_slices_and_matches_tp1(tiny_qwen3_dir, async_scheduling, spawned):
     # no top-k or top-p: every rank draws from its slice of the vocabulary and no logits are
     # gathered (engine.sharded_sampling); the engine's own stream (the unseeded row) included
@@ -162,7 +163,9 @@ def test_symmetric_all_reduce_on_cpu_is_rejected_before_spawning(tiny_qwen3_dir,
     assert not spawned() and not dist.is_initialized()
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
+# the overlapped loop's variant in the slow suite: test_a_worker_dying_mid_run_fails_the_run_and_shuts_down
+# runs that loop
+@pytest.mark.parametrize("async_scheduling", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_dead_worker_fails_the_next_step(tiny_qwen3_dir, async_scheduling, spawned):
     from engine.tp.workers import WorkerError
 

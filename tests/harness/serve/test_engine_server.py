@@ -26,8 +26,11 @@ def greedy_reference(tiny_checkpoint):
     return want
 
 
-@pytest.mark.parametrize("overlap,early,api_servers", [("false", "true", 1), ("true", "true", 1),
-                                                     ("true", "false", 1), ("true", "true", 2)])
+# The default run serves the default settings and two HTTP processes; the loop's own sends and the
+# steps one at a time (each a server start, ~7 s on 2 cores) are in the slow suite.
+@pytest.mark.parametrize("overlap,early,api_servers", [
+    pytest.param("false", "true", 1, marks=pytest.mark.slow), ("true", "true", 1),
+    pytest.param("true", "false", 1, marks=pytest.mark.slow), ("true", "true", 2)])
 def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap, early, api_servers):
     want = greedy_reference
     server = start_server(["model=tiny-qwen3", "hardware=cpu", "backend=engine", "backend.device=cpu",
