@@ -36,6 +36,7 @@ def _served(folder: Path) -> None:
         steps.assign(duration=scale * steps["duration"]).to_csv(folder / name / "steps.csv.gz", index=False)
 
 
+@pytest.mark.slow  # two autoscaled runs priced again; the default run keeps the script's other checks
 def test_both_sides_steps_are_rebuilt_and_priced_as_the_simulator_prices_them(tmp_path, capsys):
     _served(tmp_path / "run")
     windows = midrun_steps.compare(tmp_path / "run", tmp_path / "out", "h200", SHORT["window"])

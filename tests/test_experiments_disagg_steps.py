@@ -127,6 +127,7 @@ def test_a_size_range_takes_the_quartiles_over_the_sizes_with_enough_steps_on_bo
     assert (row["p25"], row["p50"], row["p75"]) == pytest.approx((1.075, 1.15, 1.225))
 
 
+@pytest.mark.slow  # two whole simulated fleets; the default run reads kept steps back (the test above)
 def test_a_kept_call_is_priced_again_at_each_cells_measured_host(tmp_path):
     """measure --keep-steps ends with compare_hosts.md: with no launches recorded (a dry run) every
     cell at the profile's host, as the call priced it; with the decode replicas' graph launches

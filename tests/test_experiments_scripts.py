@@ -263,6 +263,7 @@ def test_plan_speed_ab_names_what_differs_and_keeps_the_tp_sizes_asked_for():
     assert ab.grid_indices(None) == list(range(len(everything)))
 
 
+@pytest.mark.slow  # a benchmark run; tests/sim/test_fast_forward*.py hold both paths to the same tables by default
 def test_bench_sim_speed_runs_both_paths_alternating_and_checks_their_tables(monkeypatch):
     bench = script("bench_sim_speed.py")
     monkeypatch.setitem(bench.CASES, "tiny", (TINY, 60.0, 1.0))

@@ -18,8 +18,6 @@ from harness.study import run_study
 from tests.harness.conftest import compose_config
 
 pytest.importorskip("torch")
-# the tests that read the module's one study run on one worker (`--dist loadgroup`), which runs it once
-pytestmark = pytest.mark.xdist_group("fidelity_study")
 
 COLUMNS = ["model", "hardware", "workload", "load", "metric", "engine", "sim", "err", "cost_model", "engine_spread",
            "sim_lo", "sim_hi", "in_interval"]

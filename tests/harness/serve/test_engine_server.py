@@ -26,10 +26,11 @@ def greedy_reference(tiny_checkpoint):
     return want
 
 
-# The default run serves the default settings and two HTTP processes; the loop's own sends and the
-# steps one at a time (each a server start, ~7 s on 2 cores) are in the slow suite.
+# The default run serves the default settings behind two HTTP processes (the core process and its
+# fan-out); one process, the loop's own sends and the steps one at a time (each a server start,
+# 5-7 s on 2 cores) are in the slow suite.
 @pytest.mark.parametrize("overlap,early,api_servers", [
-    pytest.param("false", "true", 1, marks=pytest.mark.slow), ("true", "true", 1),
+    pytest.param("false", "true", 1, marks=pytest.mark.slow), pytest.param("true", "true", 1, marks=pytest.mark.slow),
     pytest.param("true", "false", 1, marks=pytest.mark.slow), ("true", "true", 2)])
 def test_engine_server_matches_llm_generate_greedy(tiny_checkpoint, greedy_reference, overlap, early, api_servers):
     want = greedy_reference
