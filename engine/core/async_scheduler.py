@@ -34,11 +34,16 @@ class AsyncScheduler(Scheduler):
         super().__init__(config, kv_spec, policy, enable_prefix_caching, eos_token_id)
         # Booked to reach max_tokens in a planned step, blocks already freed; update() finishes them.
         self.finishing: dict[str, Request] = {}
+        # Of those, the ones freed with computed blocks a pending token kept from the prefix cache:
+        # (their block table, blocks offered, the pool's num_taken then), offered when the token lands
+        # as the plain Scheduler offered them when it booked the step.
+        self._freed_unoffered: dict[str, tuple[list[int], int, int]] = {}
 
     def abort(self, request_id: str, now: float = 0.0) -> bool:
         request = self.finishing.pop(request_id, None)
         if request is None:
             return super().abort(request_id, now)
+        self._freed_unoffered.pop(request_id, None)
         self._finish(request, FinishReason.ABORTED, now)
         return True
 
@@ -63,6 +68,8 @@ class AsyncScheduler(Scheduler):
             tokens.append(PLACEHOLDER)
             request.num_pending_tokens += 1
             if len(tokens) - request.num_prompt_tokens >= request.max_tokens:  # type: ignore[operator]
+                if request.num_computed_tokens // self.block_manager.block_size > request.num_registered_blocks:
+                    self.keep_freed(request)
                 self.block_manager.free(request)
                 self.finishing[request.request_id] = request
                 leaving = True
@@ -94,14 +101,35 @@ class AsyncScheduler(Scheduler):
             if request.first_token_time is None:
                 request.first_token_time = now
             reason = stop_reason(request, index - request.num_prompt_tokens + 1, token, eos_token_id)
+            freed = self.take_freed(request.request_id)
             if reason is None:
                 # The token just written may complete a computed block that _book() could not hash.
-                if request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:
+                if freed is not None:
+                    self.offer_freed(request, freed, len(tokens) - request.num_pending_tokens)
+                elif request.num_computed_tokens // block_size > request.num_registered_blocks and request.block_table:
                     self._register_computed(request)
             else:
                 self._settle_stop(request, index)
                 stops.append((request, reason))
         return stops
+
+    def keep_freed(self, request: Request) -> None:
+        """Before a request booked to finish frees its blocks while a pending token holds computed
+        ones back from the prefix cache (the plain Scheduler offered them as it booked the step):
+        keep its table, for offer_freed() once the token lands."""
+        manager = self.block_manager
+        if manager.enable_prefix_caching:
+            self._freed_unoffered[request.request_id] = (
+                request.block_table, request.num_registered_blocks, manager.num_taken)
+
+    def take_freed(self, request_id: str) -> tuple[list[int], int, int] | None:
+        return self._freed_unoffered.pop(request_id, None) if self._freed_unoffered else None
+
+    def offer_freed(self, request: Request, freed: tuple[list[int], int, int], num_known_tokens: int) -> None:
+        table, offered, taken = freed
+        manager = self.block_manager
+        if manager.num_taken == taken:  # else a block may hold another request's tokens by now
+            manager.register_freed(request, table, offered, num_known_tokens)
 
     def _settle_stop(self, request: Request, index: int) -> None:
         """Take a request that stops with its token at index out of the queues, and drop what was

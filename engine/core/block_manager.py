@@ -83,6 +83,7 @@ class BlockManager:
         self.hits = 0  # blocks served from the cache
         self.misses = 0  # full prompt blocks looked up and not found
         self.evictions = 0  # cached blocks whose key was dropped to hold new content
+        self.num_taken = 0  # blocks ever taken from the pool: a freed block unchanged while it stands
         self._hash_block = block_hasher(block_size)
 
     # ---- queries -------------------------------------------------------------------------
@@ -169,6 +170,7 @@ class BlockManager:
         """Append the count least recently freed blocks to table, each held once, its prefix-cache
         key dropped (one call for a request's blocks: a prefill takes several)."""
         pop, keys, refs = self.free_pool.popitem, self.block_keys, self.ref_counts
+        self.num_taken += count
         for _ in range(count):
             block, _ = pop(last=False)
             key = keys[block]
@@ -208,20 +210,31 @@ class BlockManager:
         num_known_tokens: only the first this many tokens are real (the rest are placeholders of
         sampled tokens not yet known): a block that reaches past them waits.
         """
-        if not self.enable_prefix_caching:
-            return
+        if self.enable_prefix_caching:
+            request.num_registered_blocks = self._register(request, request.block_table, request.num_registered_blocks,
+                                                           num_known_tokens)
+
+    def register_freed(self, request: Request, table: list[int], num_registered: int, num_known_tokens: int) -> None:
+        """register_computed() for blocks the request held when it was freed (table, of which the first
+        num_registered were offered then): still in the pool with their content, as nothing was taken
+        from it since (num_taken, which the caller read then)."""
+        if self.enable_prefix_caching:
+            self._register(request, table, num_registered, num_known_tokens)
+
+    def _register(self, request: Request, table: list[int], start: int, num_known_tokens: int | None) -> int:
+        """Offer blocks start.. of table that the request's known, computed tokens fill; returns
+        how many of its blocks are offered now."""
         computed = request.num_computed_tokens
         if num_known_tokens is not None and num_known_tokens < computed:
             computed = num_known_tokens
         full = computed // self.block_size
-        start = request.num_registered_blocks
         if full <= start:
-            return
+            return start
         hashes = request.block_hashes
         if len(hashes) < start:
             self._extend_hashes(request, start)
         size = self.block_size
-        tokens, table, key_to_block = request.token_ids, request.block_table, self.key_to_block
+        tokens, key_to_block = request.token_ids, self.key_to_block
         for i in range(start, full):
             ids = tokens[i * size : (i + 1) * size]  # (one slice: hashed here if not yet, and kept)
             parent = hashes[i - 1] if i else _NO_PARENT
@@ -235,7 +248,7 @@ class BlockManager:
             self.block_keys[block] = key
             self.block_parent_keys[block] = parent
             self.block_tokens[block] = ids
-        request.num_registered_blocks = full
+        return full
 
     def _extend_hashes(self, request: Request, num_blocks: int) -> None:
         hashes = request.block_hashes

@@ -97,11 +97,11 @@ class Booking:
         deferred: list[tuple[int, int, Member]] = []
         defer = deferred if self.overlap and last == leaves_at and (land is None or last > first) else None
         if land is not None and last > first:  # its first step's blocks are registered as it is planned
-            frees = self._apply(first, first, [d for d in due if d[0] == first], None, True)
+            frees = self._apply(first, first, [d for d in due if d[0] == first], None)
             land(times[0], True)
-            frees += self._apply(first + 1, last, [d for d in due if d[0] > first], defer, False)
+            frees += self._apply(first + 1, last, [d for d in due if d[0] > first], defer)
         else:
-            frees = self._apply(first, last, due, defer, not self.overlap or land is not None)
+            frees = self._apply(first, last, due, defer)
         template = self.stats
         stats = restamp(template, template.step + first, frees[0])
         if self.overlap:  # completed: the step in flight, then first .. last - 1; last is in flight
@@ -157,7 +157,7 @@ class Booking:
         return due, end
 
     def _apply(self, first: int, last: int, due: list[tuple[int, int, Member]],
-               deferred: list[tuple[int, int, Member]] | None, planned: bool) -> list[int]:
+               deferred: list[tuple[int, int, Member]] | None) -> list[int]:
         """Allocate and register the blocks of steps first..last in the step-by-step path's order
         (per step: the blocks it needs in running order, then those it fills in batch order; the
         fills of step last go to deferred where given); returns the free blocks after each step's
@@ -168,7 +168,7 @@ class Booking:
                 if event[0] > last:
                     heapq.heappush(self.allocs, event)
             due = [d for d in due if d[0] <= last]
-        fills = self._fills_due(last, planned)
+        fills = self._fills_due(last)
         free = bm.num_free_blocks
         drops = []  # the steps (from first) whose allocations leave fewer blocks free
         a = f = 0
@@ -202,20 +202,22 @@ class Booking:
         for j, _, member in fills:
             request, end = member.request, member.offset + j
             request.num_computed_tokens = end
-            self.bm.register_computed(request, end)
+            if request.block_table:
+                self.bm.register_computed(request, end)
+            else:  # overlapped: it left at this step, its blocks freed as the step was planned
+                freed = cast_async(self.scheduler).take_freed(request.request_id)
+                if freed is not None:
+                    cast_async(self.scheduler).offer_freed(request, freed, end)
 
-    def _fills_due(self, last: int, planned: bool) -> list[tuple[int, int, Member]]:
-        """The blocks steps up to last fill, in order. planned: registered as each step is planned
-        (plain steps; an overlapped step planned once the step before it completed), so a member's
-        last step registers too; otherwise (overlapped) once the next step is planned, by then
-        without the members that left."""
+    def _fills_due(self, last: int) -> list[tuple[int, int, Member]]:
+        """The blocks steps up to last fill, in order (a member's last step's too: overlapped, once
+        the members that left at it were freed, engine.core.async_scheduler)."""
         heap, bs = self.fills, self.bs
         fills = []
         while heap and heap[0][0] <= last:
             event = heapq.heappop(heap)
             j, seq, member = event
-            if j < member.last or (planned and j == member.last):
-                fills.append(event)
+            fills.append(event)
             if j + bs <= member.last:
                 heapq.heappush(heap, (j + bs, seq, member))
         return fills
@@ -231,7 +233,9 @@ class Booking:
         if self.overlap:
             assert self.flight is not None
             finishing = cast_async(scheduler).finishing
+            overlapped = cast_async(scheduler)
             for member in leavers:  # NOTE: frees commute with the registrations _apply made at this step
+                overlapped.keep_freed(member.request)  # its last step's block: offered once its token is known
                 bm.free(member.request)
                 finishing[member.request.request_id] = member.request
             scheduler.running = [r for r in scheduler.running if r.request_id not in finishing]
@@ -258,9 +262,11 @@ class Booking:
             group.finished += flight.leavers
             scheduler = self.scheduler
             finishing = cast_async(scheduler).finishing
+            overlapped = cast_async(scheduler)
             for member in flight.leavers:
                 request = member.request
                 del finishing[request.request_id]
+                overlapped.take_freed(request.request_id)  # its tokens landed: nothing more to offer
                 request.num_pending_tokens = 0
                 scheduler._finish(request, FinishReason.LENGTH, at)
             self.finished += flight.leavers

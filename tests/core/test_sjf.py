@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from engine.core import (
     Request,
@@ -62,8 +62,17 @@ def test_sjf_admits_requests_shortest_prompt_first(case):
     assert admitted == [requests[i].request_id for i in by_length]
 
 
+# q4 (shorter) first: booked to finish in its decode step while the token that step computes is
+# still pending, it frees its blocks unhashed; the plain loop offered the last one, which q0 hits
+_PENDING_LAST_BLOCK = (SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=96, max_model_len=96,
+                                       enable_chunked_prefill=False), 1, 12,
+                       [([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 10, 0], 1), ([0], 1), ([0], 1), ([0], 1),
+                        ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], 2)])
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
+@example(_PENDING_LAST_BLOCK)
 def test_sjf_runs_overlapped_with_the_same_decisions(case):
     config, block_size, num_blocks, specs = _sjf(case)
     _, plain, plain_result = _serve_overlap(FakeExecutor, config, block_size, num_blocks, specs)

@@ -13,7 +13,7 @@ import random
 from array import array
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.core import Request, SamplingParams, SchedulerConfig, make_scheduler
@@ -144,6 +144,9 @@ def _check_single_replica(policy, overlap, caching, num_blocks, seed, n, stop, m
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @SINGLE_REPLICA
+# overlapped: a request joins the run as its prefill lands and leaves at once, its blocks freed
+# before that token is known; the block it fills is offered when it lands, as step by step
+@example("nano", True, True, 18, 1707, 12, False, 4, False)
 def test_fast_forward_matches_step_by_step(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed):
     _check_single_replica(policy, overlap, caching, num_blocks, seed, n, stop, max_num_seqs, packed)
 
