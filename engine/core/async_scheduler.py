@@ -34,9 +34,9 @@ class AsyncScheduler(Scheduler):
         super().__init__(config, kv_spec, policy, enable_prefix_caching, eos_token_id)
         # Booked to reach max_tokens in a planned step, blocks already freed; update() finishes them.
         self.finishing: dict[str, Request] = {}
-        # Of those, the ones freed with computed blocks a pending token kept from the prefix cache:
-        # (their block table, blocks offered, the pool's num_taken then), offered when the token lands
-        # as the plain Scheduler offered them when it booked the step.
+        # Of those, the ones whose computed blocks a pending token may keep from the prefix cache
+        # (keep_freed): their block table, blocks offered and the pool's num_taken when freed; the
+        # blocks are offered when the token lands, as the plain Scheduler offered them at booking.
         self._freed_unoffered: dict[str, tuple[list[int], int, int]] = {}
 
     def abort(self, request_id: str, now: float = 0.0) -> bool:

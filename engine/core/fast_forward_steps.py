@@ -205,9 +205,10 @@ class Booking:
             if request.block_table:
                 self.bm.register_computed(request, end)
             else:  # overlapped: it left at this step, its blocks freed as the step was planned
-                freed = cast_async(self.scheduler).take_freed(request.request_id)
+                overlapped = cast_async(self.scheduler)
+                freed = overlapped.take_freed(request.request_id)
                 if freed is not None:
-                    cast_async(self.scheduler).offer_freed(request, freed, end)
+                    overlapped.offer_freed(request, freed, end)
 
     def _fills_due(self, last: int) -> list[tuple[int, int, Member]]:
         """The blocks steps up to last fill, in order (a member's last step's too: overlapped, once
@@ -232,8 +233,8 @@ class Booking:
             leavers.append(heapq.heappop(self.leaving)[2])
         if self.overlap:
             assert self.flight is not None
-            finishing = cast_async(scheduler).finishing
             overlapped = cast_async(scheduler)
+            finishing = overlapped.finishing
             for member in leavers:  # NOTE: frees commute with the registrations _apply made at this step
                 overlapped.keep_freed(member.request)  # its last step's block: offered once its token is known
                 bm.free(member.request)
@@ -261,8 +262,8 @@ class Booking:
         if flight.leavers:
             group.finished += flight.leavers
             scheduler = self.scheduler
-            finishing = cast_async(scheduler).finishing
             overlapped = cast_async(scheduler)
+            finishing = overlapped.finishing
             for member in flight.leavers:
                 request = member.request
                 del finishing[request.request_id]
