@@ -129,7 +129,8 @@ def launch_ratios(steps: pd.DataFrame, model: ProfiledCostModel, regime: str = H
         raise ValueError(f"the profile has no launch:{regime} fit (not an overlapping profile)")
     table = complete_columns(steps.assign(duration_s=1.0) if "duration_s" not in steps else steps)
     rows = [row for row in table.to_dict("records") if regime_of(row) == regime and row["launch_s"] == row["launch_s"]]
-    ratios = [row["launch_s"] / model.overlap_parts(row)[0] for row in rows if model.overlap_parts(row)[0] > 0]
+    fitted = [model.overlap_parts(row)[0] for row in rows]
+    ratios = [row["launch_s"] / fit for row, fit in zip(rows, fitted) if fit > 0]
     if not ratios:
         raise ValueError(f"the step table has no {regime} steps with a recorded launch_s")
     return np.array(ratios, dtype=float)

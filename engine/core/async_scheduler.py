@@ -86,6 +86,7 @@ class AsyncScheduler(Scheduler):
         requests = self.requests
         eos_token_id = self.eos_token_id
         block_size = self.block_manager.block_size
+        unoffered = self._freed_unoffered  # take_freed(), without a call per sampled token
         for entry, token in zip(scheduled, token_ids):
             if not entry.sample:
                 continue
@@ -101,7 +102,7 @@ class AsyncScheduler(Scheduler):
             if request.first_token_time is None:
                 request.first_token_time = now
             reason = stop_reason(request, index - request.num_prompt_tokens + 1, token, eos_token_id)
-            freed = self.take_freed(request.request_id)
+            freed = unoffered.pop(request.request_id, None) if unoffered else None
             if reason is None:
                 # The token just written may complete a computed block that _book() could not hash.
                 if freed is not None:

@@ -26,13 +26,12 @@ SETUP_ATTEMPTS = 3
 
 
 def _run(num_kv_heads: int, tps: tuple[int, ...], device=lambda link_rank: torch.device("cpu")):
-    for attempt in range(SETUP_ATTEMPTS):
+    for _ in range(SETUP_ATTEMPTS - 1):
         try:
             return _run_once(num_kv_heads, tps, device)
-        except _LinkSetupFailed as failed:
-            if attempt == SETUP_ATTEMPTS - 1:
-                raise AssertionError(f"the link failed to connect {SETUP_ATTEMPTS} times: {failed}") from failed
-    raise AssertionError("unreachable")
+        except _LinkSetupFailed:
+            pass
+    return _run_once(num_kv_heads, tps, device)  # the last attempt's set-up failure fails the test
 
 
 class _LinkSetupFailed(Exception):
