@@ -25,6 +25,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -80,7 +81,11 @@ def trace_args(path: Path) -> list[str]:
 
 def run(cmd: Sequence[str], args: list[str], out: Path, timeout_s: float) -> dict:
     """Run aiperf; its aggregate report (metric -> {unit, avg, p50, p90, ...}, times in ms)."""
-    done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout_s, env=_env())
+    # aiperf leaves its IPC sockets' and dataset's temporary folders behind; given a TMPDIR of its
+    # own, they go when the run ends
+    with tempfile.TemporaryDirectory(prefix="aiperf_") as scratch:
+        done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout_s,
+                              env=_env() | {"TMPDIR": scratch})
     if done.returncode != 0:
         raise RuntimeError(f"aiperf failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return json.loads((out / REPORT).read_text())
