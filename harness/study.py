@@ -23,6 +23,7 @@ from harness.fleet.config import build_fleet
 from harness.fleet.disagg_config import build_disagg, is_disaggregated
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
+from sim.interval import IntervalConfig
 
 
 class Study(Protocol):
@@ -31,6 +32,7 @@ class Study(Protocol):
 
 
 STUDIES: Registry[Study] = Registry("study.kind")
+INTERVAL_STUDIES = ("single", "bench")  # the studies that read the top-level interval section
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ def build_study(cfg: DictConfig) -> tuple[StudyConfig, OutputConfig]:
 def run_study(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     """Run what cfg.study asks for; returns its table (one summary row per run or configuration)."""
     study, output = build_study(cfg)
+    if cfg.get("interval") is not None and study.kind not in INTERVAL_STUDIES:
+        instead = " (a comparison's profiled run takes compare.interval)" if study.kind == "compare" else ""
+        raise ConfigError(f"interval: prediction intervals are computed by study.kind={' or '.join(INTERVAL_STUDIES)} "
+                          f"(one run or fleet), not {study.kind}; set interval=null{instead}")
     out_dir.mkdir(parents=True, exist_ok=True)
     return STUDIES.get(study.kind)(cfg, study, output, out_dir)
 
@@ -89,10 +95,13 @@ def _serve_disaggregated(cfg: DictConfig, rc, output: OutputConfig, out_dir: Pat
     if fleet.prefill.autoscale or fleet.decode.autoscale:
         from harness.autoscale.disagg import run_disagg_autoscale_study
 
+        if cfg.get("interval") is not None:
+            raise ConfigError("interval: prediction intervals are computed for a fixed fleet, not autoscaled pools; "
+                              "set interval=null")
         return run_disagg_autoscale_study(rc, fleet, router, autoscale, slo, output, out_dir)
     from harness.fleet.disagg import run_disagg_study
 
-    return run_disagg_study(rc, fleet, router, output, out_dir)
+    return run_disagg_study(rc, fleet, router, output, out_dir, _interval(cfg))
 
 
 def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench: bool) -> pd.DataFrame:
@@ -101,14 +110,14 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
     if is_disaggregated(cfg):
         return _serve_disaggregated(cfg, rc, output, out_dir)
     fleet, router = build_fleet(cfg)
-    interval = cfg.get("interval")
+    interval = _interval(cfg)
     if cfg.get("autoscale") is not None and cfg.autoscale.get("policy") is not None:
         from harness.autoscale.config import build_autoscale
         from harness.autoscale.run import run_autoscale_study
 
         if interval is not None:
-            raise ConfigError("interval: prediction intervals are computed for a single run, not an autoscaled "
-                              "fleet; set interval=null")
+            raise ConfigError("interval: prediction intervals are computed for a fixed fleet, not an autoscaled "
+                              "one; set interval=null")
         autoscale, slo = build_autoscale(cfg)
         return run_autoscale_study(rc, fleet, router, autoscale, slo, output, out_dir)
     if cfg.get("autoscale") is not None:
@@ -116,19 +125,14 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
 
         build_autoscale(cfg)[0].check_static("autoscale")  # no policy: a static fleet reads no autoscale setting
     if not fleet.is_single_run:
-        if interval is not None:
-            raise ConfigError("interval: prediction intervals are computed for a single run, not a fleet "
-                              f"(fleet.replicas={fleet.replicas}); set interval=null")
         from harness.fleet.run import run_fleet_study
 
-        return run_fleet_study(rc, fleet, router, output, out_dir)
+        return run_fleet_study(rc, fleet, router, output, out_dir, interval)
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)
         from harness.fidelity.interval import simulate_with_interval
-        from sim.interval import IntervalConfig
 
-        outcome = simulate_with_interval(rc, to_dataclass(IntervalConfig, section(cfg, "interval"), "interval"),
-                                         progress=output.progress)
+        outcome = simulate_with_interval(rc, interval, progress=output.progress)
     else:
         outcome = run_once(rc, output.progress, keep_steps=output.steps != "none" or output.plots)
     write_outcome(outcome, out_dir, output.plots, output.steps)
@@ -138,6 +142,13 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
         print(bench_line(outcome.summary))
     print(f"outputs: {out_dir}")
     return pd.DataFrame([outcome.summary.to_row()])
+
+
+def _interval(cfg: DictConfig) -> IntervalConfig | None:
+    """The interval section as an IntervalConfig; None where it is null."""
+    if cfg.get("interval") is None:
+        return None
+    return to_dataclass(IntervalConfig, section(cfg, "interval"), "interval")
 
 
 def bench_line(row: dict) -> str:

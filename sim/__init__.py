@@ -6,7 +6,7 @@ from engine.core.collectives import priced_all_reduce
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.executor import BackendInfo
 from engine.core.expert_parallel import check_expert_parallel
-from engine.core.graph_sizes import planned_graph_sizes
+from engine.core.graph_sizes import GraphSizes, planned_graph_sizes
 from sim.config import SimConfig
 from sim.cost_model import CostModel, make_cost_model
 from sim.executor import SimExecutor
@@ -37,8 +37,7 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
         num_blocks = plan_num_blocks(model, hardware, cache.block_size, execution.gpu_memory_utilization,
                                      sim.activation_reserve_bytes, execution.tensor_parallel_size,
                                      scheduler.max_num_batched_tokens, scheduler.max_num_seqs, staging_blocks)
-    graphs = planned_graph_sizes(execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
-                                 max_model_len=scheduler.max_model_len)
+    graphs = configured_graph_sizes(sim, scheduler)
     if cost_model is None:
         cost_model = make_cost_model(model, hardware, sim, graphs)
     info = BackendInfo(
@@ -55,6 +54,20 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
                        idle_start_s(hardware, sim, info.overlaps_steps, cost_model), sim.plan_after_launches,
                        kv_scatter(model, hardware, sim, execution.tensor_parallel_size),
                        power_curve(model, hardware, sim))
+
+
+def configured_graph_sizes(sim: SimConfig, scheduler: SchedulerConfig) -> GraphSizes:
+    """The CUDA graph sizes a simulated replica captures: the engine's plan for these settings."""
+    return planned_graph_sizes(sim.execution, scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+                               max_model_len=scheduler.max_model_len)
+
+
+def configured_cost_model(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig, cache: CacheConfig,
+                          scheduler: SchedulerConfig) -> CostModel:
+    """A fresh cost model pricing steps as build_sim_executor's own would (its KV cache's dtype, its
+    graphs): what sim.interval's perturbed draws wrap."""
+    return make_cost_model(model.with_kv_cache(cache.kv_cache_dtype), hardware, sim,
+                           configured_graph_sizes(sim, scheduler))
 
 
 def power_curve(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig) -> PowerCurve | None:
@@ -109,5 +122,6 @@ def idle_start_s(hardware: HardwareSpec, sim: SimConfig, overlaps_steps: bool, c
 __all__ = [
     "FEATURE_COLUMNS", "CostModel", "ExtrapolationWarning", "HardwareSpec", "ModelSpec", "ProfiledCostModel",
     "RooflineCostModel", "SampledTokens", "SimConfig", "SimExecutor", "TPTransferCostModel", "build_sim_executor",
-    "estimate_activation_bytes", "holdout_validation", "plan_num_blocks", "relative_errors", "step_features",
+    "configured_cost_model", "estimate_activation_bytes", "holdout_validation", "plan_num_blocks", "relative_errors",
+    "step_features",
 ]

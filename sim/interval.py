@@ -153,6 +153,17 @@ def perturbed_models(make_inner: Callable[[], CostModel], residuals: Sequence[fl
     return models
 
 
+def pool_run_factors(pool_residuals: Sequence[Sequence[float]], config: IntervalConfig,
+                     rng: np.random.Generator) -> np.ndarray:
+    """A fleet's run factors, shape (pools, config.draws): each pool (a set of machines with its own
+    fit: a disaggregated fleet's prefill and decode pools) draws its own, stratified per pool, so
+    the draws pair the pools' strata at random (Latin hypercube sampling over the pools)."""
+    if config.machine_spread is None:
+        raise ValueError("interval.machine_spread is null: resolve it for the model first (IntervalConfig.for_model)")
+    return np.array([run_factor_quantiles(stratified_uniforms(config.draws, rng), config.machine_spread,
+                                          abs(fit_bias(residuals))) for residuals in pool_residuals])
+
+
 def stratified_uniforms(n: int, rng: np.random.Generator) -> np.ndarray:
     """n uniforms in [0, 1), one in each of the strata [i / n, (i + 1) / n), in random order (so a
     draw's index says nothing of its stratum)."""

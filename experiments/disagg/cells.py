@@ -32,9 +32,13 @@ from experiments.disagg.kept_steps import write_kept
 from experiments.disagg.tables import Book, fit_link
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload, request_count
 from harness.config import RunConfig
+from harness.fidelity.fleet_interval import PoolPricing, fleet_with_interval
+from harness.fleet.config import replica_run_configs
 from harness.fleet.disagg import disagg_server, run_disagg_once
+from harness.fleet.disagg_config import pool_run_configs
 from harness.fleet.run import fleet_server, run_fleet_once
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
+from sim.interval import IntervalConfig
 from sim.kv_transfer import TransferConfig, link_figures
 
 MODES = ("disaggregated", "aggregated")
@@ -77,13 +81,38 @@ def replica_blocks(outcome) -> int:
 
 
 def simulate(setup: Setup, sim_rc: RunConfig, mode: str, workload, num_blocks: int,
-             link: TransferConfig | None = None, step_columns: tuple[str, ...] = SUMMARY_STEP_COLUMNS):
-    rc = dataclasses.replace(sim_rc, workload=workload, cache=dataclasses.replace(sim_rc.cache, num_blocks=num_blocks))
+             link: TransferConfig | None = None, step_columns: tuple[str, ...] = SUMMARY_STEP_COLUMNS,
+             pricing: PoolPricing | None = None):
+    """The cell simulated: sim_rc on `mode`'s fleet with workload and num_blocks a replica; pricing:
+    each replica's cost model (an interval's draw, harness.fidelity.fleet_interval)."""
+    rc = _cell_rc(sim_rc, workload, num_blocks)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a profile extrapolated past its grid says so once per run
         if mode == "disaggregated":
-            return run_disagg_once(rc, setup.fleet(mode, link), ROUTER, False, step_columns)  # type: ignore[arg-type]
-        return run_fleet_once(rc, setup.fleet(mode), ROUTER, False, step_columns=step_columns)  # type: ignore[arg-type]
+            return run_disagg_once(rc, setup.fleet(mode, link), ROUTER, False, step_columns,  # type: ignore[arg-type]
+                                   pricing)
+        return run_fleet_once(rc, setup.fleet(mode), ROUTER, False, step_columns=step_columns,  # type: ignore[arg-type]
+                              pricing=pricing)
+
+
+def simulate_with_interval(setup: Setup, sim_rc: RunConfig, mode: str, workload, num_blocks: int,
+                           interval: IntervalConfig, step_columns: tuple[str, ...] = SUMMARY_STEP_COLUMNS):
+    """simulate()'s outcome, its summary with the latencies' prediction intervals (a pool's machines
+    drawn together: harness.fidelity.fleet_interval)."""
+    rc = _cell_rc(sim_rc, workload, num_blocks)
+    fleet = setup.fleet(mode)
+    pools = (pool_run_configs(rc, fleet) if mode == "disaggregated"  # type: ignore[arg-type]
+             else replica_run_configs(rc, fleet)[:1])  # type: ignore[arg-type]
+    def run(pricing: PoolPricing | None, label: str):
+        columns = step_columns if pricing is None else SUMMARY_STEP_COLUMNS  # a draw: its summary alone
+        return simulate(setup, sim_rc, mode, workload, num_blocks, step_columns=columns, pricing=pricing)
+
+    return fleet_with_interval(rc, interval, pools, run)
+
+
+def _cell_rc(sim_rc: RunConfig, workload, num_blocks: int) -> RunConfig:
+    cache = dataclasses.replace(sim_rc.cache, num_blocks=num_blocks)
+    return dataclasses.replace(sim_rc, workload=workload, cache=cache)
 
 
 class Cells:

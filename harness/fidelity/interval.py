@@ -7,20 +7,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from engine.core.graph_sizes import planned_graph_sizes
 from harness.config import RunConfig
 from harness.convert import ConfigError
 from harness.run import RunOutcome, run_once
-from sim import build_sim_executor
-from sim.cost_model import CostModel, make_cost_model
+from sim import build_sim_executor, configured_cost_model
+from sim.cost_model import CostModel
 from sim.interval import IntervalConfig, interval_columns, perturbed_models
 from sim.profiled import ProfiledCostModel
 
 
 def default_cost_model(rc: RunConfig) -> Callable[[], CostModel]:
-    graphs = planned_graph_sizes(rc.sim.execution, rc.scheduler.max_num_seqs, rc.scheduler.max_num_batched_tokens,
-                                 max_model_len=rc.scheduler.max_model_len)
-    return lambda: make_cost_model(rc.model, rc.hardware, rc.sim, graphs)
+    return lambda: configured_cost_model(rc.model, rc.hardware, rc.sim, rc.cache, rc.scheduler)
 
 
 def simulate_with_interval(rc: RunConfig, config: IntervalConfig, make_inner: Callable[[], CostModel] | None = None,

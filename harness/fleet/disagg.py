@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -39,6 +40,11 @@ from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
 from harness.workloads import build_workload
 
+if TYPE_CHECKING:
+    from harness.fidelity.fleet_interval import PoolPricing
+    from sim.cost_model import CostModel
+    from sim.interval import IntervalConfig
+
 log = logging.getLogger(__name__)
 POOLS = ("prefill", "decode")
 
@@ -53,8 +59,9 @@ class DisaggOutcome:
 
 
 def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, progress: bool = True,
-                    step_columns: tuple[str, ...] = STEP_COLUMNS) -> DisaggOutcome:
-    """Serve rc.workload on the disaggregated fleet to completion (engine replicas: harness.fleet.disagg_engine)."""
+                    step_columns: tuple[str, ...] = STEP_COLUMNS, pricing: PoolPricing | None = None) -> DisaggOutcome:
+    """Serve rc.workload on the disaggregated fleet to completion (engine replicas: harness.fleet.disagg_engine).
+    pricing: each simulated replica's cost model, by pool (0 prefill, 1 decode; an interval's draw)."""
     pools = pool_run_configs(rc, fleet)
     if rc.backend == "engine":
         from harness.fleet.disagg_engine import run_engine_disagg
@@ -64,7 +71,8 @@ def run_disagg_once(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, pr
 
     counts = (fleet.prefill_replicas, fleet.decode_replicas)
     staging = pool_staging_blocks(pools, counts)  # the engine's memory plan: KV link staging out of the cache
-    executors = [[pool_executor(p, s, name) for _ in range(n)] for p, n, s, name in zip(pools, counts, staging, POOLS)]
+    executors = [[pool_executor(p, s, name, pricing(i, p) if pricing else None) for _ in range(n)]
+                 for i, (p, n, s, name) in enumerate(zip(pools, counts, staging, POOLS))]
     infos = [ex[0].info() for ex in executors]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
@@ -120,13 +128,14 @@ def disagg_server(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, prog
                                            step_columns)
 
 
-def pool_executor(pool: RunConfig, staging_blocks: int, name: str):
+def pool_executor(pool: RunConfig, staging_blocks: int, name: str, cost_model: CostModel | None = None):
     """A simulated replica of a pool (its run config) with its KV link staging; a memory plan that does
-    not fit (the model, or the staging, on the pool's GPU) is a ConfigError naming the pool."""
+    not fit (the model, or the staging, on the pool's GPU) is a ConfigError naming the pool.
+    cost_model: prices its steps instead of the pool's configured one (an interval's draw)."""
     from sim import build_sim_executor
 
     try:
-        return build_sim_executor(pool.model, pool.hardware, pool.sim, pool.cache, pool.scheduler,
+        return build_sim_executor(pool.model, pool.hardware, pool.sim, pool.cache, pool.scheduler, cost_model,
                                   staging_blocks=staging_blocks)
     except ValueError as error:
         raise ConfigError(f"backend=sim: fleet.{name}: {error}") from None
@@ -185,11 +194,23 @@ def tabulate(result: DisaggResult, blocks: dict[str, list[int]], labels: RunLabe
 
 
 def run_disagg_study(rc: RunConfig, fleet: DisaggConfig, router: RouterConfig, output: OutputConfig,
-                     out_dir: Path) -> pd.DataFrame:
-    """`python -m harness fleet=disaggregated ...`: one run, its tables and pools.png in out_dir."""
+                     out_dir: Path, interval: IntervalConfig | None = None) -> pd.DataFrame:
+    """`python -m harness fleet=disaggregated ...`: one run, its tables and pools.png in out_dir; with
+    an interval, the summary gains its latencies' bounds (harness.fidelity.fleet_interval)."""
     from harness.report import format_summary
 
-    outcome = run_disagg_once(rc, fleet, router, output.progress)
+    if interval is None:
+        outcome = run_disagg_once(rc, fleet, router, output.progress)
+    else:
+        from harness.fidelity.fleet_interval import fleet_with_interval
+        from harness.output.metrics import SUMMARY_STEP_COLUMNS
+
+        def run(pricing: PoolPricing | None, label: str) -> DisaggOutcome:
+            # a draw is read for its summary alone: the step tables' few columns it needs
+            return run_disagg_once(rc, fleet, router, output.progress,
+                                   SUMMARY_STEP_COLUMNS if pricing else STEP_COLUMNS, pricing)
+
+        outcome = fleet_with_interval(rc, interval, pool_run_configs(rc, fleet), run)
     write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, output.steps)
     if output.plots:
         from harness.fleet.disagg_plots import plot_pools

@@ -21,7 +21,9 @@ import pandas as pd
 from tqdm import tqdm
 
 if TYPE_CHECKING:
+    from harness.fidelity.fleet_interval import PoolPricing
     from sim import SampledTokens
+    from sim.interval import IntervalConfig
 
 from engine.core import make_scheduler
 from engine.core.fleet import FleetResult, run_fleet, run_fleet_wall
@@ -53,13 +55,16 @@ class FleetOutcome:
 
 
 @contextmanager
-def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True, samples: SampledTokens | None = None):
+def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True, samples: SampledTokens | None = None,
+           pricing: PoolPricing | None = None):
     """The replicas of rcs, built: yields their BackendInfos and serve(requests, router, on_step),
     which runs a workload on them to completion; stops them afterwards. keep_steps=False:
     simulated replicas keep only their step totals (engine replicas report every step); samples:
-    simulated replicas read the tokens they sample from these (sim.sampled)."""
+    simulated replicas read the tokens they sample from these (sim.sampled); pricing: each
+    simulated replica's cost model, the fleet one pool (an interval's draw), else rc.sim's."""
     try:
-        built = _engine_fleet(rc, rcs) if rc.backend == "engine" else _sim_fleet(rcs, keep_steps, samples)
+        built = (_engine_fleet(rc, rcs) if rc.backend == "engine"
+                 else _sim_fleet(rcs, keep_steps, samples, pricing))
         infos, serve = next(built)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"backend={rc.backend}: {error}") from None
@@ -69,10 +74,12 @@ def _fleet(rc: RunConfig, rcs: list[RunConfig], keep_steps: bool = True, samples
         built.close()
 
 
-def _sim_fleet(rcs: list[RunConfig], keep_steps: bool, samples: SampledTokens | None = None):
+def _sim_fleet(rcs: list[RunConfig], keep_steps: bool, samples: SampledTokens | None = None,
+               pricing: PoolPricing | None = None):
     from sim import build_sim_executor
 
-    executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler, samples=samples) for r in rcs]
+    executors = [build_sim_executor(r.model, r.hardware, r.sim, r.cache, r.scheduler,
+                                    pricing(0, r) if pricing else None, samples=samples) for r in rcs]
     infos = [e.info() for e in executors]
     intakes = [fleet_intake(r) for r in rcs]  # the engine fleet's replicas are processes: its hand-over
 
@@ -112,27 +119,29 @@ def _engine_fleet(rc: RunConfig, rcs: list[RunConfig]):
 
 def run_fleet_once(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
                    label: str = "", step_columns: tuple[str, ...] = STEP_COLUMNS,
-                   keep_steps: bool = True, prepared: PreparedWorkload | None = None) -> FleetOutcome:
+                   keep_steps: bool = True, prepared: PreparedWorkload | None = None,
+                   pricing: PoolPricing | None = None) -> FleetOutcome:
     """Serve rc.workload on the fleet to completion. step_columns: those of the step tables
     (harness.output.metrics.SUMMARY_STEP_COLUMNS where only the summaries are read);
     keep_steps=False: a simulated fleet records no steps, only the totals its summaries need
     (engine.core.records.StepTotals): the same summaries, empty step tables; prepared: the
     workload's requests made ahead (harness.workloads.prepared), served where they were made for
-    this workload, length limit, vocabulary and block size (the same requests either way)."""
-    with fleet_server(rc, fleet, router, progress, step_columns, keep_steps, prepared) as serve:
+    this workload, length limit, vocabulary and block size (the same requests either way);
+    pricing: each simulated replica's cost model (harness.fidelity.fleet_interval's draws)."""
+    with fleet_server(rc, fleet, router, progress, step_columns, keep_steps, prepared, pricing) as serve:
         return serve(rc.workload, label)
 
 
 @contextmanager
 def fleet_server(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, progress: bool = True,
                  step_columns: tuple[str, ...] = STEP_COLUMNS, keep_steps: bool = True,
-                 prepared: PreparedWorkload | None = None):
+                 prepared: PreparedWorkload | None = None, pricing: PoolPricing | None = None):
     """The fleet's replicas, built once (engine replicas: their processes started and loaded);
     yields serve(workload, label="") -> FleetOutcome, which serves a WorkloadConfig on them to
     completion, as often as called (each run builds fresh schedulers); stops them afterwards.
-    prepared: as run_fleet_once's."""
+    prepared, pricing: as run_fleet_once's."""
     rcs = replica_run_configs(rc, fleet)
-    with _fleet(rc, rcs, keep_steps, prepared.samples if prepared else None) as (infos, serve_requests):
+    with _fleet(rc, rcs, keep_steps, prepared.samples if prepared else None, pricing) as (infos, serve_requests):
         def serve(workload: WorkloadConfig, label: str = "") -> FleetOutcome:
             run_rc = replace(rc, workload=workload)
             drawn = Drawn(workload, rc.scheduler.max_model_len, infos[0].vocab_size, rc.cache.block_size)
@@ -207,11 +216,25 @@ def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True
 
 
 def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, output: OutputConfig,
-                    out_dir: Path) -> pd.DataFrame:
-    """`python -m harness fleet.replicas=N ...`: one fleet run, its tables and plots in out_dir."""
+                    out_dir: Path, interval: IntervalConfig | None = None) -> pd.DataFrame:
+    """`python -m harness fleet.replicas=N ...`: one fleet run, its tables and plots in out_dir;
+    with an interval, the fleet's summary gains its latencies' bounds (harness.fidelity.fleet_interval)."""
     from harness.report import format_summary
 
-    outcome = run_fleet_once(rc, fleet, router, output.progress)
+    if interval is None:
+        outcome = run_fleet_once(rc, fleet, router, output.progress)
+    else:
+        from harness.fidelity.fleet_interval import fleet_with_interval
+        from harness.output.metrics import SUMMARY_STEP_COLUMNS
+
+        def run(pricing: PoolPricing | None, label: str) -> FleetOutcome:
+            if pricing is None:
+                return run_fleet_once(rc, fleet, router, output.progress, label)
+            # a draw is read for its summary alone: no step tables kept
+            return run_fleet_once(rc, fleet, router, output.progress, label, SUMMARY_STEP_COLUMNS, False,
+                                  pricing=pricing)
+
+        outcome = fleet_with_interval(rc, interval, replica_run_configs(rc, fleet)[:1], run)
     write_fleet_outcome(outcome, out_dir, output.plots, output.steps)
     require_served(outcome)
     print(format_summary(outcome.summary))

@@ -61,7 +61,6 @@ def test_two_replicas_serve_a_rate_sooner_than_one():
     ("fleet.tp_sizes=[1,3]", r"fleet.tp_sizes\[1\].*model.num_heads"),
     ("fleet.tp_sizes=[1]", r"fleet.tp_sizes must list one TP size per replica \(2\)"),
     ("router.name=random", r"router.name must be one of \['round_robin'"),
-    ("+interval.level=0.9", r"interval: prediction intervals are computed for a single run, not a fleet"),
     ("cache.num_blocks=1", r"nothing was served: all 256 requests were rejected at admission"),
 ])
 def test_bad_fleet_input_is_one_line_naming_the_field(override, message, tmp_path):

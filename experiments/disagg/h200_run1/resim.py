@@ -20,6 +20,9 @@ cell's replicas (replacing any backend.host_scale of the overrides); a cell with
 --prefill-eager-bound (with --hosts): each disaggregated cell's prefill pool priced at its prefill
 rows' eager_scale (fleet.prefill.host_scale), the speed its own eager prefills launched at: a bound
 on what that replica's host explains, read off the steps it prices (fleet_hosts.py's NOTE).
+--interval DRAWS: each cell's 90% prediction intervals (harness.fidelity.fleet_interval) and, per
+latency, whether the measured figure lies inside (<metric>_lo, _hi, _inside; experiments/disagg/intervals.py
+counts them).
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.disagg.cells import simulate
+from experiments.disagg.cells import simulate, simulate_with_interval
 from experiments.disagg.common import Pools, Setup, profile_for
 from experiments.disagg.kept_steps import STEP_COLUMNS, kept_name, read_kept, side_steps
 from experiments.disagg.tables import TARGETS, runs_path
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
+from sim.interval import INTERVAL_METRICS, IntervalConfig
 
 HERE = Path(__file__).resolve().parent
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s", "transfer_p50_s",
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
                         "priced at its fleet's measured host_scale")
     parser.add_argument("--prefill-eager-bound", action="store_true", help="with --hosts: each disaggregated "
                         "cell's prefill pool at its own eager prefills' launch speed (a bound)")
+    parser.add_argument("--interval", type=int, default=None, metavar="DRAWS",
+                        help="each cell's 90%% prediction intervals from DRAWS perturbed runs (sim.interval, a "
+                        "pool's machines drawn together) and whether the measured latency falls inside")
     args = parser.parse_args(argv)
     if args.prefill_eager_bound and not args.hosts:
         parser.error("--prefill-eager-bound reads the prefill pool's eager_scale from --hosts")
@@ -125,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
             if mode == "disaggregated" and prefill_scale > 0:
                 cell_setup = dataclasses.replace(cell_setup, prefill_host_scale=round(prefill_scale, 4))
             cell_rc = cell_setup.run_config("sim", MEASURE_SCHEDULER) if cell_setup is not setup else sim_rc
-        sim = simulate(cell_setup, cell_rc, mode, workload, int(row.num_blocks) // int(row.replicas),
-                       step_columns=columns)
+        blocks = int(row.num_blocks) // int(row.replicas)
+        sim = (simulate(cell_setup, cell_rc, mode, workload, blocks, step_columns=columns) if args.interval is None
+               else simulate_with_interval(cell_setup, cell_rc, mode, workload, blocks,
+                                           IntervalConfig(draws=args.interval), columns))
         simulated = sim.summary.to_row()
         out = {"fleet": row.fleet, "workload": row.workload, "load": row.load}
         if hosts is not None:
@@ -136,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         for metric in METRICS:
             out[metric] = simulated.get(metric, math.nan)
             out[f"{metric}_err_pct"] = round(100 * (out[metric] / row[metric] - 1), 1)
+        if args.interval is not None:
+            out.update(interval_hits(simulated, row))
         for metric, target in TARGETS.items():
             if metric in row and not math.isnan(row[metric]):
                 compared += 1
@@ -148,6 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{within} of {compared} comparisons within target ({', '.join(TARGETS)})")
     label = args.label or ("profiled" if args.no_handshake else "handshake")
     pd.DataFrame(rows).to_csv(args.out or run / f"resim_{label}.csv", index=False)
+
+
+def interval_hits(simulated: dict, measured: pd.Series) -> dict:
+    """Each interval metric's bounds and whether the measured value lies within them (NaN: no value)."""
+    out: dict = {}
+    for metric in INTERVAL_METRICS:
+        lo, hi, value = simulated[f"{metric}_lo"], simulated[f"{metric}_hi"], measured[metric]
+        out[f"{metric}_lo"], out[f"{metric}_hi"] = lo, hi
+        out[f"{metric}_inside"] = math.nan if math.isnan(value) else float(lo <= value <= hi)
+    return out
 
 
 def cell_host_scales(path: Path, pool: str | None = None,
