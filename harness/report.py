@@ -44,11 +44,21 @@ def format_summary(row: dict) -> str:
         index=["TTFT", "TPOT", "E2E"],
     )
     lines.append(latency.to_string(float_format=lambda v: f"{v:.5f}"))
+    if row.get("interval_level") is not None:
+        lines.append(_interval_line(row))
     lines.append(
         f"preemptions {row['preemptions']} | recomputed tokens {row['recomputed_tokens']} | "
         f"prefix hit rate {100 * row['prefix_hit_rate']:.1f}% ({row['cached_tokens']} cached tokens)"
     )
     return "\n".join(lines)
+
+
+def _interval_line(row: dict) -> str:
+    """The prediction interval of each latency percentile that has one (sim.interval), in seconds."""
+    bounds = [f"{name} {stat.upper()} [{row[f'{metric}_lo']:.5f}, {row[f'{metric}_hi']:.5f}]"
+              for name, prefix in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e")) for stat in ("p50", "p90")
+              if (metric := f"{prefix}_{stat}_s") and f"{metric}_lo" in row]
+    return f"{100 * float(row['interval_level']):.0f}% interval (s): " + " | ".join(bounds)
 
 
 def _clipped(row: dict) -> str:

@@ -34,10 +34,12 @@ FLEETS = {"aggregated": ["fleet.replicas=2"],
 
 
 @pytest.mark.parametrize("fleet", list(FLEETS))
-def test_a_fleets_interval_brackets_the_point_which_is_the_run_without_one(fleet, tmp_path):
+def test_a_fleets_interval_brackets_the_point_which_is_the_run_without_one(fleet, tmp_path, capsys):
     plain, banded = tmp_path / "plain", tmp_path / "banded"
     run_study(compose_config([*LOADED, *FLEETS[fleet]]), plain)
+    assert "% interval (s)" not in capsys.readouterr().out
     run_study(compose_config([*LOADED, *FLEETS[fleet], INTERVAL % (5, "0.05")]), banded)
+    assert "90% interval (s): TTFT P50 [" in capsys.readouterr().out
     without, within = pd.read_csv(plain / "summary.csv").iloc[0], pd.read_csv(banded / "summary.csv").iloc[0]
     for column in without.index.drop("wall_s"):
         assert str(within[column]) == str(without[column]), column  # the interval leaves the prediction alone
