@@ -188,7 +188,7 @@ def test_the_graphs_summary_sets_each_pairs_cells_side_by_side(tmp_path):
     measured = pd.read_csv(tmp_path / "out" / "measured.csv")
     assert len(measured) == 1 and measured.loc[0, "ttft_p50_s_ratio"] == pytest.approx(0.8)
     assert measured.loc[0, "tpot_p50_s_ratio"] == 1.0 and measured.loc[0, "pair"] == "a_4096"
-    steps = pd.read_csv(tmp_path / "out" / "prefill_steps.csv").set_index(["call", "tokens"])
+    steps = pd.read_csv(tmp_path / "out" / "prefill_steps.csv.gz").set_index(["call", "tokens"])
     assert steps.loc[("a_8192", "4097-8192"), "duration_ms"] == 18.0
     assert steps.loc[("a_4096", "4097-8192"), "launch_ms"] == 12.0 and len(steps) == 6
     with pytest.raises(SystemExit):

@@ -19,7 +19,7 @@ submit() on an idle device, so it holds the anchor and the batch's building alre
     python -m experiments.disagg.ttft_variants [--resim-dir DIR] [--variants V ...] [--out CSV]
 
 DIR keeps each re-simulation (<call>__<variant>.csv, default a scratch folder of the system's
-temporary directory); one already there is read, not run again. Writes ttft_variants.csv: per call
+temporary directory); one already there is read, not run again. Writes ttft_variants.csv.gz: per call
 and variant, comparisons within target (send_path_choice.count), and ALL rows per variant.
 """
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--resim-dir", type=Path, default=Path(tempfile.gettempdir()) / "ttft_variants")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--out", type=Path, default=HERE / "ttft_variants.csv")
+    parser.add_argument("--out", type=Path, default=HERE / "ttft_variants.csv.gz")
     args = parser.parse_args(argv)
     args.resim_dir.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -4,7 +4,7 @@ measured cells of two `run_disagg measure` calls each (README.md), and their pre
     python -m experiments.disagg.h200_06b_graphs8k.summary PAIR_4K PAIR_8K [PAIR_4K PAIR_8K ...] --out DIR
 
 Each PAIR_* is an unpacked bundle (runs.csv, steps_*.csv.gz). Writes DIR/measured.csv (each pair's
-measured cells: 4,096 and 8,192 side by side and their ratio) and DIR/prefill_steps.csv (per call,
+measured cells: 4,096 and 8,192 side by side and their ratio) and DIR/prefill_steps.csv.gz (per call,
 cell and step size class, measured and simulated: steps, median duration and median launch, ms).
 """
 
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     measured = pd.concat([measured_pair(a, b) for a, b in pairs], ignore_index=True)
     measured.to_csv(args.out / "measured.csv", index=False, float_format="%.6g")
     steps = pd.concat([prefill_steps(c) for c in args.calls], ignore_index=True)
-    steps.to_csv(args.out / "prefill_steps.csv", index=False)
+    steps.to_csv(args.out / "prefill_steps.csv.gz", index=False)
     ratios = [f"{m}_ratio" for m in METRICS]
     print(measured[["pair", "fleet", "load", *ratios]].to_string(index=False))
-    print(f"wrote {args.out / 'measured.csv'} and {args.out / 'prefill_steps.csv'}")
+    print(f"wrote {args.out / 'measured.csv'} and {args.out / 'prefill_steps.csv.gz'}")
 
 
 if __name__ == "__main__":
