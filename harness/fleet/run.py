@@ -228,11 +228,9 @@ def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, out
         from harness.output.metrics import SUMMARY_STEP_COLUMNS
 
         def run(pricing: PoolPricing | None, label: str) -> FleetOutcome:
-            if pricing is None:
-                return run_fleet_once(rc, fleet, router, output.progress, label)
             # a draw is read for its summary alone: no step tables kept
-            return run_fleet_once(rc, fleet, router, output.progress, label, SUMMARY_STEP_COLUMNS, False,
-                                  pricing=pricing)
+            return run_fleet_once(rc, fleet, router, output.progress, label,
+                                  SUMMARY_STEP_COLUMNS if pricing else STEP_COLUMNS, pricing is None, pricing=pricing)
 
         outcome = fleet_with_interval(rc, interval, replica_run_configs(rc, fleet)[:1], run)
     write_fleet_outcome(outcome, out_dir, output.plots, output.steps)
