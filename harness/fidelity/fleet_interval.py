@@ -8,7 +8,7 @@ the fit's bias) once per pool. A pool is a set of machines of one kind bought to
 by one fit, so its replicas move together: an aggregated fleet is one pool, a disaggregated fleet's
 prefill and decode replicas are two, drawn independently (sim.interval.pool_run_factors), as they
 may be two GPU types. Near saturation queueing amplifies a price error many times over (a decode
-pool at 80% of its capacity: a 1.2% dearer step moved a measured 1P1D fleet's TPOT P50 by 16
+pool at 80% of its capacity: a 1.2% dearer step moved a 1P1D fleet's simulated TPOT P50 by 16
 points, experiments/disagg/sensitivity.md); the interval carries that amplification, because each
 draw is the whole fleet simulated again.
 """

@@ -41,6 +41,7 @@ from experiments.disagg.common import Pools, Setup, profile_for
 from experiments.disagg.kept_steps import STEP_COLUMNS, kept_name, read_kept, side_steps
 from experiments.disagg.tables import TARGETS, runs_path
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
+from harness.config import RunConfig
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from sim.interval import INTERVAL_METRICS, IntervalConfig
 
@@ -79,7 +80,7 @@ def recorded_hardware(run: Path) -> str:
     return "h200" if match is None else match.group(1)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="Hydra overrides, both sides")
     parser.add_argument("--no-handshake", action="store_true", help="price the link alone (the call's own pricing)")
@@ -104,6 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.prefill_eager_bound and not args.hosts:
         parser.error("--prefill-eager-bound reads the prefill pool's eager_scale from --hosts")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     run = Path(args.run)
     runs = pd.read_csv(runs_path(run), dtype={"load": str})
     disaggregated = runs.fleet.str.fullmatch(r"\d+P\d+D")
@@ -125,13 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         rate = None if math.isnan(row.rate_req_s) else float(row.rate_req_s)
         workload = at_rate(class_workload(row.workload, args.trace, False), rate, int(row.num_requests))
         columns = tuple(dict.fromkeys((*SUMMARY_STEP_COLUMNS, *STEP_COLUMNS))) if keep else SUMMARY_STEP_COLUMNS
-        cell_setup, cell_rc, scale = setup, sim_rc, math.nan
-        if hosts is not None:
-            cell_setup, scale = at_host(setup, hosts.get((row.fleet, row.workload, row.load), math.nan))
-            prefill_scale = prefill_hosts.get((row.fleet, row.workload, row.load), math.nan)
-            if mode == "disaggregated" and prefill_scale > 0:
-                cell_setup = dataclasses.replace(cell_setup, prefill_host_scale=round(prefill_scale, 4))
-            cell_rc = cell_setup.run_config("sim", MEASURE_SCHEDULER) if cell_setup is not setup else sim_rc
+        cell_setup, cell_rc, scale = (setup, sim_rc, math.nan) if hosts is None else \
+            at_cell_hosts(setup, sim_rc, (row.fleet, row.workload, row.load), mode, hosts, prefill_hosts)
         blocks = int(row.num_blocks) // int(row.replicas)
         sim = (simulate(cell_setup, cell_rc, mode, workload, blocks, step_columns=columns) if args.interval is None
                else simulate_with_interval(cell_setup, cell_rc, mode, workload, blocks,
@@ -159,6 +160,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{within} of {compared} comparisons within target ({', '.join(TARGETS)})")
     label = args.label or ("profiled" if args.no_handshake else "handshake")
     pd.DataFrame(rows).to_csv(args.out or run / f"resim_{label}.csv", index=False)
+
+
+def at_cell_hosts(setup: Setup, sim_rc: RunConfig, cell: tuple[str, str, str], mode: str, hosts: dict,
+                  prefill_hosts: dict) -> tuple[Setup, RunConfig, float]:
+    """The cell's setup and run config at its fleet's measured host (and, for a disaggregated cell
+    with one, its prefill pool at its own eager launch speed), and that host scale."""
+    cell_setup, scale = at_host(setup, hosts.get(cell, math.nan))
+    prefill_scale = prefill_hosts.get(cell, math.nan)
+    if mode == "disaggregated" and prefill_scale > 0:
+        cell_setup = dataclasses.replace(cell_setup, prefill_host_scale=round(prefill_scale, 4))
+    cell_rc = cell_setup.run_config("sim", MEASURE_SCHEDULER) if cell_setup is not setup else sim_rc
+    return cell_setup, cell_rc, scale
 
 
 def interval_hits(simulated: dict, measured: pd.Series) -> dict:
