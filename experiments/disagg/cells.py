@@ -103,6 +103,7 @@ def simulate_with_interval(setup: Setup, sim_rc: RunConfig, mode: str, workload,
     fleet = setup.fleet(mode)
     pools = (pool_run_configs(rc, fleet) if mode == "disaggregated"  # type: ignore[arg-type]
              else replica_run_configs(rc, fleet)[:1])  # type: ignore[arg-type]
+
     def run(pricing: PoolPricing | None, label: str):
         columns = step_columns if pricing is None else SUMMARY_STEP_COLUMNS  # a draw: its summary alone
         return simulate(setup, sim_rc, mode, workload, num_blocks, step_columns=columns, pricing=pricing)
