@@ -55,3 +55,36 @@ def test_figures_are_counted_inside_their_interval_and_within_target_apart(tmp_p
 def test_a_folder_that_is_not_a_measure_call_is_named(tmp_path):
     with pytest.raises(SystemExit, match="no settings.json"):
         intervals.main([str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_the_repeat_table_is_the_second_calls_measured_cells_over_the_firsts(tmp_path, capsys):
+    from experiments.disagg.h200_06b_run10 import repeat
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for call, tpot in ((first, 0.010), (second, 0.0096)):
+        call.mkdir()
+        rows = [{"side": "measured", "fleet": "1P1D", "workload": "long", "load": "0.8", "rate_req_s": 27.0,
+                 **{m: 1.0 for m in repeat.METRICS}, "tpot_p50_s": tpot},
+                {"side": "profiled", "fleet": "1P1D", "workload": "long", "load": "0.8", "rate_req_s": 27.0,
+                 **{m: 9.0 for m in repeat.METRICS}}]
+        pd.DataFrame(rows).to_csv(call / "runs.csv.gz", index=False)
+    table = repeat.repeat(first, second)
+    assert table.loc[("1P1D", "long", "0.8"), "tpot_p50_s"] == -4.0
+    assert table.loc[("1P1D", "long", "0.8"), "ttft_p50_s"] == 0.0 and len(table) == 1
+    repeat.main([str(first), str(second)])
+    assert "-4.0" in capsys.readouterr().out
+
+
+def test_the_graphs_summary_names_a_call_without_kept_steps_and_writes_nothing(tmp_path):
+    from experiments.disagg.h200_06b_graphs8k import summary
+
+    calls = []
+    for name in ("a", "b"):
+        call = tmp_path / name
+        call.mkdir()
+        pd.DataFrame([{"side": "measured", "fleet": "1P1D", "workload": "long", "load": "0.5",
+                       **{m: 1.0 for m in summary.METRICS}}]).to_csv(call / "runs.csv", index=False)
+        calls.append(str(call))
+    with pytest.raises(SystemExit, match="no kept steps"):
+        summary.main([*calls, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

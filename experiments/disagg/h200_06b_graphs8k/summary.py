@@ -37,7 +37,10 @@ def measured_pair(base: Path, graphs: Path) -> pd.DataFrame:
 def prefill_steps(call: Path) -> pd.DataFrame:
     """A call's steps that prefill, per cell, side and size class."""
     rows = []
-    for path in sorted(call.glob("steps_*.csv.gz")):
+    kept = sorted(call.glob("steps_*.csv.gz"))
+    if not kept:
+        raise SystemExit(f"no kept steps (steps_*.csv.gz) in {call}: its call ran without `measure --keep-steps`")
+    for path in kept:
         steps = read_kept(path)
         steps = steps[steps["prefill_tokens"] > 0]
         size = pd.cut(steps["prefill_tokens"] + steps["decode_tokens"], SIZES, labels=LABELS)
@@ -56,11 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if len(args.calls) % 2:
         parser.error("calls come in pairs: a 4,096 bundle, then its 8,192 bundle")
-    args.out.mkdir(parents=True, exist_ok=True)
     pairs = list(zip(args.calls[::2], args.calls[1::2], strict=True))
     measured = pd.concat([measured_pair(a, b) for a, b in pairs], ignore_index=True)
-    measured.to_csv(args.out / "measured.csv", index=False, float_format="%.6g")
     steps = pd.concat([prefill_steps(c) for c in args.calls], ignore_index=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    measured.to_csv(args.out / "measured.csv", index=False, float_format="%.6g")
     steps.to_csv(args.out / "prefill_steps.csv.gz", index=False)
     ratios = [f"{m}_ratio" for m in METRICS]
     print(measured[["pair", "fleet", "load", *ratios]].to_string(index=False))
