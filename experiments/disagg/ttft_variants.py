@@ -37,7 +37,7 @@ from experiments.disagg.h200_run1 import resim
 from experiments.disagg.prefill_whatif import with_leads
 
 HERE = Path(__file__).resolve().parent
-FRESH = "experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile_model_programs.csv"
+FRESH = "experiments/fidelity/code_completion_h200_r2/qwen3-0.6b/profile_model_programs.csv.gz"
 INTAKE, IDLE = ["--set", "backend.fleet_intake=true"], ["--set", "backend.idle_start=true"]
 VARIANTS: dict[str, tuple[list[str], str]] = {  # resim flags; the 0.6B calls' profile: own, fresh or leads
     "base": ([], "own"), "intake": (INTAKE, "own"), "idle": (IDLE, "own"), "intake+idle": (INTAKE + IDLE, "own"),

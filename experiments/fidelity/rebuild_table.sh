@@ -7,8 +7,8 @@
 # plots, coverage, targets and interval_margins.csv into experiments/fidelity. The engine side and
 # the roofline rows stay the calls' own (no step price in them). Scratch tables under $1.
 #   bash experiments/fidelity/rebuild_table.sh /tmp/rebuild
-#   F=experiments/fidelity; Q=$F/code_completion_h200_r2/qwen3-0.6b/profile_model_programs.csv
-#   P06=$F/h100_leakfree/profile_model_programs.csv PH200=$Q QFIT=$Q bash $F/rebuild_table.sh /tmp/rebuild
+#   F=experiments/fidelity; Q=$F/code_completion_h200_r2/qwen3-0.6b/profile_model_programs.csv.gz
+#   P06=$F/h100_leakfree/profile_model_programs.csv.gz PH200=$Q QFIT=$Q bash $F/rebuild_table.sh /tmp/rebuild
 # The Qwen3-8B cells the table holds from its first calls exist only in the table (their calls'
 # tables were not kept); they are simulated from it, and the prefill-heavy cells pooled since from
 # the table before that pool (git show 44e4032^).

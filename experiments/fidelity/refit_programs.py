@@ -6,7 +6,7 @@ validation table beside each other. No GPU needed.
 
     G=experiments/fidelity/code_completion_h200_r2/qwen3-0.6b
     python -m experiments.fidelity.refit_programs $G/profile.csv.gz --model qwen3-0.6b --hardware h200 \\
-        --out $G/profile_model_programs.csv
+        --out $G/profile_model_programs.csv   # committed gzipped (gzip -n)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ count. No GPU needed.
     python -m experiments.fidelity.cause.prefill_rows $G/profile.csv.gz profiles/h200/qwen3-0.6b.csv --out /tmp/rows.csv
     python -m experiments.fidelity.cause.prefill_rows experiments/fidelity/h100_leakfree/profile.csv.gz \
         experiments/fidelity/h100_leakfree/profile_model.csv --regime prefill --out /tmp/eager_rows.csv
-    python -m experiments.fidelity.cause.prefill_rows $G/profile.csv.gz $G/profile_model_programs.csv \
+    python -m experiments.fidelity.cause.prefill_rows $G/profile.csv.gz $G/profile_model_programs.csv.gz \
         --model qwen3-0.6b --hardware h200 --out /tmp/rows_programs.csv    # fitted with sim.prefill_programs
 """
 
