@@ -70,7 +70,7 @@ class MeasureConfig:
 def open_fleet(setup: Setup, rc: RunConfig, mode: str, step_columns: tuple[str, ...] = SUMMARY_STEP_COLUMNS):
     """serve(workload) -> outcome, on the measured fleet of `mode`, started once."""
     server = disagg_server if mode == "disaggregated" else fleet_server
-    with server(rc, setup.fleet(mode), ROUTER, False, step_columns) as serve:  # type: ignore[arg-type]
+    with server(rc, setup.measured_fleet(mode), ROUTER, False, step_columns) as serve:  # type: ignore[arg-type]
         yield serve
 
 

@@ -106,6 +106,15 @@ class Setup:
                                 prefill=PoolConfig(host_scale=self.prefill_host_scale), transfer=link or self.link())
         return FleetConfig(replicas=self.pools.gpus)
 
+    def measured_fleet(self, mode: str) -> DisaggConfig | FleetConfig:
+        """The measured side's fleet: an engine fleet moves and times its KV on its own host, so it
+        keeps only the link of the transfer settings and no pool host speed (harness.fleet.disagg_engine
+        refuses the simulator's settings)."""
+        if self.measured != "engine" or mode != "disaggregated":
+            return self.fleet(mode)
+        return DisaggConfig(prefill_replicas=self.pools.prefill, decode_replicas=self.pools.decode,
+                            transfer=TransferConfig(link=CPU_LINK.link if self.cpu else "nvlink"))
+
     def fleet_label(self, mode: str) -> str:
         return self.pools.label if mode == "disaggregated" else f"{self.pools.gpus}x"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from engine.core.disagg_wall import run_disagg_wall
 from engine.core.loop import WallClock
@@ -24,6 +24,23 @@ from harness.convert import ConfigError
 from harness.fleet.config import backend_tp_size
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
 from harness.workloads import WorkloadConfig, build_workload
+from sim.kv_transfer import TransferConfig
+
+
+def check_engine_settings(rc: RunConfig, fleet, pools) -> None:
+    """Refuse the fleet settings only a simulated fleet reads: the KV transfer's pricing (the engine
+    moves the blocks itself, and its times are measured) and a pool's GPU type (the engine serves on
+    the machine's own GPUs). fleet.transfer.link stays: it checks that the pools fit one node."""
+    defaults = TransferConfig(link=fleet.transfer.link)
+    for field in fields(TransferConfig):
+        value = getattr(fleet.transfer, field.name)
+        if value != getattr(defaults, field.name):
+            raise ConfigError(f"fleet.transfer.{field.name}={value!r} prices a simulated fleet's KV transfer; "
+                              f"backend=engine moves and times the KV itself: leave it at its default")
+    for name, pool in zip(("prefill", "decode"), pools):
+        if pool.hardware.name != rc.hardware.name:
+            raise ConfigError(f"fleet.{name}.hardware={getattr(fleet, name).hardware!r}: backend=engine serves on "
+                              f"this machine's GPUs (the run's hardware); a pool of another GPU type is simulated only")
 
 
 def run_engine_disagg(rc: RunConfig, fleet, router: RouterConfig, pools, progress: bool, step_columns,
@@ -42,6 +59,7 @@ def engine_disagg_server(rc: RunConfig, fleet, router: RouterConfig, pools, step
     from harness.checkpoints import ensure_checkpoint
     from harness.labels import run_identity
 
+    check_engine_settings(rc, fleet, pools)
     tps = [backend_tp_size(p) for p in pools]  # two sizes regroup KV heads on the link (engine.core.kv_heads)
     counts = (fleet.prefill_replicas, fleet.decode_replicas)
     ensure_checkpoint(rc.engine.model, rc.model)

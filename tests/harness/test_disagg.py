@@ -99,6 +99,20 @@ def test_an_engine_fleet_with_a_tp_size_that_does_not_split_the_heads_is_one_lin
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(("setting", "message"), [
+    ("fleet.transfer.layerwise=true", r"^fleet.transfer.layerwise=True prices a simulated fleet's KV transfer"),
+    ("fleet.transfer.bandwidth=2e11", r"^fleet.transfer.bandwidth=200000000000.0 prices a simulated"),
+    ("fleet.transfer.handshake=true", r"^fleet.transfer.handshake=True prices a simulated"),
+    ("fleet.decode.hardware=a100", r"^fleet.decode.hardware='a100': backend=engine serves on this machine's GPUs")])
+def test_an_engine_fleet_refuses_the_settings_only_a_simulated_fleet_reads(tmp_path, tiny_checkpoint, setting, message):
+    """Refused before any replica starts: the engine would serve as if they were not set."""
+    overrides = ["backend=engine", f"backend.model={tiny_checkpoint}", "backend.device=cpu", "model=tiny-qwen3",
+                 "fleet=disaggregated", "fleet.transfer.link=network", setting]
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config(overrides), tmp_path)
+    assert "\n" not in str(error.value) and not (tmp_path / "summary.csv").exists()
+
+
 @pytest.mark.parametrize("extra", [[], ["workload.rate_profile=[[0,5]]", "workload.duration_s=2", "workload.rate=null",
                                         "workload.num_requests=null",
                                         "fleet.decode.autoscale={policy: queue, max_replicas: 2}"]])
