@@ -35,6 +35,7 @@ from engine.preflight import (
     check_max_model_len,
     check_tensor_parallel,
     describe_device,
+    has_tokenizer,
     read_eos_token_ids,
     resolve_device,
 )
@@ -109,7 +110,7 @@ class EngineExecutor:
         self.hf_config = self.runner.hf_config
         self._tokenizer = None
         eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)
-        if not eos_token_ids and self.tokenizer.eos_token_id is not None:
+        if not eos_token_ids and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos_token_ids = (self.tokenizer.eos_token_id,)
         all_reduce = "" if self.group is None else "nccl" if self.group.symmetric is None else "symmetric"
         self._info = BackendInfo(self.runner.num_blocks, self.runner.block_size, self.runner.shape.vocab_size,
@@ -180,8 +181,9 @@ class EngineExecutor:
 
     @property
     def tokenizer(self):
-        """The checkpoint's tokenizer, loaded on first use (token-id workloads never need it)."""
-        if self._tokenizer is None:
+        """The checkpoint's tokenizer, loaded on first use (token-id workloads never need it); None
+        for a folder without one (engine.preflight.has_tokenizer)."""
+        if self._tokenizer is None and has_tokenizer(self.config.model):
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)

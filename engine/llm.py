@@ -94,10 +94,10 @@ class LLM:
         """Generate for each prompt; returns one RequestOutput per prompt, in input order.
 
         A prompt is a string (tokenized with the checkpoint's tokenizer) or a list of token ids.
-        A bad prompt (empty, wrong type, token ids outside [0, vocab_size), too long for
-        max_model_len) comes back with `error` set while the others are served. Raises ValueError
-        for an empty prompt list or a sampling_params list of the wrong length, TypeError for
-        arguments of the wrong type.
+        A bad prompt (empty, wrong type, text for a checkpoint without a tokenizer, token ids
+        outside [0, vocab_size), too long for max_model_len) comes back with `error` set while
+        the others are served. Raises ValueError for an empty prompt list or a sampling_params
+        list of the wrong length, TypeError for arguments of the wrong type.
         """
         batch = _as_batch(prompts)
         params = _per_prompt(sampling_params, len(batch))
@@ -142,7 +142,8 @@ class LLM:
     def _fill(self, out: RequestOutput, request: Request) -> None:
         out.token_ids = list(request.output_token_ids)  # (a simulated request may hold packed ids)
         out.finish_reason = request.finish_reason.value if request.finish_reason else None
-        out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        tokenizer = self.tokenizer  # a checkpoint without one gives token ids only, text ""
+        out.text = "" if tokenizer is None else tokenizer.decode(out.token_ids, skip_special_tokens=True)
         out.num_cached_tokens = request.num_cached_tokens
         out.num_preemptions = request.num_preemptions
 
@@ -156,6 +157,8 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 return [], "empty prompt: at least one token is needed"
+            if self.tokenizer is None:
+                return [], f"a text prompt needs a tokenizer and {self.engine_config.model} has none: pass token ids"
             token_ids = list(self.tokenizer.encode(prompt))
         elif isinstance(prompt, (list, tuple)):
             for i, token in enumerate(prompt):

@@ -41,6 +41,15 @@ def read_eos_token_ids(model_dir: str | Path, hf_config) -> tuple[int, ...]:
     return tuple(ids)
 
 
+# A folder holding none of these has no tokenizer: transformers would make an empty placeholder
+# (Qwen2's, whose only token <|endoftext|> is id 0, taken for end of sequence) or fail (Llama's).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(model_dir: str | Path) -> bool:
+    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+
+
 def read_model_config(model_dir: str | Path) -> dict | None:
     """The checkpoint's config.json as a dict; None when it is missing (the loader reports that)."""
     config_path = Path(model_dir) / "config.json"
