@@ -24,7 +24,8 @@ from engine.core.model_shapes import ModelShape, check_positive, model_shape
 class ModelSpec(ModelShape):
     """The simulator's view of a model: every field of its description (engine.core.model_shapes,
     so a field added there is a field here, and a conf/model override) and what its KV cache
-    stores. Prices the Qwen3 / Qwen2 / Llama decoders alike: biases are ignored."""
+    stores. Counts each architecture's own tensors (biases, q/k norms) and prices the Qwen3 / Qwen2 /
+    Llama decoders alike."""
 
     kv_cache_dtype: str = "auto"  # what the KV cache stores: the cache's setting (with_kv_cache)
 
@@ -63,11 +64,13 @@ class ModelSpec(ModelShape):
         """Weights of one layer's q, k, v and o projections held by one rank."""
         q_out = self.num_heads // tp_size * self.head_dim
         kv_out = self.kv_heads_per_rank(tp_size) * self.head_dim
-        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
+        biases = (q_out + 2 * kv_out) * self.qkv_bias + self.hidden_size * self.o_bias
+        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size + biases
 
     def layer_linear_params(self, tp_size: int = 1) -> int:
         """Weights of one dense layer's projections (q, k, v, o, gate, up, down) held by one rank."""
-        mlp = 3 * self.hidden_size * (self.intermediate_size // tp_size)
+        inter = self.intermediate_size // tp_size
+        mlp = 3 * self.hidden_size * inter + (2 * inter + self.hidden_size) * self.mlp_bias
         return self.attention_params(tp_size) + mlp
 
     # ---- mixture of experts: TP shards each expert's intermediate dimension; the router is
@@ -100,7 +103,7 @@ class ModelSpec(ModelShape):
         return self.num_dense_layers * self.layer_linear_params(tp_size) + self.num_moe_layers * moe
 
     def _layer_norm_params(self) -> int:
-        return 2 * self.hidden_size + 2 * self.head_dim  # input/post-attention norms, q/k norms
+        return 2 * self.hidden_size + 2 * self.head_dim * self.qk_norm  # input/post-attention norms, q/k norms
 
     def lm_head_params(self, tp_size: int = 1) -> int:
         return self.vocab_size // tp_size * self.hidden_size

@@ -58,11 +58,23 @@ def test_preset_config_has_the_simulators_shape(name):
     _assert_agree(preset_config(name), ModelSpec.from_shape(MODEL_SHAPES[name]))
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in MODEL_SHAPES.items() if s.model_type == "qwen3"))
+@pytest.mark.parametrize("name", sorted(MODEL_SHAPES))
 def test_simulator_counts_the_checkpoints_parameters(name):
-    # Qwen3 has q/k norms and no biases, exactly the tensors ModelSpec counts.
     tensors = hf_tensor_shapes(ModelShape.from_hf_config(preset_config(name)))
     assert sum(math.prod(shape) for _, shape in tensors) == ModelSpec.from_shape(MODEL_SHAPES[name]).num_params
+
+
+@pytest.mark.parametrize("name, switches", [
+    ("tiny-qwen2", {}), ("tiny-llama", {}), ("tiny-llama", {"attention_bias": True, "mlp_bias": True}),
+    ("tiny-qwen3", {"attention_bias": True}), ("tiny-qwen3-moe", {"attention_bias": True})])
+def test_simulator_counts_transformers_parameters(name, switches):
+    # biases and q/k norms as each family has them, counted by transformers itself
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dataclasses.replace(MODEL_SHAPES[name], **switches)
+    config = AutoConfig.for_model(**{k: v for k, v in hf_config(shape).items() if k != "architectures"})
+    model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == ModelSpec.from_shape(shape).num_params
 
 
 @settings(max_examples=60, deadline=None)
