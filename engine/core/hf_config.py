@@ -88,9 +88,10 @@ def _experts(cfg: Mapping[str, Any], switches: tuple[str, ...], defaults: Mappin
 
 def _rope_theta(cfg: Mapping[str, Any], default: float) -> float:
     # transformers 4.x writes rope_theta (+ rope_scaling); 5.x folds both into rope_parameters.
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ValueError(f"config rope type {rope_type!r} is not supported; expected 'default'")
-    return float(params.get("rope_theta") or cfg.get("rope_theta") or default)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = cfg.get(key) or {}
+        rope_type = rope.get("rope_type") or rope.get("type") or "default"
+        if rope_type != "default":
+            raise ValueError(f"config {key} of rope_type {rope_type!r} is not supported (no RoPE scaling); "
+                             "expected 'default'")
+    return float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta") or default)

@@ -116,3 +116,14 @@ def test_unsupported_architecture_is_rejected(ckpt):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
         load_model(d)
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+def test_rope_scaling_is_refused_naming_its_key(ckpt, key):
+    d, _ = ckpt
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config rope_(scaling|parameters) of rope_type 'llama3' is not supp"):
+        load_model(d)
