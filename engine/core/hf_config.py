@@ -1,8 +1,10 @@
 """Reading a Hugging Face config.json into ModelShape's fields (ModelShape.from_hf_config).
 
-A key left out means the field's default (the Hugging Face classes' defaults, as the engine has
-always read them); a value this project cannot serve raises a ValueError naming it. Plain data,
-so the simulator reads a config without torch.
+A key left out means ModelShape's default, or for the attention's shape the plain derivation (as
+many KV heads as heads, head_dim = hidden_size / heads); these are not always a transformers config
+class's own defaults (Qwen3Config's head_dim is 128), but a config.json written by save_pretrained has
+every key. A value this project cannot serve raises a ValueError naming it. Plain data, so the
+simulator reads a config without torch.
 """
 
 from __future__ import annotations
