@@ -18,7 +18,17 @@ import pytest
 
 from experiments.disagg import common, decode_waves, kv_scatter, run_disagg
 from experiments.disagg.cells import Cells, MeasureConfig, fitted_link
-from experiments.disagg.common import CPU_LINK, Deadline, Pools, Setup
+from experiments.disagg.common import (
+    CPU_LINK,
+    LANDING_LAG_S,
+    LANDING_LAG_SIGMA,
+    RECEIVE_BANDWIDTH,
+    SEND_LAG_S,
+    SEND_LAG_SIGMA,
+    Deadline,
+    Pools,
+    Setup,
+)
 from experiments.disagg.goodput import Ladder, measured_goodput
 from experiments.disagg.h200_run1 import resim
 from experiments.disagg.tables import fit_link, runs_path
@@ -110,10 +120,27 @@ def test_the_simulated_link_prices_the_engines_send_path_unless_turned_off(argv,
     assert not TransferConfig().queue_behind_step  # fleet.transfer's own default: the wire on arrival
 
 
-def test_the_fitted_link_prices_neither_the_handshake_nor_the_queue():
+@pytest.mark.parametrize(("argv", "flag"), [([], True), (["--no-receive-side"], False)])
+def test_a_measure_call_prices_the_engines_receive_side_unless_turned_off(argv, flag, tmp_path):
+    """On a GPU the receive side's lags and NCCL's measured rate; on the CPU its made-up link's rate."""
+    args = run_disagg.parse(["measure", "--cpu", "--out", str(tmp_path), *argv])
+    link = run_disagg.make_setup(args, run_disagg.check(args)).fleet("disaggregated").transfer
+    assert (link.recv_behind_step, link.landing_lag_s, link.send_lag_s) == \
+        ((True, LANDING_LAG_S, SEND_LAG_S) if flag else (False, 0.0, 0.0))
+    assert link.bandwidth == CPU_LINK.bandwidth and link.handshake
+    gpu = Setup("qwen3-8b", "h200", Pools(1, 1), receive_side=True).link()
+    assert (gpu.bandwidth, gpu.landing_lag_sigma, gpu.send_lag_sigma) == \
+        (RECEIVE_BANDWIDTH, LANDING_LAG_SIGMA, SEND_LAG_SIGMA)
+    assert Setup("qwen3-8b", "h200", Pools(1, 1), receive_side=True).link(5e10).bandwidth == 5e10
+    assert not Setup("qwen3-8b", "h200", Pools(1, 1)).link().recv_behind_step  # the calls before it
+
+
+@pytest.mark.parametrize("receive_side", [False, True])
+def test_the_fitted_link_prices_neither_the_handshake_nor_the_queue(receive_side):
     # the fit holds the measured waits already
-    link = fitted_link(Setup("qwen3-8b", "h200", Pools(1, 1)), 5e10, 0.01)
+    link = fitted_link(Setup("qwen3-8b", "h200", Pools(1, 1), receive_side=receive_side), 5e10, 0.01)
     assert (link.bandwidth, link.latency_s, link.handshake, link.queue_behind_step) == (5e10, 0.01, False, False)
+    assert (link.recv_behind_step, link.landing_lag_s, link.send_lag_s) == (False, 0.0, 0.0)
 
 
 def test_resim_takes_each_calls_own_queue_setting(tmp_path):
@@ -131,6 +158,9 @@ def test_resim_takes_each_calls_own_queue_setting(tmp_path):
         setup = f"Setup(handshake=True, queue_behind_step={flag})"
         (tmp_path / "settings.json").write_text(json.dumps({"setup": setup}))
         assert resim.recorded_queue(tmp_path) is flag
+        (tmp_path / "settings.json").write_text(json.dumps({"setup": f"Setup(receive_side={flag})"}))
+        assert resim.recorded_receive_side(tmp_path) is flag
+    assert not any(resim.recorded_receive_side(root / call) for call in calls)  # all made before it
 
 
 def test_a_call_out_of_time_skips_cells_and_says_so(tmp_path):

@@ -206,9 +206,9 @@ class Cells:
 
 
 def fitted_link(setup: Setup, bandwidth: float, latency_s: float) -> TransferConfig:
-    """The link fitted to the measured transfers, step waits and all: priced without the handshake and
-    the queue behind the prefill step, which would count those waits twice."""
-    return dataclasses.replace(setup.link(bandwidth, latency_s), handshake=False, queue_behind_step=False)
+    """The link fitted to the measured transfers, step waits and all: priced without the handshake, the
+    queue behind the prefill step and the receive's side, which would count those waits twice."""
+    return TransferConfig(link=setup.link().link, bandwidth=bandwidth, latency_s=latency_s)
 
 
 def write_settings(out: Path, **settings) -> None:

@@ -34,6 +34,13 @@ CPU_OVERRIDES = ("model=tiny-qwen3", "hardware=cpu", "scheduler.max_model_len=51
                  "cache.num_blocks=256")
 CPU_ENGINE = ("backend.device=cpu",)
 CPU_LINK = TransferConfig(link="network", bandwidth=1e9, latency_s=1e-4)
+# The engine's receive side (docs/disaggregation.md, "The receive's side"; transfer_parts.md): NCCL's
+# point-to-point rate over NVLink between two H200s, and the lags after a decode step's end of the decode
+# loop's check for landed receives and of the reserve's message to the prefill replica (the medians of
+# Qwen3-8B 1P1D run 2, h200_8b_run2; a bandwidth scan), each lag's lognormal sigma below and above its
+# median (pooled over the loaded cells of both 1P1D calls with kept steps, m8 and m06)
+RECEIVE_BANDWIDTH, LANDING_LAG_S, SEND_LAG_S = 220e9, 0.8e-3, 1.8e-3
+LANDING_LAG_SIGMA, SEND_LAG_SIGMA = (0.2, 0.4), (0.24, 0.52)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,9 @@ class Setup:
     queue_behind_step: bool = True
     # the simulated prefill pool's host speed (fleet.prefill.host_scale; None: the run's backend.host_scale)
     prefill_host_scale: float | None = None
+    # and the receive's side (receive_side_link), which measure calls price since 2026-11-30
+    # (transfer_parts.md, "Held out"); False reproduces the calls made before
+    receive_side: bool = False
 
     def run_config(self, side: str, scheduler: tuple[str, ...] = ()) -> RunConfig:
         """The measured ("measured") or simulated ("sim") side's RunConfig; the workload is set per run."""
@@ -96,9 +106,10 @@ class Setup:
         base = CPU_LINK if self.cpu else TransferConfig(link="nvlink")
         # NOTE the simulated side prices this engine's transfer protocol (engine.disagg_replica):
         # replicas act on transfer messages only between their steps
-        return dataclasses.replace(base, bandwidth=bandwidth if bandwidth is not None else base.bandwidth,
+        link = dataclasses.replace(base, bandwidth=bandwidth if bandwidth is not None else base.bandwidth,
                                    latency_s=latency_s if latency_s is not None else base.latency_s,
                                    handshake=self.handshake, queue_behind_step=self.queue_behind_step)
+        return receive_side_link(link, bandwidth is None and not self.cpu) if self.receive_side else link
 
     def fleet(self, mode: str, link: TransferConfig | None = None) -> DisaggConfig | FleetConfig:
         if mode == "disaggregated":
@@ -117,6 +128,14 @@ class Setup:
 
     def fleet_label(self, mode: str) -> str:
         return self.pools.label if mode == "disaggregated" else f"{self.pools.gpus}x"
+
+
+def receive_side_link(link: TransferConfig, measured_bandwidth: bool = True) -> TransferConfig:
+    """link with the engine's receive side priced (fleet.transfer.recv_behind_step and the two lags,
+    drawn per step end and per send); measured_bandwidth: at NCCL's measured rate, not link's figure."""
+    return dataclasses.replace(link, recv_behind_step=True, landing_lag_s=LANDING_LAG_S, send_lag_s=SEND_LAG_S,
+                               landing_lag_sigma=LANDING_LAG_SIGMA, send_lag_sigma=SEND_LAG_SIGMA,
+                               bandwidth=RECEIVE_BANDWIDTH if measured_bandwidth else link.bandwidth)
 
 
 def host_settings(hardware: str) -> tuple[str, ...]:

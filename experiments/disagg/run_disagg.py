@@ -112,6 +112,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the simulated side queues each send behind the prefill GPU's step in flight, as the "
                         "engine's BlockMover does (fleet.transfer.queue_behind_step; docs/disaggregation.md); "
                         "--no-queue-behind-step: the send leaves when posted, as the calls before this default")
+    parser.add_argument("--receive-side", action=argparse.BooleanOptionalAction, default=True,
+                        help="the simulated side prices the engine's receive side: the receive queued behind the "
+                        "decode GPU's step in flight, the lags of the landing's check and of the send's message, "
+                        "NCCL's measured rate (common.receive_side_link; transfer_parts.md); --no-receive-side: "
+                        "as the calls before 2026-11-30")
     parser.add_argument("--bundle", type=Path, default=None,
                         help="a .tar.gz of --out, packed again as each part finishes (a device call returns one file)")
     args = parser.parse_args(argv)
@@ -158,7 +163,8 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     measured = "sim" if args.dry_run else "engine"
     if args.cpu:
         return Setup("tiny-qwen3", "cpu", pools, cpu=True, measured=measured, overrides=tuple(args.overrides),
-                     sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
+                     sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step,
+                     receive_side=args.receive_side)
     if args.hardware is not None:
         hardware = args.hardware
     elif args.command == "plan" or args.dry_run:
@@ -171,7 +177,8 @@ def make_setup(args: argparse.Namespace, pools: Pools) -> Setup:
     if args.command == "measure" and args.decode_waves:
         args.sim_overrides = [*kernel_settings(hardware), *args.sim_overrides]
     return Setup(args.model, hardware, pools, measured=measured, profile=profile, overrides=tuple(args.overrides),
-                 sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step)
+                 sim_overrides=tuple(args.sim_overrides), queue_behind_step=args.queue_behind_step,
+                 receive_side=args.receive_side)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,18 +31,21 @@ import numpy as np
 import pandas as pd
 
 from experiments.disagg.cells import simulate
-from experiments.disagg.common import Pools, Setup
+from experiments.disagg.common import (
+    LANDING_LAG_S,
+    LANDING_LAG_SIGMA,
+    RECEIVE_BANDWIDTH,
+    SEND_LAG_S,
+    SEND_LAG_SIGMA,
+    Pools,
+    Setup,
+)
 from experiments.disagg.h200_run1.resim import TRACE, call_profile
 from experiments.disagg.tables import runs_path
 from experiments.disagg.workloads import MEASURE_SCHEDULER, at_rate, class_workload
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 
 HERE = Path(__file__).resolve().parent
-# the figures set on the Qwen3-8B 1P1D call run 2 (2 x H200) by --lags and a bandwidth scan
-BANDWIDTH, LANDING_LAG_S, SEND_LAG_S = 220e9, 0.8e-3, 1.8e-3
-# each lag's lognormal sigma below and above its median: `--spread transfer_lags.csv`, pooled over
-# the eight loaded cells of both 1P1D calls (m8, m06)
-LANDING_LAG_SIGMA, SEND_LAG_SIGMA = (0.2, 0.4), (0.24, 0.52)
 Z90 = 1.2815515655446004  # the standard normal's P90
 QUANTILES = (0.1, 0.5, 0.9)
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "request_s")
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("calls", nargs="*", type=Path)
     parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--bandwidth", type=float, default=BANDWIDTH)
+    parser.add_argument("--bandwidth", type=float, default=RECEIVE_BANDWIDTH)
     parser.add_argument("--landing-lag-s", type=float, default=LANDING_LAG_S)
     parser.add_argument("--send-lag-s", type=float, default=SEND_LAG_S)
     parser.add_argument("--landing-lag-sigma", type=float, nargs="+", default=LANDING_LAG_SIGMA,

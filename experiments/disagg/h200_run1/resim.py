@@ -73,6 +73,12 @@ def recorded_queue(run: Path) -> bool:
     return match is not None and match.group(1) == "True"
 
 
+def recorded_receive_side(run: Path) -> bool:
+    """Whether the call priced the engine's receive side (Setup.receive_side); calls made before the
+    setting priced without it."""
+    return "receive_side=True" in json.loads((run / "settings.json").read_text())["setup"]
+
+
 def recorded_hardware(run: Path) -> str:
     """The GPU (conf/hardware name) the call served on, from its settings.json's setup; the H200,
     where every committed call ran, for a setup that does not name it."""
@@ -86,6 +92,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-handshake", action="store_true", help="price the link alone (the call's own pricing)")
     parser.add_argument("--queue-behind-step", type=int, choices=(0, 1), default=None,
                         help="fleet.transfer.queue_behind_step (default: the call's own, recorded_queue)")
+    parser.add_argument("--receive-side", type=int, choices=(0, 1), default=None,
+                        help="price the engine's receive side (common.receive_side_link; default: the call's own, "
+                        "recorded_receive_side; never with --no-handshake)")
     parser.add_argument("--label", default=None, help="resim_<label>.csv (default: handshake, or profiled "
                         "with --no-handshake)")
     parser.add_argument("--trace", default=str(TRACE))
@@ -119,8 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     own = [*settings.get("overrides", []), *settings.get("sim_overrides", [])]
     model = settings.get("model", "qwen3-0.6b")
     queue = recorded_queue(run) if args.queue_behind_step is None else bool(args.queue_behind_step)
+    receive = recorded_receive_side(run) if args.receive_side is None else bool(args.receive_side)
     setup = Setup(model, recorded_hardware(run), Pools.parse(fleet), profile=args.profile or call_profile(run, model),
-                  overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue)
+                  overrides=(*own, *args.overrides), handshake=not args.no_handshake, queue_behind_step=queue,
+                  receive_side=receive and not args.no_handshake)
     sim_rc = setup.run_config("sim", MEASURE_SCHEDULER)
     hosts = cell_host_scales(Path(args.hosts)) if args.hosts else None
     prefill_hosts = cell_host_scales(Path(args.hosts), "prefill", "eager_scale") if args.prefill_eager_bound else {}
