@@ -41,6 +41,10 @@ MIN_HASH_ID, HASH_ID_SPAN = -(2**63), 2**64
 # the least output a trace may record: real traces hold some 0s (build.py serves them as 1 token, the
 # one every request samples, and logs how many); prompts must have a token
 MIN_TRACE_OUTPUT = 0
+# the most tokens a trace may record for a prompt or an output: far past any model's context (such a
+# request is clipped or skipped anyway), and small enough that a float cell converts to int64 exactly
+# and sums over rows cannot overflow; a larger count is a corrupt cell, not a request
+MAX_TRACE_TOKENS = 2**31 - 1
 # what a trace of lengths only (no arrival times) is replayed with: its lengths at Poisson arrivals
 LENGTHS_ONLY_RECIPE = "workload=trace_lengths workload.trace_path=FILE workload.rate=REQ_PER_S"
 
@@ -116,6 +120,7 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
             _raise_first(path, frame, name, bad, "must be a whole number of tokens")
             least = MIN_TRACE_OUTPUT if column == OUTPUT_COLUMN else 1
             _raise_first(path, frame, name, values < least, f"must be a token count >= {least}")
+            _raise_first(path, frame, name, values > MAX_TRACE_TOKENS, f"must be a token count <= {MAX_TRACE_TOKENS}")
             out[column] = values.astype(np.int64)
     return pd.DataFrame(out, index=frame.index)
 
@@ -255,6 +260,8 @@ def _mooncake_value(path: Path, number: int, record: dict, column: str):
     least = MIN_TRACE_OUTPUT if column == OUTPUT_COLUMN else 1
     if not (_is_int(value) or (isinstance(value, float) and value.is_integer())) or value < least:
         raise TraceError(f"{where}: must be a whole number of tokens >= {least}, got {_shown(value)}")
+    if value > MAX_TRACE_TOKENS:
+        raise TraceError(f"{where}: must be a token count <= {MAX_TRACE_TOKENS}, got {_shown(value)}")
     return int(value)
 
 

@@ -178,6 +178,10 @@ def _trace_cfg(path) -> WorkloadConfig:
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10.5,5\n",
      r"line 2, column 'num_prefill_tokens': must be a whole number"),
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n-1.0,10,5\n", r"line 2, column 'arrived_at'"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,1e300,5\n",
+     r"line 2, column 'num_prefill_tokens': must be a token count <= 2147483647"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,9223372036854775807\n",
+     r"line 2, column 'num_decode_tokens': must be a token count <= 2147483647"),
     ("", r"the trace file is empty"),
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n", r"no request rows"),
 ])
