@@ -147,8 +147,8 @@ def _seconds(path: Path, series: pd.Series, column: str) -> np.ndarray:
     bad = times.isna().to_numpy()
     if bad.any():
         where = int(np.argmax(bad))
-        raise TraceError(f"{path}, line {_line(series.index[where])}, column {column!r}: expected a date and time "
-                         f"(such as 2023-11-16 18:15:46.68), got {series.iloc[where]!r}")
+        raise TraceError(f"{path}, line {_line(path, series.index[where])}, column {column!r}: expected a date and "
+                         f"time (such as 2023-11-16 18:15:46.68), got {series.iloc[where]!r}")
     return (times - times.min()).dt.total_seconds().to_numpy(dtype=np.float64)
 
 
@@ -160,7 +160,7 @@ def _numeric(path: Path, series: pd.Series, column: str) -> np.ndarray:
         raw = series.iloc[where]
         shown = "an empty cell" if (isinstance(raw, float) and math.isnan(raw)) else f"{raw!r}"
         raise TraceError(
-            f"{path}, line {_line(series.index[where])}, column {column!r}: expected a number, got {shown}"
+            f"{path}, line {_line(path, series.index[where])}, column {column!r}: expected a number, got {shown}"
         )
     return converted.to_numpy(dtype=np.float64)
 
@@ -169,11 +169,20 @@ def _raise_first(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, 
     if bad.any():
         where = int(np.argmax(bad))
         value = frame[column].iloc[where]
-        raise TraceError(f"{path}, line {_line(frame.index[where])}, column {column!r}: {rule}, got {value}")
+        raise TraceError(f"{path}, line {_line(path, frame.index[where])}, column {column!r}: {rule}, got {value}")
 
 
-def _line(index: int) -> int:
-    return int(index) + 2  # header is line 1
+def _line(path: Path, index: int) -> int:
+    """The file line of request row `index` (0: the first after the header). pandas skips blank
+    lines without numbering them, so they are counted here (only when an error names a line)."""
+    row = -2  # the header makes it -1
+    with _text(path) as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip(" \t\r\n"):  # what pandas reads as blank (skipinitialspace)
+                row += 1
+                if row == index:
+                    return number
+    return int(index) + 2
 
 
 def is_mooncake(path: Path | str) -> bool:

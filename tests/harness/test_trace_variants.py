@@ -262,6 +262,20 @@ def test_a_trace_reads_the_same_whatever_its_layout(tmp_path_factory, records, h
     assert [r.sampling_params.max_tokens for r in plain] == [max(r["output_length"], 1) for r in records]
 
 
+@settings(max_examples=40, deadline=None)
+@given(blanks=st.lists(st.sampled_from(["", "  ", "\t", "\r"]), min_size=4, max_size=4), bad=st.integers(0, 2))
+def test_a_csv_error_names_the_line_holding_the_cell_past_blank_lines(tmp_path_factory, blanks, bad):
+    rows = ["0,10,5", "1,12,3", "2,7,1"]
+    rows[bad] = f"{bad},x,1"
+    lines = ["arrived_at,num_prefill_tokens,num_decode_tokens"]
+    for blank, row in zip(blanks, rows + [""]):
+        lines += [blank, row]
+    path = tmp_path_factory.mktemp("blank") / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=rf", line {lines.index(rows[bad]) + 1}, column 'num_prefill_tokens'"):
+        served(path)
+
+
 def test_burstgpt_columns_and_numeric_timestamps_are_read(tmp_path):
     path = tmp_path / "BurstGPT_1.csv"
     path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
