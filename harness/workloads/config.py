@@ -202,6 +202,8 @@ class WorkloadConfig:
                        for k in ("trace_path", "trace_dir", "start_row", "trace_repeat")]
         if self.rate_profile is not None:
             unread.append(("trace_repeat", "workload.num_requests (a rate_profile reuses rows as it needs)"))
+        elif self.num_requests is None:  # the whole trace, once: nothing to repeat up to
+            unread.append(("trace_repeat", "workload.num_requests=N (N requests, the rows repeated to make them)"))
         if self.arrival != "trace":
             unread.append(("rate_scale", "workload.arrival=trace (e.g. workload=trace)"))
         if self.arrival not in ("poisson", "gamma"):

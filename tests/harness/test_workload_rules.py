@@ -27,6 +27,7 @@ from tests.harness.conftest import compose_config
     (["workload.rate=3"], "workload.rate=3.0", "workload.arrival=poisson or gamma"),
     (["workload=poisson", "workload.cv=3"], "workload.cv=3.0", "workload.arrival=gamma"),
     (["workload=sharegpt", "workload.rate_scale=2"], "workload.rate_scale=2.0", "workload.arrival=trace"),
+    (["workload=mooncake", "workload.trace_repeat=true"], "workload.trace_repeat=True", "workload.num_requests=N"),
 ])
 def test_a_setting_the_workload_would_ignore_is_a_one_line_error(overrides, field, reader):
     with pytest.raises(ConfigError) as error:
