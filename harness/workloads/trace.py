@@ -192,8 +192,13 @@ def is_mooncake(path: Path | str) -> bool:
 
 def _text(path: Path):
     """The file as text (gunzipped by its suffix); a byte-order mark is skipped and bytes that are not
-    UTF-8 are replaced, so that they fail, if at all, as a bad field or line named by its number."""
-    if path.name.lower().endswith(GZIP_SUFFIX):
+    UTF-8 are replaced, so that they fail, if at all, as a bad field or line named by its number.
+    UTF-16 (what Windows PowerShell's `>` writes) would read as such garbage, so it is refused by name."""
+    gzipped = path.name.lower().endswith(GZIP_SUFFIX)
+    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as raw:
+        if raw.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+            raise TraceError(f"{path}: UTF-16 text (it starts with a UTF-16 byte-order mark): save it as UTF-8")
+    if gzipped:
         return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace")
     return open(path, encoding="utf-8-sig", errors="replace")
 

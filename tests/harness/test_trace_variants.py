@@ -276,6 +276,15 @@ def test_a_csv_error_names_the_line_holding_the_cell_past_blank_lines(tmp_path_f
         served(path)
 
 
+@pytest.mark.parametrize("name", ["t.jsonl", "t.csv"])
+def test_a_utf16_file_is_named_as_one(tmp_path, name):
+    path = tmp_path / name
+    path.write_text(json.dumps(RECORDS[0]) if name.endswith(".jsonl") else "arrived_at,num_prefill_tokens\n",
+                    encoding="utf-16")
+    with pytest.raises(TraceError, match="UTF-16 text .*: save it as UTF-8"):
+        served(path)
+
+
 def test_burstgpt_columns_and_numeric_timestamps_are_read(tmp_path):
     path = tmp_path / "BurstGPT_1.csv"
     path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
