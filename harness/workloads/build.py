@@ -121,6 +121,7 @@ def build_workload(cfg: WorkloadConfig, max_model_len: int, vocab_size: int | No
     source = RequestSource(
         arrival=arrival, prompt=prompt, output=output, group=group, own=own, seeds=seeds, keep=keep,
         prefixes=[pool[row].tolist() for row in prefixes], drawer=drawer, pool=pool,
+        addressable=_hashed(trace),
         id_offset=cfg.start_row if trace is not None and cfg.rate_profile is None else 0,
         temperature=cfg.temperature, ignore_eos=cfg.ignore_eos)
     return Workload(source, num_skipped=num_over if cfg.oversize == "skip" else 0, longest=longest, **clipped)
@@ -148,12 +149,17 @@ def _shared_prefixes(cfg: WorkloadConfig, n: int, rng: np.random.Generator,
     return np.where(in_group, rng.integers(0, sp.num_groups, size=n), -1), prefixes
 
 
+def _hashed(trace: pd.DataFrame | None) -> bool:
+    """Whether the prompts are a Mooncake trace's hash blocks: each row's ids a function of the row."""
+    return trace is not None and HASH_COLUMN in trace
+
+
 def _token_drawer(cfg: WorkloadConfig, trace, keep: np.ndarray, prompt: np.ndarray, group: np.ndarray,
                   prefix_len: int, token_seq: np.random.SeedSequence, bound: int
                   ) -> tuple[np.ndarray, Callable[[], Callable[[int, int], np.ndarray]]]:
     """Each request's own prompt tokens (those not from a shared group prefix), and a maker of the
     function that draws the own tokens of rows a..b."""
-    if trace is not None and HASH_COLUMN in trace:
+    if _hashed(trace):
         # A Mooncake trace: every prompt is its hash blocks' tokens (requests left out get none).
         own = np.where(keep, prompt, 0)
         hashes, key = trace[HASH_COLUMN].tolist(), block_seed(token_seq)

@@ -6,7 +6,8 @@ function of the row's blocks), so drawing them row range by row range gives exac
 one draw over all rows: numpy's bounded integer draws continue where the previous call stopped
 (tests/harness/test_workload_stream.py checks the lazy ids against the list). Requests are
 yielded in arrival order (a stable sort, as the loop sorts a list); rows drawn ahead of their
-turn (a trace whose rows are not in time order) wait in a buffer until their turn.
+turn (a trace whose rows are not in time order) wait in a buffer until their turn, unless the
+ids are a function of the row (addressable: Mooncake), when rows are drawn in arrival order.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class RequestSource:
     id_offset: int  # row i is request str(i + id_offset)
     temperature: float
     ignore_eos: bool
+    addressable: bool = False  # a row's ids do not depend on the rows drawn before it
 
     def __len__(self) -> int:
         return int(self.keep.sum())
@@ -79,8 +81,12 @@ class RequestSource:
         no int object per token; engine.core.request.Request keeps it one)."""
         order = np.argsort(self.arrival, kind="stable")
         order = order[self.keep[order]]
-        waiting: dict[int, Request] = {}
         draw = self.drawer()
+        if self.addressable:  # none drawn ahead: a file in reverse time order would hold them all
+            for rows in self._runs(order.tolist()):
+                yield from (r for _, r in self._make(rows, draw, block_size, packed))
+            return
+        waiting: dict[int, Request] = {}
         drawn = 0  # rows [0, drawn) have their ids
         chunks = self._chunks(len(self.keep))
         for row in order.tolist():
@@ -100,6 +106,19 @@ class RequestSource:
             stop = min(max(stop, start + 1), n)
             yield range(start, stop)
             start = stop
+
+    def _runs(self, order: list[int]) -> Iterator[range]:
+        """order cut into ranges of consecutive rows of about CHUNK_TOKENS own tokens each."""
+        start = last = order[0] if order else 0
+        tokens = 0
+        for row in order[1:]:
+            tokens += int(self.own[last])
+            if row != last + 1 or tokens >= CHUNK_TOKENS:
+                yield range(start, last + 1)
+                start, tokens = row, 0
+            last = row
+        if order:
+            yield range(start, last + 1)
 
     def _make(self, rows: range, draw: Callable[[int, int], np.ndarray],
               block_size: int | None = None, packed: bool = False) -> Iterator[tuple[int, Request]]:

@@ -71,6 +71,28 @@ def test_streamed_prompt_block_keys_are_the_block_managers(seed, n, chunk, prefi
         assert request.block_hashes == keys
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.permutations(range(12)), st.integers(1, 3000))
+def test_a_mooncake_trace_out_of_time_order_streams_without_drawing_ahead(tmp_path, times, chunk):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {100 + 97 * t}, "output_length": 2, '
+                            f'"hash_ids": [0, {t}, {t + 1}]}}\n' for t in times))
+    cfg = WorkloadConfig(num_requests=None, arrival="trace", trace_path=str(path),
+                         prompt_len=LengthConfig("trace"), output_len=LengthConfig("trace"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(source, "CHUNK_TOKENS", chunk)
+        workload = build_workload(cfg, 4096)
+        stream, drawn = workload.stream(), []
+        draw = workload.source.drawer
+        patch.setattr(workload.source, "drawer", lambda: lambda a, b: (drawn.append((a, b)), draw()(a, b))[1])
+        first = next(stream)
+        own = workload.source.own
+        # the earliest row's ids, wherever it is, and at most a chunk's worth of the rows after it
+        assert first.arrival_time == 0 and sum(int(own[a:b].sum()) for a, b in drawn) <= chunk + own.max()
+        streamed = [first, *stream]
+    assert _key(streamed) == _key(sorted(workload.requests, key=lambda r: r.arrival_time))
+
+
 def test_trace_rows_out_of_time_order_stream_in_arrival_order(tmp_path, monkeypatch):
     path = tmp_path / "t.csv"
     pd.DataFrame({"arrived_at": [3.0, 1.0, 2.0, 0.5, 9.0], "num_prefill_tokens": [40, 50, 60, 70, 80],
