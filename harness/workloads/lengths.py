@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.convert import ConfigError
 from harness.workloads.config import LengthConfig, WorkloadConfig
 
 
@@ -23,14 +24,25 @@ def draw_lengths(cfg: LengthConfig, n: int, rng: np.random.Generator, trace_colu
 
 
 def draw_arrivals(cfg: WorkloadConfig, n: int, rng: np.random.Generator, trace_times: np.ndarray | None) -> np.ndarray:
-    """n arrival times in seconds, the earliest at 0 (synthetic ones are non-decreasing)."""
+    """n arrival times in seconds, the earliest at 0 (synthetic ones are non-decreasing); a time past
+    the largest float (a request that would never arrive, and silently never be served) is an error."""
+    arrival = _arrivals(cfg, n, rng, trace_times)
+    if not np.isfinite(arrival).all():
+        setting = f"workload.rate_scale={cfg.rate_scale}" if cfg.arrival == "trace" else f"workload.rate={cfg.rate}"
+        raise ConfigError(f"{setting} puts {int((~np.isfinite(arrival)).sum())} of {n} arrival times at infinity "
+                          "(past the largest float): those requests would never arrive")
+    return arrival
+
+
+def _arrivals(cfg: WorkloadConfig, n: int, rng: np.random.Generator, trace_times: np.ndarray | None) -> np.ndarray:
     if cfg.arrival == "offline":
         return np.zeros(n)
     if cfg.arrival == "trace":
         assert trace_times is not None and len(trace_times) == n, "trace arrivals were not loaded"
         # Row order is kept (lengths stay paired with their times); the loop sorts by arrival.
         times = np.asarray(trace_times, dtype=np.float64)
-        return (times - times.min()) / cfg.rate_scale
+        with np.errstate(over="ignore"):  # an overflow is refused by draw_arrivals
+            return (times - times.min()) / cfg.rate_scale
     mean_gap = 1.0 / cfg.rate
     if cfg.arrival == "poisson":
         gaps = rng.exponential(mean_gap, size=n)

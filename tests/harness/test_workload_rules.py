@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -157,6 +158,19 @@ def test_a_trace_without_arrival_times_is_told_the_lengths_only_recipe_which_wor
     assert [r.sampling_params.max_tokens for r in requests] == [3, 8, 1]
     times = [r.arrival_time for r in requests]
     assert times[0] == 0.0 and times == sorted(times) and len(set(times)) == 3  # drawn, not the trace's
+
+
+@pytest.mark.parametrize("fields, setting", [
+    ({"arrival": "trace", "rate_scale": 1e-310}, "workload.rate_scale=1e-310"),
+    ({"arrival": "poisson", "rate": 1e-310}, "workload.rate=1e-310"),
+])
+def test_arrivals_at_infinity_are_refused_not_left_unserved(tmp_path, fields, setting):
+    path = tmp_path / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n1,12,3\n2,7,1\n")
+    cfg = WorkloadConfig(name=None, num_requests=None, prompt_len=LengthConfig("trace"),
+                         output_len=LengthConfig("trace"), trace_path=str(path), **fields)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(setting)} puts 2 of 3 arrival times at infinity"):
+        build_workload(cfg, 4096)
 
 
 def test_label_without_name_or_trace_is_the_arrival_process():
