@@ -106,8 +106,10 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
     frame = frame.iloc[start_row:stop]
     out = {}
     for column, name in source.items():
-        dated = name != ARRIVAL_COLUMN and pd.to_numeric(frame[name], errors="coerce").isna().any()
-        if column == ARRIVAL_COLUMN and dated:  # a raw trace's times, unless they are plain seconds
+        # a raw trace's times are dates and times (Azure) unless its first is a number (BurstGPT's
+        # seconds): judged by one cell, so that a bad cell is named as itself, not as the first
+        dated = name != ARRIVAL_COLUMN and pd.to_numeric(frame[name].iloc[:1], errors="coerce").isna().all()
+        if column == ARRIVAL_COLUMN and dated:
             out[column] = _seconds(path, frame[name], name)
             continue
         values = _numeric(path, frame[name], name)

@@ -182,6 +182,9 @@ def _trace_cfg(path) -> WorkloadConfig:
      r"line 2, column 'num_prefill_tokens': must be a token count <= 2147483647"),
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,9223372036854775807\n",
      r"line 2, column 'num_decode_tokens': must be a token count <= 2147483647"),
+    ("Timestamp,Request tokens,Response tokens\n5,472,18\n,1087,3\n",  # BurstGPT: seconds
+     r"line 3, column 'Timestamp': expected a number, got an empty cell"),
+    ("Timestamp,Request tokens,Response tokens\n5,472,18\n7.5x,1087,3\n", r"line 3, column 'Timestamp': .* got '7.5x'"),
     ("", r"the trace file is empty"),
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n", r"no request rows"),
 ])
