@@ -45,7 +45,7 @@ seed_06() {  # seed, its scratch directory: rebuild_table.sh's 0.6B pools, in it
     $R $F/h100_second_lease/heldout_$w.csv.gz $P06 $S06 --num-requests 80 --out $t/06_second_$w.csv >/dev/null; done
   for c in 1 3; do
     $R $F/h100_third_lease/heldout_call${c}_committed_fit.csv.gz $P06 $S06 --num-requests 80 --out $t/06_third_$c.csv >/dev/null; done
-  $R $F/h100_fourth_lease/heldout.csv $P06 $S06 --num-requests 80 --out $t/06_fourth.csv >/dev/null
+  $R $F/h100_fourth_lease/heldout.csv.gz $P06 $S06 --num-requests 80 --out $t/06_fourth.csv >/dev/null
   $M $t/06_leakfree.csv --pool $t/06_second_*.csv --out $t/pool06_1 >/dev/null
   $M $t/pool06_1/heldout.csv --pool $t/06_third_{1,3}.csv --out $t/pool06_2 >/dev/null
   $M $t/pool06_2/heldout.csv --pool $t/06_fourth.csv --out $t/pool06 >/dev/null

@@ -42,7 +42,7 @@ for t in decode_heavy-conversation-bursty prefill_heavy-shared_prefix-preempting
   $R $F/h100_second_lease/heldout_$t.csv.gz $P06 --label profiled --interval $S06 --out "$tmp/06_second_$t.csv"; done
 for c in 1 3; do
   $R $F/h100_third_lease/heldout_call${c}_committed_fit.csv.gz $P06 --label profiled --interval $S06 --out "$tmp/06_third_$c.csv"; done
-$R $F/h100_fourth_lease/heldout.csv $P06 --label profiled --interval $S06 --out "$tmp/06_fourth.csv"
+$R $F/h100_fourth_lease/heldout.csv.gz $P06 --label profiled --interval $S06 --out "$tmp/06_fourth.csv"
 $M "$tmp/06_leakfree.csv" --pool "$tmp"/06_second_*.csv --out "$tmp/pool06_1" >/dev/null
 $M "$tmp/pool06_1/heldout.csv" --pool "$tmp"/06_third_{1,3}.csv --out "$tmp/pool06_2" >/dev/null
 $M "$tmp/pool06_2/heldout.csv" --pool "$tmp/06_fourth.csv" --out "$tmp/pool06" >/dev/null

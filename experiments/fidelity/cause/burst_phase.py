@@ -15,7 +15,7 @@ priced at the engine's mean measured time (the rest of the model unchanged). No 
         experiments/fidelity/h100_second_lease/heldout_decode_heavy-conversation-bursty.csv.gz \
         --profile experiments/fidelity/h100_leakfree/profile_model.csv --model qwen3-0.6b --hardware h100 \
         --num-blocks 2422 --num-requests 80 --workload bursty --loads 0.5 0.8 0.95
-    python -m experiments.fidelity.cause.burst_phase experiments/fidelity/h100_bursty_r1/heldout.csv \
+    python -m experiments.fidelity.cause.burst_phase experiments/fidelity/h100_bursty_r1/heldout.csv.gz \
         --replays <the call's steps/> --profile experiments/fidelity/h100_leakfree/profile_model.csv \
         --model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 80 --workload bursty
 """
