@@ -98,6 +98,9 @@ def read_trace(path: Path, columns: list[str], start_row: int = 0, num_rows: int
         raise TraceError(f"{path}: cannot read: {error}") from None
     frame.columns = [str(c).strip() for c in frame.columns]
     source = {column: _source_column(path, frame, column) for column in columns}
+    for name in source.values():
+        if f"{name}.1" in frame.columns:  # pandas renames a repeated header name X to X.1
+            raise TraceError(f"{path}: column {name!r} appears more than once in the header: keep one")
     if frame.empty:
         raise TraceError(f"{path}: the trace has a header but no request rows")
     if start_row >= len(frame):
@@ -155,11 +158,13 @@ def _seconds(path: Path, series: pd.Series, column: str) -> np.ndarray:
 
 
 def _numeric(path: Path, series: pd.Series, column: str) -> np.ndarray:
-    converted = pd.to_numeric(series, errors="coerce")
+    # a column of True / False cells reads as booleans, which to_numeric would take as 1 and 0
+    converted = pd.to_numeric(series, errors="coerce") if series.dtype != bool else pd.Series(np.nan, series.index)
     bad = converted.isna().to_numpy()
     if bad.any():
         where = int(np.argmax(bad))
         raw = series.iloc[where]
+        raw = raw.item() if isinstance(raw, np.generic) else raw  # True, not np.True_
         shown = "an empty cell" if (isinstance(raw, float) and math.isnan(raw)) else f"{raw!r}"
         raise TraceError(
             f"{path}, line {_line(path, series.index[where])}, column {column!r}: expected a number, got {shown}"

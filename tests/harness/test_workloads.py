@@ -185,6 +185,10 @@ def _trace_cfg(path) -> WorkloadConfig:
     ("Timestamp,Request tokens,Response tokens\n5,472,18\n,1087,3\n",  # BurstGPT: seconds
      r"line 3, column 'Timestamp': expected a number, got an empty cell"),
     ("Timestamp,Request tokens,Response tokens\n5,472,18\n7.5x,1087,3\n", r"line 3, column 'Timestamp': .* got '7.5x'"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens,num_prefill_tokens\n0.0,10,5,20\n",
+     r"column 'num_prefill_tokens' appears more than once in the header"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,True\n1.0,10,False\n",
+     r"line 2, column 'num_decode_tokens': expected a number, got True"),
     ("", r"the trace file is empty"),
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n", r"no request rows"),
 ])
