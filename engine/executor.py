@@ -109,6 +109,7 @@ class EngineExecutor:
         self.weights_load_s: float | None = self.runner.model.weights_load_s
         self.hf_config = self.runner.hf_config
         self._tokenizer = None
+        self._has_tokenizer = has_tokenizer(engine_config.model)  # once: every output asks for the tokenizer
         eos_token_ids = read_eos_token_ids(engine_config.model, self.hf_config)
         if not eos_token_ids and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos_token_ids = (self.tokenizer.eos_token_id,)
@@ -183,7 +184,7 @@ class EngineExecutor:
     def tokenizer(self):
         """The checkpoint's tokenizer, loaded on first use (token-id workloads never need it); None
         for a folder without one (engine.preflight.has_tokenizer)."""
-        if self._tokenizer is None and has_tokenizer(self.config.model):
+        if self._tokenizer is None and self._has_tokenizer:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)
