@@ -1,11 +1,13 @@
 """How many KV-cache blocks fit on a device, from a measured memory profile.
 
     usable = total * gpu_memory_utilization
-    kv     = usable - non_torch - weights - peak_activations - graph_reserve - staging
+    kv     = usable - non_torch - weights - other - peak_activations - graph_reserve - staging
     blocks = kv // block_bytes
 
 non_torch is device memory held outside PyTorch's allocator (CUDA context, NCCL buffers, other
 processes): it is part of what the engine uses, so it counts against the utilisation too.
+weights are the model's parameters and buffers; other is what else this process's allocator held
+before the warm-up (rotary tables, and anything an earlier engine still alive or the caller left).
 peak_activations is what a warm-up at the largest batch (a full prefill budget, a full decode
 batch through the sampler's costliest path) made the allocator reserve on top of the weights.
 graph_reserve is set aside for the CUDA-graph memory pool, which is captured after the cache
@@ -18,8 +20,10 @@ On CPU there is nothing to profile: a fixed budget (cpu_kv_blocks).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +38,10 @@ log = logging.getLogger(__name__)
 # Default KV-cache budget on CPU when CacheConfig.num_blocks is None. CPU runs are for
 # correctness and small experiments; a fixed budget keeps them from taking the host's memory.
 CPU_KV_CACHE_BYTES = 512 * 1024**2
+
+# Tensors held besides the model past this are worth naming in the error: they are another engine
+# or the caller's, not the engine's own small tables.
+OTHER_TENSORS_HINT_BYTES = 1024**3
 
 
 def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype | None) -> torch.dtype | None:
@@ -52,22 +60,24 @@ def cpu_kv_blocks(block_bytes: int, max_blocks_per_seq: int, max_num_seqs: int) 
 class MemoryProfile:
     total_bytes: int  # device memory as the driver reports it
     non_torch_bytes: int  # held outside PyTorch's allocator
-    weights_bytes: int  # held before the warm-up: parameters, rotary tables
+    weights_bytes: int  # the model's parameters and buffers
     peak_activation_bytes: int  # warm-up's reserved memory above the weights (temporary cache excluded)
     graph_reserve_bytes: int  # set aside for the CUDA-graph pool (0 when no graphs are captured)
     staging_bytes: int = 0  # a disaggregated replica's KV link staging (engine.core.kv_staging)
+    other_bytes: int = 0  # held besides the model before the warm-up (allocator rounding included)
 
     def kv_budget_bytes(self, utilization: float) -> float:
-        used = (self.non_torch_bytes + self.weights_bytes + self.peak_activation_bytes + self.graph_reserve_bytes
-                + self.staging_bytes)
+        used = (self.non_torch_bytes + self.weights_bytes + self.other_bytes + self.peak_activation_bytes
+                + self.graph_reserve_bytes + self.staging_bytes)
         return self.total_bytes * utilization - used
 
     def describe(self, utilization: float) -> str:
         gib = 1024**3
         return (f"total {self.total_bytes / gib:.2f} GiB x {utilization} = {self.total_bytes * utilization / gib:.2f} "
                 f"GiB usable; non-torch {self.non_torch_bytes / gib:.2f}, weights {self.weights_bytes / gib:.2f}, "
-                f"peak activations {self.peak_activation_bytes / gib:.2f}, graph reserve "
-                f"{self.graph_reserve_bytes / gib:.2f}, KV link staging {self.staging_bytes / gib:.2f} GiB; "
+                f"other tensors {self.other_bytes / gib:.2f}, peak activations {self.peak_activation_bytes / gib:.2f}, "
+                f"graph reserve {self.graph_reserve_bytes / gib:.2f}, "
+                f"KV link staging {self.staging_bytes / gib:.2f} GiB; "
                 f"KV cache {self.kv_budget_bytes(utilization) / gib:.2f} GiB")
 
 
@@ -78,9 +88,12 @@ def num_kv_blocks(profile: MemoryProfile, utilization: float, block_bytes: int, 
         raise ValueError(f"block_bytes must be > 0, got {block_bytes}")
     blocks = int(max(profile.kv_budget_bytes(utilization), 0) // block_bytes)
     if blocks < min_blocks:
+        others = (f". This process held {profile.other_bytes / 1024**3:.2f} GiB of tensors besides this model "
+                  "before it started: shut down an earlier engine (LLM.shutdown()) or free the caller's CUDA "
+                  "tensors" if profile.other_bytes > OTHER_TENSORS_HINT_BYTES else "")
         raise ValueError(
             f"gpu_memory_utilization={utilization} leaves room for {blocks} KV blocks, fewer than one "
-            f"max_model_len sequence needs ({min_blocks}): {profile.describe(utilization)}. Raise "
+            f"max_model_len sequence needs ({min_blocks}): {profile.describe(utilization)}{others}. Raise "
             "gpu_memory_utilization, or lower max_model_len / max_num_batched_tokens / max_num_seqs"
         )
     return blocks
@@ -162,6 +175,14 @@ def run_moe_warmup(runner) -> None:
     log.info("fused-MoE warm-up: prefills of %s tokens in %.2f s", list(counts), time.perf_counter() - start)
 
 
+def tensor_bytes(*tensors: Iterable[torch.Tensor], device: torch.device) -> int:
+    """Bytes of the distinct storages behind the tensors on device (tied weights share one)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for group in tensors for t in group
+                if t.device.type == device.type and device.index in (None, t.device.index)}
+    return sum(storages.values())
+
+
 def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
     """Run the largest steps (warmup_plans) on a ModelRunner, over a temporary one-sequence
     cache, and measure what they take on top of the weights. The runner's cache is freed.
@@ -173,8 +194,10 @@ def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
     dev = runner.device
     runner.free_kv_cache()
     torch.cuda.synchronize(dev)
+    gc.collect()  # an earlier engine in a reference cycle holds its cache until it is collected
     torch.cuda.empty_cache()
-    weights = torch.cuda.memory_allocated(dev)
+    held = max(torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev))  # with the allocator's rounding
+    weights = min(tensor_bytes(runner.model.parameters(), runner.model.buffers(), device=dev), held)
     base = torch.cuda.memory_reserved(dev)
     runner.allocate_kv_cache(runner.max_blocks_per_seq)
     temp = torch.cuda.memory_reserved(dev) - base
@@ -201,7 +224,8 @@ def profile_memory(runner, graph_reserve: bool) -> MemoryProfile:
     return MemoryProfile(
         total_bytes=total,
         non_torch_bytes=max(0, total - free - torch.cuda.memory_reserved(dev)),
-        weights_bytes=max(weights, base),  # the allocator's rounding counted with them
+        weights_bytes=weights,
+        other_bytes=held - weights,
         peak_activation_bytes=max(peak, 0),
         graph_reserve_bytes=forward_peak if graph_reserve else 0,
     )

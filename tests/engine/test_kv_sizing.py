@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.core.config import ExecutionConfig, SchedulerConfig
-from engine.kv_sizing import MemoryProfile, num_kv_blocks, warmup_plans
+from engine.kv_sizing import OTHER_TENSORS_HINT_BYTES, MemoryProfile, num_kv_blocks, tensor_bytes, warmup_plans
 
 GIB = 1024**3
 
@@ -33,7 +33,8 @@ def test_blocks_fill_what_the_utilisation_leaves(utilization):
 def test_every_term_reduces_the_budget():
     block_bytes = 1 << 20
     base = num_kv_blocks(_profile(), 0.9, block_bytes, 1)
-    for field in ("non_torch_bytes", "weights_bytes", "peak_activation_bytes", "graph_reserve_bytes", "staging_bytes"):
+    for field in ("non_torch_bytes", "weights_bytes", "other_bytes", "peak_activation_bytes", "graph_reserve_bytes",
+                  "staging_bytes"):
         grown = num_kv_blocks(_profile(**{field: getattr(_profile(), field) + 64 * block_bytes}), 0.9, block_bytes, 1)
         assert grown == base - 64, field
 
@@ -45,8 +46,31 @@ def test_too_little_memory_names_the_setting():
     tight = _profile()
     fits = num_kv_blocks(tight, 0.9, 1 << 20, min_blocks=1)
     assert num_kv_blocks(tight, 0.9, 1 << 20, min_blocks=fits) == fits
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="max_model_len") as small:
         num_kv_blocks(tight, 0.9, 1 << 20, min_blocks=fits + 1)
+    assert "earlier engine" not in str(small.value)  # nothing but the model's own tables held
+
+
+def test_tensors_held_besides_the_model_are_named_in_the_error():
+    # an earlier engine still alive in the process: its cache is not this model's weights
+    held = _profile(weights_bytes=GIB, other_bytes=70 * GIB)
+    with pytest.raises(ValueError, match=r"weights 1\.00, other tensors 70\.00.*shut down an earlier engine"):
+        num_kv_blocks(held, 0.9, 1 << 20, min_blocks=1 << 16)
+    below = _profile(other_bytes=OTHER_TENSORS_HINT_BYTES)
+    with pytest.raises(ValueError) as error:
+        num_kv_blocks(below, 0.9, 1 << 20, min_blocks=1 << 20)
+    assert "earlier engine" not in str(error.value)
+
+
+def test_tied_weights_are_counted_once():
+    embedding = torch.nn.Embedding(100, 8)
+    head = torch.nn.Linear(8, 100, bias=False)
+    head.weight = embedding.weight  # tied, as Qwen3-0.6B's lm_head
+    model = torch.nn.Sequential(embedding, head)
+    model.register_buffer("table", torch.zeros(5, dtype=torch.float64))
+    cpu = torch.device("cpu")
+    assert tensor_bytes(model.parameters(), model.buffers(), device=cpu) == 100 * 8 * 4 + 5 * 8
+    assert tensor_bytes(model.parameters(), device=torch.device("cuda")) == 0  # none on that device
 
 
 @pytest.mark.parametrize("budget,max_len,max_seqs", [(16384, 4096, 512), (1000, 300, 4), (64, 64, 64)])
@@ -77,16 +101,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.gpu
 @needs_cuda
 def test_profiled_cache_keeps_the_engine_within_its_share(tmp_path):
-    import gc
-
     from engine.checkpoint import write_checkpoint
     from engine.config import EngineConfig
     from engine.core.config import CacheConfig
     from engine.core.plan import StepPlan
     from engine.executor import EngineExecutor
 
-    gc.collect()  # tensors of earlier tests in this process would count as this engine's weights
-    torch.cuda.empty_cache()
     model_dir = write_checkpoint("qwen3-0.6b", tmp_path / "m", dtype="bfloat16")
     utilization = 0.5
     sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048)
@@ -123,3 +143,23 @@ def test_warm_up_runs_over_a_given_cache_and_leaves_no_trace(tiny_qwen3_dir):
     assert [o.token_ids for o in warmed.generate(prompts, greedy, use_tqdm=False)] == expected
     small = LLM(tiny_qwen3_dir, device="cpu", max_model_len=64, block_size=8, num_blocks=4, max_num_seqs=4)
     assert not small.executor.runner.warm_up()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_an_engine_left_unreachable_does_not_shrink_the_next_ones_cache(tiny_qwen3_dir):
+    from engine import LLM
+
+    settings = dict(device="cuda", max_model_len=64, block_size=16, gpu_memory_utilization=0.4)
+    first = LLM(tiny_qwen3_dir, **settings)
+    blocks = first.executor.info().num_blocks
+    first.cycle = first  # unreachable after del, but freed only when the collector runs
+    del first
+    second = LLM(tiny_qwen3_dir, **settings)
+    try:
+        assert second.executor.info().num_blocks >= 0.98 * blocks
+        # one still alive is named as such, not counted as this model's weights
+        with pytest.raises(ValueError, match="shut down an earlier engine"):
+            LLM(tiny_qwen3_dir, **{**settings, "gpu_memory_utilization": 0.3})
+    finally:
+        second.shutdown()

@@ -177,7 +177,10 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(model_dir):
 def test_cuda_greedy_matches_hf(model_dir, hf_greedy):
     llm = LLM(model_dir, device="cuda", dtype="float32", attention_backend="torch", max_model_len=64,
               block_size=4, max_num_batched_tokens=8, max_num_seqs=4, policy="mixed")
-    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    try:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
     assert [o.token_ids for o in outputs] == [hf_greedy(p) for p in PROMPTS]
 
 

@@ -39,6 +39,10 @@ def test_overlapped_steps_give_the_plain_loops_tokens_on_cuda(tiny_qwen3_dir, fu
 
 def test_auto_overlaps_on_cuda(tiny_qwen3_dir):
     llm = LLM(tiny_qwen3_dir, device="cuda", max_model_len=64, block_size=16)
-    assert llm.executor.info().overlaps_steps
-    out = llm.generate(_prompts(3), SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), use_tqdm=False)
-    assert [len(o.token_ids) for o in out] == [5, 5, 5]
+    try:
+        assert llm.executor.info().overlaps_steps
+        out = llm.generate(_prompts(3), SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+                           use_tqdm=False)
+        assert [len(o.token_ids) for o in out] == [5, 5, 5]
+    finally:
+        llm.shutdown()
