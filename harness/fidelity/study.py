@@ -207,7 +207,7 @@ def warm_up(engine, rc: RunConfig) -> None:
     """Serve the class offline once, unmeasured. A class's first run on an engine meets shapes
     no earlier run had (eager prefills of its lengths: new kernel specialisations, a larger
     allocation); on an H100 its eager prefills took 54 ms against 36 ms after
-    (experiments/fidelity/h100_second_lease/loop_probe_shared_prefix.txt), and the offline TTFT of
+    (experiments/fidelity/h100_second_lease/loop_probe_shared_prefix.txt.gz), and the offline TTFT of
     the first class of a call spread 20-22% between its repeats (heldout.csv)."""
     run_once(rc, False, executor=engine, label=f"warm-up {rc.workload.name}", record=False)
 
