@@ -71,7 +71,8 @@ def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     common = ["workload=poisson", "workload.rate=20", "workload.num_requests=8", "output.progress=false",
               "output.plots=false"]
-    runs = {"single": [], "fleet": ["fleet.replicas=2"], "autoscale": ["autoscale.policy=queue"]}
+    runs = {"single": [], "fleet": ["fleet.replicas=2"], "autoscale": ["autoscale.policy=queue"],
+            "disagg": ["fleet=disaggregated"]}
     # side by side: each run is a process of its own, mostly Python's start and imports
     started = {name: subprocess.Popen([sys.executable, "-m", "harness", *common, *extra, f"hydra.run.dir={out / name}"],
                                       cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -95,6 +96,19 @@ def test_the_outputs_reference_lists_exactly_the_columns_a_run_writes(written):
     for file in ("requests.csv", "steps.csv.gz"):  # a fleet adds `replica`, which the reference says
         assert written["fleet"][file] == [*written["single"][file], "replica"]
     assert "`replica`" in text
+
+
+def test_the_outputs_reference_lists_the_columns_a_disaggregated_fleet_adds(written):
+    text = (REPO / "docs" / "outputs.md").read_text()
+    parts = re.split(r"^### Disaggregated fleet columns.*$", text, flags=re.M)
+    assert len(parts) == 2, "docs/outputs.md: no section '### Disaggregated fleet columns'"
+    body = parts[1].split("\n#")[0]
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| `([a-z._]+)` \|", body, re.M)
+    added = {file: [name for name, f in rows if f == file] for file in ("requests.csv", "steps.csv.gz", "summary.csv")}
+    for file in ("requests.csv", "steps.csv.gz"):
+        assert written["disagg"][file] == [*written["single"][file], *added[file]], f"docs/outputs.md, {file}"
+    fleet = set(written["fleet"]["summary.csv"])
+    assert set(written["disagg"]["summary.csv"]) == fleet | set(added["summary.csv"])
 
 
 AUTOSCALE_FILES = ("timeline.csv", "lifetimes.csv", "scaling.csv")
