@@ -178,3 +178,16 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", sketch + check], cwd=REPO, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr[-3000:]
+
+
+def test_the_config_group_table_lists_every_option():
+    from harness.arguments import config_groups, group_options
+
+    text = (REPO / "docs" / "running.md").read_text()
+    table = text.split("## Config groups")[1].split("\n## ")[0]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+) \|", table, re.M))
+    for group in sorted(config_groups() - {"serve"}):  # serve: python -m harness.serve's, docs/serving.md
+        assert group in rows, f"docs/running.md: no row for the config group {group!r}"
+        listed = set(re.findall(r"`([^`]+)`", rows[group]))
+        missing = [name for name in group_options(group) if name not in listed]
+        assert not missing, f"docs/running.md: the {group} row lacks {missing}"
