@@ -15,6 +15,8 @@ from harness.config import moved_override
 from harness.paths import CONF_DIR
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
+# Groups of conf/ that another entry point's primary config composes, by that entry point.
+OTHER_ENTRY_POINTS = {"serve": "python -m harness.serve"}
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
@@ -31,6 +33,15 @@ def config_groups(conf_dir: Path = CONF_DIR) -> frozenset[str]:
     """The groups of conf/: its folders holding YAML files (Hydra's own, under hydra/, excluded)."""
     return frozenset(p.name for p in conf_dir.iterdir()
                      if p.is_dir() and p.name != "hydra" and any(p.glob("*.yaml")))
+
+
+@cache
+def run_groups(conf_dir: Path = CONF_DIR) -> frozenset[str]:
+    """The groups conf/config.yaml's defaults list composes: those `python -m harness` takes as group=name."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.load(conf_dir / "config.yaml")).get("defaults", [])
+    return frozenset(key for entry in defaults if isinstance(entry, dict) for key in entry) & config_groups(conf_dir)
 
 
 def check_arguments(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
@@ -76,6 +87,10 @@ def _check_group(override, conf_dir: Path) -> str | None:
     group = override.key_or_group
     if group not in config_groups(conf_dir):
         return None
+    if group not in run_groups(conf_dir) and not override.is_add():
+        entry = OTHER_ENTRY_POINTS.get(group, "another entry point")
+        return (f"{group} is a config group of {entry}, not of python -m harness "
+                f"(its groups: {', '.join(sorted(run_groups(conf_dir)))})")
     options = group_options(group, conf_dir)
     for value in _values(override) or []:
         exists = (conf_dir / group / f"{value}.yaml").is_file()  # another spelling: refused later, by name
@@ -123,5 +138,42 @@ def _check_keys(parsed: list, conf_dir: Path) -> str | None:
             node = OmegaConf.select(base, parent) if parent else base
             keys = ", ".join(sorted(str(k) for k in node)) if OmegaConf.is_dict(node) else ""
             where = f"{parent} has" if parent else "the config has"
-            return (f"{key} is not a config key ({where} [{keys}]); "
-                    f"to add a key anyway, write +{culprit.lstrip('+~')}")
+            line = culprit.lstrip("+~")
+            # usually the key of an option not chosen (fleet=disaggregated's pools): name that option
+            setters = _options_setting(line.split("=", 1)[0], conf_dir) or _options_setting(key, conf_dir)
+            where_else = f"{' or '.join(setters)} {'has' if len(setters) == 1 else 'have'} it; " if setters else ""
+            return f"{key} is not a config key ({where} [{keys}]); {where_else}to add a key anyway, write +{line}"
+
+
+def _options_setting(key: str, conf_dir: Path) -> list[str]:
+    """The group=option choices of python -m harness whose file sets key (fleet=disaggregated sets
+    fleet.prefill_replicas; experiment=plan, a global package, sets plan.hardware)."""
+    from omegaconf import OmegaConf
+
+    found = []
+    for group in sorted(run_groups(conf_dir)):
+        for name in group_options(group, conf_dir):
+            path = conf_dir / group / f"{name}.yaml"
+            tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            if _has_key(tree if _is_global_package(path) else {group: tree}, key.split(".")):
+                found.append(f"{group}={name}")
+    return found
+
+
+def _has_key(tree: object, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def _is_global_package(path: Path) -> bool:
+    """Whether the file's header comments declare `# @package _global_` (its keys sit at the root)."""
+    with path.open() as lines:
+        for line in lines:
+            if not line.startswith("#"):
+                return False
+            if line.split() == ["#", "@package", "_global_"]:
+                return True
+    return False

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.arguments import check_arguments, config_groups, group_options
+from harness.arguments import check_arguments, config_groups, group_options, run_groups
 from harness.config import CONF_DIR, REPO_ROOT
 
 
@@ -47,7 +47,7 @@ def test_lines_hydra_accepts_pass(argv):
 
 
 @settings(max_examples=40, deadline=None)
-@given(group=st.sampled_from(sorted(config_groups())), name=st.from_regex(r"[a-z0-9][a-z0-9_.-]{0,12}", fullmatch=True))
+@given(group=st.sampled_from(sorted(run_groups())), name=st.from_regex(r"[a-z0-9][a-z0-9_.-]{0,12}", fullmatch=True))
 def test_every_group_takes_its_files_and_refuses_the_rest(group, name):
     problem = check_arguments([f"{group}={name}"])
     if (CONF_DIR / group / f"{name}.yaml").is_file():
@@ -67,7 +67,28 @@ def test_an_unknown_key_is_named_with_its_sections_keys(override, key, parent_ke
     assert check_arguments(["-m", override.replace("=", "=1,")]).startswith(f"{key} is not a config key")
 
 
-@pytest.mark.parametrize("argv", [["hardware=h300"], ["scheduler.max_num_seq=4"], ["-m", "router=least_token"]])
+@pytest.mark.parametrize("override, option", [
+    ("fleet.prefill_replicas=2", "fleet=disaggregated"),  # a key of another fleet shape than the chosen one
+    ("plan.hardware=[h100]", "experiment=plan"),  # a section only that experiment adds
+    ("-m plan.tp_sizes=[1],[1,2]", "experiment=plan"),
+])
+def test_a_key_another_option_sets_names_that_option(override, option):
+    problem = check_arguments(override.split())
+    key = override.split()[-1].split("=")[0]
+    assert problem.startswith(f"{key.split('.')[0]}") and f"; {option} has it; " in problem, problem
+    *flags, line = override.split()
+    assert check_arguments([*flags, option, line]) is None
+
+
+def test_a_group_of_another_entry_point_is_named_as_such():
+    assert run_groups() == config_groups() - {"serve"}
+    problem = check_arguments(["serve=default"])
+    assert problem is not None and "python -m harness.serve" in problem
+    assert check_arguments(["serve.port=8000"]).startswith("serve is not a config key")
+
+
+@pytest.mark.parametrize("argv", [["hardware=h300"], ["scheduler.max_num_seq=4"], ["-m", "router=least_token"],
+                                  ["fleet.prefill_replicas=2"], ["serve=default"]])
 def test_the_entry_point_prints_one_line_and_exits_2(tmp_path, argv):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run([sys.executable, "-m", "harness", *argv], cwd=tmp_path, capture_output=True, text=True,
