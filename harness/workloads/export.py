@@ -64,6 +64,9 @@ def _block_option(args: list[str]) -> tuple[int | None, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\n{(__doc__ or '').strip()}")
+        return 0
     if not args or "=" in args[0] or args[0].startswith("-"):
         print(f"error: the output file comes first; {USAGE}", file=sys.stderr)
         return 2

@@ -142,6 +142,15 @@ def test_export_command_writes_what_a_run_serves(tmp_path, capsys):
     assert export_main([str(tmp_path / "m.csv")]) == 2 and "must end in .jsonl" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_export_help_prints_the_usage_and_exits_0(flag, capsys):
+    assert export_main([flag]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("usage: python -m harness.workloads.export OUT.jsonl [--block-tokens N]") and not err
+    assert "workload=trace_azure_conv" in out  # the module's description and example follow
+
+
 GOOD = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}
 
 
