@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from engine.worker_loop import WorkerError
-from harness.arguments import check_arguments
+from harness.arguments import check_arguments, group_options, run_groups
 from harness.convert import ConfigError
 from harness.interrupts import Interrupts, exit_for, installed, interrupt_in, signal_of
 from harness.paths import CONF_DIR
@@ -70,8 +70,22 @@ def _planned_runs(cfg: DictConfig) -> int | None:
     return len(study.get("values") or []) if study.get("kind") == "sweep" else None
 
 
+HELP_FLAGS = ("-h", "--help")
+
+
+def usage() -> str:
+    """`--help`: the examples above and the options the command line takes. Hydra's own help would
+    list every file of conf/, the refused spellings of model names and python -m harness.serve's group among them."""
+    groups = "\n".join(f"  {group}: {', '.join(group_options(group))}" for group in sorted(run_groups()))
+    return (f"{(__doc__ or '').strip()}\n\nConfig groups (group=option; docs/running.md):\n{groups}\n\n"
+            "Every setting and its value: python -m harness --cfg job [overrides]. Hydra's flags: --hydra-help")
+
+
 def cli(argv: list[str]) -> None:
     """Check the command line, then hand it to Hydra; SIGTERM ends the run as Ctrl-C does."""
+    if any(flag in argv for flag in HELP_FLAGS):
+        print(usage())
+        return
     if (problem := check_arguments(argv)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)

@@ -97,3 +97,14 @@ def test_the_entry_point_prints_one_line_and_exits_2(tmp_path, argv):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_help_lists_the_options_the_command_line_takes(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-m", "harness", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert result.returncode == 0 and not (tmp_path / "outputs").exists()
+    lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if line.startswith("  ")}
+    assert lines["model"] == f"  model: {_options('model')}"  # not the refused spellings
+    assert set(run_groups()) <= set(lines) and "serve" not in lines  # python -m harness.serve's group
+    assert "python -m harness --cfg job" in result.stdout  # where every setting's value is shown
