@@ -15,10 +15,16 @@ from omegaconf import DictConfig
 
 from engine.core.config import POLICIES
 from engine.core.routers import ROUTERS
-from harness.config import load_hardware, section
-from harness.convert import ConfigError, to_dataclass
+from harness.config import RunConfig, load_hardware, section
+from harness.convert import ConfigError, refuse_unread, to_dataclass
 
 MODES = ("aggregated", "disaggregated")
+# A run's settings that the plan replaces by a list it searches: (section, field, that list).
+SEARCHED = (("scheduler", "policy", "plan.policies"), ("scheduler", "max_num_seqs", "plan.max_num_seqs"),
+            ("scheduler", "max_num_batched_tokens", "plan.max_num_batched_tokens"),
+            ("execution", "tensor_parallel_size", "plan.tp_sizes"), ("router", "name", "plan.routers"),
+            ("fleet", "replicas", "plan.max_replicas"), ("fleet", "tp_size", "plan.tp_sizes"),
+            ("fleet", "tp_sizes", "plan.tp_sizes"))
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,30 @@ class PlanConfig:
 def build_plan(cfg: DictConfig) -> tuple[PlanConfig, SLOConfig]:
     return (to_dataclass(PlanConfig, section(cfg, "plan"), "plan"),
             to_dataclass(SLOConfig, section(cfg, "slo"), "slo"))
+
+
+def refuse_searched(cfg: DictConfig, rc: RunConfig) -> None:
+    """A ConfigError for a run's setting the plan would silently replace (SEARCHED, set away from
+    its default), a disaggregated fleet section or an autoscaler: plan.csv would answer another
+    question than the one asked."""
+    from harness.fleet.config import build_fleet
+    from harness.fleet.disagg_config import is_disaggregated
+
+    if is_disaggregated(cfg):
+        raise ConfigError("fleet=disaggregated is ignored by experiment=plan, which builds its own fleets: set "
+                          "'plan.modes=[disaggregated]' (or [aggregated,disaggregated]) and drop fleet=disaggregated")
+    policy = (cfg.get("autoscale") or {}).get("policy")
+    if policy is not None:
+        raise ConfigError(f"autoscale.policy={policy!r} is ignored by experiment=plan, which prices fleets of fixed "
+                          "size; set autoscale.policy=null")
+    fleet, router = build_fleet(cfg)
+    sections = {"scheduler": rc.scheduler, "execution": rc.sim.execution, "router": router, "fleet": fleet}
+    for where, name, searched in SEARCHED:
+        try:
+            refuse_unread(sections[where], where, [(name, f"a run outside a plan (set {searched})")],
+                          f"experiment=plan, which searches {searched}")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
 
 def load_catalogue(names: tuple[str, ...]) -> dict:

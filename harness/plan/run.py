@@ -14,7 +14,7 @@ from harness.config import OutputConfig, RunConfig, build_run_config, on_hardwar
 from harness.convert import ConfigError
 from harness.fleet.config import build_fleet
 from harness.parallel import parallel_map
-from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue
+from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue, refuse_searched
 from harness.plan.evaluate import PlanBase
 from harness.plan.report import DEPLOYMENT_COLUMNS, fit_note, nearest_lines, plan_summary
 from harness.plan.search import configurations, search
@@ -37,6 +37,7 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     if rc.backend != "sim":
         raise ConfigError(f"backend.name must be sim for the deployment search, got {rc.backend!r}")
     plan, slo = build_plan(cfg)
+    refuse_searched(cfg, rc)
     _, router = build_fleet(cfg)
     base = PlanBase(rc, load_catalogue(plan.hardware), slo, router)
     configs = configurations(plan, rc)

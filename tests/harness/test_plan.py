@@ -181,3 +181,25 @@ def test_a_plan_with_every_request_left_out_is_refused_before_searching(tmp_path
                                           r"max_model_len=2048.*scheduler.max_model_len=4005"):
         run_study(compose_config(overrides), tmp_path / "out")
     assert not (tmp_path / "out" / "plan.csv").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("scheduler.max_num_seqs=32", r"^scheduler.max_num_seqs=32 is ignored by experiment=plan, which searches "
+                                  r"plan.max_num_seqs"),
+    ("scheduler.max_num_batched_tokens=2048", r"^scheduler.max_num_batched_tokens=2048 is ignored by .*"
+                                              r"plan.max_num_batched_tokens"),
+    ("scheduler=mixed", r"^scheduler.policy='mixed' is ignored by .*plan.policies"),
+    ("execution.tensor_parallel_size=2", r"^execution.tensor_parallel_size=2 is ignored by .*plan.tp_sizes"),
+    ("router=least_tokens", r"^router.name='least_tokens' is ignored by .*plan.routers"),
+    ("fleet.replicas=4", r"^fleet.replicas=4 is ignored by .*plan.max_replicas"),
+    ("fleet.tp_size=2", r"^fleet.tp_size=2 is ignored by .*plan.tp_sizes"),
+    ("autoscale.policy=utilisation", r"^autoscale.policy='utilisation' is ignored by experiment=plan"),
+    ("fleet=disaggregated", r"^fleet=disaggregated is ignored by experiment=plan.*plan.modes=\[disaggregated\]"),
+])
+def test_a_setting_the_plan_searches_itself_is_refused_not_ignored(override, message, tmp_path):
+    """The plan replaces these by its own lists; set on the command line they would leave plan.csv
+    answering another question than the one asked, so they stop the plan before it searches."""
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config(PLAN_SMALL + [override]), tmp_path)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "plan.csv").exists()
