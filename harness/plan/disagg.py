@@ -26,11 +26,15 @@ from harness.fleet.disagg import run_disagg_once
 from harness.fleet.disagg_config import DisaggConfig, PoolConfig
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.plan.report import pools_text
+from harness.plan.row import MEASURE_COLUMNS
 from harness.run import cyclic_gc_paused
 from harness.workloads import fit_warnings_muted
 from sim.kv_transfer import TransferConfig
 
 log = logging.getLogger(__name__)
+
+# a disaggregated row's metric columns: the aggregated rows' and its transfers'
+MEASURES = (*MEASURE_COLUMNS, "transfer_p50_s", "transfer_p90_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,16 +94,14 @@ def evaluate(c: Candidate, base) -> dict:
                                       dataclasses.replace(base.router, name=c.router), progress=False,
                                       step_columns=(*SUMMARY_STEP_COLUMNS, "start", "duration", "free_blocks"))
     except (ValueError, TypeError, ConfigError) as error:
-        return {**head, "slo_ratio": math.inf, "meets_slo": False, "error": str(error).splitlines()[0],
-                "eval_s": time.perf_counter() - started}
+        return {**head, **dict.fromkeys(MEASURES, math.nan), "slo_ratio": math.inf, "meets_slo": False,
+                "error": str(error).splitlines()[0], "eval_s": time.perf_counter() - started}
     s = outcome.summary
-    measures = {k: s[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-                                  "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "output_tok_s", "request_s",
-                                  "transfer_p50_s", "transfer_p90_s")}
-    rejected = s.labels.num_rejected
+    measures = {k: s.labels.num_rejected if k == "num_rejected" else s[k] for k in MEASURES}
+    rejected = measures["num_rejected"]
     ratio = max(s.ttft_p90_s / base.slo.ttft_p90_s, s.tpot_p90_s / base.slo.tpot_p90_s)
     ratio = ratio if math.isfinite(ratio) else math.inf
-    return {**head, **measures, "num_rejected": rejected, "slo_ratio": ratio,
+    return {**head, **measures, "slo_ratio": ratio,
             "meets_slo": bool(ratio <= 1.0 and rejected == 0), "error": "", "eval_s": time.perf_counter() - started}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +45,14 @@ class PlanMeasures:
     num_rejected: int
 
 
+MEASURE_COLUMNS = tuple(f.name for f in dataclasses.fields(PlanMeasures))
+
+
 @dataclass(frozen=True)
 class PlanRow(Mapping[str, Any]):
     """One evaluated deployment: plan.csv's row. measures is None where the deployment could not
-    run (error says why); its row then has no metric columns (NaN in plan.csv)."""
+    run (error says why); its metric columns are then NaN, so that a plan.csv where nothing ran
+    still has them."""
 
     deployment: Deployment
     cost_per_hour: float
@@ -63,11 +68,10 @@ class PlanRow(Mapping[str, Any]):
         if self.deployment.expert_parallel is None:
             del placement["expert_parallel"]
         head = {**placement, "gpus": self.deployment.gpus, "cost_per_hour": self.cost_per_hour}
-        if self.measures is None:
-            return {**head, "meets_slo": self.meets_slo, "slo_ratio": self.slo_ratio, "error": self.error,
-                    "eval_s": self.eval_s}
-        return {**head, **dataclasses.asdict(self.measures), "slo_ratio": self.slo_ratio,
-                "meets_slo": self.meets_slo, "error": self.error, "eval_s": self.eval_s}
+        measures = dict.fromkeys(MEASURE_COLUMNS, math.nan) if self.measures is None \
+            else dataclasses.asdict(self.measures)
+        return {**head, **measures, "slo_ratio": self.slo_ratio, "meets_slo": self.meets_slo, "error": self.error,
+                "eval_s": self.eval_s}
 
     def __getitem__(self, column: str) -> Any:
         return self.as_dict()[column]

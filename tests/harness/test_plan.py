@@ -203,3 +203,18 @@ def test_a_setting_the_plan_searches_itself_is_refused_not_ignored(override, mes
         run_study(compose_config(PLAN_SMALL + [override]), tmp_path)
     assert "\n" not in str(error.value)
     assert not (tmp_path / "plan.csv").exists()
+
+
+@pytest.mark.parametrize("modes", ["[aggregated]", "[disaggregated]"])
+def test_a_plan_where_no_deployment_runs_says_why_in_one_line(modes, tmp_path):
+    """Qwen3-32B's weights alone overflow half of an 80 GB GPU: every deployment is an error row,
+    plan.csv keeps the metric columns (empty) and the plan ends with the reason, not a traceback."""
+    overrides = [o for o in PLAN_SMALL if not o.startswith("model=")]
+    overrides += ["model=qwen3-32b", "execution.gpu_memory_utilization=0.5", f"plan.modes={modes}",
+                  "plan.disagg_max_pool_replicas=1"]
+    with pytest.raises(ConfigError, match=r"none could run \(.*qwen3-32b does not fit on") as error:
+        run_study(compose_config(overrides), tmp_path)
+    assert "\n" not in str(error.value)
+    table = pd.read_csv(tmp_path / "plan.csv")
+    assert len(table) and (table["error"] != "").all() and table["ttft_p90_s"].isna().all()
+    assert (tmp_path / "plan.png").is_file()
