@@ -244,6 +244,13 @@ class HardwareSpec:
     chip: str | None = None
     power_limit_w: float | None = None
 
+    def check_tp_in_node(self, tp_size: int) -> None:
+        """Raise ValueError when a TP group of tp_size ranks would span nodes: its all-reduce is
+        priced on one node's links (interconnect_bandwidth), which do not join two nodes."""
+        if tp_size > self.gpus_per_node:
+            raise ValueError(f"TP size {tp_size} exceeds the {self.gpus_per_node} GPUs of one {self.name} node "
+                             "(hardware.gpus_per_node): a TP group stays inside a node")
+
     @property
     def prices_one_shot(self) -> bool:
         """Whether the one-shot all-reduce's figures are known (engine.core.collectives)."""

@@ -87,9 +87,10 @@ def pool_run_configs(rc: RunConfig, fleet: DisaggConfig) -> tuple[RunConfig, Run
         spec: PoolConfig = getattr(fleet, pool)
         hardware = rc.hardware if spec.hardware is None else load_hardware(spec.hardware, f"fleet.{pool}.hardware")
         tp = spec.tp_size if spec.tp_size is not None else backend_tp_size(rc)
-        if tp > hardware.gpus_per_node:
-            raise ConfigError(f"fleet.{pool}.tp_size={tp} exceeds the {hardware.gpus_per_node} GPUs of one "
-                              f"{hardware.name} node (hardware gpus_per_node): a TP group stays inside a node")
+        try:
+            hardware.check_tp_in_node(tp)
+        except ValueError as error:
+            raise ConfigError(f"fleet.{pool}.tp_size: {error}") from None
         pool_rc = on_hardware(with_tp_size(rc, tp, f"fleet.{pool}.tp_size"), hardware)
         pools.append(pool_rc if spec.host_scale is None else at_pool_host(pool_rc, spec.host_scale, pool))
     prefill, decode = pools

@@ -42,7 +42,7 @@ def test_the_network_is_slower_than_nvlink(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("fleet.prefill_replicas=0", r"fleet.prefill_replicas must be an int >= 1"),
     ("fleet.decode_replicas=0", r"fleet.decode_replicas must be an int >= 1"),
-    ("fleet.decode.tp_size=16", r"fleet.decode.tp_size=16 exceeds the 8 GPUs of one H100-SXM5-80GB node"),
+    ("fleet.decode.tp_size=16", r"fleet.decode.tp_size: TP size 16 exceeds the 8 GPUs of one H100-SXM5-80GB node"),
     ("fleet.prefill.hardware=a100", r"fleet.transfer.link=nvlink joins one GPU type"),
     ("fleet.decode_replicas=9", r"the fleet's 10 GPUs exceed one node's 8: use fleet.transfer.link=network"),
     ("cache.num_blocks=1", r"fleet.decode: a decode replica's KV cache holds 1 blocks"),

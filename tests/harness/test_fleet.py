@@ -62,9 +62,18 @@ def test_two_replicas_serve_a_rate_sooner_than_one():
     ("fleet.tp_sizes=[1]", r"fleet.tp_sizes must list one TP size per replica \(2\)"),
     ("router.name=random", r"router.name must be one of \['round_robin'"),
     ("cache.num_blocks=1", r"nothing was served: all 256 requests were rejected at admission"),
+    # a TP group stays in one node, as a disaggregated pool's does: 16 ranks would be priced on NVLink
+    ("fleet.tp_size=16", r"TP size 16 exceeds the 8 GPUs of one H100-SXM5-80GB node \(hardware.gpus_per_node\)"),
+    ("fleet.tp_sizes=[1,16]", r"TP size 16 exceeds the 8 GPUs of one H100-SXM5-80GB node"),
 ])
 def test_bad_fleet_input_is_one_line_naming_the_field(override, message, tmp_path):
     with pytest.raises(ConfigError, match=message) as error:
         run_study(compose_config(["fleet.replicas=2", override] if "replicas" not in override else [override]),
                   tmp_path)
+    assert "\n" not in str(error.value)
+
+
+def test_a_single_run_over_one_nodes_gpus_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"TP size 16 exceeds the 8 GPUs of one H100-SXM5-80GB node") as error:
+        run_study(compose_config([*SMALL, "execution.tensor_parallel_size=16"]), tmp_path)
     assert "\n" not in str(error.value)

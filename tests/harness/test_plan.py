@@ -205,6 +205,15 @@ def test_a_setting_the_plan_searches_itself_is_refused_not_ignored(override, mes
     assert not (tmp_path / "plan.csv").exists()
 
 
+def test_a_plan_tp_size_over_one_nodes_gpus_runs_nowhere(tmp_path):
+    """No catalogue GPU has 16 in a node: every deployment is an error row, and the plan says why."""
+    with pytest.raises(ConfigError, match=r"none could run \(.*TP size 16 exceeds the 8 GPUs of one") as error:
+        run_study(compose_config(PLAN_SMALL + ["plan.tp_sizes=[16]"]), tmp_path)
+    assert "\n" not in str(error.value)
+    table = pd.read_csv(tmp_path / "plan.csv")
+    assert len(table) and (~table["meets_slo"]).all() and table["error"].str.contains("exceeds the 8 GPUs").all()
+
+
 @pytest.mark.parametrize("modes", ["[aggregated]", "[disaggregated]"])
 def test_a_plan_where_no_deployment_runs_says_why_in_one_line(modes, tmp_path):
     """Qwen3-32B's weights alone overflow half of an 80 GB GPU: every deployment is an error row,
