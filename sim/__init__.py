@@ -30,7 +30,6 @@ def build_sim_executor(model: ModelSpec, hardware: HardwareSpec, sim: SimConfig,
     cost_model: prices steps instead of the one sim names (sim.interval's perturbed draws);
     samples: tokens computed ahead (sim.sampled), read by the executor where they cover its steps."""
     execution = sim.execution
-    hardware.check_tp_in_node(execution.tensor_parallel_size)
     check_expert_parallel(model, execution.tensor_parallel_size, execution.expert_parallel)
     model = model.with_kv_cache(cache.kv_cache_dtype)
     num_blocks = cache.num_blocks
