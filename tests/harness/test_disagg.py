@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -152,3 +154,13 @@ def test_a_pool_host_scale_the_run_cannot_price_is_one_line(extra, message, tmp_
     with pytest.raises(ConfigError, match=message) as error:
         run_study(compose_config([*SMALL, *extra]), tmp_path)
     assert "\n" not in str(error.value)
+
+
+def test_the_printed_ttft_split_adds_up_to_the_printed_ttft(tmp_path, capsys):
+    """The log's TTFT = queue + prefill line is a sum a reader can check: means add up, P90s do not."""
+    run_study(compose_config([*SMALL, "workload.rate=80"]), tmp_path)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("TTFT = queue + prefill"))
+    queue, prefill, ttft = map(float, re.search(r"mean ([0-9.]+) s \+ ([0-9.]+) s = ([0-9.]+) s", line).groups())
+    assert queue + prefill == pytest.approx(ttft, abs=2e-4)
+    summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert ttft == pytest.approx(summary["ttft_mean_s"], abs=1e-4) and queue > 0
