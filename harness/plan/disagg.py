@@ -33,6 +33,7 @@ from sim.kv_transfer import TransferConfig
 
 log = logging.getLogger(__name__)
 
+POOL_COUNTS = ("prefill_tp", "prefill_replicas", "decode_tp", "decode_replicas")
 # a disaggregated row's metric columns: the aggregated rows' and its transfers'
 MEASURES = (*MEASURE_COLUMNS, "transfer_p50_s", "transfer_p90_s")
 
@@ -160,6 +161,9 @@ def compare_modes(aggregated: pd.DataFrame, plan, base, slo, title: str, out_dir
     disaggregated = search_disaggregated(plan, base, progress)
     table = pd.concat([aggregated.assign(mode="aggregated") if len(aggregated) else aggregated, disaggregated],
                       ignore_index=True)
+    # each mode leaves the other's counts empty: nullable ints keep the rest whole numbers, not floats
+    counts = [c for c in ("tp_size", *POOL_COUNTS) if c in table]
+    table[counts] = table[counts].astype("Int64")
     cheapest = cheapest_by_mode(table, plan.modes)
     for mode in plan.modes:
         if mode in cheapest:

@@ -8,6 +8,7 @@ question is the fleet's shape.
 from __future__ import annotations
 
 import logging
+import re
 
 import pandas as pd
 import pytest
@@ -117,3 +118,17 @@ def test_a_disaggregated_search_that_meets_no_slo_names_its_nearest_pools_in_one
     with pytest.raises(ConfigError, match=r"the nearest, \$9.00/h 1P x h100 TP 2 \+ 1D x h100 TP 1 ") as error:
         run_study(compose_config([*SPACE, *MIXED_TP, "slo.ttft_p90_s=0.01"]), tmp_path)
     assert "\n" not in str(error.value)
+
+
+def test_a_two_mode_plan_writes_counts_as_whole_numbers(tmp_path, capsys):
+    """Each mode leaves the other's pool or TP columns empty; the counts that are there stay
+    whole numbers in plan.csv and in the printed answer (not 1.0 GPUs' TP)."""
+    run_study(compose_config([*SPACE, "workload.num_requests=30", "workload.rate=5", "workload.prompt_len.high=300",
+                              "workload.output_len.high=150", "plan.disagg_max_pool_replicas=1"]), tmp_path)
+    text = (tmp_path / "plan.csv").read_text().splitlines()
+    columns = text[0].split(",")
+    counts = [columns.index(c) for c in ("tp_size", "prefill_tp", "prefill_replicas", "decode_tp", "decode_replicas")]
+    cells = [line.split(",")[i] for line in text[1:] for i in counts]
+    assert cells and all(cell == "" or cell.isdigit() for cell in cells), cells
+    answer = capsys.readouterr().out
+    assert re.search(r"\btp_size\b", answer) and not re.search(r"\s1\.0\s", answer)
