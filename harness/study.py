@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from engine.core.registry import Registry
 from harness.config import CapacityConfig, OutputConfig, build_run_config, section
 from harness.convert import ConfigError, to_dataclass
-from harness.fleet.config import build_fleet
+from harness.fleet.config import build_fleet, check_router_read
 from harness.fleet.disagg_config import build_disagg, is_disaggregated
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
@@ -88,6 +88,12 @@ def _serve_disaggregated(cfg: DictConfig, rc, output: OutputConfig, out_dir: Pat
 
     _, router = build_fleet(cfg, with_fleet=False)
     fleet = build_disagg(cfg)
+    pool_routers = (fleet.prefill_router, fleet.decode_router)
+    check_router_read(router, [name or router.name for name in pool_routers],
+                      f"fleet=disaggregated (fleet.prefill_router={fleet.prefill_router}, "
+                      f"fleet.decode_router={fleet.decode_router})",
+                      "a pool without a router of its own (fleet.prefill_router or fleet.decode_router null)"
+                      if None not in pool_routers else None)
     autoscale, slo = build_autoscale(cfg)
     if autoscale.policy is not None:
         raise ConfigError(f"autoscale.policy={autoscale.policy}: with fleet=disaggregated each pool scales on its own; "
@@ -111,7 +117,11 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
         return _serve_disaggregated(cfg, rc, output, out_dir)
     fleet, router = build_fleet(cfg)
     interval = _interval(cfg)
-    if cfg.get("autoscale") is not None and cfg.autoscale.get("policy") is not None:
+    autoscaled = cfg.get("autoscale") is not None and cfg.autoscale.get("policy") is not None
+    routed = autoscaled or fleet.replicas > 1
+    check_router_read(router, [router.name] if routed else [],
+                      f"router.name={router.name}" if routed else "a single replica (fleet.replicas=1)")
+    if autoscaled:
         from harness.autoscale.config import build_autoscale
         from harness.autoscale.run import run_autoscale_study
 

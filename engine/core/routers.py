@@ -74,7 +74,10 @@ class Router(Protocol):
 
 class RegisteredRouter:
     """A router the registry can build: from_config makes a fresh one for a run (block_size: the
-    KV cache's). A router with no settings is built by calling its class."""
+    KV cache's). A router with no settings is built by calling its class; one with settings names
+    the RouterConfig fields it reads, so a setting no router in use reads is refused, not ignored."""
+
+    settings: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: RouterConfig, block_size: int) -> Router:
@@ -120,6 +123,8 @@ class LeastTokens(RegisteredRouter):
 class PrefixAffinity(RegisteredRouter):
     """RouterConfig states the rule (hash of the first blocks; least_requests when overloaded)."""
 
+    settings = ("prefix_blocks", "max_imbalance")
+
     @classmethod
     def from_config(cls, config: RouterConfig, block_size: int) -> Router:
         return cls(block_size, config.prefix_blocks, config.max_imbalance)
@@ -154,3 +159,8 @@ def make_router(config: RouterConfig, block_size: int) -> Router:
 
 # the names router.name accepts, in registration order
 ROUTERS: tuple[str, ...] = ROUTER_REGISTRY.names()
+
+
+def routers_reading(setting: str) -> list[str]:
+    """The registered routers whose from_config reads a RouterConfig field other than name."""
+    return [name for name in ROUTER_REGISTRY.names() if setting in ROUTER_REGISTRY.get(name).settings]

@@ -8,13 +8,14 @@ Each replica's RunConfig is the base one with its TP size written into the backe
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from engine.core.routers import RouterConfig
+from engine.core.routers import RouterConfig, routers_reading
 from harness.config import RunConfig, section
-from harness.convert import ConfigError, to_dataclass
+from harness.convert import ConfigError, refuse_unread, to_dataclass
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,25 @@ def build_fleet(cfg: DictConfig, with_fleet: bool = True) -> tuple[FleetConfig, 
         fleet = to_dataclass(FleetConfig, section(cfg, "fleet"), "fleet")
     router = to_dataclass(RouterConfig, section(cfg, "router"), "router") if "router" in cfg else RouterConfig()
     return fleet, router
+
+
+def check_router_read(router: RouterConfig, routing: Collection[str], chosen: str,
+                      name_unread: str | None = None) -> None:
+    """A ConfigError for a router setting, set away from its default, that no router in use reads.
+    routing: the routers that route (empty: one replica); chosen: the run, for the message;
+    name_unread: what would read router.name when the run does not (None: it does, if routing)."""
+    if not routing and name_unread is None:
+        name_unread = "fleet.replicas > 1, fleet=disaggregated or an autoscale policy"
+    unread = [] if name_unread is None else [("name", name_unread)]
+    for setting in (f.name for f in dataclasses.fields(RouterConfig) if f.name != "name"):
+        readers = routers_reading(setting)
+        if not set(readers) & set(routing):
+            unread.append((setting, f"router.name={' or '.join(readers)}"
+                                    + ("" if routing else " routing more than one replica")))
+    try:
+        refuse_unread(router, "router", unread, chosen)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def backend_tp_size(rc: RunConfig) -> int:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from harness.config import OutputConfig, RunConfig, build_run_config, on_hardware
 from harness.convert import ConfigError
-from harness.fleet.config import build_fleet
+from harness.fleet.config import build_fleet, check_router_read
 from harness.parallel import parallel_map
 from harness.plan.config import PlanConfig, SLOConfig, build_plan, load_catalogue, refuse_searched
 from harness.plan.evaluate import PlanBase
@@ -39,6 +39,7 @@ def run_plan(cfg: DictConfig, output: OutputConfig, out_dir: Path) -> pd.DataFra
     plan, slo = build_plan(cfg)
     refuse_searched(cfg, rc)
     _, router = build_fleet(cfg)
+    check_router_read(router, plan.routers, f"experiment=plan's plan.routers={list(plan.routers)}")
     base = PlanBase(rc, load_catalogue(plan.hardware), slo, router)
     configs = configurations(plan, rc)
     _log_profiles(base)

@@ -72,3 +72,30 @@ def test_bad_fleet_input_is_one_line_naming_the_field(override, message, tmp_pat
                   tmp_path)
     assert "\n" not in str(error.value)
 
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # one replica routes nothing: not even the router's name is read
+    (["router=prefix_affinity"], r"^router.name='prefix_affinity' is ignored by a single replica \(fleet.replicas=1\)"),
+    (["router.max_imbalance=4"], r"^router.max_imbalance=4 is ignored by a single replica"),
+    (["fleet.replicas=2", "router.prefix_blocks=4"],
+     r"^router.prefix_blocks=4 is ignored by router.name=round_robin; it is read only with router.name=prefix_affinity"),
+    (["fleet=disaggregated", "router.max_imbalance=3"], r"^router.max_imbalance=3 is ignored by fleet=disaggregated"),
+    (["fleet=disaggregated", "fleet.prefill_router=round_robin", "fleet.decode_router=least_requests",
+      "router=least_tokens"], r"^router.name='least_tokens' is ignored by fleet=disaggregated .*a pool without a router"),
+    (["experiment=plan", "router.prefix_blocks=2"],
+     r"^router.prefix_blocks=2 is ignored by experiment=plan's plan.routers=\['round_robin', 'least_requests'\]"),
+])
+def test_a_router_setting_no_router_in_use_reads_is_refused(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as error:
+        run_study(compose_config(["workload.num_requests=10", *overrides]), tmp_path)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["fleet.replicas=2", "router=prefix_affinity", "router.prefix_blocks=2", "router.max_imbalance=4"],
+    ["fleet=disaggregated", "fleet.decode_router=prefix_affinity", "router.max_imbalance=3"],
+])
+def test_router_settings_a_router_in_use_reads_are_served(overrides, tmp_path):
+    run_study(compose_config(["workload.num_requests=10", *overrides]), tmp_path)
+    assert pd.read_csv(tmp_path / "summary.csv").iloc[0]["num_requests"] == 10
