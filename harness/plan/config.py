@@ -93,6 +93,12 @@ class PlanConfig:
         from harness.parallel import check_backend
 
         check_backend(self.parallel_backend, self.parallel_address, self.parallel_num_workers, prefix="plan.parallel_")
+        if "aggregated" not in self.modes:
+            # the disaggregated search runs its candidates one by one, experts placed as
+            # execution.expert_parallel says
+            refuse_unread(self, "plan", [(name, "plan.modes including aggregated") for name in (
+                "expert_parallel", "batch_size", "parallel_backend", "parallel_address", "parallel_num_workers")],
+                f"plan.modes={list(self.modes)}")
 
 
 def build_plan(cfg: DictConfig) -> tuple[PlanConfig, SLOConfig]:

@@ -13,6 +13,7 @@ import re
 import pandas as pd
 import pytest
 
+from harness.convert import ConfigError
 from harness.study import run_study
 from tests.harness.conftest import compose_config
 
@@ -113,7 +114,6 @@ def test_the_planner_searches_pools_of_two_tp_sizes_and_picks_a_tp2_prefill_for_
 
 
 def test_a_disaggregated_search_that_meets_no_slo_names_its_nearest_pools_in_one_line(tmp_path):
-    from harness.convert import ConfigError
 
     with pytest.raises(ConfigError, match=r"the nearest, \$9.00/h 1P x h100 TP 2 \+ 1D x h100 TP 1 ") as error:
         run_study(compose_config([*SPACE, *MIXED_TP, "slo.ttft_p90_s=0.01"]), tmp_path)
@@ -132,3 +132,12 @@ def test_a_two_mode_plan_writes_counts_as_whole_numbers(tmp_path, capsys):
     assert cells and all(cell == "" or cell.isdigit() for cell in cells), cells
     answer = capsys.readouterr().out
     assert re.search(r"\btp_size\b", answer) and not re.search(r"\s1\.0\s", answer)
+
+
+@pytest.mark.parametrize("override", ["plan.expert_parallel=[true]", "plan.batch_size=4",
+                                      "plan.parallel_backend=processes"])
+def test_a_plan_setting_only_the_aggregated_search_reads_is_refused_without_it(override, tmp_path):
+    # the disaggregated search runs one candidate at a time, experts placed by execution.expert_parallel
+    with pytest.raises(ConfigError, match=rf"^{re.escape(override.split('=')[0])}=.* is ignored by "
+                                          r"plan.modes=\['disaggregated'\]; it is read only with plan.modes including"):
+        run_study(compose_config([*SPACE, "plan.modes=[disaggregated]", override]), tmp_path)
