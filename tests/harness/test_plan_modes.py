@@ -114,7 +114,6 @@ def test_the_planner_searches_pools_of_two_tp_sizes_and_picks_a_tp2_prefill_for_
 
 
 def test_a_disaggregated_search_that_meets_no_slo_names_its_nearest_pools_in_one_line(tmp_path):
-
     with pytest.raises(ConfigError, match=r"the nearest, \$9.00/h 1P x h100 TP 2 \+ 1D x h100 TP 1 ") as error:
         run_study(compose_config([*SPACE, *MIXED_TP, "slo.ttft_p90_s=0.01"]), tmp_path)
     assert "\n" not in str(error.value)
