@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from engine.core.registry import Registry
 from harness.config import CapacityConfig, OutputConfig, build_run_config, section
 from harness.convert import ConfigError, to_dataclass
-from harness.fleet.config import build_fleet, check_router_read
+from harness.fleet.config import build_fleet, check_router_read, in_node
 from harness.fleet.disagg_config import build_disagg, is_disaggregated
 from harness.report import format_summary, format_table
 from harness.run import require_served, run_once, write_outcome
@@ -138,6 +138,8 @@ def _serve_workload(cfg: DictConfig, output: OutputConfig, out_dir: Path, bench:
         from harness.fleet.run import run_fleet_study
 
         return run_fleet_study(rc, fleet, router, output, out_dir, interval)
+    if rc.backend == "sim":  # an engine's ranks are the machine's own GPUs; a compare's CPU side may run TP 2
+        in_node(rc, "execution.tensor_parallel_size")
     if interval is not None:
         # a simulated run with P50/P90 prediction intervals in summary.csv (<metric>_lo/_hi)
         from harness.fidelity.interval import simulate_with_interval

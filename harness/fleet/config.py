@@ -94,13 +94,13 @@ def with_tp_size(rc: RunConfig, tp: int, where: str = "fleet.tp_size") -> RunCon
 def replica_run_configs(rc: RunConfig, fleet: FleetConfig) -> list[RunConfig]:
     """One RunConfig per replica, each with its TP size checked against the model and the node."""
     if fleet.tp_sizes:
-        return [_in_node(with_tp_size(rc, tp, f"fleet.tp_sizes[{i}]"), f"fleet.tp_sizes[{i}]")
+        return [in_node(with_tp_size(rc, tp, f"fleet.tp_sizes[{i}]"), f"fleet.tp_sizes[{i}]")
                 for i, tp in enumerate(fleet.tp_sizes)]
     tp = fleet.tp_size if fleet.tp_size is not None else backend_tp_size(rc)
-    return [_in_node(with_tp_size(rc, tp, "fleet.tp_size"), "fleet.tp_size")] * fleet.replicas
+    return [in_node(with_tp_size(rc, tp, "fleet.tp_size"), "fleet.tp_size")] * fleet.replicas
 
 
-def _in_node(rc: RunConfig, where: str) -> RunConfig:
+def in_node(rc: RunConfig, where: str) -> RunConfig:
     """rc, or a ConfigError naming `where` when its TP group would span nodes of its hardware."""
     try:
         rc.hardware.check_tp_in_node(backend_tp_size(rc))

@@ -99,3 +99,9 @@ def test_a_router_setting_no_router_in_use_reads_is_refused(overrides, message, 
 def test_router_settings_a_router_in_use_reads_are_served(overrides, tmp_path):
     run_study(compose_config(["workload.num_requests=10", *overrides]), tmp_path)
     assert pd.read_csv(tmp_path / "summary.csv").iloc[0]["num_requests"] == 10
+
+
+def test_a_single_simulated_run_keeps_its_tp_group_in_one_node(tmp_path):
+    with pytest.raises(ConfigError, match=r"^execution.tensor_parallel_size: TP size 16 exceeds the 8 GPUs of one "
+                                          r"H100-SXM5-80GB node"):
+        run_study(compose_config(["workload.num_requests=10", "execution.tensor_parallel_size=16"]), tmp_path)
