@@ -76,6 +76,7 @@ class ServeCore(StepPasses):
         self._proc: subprocess.Popen[bytes] | None = None
         self._waiting: asyncio.Future | None = None  # the ready or result message
         self._owner = True  # this front started the core process (start), not attach
+        self.closing = False  # the server is stopping (close): no request is taken
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -158,6 +159,8 @@ class ServeCore(StepPasses):
     def submit(self, request: Request, sink: Sink, prepare: Prepare | None = None) -> None:
         """Queue request (its max_tokens already checked by the admission rule), arriving now.
         prepare, if given, is offered each of its deliveries in a step that arrives ahead."""
+        if self.closing:
+            raise CoreStopped("the server is shutting down")
         if len(self._sinks) >= self.max_queue:
             raise QueueFull(f"{self.queue_full}; retry later")
         if not self.alive or self._wire is None:
@@ -169,6 +172,15 @@ class ServeCore(StepPasses):
             self._prepares[request.request_id] = prepare
         self.snapshot.live = len(self._sinks)
         self._wire.send(("add", request, stamp))
+
+    def close(self) -> None:
+        """The server is stopping: take no more requests, abort those in flight in the core and
+        end their streams now (finish_reason "abort"), so that no response holds the shutdown."""
+        self.closing = True
+        if self._wire is not None:
+            for request_id in self._sinks:
+                self._wire.send(("abort", request_id))
+        self._end_streams()
 
     def abort(self, request_id: str) -> None:
         self._prepares.pop(request_id, None)

@@ -34,6 +34,7 @@ import uvicorn
 from harness.serve.app import create_app
 from harness.serve.board import MetricsBoard
 from harness.serve.build import make_server, run_event_loop
+from harness.serve.draining import DrainingServer
 from harness.serve.metrics import row_width
 from harness.serve.wire import WireProtocol
 
@@ -69,7 +70,7 @@ def _bound(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-class Quiet(uvicorn.Server):
+class Quiet(DrainingServer):
     """uvicorn's server without signal handlers: front 0 tells a front when to stop."""
 
     @contextmanager
@@ -186,7 +187,7 @@ async def run_front(parent: socket.socket, core_sock: socket.socket, board_fd: i
         return
     gc.freeze()  # as front 0 (server.serve_async): collections never scan the imported stack while serving
     uv = Quiet(uvicorn.Config(create_app(server), log_level=config.log_level, lifespan="off",
-                              timeout_graceful_shutdown=5))
+                              timeout_graceful_shutdown=5), server.core.close)
     task = asyncio.ensure_future(uv.serve(sockets=[sock]))
     while not uv.started and not task.done():
         await asyncio.sleep(0.01)

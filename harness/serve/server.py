@@ -34,13 +34,14 @@ from harness.serve.board import MetricsBoard
 from harness.serve.build import make_server, run_event_loop
 from harness.serve.config import ServeConfig
 from harness.serve.core import CoreResult
+from harness.serve.draining import DrainingServer
 from harness.serve.front import Fronts, listening_socket
 from harness.serve.metrics import row_width
 from harness.serve.overhead import overhead_summary, with_http_times
 from harness.serve.passes import LAG_SAMPLES
 
 
-class _Uvicorn(uvicorn.Server):
+class _Uvicorn(DrainingServer):
     """uvicorn's server, but a signal only asks it to stop: the caller writes the outcome, then
     exits with the signal's status (uvicorn would raise the signal again, killing it first)."""
 
@@ -100,7 +101,8 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
             await others.start(("config", rc, config, sockets[0].getsockname()[1]), spare)
         gc.freeze()  # the imported stack is never garbage: collections need not scan it while serving
         uv = _Uvicorn(uvicorn.Config(create_app(server), host=config.host, port=config.port,
-                                     log_level=config.log_level, lifespan="off", timeout_graceful_shutdown=5))
+                                     log_level=config.log_level, lifespan="off", timeout_graceful_shutdown=5),
+                      server.core.close)
         task = asyncio.ensure_future(uv.serve(sockets=sockets))
         while not uv.started:
             if task.done():  # the port is taken, or the like
