@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> None:
         remove_if_unused(out_dir)
         print(f"error: backend={rc.backend}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    except OSError as error:  # the port is taken (serve.api_servers > 1 binds it here; uvicorn says it itself)
+    except OSError as error:  # the port is taken, or the host does not resolve (server.serve_async binds it)
         remove_if_unused(out_dir)
         print(f"error: {error.strerror or error}", file=sys.stderr)
         raise SystemExit(1) from None

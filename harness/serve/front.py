@@ -41,10 +41,15 @@ from harness.serve.wire import WireProtocol
 STOP_TIMEOUT_S = 60.0  # a front's own stop: its streams aborted, its outcome sent
 
 
-def listening_socket(host: str, port: int, first: bool = False) -> socket.socket:
+def listening_socket(host: str, port: int, first: bool = False, shared: bool = True) -> socket.socket:
     """A TCP socket listening on host:port that the server's other HTTP processes may bind too
     (SO_REUSEPORT). first: the server's first, on a port nothing listens on (an SO_REUSEPORT
-    socket of another program would otherwise share its connections): port 0 picks one."""
+    socket of another program would otherwise share its connections): port 0 picks one.
+    shared=False: a server of one HTTP process, which nothing else may bind."""
+    if not shared:
+        sock = _bound(host, port, reuse_port=False)
+        sock.set_inheritable(False)
+        return sock
     if first:
         probe = _bound(host, port, reuse_port=False)  # fails on a port in use, whoever holds it
         port = probe.getsockname()[1]

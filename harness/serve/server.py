@@ -83,10 +83,14 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
                       stop: asyncio.Event | None = None) -> tuple[ServeOutcome, int | None]:
     """Serve until a signal (returned with the outcome) or stop is set; on_ready gets the bound port.
     With serve.api_servers > 1 the other HTTP processes start first and stop first (harness.serve.front)."""
+    # bound before the core process starts: a port in use (or a host that does not resolve) is an
+    # OSError at once, not once the model has loaded, and never uvicorn's own log line and exit
+    sock = listening_socket(config.host, config.port, first=True, shared=config.api_servers > 1)
     board = MetricsBoard.create(config.api_servers, row_width()) if config.api_servers > 1 else None
     try:
         server, spare = await make_server(rc, config, board=board)
     except BaseException:
+        sock.close()
         if board is not None:
             board.close()
         raise
@@ -95,17 +99,14 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
     result = None
     http_cpu_s = 0.0  # the HTTP processes' CPU while they listened
     try:
-        sockets = None
         if board is not None:
-            sockets = [listening_socket(config.host, config.port, first=True)]
-            await others.start(("config", rc, config, sockets[0].getsockname()[1]), spare)
+            await others.start(("config", rc, config, sock.getsockname()[1]), spare)
         gc.freeze()  # the imported stack is never garbage: collections need not scan it while serving
-        uv = _Uvicorn(uvicorn.Config(create_app(server), host=config.host, port=config.port,
-                                     log_level=config.log_level, lifespan="off", timeout_graceful_shutdown=5),
-                      server.core.close)
-        task = asyncio.ensure_future(uv.serve(sockets=sockets))
+        uv = _Uvicorn(uvicorn.Config(create_app(server), log_level=config.log_level, lifespan="off",
+                                     timeout_graceful_shutdown=5), server.core.close)
+        task = asyncio.ensure_future(uv.serve(sockets=[sock]))
         while not uv.started:
-            if task.done():  # the port is taken, or the like
+            if task.done():  # uvicorn could not start
                 task.result()
                 raise RuntimeError("the HTTP server stopped before it started")
             await asyncio.sleep(0.01)
@@ -130,8 +131,9 @@ async def serve_async(rc: RunConfig, config: ServeConfig, on_ready: Callable[[in
             core.send_lags.extend(part.send_lags)
             core.tokens_sent += part.tokens_sent
             http_cpu_s += part.cpu_s
-        for sock in spare:  # those of fronts that never started
-            sock.close()
+        sock.close()  # (uvicorn closed it, unless it never started)
+        for spare_sock in spare:  # those of fronts that never started
+            spare_sock.close()
         result = await server.core.stop()
         if board is not None:
             board.close()
