@@ -15,8 +15,8 @@ from harness.config import moved_override
 from harness.paths import CONF_DIR
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
-# Groups of conf/ that another entry point's primary config composes, by that entry point.
-OTHER_ENTRY_POINTS = {"serve": "python -m harness.serve"}
+# Each entry point's primary config in conf/, and the command that composes it.
+ENTRY_POINTS = {"config": "python -m harness", "serving": "python -m harness.serve"}
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
@@ -36,17 +36,23 @@ def config_groups(conf_dir: Path = CONF_DIR) -> frozenset[str]:
 
 
 @cache
-def run_groups(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """The groups conf/config.yaml's defaults list composes: those `python -m harness` takes as group=name."""
+def run_groups(conf_dir: Path = CONF_DIR, config_name: str = "config") -> frozenset[str]:
+    """The groups a primary config's defaults list composes, with those of the primary configs it
+    includes by name (serving.yaml includes config.yaml): what its entry point takes as group=name."""
     from omegaconf import OmegaConf
 
-    defaults = OmegaConf.to_container(OmegaConf.load(conf_dir / "config.yaml")).get("defaults", [])
-    return frozenset(key for entry in defaults if isinstance(entry, dict) for key in entry) & config_groups(conf_dir)
+    defaults = OmegaConf.to_container(OmegaConf.load(conf_dir / f"{config_name}.yaml")).get("defaults", [])
+    groups = {key for entry in defaults if isinstance(entry, dict) for key in entry}
+    for entry in defaults:
+        if isinstance(entry, str) and entry != "_self_":
+            groups |= run_groups(conf_dir, entry)
+    return frozenset(groups) & config_groups(conf_dir)
 
 
-def check_arguments(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+def check_arguments(argv: list[str], conf_dir: Path = CONF_DIR, config_name: str = "config") -> str | None:
     """The one-line error for a command line Hydra would refuse at length, None when it is fine
-    (or when it uses Hydra's own flags, which Hydra checks)."""
+    (or when it uses Hydra's own flags, which Hydra checks). config_name: the entry point's primary
+    config (`serving` for python -m harness.serve)."""
     if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in argv):
         return None  # --cfg, --help, -cn, ...: Hydra's flags, Hydra's messages
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
@@ -61,10 +67,10 @@ def check_arguments(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
         return f"cannot read the override: {str(error).splitlines()[0]}"
     parsed = [o for o in parsed if not o.key_or_group.startswith("hydra")]
     for override in parsed:
-        if (problem := _check_group(override, conf_dir)) is not None:
+        if (problem := _check_group(override, conf_dir, config_name)) is not None:
             return problem
     if any("." in o.key_or_group for o in parsed):
-        return _check_keys(parsed, conf_dir)
+        return _check_keys(parsed, conf_dir, config_name)
     return None
 
 
@@ -83,14 +89,16 @@ def _values(override) -> list[str] | None:
         return None
 
 
-def _check_group(override, conf_dir: Path) -> str | None:
+def _check_group(override, conf_dir: Path, config_name: str) -> str | None:
     group = override.key_or_group
     if group not in config_groups(conf_dir):
         return None
-    if group not in run_groups(conf_dir) and not override.is_add():
-        entry = OTHER_ENTRY_POINTS.get(group, "another entry point")
-        return (f"{group} is a config group of {entry}, not of python -m harness "
-                f"(its groups: {', '.join(sorted(run_groups(conf_dir)))})")
+    ours = run_groups(conf_dir, config_name)
+    if group not in ours and not override.is_add():
+        entry = next((command for name, command in ENTRY_POINTS.items() if group in run_groups(conf_dir, name)),
+                     "another entry point")
+        return (f"{group} is a config group of {entry}, not of {ENTRY_POINTS.get(config_name, config_name)} "
+                f"(its groups: {', '.join(sorted(ours))})")
     options = group_options(group, conf_dir)
     for value in _values(override) or []:
         exists = (conf_dir / group / f"{value}.yaml").is_file()  # another spelling: refused later, by name
@@ -114,7 +122,7 @@ def _sets_under(line: str, key: str) -> bool:
     return target == key or target.startswith(f"{key}.")
 
 
-def _check_keys(parsed: list, conf_dir: Path) -> str | None:
+def _check_keys(parsed: list, conf_dir: Path, config_name: str) -> str | None:
     """Compose the config once with the overrides (a multirun list: its first value) and turn
     Hydra's refusal of a key into one line."""
     from hydra import compose, initialize_config_dir
@@ -124,7 +132,7 @@ def _check_keys(parsed: list, conf_dir: Path) -> str | None:
     overrides = [line for line in map(_first_value, parsed) if line]
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         try:
-            compose(config_name="config", overrides=overrides)
+            compose(config_name=config_name, overrides=overrides)
             return None
         except (HydraException, ValueError) as error:
             cause = error.__cause__
@@ -134,24 +142,25 @@ def _check_keys(parsed: list, conf_dir: Path) -> str | None:
                 first = str(error).splitlines()[0] if str(error) else type(error).__name__
                 return first + (f" ({str(cause).splitlines()[0]})" if cause is not None else "")
             parent = key.rpartition(".")[0]
-            base = compose(config_name="config", overrides=[line for line in overrides if line != culprit])
+            base = compose(config_name=config_name, overrides=[line for line in overrides if line != culprit])
             node = OmegaConf.select(base, parent) if parent else base
             keys = ", ".join(sorted(str(k) for k in node)) if OmegaConf.is_dict(node) else ""
             where = f"{parent} has" if parent else "the config has"
             line = culprit.lstrip("+~")
             # usually the key of an option not chosen (fleet=disaggregated's pools): name that option
-            setters = _options_setting(line.split("=", 1)[0], conf_dir) or _options_setting(key, conf_dir)
+            setters = (_options_setting(line.split("=", 1)[0], conf_dir, config_name)
+                       or _options_setting(key, conf_dir, config_name))
             where_else = f"{' or '.join(setters)} {'has' if len(setters) == 1 else 'have'} it; " if setters else ""
             return f"{key} is not a config key ({where} [{keys}]); {where_else}to add a key anyway, write +{line}"
 
 
-def _options_setting(key: str, conf_dir: Path) -> list[str]:
-    """The group=option choices of python -m harness whose file sets key (fleet=disaggregated sets
+def _options_setting(key: str, conf_dir: Path, config_name: str) -> list[str]:
+    """The group=option choices of the entry point whose file sets key (fleet=disaggregated sets
     fleet.prefill_replicas; experiment=plan, a global package, sets plan.hardware)."""
     from omegaconf import OmegaConf
 
     found = []
-    for group in sorted(run_groups(conf_dir)):
+    for group in sorted(run_groups(conf_dir, config_name)):
         for name in group_options(group, conf_dir):
             path = conf_dir / group / f"{name}.yaml"
             tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)

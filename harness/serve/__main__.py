@@ -19,7 +19,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import build_run_config, moved_override, section
+from harness.arguments import check_arguments
+from harness.config import build_run_config, section
 from harness.convert import ConfigError, to_dataclass
 from harness.paths import CONF_DIR
 from harness.run import write_outcome
@@ -66,8 +67,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli(argv: list[str]) -> None:
-    if (moved := moved_override(argv)) is not None:
-        print(f"error: {moved}", file=sys.stderr)
+    if (problem := check_arguments(argv, config_name="serving")) is not None:
+        print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     OmegaConf.register_new_resolver("unique_dir", UniqueDirs(), replace=True)
     main()

@@ -43,3 +43,15 @@ def test_a_host_that_does_not_resolve_is_one_line_and_exit_1(tmp_path):
     assert result.returncode == 1
     assert "cannot listen on no-such-host.invalid:0 (serve.host, serve.port)" in _one_error_line(result)
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("override, words", [
+    ("serve.prot=8000", "serve.prot is not a config key (serve has ["),
+    ("backend=nope", "backend must be one of [engine, sim], got 'nope'"),
+    ("serve=nope", "serve must be one of [default], got 'nope'"),
+])
+def test_a_mistyped_key_or_option_is_one_line_and_exit_2(tmp_path, override, words):
+    result = _serve(tmp_path, [override])
+    assert result.returncode == 2
+    assert words in _one_error_line(result)
+    assert not (tmp_path / "outputs").exists()
