@@ -99,7 +99,7 @@ class Stamped:
 
 def _add_error_handlers(app: FastAPI) -> None:
     """Errors in OpenAI's body: a body that fails validation as 400 naming the field at fault, a
-    BadRequest with its own status (503: the server cannot serve now)."""
+    BadRequest with its own status (503: the server cannot serve now), anything else as 500."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -113,6 +113,11 @@ def _add_error_handlers(app: FastAPI) -> None:
             message, field = f"the body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
         text = f"{field}: {message}" if field and not message.startswith("unknown field") else message
         return JSONResponse(error_body(text, 400, field), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _fault(request: Request, error: Exception) -> JSONResponse:
+        # the server's own fault: still OpenAI's body, which clients parse (the traceback is logged)
+        return JSONResponse(error_body(f"{type(error).__name__}: {error}", 500, None, "server_error"), status_code=500)
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, error: BadRequest) -> JSONResponse:

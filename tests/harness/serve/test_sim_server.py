@@ -9,6 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.serve.app import Server
 from harness.serve.config import ServeConfig
 from harness.serve.overhead import HTTP_COLUMNS
 from tests.harness.serve.conftest import SIM, start_server
@@ -98,6 +99,7 @@ def test_disconnect_mid_stream_frees_request_and_blocks(sim_server):
     ('{"model": "qwen3-8b", "prompt": "x", "max_tokens": 5000}', 400, "max_model_len"),
     ('{"model": "qwen3-8b", "prompt": "' + "word " * 5000 + '"}', 400, "max_model_len"),
     ('{"model": "other", "prompt": "x"}', 404, "not served here"),
+    ('{"model": "qwen3-8b", "prompt": "x", "stop_token_ids": [-5]}', 400, "stop_token_ids.0"),
 ])
 def test_bad_requests_answer_4xx_and_the_server_goes_on(shared_sim_server, body, status, words):
     url = f"http://127.0.0.1:{shared_sim_server.port}/v1/completions"
@@ -106,6 +108,18 @@ def test_bad_requests_answer_4xx_and_the_server_goes_on(shared_sim_server, body,
     assert words in response.json()["error"]["message"]
     ok = httpx.post(url, json={"model": MODEL, "prompt": "still here", "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_server_fault_answers_500_in_openai_shape(sim_server, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the admission check broke")
+
+    monkeypatch.setattr(Server, "generation", broken)
+    response = httpx.post(f"http://127.0.0.1:{sim_server.port}/v1/completions",
+                          json={"model": MODEL, "prompt": "x", "max_tokens": 3})
+    assert response.status_code == 500
+    assert response.json()["error"] == {"message": "RuntimeError: the admission check broke", "type": "server_error",
+                                        "param": None, "code": 500}
 
 
 def test_openai_client_raises_on_bad_request(shared_sim_server):
