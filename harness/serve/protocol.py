@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from engine.core.sampling_params import SamplingParams
+
+_NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 class StreamOptions(BaseModel):
@@ -59,12 +61,20 @@ class _Sampling(BaseModel):
             raise ValueError(f"must be -1 or 0 (disabled) or >= 1, got {top_k}")
         return top_k
 
+    @field_validator("presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        """Only the value that changes nothing; logprobs: null or false (completions' 0 asks for
+        the sampled token's log-probability, so 0 == False is not enough)."""
+        if info.field_name == "logprobs":
+            if value is not None and value is not False:
+                raise ValueError("not supported by this server (only null or false)")
+        elif value != _NEUTRAL[info.field_name]:
+            raise ValueError(f"not supported by this server (only {_NEUTRAL[info.field_name]})")
+        return value
+
     @model_validator(mode="after")
-    def _unsupported(self) -> _Sampling:
-        neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": None}
-        for name, value in neutral.items():
-            if getattr(self, name) not in (value, False):
-                raise ValueError(f"{name} is not supported by this server (only {value!r})")
+    def _min_tokens(self) -> _Sampling:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         return self

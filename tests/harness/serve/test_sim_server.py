@@ -100,12 +100,17 @@ def test_disconnect_mid_stream_frees_request_and_blocks(sim_server):
     ('{"model": "qwen3-8b", "prompt": "' + "word " * 5000 + '"}', 400, "max_model_len"),
     ('{"model": "other", "prompt": "x"}', 404, "not served here"),
     ('{"model": "qwen3-8b", "prompt": "x", "stop_token_ids": [-5]}', 400, "stop_token_ids.0"),
+    # logprobs=0 asks for the sampled token's log-probability, which this server does not give
+    ('{"model": "qwen3-8b", "prompt": "x", "logprobs": 0}', 400, "logprobs: not supported"),
+    ('{"model": "qwen3-8b", "prompt": "x", "presence_penalty": 0.5}', 400, "presence_penalty: not supported"),
 ])
 def test_bad_requests_answer_4xx_and_the_server_goes_on(shared_sim_server, body, status, words):
     url = f"http://127.0.0.1:{shared_sim_server.port}/v1/completions"
     response = httpx.post(url, content=body, headers={"content-type": "application/json"})
     assert response.status_code == status
     assert words in response.json()["error"]["message"]
+    if status == 400 and ":" in words:  # a field named in the message is the error's param too
+        assert response.json()["error"]["param"] == words.split(":")[0]
     ok = httpx.post(url, json={"model": MODEL, "prompt": "still here", "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
