@@ -81,9 +81,10 @@ class _Sampling(BaseModel):
 
     @property
     def stops(self) -> list[str]:
+        """The stop strings; an empty one would match before the first token, so it stops nothing."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
     @property
     def include_usage(self) -> bool:

@@ -127,6 +127,18 @@ def test_a_server_fault_answers_500_in_openai_shape(sim_server, monkeypatch):
                                         "param": None, "code": 500}
 
 
+@pytest.mark.parametrize("stop", ["", [""]])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_empty_stop_string_stops_nothing(shared_sim_server, stop, stream):
+    c = client(shared_sim_server.port)
+    out = c.completions.create(model=MODEL, prompt="x", max_tokens=5, stop=stop, stream=stream,
+                               **({"stream_options": {"include_usage": True}} if stream else {}))
+    chunks = list(out) if stream else [out]
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 5 == len(text.split())
+
+
 def test_openai_client_raises_on_bad_request(shared_sim_server):
     with pytest.raises(openai.BadRequestError, match="n=1"):
         client(shared_sim_server.port).completions.create(model=MODEL, prompt="x", n=2)
