@@ -59,13 +59,14 @@ class Server:
         if body.model != self.model_name:
             raise BadRequest(f"model {body.model!r} is not served here; /v1/models lists {self.model_name!r}",
                              "model", 404)
+        if max_tokens is None:
+            max_tokens = self._default_max_tokens(len(prompt_ids))
         probe = CoreRequest("check", prompt_ids, body.sampling_params(max_tokens, ()))
         try:
-            limit = self.core.admission.check_fits(probe)  # the scheduler's own admission rule
+            max_tokens = self.core.admission.check_fits(probe)  # the scheduler's own admission rule
         except ValueError as error:
-            raise BadRequest(str(error).replace("request 'check': ", ""), "prompt") from None
-        if max_tokens is None:
-            max_tokens = min(self.config.default_max_tokens, limit)
+            message = str(error).replace("request 'check': ", "").replace("request 'check'", "the request")
+            raise BadRequest(message, "prompt") from None
         if body.min_tokens > max_tokens:
             raise BadRequest(f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
         vocab = self.core.info.vocab_size
@@ -79,6 +80,16 @@ class Server:
             raise BadRequest(str(error), None, 503) from None
         self.times[gen.request_id] = gen.times
         return gen
+
+
+    def _default_max_tokens(self, prompt_len: int) -> int | None:
+        """serve.default_max_tokens, capped by the room max_model_len leaves and by what the whole
+        KV cache holds (the last sampled token is never written to it): a cache smaller than
+        max_model_len still serves a request that gives none. None: no room (admission says why)."""
+        admission = self.core.admission
+        blocks = admission.block_manager
+        room = min(admission.config.max_model_len - prompt_len, blocks.num_blocks * blocks.block_size + 1 - prompt_len)
+        return min(self.config.default_max_tokens, room) if room >= 1 else None
 
 
 class Stamped:

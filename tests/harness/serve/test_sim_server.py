@@ -208,3 +208,20 @@ def test_send_lags_lists_each_streamed_token(sim_server):
     state = httpx.get(f"http://127.0.0.1:{port}/internal/state").json()
     assert len(lags) == 5 + 6 + 7 == state["send_lag_tokens"]
     assert max(lags) == pytest.approx(state["send_lag_max_s"]) and min(lags) == pytest.approx(state["send_lag_min_s"])
+
+
+@pytest.mark.parametrize("default_max_tokens, want", [(50, 50), (256, 8 * 16 - 3 + 1)])
+def test_a_request_without_max_tokens_gets_what_the_cache_can_serve(default_max_tokens, want):
+    """A KV cache smaller than max_model_len: a request that gives no max_tokens is served with the
+    default, capped by what the whole cache holds, not refused for max_model_len's room."""
+    server = start_server([*SIM, "serve.time_scale=20", "cache.num_blocks=8", "cache.block_size=16",
+                           f"serve.default_max_tokens={default_max_tokens}"])
+    try:
+        out = client(server.port).completions.create(model=MODEL, prompt=[1, 2, 3], extra_body={"ignore_eos": True})
+        with pytest.raises(openai.BadRequestError) as refused:  # asked for more than the cache holds
+            client(server.port).completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=200)
+    finally:
+        server.stop()
+    assert out.usage.completion_tokens == want and out.choices[0].finish_reason == "length"
+    assert refused.value.body["message"] == "the request needs 13 KV blocks (3 prompt + 200 output tokens) but the " \
+                                           "whole cache has 8"
