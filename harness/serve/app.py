@@ -114,10 +114,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
+        errors = error.errors()
+        first = errors[0]
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         field = ".".join(loc) or None
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if (n := _union_depth(loc)) is not None:  # pydantic names each type it tried: prompt.str, ...
+            field = ".".join(loc[:n]) or None
+            where = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
+            tried = [f"{'.'.join(w[n:])}: {e['msg']}" for w, e in zip(where, errors) if w[:n] == loc[:n]]
+            message = f"matches none of the types it may have ({'; '.join(tried)})"
         if first.get("type") == "extra_forbidden":
             message = f"unknown field {field!r}: this server does not accept it"
         elif first.get("type") == "json_invalid":
@@ -189,6 +195,15 @@ def create_app(server: Server) -> Stamped:
         return await _respond(server, gen, body, request, chat=True)
 
     return Stamped(app)
+
+
+def _union_depth(loc: list[str]) -> int | None:
+    """Where an error's location names one type of a union (`prompt.str`,
+    `messages.0.content.list[TextPart]`): how many parts come before that type; None if none does."""
+    for i, part in enumerate(loc):
+        if "[" in part or part in ("str", "int", "float", "bool", "none"):
+            return i
+    return None
 
 
 def _parse(model: type[BodyT], raw: bytes) -> BodyT:
