@@ -79,10 +79,12 @@ def test_bad_fleet_input_is_one_line_naming_the_field(override, message, tmp_pat
     (["router=prefix_affinity"], r"^router.name='prefix_affinity' is ignored by a single replica \(fleet.replicas=1\)"),
     (["router.max_imbalance=4"], r"^router.max_imbalance=4 is ignored by a single replica"),
     (["fleet.replicas=2", "router.prefix_blocks=4"],
-     r"^router.prefix_blocks=4 is ignored by router.name=round_robin; it is read only with router.name=prefix_affinity"),
+     r"^router.prefix_blocks=4 is ignored by router.name=round_robin; it is read only with "
+     r"router.name=prefix_affinity"),
     (["fleet=disaggregated", "router.max_imbalance=3"], r"^router.max_imbalance=3 is ignored by fleet=disaggregated"),
     (["fleet=disaggregated", "fleet.prefill_router=round_robin", "fleet.decode_router=least_requests",
-      "router=least_tokens"], r"^router.name='least_tokens' is ignored by fleet=disaggregated .*a pool without a router"),
+      "router=least_tokens"],
+     r"^router.name='least_tokens' is ignored by fleet=disaggregated .*a pool without a router"),
     (["experiment=plan", "router.prefix_blocks=2"],
      r"^router.prefix_blocks=2 is ignored by experiment=plan's plan.routers=\['round_robin', 'least_requests'\]"),
 ])
