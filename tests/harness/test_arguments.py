@@ -85,6 +85,10 @@ def test_a_group_of_another_entry_point_is_named_as_such():
     problem = check_arguments(["serve=default"])
     assert problem is not None and "python -m harness.serve" in problem
     assert check_arguments(["serve.port=8000"]).startswith("serve is not a config key")
+    # python -m harness.serve composes the run's groups and its own: each is its to take
+    assert run_groups(config_name="serving") == config_groups()
+    assert check_arguments(["serve=default", "model=qwen3-8b", "serve.port=0"], config_name="serving") is None
+    assert check_arguments(["serve=nope"], config_name="serving").startswith("serve must be one of [default]")
 
 
 @pytest.mark.parametrize("argv", [["hardware=h300"], ["scheduler.max_num_seq=4"], ["-m", "router=least_token"],
