@@ -54,6 +54,14 @@ class ServeConfig:
                              f"holds its share), got {self.max_queue}")
         if self.default_max_tokens < 1:
             raise ValueError(f"serve.default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if self.tokenizer is not None:
+            from engine.preflight import TOKENIZER_FILES, has_tokenizer
+
+            # a folder on this machine: nothing is fetched from a model hub
+            if not has_tokenizer(self.tokenizer):
+                files = " or ".join(TOKENIZER_FILES)
+                raise ValueError(f"serve.tokenizer must be a folder holding a tokenizer ({files}), "
+                                 f"got {self.tokenizer!r}")
         for name in ("loop_extra_s", "loop_extra_per_seq_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:

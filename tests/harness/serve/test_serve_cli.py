@@ -49,6 +49,7 @@ def test_a_host_that_does_not_resolve_is_one_line_and_exit_1(tmp_path):
     ("serve.prot=8000", "serve.prot is not a config key (serve has ["),
     ("backend=nope", "backend must be one of [engine, sim], got 'nope'"),
     ("serve=nope", "serve must be one of [default], got 'nope'"),
+    ("serve.tokenizer=/no/such/folder", "serve.tokenizer must be a folder holding a tokenizer (tokenizer.json or"),
 ])
 def test_a_mistyped_key_or_option_is_one_line_and_exit_2(tmp_path, override, words):
     result = _serve(tmp_path, [override])
