@@ -72,33 +72,33 @@ $R $F/heldout.csv.gz $C06 --label carried $SH200 --workloads bursty,decode_heavy
 # code_completion: the H100 call (each run's host: code_completion_h100/*/host_scales_runs.csv) and
 # the H200 call (code_completion_h200_r2: its own fit, the H100 fit carried)
 H=$F/code_completion_h100; S="--model qwen3-0.6b --hardware h100 --num-blocks 2422 --num-requests 1000 $(curve qwen3-0.6b)"
-$R $H/qwen3-0.6b/heldout.csv $P06 --label profiled --interval $S --out $H/resimulated/qwen3-0.6b_profiled.csv
+$R $H/qwen3-0.6b/heldout.csv $P06 --label profiled --interval $S --out $H/resimulated/qwen3-0.6b_profiled.csv.gz
 $R $H/qwen3-0.6b/heldout.csv $P06 --label profiled_run_host --interval --host-scales $H/qwen3-0.6b/host_scales_runs.csv \
-    $S --out $H/resimulated/qwen3-0.6b_profiled_run_host.csv
+    $S --out $H/resimulated/qwen3-0.6b_profiled_run_host.csv.gz
 $R $H/qwen3-0.6b/heldout.csv $P06 --label profiled_run_host_jitter --interval --host-scales $H/qwen3-0.6b/host_scales_runs.csv \
-    --host-jitter $S --out $H/resimulated/qwen3-0.6b_profiled_run_host_jitter.csv
+    --host-jitter $S --out $H/resimulated/qwen3-0.6b_profiled_run_host_jitter.csv.gz
 S="$S8 --num-requests 200"
-$R $H/qwen3-8b/heldout.csv $P8 --label profiled --interval $S --out $H/resimulated/qwen3-8b_profiled.csv
+$R $H/qwen3-8b/heldout.csv $P8 --label profiled --interval $S --out $H/resimulated/qwen3-8b_profiled.csv.gz
 $R $H/qwen3-8b/heldout.csv $P8 --label profiled_run_host --interval --host-scales $H/qwen3-8b/host_scales_runs.csv \
-    $S --out $H/resimulated/qwen3-8b_profiled_run_host.csv
+    $S --out $H/resimulated/qwen3-8b_profiled_run_host.csv.gz
 D=$F/code_completion_h200_r2; Q=$D/qwen3-0.6b; QFIT=${QFIT:-$Q/profile_model.csv}; S="--model qwen3-0.6b --hardware h200 --num-blocks 4418 --num-requests 1500 $(curve qwen3-0.6b)"
-$R $Q/heldout.csv $QFIT --label profiled --interval $S --out $D/resimulated/qwen3-0.6b_profiled.csv
+$R $Q/heldout.csv $QFIT --label profiled --interval $S --out $D/resimulated/qwen3-0.6b_profiled.csv.gz
 $R $Q/heldout.csv $QFIT --label profiled_run_host --interval --host-scales $Q/host_scales_runs.csv \
-    $S --out $D/resimulated/qwen3-0.6b_profiled_run_host.csv
+    $S --out $D/resimulated/qwen3-0.6b_profiled_run_host.csv.gz
 $R $Q/heldout.csv $QFIT --label profiled_run_host_jitter --interval --host-scales $Q/host_scales_runs.csv \
-    --host-jitter $S --out $D/resimulated/qwen3-0.6b_profiled_run_host_jitter.csv
-$R $Q/heldout.csv $C06 --label carried --interval $S --out $D/resimulated/qwen3-0.6b_carried.csv
+    --host-jitter $S --out $D/resimulated/qwen3-0.6b_profiled_run_host_jitter.csv.gz
+$R $Q/heldout.csv $C06 --label carried --interval $S --out $D/resimulated/qwen3-0.6b_carried.csv.gz
 $R $Q/heldout.csv $C06 --label carried_run_host --interval --host-scales $Q/host_scales_carried_runs.csv $S \
-    --out $D/resimulated/qwen3-0.6b_carried_run_host.csv
+    --out $D/resimulated/qwen3-0.6b_carried_run_host.csv.gz
 
 # every group into the table, later tables replacing earlier rows: the pooled cells after the
 # table-wide 8B rows; the code_completion cells at the grid's host before those at the measured host
 # (merge.py keeps the former beside the latter as profiled_grid_host)
 $M $F/heldout.csv.gz "$tmp/pool06/heldout.csv" "$tmp/8b_60.csv" "$tmp/8b_40.csv" "$tmp/pool8b/heldout.csv" \
     "$tmp/poolh200/heldout.csv" $F/h200/carried.csv \
-    $H/resimulated/qwen3-0.6b_profiled.csv $H/resimulated/qwen3-8b_profiled.csv \
-    $D/resimulated/qwen3-0.6b_profiled.csv $D/resimulated/qwen3-0.6b_carried.csv \
-    $H/resimulated/qwen3-0.6b_profiled_run_host.csv $H/resimulated/qwen3-8b_profiled_run_host.csv \
-    $D/resimulated/qwen3-0.6b_profiled_run_host.csv
+    $H/resimulated/qwen3-0.6b_profiled.csv.gz $H/resimulated/qwen3-8b_profiled.csv.gz \
+    $D/resimulated/qwen3-0.6b_profiled.csv.gz $D/resimulated/qwen3-0.6b_carried.csv.gz \
+    $H/resimulated/qwen3-0.6b_profiled_run_host.csv.gz $H/resimulated/qwen3-8b_profiled_run_host.csv.gz \
+    $D/resimulated/qwen3-0.6b_profiled_run_host.csv.gz
 # the table is committed gzipped (the repository's size bound): the new one replaces it
 gzip -9 -n -f $F/heldout.csv
