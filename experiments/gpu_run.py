@@ -3,8 +3,8 @@
     python3 experiments/gpu_run.py --out $OUT [options] STEP [STEP ...]
 
 Steps run in the order given; each writes its output to <out>/<step>.log and prints the end of it:
-  wheels     install the carried Hydra wheels (.whl/*.whl, ../shared/wheels) into /tmp/site;
-             the steps after it import them (the device image lacks Hydra)
+  wheels     install the carried Hydra wheels (.whl/*.whl, ../shared/wheels) and the serve extra's
+             (.whl/serve/*.whl, when there) into /tmp/site; the steps after it import them
   env        device, driver, CPU and library versions -> env.txt
   pytest     python -m pytest -m gpu (--tests: files or folders; default the whole suite)
   bench      experiments/engine/bench_engine.py for --model's checkpoint, --variants -> bench/
@@ -35,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = "/tmp/site"
+SERVE_WHEELS = ".whl/serve"  # fastapi, uvicorn and their dependencies for Python 3.12 (experiments/README.md)
 STEPS = ("wheels", "env", "pytest", "bench", "calibrate", "compare", "probe", "bundle")
 CALIBRATION_STAGES = ("bench", "poisson", "azure")
 ENV_COMMANDS = ["date -u", "nvidia-smi", "lscpu | head -20", "nproc",
@@ -133,11 +134,15 @@ def commands(args: argparse.Namespace, runner: Runner, step: str) -> None:
     py, out = runner.python(), args.out
     if step == "wheels":
         runner.run(step, f"{py} -m pip install -q --no-index --no-deps --target {SITE} .whl/*.whl")
+        if any((REPO / SERVE_WHEELS).glob("*.whl")):  # the serving tests' ASGI stack, which the image lacks
+            runner.run(step, f"{py} -m pip install -q --no-index --no-deps --target {SITE} {SERVE_WHEELS}/*.whl")
         runner.env["PYTHONPATH"] += os.pathsep + SITE
     elif step == "env":
         runner.run(step, "; ".join(ENV_COMMANDS), log_name="env.txt")
     elif step == "pytest":
-        runner.run(step, [py, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfE", *args.tests],
+        # the project's addopts name plugins (xdist, benchmark) the device image may lack
+        runner.run(step, [py, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-m", "gpu", "-q", "-rfE",
+                          *args.tests],
                    log_name="pytest_gpu")
     elif step == "bench":
         found = runner.run(step, [py, "-m", "harness.scripting", "checkpoint", args.model]).strip().splitlines()
