@@ -26,7 +26,7 @@ from harness.fleet.disagg import run_disagg_once
 from harness.fleet.disagg_config import DisaggConfig, PoolConfig
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.plan.report import pools_text
-from harness.plan.row import MEASURE_COLUMNS
+from harness.plan.row import MEASURE_COLUMNS, hourly_cost
 from harness.run import cyclic_gc_paused
 from harness.workloads import fit_warnings_muted
 from sim.kv_transfer import TransferConfig
@@ -64,8 +64,8 @@ def candidates(plan, catalogue: dict) -> list[Candidate]:
 
 
 def cost_per_hour(c: Candidate, catalogue: dict) -> float:
-    return (catalogue[c.prefill_hardware].price_per_gpu_hour * c.prefill_tp * c.prefill_replicas
-            + catalogue[c.decode_hardware].price_per_gpu_hour * c.decode_tp * c.decode_replicas)
+    return hourly_cost((catalogue[c.prefill_hardware].price_per_gpu_hour, c.prefill_tp * c.prefill_replicas),
+                       (catalogue[c.decode_hardware].price_per_gpu_hour, c.decode_tp * c.decode_replicas))
 
 
 def _link(c: Candidate, catalogue: dict) -> str:

@@ -22,7 +22,7 @@ from harness.fleet.run import run_fleet_once
 from harness.output.metrics import SUMMARY_STEP_COLUMNS
 from harness.plan.config import SLOConfig
 from harness.plan.placement import with_expert_parallel
-from harness.plan.row import Deployment, PlanMeasures, PlanRow
+from harness.plan.row import Deployment, PlanMeasures, PlanRow, hourly_cost
 from harness.run import cyclic_gc_paused
 from harness.workloads import fit_warnings_muted
 from harness.workloads.prepared import Drawn, PreparedWorkload
@@ -38,7 +38,7 @@ class PlanBase:
     router: RouterConfig  # prefix_affinity's parameters; the name comes from the deployment
 
     def cost_per_hour(self, d: Deployment) -> float:
-        return self.catalogue[d.hardware].price_per_gpu_hour * d.tp_size * d.replicas
+        return hourly_cost((self.catalogue[d.hardware].price_per_gpu_hour, d.tp_size * d.replicas))
 
     @cached_property
     def prepared(self) -> PreparedWorkload | None:

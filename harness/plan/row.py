@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def hourly_cost(*pools: tuple[float, int]) -> float:
+    """Dollars an hour of pools of (price per GPU-hour, GPUs), to a millionth of a dollar: a price's
+    binary fraction times a count (1.3 x 3 = 3.9000000000000004) would print, and tie, unevenly."""
+    return round(sum(price * gpus for price, gpus in pools), 6)
+
+
 @dataclass(frozen=True)
 class Deployment:
     hardware: str  # a conf/hardware entry

@@ -115,8 +115,10 @@ def _log_cheapest(summary: dict) -> None:
                  summary["cost_per_hour"], summary["disaggregated_deployment"], summary["max_num_seqs"],
                  summary["max_num_batched_tokens"])
         return
-    # tp_size is a float column once disaggregated rows (no single TP size: NaN) share the table
-    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %d, %d GPUs), policy %s, router %s, "
+    gpus = int(summary["gpus"])
+    log.info("cheapest deployment meeting the SLO: $%.2f/h: %d x %s (TP %d, %d GPU%s), policy %s, router %s, "
              "max_num_seqs %d, max_num_batched_tokens %d: P90 TTFT %.3f s, P90 TPOT %.4f s",
-             *(summary[c] for c in ("cost_per_hour", "replicas", "hardware", "tp_size", "gpus", "policy", "router",
-                                    "max_num_seqs", "max_num_batched_tokens", "ttft_p90_s", "tpot_p90_s")))
+             *(summary[c] for c in ("cost_per_hour", "replicas", "hardware", "tp_size")), gpus,
+             "" if gpus == 1 else "s",
+             *(summary[c] for c in ("policy", "router", "max_num_seqs", "max_num_batched_tokens", "ttft_p90_s",
+                                    "tpot_p90_s")))

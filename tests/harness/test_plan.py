@@ -227,3 +227,12 @@ def test_a_plan_where_no_deployment_runs_says_why_in_one_line(modes, tmp_path):
     table = pd.read_csv(tmp_path / "plan.csv")
     assert len(table) and (table["error"] != "").all() and table["ttft_p90_s"].isna().all()
     assert (tmp_path / "plan.png").is_file()
+
+
+def test_an_hourly_cost_is_a_price_times_gpus_to_a_millionth_of_a_dollar():
+    from harness.plan.row import hourly_cost
+
+    assert 1.3 * 3 != 3.9  # the binary fraction plan.csv printed as 3.9000000000000004
+    assert hourly_cost((1.3, 3)) == 3.9
+    assert hourly_cost((1.3, 2), (2.6, 1)) == hourly_cost((2.6, 2)) == 5.2  # two pools tie with one
+    assert hourly_cost((0.1234567, 1)) == 0.123457
