@@ -46,8 +46,8 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
 
     def ready(port: int) -> None:
-        print(f"serving {rc.backend} on http://{config.host}:{port}/v1 (Ctrl-C writes {out_dir} and stops)",
-              flush=True)
+        host = f"[{config.host}]" if ":" in config.host else config.host  # an IPv6 address in a URL
+        print(f"serving {rc.backend} on http://{host}:{port}/v1 (Ctrl-C writes {out_dir} and stops)", flush=True)
 
     try:
         outcome, signum = run_event_loop(serve_async(rc, config, ready))

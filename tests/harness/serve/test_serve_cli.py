@@ -56,3 +56,18 @@ def test_a_mistyped_key_or_option_is_one_line_and_exit_2(tmp_path, override, wor
     assert result.returncode == 2
     assert words in _one_error_line(result)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_an_ipv6_host_is_announced_as_a_url_a_client_reaches(tmp_path):
+    import httpx
+
+    from harness.serve.process import ServerProcess
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with ServerProcess([*SIM, "serve.host=::1", "output.plots=false"], tmp_path / "serve") as server:
+        assert server.base_url.startswith("http://[::1]:")  # the address bracketed, as URLs write it
+        assert httpx.get(server.base_url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
