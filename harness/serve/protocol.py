@@ -79,6 +79,13 @@ class _Sampling(BaseModel):
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         return self
 
+    @model_validator(mode="after")
+    def _stream_options(self) -> _Sampling:
+        # a whole answer has no last chunk to carry the usage: the options would be ignored
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is read only with stream=true")
+        return self
+
     @property
     def stops(self) -> list[str]:
         """The stop strings; an empty one would match before the first token, so it stops nothing."""

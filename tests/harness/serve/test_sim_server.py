@@ -105,6 +105,9 @@ def test_disconnect_mid_stream_frees_request_and_blocks(sim_server):
     ('{"model": "qwen3-8b", "prompt": "x", "presence_penalty": 0.5}', 400, "presence_penalty: not supported"),
     # a field of several accepted types is named as the field, not as one of its types (prompt.str)
     ('{"model": "qwen3-8b", "prompt": ["a", "b"]}', 400, "prompt: matches none of"),
+    # a whole answer has no last chunk to carry the usage
+    ('{"model": "qwen3-8b", "prompt": "x", "stream_options": {"include_usage": true}}', 400,
+     "stream_options is read only with stream=true"),
 ])
 def test_bad_requests_answer_4xx_and_the_server_goes_on(shared_sim_server, body, status, words):
     url = f"http://127.0.0.1:{shared_sim_server.port}/v1/completions"
