@@ -19,7 +19,7 @@ class SamplingParams:
     top_p: float = 1.0
     max_tokens: int | None = 64
     ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # a list or None (vLLM's default) is taken too
     seed: int | None = None
     # EOS and stop tokens do not end the request before this many outputs (vLLM's min_tokens; the
     # sampler does not mask them, so such a token can appear in the output)
@@ -45,7 +45,7 @@ class SamplingParams:
                              f"got {self.min_tokens}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"SamplingParams.ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
-        stop = tuple(self.stop_token_ids)
+        stop = _token_tuple(self.stop_token_ids)
         for token in stop:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise ValueError(f"SamplingParams.stop_token_ids must hold non-negative ints, got {token!r}")
@@ -71,6 +71,14 @@ def samples_by_shard(params: Iterable[SamplingParams]) -> bool:
     and exchange a few bytes a row, rather than gathering the rows' logits (the engine's rule,
     and what the simulator prices)."""
     return not any(p.needs_whole_vocab for p in params)
+
+
+def _token_tuple(value: object) -> tuple[object, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"SamplingParams.stop_token_ids must be a list of token ids, got {type(value).__name__}")
+    return tuple(value)
 
 
 def _check_number(field: str, value: object, types: tuple[type, ...]) -> None:

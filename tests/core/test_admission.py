@@ -138,6 +138,14 @@ def test_sampling_params_type_errors():
         SamplingParams(max_tokens=3.5)
     with pytest.raises(TypeError, match="temperature"):
         SamplingParams(temperature="hot")
+    with pytest.raises(TypeError, match="stop_token_ids must be a list of token ids, got int"):
+        SamplingParams(stop_token_ids=5)
+
+
+def test_sampling_params_stop_token_ids_none_means_none():
+    # vLLM's own default is None; a caller passing it through must not hit a bare iteration error
+    assert SamplingParams(stop_token_ids=None).stop_token_ids == ()
+    assert SamplingParams(stop_token_ids=[7, 8]).stop_token_ids == (7, 8)
 
 
 @pytest.mark.parametrize(
