@@ -80,6 +80,7 @@ class LLM:
         self.scheduler = make_scheduler(self.scheduler_config, self.executor.info(), self.cache_config)
         self.last_run: RunResult | None = None  # steps and timings of the latest generate()
         self._next_id = 0
+        self._shut_down = False
 
     @property
     def tokenizer(self):
@@ -97,8 +98,11 @@ class LLM:
         A bad prompt (empty, wrong type, text for a checkpoint without a tokenizer, token ids
         outside [0, vocab_size), too long for max_model_len) comes back with `error` set while
         the others are served. Raises ValueError for an empty prompt list or a sampling_params
-        list of the wrong length, TypeError for arguments of the wrong type.
+        list of the wrong length, TypeError for arguments of the wrong type, RuntimeError after
+        shutdown().
         """
+        if self._shut_down:
+            raise RuntimeError("LLM.generate() after LLM.shutdown(): the model is released; make a new LLM")
         batch = _as_batch(prompts)
         params = _per_prompt(sampling_params, len(batch))
         outputs: list[RequestOutput] = []
@@ -149,6 +153,7 @@ class LLM:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+        self._shut_down = True
 
     # ---- helpers ---------------------------------------------------------------------------
 
