@@ -22,7 +22,7 @@ from engine.core.config import CacheConfig, ExecutionConfig, SchedulerConfig
 from engine.core.loop import RunResult, StepRecord, WallClock, run
 from engine.core.model_shapes import ModelShape
 from engine.core.policies import make_scheduler
-from engine.core.request import Request
+from engine.core.request import FinishReason, Request
 from engine.core.sampling_params import SamplingParams
 from engine.dummy import dummy_model_folder
 from engine.executor import EngineExecutor
@@ -107,12 +107,14 @@ class LLM:
         params = _per_prompt(sampling_params, len(batch))
         outputs: list[RequestOutput] = []
         requests: list[Request] = []
+        asked: dict[str, SamplingParams] = {}  # the caller's own params, for stop_reason
         for prompt, sp in zip(batch, params):
             rid = str(self._next_id)
             self._next_id += 1
             token_ids, error = self._encode(prompt)
             outputs.append(RequestOutput(rid, prompt if isinstance(prompt, str) else None, token_ids, error=error))
             if error is None:
+                asked[rid] = sp
                 requests.append(Request(rid, token_ids, self._with_eos_stops(sp)))
         bar = tqdm(total=len(requests), desc="Generating", unit="req", dynamic_ncols=True, disable=not use_tqdm)
         meter = ThroughputMeter()
@@ -125,7 +127,7 @@ class LLM:
             # Detokenized here, as each request finishes: with overlapped steps the device is
             # already running the next step, so the text costs no time at the end of the run.
             for request in finished:
-                self._fill(by_id[request.request_id], request)
+                self._fill(by_id[request.request_id], request, asked[request.request_id])
 
         try:
             result = run(self.scheduler, self.executor, requests, WallClock(), on_step)
@@ -143,9 +145,15 @@ class LLM:
             by_id[rid].error = error
         return outputs
 
-    def _fill(self, out: RequestOutput, request: Request) -> None:
+    def _fill(self, out: RequestOutput, request: Request, asked: SamplingParams) -> None:
         out.token_ids = list(request.output_token_ids)  # (a simulated request may hold packed ids)
-        out.finish_reason = request.finish_reason.value if request.finish_reason else None
+        reason = request.finish_reason
+        # vLLM's names: an end-of-sequence token is a "stop" too, told apart by stop_reason None
+        out.finish_reason = "stop" if reason in (FinishReason.EOS, FinishReason.STOP) else \
+            reason.value if reason else None
+        last = out.token_ids[-1] if out.token_ids else None
+        # a checkpoint's second eos id ends as a stop token (_with_eos_stops) but is no stop_reason
+        out.stop_reason = last if reason is FinishReason.STOP and last in asked.stop_token_ids else None
         tokenizer = self.tokenizer  # a checkpoint without one gives token ids only, text ""
         out.text = "" if tokenizer is None else tokenizer.decode(out.token_ids, skip_special_tokens=True)
         out.num_cached_tokens = request.num_cached_tokens

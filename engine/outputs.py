@@ -13,8 +13,10 @@ class RequestOutput:
 
     token_ids are the generated tokens (an end-of-sequence or stop token that ended the request
     included, as Hugging Face's generate includes it); text is their decoding without special
-    tokens. finish_reason is "length", "eos", "stop" or "aborted". A request that was rejected
-    has error set (what was wrong with it), finish_reason None and no tokens.
+    tokens. finish_reason is vLLM's: "length" (max_tokens or max_model_len reached), "stop" (an
+    end-of-sequence or stop token) or "aborted"; stop_reason is the stop token that ended it, None
+    for an end-of-sequence token or any other reason. A request that was rejected has error set
+    (what was wrong with it), finish_reason None and no tokens.
     """
 
     request_id: str
@@ -23,6 +25,7 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    stop_reason: int | None = None
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0

@@ -15,6 +15,16 @@ def llm(tiny_qwen3_dir):
     return LLM(tiny_qwen3_dir, device="cpu", max_model_len=32, block_size=8, max_num_batched_tokens=64)
 
 
+def test_stop_token_reports_stop_and_the_token(llm):
+    prompt = [5, 6, 7]
+    first = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert first.finish_reason == "length" and first.stop_reason is None
+    stop = first.token_ids[0]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, stop_token_ids=[stop])
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert out.token_ids == [stop] and out.finish_reason == "stop" and out.stop_reason == stop
+
+
 def test_generate_after_shutdown_raises_and_shutdown_twice_is_harmless(tiny_qwen3_dir):
     llm = LLM(tiny_qwen3_dir, device="cpu", max_model_len=32, block_size=8)
     assert llm.generate([1, 2], GREEDY, use_tqdm=False)[0].ok
