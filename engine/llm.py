@@ -97,9 +97,10 @@ class LLM:
         A prompt is a string (tokenized with the checkpoint's tokenizer) or a list of token ids.
         A bad prompt (empty, wrong type, text for a checkpoint without a tokenizer, token ids
         outside [0, vocab_size), too long for max_model_len) comes back with `error` set while
-        the others are served. Raises ValueError for an empty prompt list or a sampling_params
-        list of the wrong length, TypeError for arguments of the wrong type, RuntimeError after
-        shutdown().
+        the others are served. A max_tokens that max_model_len leaves no room for is cut to what
+        it leaves (finish_reason "length"), as vLLM does. Raises ValueError for an empty prompt
+        list or a sampling_params list of the wrong length, TypeError for arguments of the wrong
+        type, RuntimeError after shutdown().
         """
         if self._shut_down:
             raise RuntimeError("LLM.generate() after LLM.shutdown(): the model is released; make a new LLM")
@@ -115,7 +116,7 @@ class LLM:
             outputs.append(RequestOutput(rid, prompt if isinstance(prompt, str) else None, token_ids, error=error))
             if error is None:
                 asked[rid] = sp
-                requests.append(Request(rid, token_ids, self._with_eos_stops(sp)))
+                requests.append(Request(rid, token_ids, self._with_eos_stops(self._fit_length(sp, len(token_ids)))))
         bar = tqdm(total=len(requests), desc="Generating", unit="req", dynamic_ncols=True, disable=not use_tqdm)
         meter = ThroughputMeter()
         by_id = {out.request_id: out for out in outputs}
@@ -189,6 +190,13 @@ class LLM:
             return token_ids, (f"token id {token_ids[bad]} at position {bad} is outside the vocabulary "
                                f"[0, {vocab})")
         return token_ids, None
+
+    def _fit_length(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        # A prompt that leaves no room at all stays as it is, for admission to reject it.
+        room = self.scheduler_config.max_model_len - prompt_len
+        if params.max_tokens is None or params.max_tokens <= room or room < 1:
+            return params
+        return dataclasses.replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
     def _with_eos_stops(self, params: SamplingParams) -> SamplingParams:
         # The scheduler stops on one eos id; the checkpoint's others become stop tokens.

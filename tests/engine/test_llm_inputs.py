@@ -47,7 +47,7 @@ def test_per_prompt_sampling_params(llm):
 
 BAD = {
     "too long": ([1] * 40, "max_model_len=32"),
-    "no room to generate": ([1] * 30, "exceeds max_model_len=32"),
+    "no room to generate": ([1] * 32, "leaves no room to generate within max_model_len=32"),
     "above vocab": ([1, 2, 512], "token id 512 at position 2 is outside the vocabulary [0, 512)"),
     "negative": ([-1, 4], "token id -1 at position 0 is outside the vocabulary"),
     "float token": ([1, 2.5], "element 1 is float"),

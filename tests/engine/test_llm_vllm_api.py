@@ -25,6 +25,16 @@ def test_stop_token_reports_stop_and_the_token(llm):
     assert out.token_ids == [stop] and out.finish_reason == "stop" and out.stop_reason == stop
 
 
+def test_max_tokens_past_max_model_len_is_cut_at_the_limit(llm):
+    # vLLM's offline LLM serves such a request up to max_model_len and reports "length"
+    params = SamplingParams(temperature=0.0, max_tokens=20, min_tokens=20, ignore_eos=True)
+    out = llm.generate([[1] * 26, [2] * 4], params, use_tqdm=False)
+    assert out[0].ok and len(out[0].token_ids) == 32 - 26 and out[0].finish_reason == "length"
+    assert out[1].ok and len(out[1].token_ids) == 20
+    full = llm.generate([[1] * 32], params, use_tqdm=False)[0]
+    assert not full.ok and "leaves no room to generate" in full.error
+
+
 def test_generate_after_shutdown_raises_and_shutdown_twice_is_harmless(tiny_qwen3_dir):
     llm = LLM(tiny_qwen3_dir, device="cpu", max_model_len=32, block_size=8)
     assert llm.generate([1, 2], GREEDY, use_tqdm=False)[0].ok
