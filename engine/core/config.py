@@ -31,6 +31,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         POLICY_REGISTRY.check(self.policy)
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise TypeError(
+                f"SchedulerConfig.enable_chunked_prefill must be a bool, got {self.enable_chunked_prefill!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -69,6 +72,8 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise TypeError(f"CacheConfig.enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"CacheConfig.block_size must be a positive int, got {self.block_size!r}")
         if self.num_blocks is not None and (

@@ -172,3 +172,11 @@ def test_scheduler_config_validation(kwargs, message):
 def test_cache_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CacheConfig(**kwargs)
+
+
+def test_switches_must_be_bools():
+    # a string such as "no" is truthy: taken as is it would turn the feature on
+    with pytest.raises(TypeError, match="CacheConfig.enable_prefix_caching must be a bool, got 'no'"):
+        CacheConfig(enable_prefix_caching="no")
+    with pytest.raises(TypeError, match="SchedulerConfig.enable_chunked_prefill must be a bool, got 0"):
+        SchedulerConfig(enable_chunked_prefill=0)
