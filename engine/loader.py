@@ -77,7 +77,8 @@ def load_model(
 
     root = Path(model_dir)
     if not root.is_dir():
-        raise CheckpointNotFoundError(f"model directory {root} does not exist")
+        what = "is a file, not a model directory" if root.exists() else "does not exist"
+        raise CheckpointNotFoundError(f"model directory {root} {what}")
     config_path = root / "config.json"
     if not config_path.is_file():
         raise CheckpointNotFoundError(f"{config_path} is missing: not a Hugging Face model directory")

@@ -42,3 +42,8 @@ def test_generate_after_shutdown_raises_and_shutdown_twice_is_harmless(tiny_qwen
     llm.shutdown()
     with pytest.raises(RuntimeError, match=r"LLM.generate\(\) after LLM.shutdown\(\)"):
         llm.generate([1, 2], GREEDY, use_tqdm=False)
+
+
+def test_a_model_path_that_is_a_file_is_named_as_one(tiny_qwen3_dir):
+    with pytest.raises(FileNotFoundError, match="config.json is a file, not a model directory"):
+        LLM(tiny_qwen3_dir / "config.json", device="cpu")
