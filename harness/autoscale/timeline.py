@@ -50,21 +50,25 @@ def peak_replicas(lifetimes: Sequence[Lifetime]) -> int:
 
 def timeline(requests: pd.DataFrame, steps: pd.DataFrame, lifetimes: Sequence[Lifetime], num_blocks: int,
              window_s: float, end_s: float, slo: SLO) -> pd.DataFrame:
-    """One row per window of window_s seconds: arrivals, mean replicas in each state, mean KV use
-    over the steps run, P50/P90 TTFT and P90 TPOT of the requests that arrived in it, and their
-    SLO attainment (the fraction that met every set target; NaN without an SLO)."""
+    """One row per window of window_s seconds, the last one ending at end_s: arrivals and their
+    rate, mean replicas in each state, mean KV use over the steps run, P50/P90 TTFT and P90 TPOT of
+    the requests that arrived in it, and their SLO attainment (the fraction that met every set
+    target; NaN without an SLO). Rates and means are over the window's own span."""
     count = max(1, math.ceil(end_s / window_s))
     edges = np.arange(count + 1) * window_s
+    if end_s > edges[-2]:
+        edges[-1] = end_s  # the last window ends with the run: its rates and means are over what it covers
+    widths = np.diff(edges)
     frame = pd.DataFrame({"start_s": edges[:-1], "end_s": edges[1:]})
     which = np.clip((requests["arrival"].to_numpy() // window_s).astype(int), 0, count - 1)
     frame["arrivals"] = np.bincount(which, minlength=count)
-    frame["arrival_rate"] = frame["arrivals"] / window_s
+    frame["arrival_rate"] = frame["arrivals"] / widths
     for state in STATES:
         frame[state] = 0.0
     for life in lifetimes:
         for state, (lo, hi) in state_spans(life).items():
             overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0.0, None)
-            frame[state] += overlap / window_s
+            frame[state] += overlap / widths
     kv = pd.Series(np.nan, index=frame.index)
     if len(steps):
         used = 1.0 - steps["free_blocks"].to_numpy() / num_blocks

@@ -131,7 +131,7 @@ def test_cost_integrates_replica_lifetimes():
     end = static.elastic.fleet.makespan_s
     assert static.summary.to_row()["gpu_hours"] == pytest.approx(3 * end / 3600.0)
     timeline = static.timeline
-    assert timeline["serving"].iloc[:-1].eq(3.0).all() and timeline["starting"].eq(0).all()
+    assert timeline["serving"].to_numpy() == pytest.approx(3.0) and timeline["starting"].eq(0).all()
 
 
 def test_a_rate_profile_draws_its_rates_deterministically():
