@@ -3,6 +3,8 @@ the run ends in reads like the others and the replicas integrate to the billed G
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -47,3 +49,23 @@ def test_the_timeline_integrates_to_the_billed_gpu_hours(end, window, spans):
     assert frame["end_s"].iloc[-1] == pytest.approx(end)
     assert (replicas * widths).sum() / 3600.0 == pytest.approx(gpu_hours(lives, 1), abs=1e-12)
     assert (replicas <= len(lives) + 1e-9).all()
+
+
+def test_the_plot_shows_every_window_with_readable_axes(tmp_path):
+    from harness.autoscale.plots import plot_autoscale
+
+    arrivals = np.arange(0.0, 90.0, 0.1)
+    lives = [Lifetime(0, 0.0, 0.0, stop_s=90.0), Lifetime(1, 60.0, 70.0, stop_s=90.0)]
+    requests = _requests(arrivals).assign(ttft=np.linspace(0.004, 0.03, len(arrivals)))
+    frame = timeline(requests, _steps(), lives, 20, 60.0, 90.0, SLO())
+    row = {"autoscale_policy": "queue", "model": "m", "hardware": "h", "workload": "w", "gpu_hours": 0.04,
+           "cost": 0.12, "slo_attainment": float("nan")}
+    fig = plot_autoscale(frame, SimpleNamespace(to_row=lambda: row), SLO(), tmp_path / "autoscale.png")
+    load, _, ttft, _, replicas = fig.axes[:5]
+    # the last window (60-90 s, two replicas) is drawn to its end, not cut at its start
+    stacked = np.concatenate([p.get_paths()[0].vertices for p in replicas.collections])
+    assert stacked[:, 0].max() == pytest.approx(90.0) and load.get_xlim()[1] >= 90.0
+    assert stacked[stacked[:, 0] > 60.0, 1].max() == pytest.approx(2.0)
+    labels = [t.get_text() for t in ttft.get_yticklabels(which="both") if t.get_text()]
+    assert len(labels) >= 2 and all("times" not in t and "^" not in t for t in labels), labels
+    assert "nan" not in fig.get_suptitle()
