@@ -26,6 +26,9 @@ SLO_METRICS = ("ttft", "tpot")
 # evaluations on this project's CPU host), so this is minutes of policy work alone; a simulated day
 # at an interval of 0.1 s stays within it.
 MAX_EVALUATIONS = 1_000_000
+# The most rows timeline.csv may have over the arrivals (a day at a window of 0.1 s): each is a pass
+# over every replica's lifetime, and the plot draws them all.
+MAX_REPORT_WINDOWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,13 @@ class AutoscaleConfig:
                              f"autoscale.max_replicas={self.max_replicas}")
         for name in ("interval_s", "window_s", "report_window_s", "target", "target_running", "target_waiting",
                      "slo_target", "slo_scale_down_below"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"autoscale.{name} must be > 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"autoscale.{name} must be a finite number > 0, got {value!r}")
         for name in ("scale_up_cooldown_s", "scale_down_cooldown_s", "provision_s", "graph_capture_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"autoscale.{name} must be >= 0 (seconds), got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"autoscale.{name} must be a finite number >= 0 (seconds), got {value!r}")
         if self.metric not in UTILISATION_METRICS:
             raise ValueError(f"autoscale.metric must be one of {UTILISATION_METRICS}, got {self.metric!r}")
         if self.metric == "kv" and self.target > 1:
@@ -236,6 +241,17 @@ def check_evaluations(interval_s: float, span_s: float, where: str) -> None:
                           f"{span_s:.4g} s of arrivals, more than {MAX_EVALUATIONS} (about 0.1 ms each: "
                           f"harness.autoscale.config.MAX_EVALUATIONS); set {where}.interval_s >= "
                           f"{span_s / MAX_EVALUATIONS:.3g}")
+
+
+def check_report_windows(report_window_s: float, span_s: float, where: str) -> None:
+    """A ConfigError when timeline.csv's windows of report_window_s over span_s seconds (the
+    arrivals', before a run; the run's, after it) would number more than MAX_REPORT_WINDOWS."""
+    count = span_s / report_window_s
+    if count > MAX_REPORT_WINDOWS:
+        raise ConfigError(f"{where}.report_window_s={report_window_s!r} would cut {span_s:.4g} s of the run into "
+                          f"{count:.3g} windows, more than {MAX_REPORT_WINDOWS} (timeline.csv's rows: "
+                          f"harness.autoscale.config.MAX_REPORT_WINDOWS); set {where}.report_window_s >= "
+                          f"{span_s / MAX_REPORT_WINDOWS:.3g}")
 
 
 def slo_needed(autoscale: AutoscaleConfig, slo: SLO, where: str) -> None:

@@ -27,7 +27,14 @@ from engine.core.elastic_states import Scaling
 from engine.core.loop import SimulatedClock
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.capacity import replica_limits
-from harness.autoscale.config import SLO, AutoscaleConfig, check_evaluations, last_arrival, slo_needed
+from harness.autoscale.config import (
+    SLO,
+    AutoscaleConfig,
+    check_evaluations,
+    check_report_windows,
+    last_arrival,
+    slo_needed,
+)
 from harness.autoscale.policies import make_policy
 from harness.autoscale.run import cold_start_of, events_frame, lifetimes_frame
 from harness.autoscale.timeline import STATES, attains, gpu_hours, peak_replicas, timeline
@@ -48,6 +55,9 @@ def pool_autoscale(fleet: DisaggConfig, base: AutoscaleConfig, slo: SLO) -> tupl
     configs = []
     for pool in POOLS:
         overrides = getattr(fleet, pool).autoscale or {}
+        if "report_window_s" in overrides:
+            raise ConfigError(f"fleet.{pool}.autoscale.report_window_s: timeline.csv's windows are the fleet's: "
+                              "set autoscale.report_window_s")
         start = getattr(fleet, f"{pool}_replicas")
         held = {} if overrides else {"min_replicas": start, "max_replicas": start}
         merged = {**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, **held, **overrides}
@@ -90,9 +100,11 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     probes = [pool_executor(p, s, name) for p, s, name in zip(pools, staging, POOLS)]
     infos = [e.info() for e in probes]
     workload = build_workload(rc.workload, rc.scheduler.max_model_len, infos[0].vocab_size)
+    span = last_arrival(workload.requests)
     for pool, config in zip(POOLS, autoscales):
         if config.policy is not None:
-            check_evaluations(config.interval_s, last_arrival(workload.requests), f"fleet.{pool}.autoscale")
+            check_evaluations(config.interval_s, span, f"fleet.{pool}.autoscale")
+    check_report_windows(autoscales[0].report_window_s, span, "autoscale")  # the same in both: pool_autoscale
     _check_decode_cache(workload.requests, infos[1].num_blocks, infos[1].block_size, rc.scheduler.max_model_len)
 
     intake = fleet_intake(pools[0])  # requests reach the prefill replicas' processes
@@ -154,6 +166,7 @@ def _scalings(pools: list[RunConfig], infos, autoscales, colds) -> tuple[Scaling
 def _timeline(outcome, result: ElasticDisaggResult, blocks: list[int], autoscales, slo: SLO) -> pd.DataFrame:
     """The aggregated timeline's columns, with replicas by state and KV use per pool (prefixed) and summed."""
     window, end = autoscales[0].report_window_s, result.fleet.makespan_s
+    check_report_windows(window, end, "autoscale")
     frames = [timeline(outcome.requests, outcome.steps[outcome.steps["pool"] == pool], history.lifetimes, n, window,
                        end, slo) for pool, history, n in zip(POOLS, (result.prefill, result.decode), blocks)]
     frame = frames[0].drop(columns=[*STATES, "kv_used"])

@@ -22,7 +22,14 @@ from tqdm import tqdm
 from engine.core.elastic import ColdStart, ElasticResult, ScaleEvent, ScalingPolicy
 from engine.core.routers import RouterConfig, make_router
 from harness.autoscale.calibration import find_calibration
-from harness.autoscale.config import SLO, AutoscaleConfig, check_evaluations, check_fleet, last_arrival
+from harness.autoscale.config import (
+    SLO,
+    AutoscaleConfig,
+    check_evaluations,
+    check_fleet,
+    check_report_windows,
+    last_arrival,
+)
 from harness.autoscale.fleets import elastic_fleet
 from harness.autoscale.policies import make_policy
 from harness.autoscale.timeline import (
@@ -97,8 +104,10 @@ def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, auto
     with elastic_fleet(rc, one, fleet.replicas, autoscale) as replicas:
         info = replicas.info
         workload = build_workload(rc.workload, rc.scheduler.max_model_len, info.vocab_size)
+        span = last_arrival(workload.requests)
         if autoscale.policy is not None:
-            check_evaluations(autoscale.interval_s, last_arrival(workload.requests), "autoscale")
+            check_evaluations(autoscale.interval_s, span, "autoscale")
+        check_report_windows(autoscale.report_window_s, span, "autoscale")
         bar = tqdm(total=len(workload.requests), desc=label or f"autoscale {autoscale.policy} x {rc.workload.label}",
                    unit="req", disable=not progress, mininterval=0.5, leave=False, dynamic_ncols=True)
         started = time.perf_counter()
@@ -115,6 +124,7 @@ def run_autoscaled(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, auto
     labels = RunLabels(backend=rc.backend, **run_identity(rc), num_submitted=len(workload.requests), num_rejected=0,
                        fit=FitCounts(**workload.fit_counts()), wall_s=wall_s, fleet=shape)
     outcome = tabulate(result.fleet, blocks, labels, step_columns)
+    check_report_windows(autoscale.report_window_s, result.fleet.makespan_s, "autoscale")
     frame = timeline(outcome.requests, outcome.steps, lifetimes, info.num_blocks, autoscale.report_window_s,
                      result.fleet.makespan_s, slo)
     cold_start_s = measured_start_up_s(result) if rc.backend == "engine" else cold.total_s

@@ -171,6 +171,14 @@ def test_a_rate_profile_draws_its_rates_deterministically():
     (["autoscale.policy=schedule", "autoscale.schedule=[[0,1],[60,9]]"], r"^autoscale.schedule\[1\]: replicas 9"),
     (["autoscale.policy=schedule", "autoscale.schedule=[[30,1],[10,2]]"], r"^autoscale.schedule\[1\]: time 10"),
     (["backend=engine", "autoscale.policy=queue"], r"^autoscale.policy=queue: an engine fleet \(backend=engine\) sca"),
+    (["autoscale.policy=queue", "autoscale.provision_s=inf"], r"^autoscale.provision_s must be a finite number >= 0"),
+    (["autoscale.policy=queue", "autoscale.interval_s=inf"], r"^autoscale.interval_s must be a finite number > 0"),
+    (["autoscale.policy=queue", "autoscale.report_window_s=1e-9"],
+     r"^autoscale.report_window_s=1e-09 would cut .* s of the run into .* windows, more than 1000000"),
+    (["fleet=disaggregated", "fleet.decode.autoscale={policy: queue, max_replicas: 2}",
+      "autoscale.report_window_s=1e-9"], r"^autoscale.report_window_s=1e-09 would cut .* s of the run"),
+    (["fleet=disaggregated", "fleet.decode.autoscale={policy: queue, max_replicas: 2, report_window_s: 30}"],
+     r"^fleet.decode.autoscale.report_window_s: timeline.csv's windows are the fleet's: set autoscale.report_window_s"),
 ])
 def test_bad_autoscale_input_is_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message) as error:
