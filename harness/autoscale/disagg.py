@@ -47,6 +47,7 @@ from harness.fleet.intake import fleet_intake
 from harness.labels import run_identity
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
 from harness.run import cyclic_gc_paused, require_served, write_tables
+from harness.run_folder import staged
 from harness.workloads import build_workload
 
 
@@ -204,17 +205,19 @@ def run_disagg_autoscale_study(rc: RunConfig, fleet: DisaggConfig, router: Route
 
     outcome, result, frame = run_disagg_autoscaled(rc, fleet, router, pool_autoscale(fleet, autoscale, slo), slo,
                                                    output.progress)
-    write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, output.steps)
-    pd.concat([lifetimes_frame(h).assign(pool=pool) for pool, h in zip(POOLS, (result.prefill, result.decode))],
-              ignore_index=True).to_csv(out_dir / "lifetimes.csv", index=False)
-    events = pd.concat([events_frame(h.events).assign(pool=pool) for pool, h in zip(POOLS, (result.prefill,
-                                                                                           result.decode))])
-    events.astype({"count": int}).sort_values("time_s", kind="stable").to_csv(out_dir / "scaling.csv", index=False)
-    frame.to_csv(out_dir / "timeline.csv", index=False)
-    if output.plots:
-        from harness.autoscale.plots import plot_autoscale
+    with staged(out_dir) as staging:  # summary.csv appears last, once the autoscale tables are in place
+        write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, staging, output.steps)
+        histories = (result.prefill, result.decode)
+        pd.concat([lifetimes_frame(h).assign(pool=pool) for pool, h in zip(POOLS, histories)],
+                  ignore_index=True).to_csv(staging / "lifetimes.csv", index=False)
+        events = pd.concat([events_frame(h.events).assign(pool=pool) for pool, h in zip(POOLS, histories)])
+        events.astype({"count": int}).sort_values("time_s", kind="stable").to_csv(staging / "scaling.csv",
+                                                                                  index=False)
+        frame.to_csv(staging / "timeline.csv", index=False)
+        if output.plots:
+            from harness.autoscale.plots import plot_autoscale
 
-        plot_autoscale(frame, outcome.summary, slo, out_dir / "autoscale.png")
+            plot_autoscale(frame, outcome.summary, slo, staging / "autoscale.png")
     require_served(outcome)
     print(format_summary(outcome.summary))
     row = outcome.summary.to_row()

@@ -48,6 +48,7 @@ from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS
 from harness.output.summary import FitCounts, FleetLabels, RunLabels
 from harness.run import require_served
+from harness.run_folder import staged
 from harness.workloads import build_workload
 
 log = logging.getLogger(__name__)
@@ -171,14 +172,17 @@ def events_frame(events: list[ScaleEvent]) -> pd.DataFrame:
 
 
 def write_autoscale_outcome(outcome: AutoscaleOutcome, out_dir: Path, output: OutputConfig, slo: SLO) -> None:
-    write_fleet_outcome(outcome.fleet, out_dir, plots=False, steps=output.steps)
-    lifetimes_frame(outcome.elastic).to_csv(out_dir / "lifetimes.csv", index=False)
-    events_frame(outcome.elastic.events).to_csv(out_dir / "scaling.csv", index=False)
-    outcome.timeline.to_csv(out_dir / "timeline.csv", index=False)
-    if output.plots:
-        from harness.autoscale.plots import plot_autoscale
+    """The fleet's tables, lifetimes.csv, scaling.csv, timeline.csv and autoscale.png, all moved into
+    out_dir once written (summary.csv last: harness.run_folder.staged)."""
+    with staged(out_dir) as staging:
+        write_fleet_outcome(outcome.fleet, staging, plots=False, steps=output.steps)
+        lifetimes_frame(outcome.elastic).to_csv(staging / "lifetimes.csv", index=False)
+        events_frame(outcome.elastic.events).to_csv(staging / "scaling.csv", index=False)
+        outcome.timeline.to_csv(staging / "timeline.csv", index=False)
+        if output.plots:
+            from harness.autoscale.plots import plot_autoscale
 
-        plot_autoscale(outcome.timeline, outcome.summary, slo, out_dir / "autoscale.png")
+            plot_autoscale(outcome.timeline, outcome.summary, slo, staging / "autoscale.png")
 
 
 def run_autoscale_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, autoscale: AutoscaleConfig,
