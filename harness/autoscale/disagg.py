@@ -95,7 +95,8 @@ def run_disagg_autoscaled(rc: RunConfig, fleet: DisaggConfig, router: RouterConf
     pools = pool_run_configs(rc, dataclasses.replace(fleet, prefill_replicas=autoscales[0].max_replicas,
                                                      decode_replicas=autoscales[1].max_replicas))
     tps = [backend_tp_size(p) for p in pools]
-    colds = [cold_start_of(p, a, tp) for p, a, tp in zip(pools, autoscales, tps)]
+    colds = [cold_start_of(p, a, tp, f"fleet.{pool}.autoscale")
+             for p, a, tp, pool in zip(pools, autoscales, tps, POOLS)]
     # a replica's memory plan is made once, at its start: its staging is for every peer the other pool may have
     staging = pool_staging_blocks(pools, (autoscales[0].max_replicas, autoscales[1].max_replicas))
     probes = [pool_executor(p, s, name) for p, s, name in zip(pools, staging, POOLS)]

@@ -41,7 +41,7 @@ from harness.autoscale.timeline import (
     timeline,
 )
 from harness.config import OutputConfig, RunConfig
-from harness.convert import ConfigError
+from harness.convert import ConfigError, refuse_unread
 from harness.fleet.config import FleetConfig, backend_tp_size, replica_run_configs
 from harness.fleet.run import FleetOutcome, tabulate, write_fleet_outcome
 from harness.labels import run_identity
@@ -66,7 +66,7 @@ class AutoscaleOutcome:
         return self.fleet.summary
 
 
-def cold_start_of(rc: RunConfig, autoscale: AutoscaleConfig, tp_size: int) -> ColdStart:
+def cold_start_of(rc: RunConfig, autoscale: AutoscaleConfig, tp_size: int, where: str = "autoscale") -> ColdStart:
     """The configured start-up: provisioning, then the engine's measured cold start on this hardware
     and model (harness.autoscale.calibration) where autoscale.calibration is on and there is one;
     otherwise each rank's weight bytes at the hardware's load bandwidth and graph_capture_s. No graph
@@ -75,6 +75,11 @@ def cold_start_of(rc: RunConfig, autoscale: AutoscaleConfig, tp_size: int) -> Co
     weight_bytes = rc.model.weight_bytes_per_rank(tp_size)
     calibration = find_calibration(rc.hardware.name, rc.model.name, tp_size) if autoscale.calibration else None
     if calibration is not None:
+        try:  # the measured capture prices the start: a placeholder set beside it would be silently dropped
+            refuse_unread(autoscale, where, [("graph_capture_s", f"{where}.calibration=false")],
+                          f"the cold start measured in {calibration.path}")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         log.info("a new replica's start-up: the cold start measured in %s (its weights read %s)", calibration.path,
                  calibration.weight_read)
         return calibration.cold_start(autoscale.provision_s, weight_bytes, eager)
