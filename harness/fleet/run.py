@@ -38,6 +38,7 @@ from harness.labels import run_identity
 from harness.output.metrics import STEP_COLUMNS, requests_frame, steps_frame, summarize, with_launches
 from harness.output.summary import FitCounts, FleetLabels, RunLabels, RunSummary
 from harness.run import cyclic_gc_paused, require_served, write_tables
+from harness.run_folder import staged
 from harness.workloads import WorkloadConfig, build_workload
 from harness.workloads.prepared import Drawn, PreparedWorkload
 
@@ -203,16 +204,19 @@ def _fleet_totals(result: FleetResult) -> StepTotals | None:
 
 
 def write_fleet_outcome(outcome: FleetOutcome, out_dir: Path, plots: bool = True, steps: str = "full") -> None:
-    write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, out_dir, steps)
-    for index, row in enumerate(outcome.replica_summaries):
-        mine = outcome.requests["replica"] == index
-        write_tables(outcome.requests[mine], outcome.steps[outcome.steps["replica"] == index], row, {},
-                     out_dir / f"replica_{index}", steps)
-    if plots:
-        from harness.fleet.plots import plot_fleet_latency, plot_fleet_load
+    """The fleet's tables, each replica's in replica_<i>/ and the plots, all moved into out_dir once
+    written (summary.csv last: harness.run_folder.staged), so a stopped write leaves no complete run."""
+    with staged(out_dir) as staging:
+        write_tables(outcome.requests, outcome.steps, outcome.summary, outcome.rejected, staging, steps)
+        for index, row in enumerate(outcome.replica_summaries):
+            mine = outcome.requests["replica"] == index
+            write_tables(outcome.requests[mine], outcome.steps[outcome.steps["replica"] == index], row, {},
+                         staging / f"replica_{index}", steps)
+        if plots:
+            from harness.fleet.plots import plot_fleet_latency, plot_fleet_load
 
-        plot_fleet_load(outcome, out_dir / "load.png")
-        plot_fleet_latency(outcome, out_dir / "latency_cdf.png")
+            plot_fleet_load(outcome, staging / "load.png")
+            plot_fleet_latency(outcome, staging / "latency_cdf.png")
 
 
 def run_fleet_study(rc: RunConfig, fleet: FleetConfig, router: RouterConfig, output: OutputConfig,

@@ -32,3 +32,24 @@ def test_a_write_stopped_at_the_plot_leaves_no_complete_run(tmp_path, monkeypatc
     write_autoscale_outcome(outcome, tmp_path / "run", OutputConfig(progress=False, plots=False), SLO())
     names = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"summary.csv", "timeline.csv", "lifetimes.csv", "scaling.csv", "replica_0", "replica_1"} <= names
+
+
+def test_a_fleet_write_stopped_at_its_plots_leaves_no_complete_run(tmp_path, monkeypatch):
+    import harness.fleet.plots as plots
+    from harness.fleet.run import run_fleet_once, write_fleet_outcome
+
+    cfg = compose_config(["workload.num_requests=8", "workload.prompt_len.high=300", "workload.output_len.high=100"])
+    outcome = run_fleet_once(build_run_config(cfg), FleetConfig(replicas=2), build_fleet(cfg)[1], False)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "plot_fleet_latency", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        write_fleet_outcome(outcome, tmp_path / "run")
+    left = sorted(p.name for p in (tmp_path / "run").iterdir()) if (tmp_path / "run").exists() else []
+    assert left == [] and complete_runs(tmp_path) == []
+    monkeypatch.undo()
+    write_fleet_outcome(outcome, tmp_path / "run")
+    names = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"summary.csv", "requests.csv", "replica_0", "replica_1", "load.png", "latency_cdf.png"} <= names
