@@ -30,8 +30,11 @@ def test_run_factor_quantiles_are_the_products_distribution(machine, bias, seed)
     assert np.all(q >= (1 - machine) * (1 - bias) - 1e-12) and np.all(q <= (1 + machine) * (1 + bias) + 1e-12)
     rng = np.random.default_rng(seed)
     sample = rng.uniform(1 - machine, 1 + machine, 40_000) * rng.uniform(1 - bias, 1 + bias, 40_000)
-    if max(machine, bias) > 1e-3:  # continuous: the sample's CDF at each quantile is its level (4 s.e.)
-        assert np.all(np.abs(np.searchsorted(np.sort(sample), q) / len(sample) - u) < 0.01)
+    if max(machine, bias) > 1e-3:  # continuous: the sample's CDF at each quantile is its level
+        # within the Dvoretzky-Kiefer-Wolfowitz band, which holds at all 25 levels at once but for
+        # a 1e-6 chance: a bound per level (4 s.e.) was crossed by one of 25 in a CI run
+        band = np.sqrt(np.log(2 / 1e-6) / (2 * len(sample)))
+        assert np.all(np.abs(np.searchsorted(np.sort(sample), q) / len(sample) - u) < band)
 
 
 def test_the_quantile_grid_is_fine_enough(monkeypatch):
