@@ -81,7 +81,6 @@ class Server:
         self.times[gen.request_id] = gen.times
         return gen
 
-
     def _default_max_tokens(self, prompt_len: int) -> int | None:
         """serve.default_max_tokens, capped by the room max_model_len leaves and by what the whole
         KV cache holds (the last sampled token is never written to it): a cache smaller than
