@@ -89,6 +89,8 @@ def test_a_group_of_another_entry_point_is_named_as_such():
     assert run_groups(config_name="serving") == config_groups()
     assert check_arguments(["serve=default", "model=qwen3-8b", "serve.port=0"], config_name="serving") is None
     assert check_arguments(["serve=nope"], config_name="serving").startswith("serve must be one of [default]")
+    assert check_arguments(["backend=nope"], config_name="serving").startswith(
+        "backend must be one of [engine, sim], got 'nope'")
 
 
 @pytest.mark.parametrize("argv", [["hardware=h300"], ["scheduler.max_num_seq=4"], ["-m", "router=least_token"],
