@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
@@ -235,23 +235,25 @@ def last_arrival(requests: Iterable[Request]) -> float:
 def check_evaluations(interval_s: float, span_s: float, where: str) -> None:
     """A ConfigError when an evaluation every interval_s over span_s seconds of arrivals (the
     evaluations fall while requests arrive) would ask the policy more than MAX_EVALUATIONS times."""
-    count = span_s / interval_s
-    if count > MAX_EVALUATIONS:
-        raise ConfigError(f"{where}.interval_s={interval_s!r} would ask the policy {count:.3g} times over the "
-                          f"{span_s:.4g} s of arrivals, more than {MAX_EVALUATIONS} (about 0.1 ms each: "
-                          f"harness.autoscale.config.MAX_EVALUATIONS); set {where}.interval_s >= "
-                          f"{span_s / MAX_EVALUATIONS:.3g}")
+    _check_count(f"{where}.interval_s", interval_s, span_s, MAX_EVALUATIONS, "MAX_EVALUATIONS",
+                 lambda count: f"ask the policy {count:.3g} times over the {span_s:.4g} s of arrivals",
+                 "about 0.1 ms each: ")
 
 
 def check_report_windows(report_window_s: float, span_s: float, where: str) -> None:
     """A ConfigError when timeline.csv's windows of report_window_s over span_s seconds (the
     arrivals', before a run; the run's, after it) would number more than MAX_REPORT_WINDOWS."""
-    count = span_s / report_window_s
-    if count > MAX_REPORT_WINDOWS:
-        raise ConfigError(f"{where}.report_window_s={report_window_s!r} would cut {span_s:.4g} s of the run into "
-                          f"{count:.3g} windows, more than {MAX_REPORT_WINDOWS} (timeline.csv's rows: "
-                          f"harness.autoscale.config.MAX_REPORT_WINDOWS); set {where}.report_window_s >= "
-                          f"{span_s / MAX_REPORT_WINDOWS:.3g}")
+    _check_count(f"{where}.report_window_s", report_window_s, span_s, MAX_REPORT_WINDOWS, "MAX_REPORT_WINDOWS",
+                 lambda count: f"cut {span_s:.4g} s of the run into {count:.3g} windows", "timeline.csv's rows: ")
+
+
+def _check_count(setting: str, step_s: float, span_s: float, limit: int, limit_name: str,
+                 what: Callable[[float], str], why: str) -> None:
+    """The rule both checks share: span_s in steps of step_s may number at most limit."""
+    count = span_s / step_s
+    if count > limit:
+        raise ConfigError(f"{setting}={step_s!r} would {what(count)}, more than {limit} ({why}"
+                          f"harness.autoscale.config.{limit_name}); set {setting} >= {span_s / limit:.3g}")
 
 
 def slo_needed(autoscale: AutoscaleConfig, slo: SLO, where: str) -> None:
